@@ -1,0 +1,40 @@
+# Thin wrapper over CMake for the two commands of the README:
+#   make demo   install deps if missing, build, serve the generated demo model
+#   make test   install deps if missing, build, run every test (plus the
+#               unit tests again under AddressSanitizer + UBSan)
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+JOBS       ?= $(shell nproc)
+DEMO_DIR   ?= demo-model
+DEMO_FLAGS ?= --port 8000
+CMAKE_FLAGS ?=
+
+.PHONY: all deps build test unit asan demo clean
+
+all: build
+
+deps:
+	@bash deploy/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+	@cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	@$(MAKE) --no-print-directory asan
+
+# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU only).
+asan: deps
+	@cmake -S . -B $(ASAN_BUILD) -DVLMD_SANITIZE=address,undefined -DVLMD_CUDA=OFF \
+		-DCMAKE_BUILD_TYPE=Debug >/dev/null
+	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	ctest --test-dir $(ASAN_BUILD) --output-on-failure -L unit -j $(JOBS)
+
+demo: build
+	@$(BUILD)/bin/vlmd-make-demo-model $(DEMO_DIR)
+	@echo "starting vlmd on the demo model in $(DEMO_DIR) (Ctrl-C stops it)"
+	@exec $(BUILD)/bin/vlmd serve --model $(DEMO_DIR) $(DEMO_FLAGS)
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD)

@@ -1,0 +1,311 @@
+/* config.c - the flag table and everything derived from it: parsing,
+ * validation, help, forwarding to child processes, the effective-config dump.
+ *
+ * To add a flag: add a field to vlmd_config, a row here, and read the field.
+ * The row's `roles` decides which processes accept it and receive it from the
+ * launcher; the unit tests check every row's default and the forwarding. */
+#include "config.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "process.h"
+
+#define R(role) VLMD_ROLE_BIT(VLMD_ROLE_##role)
+#define OFF(field) offsetof(vlmd_config, field)
+
+const vlmd_flag vlmd_flags[] = {
+    {"model", VLMD_FLAG_STRING, OFF(model), "", 0, 0, NULL, VLMD_ROLES_ALL,
+     "Model directory in Hugging Face layout (config.json, *.safetensors, tokenizer.json)"},
+    {"host", VLMD_FLAG_STRING, OFF(host), "127.0.0.1", 0, 0, NULL, R(LAUNCHER) | R(FRONTEND),
+     "Address the HTTP server listens on; loopback by default, 0.0.0.0 or :: for every interface"},
+    {"port", VLMD_FLAG_INT, OFF(port), "8000", 0, 65535, NULL, R(LAUNCHER) | R(FRONTEND),
+     "HTTP port; 0 picks a free port (the launcher prints the one chosen)"},
+    {"served-model-name", VLMD_FLAG_STRING, OFF(served_model_name), "", 0, 0, NULL,
+     R(LAUNCHER) | R(FRONTEND), "Model name in the API; empty means the model directory's name"},
+    {"runtime-dir", VLMD_FLAG_STRING, OFF(runtime_dir), "", 0, 0, NULL, R(LAUNCHER),
+     "Directory for this instance's ipc sockets; empty means a private new directory under "
+     "$XDG_RUNTIME_DIR or /tmp, removed at exit"},
+    {"router-endpoint", VLMD_FLAG_STRING, OFF(router_endpoint), "", 0, 0, NULL, VLMD_ROLES_ALL,
+     "ZeroMQ endpoint of the router (ipc://PATH or tcp://HOST:PORT); empty means "
+     "ipc://RUNTIME_DIR/router.sock (launcher only; workers need it set)"},
+    {"log-level", VLMD_FLAG_CHOICE, OFF(log_level), "info", 0, 0, "debug|info|warn|error",
+     VLMD_ROLES_ALL, "Least severe log level written to stderr"},
+    {"device", VLMD_FLAG_CHOICE, OFF(device), "auto", 0, 0, "auto|cpu|cuda",
+     R(LAUNCHER) | R(VISUAL) | R(LLM),
+     "Compute backend of the workers; auto takes CUDA when built with it and a GPU is present"},
+    {"heartbeat-ms", VLMD_FLAG_INT, OFF(heartbeat_ms), "500", 10, 60000, NULL, VLMD_ROLES_ALL,
+     "Interval between heartbeats from every process to the router"},
+    {"heartbeat-timeout-ms", VLMD_FLAG_INT, OFF(heartbeat_timeout_ms), "3000", 30, 600000, NULL,
+     R(LAUNCHER) | R(ROUTER) | R(FRONTEND),
+     "A process silent this long is reported down (at least 3 heartbeat intervals)"},
+    {"restart-backoff-ms", VLMD_FLAG_INT, OFF(restart_backoff_ms), "200", 10, 600000, NULL,
+     R(LAUNCHER), "First delay before restarting a worker that exited; doubles per restart"},
+    {"restart-backoff-max-ms", VLMD_FLAG_INT, OFF(restart_backoff_max_ms), "10000", 10, 3600000,
+     NULL, R(LAUNCHER), "Longest delay between restarts of one worker"},
+    {"max-restarts-per-minute", VLMD_FLAG_INT, OFF(max_restarts_per_minute), "10", 0, 1000, NULL,
+     R(LAUNCHER), "More restarts of one worker within a minute stop the server"},
+    {"start-timeout-s", VLMD_FLAG_INT, OFF(start_timeout_s), "900", 1, 86400, NULL, R(LAUNCHER),
+     "Time every process has to report ready at start-up before the server gives up"},
+    {"shutdown-timeout-ms", VLMD_FLAG_INT, OFF(shutdown_timeout_ms), "10000", 0, 600000, NULL,
+     R(LAUNCHER), "After SIGTERM, time the processes have to exit before SIGKILL"},
+    {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL},
+};
+
+#undef R
+#undef OFF
+
+const vlmd_flag *vlmd_flag_find(const char *name)
+{
+    for (const vlmd_flag *f = vlmd_flags; f->name; f++)
+        if (strcmp(f->name, name) == 0)
+            return f;
+    return NULL;
+}
+
+static char **field_str(vlmd_config *cfg, const vlmd_flag *f)
+{
+    return (char **)((char *)cfg + f->offset);
+}
+
+static int64_t *field_int(vlmd_config *cfg, const vlmd_flag *f)
+{
+    return (int64_t *)((char *)cfg + f->offset);
+}
+
+static bool choice_allowed(const char *choices, const char *v)
+{
+    size_t n = strlen(v);
+    for (const char *p = choices; p && *p;) {
+        const char *bar = strchr(p, '|');
+        size_t len = bar ? (size_t)(bar - p) : strlen(p);
+        if (len == n && strncmp(p, v, n) == 0)
+            return true;
+        p = bar ? bar + 1 : NULL;
+    }
+    return false;
+}
+
+/* Sets one flag from text; cfg is unchanged on failure. */
+static vlmd_status flag_set(vlmd_config *cfg, const vlmd_flag *f, const char *v, vlmd_error *err)
+{
+    switch (f->type) {
+    case VLMD_FLAG_CHOICE:
+        if (!choice_allowed(f->choices, v))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--%s: '%s' is not one of %s", f->name,
+                               v, f->choices);
+        /* fall through */
+    case VLMD_FLAG_STRING: {
+        char *copy = strdup(v);
+        if (!copy)
+            return vlmd_errorf(err, VLMD_ERR_NOMEM, "--%s: out of memory", f->name);
+        free(*field_str(cfg, f));
+        *field_str(cfg, f) = copy;
+        return VLMD_OK;
+    }
+    case VLMD_FLAG_INT: {
+        long long x;
+        if (vlmd_parse_i64(v, f->min, f->max, &x) != VLMD_OK)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                               "--%s: '%s' is not an integer in [%lld, %lld]", f->name, v, f->min,
+                               f->max);
+        *field_int(cfg, f) = x;
+        return VLMD_OK;
+    }
+    }
+    return vlmd_errorf(err, VLMD_ERR_INTERNAL, "--%s: unknown flag type", f->name);
+}
+
+void vlmd_config_init_defaults(vlmd_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    for (const vlmd_flag *f = vlmd_flags; f->name; f++) {
+        vlmd_error err;
+        if (flag_set(cfg, f, f->default_value, &err) != VLMD_OK) {
+            fprintf(stderr, "vlmd: broken default in the flag table: %s\n", err.msg);
+            abort();
+        }
+    }
+}
+
+void vlmd_config_free(vlmd_config *cfg)
+{
+    if (!cfg)
+        return;
+    for (const vlmd_flag *f = vlmd_flags; f->name; f++) {
+        if (f->type == VLMD_FLAG_STRING || f->type == VLMD_FLAG_CHOICE) {
+            free(*field_str(cfg, f));
+            *field_str(cfg, f) = NULL;
+        }
+    }
+}
+
+vlmd_status vlmd_config_parse(vlmd_config *cfg, vlmd_role role, int argc, char **argv, int first,
+                              bool *help, vlmd_error *err)
+{
+    if (help)
+        *help = false;
+    for (int i = first; i < argc; i++) {
+        const char *arg = argv[i];
+        if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            if (help)
+                *help = true;
+            return VLMD_OK;
+        }
+        if (strncmp(arg, "--", 2) != 0 || arg[2] == '\0')
+            return vlmd_errorf(err, VLMD_ERR_USAGE, "unexpected argument '%s' (flags start with --)",
+                               arg);
+        char name[64];
+        const char *eq = strchr(arg + 2, '=');
+        size_t nlen = eq ? (size_t)(eq - arg - 2) : strlen(arg + 2);
+        if (nlen >= sizeof name)
+            return vlmd_errorf(err, VLMD_ERR_USAGE, "unknown flag '%.80s'", arg);
+        memcpy(name, arg + 2, nlen);
+        name[nlen] = '\0';
+        const vlmd_flag *f = vlmd_flag_find(name);
+        if (!f)
+            return vlmd_errorf(err, VLMD_ERR_USAGE, "unknown flag '--%s' (see --help)", name);
+        if (!(f->roles & VLMD_ROLE_BIT(role)))
+            return vlmd_errorf(err, VLMD_ERR_USAGE, "flag '--%s' is not read by %s", name,
+                               vlmd_role_process_name(role));
+        const char *value;
+        if (eq) {
+            value = eq + 1;
+        } else {
+            if (i + 1 >= argc)
+                return vlmd_errorf(err, VLMD_ERR_USAGE, "flag '--%s' needs a value", name);
+            value = argv[++i];
+        }
+        vlmd_status st = flag_set(cfg, f, value, err);
+        if (st != VLMD_OK)
+            return st;
+    }
+    return VLMD_OK;
+}
+
+static bool is_endpoint(const char *s)
+{
+    return strncmp(s, "ipc://", 6) == 0 || strncmp(s, "tcp://", 6) == 0 ||
+           strncmp(s, "inproc://", 9) == 0;
+}
+
+vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_error *err)
+{
+    if (!cfg->model[0])
+        return vlmd_errorf(err, VLMD_ERR_USAGE, "--model DIR is required");
+    if (role != VLMD_ROLE_LAUNCHER && !cfg->router_endpoint[0])
+        return vlmd_errorf(err, VLMD_ERR_USAGE,
+                           "--router-endpoint is required for %s (the launcher sets it)",
+                           vlmd_role_process_name(role));
+    if (cfg->router_endpoint[0] && !is_endpoint(cfg->router_endpoint))
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--router-endpoint: '%s' is not ipc://PATH or tcp://HOST:PORT",
+                           cfg->router_endpoint);
+    if (cfg->heartbeat_timeout_ms < 3 * cfg->heartbeat_ms)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--heartbeat-timeout-ms %lld must be at least 3 x --heartbeat-ms %lld",
+                           (long long)cfg->heartbeat_timeout_ms, (long long)cfg->heartbeat_ms);
+    if (cfg->restart_backoff_max_ms < cfg->restart_backoff_ms)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--restart-backoff-max-ms %lld is less than --restart-backoff-ms %lld",
+                           (long long)cfg->restart_backoff_max_ms,
+                           (long long)cfg->restart_backoff_ms);
+    return VLMD_OK;
+}
+
+void vlmd_config_value_str(const vlmd_config *cfg, const vlmd_flag *f, char *out, size_t outsz)
+{
+    vlmd_config *c = (vlmd_config *)cfg;
+    if (f->type == VLMD_FLAG_INT)
+        snprintf(out, outsz, "%lld", (long long)*field_int(c, f));
+    else
+        vlmd_strlcpy(out, *field_str(c, f) ? *field_str(c, f) : "", outsz);
+}
+
+void vlmd_config_print_help(vlmd_role role, const char *usage, void *stream)
+{
+    FILE *out = stream;
+    fprintf(out, "usage: %s\n\nflags:\n", usage);
+    for (const vlmd_flag *f = vlmd_flags; f->name; f++) {
+        if (!(f->roles & VLMD_ROLE_BIT(role)))
+            continue;
+        char range[96] = "";
+        if (f->type == VLMD_FLAG_INT)
+            snprintf(range, sizeof range, " [%lld..%lld]", f->min, f->max);
+        else if (f->type == VLMD_FLAG_CHOICE)
+            snprintf(range, sizeof range, " {%s}", f->choices);
+        fprintf(out, "  --%s%s (default: \"%s\")\n      %s\n", f->name, range, f->default_value,
+                f->help);
+    }
+}
+
+void vlmd_config_parse_or_exit(vlmd_config *cfg, vlmd_role role, int argc, char **argv, int first)
+{
+    vlmd_error err = {0};
+    bool help = false;
+    vlmd_config_init_defaults(cfg);
+    vlmd_status st = vlmd_config_parse(cfg, role, argc, argv, first, &help, &err);
+    if (st == VLMD_OK && help) {
+        char usage[128];
+        snprintf(usage, sizeof usage, "%s%s --model DIR [flags]", vlmd_role_process_name(role),
+                 role == VLMD_ROLE_LAUNCHER ? " serve" : "");
+        vlmd_config_print_help(role, usage, stdout);
+        vlmd_config_free(cfg);
+        exit(0);
+    }
+    if (st == VLMD_OK)
+        st = vlmd_config_validate(cfg, role, &err);
+    if (st != VLMD_OK) {
+        fprintf(stderr, "%s: %s\n", vlmd_role_process_name(role), err.msg);
+        vlmd_config_free(cfg);
+        exit(VLMD_EXIT_CONFIG);
+    }
+}
+
+char **vlmd_config_child_argv(const vlmd_config *cfg, vlmd_role child, int *argc_out)
+{
+    size_t n = 0;
+    for (const vlmd_flag *f = vlmd_flags; f->name; f++)
+        n++;
+    char **argv = calloc(n + 1, sizeof *argv);
+    if (!argv)
+        return NULL;
+    int k = 0;
+    for (const vlmd_flag *f = vlmd_flags; f->name; f++) {
+        if (!(f->roles & VLMD_ROLE_BIT(child)))
+            continue;
+        char value[4096];
+        vlmd_config_value_str(cfg, f, value, sizeof value);
+        argv[k] = vlmd_asprintf("--%s=%s", f->name, value);
+        if (!argv[k]) {
+            vlmd_argv_free(argv);
+            return NULL;
+        }
+        k++;
+    }
+    if (argc_out)
+        *argc_out = k;
+    return argv;
+}
+
+void vlmd_argv_free(char **argv)
+{
+    if (!argv)
+        return;
+    for (char **p = argv; *p; p++)
+        free(*p);
+    free(argv);
+}
+
+void vlmd_config_foreach(const vlmd_config *cfg, vlmd_role role, vlmd_config_visit_fn fn, void *ud)
+{
+    for (const vlmd_flag *f = vlmd_flags; f->name; f++) {
+        if (!(f->roles & VLMD_ROLE_BIT(role)))
+            continue;
+        char value[4096];
+        vlmd_config_value_str(cfg, f, value, sizeof value);
+        fn(f->name, value, ud);
+    }
+}

@@ -1,0 +1,95 @@
+/* config.h - the flag table and the effective configuration of every process.
+ *
+ * One table (config.c) lists every flag: name, type, range, default, which
+ * processes read it, help. Parsing, validation, --help, the launcher's
+ * forwarding to its children and the effective-config dump in /health all
+ * come from it, so a flag given to the launcher reaches every process that
+ * reads it (vlmd_config_child_argv) and a process refuses a flag it does not
+ * read instead of ignoring it. */
+#ifndef VLMD_CONFIG_H
+#define VLMD_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "role.h"
+#include "status.h"
+
+/* The effective configuration; strings are owned (vlmd_config_free). */
+typedef struct vlmd_config {
+    char *model;                    /* --model: model directory */
+    char *host;                     /* --host: HTTP listen address */
+    int64_t port;                   /* --port: HTTP port; 0 picks a free one */
+    char *served_model_name;        /* --served-model-name: "" = model dir name */
+    char *runtime_dir;              /* --runtime-dir: ipc socket dir; "" = private temp dir */
+    char *router_endpoint;          /* --router-endpoint: ipc:// or tcp://; "" = in runtime dir */
+    char *log_level;                /* --log-level */
+    char *device;                   /* --device: auto, cpu, cuda */
+    int64_t heartbeat_ms;           /* --heartbeat-ms */
+    int64_t heartbeat_timeout_ms;   /* --heartbeat-timeout-ms */
+    int64_t restart_backoff_ms;     /* --restart-backoff-ms */
+    int64_t restart_backoff_max_ms; /* --restart-backoff-max-ms */
+    int64_t max_restarts_per_minute;/* --max-restarts-per-minute */
+    int64_t start_timeout_s;        /* --start-timeout-s */
+    int64_t shutdown_timeout_ms;    /* --shutdown-timeout-ms */
+} vlmd_config;
+
+typedef enum vlmd_flag_type {
+    VLMD_FLAG_STRING,
+    VLMD_FLAG_INT,
+    VLMD_FLAG_CHOICE,   /* a string limited to `choices` ("auto|cpu|cuda") */
+} vlmd_flag_type;
+
+typedef struct vlmd_flag {
+    const char *name;           /* without the leading "--" */
+    vlmd_flag_type type;
+    size_t offset;              /* into vlmd_config */
+    const char *default_value;  /* as text; parsed like a command-line value */
+    long long min, max;         /* INT range, inclusive */
+    const char *choices;        /* CHOICE: '|'-separated values */
+    unsigned roles;             /* VLMD_ROLE_BIT()s of the processes that read it */
+    const char *help;
+} vlmd_flag;
+
+/* The table, terminated by an entry with name == NULL. */
+extern const vlmd_flag vlmd_flags[];
+
+/* Fills cfg with every flag's default. */
+void vlmd_config_init_defaults(vlmd_config *cfg);
+void vlmd_config_free(vlmd_config *cfg);
+
+/* Parses argv[first..argc) ("--name value" or "--name=value") into cfg, which holds defaults or earlier values.
+ * Unknown flags, flags `role` does not read, bad values and stray arguments
+ * are VLMD_ERR_USAGE / VLMD_ERR_INVALID_ARG with the flag and value named.
+ * Sets *help when --help was given (parsing stops there). */
+vlmd_status vlmd_config_parse(vlmd_config *cfg, vlmd_role role, int argc, char **argv, int first,
+                              bool *help, vlmd_error *err);
+
+/* Checks what one flag cannot: required values and relations between flags. */
+vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_error *err);
+
+/* Start-up helper for main(): defaults, parse, validate; prints --help and
+ * exits 0, or prints the error and exits 2. */
+void vlmd_config_parse_or_exit(vlmd_config *cfg, vlmd_role role, int argc, char **argv, int first);
+
+/* Prints the flags `role` reads, with defaults and help. */
+void vlmd_config_print_help(vlmd_role role, const char *usage, void *stream /* FILE* */);
+
+/* Looks a flag up by name (without "--"); NULL when unknown. */
+const vlmd_flag *vlmd_flag_find(const char *name);
+
+/* Formats a flag's current value as text (what the parser would accept back). */
+void vlmd_config_value_str(const vlmd_config *cfg, const vlmd_flag *flag, char *out, size_t outsz);
+
+/* Builds "--name=value" arguments for every flag that process `child` reads,
+ * with cfg's effective values. Returns a NULL-terminated heap array of heap
+ * strings (vlmd_argv_free), or NULL on allocation failure. */
+char **vlmd_config_child_argv(const vlmd_config *cfg, vlmd_role child, int *argc_out);
+void vlmd_argv_free(char **argv);
+
+/* Calls fn for every flag `role` reads, with its formatted value. */
+typedef void (*vlmd_config_visit_fn)(const char *name, const char *value, void *ud);
+void vlmd_config_foreach(const vlmd_config *cfg, vlmd_role role, vlmd_config_visit_fn fn, void *ud);
+
+#endif

@@ -1,0 +1,292 @@
+/* model_config.c - config.json of a Hugging Face checkpoint into vlmd_model_config.
+ *
+ * Reads both config shapes (DESIGN.md §3): text fields at the top level or in
+ * text_config; RoPE settings in rope_scaling or rope_parameters, either at the
+ * text level or the top. Every error names the file and the field. */
+#include "model_config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "buf.h"
+
+#define CONFIG_MAX_BYTES (4u << 20)
+
+static const struct {
+    const char *name;
+    vlmd_arch arch;
+} known_archs[] = {
+    {"Qwen2ForCausalLM", VLMD_ARCH_QWEN2},
+    {"Qwen2VLForConditionalGeneration", VLMD_ARCH_QWEN2_VL},
+    {"Qwen2_5_VLForConditionalGeneration", VLMD_ARCH_QWEN2_5_VL},
+};
+
+const char *vlmd_arch_str(vlmd_arch arch)
+{
+    for (size_t i = 0; i < sizeof known_archs / sizeof known_archs[0]; i++)
+        if (known_archs[i].arch == arch)
+            return known_archs[i].name;
+    return "?";
+}
+
+/* Reads an integer field; absent is an error when def < 0 is not allowed. */
+static vlmd_status get_int(const json_t *obj, const char *key, bool required, int64_t def,
+                           int64_t min, int64_t *out, const char *path, vlmd_error *err)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (required)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: missing integer field '%s'", path, key);
+        *out = def;
+        return VLMD_OK;
+    }
+    if (!json_is_integer(v))
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: field '%s' is not an integer", path, key);
+    int64_t x = json_integer_value(v);
+    if (x < min)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: field '%s' is %lld, less than %lld", path, key,
+                           (long long)x, (long long)min);
+    *out = x;
+    return VLMD_OK;
+}
+
+static vlmd_status get_num(const json_t *obj, const char *key, bool required, double def,
+                           double *out, const char *path, vlmd_error *err)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        if (required)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: missing number field '%s'", path, key);
+        *out = def;
+        return VLMD_OK;
+    }
+    if (!json_is_number(v))
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: field '%s' is not a number", path, key);
+    *out = json_number_value(v);
+    return VLMD_OK;
+}
+
+/* eos_token_id may be an int or a list of ints (the first is taken). */
+static int64_t get_token_id(const json_t *obj, const char *key)
+{
+    const json_t *v = json_object_get(obj, key);
+    if (json_is_array(v) && json_array_size(v) > 0)
+        v = json_array_get(v, 0);
+    return json_is_integer(v) ? json_integer_value(v) : -1;
+}
+
+/* Finds the RoPE settings object: rope_parameters or rope_scaling, text level first. */
+static const json_t *find_rope(const json_t *text, const json_t *root)
+{
+    const char *keys[] = {"rope_parameters", "rope_scaling"};
+    const json_t *scopes[] = {text, root};
+    for (int s = 0; s < 2; s++)
+        for (int k = 0; k < 2; k++) {
+            const json_t *r = json_object_get(scopes[s], keys[k]);
+            if (json_is_object(r))
+                return r;
+        }
+    return NULL;
+}
+
+static vlmd_status parse_text(const json_t *root, const char *path, vlmd_text_config *t,
+                              vlmd_error *err)
+{
+    const json_t *text = json_object_get(root, "text_config");
+    if (!json_is_object(text))
+        text = root;
+    vlmd_status st;
+#define INT_FIELD(key, field, req, def, min)                                                   \
+    if ((st = get_int(text, key, req, def, min, &t->field, path, err)) != VLMD_OK)             \
+        return st;
+    INT_FIELD("hidden_size", hidden_size, true, 0, 1)
+    INT_FIELD("intermediate_size", intermediate_size, true, 0, 1)
+    INT_FIELD("num_hidden_layers", num_layers, true, 0, 1)
+    INT_FIELD("num_attention_heads", num_heads, true, 0, 1)
+    INT_FIELD("num_key_value_heads", num_kv_heads, false, t->num_heads, 1)
+    INT_FIELD("vocab_size", vocab_size, true, 0, 1)
+    INT_FIELD("max_position_embeddings", max_position_embeddings, true, 0, 1)
+    INT_FIELD("head_dim", head_dim, false, t->hidden_size / t->num_heads, 1)
+#undef INT_FIELD
+    if (t->num_heads % t->num_kv_heads)
+        return vlmd_errorf(err, VLMD_ERR_MODEL,
+                           "%s: num_attention_heads %lld is not a multiple of num_key_value_heads "
+                           "%lld", path, (long long)t->num_heads, (long long)t->num_kv_heads);
+    if ((st = get_num(text, "rms_norm_eps", false, 1e-6, &t->rms_norm_eps, path, err)) != VLMD_OK)
+        return st;
+    const json_t *tie = json_object_get(text, "tie_word_embeddings");
+    if (!tie)
+        tie = json_object_get(root, "tie_word_embeddings");
+    t->tie_word_embeddings = json_is_true(tie);
+    t->bos_token_id = get_token_id(text, "bos_token_id");
+    t->eos_token_id = get_token_id(text, "eos_token_id");
+
+    const json_t *rope = find_rope(text, root);
+    double theta_default = 10000.0;
+    get_num(text, "rope_theta", false, theta_default, &theta_default, path, NULL);
+    if ((st = get_num(rope ? rope : text, "rope_theta", false, theta_default, &t->rope_theta,
+                      path, err)) != VLMD_OK)
+        return st;
+    const json_t *sec = rope ? json_object_get(rope, "mrope_section") : NULL;
+    t->n_mrope_section = 0;
+    if (sec) {
+        if (!json_is_array(sec) || json_array_size(sec) != 3)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: mrope_section is not a list of 3 integers",
+                               path);
+        int64_t sum = 0;
+        for (int i = 0; i < 3; i++) {
+            const json_t *x = json_array_get(sec, (size_t)i);
+            if (!json_is_integer(x) || json_integer_value(x) < 0)
+                return vlmd_errorf(err, VLMD_ERR_MODEL,
+                                   "%s: mrope_section[%d] is not a non-negative integer", path, i);
+            t->mrope_section[i] = json_integer_value(x);
+            sum += t->mrope_section[i];
+        }
+        if (sum * 2 != t->head_dim)
+            return vlmd_errorf(err, VLMD_ERR_MODEL,
+                               "%s: mrope_section sums to %lld, but head_dim/2 is %lld", path,
+                               (long long)sum, (long long)(t->head_dim / 2));
+        t->n_mrope_section = 3;
+    }
+    return VLMD_OK;
+}
+
+static vlmd_status parse_vision(const json_t *v, vlmd_arch arch, const char *path,
+                                vlmd_vision_config *vc, vlmd_error *err)
+{
+    vlmd_status st;
+    int64_t mlp_ratio = 4;
+    char vpath[4200];
+    snprintf(vpath, sizeof vpath, "%s (vision_config)", path);
+    path = vpath;
+#define INT_FIELD(key, field, req, def, min)                                                   \
+    if ((st = get_int(v, key, req, def, min, &vc->field, path, err)) != VLMD_OK)               \
+        return st;
+    INT_FIELD("depth", depth, true, 0, 1)
+    INT_FIELD("num_heads", num_heads, true, 0, 1)
+    INT_FIELD("patch_size", patch_size, true, 0, 1)
+    INT_FIELD("spatial_merge_size", spatial_merge_size, true, 0, 1)
+    INT_FIELD("temporal_patch_size", temporal_patch_size, true, 0, 1)
+    INT_FIELD("in_channels", in_channels, false, 3, 1)
+    if (arch == VLMD_ARCH_QWEN2_VL) {
+        INT_FIELD("embed_dim", embed_dim, true, 0, 1)
+        INT_FIELD("hidden_size", hidden_size, true, 0, 1)
+        if ((st = get_int(v, "mlp_ratio", false, 4, 1, &mlp_ratio, path, err)) != VLMD_OK)
+            return st;
+        vc->intermediate_size = vc->embed_dim * mlp_ratio;
+        vc->out_hidden_size = vc->hidden_size;
+    } else {
+        INT_FIELD("hidden_size", embed_dim, true, 0, 1)
+        INT_FIELD("out_hidden_size", out_hidden_size, true, 0, 1)
+        INT_FIELD("intermediate_size", intermediate_size, true, 0, 1)
+        INT_FIELD("window_size", window_size, false, 0, 0)
+        vc->hidden_size = vc->out_hidden_size;
+    }
+#undef INT_FIELD
+    if (vc->embed_dim % vc->num_heads)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: width %lld is not a multiple "
+                           "of num_heads %lld", path, (long long)vc->embed_dim,
+                           (long long)vc->num_heads);
+    const json_t *full = json_object_get(v, "fullatt_block_indexes");
+    if (json_is_array(full)) {
+        size_t n = json_array_size(full);
+        if (n > sizeof vc->fullatt_block_indexes / sizeof vc->fullatt_block_indexes[0])
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: too many fullatt_block_indexes (%zu)",
+                               path, n);
+        for (size_t i = 0; i < n; i++) {
+            const json_t *x = json_array_get(full, i);
+            if (!json_is_integer(x) || json_integer_value(x) < 0 ||
+                json_integer_value(x) >= vc->depth)
+                return vlmd_errorf(err, VLMD_ERR_MODEL,
+                                   "%s: fullatt_block_indexes[%zu] is not a block index", path, i);
+            vc->fullatt_block_indexes[i] = json_integer_value(x);
+        }
+        vc->n_fullatt_blocks = (int)n;
+    }
+    return VLMD_OK;
+}
+
+vlmd_status vlmd_model_config_parse(const char *json_text, const char *path,
+                                    vlmd_model_config *out, vlmd_error *err)
+{
+    memset(out, 0, sizeof *out);
+    json_error_t jerr;
+    json_t *root = json_loads(json_text, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s:%d: invalid JSON: %s", path, jerr.line,
+                           jerr.text);
+    vlmd_status st = VLMD_OK;
+    if (!json_is_object(root)) {
+        st = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: not a JSON object", path);
+        goto done;
+    }
+    const json_t *archs = json_object_get(root, "architectures");
+    const char *name = json_string_value(json_array_get(archs, 0));
+    if (!name) {
+        st = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: missing 'architectures'", path);
+        goto done;
+    }
+    bool found = false;
+    for (size_t i = 0; i < sizeof known_archs / sizeof known_archs[0]; i++) {
+        if (strcmp(name, known_archs[i].name) == 0) {
+            out->arch = known_archs[i].arch;
+            found = true;
+        }
+    }
+    if (!found) {
+        st = vlmd_errorf(err, VLMD_ERR_MODEL,
+                         "%s: architecture '%s' is not supported (Qwen2ForCausalLM, "
+                         "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration)",
+                         path, name);
+        goto done;
+    }
+    vlmd_strlcpy(out->architecture, name, sizeof out->architecture);
+    const char *mt = json_string_value(json_object_get(root, "model_type"));
+    vlmd_strlcpy(out->model_type, mt ? mt : "", sizeof out->model_type);
+    if ((st = parse_text(root, path, &out->text, err)) != VLMD_OK)
+        goto done;
+    out->image_token_id = get_token_id(root, "image_token_id");
+    out->vision_start_token_id = get_token_id(root, "vision_start_token_id");
+    out->vision_end_token_id = get_token_id(root, "vision_end_token_id");
+    if (out->arch != VLMD_ARCH_QWEN2) {
+        const json_t *v = json_object_get(root, "vision_config");
+        if (!json_is_object(v)) {
+            st = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: %s needs a 'vision_config' object", path,
+                             name);
+            goto done;
+        }
+        if ((st = parse_vision(v, out->arch, path, &out->vision, err)) != VLMD_OK)
+            goto done;
+        if (out->text.n_mrope_section != 3) {
+            st = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: %s needs rope mrope_section", path, name);
+            goto done;
+        }
+        if (out->image_token_id < 0) {
+            st = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: missing 'image_token_id'", path);
+            goto done;
+        }
+        out->has_vision = true;
+    }
+done:
+    json_decref(root);
+    if (st != VLMD_OK)
+        memset(out, 0, sizeof *out);
+    return st;
+}
+
+vlmd_status vlmd_model_config_load(const char *dir, vlmd_model_config *out, vlmd_error *err)
+{
+    char path[4096];
+    if ((size_t)snprintf(path, sizeof path, "%s/config.json", dir) >= sizeof path)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "model path too long: %s", dir);
+    vlmd_buf text = VLMD_BUF_INIT;
+    vlmd_status st = vlmd_read_file(path, CONFIG_MAX_BYTES, &text, err);
+    if (st == VLMD_OK)
+        st = vlmd_model_config_parse(text.data, path, out, err);
+    else
+        vlmd_error_prefix(err, "model directory %s", dir);
+    vlmd_buf_free(&text);
+    return st;
+}

@@ -1,0 +1,71 @@
+/* model_config.h - what vlmd reads from a model directory's config.json.
+ *
+ * Both shapes of Hugging Face configs load: older ones keep the text fields
+ * at the top level with rope_scaling {type: mrope, mrope_section: [...]};
+ * newer ones nest them in text_config and may say rope_parameters. A field
+ * that is missing or of the wrong type is an error naming it. */
+#ifndef VLMD_MODEL_CONFIG_H
+#define VLMD_MODEL_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "status.h"
+
+typedef enum vlmd_arch {
+    VLMD_ARCH_QWEN2 = 0,        /* Qwen2ForCausalLM */
+    VLMD_ARCH_QWEN2_VL,         /* Qwen2VLForConditionalGeneration */
+    VLMD_ARCH_QWEN2_5_VL,       /* Qwen2_5_VLForConditionalGeneration */
+} vlmd_arch;
+
+typedef struct vlmd_text_config {
+    int64_t hidden_size;
+    int64_t intermediate_size;
+    int64_t num_layers;
+    int64_t num_heads;
+    int64_t num_kv_heads;
+    int64_t head_dim;               /* hidden_size / num_heads unless given */
+    int64_t vocab_size;
+    int64_t max_position_embeddings;
+    double rms_norm_eps;
+    double rope_theta;
+    bool tie_word_embeddings;
+    int n_mrope_section;            /* 0 for 1-D RoPE; 3 for M-RoPE (t, h, w) */
+    int64_t mrope_section[3];
+    int64_t bos_token_id, eos_token_id; /* -1 when absent */
+} vlmd_text_config;
+
+typedef struct vlmd_vision_config {
+    int64_t depth;
+    int64_t embed_dim;              /* width of the ViT blocks */
+    int64_t hidden_size;            /* Qwen2-VL: the merger's output (= text hidden) */
+    int64_t out_hidden_size;        /* Qwen2.5-VL: the merger's output */
+    int64_t intermediate_size;      /* Qwen2.5-VL MLP width; Qwen2-VL: embed_dim * mlp_ratio */
+    int64_t num_heads;
+    int64_t patch_size;
+    int64_t spatial_merge_size;
+    int64_t temporal_patch_size;
+    int64_t in_channels;
+    int64_t window_size;            /* Qwen2.5-VL window attention; 0 otherwise */
+    int64_t fullatt_block_indexes[16];
+    int n_fullatt_blocks;
+} vlmd_vision_config;
+
+typedef struct vlmd_model_config {
+    vlmd_arch arch;
+    char architecture[64];          /* as written in config.json */
+    char model_type[32];
+    vlmd_text_config text;
+    bool has_vision;
+    vlmd_vision_config vision;
+    int64_t image_token_id, vision_start_token_id, vision_end_token_id; /* -1 when absent */
+} vlmd_model_config;
+
+/* Reads DIR/config.json into *out. */
+vlmd_status vlmd_model_config_load(const char *dir, vlmd_model_config *out, vlmd_error *err);
+/* Parses config.json text (path only names it in errors). */
+vlmd_status vlmd_model_config_parse(const char *json_text, const char *path,
+                                    vlmd_model_config *out, vlmd_error *err);
+const char *vlmd_arch_str(vlmd_arch arch);
+
+#endif

@@ -1,0 +1,15 @@
+/* process.h - start-up chores every vlmd child process shares. */
+#ifndef VLMD_PROCESS_H
+#define VLMD_PROCESS_H
+
+/* Exit codes shared by every process. The launcher does not restart a worker
+ * that exits with VLMD_EXIT_CONFIG: a bad flag or model stays bad. */
+#define VLMD_EXIT_FATAL 1
+#define VLMD_EXIT_CONFIG 2
+
+/* When started by the launcher (VLMD_LAUNCHER_PID is set), asks the kernel to
+ * send SIGTERM when the launcher dies, so a killed launcher leaves no orphans;
+ * exits at once if the launcher is already gone. No-op otherwise (systemd). */
+void vlmd_process_follow_launcher(void);
+
+#endif

@@ -1,0 +1,114 @@
+/* backend.c - picks a backend for --device and counts every allocation. */
+#include "backend_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+bool vlmd_backend_cuda_built(void)
+{
+#ifdef VLMD_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+vlmd_status vlmd_backend_create(const char *device, vlmd_backend **out, vlmd_error *err)
+{
+    *out = NULL;
+    bool want_cuda = strcmp(device, "cuda") == 0;
+    bool want_auto = strcmp(device, "auto") == 0;
+    if (!want_cuda && !want_auto && strcmp(device, "cpu") != 0)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--device: '%s' is not auto, cpu or cuda",
+                           device);
+    vlmd_backend *b = calloc(1, sizeof *b);
+    if (!b)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "backend: out of memory");
+    vlmd_status st = VLMD_ERR_UNAVAILABLE;
+    if (want_cuda || want_auto) {
+#ifdef VLMD_HAVE_CUDA
+        vlmd_error cuda_err = {0};
+        st = vlmd_cuda_backend_open(b, 0, &cuda_err);
+        if (st != VLMD_OK && want_cuda) {
+            free(b);
+            return vlmd_errorf(err, st, "--device cuda: %s", cuda_err.msg);
+        }
+#else
+        if (want_cuda) {
+            free(b);
+            return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE,
+                               "--device cuda: this build has no CUDA backend (nvcc was not found "
+                               "when it was configured)");
+        }
+#endif
+    }
+    if (st != VLMD_OK) {
+        memset(b, 0, sizeof *b);
+        st = vlmd_cpu_backend_open(b, err);
+    }
+    if (st != VLMD_OK) {
+        free(b);
+        return st;
+    }
+    *out = b;
+    return VLMD_OK;
+}
+
+void vlmd_backend_destroy(vlmd_backend *b)
+{
+    if (!b)
+        return;
+    b->ops->destroy(b);
+    free(b);
+}
+
+const vlmd_device_info *vlmd_backend_info(const vlmd_backend *b)
+{
+    return &b->info;
+}
+
+vlmd_status vlmd_backend_mem_info(vlmd_backend *b, uint64_t *free_bytes, uint64_t *total_bytes,
+                                  vlmd_error *err)
+{
+    return b->ops->mem_info(b, free_bytes, total_bytes, err);
+}
+
+vlmd_status vlmd_backend_alloc(vlmd_backend *b, size_t bytes, void **out, vlmd_error *err)
+{
+    vlmd_status st = b->ops->alloc(b, bytes, out, err);
+    if (st == VLMD_OK) {
+        b->alloc_count++;
+        b->allocated_bytes += bytes;
+    }
+    return st;
+}
+
+void vlmd_backend_free(vlmd_backend *b, void *ptr, size_t bytes)
+{
+    if (!ptr)
+        return;
+    b->ops->free(b, ptr);
+    b->allocated_bytes -= bytes < b->allocated_bytes ? bytes : b->allocated_bytes;
+}
+
+vlmd_status vlmd_backend_copy_to_device(vlmd_backend *b, void *dst, const void *src, size_t n,
+                                        vlmd_error *err)
+{
+    return b->ops->copy_to_device(b, dst, src, n, err);
+}
+
+vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *src, size_t n,
+                                      vlmd_error *err)
+{
+    return b->ops->copy_to_host(b, dst, src, n, err);
+}
+
+uint64_t vlmd_backend_alloc_count(const vlmd_backend *b)
+{
+    return b->alloc_count;
+}
+
+uint64_t vlmd_backend_allocated_bytes(const vlmd_backend *b)
+{
+    return b->allocated_bytes;
+}

@@ -1,0 +1,68 @@
+/* backend.h - the compute backend interface: one device, its memory, and
+ * (from the text-path issue on) the ops a transformer needs.
+ *
+ * Every device allocation goes through vlmd_backend_alloc, which counts
+ * calls and bytes: after a worker reports ready the count must not change
+ * (DESIGN.md §4). The CPU backend is the reference every CUDA op is tested
+ * against; the CUDA backend exists when vlmd is built with nvcc. */
+#ifndef VLMD_BACKEND_H
+#define VLMD_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum vlmd_device_kind {
+    VLMD_DEVICE_CPU = 0,
+    VLMD_DEVICE_CUDA = 1,
+} vlmd_device_kind;
+
+typedef struct vlmd_device_info {
+    vlmd_device_kind kind;
+    int ordinal;                /* CUDA device index; 0 for the CPU */
+    char name[256];             /* "NVIDIA H100 80GB HBM3", or the CPU model */
+    uint64_t total_bytes;       /* device memory (host RAM for the CPU) */
+    int cc_major, cc_minor;     /* CUDA compute capability; 0 for the CPU */
+    int multiprocessors;        /* SMs, or CPU cores */
+} vlmd_device_info;
+
+typedef struct vlmd_backend vlmd_backend;
+
+/* Opens the backend named by --device: "cpu", "cuda" (device 0; an error
+ * when not built with CUDA or no GPU is visible) or "auto" (CUDA when
+ * possible, else CPU). */
+vlmd_status vlmd_backend_create(const char *device, vlmd_backend **out, vlmd_error *err);
+void vlmd_backend_destroy(vlmd_backend *b);         /* accepts NULL */
+
+const vlmd_device_info *vlmd_backend_info(const vlmd_backend *b);
+/* Free and total device memory as the driver (or the kernel) reports it now. */
+vlmd_status vlmd_backend_mem_info(vlmd_backend *b, uint64_t *free_bytes, uint64_t *total_bytes,
+                                  vlmd_error *err);
+/* Allocates device memory; counted. VLMD_ERR_NOMEM with the size named. */
+vlmd_status vlmd_backend_alloc(vlmd_backend *b, size_t bytes, void **out, vlmd_error *err);
+/* Frees an allocation of `bytes` bytes (the size it was allocated with); accepts NULL. */
+void vlmd_backend_free(vlmd_backend *b, void *ptr, size_t bytes);
+/* Copies between host and device memory of this backend. */
+vlmd_status vlmd_backend_copy_to_device(vlmd_backend *b, void *dst, const void *src, size_t n,
+                                        vlmd_error *err);
+vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *src, size_t n,
+                                      vlmd_error *err);
+
+/* Number of successful allocations since creation, and bytes held now. */
+uint64_t vlmd_backend_alloc_count(const vlmd_backend *b);
+uint64_t vlmd_backend_allocated_bytes(const vlmd_backend *b);
+
+/* True when this build contains the CUDA backend. */
+bool vlmd_backend_cuda_built(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

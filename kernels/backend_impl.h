@@ -1,0 +1,40 @@
+/* backend_impl.h - what each backend implements behind backend.h (private to kernels/). */
+#ifndef VLMD_BACKEND_IMPL_H
+#define VLMD_BACKEND_IMPL_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct vlmd_backend_ops {
+    vlmd_status (*mem_info)(vlmd_backend *b, uint64_t *free_bytes, uint64_t *total_bytes,
+                            vlmd_error *err);
+    vlmd_status (*alloc)(vlmd_backend *b, size_t bytes, void **out, vlmd_error *err);
+    void (*free)(vlmd_backend *b, void *ptr);
+    vlmd_status (*copy_to_device)(vlmd_backend *b, void *dst, const void *src, size_t n,
+                                  vlmd_error *err);
+    vlmd_status (*copy_to_host)(vlmd_backend *b, void *dst, const void *src, size_t n,
+                                vlmd_error *err);
+    void (*destroy)(vlmd_backend *b);
+} vlmd_backend_ops;
+
+struct vlmd_backend {
+    const vlmd_backend_ops *ops;
+    vlmd_device_info info;
+    uint64_t alloc_count;
+    uint64_t allocated_bytes;
+    void *impl;                 /* backend-private state */
+};
+
+/* Each fills *b (ops, info, impl) or fails with err; b is zeroed on entry. */
+vlmd_status vlmd_cpu_backend_open(vlmd_backend *b, vlmd_error *err);
+/* VLMD_ERR_UNAVAILABLE when no GPU is visible. Only in CUDA builds. */
+vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,94 @@
+/* cpu_backend.c - the CPU backend: host memory as the "device". It is the
+ * reference implementation every CUDA op is tested against, and what CI and
+ * the embedded demo run. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include "backend_impl.h"
+#include "buf.h"
+
+static vlmd_status cpu_mem_info(vlmd_backend *b, uint64_t *free_bytes, uint64_t *total_bytes,
+                                vlmd_error *err)
+{
+    (void)b;
+    struct sysinfo si;
+    if (sysinfo(&si) != 0)
+        return vlmd_errorf(err, VLMD_ERR_IO, "sysinfo failed");
+    *total_bytes = (uint64_t)si.totalram * si.mem_unit;
+    *free_bytes = (uint64_t)(si.freeram + si.bufferram) * si.mem_unit;
+    return VLMD_OK;
+}
+
+static vlmd_status cpu_alloc(vlmd_backend *b, size_t bytes, void **out, vlmd_error *err)
+{
+    (void)b;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    void *p = rounded >= bytes ? aligned_alloc(64, rounded ? rounded : 64) : NULL;
+    if (!p)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "cannot allocate %zu bytes of host memory", bytes);
+    *out = p;
+    return VLMD_OK;
+}
+
+static void cpu_free(vlmd_backend *b, void *ptr)
+{
+    (void)b;
+    free(ptr);
+}
+
+static vlmd_status cpu_copy(vlmd_backend *b, void *dst, const void *src, size_t n, vlmd_error *err)
+{
+    (void)b;
+    (void)err;
+    memcpy(dst, src, n);
+    return VLMD_OK;
+}
+
+static void cpu_destroy(vlmd_backend *b)
+{
+    (void)b;
+}
+
+static const vlmd_backend_ops cpu_ops = {
+    .mem_info = cpu_mem_info,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .copy_to_device = cpu_copy,
+    .copy_to_host = cpu_copy,
+    .destroy = cpu_destroy,
+};
+
+/* The "model name" line of /proc/cpuinfo, or "cpu". */
+static void cpu_model_name(char *out, size_t outsz)
+{
+    vlmd_strlcpy(out, "cpu", outsz);
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "model name", 10) != 0)
+            continue;
+        char *colon = strchr(line, ':');
+        if (colon) {
+            colon += strspn(colon + 1, " \t") + 1;
+            colon[strcspn(colon, "\n")] = '\0';
+            snprintf(out, outsz, "cpu (%s)", colon);
+        }
+        break;
+    }
+    fclose(f);
+}
+
+vlmd_status vlmd_cpu_backend_open(vlmd_backend *b, vlmd_error *err)
+{
+    b->ops = &cpu_ops;
+    b->info.kind = VLMD_DEVICE_CPU;
+    cpu_model_name(b->info.name, sizeof b->info.name);
+    b->info.multiprocessors = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    uint64_t free_bytes;
+    return cpu_mem_info(b, &free_bytes, &b->info.total_bytes, err);
+}

@@ -1,0 +1,260 @@
+/* proto.h - every message between vlmd processes, defined once.
+ *
+ * Wire format: one ZeroMQ frame per message holding a msgpack array
+ *   [version (uint), type (uint), body (map of string keys)]
+ * Bodies are maps so that fields can be added within a version: decoders
+ * ignore keys they do not know and require the ones they do. Types and
+ * enum values only grow (append-only). A decoder checks every type, length
+ * and limit before it trusts anything; on failure it returns VLMD_ERR_PROTO
+ * (or VLMD_ERR_VERSION / VLMD_ERR_TOO_LARGE), leaves *out zeroed and owns no
+ * memory, so a malformed message is dropped and counted, never half-used.
+ *
+ * Decoded variable-length fields (arrays, strings, bytes) are owned by the
+ * message and freed by vlmd_msg_free(). Encoding borrows the message. */
+#ifndef VLMD_PROTO_H
+#define VLMD_PROTO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "buf.h"
+#include "role.h"
+#include "status.h"
+
+#define VLMD_PROTO_VERSION 1
+
+/* Limits a decoder enforces (a message over them is rejected whole). */
+#define VLMD_PROTO_MAX_MSG_BYTES (96u << 20)     /* one frame */
+#define VLMD_PROTO_MAX_TOKENS (1u << 20)         /* token ids in one message */
+#define VLMD_PROTO_MAX_IMAGES 64                 /* image refs in one request */
+#define VLMD_PROTO_MAX_IMAGE_BYTES (64u << 20)   /* one encoded image */
+#define VLMD_PROTO_MAX_STR 4096                  /* any string field */
+#define VLMD_PROTO_MAX_CONFIG 256                /* entries in a config map */
+#define VLMD_PROTO_MAX_WORKERS 64                /* entries in a stats snapshot */
+#define VLMD_PROTO_MAX_STOPS 16                  /* stop token ids per request */
+
+/* Wire values, append-only. */
+typedef enum vlmd_msg_type {
+    VLMD_MSG_HELLO = 1,             /* process -> router: I am role/rank, pid, config */
+    VLMD_MSG_WELCOME = 2,           /* router -> process: answer to hello or unknown heartbeat */
+    VLMD_MSG_READY = 3,             /* process -> router: start-up done (reservation, capacity) */
+    VLMD_MSG_HEARTBEAT = 4,         /* process -> router: still alive */
+    VLMD_MSG_FOOTPRINT_REQUEST = 5, /* llm -> router: peer footprint, once visual reserved */
+    VLMD_MSG_FOOTPRINT_REPLY = 6,   /* router -> llm: bytes the peers reserved on the device */
+    VLMD_MSG_WORKER_EXIT = 7,       /* launcher -> router: a child exited */
+    VLMD_MSG_STATS_SNAPSHOT = 8,    /* router -> frontend, launcher: every process's state */
+    VLMD_MSG_SHUTDOWN = 9,          /* router -> process: exit cleanly */
+    VLMD_MSG_REQUEST_SUBMIT = 10,   /* frontend -> router -> llm: generate for these tokens */
+    VLMD_MSG_REQUEST_CANCEL = 11,   /* frontend -> router -> llm: stop a request */
+    VLMD_MSG_TOKEN_CHUNK = 12,      /* llm -> router -> frontend: generated tokens, finish */
+    VLMD_MSG_IMAGE_JOB = 13,        /* router -> visual: encode one image */
+    VLMD_MSG_IMAGE_RESULT = 14,     /* visual -> router: where the embeddings are */
+    VLMD_MSG_TYPE_MAX = 14
+} vlmd_msg_type;
+
+/* Process states as the router sees them; wire values, append-only. */
+typedef enum vlmd_worker_state {
+    VLMD_WORKER_DOWN = 0,       /* not running, or silent past the heartbeat timeout */
+    VLMD_WORKER_STARTING = 1,   /* said hello, not ready yet */
+    VLMD_WORKER_READY = 2,      /* serving */
+    VLMD_WORKER_STATE_COUNT
+} vlmd_worker_state;
+
+/* How a request ended; wire values, append-only. */
+typedef enum vlmd_finish_reason {
+    VLMD_FINISH_NONE = 0,       /* still running: more chunks follow */
+    VLMD_FINISH_STOP = 1,       /* EOS or a stop token/string */
+    VLMD_FINISH_LENGTH = 2,     /* max_tokens or the model's length */
+    VLMD_FINISH_CANCELLED = 3,  /* the client went away or cancelled */
+    VLMD_FINISH_ERROR = 4,      /* failed; status and message say why */
+    VLMD_FINISH_COUNT
+} vlmd_finish_reason;
+
+const char *vlmd_msg_type_str(vlmd_msg_type t);
+const char *vlmd_worker_state_str(vlmd_worker_state s);
+const char *vlmd_finish_reason_str(vlmd_finish_reason r);
+
+/* One configuration entry ("port" -> "8000"). */
+typedef struct vlmd_kv {
+    char *key;
+    char *value;
+} vlmd_kv;
+
+typedef struct vlmd_msg_hello {
+    uint32_t role;              /* vlmd_role */
+    uint32_t rank;              /* tensor-parallel rank (0 unless several) */
+    int64_t pid;
+    uint64_t start_wall_ms;     /* when the process started, wall clock */
+    char *version;              /* VLMD_VERSION of the sender */
+    vlmd_kv *config;            /* effective flags of the sender */
+    uint32_t n_config;
+} vlmd_msg_hello;
+
+typedef struct vlmd_msg_welcome {
+    bool known;                 /* false: the router does not know the sender; say hello again */
+    int64_t router_pid;
+} vlmd_msg_welcome;
+
+typedef struct vlmd_msg_ready {
+    uint32_t role, rank;
+    uint64_t reserved_bytes;        /* device memory the process holds for good */
+    uint64_t kv_capacity_tokens;    /* llm: tokens the KV cache holds (0 = not measured yet) */
+    char *device;                   /* e.g. "cpu", "NVIDIA H100 80GB HBM3" */
+    char *listen_url;               /* frontend: "http://127.0.0.1:8000"; "" for others */
+} vlmd_msg_ready;
+
+typedef struct vlmd_msg_heartbeat {
+    uint32_t role, rank;
+    int64_t pid;
+    uint32_t state;                 /* vlmd_worker_state as the sender sees itself */
+    uint64_t seq;
+} vlmd_msg_heartbeat;
+
+typedef struct vlmd_msg_footprint_request {
+    uint32_t rank;
+} vlmd_msg_footprint_request;
+
+typedef struct vlmd_msg_footprint_reply {
+    uint64_t peer_bytes;            /* device bytes reserved by other processes on this GPU */
+} vlmd_msg_footprint_reply;
+
+typedef struct vlmd_msg_worker_exit {
+    uint32_t role, rank;
+    int64_t pid;
+    int32_t exit_status;            /* exit code, or -1 when killed by a signal */
+    int32_t term_signal;            /* signal number, 0 when it exited */
+} vlmd_msg_worker_exit;
+
+/* One process as the router sees it. */
+typedef struct vlmd_worker_info {
+    uint32_t role, rank;
+    uint32_t state;                 /* vlmd_worker_state */
+    int64_t pid;                    /* 0 when never seen */
+    uint64_t uptime_ms;             /* since its hello; 0 when down */
+    uint32_t restarts;              /* hellos from a new pid after the first */
+    uint64_t reserved_bytes;
+    uint64_t kv_capacity_tokens;
+    char *version;
+    char *device;
+    char *listen_url;
+    vlmd_kv *config;
+    uint32_t n_config;
+} vlmd_worker_info;
+
+typedef struct vlmd_msg_stats_snapshot {
+    uint64_t seq;                   /* grows with every snapshot */
+    uint64_t dropped_messages;      /* malformed or undeliverable, counted by the router */
+    vlmd_worker_info *workers;
+    uint32_t n_workers;
+} vlmd_msg_stats_snapshot;
+
+typedef struct vlmd_msg_shutdown {
+    char *reason;
+    uint64_t drain_ms;              /* time to finish running requests */
+} vlmd_msg_shutdown;
+
+/* Sampling settings of one request. */
+typedef struct vlmd_sampling {
+    double temperature;             /* 0 = greedy */
+    double top_p;                   /* (0, 1] */
+    int32_t top_k;                  /* -1 = off */
+    double min_p;                   /* [0, 1] */
+    double presence_penalty;
+    double frequency_penalty;
+    double repetition_penalty;      /* 1 = off */
+    uint64_t seed;
+    bool has_seed;
+} vlmd_sampling;
+
+/* An image's place in a prompt, once the visual worker encoded it. */
+typedef struct vlmd_image_ref {
+    uint8_t hash[32];               /* content hash of the encoded image bytes */
+    uint32_t token_offset;          /* index of its first <|image_pad|> in the prompt */
+    uint32_t token_count;           /* image tokens (grid_h * grid_w / merge^2) */
+    uint64_t arena_offset;          /* where its embeddings start in the shared arena */
+    uint32_t grid_t, grid_h, grid_w;
+} vlmd_image_ref;
+
+typedef struct vlmd_msg_request_submit {
+    uint64_t req_id;
+    uint32_t *tokens;               /* prompt token ids */
+    uint32_t n_tokens;
+    uint32_t max_tokens;
+    vlmd_sampling sampling;
+    uint32_t *stop_tokens;          /* extra token ids that end generation */
+    uint32_t n_stop_tokens;
+    uint32_t top_logprobs;          /* 0-20; 0 = no logprobs */
+    bool logprobs;
+    vlmd_image_ref *images;
+    uint32_t n_images;
+} vlmd_msg_request_submit;
+
+typedef struct vlmd_msg_request_cancel {
+    uint64_t req_id;
+    uint32_t reason;                /* vlmd_finish_reason, usually CANCELLED */
+} vlmd_msg_request_cancel;
+
+typedef struct vlmd_msg_token_chunk {
+    uint64_t req_id;
+    uint32_t *tokens;               /* tokens generated since the last chunk */
+    uint32_t n_tokens;
+    float *logprobs;                /* one per token when asked, else NULL */
+    uint32_t n_logprobs;
+    uint32_t finish;                /* vlmd_finish_reason; NONE while running */
+    uint32_t status;                /* vlmd_status when finish == ERROR */
+    char *message;                  /* error text when finish == ERROR, else "" */
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
+} vlmd_msg_token_chunk;
+
+typedef struct vlmd_msg_image_job {
+    uint64_t req_id;
+    uint32_t image_index;           /* position among the request's images */
+    uint8_t hash[32];
+    uint8_t *data;                  /* encoded image (PNG/JPEG/WebP) */
+    uint32_t n_data;
+    uint32_t width, height;         /* from the header, already checked */
+} vlmd_msg_image_job;
+
+typedef struct vlmd_msg_image_result {
+    uint64_t req_id;
+    uint32_t image_index;
+    uint32_t status;                /* vlmd_status; VLMD_OK when encoded */
+    char *message;                  /* error text, "" when ok */
+    vlmd_image_ref image;
+    uint64_t embed_bytes;           /* size of the embeddings in the arena */
+} vlmd_msg_image_result;
+
+typedef struct vlmd_msg {
+    vlmd_msg_type type;
+    union {
+        vlmd_msg_hello hello;
+        vlmd_msg_welcome welcome;
+        vlmd_msg_ready ready;
+        vlmd_msg_heartbeat heartbeat;
+        vlmd_msg_footprint_request footprint_request;
+        vlmd_msg_footprint_reply footprint_reply;
+        vlmd_msg_worker_exit worker_exit;
+        vlmd_msg_stats_snapshot stats_snapshot;
+        vlmd_msg_shutdown shutdown;
+        vlmd_msg_request_submit request_submit;
+        vlmd_msg_request_cancel request_cancel;
+        vlmd_msg_token_chunk token_chunk;
+        vlmd_msg_image_job image_job;
+        vlmd_msg_image_result image_result;
+    } u;
+} vlmd_msg;
+
+/* Appends the encoding of msg to out (borrows msg). Fails on a NULL array
+ * with a nonzero count, a value over the limits, or allocation failure. */
+vlmd_status vlmd_msg_encode(const vlmd_msg *msg, vlmd_buf *out, vlmd_error *err);
+
+/* Decodes len bytes into *out (all of it owned by out afterwards). On any
+ * failure *out is zeroed, nothing is leaked, and err names the problem. */
+vlmd_status vlmd_msg_decode(const void *data, size_t len, vlmd_msg *out, vlmd_error *err);
+
+/* Frees what a decode allocated; accepts NULL and zeroed messages. Only for
+ * messages from vlmd_msg_decode (built-by-hand messages own nothing). */
+void vlmd_msg_free(vlmd_msg *msg);
+
+#endif

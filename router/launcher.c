@@ -1,0 +1,376 @@
+/* launcher.c - `vlmd serve --model DIR [flags]`: the embedded default.
+ *
+ * Creates the instance's runtime directory (ipc sockets live there, so two
+ * instances never share a path), starts the router, the visual worker, the
+ * engine and the frontend with one set of flags (each receives exactly the
+ * flags it reads, from the flag table), follows the router's snapshots as a
+ * peer of its own, prints how to call the server once every process is
+ * ready, restarts what exits (supervisor.c), and on SIGTERM/SIGINT stops
+ * them all and removes the runtime directory. Exits 0 after a clean stop,
+ * 1 when a process could not be kept running, 2 on bad flags. */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "buf.h"
+#include "log.h"
+#include "model_config.h"
+#include "peer.h"
+#include "process.h"
+#include "supervisor.h"
+
+#define IPC_PATH_MAX 100 /* sun_path is 108 bytes with the NUL; keep a margin */
+
+typedef struct launcher {
+    vlmd_config cfg;
+    vlmd_model_config model;
+    uv_loop_t loop;
+    void *zctx;
+    vlmd_peer *peer;
+    supervisor sup;
+    uv_signal_t sigterm, sigint;
+    uv_timer_t start_timer;
+    char runtime_dir[PATH_MAX];
+    bool own_runtime_dir;
+    char ipc_path[PATH_MAX];        /* the router's socket file, "" for tcp:// */
+    bool announced;
+    bool stopping;
+    int exit_code;
+} launcher;
+
+static void launcher_stop(launcher *l, int exit_code)
+{
+    if (l->stopping)
+        return;
+    l->stopping = true;
+    l->exit_code = exit_code;
+    uv_timer_stop(&l->start_timer);
+    supervisor_stop(&l->sup);
+}
+
+/* ---- following the router ---------------------------------------------- */
+
+static bool all_ready(const vlmd_msg_stats_snapshot *s)
+{
+    if (s->n_workers == 0)
+        return false;
+    for (uint32_t i = 0; i < s->n_workers; i++)
+        if (s->workers[i].state != VLMD_WORKER_READY)
+            return false;
+    return true;
+}
+
+static void announce(launcher *l, const vlmd_msg_stats_snapshot *s)
+{
+    const char *url = "";
+    for (uint32_t i = 0; i < s->n_workers; i++)
+        if (s->workers[i].role == VLMD_ROLE_FRONTEND)
+            url = s->workers[i].listen_url;
+    printf("vlmd is ready: %s serves %s\n"
+           "  curl %s/health\n"
+           "  curl %s/v1/models\n",
+           url, l->cfg.model, url, url);
+    fflush(stdout);
+    VLMD_INFO("every process is ready; serving at %s", url);
+}
+
+static void on_router_message(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
+{
+    (void)peer;
+    launcher *l = ud;
+    if (msg->type != VLMD_MSG_STATS_SNAPSHOT)
+        return;
+    const vlmd_msg_stats_snapshot *s = &msg->u.stats_snapshot;
+    for (uint32_t i = 0; i < s->n_workers; i++) {
+        const vlmd_worker_info *w = &s->workers[i];
+        if (w->state == VLMD_WORKER_READY)
+            supervisor_mark_ready(&l->sup, (vlmd_role)w->role, w->rank, w->pid);
+    }
+    if (!l->announced && !l->stopping && all_ready(s)) {
+        l->announced = true;
+        uv_timer_stop(&l->start_timer);
+        announce(l, s);
+    }
+}
+
+/* ---- supervision callbacks --------------------------------------------- */
+
+static void on_child_exit(supervisor *sup, child *c, int64_t pid, int64_t exit_status,
+                          int term_signal)
+{
+    launcher *l = sup->ud;
+    if (c->role == VLMD_ROLE_ROUTER || !l->peer)
+        return;
+    vlmd_msg m = {.type = VLMD_MSG_WORKER_EXIT};
+    m.u.worker_exit = (vlmd_msg_worker_exit){
+        .role = c->role,
+        .rank = c->rank,
+        .pid = pid,
+        .exit_status = term_signal ? -1 : (int32_t)exit_status,
+        .term_signal = term_signal,
+    };
+    vlmd_peer_send(l->peer, &m);
+}
+
+static void on_child_fail(supervisor *sup, child *c, const char *why)
+{
+    launcher *l = sup->ud;
+    VLMD_ERROR("%s; stopping the server", why);
+    if (c) {
+        fprintf(stderr, "vlmd: last log lines of %s:\n", vlmd_role_process_name(c->role));
+        supervisor_print_last_lines(c);
+    }
+    launcher_stop(l, VLMD_EXIT_FATAL);
+}
+
+static void remove_runtime_files(launcher *l)
+{
+    if (l->ipc_path[0] && unlink(l->ipc_path) != 0 && errno != ENOENT)
+        VLMD_WARN("cannot remove %s: %s", l->ipc_path, strerror(errno));
+    if (l->own_runtime_dir && rmdir(l->runtime_dir) != 0)
+        VLMD_WARN("cannot remove %s: %s", l->runtime_dir, strerror(errno));
+}
+
+static void on_all_stopped(supervisor *sup)
+{
+    launcher *l = sup->ud;
+    vlmd_peer_destroy(l->peer);
+    l->peer = NULL;
+    remove_runtime_files(l);
+    uv_close((uv_handle_t *)&l->sigterm, NULL);
+    uv_close((uv_handle_t *)&l->sigint, NULL);
+    uv_close((uv_handle_t *)&l->start_timer, NULL);
+    supervisor_free(sup);
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    launcher *l = h->data;
+    if (l->stopping) {
+        VLMD_WARN("second signal %d: killing every process now", signum);
+        for (int i = 0; i < l->sup.n_children; i++)
+            if (l->sup.children[i].pid)
+                kill((pid_t)l->sup.children[i].pid, SIGKILL);
+        return;
+    }
+    VLMD_INFO("signal %d: stopping every process", signum);
+    launcher_stop(l, 0);
+}
+
+static void on_start_timeout(uv_timer_t *t)
+{
+    launcher *l = t->data;
+    VLMD_ERROR("not every process was ready within --start-timeout-s %lld",
+               (long long)l->cfg.start_timeout_s);
+    for (int i = 0; i < l->sup.n_children; i++) {
+        child *c = &l->sup.children[i];
+        if (!c->ready_since_start) {
+            fprintf(stderr, "vlmd: %s is not ready; its last log lines:\n",
+                    vlmd_role_process_name(c->role));
+            supervisor_print_last_lines(c);
+        }
+    }
+    launcher_stop(l, VLMD_EXIT_FATAL);
+}
+
+/* ---- start-up ----------------------------------------------------------- */
+
+static vlmd_status make_runtime_dir(launcher *l, vlmd_error *err)
+{
+    if (l->cfg.runtime_dir[0]) {
+        if (vlmd_strlcpy(l->runtime_dir, l->cfg.runtime_dir, sizeof l->runtime_dir) >=
+            sizeof l->runtime_dir)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--runtime-dir is too long");
+        if (mkdir(l->runtime_dir, 0700) != 0 && errno != EEXIST)
+            return vlmd_errorf(err, VLMD_ERR_IO, "--runtime-dir %s: %s", l->runtime_dir,
+                               strerror(errno));
+        return VLMD_OK;
+    }
+    const char *base = getenv("XDG_RUNTIME_DIR");
+    if (!base || !*base || access(base, W_OK) != 0)
+        base = "/tmp";
+    snprintf(l->runtime_dir, sizeof l->runtime_dir, "%s/vlmd-XXXXXX", base);
+    if (!mkdtemp(l->runtime_dir))
+        return vlmd_errorf(err, VLMD_ERR_IO, "cannot create a runtime directory under %s: %s",
+                           base, strerror(errno));
+    l->own_runtime_dir = true;
+    return VLMD_OK;
+}
+
+static vlmd_status choose_endpoint(launcher *l, vlmd_error *err)
+{
+    if (!l->cfg.router_endpoint[0]) {
+        char endpoint[PATH_MAX + 16];
+        snprintf(endpoint, sizeof endpoint, "ipc://%s/router.sock", l->runtime_dir);
+        free(l->cfg.router_endpoint);
+        l->cfg.router_endpoint = vlmd_xstrdup(endpoint);
+    }
+    if (strncmp(l->cfg.router_endpoint, "ipc://", 6) == 0) {
+        const char *path = l->cfg.router_endpoint + 6;
+        if (strlen(path) > IPC_PATH_MAX)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                               "ipc socket path %s is longer than %d bytes (a Unix socket limit): "
+                               "choose a shorter --runtime-dir", path, IPC_PATH_MAX);
+        vlmd_strlcpy(l->ipc_path, path, sizeof l->ipc_path);
+    }
+    return VLMD_OK;
+}
+
+/* Directory of the running executable: the other executables sit beside it. */
+static void exe_dir(char *out, size_t outsz)
+{
+    ssize_t n = readlink("/proc/self/exe", out, outsz - 1);
+    if (n <= 0)
+        VLMD_FATAL("cannot find the launcher's own path: %s", strerror(errno));
+    out[n] = '\0';
+    char *slash = strrchr(out, '/');
+    if (slash)
+        *slash = '\0';
+}
+
+static void usage(FILE *out)
+{
+    fprintf(out, "usage: vlmd serve --model DIR [--host 127.0.0.1] [--port 8000] [flags]\n"
+                 "       vlmd serve --help     every flag, with defaults\n"
+                 "       vlmd args ROLE --model DIR --router-endpoint EP [flags]\n"
+                 "                             the arguments vlmd-ROLE gets from these flags\n"
+                 "                             (ROLE: router, frontend, visual, llm), shell-quoted,\n"
+                 "                             for running under systemd or supervisord\n"
+                 "       vlmd --version\n");
+}
+
+/* Prints s in single quotes, with embedded quotes escaped, for `eval`. */
+static void print_shell_quoted(const char *s)
+{
+    putchar('\'');
+    for (; *s; s++) {
+        if (*s == '\'')
+            fputs("'\\''", stdout);
+        else
+            putchar(*s);
+    }
+    putchar('\'');
+}
+
+/* `vlmd args ROLE [flags]`: what the launcher would pass to that process, so
+ * that a process supervisor runs every process from one set of flags. */
+static int print_args(int argc, char **argv)
+{
+    vlmd_role role = VLMD_ROLE_COUNT;
+    for (int r = VLMD_ROLE_ROUTER; r < VLMD_ROLE_COUNT && argc >= 3; r++)
+        if (strcmp(argv[2], vlmd_role_str((vlmd_role)r)) == 0)
+            role = (vlmd_role)r;
+    if (role == VLMD_ROLE_COUNT) {
+        usage(stderr);
+        return VLMD_EXIT_CONFIG;
+    }
+    vlmd_config cfg;
+    vlmd_config_parse_or_exit(&cfg, VLMD_ROLE_LAUNCHER, argc, argv, 3);
+    if (!cfg.router_endpoint[0]) {
+        fprintf(stderr, "vlmd args: --router-endpoint is required (without the launcher there is "
+                        "no runtime directory to put it in)\n");
+        vlmd_config_free(&cfg);
+        return VLMD_EXIT_CONFIG;
+    }
+    int n = 0;
+    char **child = vlmd_config_child_argv(&cfg, role, &n);
+    VLMD_ASSERT(child);
+    for (int i = 0; i < n; i++) {
+        if (i)
+            putchar(' ');
+        print_shell_quoted(child[i]);
+    }
+    putchar('\n');
+    vlmd_argv_free(child);
+    vlmd_config_free(&cfg);
+    return 0;
+}
+
+static int serve(int argc, char **argv)
+{
+    launcher l = {0};
+    vlmd_config_parse_or_exit(&l.cfg, VLMD_ROLE_LAUNCHER, argc, argv, 2);
+    vlmd_log_level level = VLMD_LOG_INFO;
+    vlmd_log_level_parse(l.cfg.log_level, &level, NULL);
+    vlmd_log_init("vlmd", level);
+
+    vlmd_error err = {0};
+    if (vlmd_model_config_load(l.cfg.model, &l.model, &err) != VLMD_OK) {
+        fprintf(stderr, "vlmd: %s\n", err.msg);
+        vlmd_config_free(&l.cfg);
+        return VLMD_EXIT_CONFIG;
+    }
+    if (make_runtime_dir(&l, &err) != VLMD_OK || choose_endpoint(&l, &err) != VLMD_OK) {
+        fprintf(stderr, "vlmd: %s\n", err.msg);
+        if (l.own_runtime_dir)
+            rmdir(l.runtime_dir);
+        vlmd_config_free(&l.cfg);
+        return VLMD_EXIT_CONFIG;
+    }
+    VLMD_INFO("model %s (%s); runtime directory %s; router at %s", l.cfg.model,
+              l.model.architecture, l.runtime_dir, l.cfg.router_endpoint);
+
+    uv_loop_init(&l.loop);
+    l.zctx = zmq_ctx_new();
+    VLMD_ASSERT(l.zctx);
+    uv_signal_init(&l.loop, &l.sigterm);
+    uv_signal_init(&l.loop, &l.sigint);
+    l.sigterm.data = l.sigint.data = &l;
+    uv_signal_start(&l.sigterm, on_signal, SIGTERM);
+    uv_signal_start(&l.sigint, on_signal, SIGINT);
+    uv_timer_init(&l.loop, &l.start_timer);
+    l.start_timer.data = &l;
+    uv_timer_start(&l.start_timer, on_start_timeout, (uint64_t)l.cfg.start_timeout_s * 1000u, 0);
+
+    supervisor_init(&l.sup, &l.loop, &l.cfg, &l);
+    l.sup.on_exit = on_child_exit;
+    l.sup.on_fail = on_child_fail;
+    l.sup.on_stopped = on_all_stopped;
+    char dir[PATH_MAX], exe[PATH_MAX + 32];
+    exe_dir(dir, sizeof dir);
+    const vlmd_role order[] = {VLMD_ROLE_ROUTER, VLMD_ROLE_VISUAL, VLMD_ROLE_LLM,
+                               VLMD_ROLE_FRONTEND};
+    for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
+        snprintf(exe, sizeof exe, "%s/%s", dir, vlmd_role_process_name(order[i]));
+        supervisor_add(&l.sup, order[i], 0, exe);
+    }
+
+    l.peer = vlmd_peer_create(&l.loop, l.zctx, &l.cfg, VLMD_ROLE_LAUNCHER, 0, on_router_message,
+                              &l, &err);
+    if (!l.peer || supervisor_start(&l.sup, &err) != VLMD_OK) {
+        VLMD_ERROR("%s", err.msg);
+        launcher_stop(&l, VLMD_EXIT_FATAL);
+    }
+
+    uv_run(&l.loop, UV_RUN_DEFAULT);
+    if (uv_loop_close(&l.loop) != 0)
+        VLMD_WARN("event loop closed with handles still open");
+    zmq_ctx_term(l.zctx);
+    vlmd_config_free(&l.cfg);
+    VLMD_INFO("stopped (exit %d)", l.exit_code);
+    return l.exit_code;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "serve") == 0)
+        return serve(argc, argv);
+    if (argc >= 2 && strcmp(argv[1], "args") == 0)
+        return print_args(argc, argv);
+    if (argc >= 2 && (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "version") == 0)) {
+        printf("vlmd %s\n", VLMD_VERSION);
+        return 0;
+    }
+    if (argc >= 2 && (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0)) {
+        usage(stdout);
+        return 0;
+    }
+    usage(stderr);
+    return VLMD_EXIT_CONFIG;
+}

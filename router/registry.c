@@ -1,0 +1,166 @@
+/* registry.c - the process table of the router (see registry.h for states). */
+#include "registry.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "log.h"
+
+void registry_init(registry *r)
+{
+    memset(r, 0, sizeof *r);
+}
+
+static void entry_clear_strings(registry_entry *e)
+{
+    free(e->version);
+    free(e->device);
+    free(e->listen_url);
+    e->version = e->device = e->listen_url = NULL;
+    for (uint32_t i = 0; i < e->n_config; i++) {
+        free(e->config[i].key);
+        free(e->config[i].value);
+    }
+    free(e->config);
+    e->config = NULL;
+    e->n_config = 0;
+}
+
+void registry_free(registry *r)
+{
+    for (int i = 0; i < r->n; i++)
+        entry_clear_strings(&r->entries[i]);
+    r->n = 0;
+}
+
+registry_entry *registry_find(registry *r, vlmd_role role, uint32_t rank)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->entries[i].role == role && r->entries[i].rank == rank)
+            return &r->entries[i];
+    return NULL;
+}
+
+registry_entry *registry_find_identity(registry *r, const void *id, size_t id_len)
+{
+    for (int i = 0; i < r->n; i++) {
+        registry_entry *e = &r->entries[i];
+        if (e->id_len == id_len && memcmp(e->identity, id, id_len) == 0)
+            return e;
+    }
+    return NULL;
+}
+
+registry_entry *registry_expect(registry *r, vlmd_role role, uint32_t rank, bool listed)
+{
+    registry_entry *e = registry_find(r, role, rank);
+    if (e)
+        return e;
+    if (r->n == REGISTRY_MAX_ENTRIES)
+        return NULL;
+    e = &r->entries[r->n++];
+    memset(e, 0, sizeof *e);
+    e->role = role;
+    e->rank = rank;
+    e->listed = listed;
+    e->state = VLMD_WORKER_STARTING;
+    return e;
+}
+
+registry_entry *registry_hello(registry *r, const vlmd_msg_hello *h, const void *identity,
+                               size_t id_len, uint64_t now_ms)
+{
+    if (id_len > REGISTRY_ID_MAX)
+        return NULL;
+    registry_entry *e = registry_expect(r, (vlmd_role)h->role, h->rank,
+                                        h->role != VLMD_ROLE_LAUNCHER);
+    if (!e)
+        return NULL;
+    if (e->pid && e->pid != h->pid)
+        e->restarts++;
+    entry_clear_strings(e);
+    memcpy(e->identity, identity, id_len);
+    e->id_len = id_len;
+    e->pid = h->pid;
+    e->state = VLMD_WORKER_STARTING;
+    e->hello_ms = e->last_seen_ms = now_ms;
+    e->reserved_bytes = e->kv_capacity_tokens = 0;
+    e->footprint_wanted = false;
+    e->version = vlmd_xstrdup(h->version);
+    if (h->n_config) {
+        e->config = calloc(h->n_config, sizeof *e->config);
+        VLMD_ASSERT(e->config);
+        for (uint32_t i = 0; i < h->n_config; i++) {
+            e->config[i].key = vlmd_xstrdup(h->config[i].key);
+            e->config[i].value = vlmd_xstrdup(h->config[i].value);
+        }
+        e->n_config = h->n_config;
+    }
+    return e;
+}
+
+void registry_ready(registry_entry *e, const vlmd_msg_ready *m, uint64_t now_ms)
+{
+    e->state = VLMD_WORKER_READY;
+    e->last_seen_ms = now_ms;
+    e->reserved_bytes = m->reserved_bytes;
+    e->kv_capacity_tokens = m->kv_capacity_tokens;
+    free(e->device);
+    free(e->listen_url);
+    e->device = vlmd_xstrdup(m->device);
+    e->listen_url = vlmd_xstrdup(m->listen_url);
+}
+
+void registry_down(registry_entry *e)
+{
+    e->state = VLMD_WORKER_DOWN;
+    e->footprint_wanted = false;
+}
+
+int registry_expire(registry *r, uint64_t now_ms, uint64_t timeout_ms)
+{
+    int changed = 0;
+    for (int i = 0; i < r->n; i++) {
+        registry_entry *e = &r->entries[i];
+        if (e->pid && e->state != VLMD_WORKER_DOWN && now_ms - e->last_seen_ms > timeout_ms) {
+            registry_down(e);
+            changed++;
+        }
+    }
+    return changed;
+}
+
+vlmd_status registry_snapshot(const registry *r, const vlmd_worker_info *self, uint64_t now_ms,
+                              vlmd_msg_stats_snapshot *snap)
+{
+    snap->workers = calloc((size_t)r->n + 1, sizeof *snap->workers);
+    if (!snap->workers)
+        return VLMD_ERR_NOMEM;
+    snap->workers[0] = *self;
+    uint32_t k = 1;
+    for (int i = 0; i < r->n; i++) {
+        const registry_entry *e = &r->entries[i];
+        if (!e->listed)
+            continue;
+        bool up = e->state != VLMD_WORKER_DOWN && e->pid;
+        snap->workers[k++] = (vlmd_worker_info){
+            .role = e->role,
+            .rank = e->rank,
+            .state = e->state,
+            .pid = e->pid,
+            .uptime_ms = up ? now_ms - e->hello_ms : 0,
+            .restarts = e->restarts,
+            .reserved_bytes = e->reserved_bytes,
+            .kv_capacity_tokens = e->kv_capacity_tokens,
+            .version = e->version ? e->version : "",
+            .device = e->device ? e->device : "",
+            .listen_url = e->listen_url ? e->listen_url : "",
+            .config = e->config,
+            .n_config = e->n_config,
+        };
+    }
+    snap->n_workers = k;
+    return VLMD_OK;
+}

@@ -1,0 +1,327 @@
+/* router.c - message handling of the router: the start-up handshake
+ * (hello -> welcome, ready, footprint), liveness (heartbeats, exits,
+ * expiry) and the stats snapshots sent to the frontend and the launcher. */
+#include "router.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "clock.h"
+#include "log.h"
+#include "peer.h"
+
+static void router_send(router *rt, const registry_entry *to, const vlmd_msg *msg)
+{
+    vlmd_buf b = VLMD_BUF_INIT;
+    vlmd_error err = {0};
+    if (vlmd_msg_encode(msg, &b, &err) != VLMD_OK) {
+        VLMD_ERROR("cannot encode %s: %s", vlmd_msg_type_str(msg->type), err.msg);
+    } else if (vlmd_zsock_send(rt->zs, to->identity, to->id_len, b.data, b.len) != VLMD_OK) {
+        VLMD_DEBUG("%s for %s-%u undeliverable", vlmd_msg_type_str(msg->type),
+                   vlmd_role_str(to->role), to->rank);
+    }
+    vlmd_buf_free(&b);
+}
+
+static void router_send_to_identity(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
+{
+    registry_entry tmp = {.id_len = id_len > REGISTRY_ID_MAX ? 0 : id_len};
+    if (!tmp.id_len)
+        return;
+    memcpy(tmp.identity, id, id_len);
+    router_send(rt, &tmp, msg);
+}
+
+static void send_welcome(router *rt, const void *id, size_t id_len, bool known)
+{
+    vlmd_msg m = {.type = VLMD_MSG_WELCOME};
+    m.u.welcome = (vlmd_msg_welcome){.known = known, .router_pid = getpid()};
+    router_send_to_identity(rt, id, id_len, &m);
+}
+
+/* Sends the current snapshot to every registered frontend and launcher. */
+static void publish_snapshot(router *rt)
+{
+    uint64_t now = vlmd_now_ms();
+    vlmd_worker_info self = {
+        .role = VLMD_ROLE_ROUTER,
+        .state = VLMD_WORKER_READY,
+        .pid = getpid(),
+        .uptime_ms = now - rt->start_ms,
+        .version = VLMD_VERSION,
+        .device = "",
+        .listen_url = rt->cfg->router_endpoint,
+        .config = rt->self_config,
+        .n_config = rt->n_self_config,
+    };
+    vlmd_msg m = {.type = VLMD_MSG_STATS_SNAPSHOT};
+    m.u.stats_snapshot.seq = ++rt->snapshot_seq;
+    m.u.stats_snapshot.dropped_messages = rt->dropped + vlmd_zsock_dropped(rt->zs);
+    if (registry_snapshot(&rt->reg, &self, now, &m.u.stats_snapshot) != VLMD_OK) {
+        VLMD_ERROR("no memory for a stats snapshot");
+        return;
+    }
+    for (int i = 0; i < rt->reg.n; i++) {
+        const registry_entry *e = &rt->reg.entries[i];
+        bool subscriber = e->role == VLMD_ROLE_FRONTEND || e->role == VLMD_ROLE_LAUNCHER;
+        if (subscriber && e->pid && e->state != VLMD_WORKER_DOWN)
+            router_send(rt, e, &m);
+    }
+    free(m.u.stats_snapshot.workers);
+}
+
+/* Bytes the visual workers hold on the device, for the engine's auto-profile. */
+static uint64_t peer_footprint(const registry *reg)
+{
+    uint64_t bytes = 0;
+    for (int i = 0; i < reg->n; i++)
+        if (reg->entries[i].role == VLMD_ROLE_VISUAL)
+            bytes += reg->entries[i].reserved_bytes;
+    return bytes;
+}
+
+static bool visual_ready(const registry *reg)
+{
+    bool any = false;
+    for (int i = 0; i < reg->n; i++) {
+        if (reg->entries[i].role != VLMD_ROLE_VISUAL)
+            continue;
+        if (reg->entries[i].state != VLMD_WORKER_READY)
+            return false;
+        any = true;
+    }
+    return any;
+}
+
+/* Answers the engines that wait for the peer footprint, once it is known. */
+static void answer_footprint_requests(router *rt)
+{
+    if (!visual_ready(&rt->reg))
+        return;
+    vlmd_msg m = {.type = VLMD_MSG_FOOTPRINT_REPLY};
+    m.u.footprint_reply.peer_bytes = peer_footprint(&rt->reg);
+    for (int i = 0; i < rt->reg.n; i++) {
+        registry_entry *e = &rt->reg.entries[i];
+        if (e->footprint_wanted) {
+            e->footprint_wanted = false;
+            VLMD_INFO("peer footprint for llm-%u: %llu bytes", e->rank,
+                      (unsigned long long)m.u.footprint_reply.peer_bytes);
+            router_send(rt, e, &m);
+        }
+    }
+}
+
+static void on_hello(router *rt, const void *id, size_t id_len, const vlmd_msg_hello *h)
+{
+    registry_entry *e = registry_hello(&rt->reg, h, id, id_len, vlmd_now_ms());
+    if (!e) {
+        rt->dropped++;
+        VLMD_WARN("refused hello from %s-%u: process table full or identity too long",
+                  vlmd_role_str(h->role), h->rank);
+        return;
+    }
+    VLMD_INFO("%s-%u said hello (pid %lld, version %s%s)", vlmd_role_str(h->role), h->rank,
+              (long long)h->pid, h->version, e->restarts ? ", restarted" : "");
+    send_welcome(rt, id, id_len, true);
+    publish_snapshot(rt);
+}
+
+/* The entry that sent this message, when its identity and pid match. */
+static registry_entry *known_sender(router *rt, const void *id, size_t id_len, int64_t pid)
+{
+    registry_entry *e = registry_find_identity(&rt->reg, id, id_len);
+    if (!e || e->state == VLMD_WORKER_DOWN || (pid && e->pid != pid))
+        return NULL;
+    return e;
+}
+
+static void on_ready(router *rt, const void *id, size_t id_len, const vlmd_msg_ready *m)
+{
+    registry_entry *e = known_sender(rt, id, id_len, 0);
+    if (!e || e->role != m->role || e->rank != m->rank) {
+        send_welcome(rt, id, id_len, false);
+        return;
+    }
+    registry_ready(e, m, vlmd_now_ms());
+    VLMD_INFO("%s-%u is ready (device %s, reserved %llu bytes, kv capacity %llu tokens)",
+              vlmd_role_str(e->role), e->rank, m->device[0] ? m->device : "-",
+              (unsigned long long)m->reserved_bytes, (unsigned long long)m->kv_capacity_tokens);
+    if (e->role == VLMD_ROLE_VISUAL)
+        answer_footprint_requests(rt);
+    publish_snapshot(rt);
+}
+
+static void on_heartbeat(router *rt, const void *id, size_t id_len, const vlmd_msg_heartbeat *m)
+{
+    registry_entry *e = known_sender(rt, id, id_len, m->pid);
+    /* Unknown sender, or a READY we never received: ask for hello (and READY) again. */
+    if (!e || (m->state == VLMD_WORKER_READY && e->state != VLMD_WORKER_READY)) {
+        send_welcome(rt, id, id_len, false);
+        return;
+    }
+    e->last_seen_ms = vlmd_now_ms();
+}
+
+static void on_footprint_request(router *rt, const void *id, size_t id_len)
+{
+    registry_entry *e = known_sender(rt, id, id_len, 0);
+    if (!e || e->role != VLMD_ROLE_LLM) {
+        rt->dropped++;
+        return;
+    }
+    e->footprint_wanted = true;
+    answer_footprint_requests(rt);
+}
+
+static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd_msg_worker_exit *m)
+{
+    registry_entry *from = known_sender(rt, id, id_len, 0);
+    if (!from || from->role != VLMD_ROLE_LAUNCHER) {
+        rt->dropped++;
+        return;
+    }
+    registry_entry *e = registry_find(&rt->reg, (vlmd_role)m->role, m->rank);
+    if (!e || (e->pid && e->pid != m->pid))
+        return; /* an older incarnation; the current one is already registered */
+    if (m->term_signal)
+        VLMD_WARN("%s-%u (pid %lld) was killed by signal %d", vlmd_role_str(m->role), m->rank,
+                  (long long)m->pid, m->term_signal);
+    else
+        VLMD_WARN("%s-%u (pid %lld) exited with status %d", vlmd_role_str(m->role), m->rank,
+                  (long long)m->pid, m->exit_status);
+    e->pid = m->pid;
+    registry_down(e);
+    publish_snapshot(rt);
+}
+
+void router_handle(router *rt, const void *identity, size_t id_len, const void *data, size_t len)
+{
+    vlmd_msg msg;
+    vlmd_error err = {0};
+    if (vlmd_msg_decode(data, len, &msg, &err) != VLMD_OK) {
+        rt->dropped++;
+        VLMD_WARN("dropped a malformed message from %.*s: %s (%llu dropped so far)",
+                  (int)(id_len < 32 ? id_len : 32), (const char *)identity, err.msg,
+                  (unsigned long long)rt->dropped);
+        return;
+    }
+    switch (msg.type) {
+    case VLMD_MSG_HELLO:
+        on_hello(rt, identity, id_len, &msg.u.hello);
+        break;
+    case VLMD_MSG_READY:
+        on_ready(rt, identity, id_len, &msg.u.ready);
+        break;
+    case VLMD_MSG_HEARTBEAT:
+        on_heartbeat(rt, identity, id_len, &msg.u.heartbeat);
+        break;
+    case VLMD_MSG_FOOTPRINT_REQUEST:
+        on_footprint_request(rt, identity, id_len);
+        break;
+    case VLMD_MSG_WORKER_EXIT:
+        on_worker_exit(rt, identity, id_len, &msg.u.worker_exit);
+        break;
+    default:
+        rt->dropped++;
+        VLMD_WARN("dropped an unexpected %s message", vlmd_msg_type_str(msg.type));
+        break;
+    }
+    vlmd_msg_free(&msg);
+}
+
+static void on_socket_message(vlmd_zsock *zs, const void *identity, size_t id_len,
+                              const void *data, size_t len, void *ud)
+{
+    (void)zs;
+    router_handle(ud, identity, id_len, data, len);
+}
+
+static void on_tick(uv_timer_t *t)
+{
+    router *rt = t->data;
+    int expired = registry_expire(&rt->reg, vlmd_now_ms(), (uint64_t)rt->cfg->heartbeat_timeout_ms);
+    if (expired)
+        VLMD_WARN("%d process(es) missed their heartbeats for %lld ms: marked down", expired,
+                  (long long)rt->cfg->heartbeat_timeout_ms);
+    publish_snapshot(rt);
+}
+
+static void add_self_config(const char *name, const char *value, void *ud)
+{
+    router *rt = ud;
+    rt->self_config[rt->n_self_config].key = vlmd_xstrdup(name);
+    rt->self_config[rt->n_self_config].value = vlmd_xstrdup(value);
+    rt->n_self_config++;
+}
+
+vlmd_status router_start(router *rt, const vlmd_config *cfg, uv_loop_t *loop, void *zctx,
+                         vlmd_error *err)
+{
+    memset(rt, 0, sizeof *rt);
+    rt->cfg = cfg;
+    rt->loop = loop;
+    rt->zctx = zctx;
+    rt->start_ms = vlmd_now_ms();
+    registry_init(&rt->reg);
+    registry_expect(&rt->reg, VLMD_ROLE_FRONTEND, 0, true);
+    registry_expect(&rt->reg, VLMD_ROLE_VISUAL, 0, true);
+    registry_expect(&rt->reg, VLMD_ROLE_LLM, 0, true);
+
+    size_t nflags = 0;
+    for (const vlmd_flag *f = vlmd_flags; f->name; f++)
+        nflags++;
+    rt->self_config = calloc(nflags, sizeof *rt->self_config);
+    if (!rt->self_config)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "router: out of memory");
+    vlmd_config_foreach(cfg, VLMD_ROLE_ROUTER, add_self_config, rt);
+
+    void *s = zmq_socket(zctx, ZMQ_ROUTER);
+    int on = 1;
+    if (!s || vlmd_zmq_socket_setup(s, err) != VLMD_OK ||
+        zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &on, sizeof on) != 0 ||
+        zmq_setsockopt(s, ZMQ_ROUTER_HANDOVER, &on, sizeof on) != 0) {
+        if (s)
+            zmq_close(s);
+        return err && err->status ? err->status
+                                  : vlmd_errorf(err, VLMD_ERR_IO, "router socket: %s",
+                                                zmq_strerror(errno));
+    }
+    if (zmq_bind(s, cfg->router_endpoint) != 0) {
+        vlmd_status st = vlmd_errorf(err, VLMD_ERR_IO, "cannot bind %s: %s",
+                                     cfg->router_endpoint, zmq_strerror(errno));
+        zmq_close(s);
+        return st;
+    }
+    rt->zs = vlmd_zsock_create(loop, s, on_socket_message, rt, err);
+    if (!rt->zs) {
+        zmq_close(s);
+        return err ? err->status : VLMD_ERR_IO;
+    }
+    uv_timer_init(loop, &rt->tick);
+    rt->tick.data = rt;
+    uv_timer_start(&rt->tick, on_tick, (uint64_t)cfg->heartbeat_ms, (uint64_t)cfg->heartbeat_ms);
+    VLMD_INFO("listening on %s", cfg->router_endpoint);
+    return VLMD_OK;
+}
+
+void router_stop(router *rt)
+{
+    if (rt->zs) {
+        /* Closing a bound ipc socket removes its file. */
+        vlmd_zsock_close(rt->zs);
+        rt->zs = NULL;
+    }
+    if (rt->tick.loop && !uv_is_closing((uv_handle_t *)&rt->tick))
+        uv_close((uv_handle_t *)&rt->tick, NULL);
+    registry_free(&rt->reg);
+    for (uint32_t i = 0; i < rt->n_self_config; i++) {
+        free(rt->self_config[i].key);
+        free(rt->self_config[i].value);
+    }
+    free(rt->self_config);
+    rt->self_config = NULL;
+    rt->n_self_config = 0;
+}

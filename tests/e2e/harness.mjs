@@ -1,0 +1,76 @@
+// harness.mjs - starts `vlmd serve` for a test and talks to it over loopback.
+// Every wait is bounded: a test fails with what it last saw, never hangs.
+import { spawn } from 'node:child_process';
+import { once } from 'node:events';
+
+export const BIN = process.env.VLMD_BIN_DIR;
+export const FIXTURES = process.env.VLMD_FIXTURES_DIR;
+if (!BIN || !FIXTURES) throw new Error('VLMD_BIN_DIR and VLMD_FIXTURES_DIR must be set (ctest sets them)');
+
+export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Polls fn() until it returns a truthy value or timeoutMs passes.
+export async function waitFor(what, fn, timeoutMs = 20000, everyMs = 50) {
+  const deadline = Date.now() + timeoutMs;
+  let last;
+  while (Date.now() < deadline) {
+    try {
+      last = await fn();
+      if (last) return last;
+    } catch (e) {
+      last = e;
+    }
+    await sleep(everyMs);
+  }
+  throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}; last: ${JSON.stringify(last?.message ?? last)}`);
+}
+
+export function pidAlive(pid) {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return e.code === 'EPERM';
+  }
+}
+
+// Starts the launcher; resolves once it prints its ready line, with the URL.
+export async function startServer(args, { readyTimeoutMs = 30000 } = {}) {
+  const child = spawn(`${BIN}/vlmd`, ['serve', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const server = { child, stdout: '', stderr: '', url: null, exited: null };
+  child.stdout.on('data', (d) => { server.stdout += d; });
+  child.stderr.on('data', (d) => { server.stderr += d; });
+  child.on('exit', (code, signal) => { server.exited = { code, signal }; });
+  server.url = await waitFor('the ready line', () => {
+    if (server.exited) throw new Error(`vlmd exited early (${JSON.stringify(server.exited)}):\n${server.stderr}`);
+    const m = server.stdout.match(/vlmd is ready: (http:\/\/\S+)/);
+    return m && m[1];
+  }, readyTimeoutMs);
+  return server;
+}
+
+// Sends SIGTERM and waits for the launcher to exit; returns its exit code.
+export async function stopServer(server, timeoutMs = 20000) {
+  if (!server.exited) {
+    server.child.kill('SIGTERM');
+    await waitFor('the launcher to exit', () => server.exited, timeoutMs);
+  }
+  return server.exited;
+}
+
+// Runs the launcher to completion (for start-up failures).
+export async function runToExit(args, timeoutMs = 20000) {
+  const child = spawn(`${BIN}/vlmd`, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '', stderr = '';
+  child.stdout.on('data', (d) => { stdout += d; });
+  child.stderr.on('data', (d) => { stderr += d; });
+  const timer = setTimeout(() => child.kill('SIGKILL'), timeoutMs);
+  const [code, signal] = await once(child, 'exit');
+  clearTimeout(timer);
+  return { code, signal, stdout, stderr };
+}
+
+export async function getJson(url) {
+  const res = await fetch(url);
+  return { status: res.status, headers: res.headers, body: await res.json() };
+}

@@ -1,0 +1,109 @@
+// supervision.test.mjs - the four processes come up in order, report to
+// /health, survive a killed worker, and leave nothing behind on SIGTERM.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { FIXTURES, startServer, stopServer, runToExit, waitFor, getJson, pidAlive } from './harness.mjs';
+
+const MODEL = `${FIXTURES}/qwen2_vl`;
+const FAST = ['--heartbeat-ms', '100', '--heartbeat-timeout-ms', '1000', '--restart-backoff-ms', '100'];
+const byRole = (health, role) => health.processes.find((p) => p.role === role);
+
+test('serve: ready, killed worker restarts, SIGTERM leaves nothing behind', async () => {
+  const server = await startServer(['--model', MODEL, '--port', '0', ...FAST]);
+  const seenPids = new Set();
+  let socketPath;
+  try {
+    const { status, body: health } = await getJson(`${server.url}/health`);
+    assert.equal(status, 200);
+    assert.equal(health.status, 'ok');
+    assert.deepEqual(health.processes.map((p) => p.role).sort(), ['frontend', 'llm', 'router', 'visual']);
+    for (const p of health.processes) {
+      assert.equal(p.state, 'ready', `${p.role} is ${p.state}`);
+      assert.ok(p.pid > 0 && pidAlive(p.pid), `${p.role} pid ${p.pid} is running`);
+      // A flag given to the launcher reaches every process that reads it.
+      assert.equal(p.config['heartbeat-ms'], '100', `${p.role} got --heartbeat-ms`);
+      assert.equal(p.config.model, MODEL, `${p.role} got --model`);
+      seenPids.add(p.pid);
+    }
+    // ... and only those: the visual worker does not read --port, the frontend does.
+    assert.equal(byRole(health, 'visual').config.port, undefined);
+    assert.equal(byRole(health, 'frontend').config.port, '0');
+    assert.equal(byRole(health, 'llm').config.device, 'auto');
+
+    const endpoint = byRole(health, 'router').listen_url;
+    assert.match(endpoint, /^ipc:\/\/.+\/router\.sock$/);
+    socketPath = endpoint.slice('ipc://'.length);
+    assert.ok(existsSync(socketPath), `router socket ${socketPath} exists while serving`);
+
+    const models = await getJson(`${server.url}/v1/models`);
+    assert.equal(models.status, 200);
+    assert.equal(models.body.data[0].id, 'qwen2_vl');
+    assert.equal(models.body.data[0].max_model_len, 4096);
+
+    const missing = await getJson(`${server.url}/v1/nope`);
+    assert.equal(missing.status, 404);
+    assert.equal(typeof missing.body.error.message, 'string');
+
+    // Kill the visual worker: reported down, then restarted and ready with a new pid.
+    const visualPid = byRole(health, 'visual').pid;
+    process.kill(visualPid, 'SIGKILL');
+    const down = await waitFor('visual reported down', async () => {
+      const h = (await getJson(`${server.url}/health`)).body;
+      return byRole(h, 'visual').state === 'down' && h;
+    }, 10000, 20);
+    assert.notEqual(down.status, 'ok');
+    assert.equal(byRole(down, 'llm').state, 'ready', 'the engine keeps serving');
+    const back = await waitFor('visual ready again', async () => {
+      const h = (await getJson(`${server.url}/health`)).body;
+      const v = byRole(h, 'visual');
+      return v.state === 'ready' && v.pid !== visualPid && h;
+    }, 15000);
+    assert.equal(back.status, 'ok');
+    assert.equal(byRole(back, 'visual').restarts, 1);
+    for (const p of back.processes) seenPids.add(p.pid);
+  } finally {
+    const exit = await stopServer(server);
+    assert.deepEqual(exit, { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+  for (const pid of seenPids) assert.ok(!pidAlive(pid), `pid ${pid} is gone after SIGTERM`);
+  assert.ok(!existsSync(socketPath), 'no socket file is left');
+  assert.ok(!existsSync(socketPath.replace(/\/router\.sock$/, '')), 'the runtime directory is removed');
+});
+
+test('serve: an unknown flag is refused with exit 2 and names the flag', async () => {
+  const r = await runToExit(['serve', '--model', MODEL, '--no-such-flag', '1']);
+  assert.equal(r.code, 2);
+  assert.match(r.stderr, /--no-such-flag/);
+});
+
+test('serve: a directory without config.json is refused before anything starts', async () => {
+  const r = await runToExit(['serve', '--model', `${FIXTURES}/does-not-exist`]);
+  assert.equal(r.code, 2);
+  assert.match(r.stderr, /config\.json/);
+});
+
+function gpuVisible() {
+  try {
+    execFileSync('nvidia-smi', ['-L'], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+test('serve: a worker that cannot start stops the server with its last log lines', async () => {
+  if (gpuVisible()) {
+    // With a GPU, --device cuda must work instead: the same command serves.
+    const server = await startServer(['--model', MODEL, '--port', '0', '--device', 'cuda', ...FAST]);
+    const h = (await getJson(`${server.url}/health`)).body;
+    assert.match(byRole(h, 'llm').device, /NVIDIA|GPU|H100|H200/i);
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null });
+    return;
+  }
+  const r = await runToExit(['serve', '--model', MODEL, '--port', '0', '--device', 'cuda', ...FAST]);
+  assert.equal(r.code, 1, r.stderr);
+  assert.match(r.stderr, /last log lines of vlmd-(visual|llm)/);
+  assert.match(r.stderr, /--device cuda/);
+});

@@ -1,0 +1,115 @@
+/* test_model_config.c - both config.json shapes, against the fixtures. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "model_config.h"
+
+Test(model_config, qwen2_vl_nested_shape)
+{
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(VLMD_FIXTURES_DIR "/qwen2_vl", &mc, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_expect_eq(mc.arch, VLMD_ARCH_QWEN2_VL);
+    cr_expect_eq(mc.text.hidden_size, 128);
+    cr_expect_eq(mc.text.num_layers, 3);
+    cr_expect_eq(mc.text.num_kv_heads, 2);
+    cr_expect_eq(mc.text.head_dim, 32);
+    cr_expect_eq(mc.text.max_position_embeddings, 4096);
+    cr_expect_eq(mc.text.n_mrope_section, 3);
+    cr_expect_eq(mc.text.mrope_section[1], 6);
+    cr_expect_float_eq(mc.text.rope_theta, 1e6, 1e-3);
+    cr_expect_eq(mc.text.eos_token_id, 1012);
+    cr_expect(mc.has_vision);
+    cr_expect_eq(mc.vision.embed_dim, 64);
+    cr_expect_eq(mc.vision.intermediate_size, 128, "embed_dim * mlp_ratio");
+    cr_expect_eq(mc.image_token_id, 1022);
+}
+
+Test(model_config, qwen2_5_vl_window_attention_fields)
+{
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(VLMD_FIXTURES_DIR "/qwen2_5_vl", &mc, &err), VLMD_OK,
+                 "%s", err.msg);
+    cr_expect_eq(mc.arch, VLMD_ARCH_QWEN2_5_VL);
+    cr_expect_eq(mc.vision.window_size, 56);
+    cr_expect_eq(mc.vision.n_fullatt_blocks, 2);
+    cr_expect_eq(mc.vision.fullatt_block_indexes[1], 3);
+    cr_expect_eq(mc.vision.out_hidden_size, 128);
+}
+
+Test(model_config, qwen2_text_only_flat_shape)
+{
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(VLMD_FIXTURES_DIR "/qwen2", &mc, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_expect_eq(mc.arch, VLMD_ARCH_QWEN2);
+    cr_expect_not(mc.has_vision);
+    cr_expect(mc.text.tie_word_embeddings);
+    cr_expect_eq(mc.text.n_mrope_section, 0);
+}
+
+Test(model_config, older_flat_vl_shape_with_rope_scaling)
+{
+    const char *json =
+        "{\"architectures\":[\"Qwen2VLForConditionalGeneration\"],\"model_type\":\"qwen2_vl\","
+        "\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":2,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":300,"
+        "\"max_position_embeddings\":2048,\"rope_theta\":1000.0,\"image_token_id\":299,"
+        "\"rope_scaling\":{\"type\":\"mrope\",\"mrope_section\":[2,3,3]},"
+        "\"vision_config\":{\"depth\":1,\"embed_dim\":32,\"hidden_size\":64,\"num_heads\":2,"
+        "\"patch_size\":14,\"spatial_merge_size\":2,\"temporal_patch_size\":2}}";
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_parse(json, "inline", &mc, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(mc.text.head_dim, 16);
+    cr_expect_eq(mc.text.mrope_section[0], 2);
+    cr_expect_float_eq(mc.text.rope_theta, 1000.0, 1e-9);
+    cr_expect_eq(mc.vision.intermediate_size, 128, "mlp_ratio defaults to 4");
+}
+
+Test(model_config, errors_name_the_field)
+{
+    struct {
+        const char *json;
+        const char *needle;
+    } cases[] = {
+        {"{", "invalid JSON"},
+        {"[1]", "not a JSON object"},
+        {"{\"architectures\":[\"LlamaForCausalLM\"]}", "'LlamaForCausalLM' is not supported"},
+        {"{\"architectures\":[\"Qwen2ForCausalLM\"],\"intermediate_size\":1}", "'hidden_size'"},
+        {"{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":\"64\"}",
+         "'hidden_size' is not an integer"},
+        {"{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+         "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"num_key_value_heads\":3,"
+         "\"vocab_size\":9,\"max_position_embeddings\":9}",
+         "not a multiple of num_key_value_heads"},
+        {"{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+         "\"num_hidden_layers\":1,\"num_attention_heads\":4,\"vocab_size\":9,"
+         "\"max_position_embeddings\":9,\"rope_scaling\":{\"mrope_section\":[1,1,1]}}",
+         "mrope_section sums to 3"},
+        {"{\"architectures\":[\"Qwen2VLForConditionalGeneration\"],\"hidden_size\":64,"
+         "\"intermediate_size\":1,\"num_hidden_layers\":1,\"num_attention_heads\":4,"
+         "\"vocab_size\":9,\"max_position_embeddings\":9}",
+         "'vision_config'"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        vlmd_model_config mc;
+        vlmd_error err = {0};
+        cr_expect_eq(vlmd_model_config_parse(cases[i].json, "cfg.json", &mc, &err), VLMD_ERR_MODEL,
+                     "case %zu", i);
+        cr_expect(strstr(err.msg, cases[i].needle), "case %zu: '%s' lacks '%s'", i, err.msg,
+                  cases[i].needle);
+        cr_expect(strstr(err.msg, "cfg.json"), "names the file");
+    }
+}
+
+Test(model_config, missing_directory)
+{
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_expect_eq(vlmd_model_config_load("/nonexistent/model", &mc, &err), VLMD_ERR_NOT_FOUND);
+    cr_expect(strstr(err.msg, "/nonexistent/model/config.json"), "%s", err.msg);
+}

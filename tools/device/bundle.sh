@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# bundle.sh - packs what a GPU machine needs to run vlmd's binaries and tests:
+# build/bin, the test executables, and every shared library they link that is
+# not part of the base system there (libzmq, libuv, libh2o, msgpack, jansson,
+# criterion, openblas, ...). The GPU machine has CUDA, glibc >= 2.36 and Python
+# but none of those libraries, and no network.
+#
+# usage: tools/device/bundle.sh [BUILD_DIR] [OUT_DIR]   (defaults: build .device-bundle)
+# then on the GPU machine: tools/device/gpu-check.sh OUT_DIR
+set -euo pipefail
+build=${1:-build}
+out=${2:-.device-bundle}
+rm -rf "$out"
+mkdir -p "$out/bin" "$out/tests" "$out/lib"
+cp "$build"/bin/* "$out/bin/"
+cp "$build"/tests/test_* "$out/tests/" 2>/dev/null || true
+
+# Libraries the GPU machine already has (glibc, the CUDA driver and runtime).
+skip='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread|libdl\.so|librt\.so|libresolv|libcuda\.so|libcudart|libcublas|libcublasLt|libnccl|libgcc_s|libstdc\+\+)'
+for f in "$out"/bin/* "$out"/tests/*; do
+  ldd "$f" | awk '/=> \//{print $1" "$3}'
+done | sort -u | while read -r name path; do
+  if ! [[ $name =~ $skip ]]; then
+    cp -L "$path" "$out/lib/$name"
+  fi
+done
+du -sh "$out"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# gpu-check.sh - run on a GPU machine over a bundle made by bundle.sh: the
+# unit tests, then `vlmd serve --device cuda` on a fixture model, checked
+# through its HTTP API (serve_check.py). Prints a short table last.
+# usage: tools/device/gpu-check.sh BUNDLE_DIR MODEL_DIR [LOG_DIR]
+set -uo pipefail
+bundle=$(cd "$1" && pwd)
+model=$2
+logs=${3:-/tmp/vlmd-gpu-check}
+mkdir -p "$logs"
+export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+nvidia-smi -L || true
+
+declare -A result
+for t in "$bundle"/tests/test_*; do
+  name=$(basename "$t")
+  if "$t" --jobs 4 >"$logs/$name.log" 2>&1; then result[$name]=pass; else result[$name]=FAIL; fi
+  tail -1 "$logs/$name.log"
+done
+if python3 "$(dirname "$0")/serve_check.py" "$bundle/bin" "$model" >"$logs/serve.log" 2>&1; then
+  result[serve_cuda]=pass
+else
+  result[serve_cuda]=FAIL
+fi
+cat "$logs/serve.log" | tail -25
+
+echo
+printf '%-28s %s\n' check result
+for k in "${!result[@]}"; do printf '%-28s %s\n' "$k" "${result[$k]}"; done | sort
+! printf '%s\n' "${result[@]}" | grep -q FAIL
