@@ -44,12 +44,20 @@ vlmd_status vlmd_error_prefix(vlmd_error *err, const char *fmt, ...)
 {
     if (!err)
         return VLMD_ERR_INTERNAL;
-    char prefix[256], old[sizeof err->msg];
+    char prefix[256];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(prefix, sizeof prefix, fmt, ap);
     va_end(ap);
-    memcpy(old, err->msg, sizeof old);
-    snprintf(err->msg, sizeof err->msg, "%s: %s", prefix, old);
+    /* "prefix: old message", truncating the old message when it does not fit */
+    size_t pl = strlen(prefix), ol = strlen(err->msg);
+    size_t keep = sizeof err->msg - 1 - pl - 2;
+    if (keep > ol)
+        keep = ol;
+    memmove(err->msg + pl + 2, err->msg, keep);
+    memcpy(err->msg, prefix, pl);
+    err->msg[pl] = ':';
+    err->msg[pl + 1] = ' ';
+    err->msg[pl + 2 + keep] = '\0';
     return err->status;
 }

@@ -206,10 +206,9 @@ static vlmd_status make_runtime_dir(launcher *l, vlmd_error *err)
 static vlmd_status choose_endpoint(launcher *l, vlmd_error *err)
 {
     if (!l->cfg.router_endpoint[0]) {
-        char endpoint[PATH_MAX + 16];
-        snprintf(endpoint, sizeof endpoint, "ipc://%s/router.sock", l->runtime_dir);
         free(l->cfg.router_endpoint);
-        l->cfg.router_endpoint = vlmd_xstrdup(endpoint);
+        l->cfg.router_endpoint = vlmd_asprintf("ipc://%s/router.sock", l->runtime_dir);
+        VLMD_ASSERT(l->cfg.router_endpoint);
     }
     if (strncmp(l->cfg.router_endpoint, "ipc://", 6) == 0) {
         const char *path = l->cfg.router_endpoint + 6;
@@ -279,15 +278,15 @@ static int print_args(int argc, char **argv)
         return VLMD_EXIT_CONFIG;
     }
     int n = 0;
-    char **child = vlmd_config_child_argv(&cfg, role, &n);
-    VLMD_ASSERT(child);
+    char **child_args = vlmd_config_child_argv(&cfg, role, &n);
+    VLMD_ASSERT(child_args);
     for (int i = 0; i < n; i++) {
         if (i)
             putchar(' ');
-        print_shell_quoted(child[i]);
+        print_shell_quoted(child_args[i]);
     }
     putchar('\n');
-    vlmd_argv_free(child);
+    vlmd_argv_free(child_args);
     vlmd_config_free(&cfg);
     return 0;
 }

@@ -4,6 +4,7 @@
 #include "router.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -197,14 +198,28 @@ static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd
     publish_snapshot(rt);
 }
 
+/* A routing id for logs: as text when printable (ours are "llm-0"), else hex. */
+static void identity_str(const void *id, size_t len, char *out, size_t outsz)
+{
+    const unsigned char *p = id;
+    bool printable = len > 0;
+    for (size_t i = 0; i < len; i++)
+        printable = printable && p[i] >= 0x20 && p[i] < 0x7f;
+    size_t n = 0;
+    for (size_t i = 0; i < len && n + 3 < outsz; i++)
+        n += (size_t)snprintf(out + n, outsz - n, printable ? "%c" : "%02x", p[i]);
+    out[n] = '\0';
+}
+
 void router_handle(router *rt, const void *identity, size_t id_len, const void *data, size_t len)
 {
     vlmd_msg msg;
     vlmd_error err = {0};
     if (vlmd_msg_decode(data, len, &msg, &err) != VLMD_OK) {
+        char who[2 * REGISTRY_ID_MAX + 1];
+        identity_str(identity, id_len, who, sizeof who);
         rt->dropped++;
-        VLMD_WARN("dropped a malformed message from %.*s: %s (%llu dropped so far)",
-                  (int)(id_len < 32 ? id_len : 32), (const char *)identity, err.msg,
+        VLMD_WARN("dropped a malformed message from %s: %s (%llu dropped so far)", who, err.msg,
                   (unsigned long long)rt->dropped);
         return;
     }

@@ -1,5 +1,6 @@
 /* test_config.c - the flag table: defaults, parsing, errors, forwarding. */
 #include <criterion/criterion.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "config.h"

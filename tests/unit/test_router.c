@@ -2,6 +2,8 @@
  * (inproc, one libuv loop): registration, the peer-footprint ordering,
  * snapshots, malformed messages, and re-registration after a router restart. */
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -179,8 +181,12 @@ Test(router, malformed_messages_are_dropped_and_counted)
 
 Test(router, processes_register_again_after_a_router_restart)
 {
+    /* ipc, as in production: a new router binds the path the old one held. */
+    char dir[] = "/tmp/vlmd-test-XXXXXX", endpoint[64];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(endpoint, sizeof endpoint, "ipc://%s/router.sock", dir);
     fixture f;
-    setup(&f, "inproc://router-restart");
+    setup(&f, endpoint);
     f.frontend.peer_bytes = 1;
     vlmd_peer *fe = connect_as(&f, VLMD_ROLE_FRONTEND, &f.frontend);
     vlmd_peer *visual = connect_as(&f, VLMD_ROLE_VISUAL, &f.visual);
@@ -208,4 +214,5 @@ Test(router, processes_register_again_after_a_router_restart)
     close_peer(&f, fe);
     close_peer(&f, visual);
     teardown(&f);
+    rmdir(dir);
 }

@@ -1,0 +1,57 @@
+/* health.c - /health from the router's view of every process. */
+#include "health.h"
+
+#include "buf.h"
+
+static json_t *config_json(const vlmd_worker_info *w)
+{
+    json_t *cfg = json_object();
+    for (uint32_t i = 0; cfg && i < w->n_config; i++)
+        json_object_set_new(cfg, w->config[i].key, json_string(w->config[i].value));
+    return cfg;
+}
+
+static json_t *process_json(const vlmd_worker_info *w, vlmd_worker_state state)
+{
+    return json_pack("{s:s, s:i, s:s, s:I, s:f, s:i, s:s, s:s, s:I, s:I, s:s, s:o}",
+                     "role", vlmd_role_str((vlmd_role)w->role),
+                     "rank", (int)w->rank,
+                     "state", vlmd_worker_state_str(state),
+                     "pid", (json_int_t)w->pid,
+                     "uptime_s", (double)w->uptime_ms / 1000.0,
+                     "restarts", (int)w->restarts,
+                     "version", w->version ? w->version : "",
+                     "device", w->device ? w->device : "",
+                     "reserved_bytes", (json_int_t)w->reserved_bytes,
+                     "kv_capacity_tokens", (json_int_t)w->kv_capacity_tokens,
+                     "listen_url", w->listen_url ? w->listen_url : "",
+                     "config", config_json(w));
+}
+
+json_t *vlmd_health_render(const vlmd_msg_stats_snapshot *snap, uint64_t snapshot_age_ms,
+                           uint64_t stale_after_ms, const char *model_name, int *http_status)
+{
+    json_t *procs = json_array();
+    if (!procs)
+        return NULL;
+    bool stale = snap && snapshot_age_ms > stale_after_ms;
+    bool any_down = stale, all_ready = snap != NULL && snap->n_workers > 0;
+    for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
+        const vlmd_worker_info *w = &snap->workers[i];
+        vlmd_worker_state state = (vlmd_worker_state)w->state;
+        if (stale && w->role == VLMD_ROLE_ROUTER)
+            state = VLMD_WORKER_DOWN; /* silent: it is the router that is gone */
+        any_down = any_down || state == VLMD_WORKER_DOWN;
+        all_ready = all_ready && state == VLMD_WORKER_READY;
+        json_array_append_new(procs, process_json(w, state));
+    }
+    const char *status = any_down ? "degraded" : all_ready ? "ok" : "starting";
+    *http_status = all_ready && !any_down ? 200 : 503;
+    return json_pack("{s:s, s:s, s:s, s:o, s:I, s:I}",
+                     "status", status,
+                     "version", VLMD_VERSION,
+                     "model", model_name,
+                     "processes", procs,
+                     "dropped_messages", (json_int_t)(snap ? snap->dropped_messages : 0),
+                     "snapshot_age_ms", snap ? (json_int_t)snapshot_age_ms : (json_int_t)-1);
+}

@@ -1,0 +1,212 @@
+/* http_server.c - the h2o server: listener, dispatch by route table, close.
+ * Owns the listener, the h2o configuration and context; connections are
+ * owned by h2o (each uv_tcp_t is freed through h2o_uv_socket_create's close
+ * callback). */
+#include "http_server.h"
+
+#include <netdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "h2o_include.h"
+#include "log.h"
+#include "response.h"
+
+#define CLOSE_POLL_MS 20
+
+typedef struct route_handler {
+    h2o_handler_t super;
+    http_server *server;
+} route_handler;
+
+struct http_server {
+    uv_loop_t *loop;
+    uv_tcp_t listener;
+    h2o_globalconf_t config;
+    h2o_context_t ctx;
+    h2o_accept_ctx_t accept_ctx;
+    const http_route *routes;
+    size_t n_routes;
+    void *ud;
+    int port;
+    char url[128];
+    uv_timer_t close_timer;
+    uint64_t close_deadline;
+    void (*done)(void *ud);
+    void *done_ud;
+};
+
+static bool method_is(const h2o_req_t *req, const char *m)
+{
+    return h2o_memis(req->method.base, req->method.len, m, strlen(m));
+}
+
+static int on_request(h2o_handler_t *self, h2o_req_t *req)
+{
+    http_server *s = ((route_handler *)self)->server;
+    char allow[128] = "";
+    for (size_t i = 0; i < s->n_routes; i++) {
+        const http_route *r = &s->routes[i];
+        if (!h2o_memis(req->path_normalized.base, req->path_normalized.len, r->path,
+                       strlen(r->path)))
+            continue;
+        if (method_is(req, r->method) || (strcmp(r->method, "GET") == 0 && method_is(req, "HEAD"))) {
+            r->fn(req, s->ud);
+            return 0;
+        }
+        size_t n = strlen(allow);
+        snprintf(allow + n, sizeof allow - n, "%s%s%s", n ? ", " : "", r->method,
+                 strcmp(r->method, "GET") == 0 ? ", HEAD" : "");
+    }
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s: %.*s %.*s", allow[0] ? "Method not allowed" : "Unknown route",
+             (int)(req->method.len < 16 ? req->method.len : 16), req->method.base,
+             (int)(req->path_normalized.len < 256 ? req->path_normalized.len : 256),
+             req->path_normalized.base);
+    if (allow[0])
+        vlmd_send_json(req, 405,
+                       vlmd_api_error_json(msg, vlmd_api_error_type(405), NULL,
+                                           "method_not_allowed"),
+                       "allow", allow);
+    else
+        vlmd_send_api_error(req, 404, msg, NULL, "not_found");
+    return 0;
+}
+
+static void on_accept(uv_stream_t *listener, int status)
+{
+    http_server *s = listener->data;
+    if (status != 0)
+        return;
+    uv_tcp_t *conn = malloc(sizeof *conn);
+    if (!conn)
+        return; /* the client retries; nothing else to do without memory */
+    uv_tcp_init(listener->loop, conn);
+    if (uv_accept(listener, (uv_stream_t *)conn) != 0) {
+        uv_close((uv_handle_t *)conn, (uv_close_cb)free);
+        return;
+    }
+    h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)conn, (uv_close_cb)free);
+    h2o_accept(&s->accept_ctx, sock);
+}
+
+static vlmd_status bind_listener(http_server *s, const char *host, int port, vlmd_error *err)
+{
+    char portstr[16];
+    snprintf(portstr, sizeof portstr, "%d", port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *res = NULL;
+    int rc = getaddrinfo(host, portstr, &hints, &res);
+    if (rc != 0)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--host %s: %s", host, gai_strerror(rc));
+    uv_tcp_init(s->loop, &s->listener);
+    s->listener.data = s;
+    rc = uv_tcp_bind(&s->listener, res->ai_addr, 0);
+    if (rc == 0)
+        rc = uv_listen((uv_stream_t *)&s->listener, 128, on_accept);
+    bool v6 = res->ai_family == AF_INET6;
+    freeaddrinfo(res);
+    if (rc != 0)
+        return vlmd_errorf(err, VLMD_ERR_IO, "cannot listen on %s:%d: %s", host, port,
+                           uv_strerror(rc));
+    struct sockaddr_storage ss;
+    int len = sizeof ss;
+    uv_tcp_getsockname(&s->listener, (struct sockaddr *)&ss, &len);
+    s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                             : ((struct sockaddr_in *)&ss)->sin_port);
+    snprintf(s->url, sizeof s->url, v6 ? "http://[%s]:%d" : "http://%s:%d", host, s->port);
+    return VLMD_OK;
+}
+
+static void free_server_on_close(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+http_server *http_server_create(uv_loop_t *loop, const char *host, int port,
+                                const http_route *routes, size_t n_routes, void *ud,
+                                vlmd_error *err)
+{
+    http_server *s = calloc(1, sizeof *s);
+    if (!s) {
+        vlmd_errorf(err, VLMD_ERR_NOMEM, "http server: out of memory");
+        return NULL;
+    }
+    s->loop = loop;
+    s->routes = routes;
+    s->n_routes = n_routes;
+    s->ud = ud;
+    if (bind_listener(s, host, port, err) != VLMD_OK) {
+        if (s->listener.loop)
+            uv_close((uv_handle_t *)&s->listener, free_server_on_close);
+        else
+            free(s);
+        return NULL;
+    }
+    h2o_config_init(&s->config);
+    h2o_hostconf_t *host_conf =
+        h2o_config_register_host(&s->config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_pathconf_t *path_conf = h2o_config_register_path(host_conf, "/", 0);
+    route_handler *h = (route_handler *)h2o_create_handler(path_conf, sizeof *h);
+    h->super.on_req = on_request;
+    h->server = s;
+    h2o_context_init(&s->ctx, loop, &s->config);
+    s->accept_ctx.ctx = &s->ctx;
+    s->accept_ctx.hosts = s->config.hosts;
+    uv_timer_init(loop, &s->close_timer);
+    s->close_timer.data = s;
+    VLMD_INFO("listening on %s", s->url);
+    return s;
+}
+
+int http_server_port(const http_server *s)
+{
+    return s->port;
+}
+
+const char *http_server_url(const http_server *s)
+{
+    return s->url;
+}
+
+static void on_close_timer_closed(uv_handle_t *h)
+{
+    http_server *s = h->data;
+    void (*done)(void *) = s->done;
+    void *ud = s->done_ud;
+    h2o_config_dispose(&s->config);
+    free(s);
+    if (done)
+        done(ud);
+}
+
+static void on_close_poll(uv_timer_t *t)
+{
+    http_server *s = t->data;
+    bool idle = h2o_linklist_is_empty(&s->ctx.http1._conns) &&
+                h2o_linklist_is_empty(&s->ctx.http2._conns);
+    if (!idle && uv_now(s->loop) < s->close_deadline)
+        return;
+    if (!idle) {
+        /* Keep-alive connections with no request in flight would otherwise hold
+         * the process until h2o's own timeouts; the grace period is over. */
+        VLMD_INFO("closing with connections still open after the grace period");
+        exit(0);
+    }
+    uv_timer_stop(t);
+    h2o_context_dispose(&s->ctx);
+    uv_close((uv_handle_t *)t, on_close_timer_closed);
+}
+
+void http_server_close(http_server *s, uint64_t grace_ms, void (*done)(void *ud), void *ud)
+{
+    s->done = done;
+    s->done_ud = ud;
+    s->close_deadline = uv_now(s->loop) + grace_ms;
+    uv_close((uv_handle_t *)&s->listener, NULL);
+    h2o_context_request_shutdown(&s->ctx);
+    uv_timer_start(&s->close_timer, on_close_poll, 0, CLOSE_POLL_MS);
+}

@@ -1,0 +1,141 @@
+/* main.c - vlmd-frontend: the HTTP process.
+ *
+ * Holds no model state. It listens at once (so /health answers while the
+ * rest starts), keeps the router's latest stats snapshot, and reports READY
+ * only once a snapshot shows the engine ready (DESIGN.md §1). */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "clock.h"
+#include "h2o_include.h"
+#include "health.h"
+#include "http_server.h"
+#include "log.h"
+#include "model_config.h"
+#include "models.h"
+#include "process.h"
+#include "response.h"
+#include "service.h"
+
+#define FRONTEND_CLOSE_GRACE_MS 1000
+
+typedef struct frontend {
+    vlmd_service svc;
+    vlmd_model_config model;
+    char model_name[256];
+    int64_t started_unix_s;
+    http_server *http;
+    vlmd_msg snapshot;          /* latest STATS_SNAPSHOT, deep copy (owned); type 0 when none */
+    uint64_t snapshot_at_ms;
+    bool ready;
+} frontend;
+
+/* ---- routes ------------------------------------------------------------- */
+
+static void handle_health(h2o_req_t *req, void *ud)
+{
+    frontend *fe = ud;
+    const vlmd_msg_stats_snapshot *snap =
+        fe->snapshot.type == VLMD_MSG_STATS_SNAPSHOT ? &fe->snapshot.u.stats_snapshot : NULL;
+    int status = 503;
+    json_t *body = vlmd_health_render(snap, vlmd_now_ms() - fe->snapshot_at_ms,
+                                      (uint64_t)fe->svc.cfg.heartbeat_timeout_ms, fe->model_name,
+                                      &status);
+    vlmd_send_json(req, status, body, NULL, NULL);
+}
+
+static void handle_models(h2o_req_t *req, void *ud)
+{
+    frontend *fe = ud;
+    vlmd_send_json(req, 200,
+                   vlmd_models_render(fe->model_name, fe->started_unix_s,
+                                      fe->model.text.max_position_embeddings),
+                   NULL, NULL);
+}
+
+static const http_route routes[] = {
+    {"GET", "/health", handle_health},
+    {"GET", "/v1/models", handle_models},
+};
+
+/* ---- the router --------------------------------------------------------- */
+
+/* Keeps a deep copy of a snapshot: re-encoding and decoding it is the one
+ * copy routine that already knows every field. */
+static void keep_snapshot(frontend *fe, const vlmd_msg *msg)
+{
+    vlmd_buf b = VLMD_BUF_INIT;
+    vlmd_msg copy;
+    if (vlmd_msg_encode(msg, &b, NULL) == VLMD_OK &&
+        vlmd_msg_decode(b.data, b.len, &copy, NULL) == VLMD_OK) {
+        vlmd_msg_free(&fe->snapshot);
+        fe->snapshot = copy;
+        fe->snapshot_at_ms = vlmd_now_ms();
+    }
+    vlmd_buf_free(&b);
+}
+
+static bool engine_ready(const vlmd_msg_stats_snapshot *s)
+{
+    for (uint32_t i = 0; i < s->n_workers; i++)
+        if (s->workers[i].role == VLMD_ROLE_LLM && s->workers[i].rank == 0)
+            return s->workers[i].state == VLMD_WORKER_READY;
+    return false;
+}
+
+static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
+{
+    frontend *fe = ud;
+    if (msg->type == VLMD_MSG_WELCOME)
+        return;
+    if (msg->type != VLMD_MSG_STATS_SNAPSHOT) {
+        VLMD_WARN("ignored an unexpected %s message", vlmd_msg_type_str(msg->type));
+        return;
+    }
+    keep_snapshot(fe, msg);
+    if (!fe->ready && engine_ready(&msg->u.stats_snapshot)) {
+        fe->ready = true;
+        vlmd_msg_ready ready = {.device = "", .listen_url = (char *)http_server_url(fe->http)};
+        vlmd_peer_set_ready(svc->peer, &ready);
+        VLMD_INFO("the engine is ready: serving at %s", http_server_url(fe->http));
+    }
+}
+
+static void on_http_closed(void *ud)
+{
+    frontend *fe = ud;
+    fe->http = NULL;
+}
+
+static void on_stop(vlmd_service *svc, void *ud)
+{
+    (void)svc;
+    frontend *fe = ud;
+    if (fe->http)
+        http_server_close(fe->http, FRONTEND_CLOSE_GRACE_MS, on_http_closed, fe);
+}
+
+int main(int argc, char **argv)
+{
+    frontend fe = {0};
+    vlmd_service_init(&fe.svc, VLMD_ROLE_FRONTEND, argc, argv);
+    vlmd_error err = {0};
+    if (vlmd_model_config_load(fe.svc.cfg.model, &fe.model, &err) != VLMD_OK) {
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
+    vlmd_served_model_name(fe.svc.cfg.served_model_name, fe.svc.cfg.model, fe.model_name,
+                           sizeof fe.model_name);
+    fe.started_unix_s = (int64_t)time(NULL);
+    fe.http = http_server_create(&fe.svc.loop, fe.svc.cfg.host, (int)fe.svc.cfg.port, routes,
+                                 sizeof routes / sizeof routes[0], &fe, &err);
+    if (!fe.http) {
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
+    vlmd_service_start(&fe.svc, on_message, on_stop, &fe);
+    int rc = vlmd_service_run(&fe.svc);
+    vlmd_msg_free(&fe.snapshot);
+    return rc;
+}

@@ -1,0 +1,88 @@
+/* response.c - JSON responses and OpenAI-shaped errors (see response.h). */
+#include "response.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "h2o_include.h"
+#include "log.h"
+
+json_t *vlmd_api_error_json(const char *message, const char *type, const char *param,
+                            const char *code)
+{
+    json_t *err = json_pack("{s:s, s:s, s:o, s:o}", "message", message, "type", type, "param",
+                            param ? json_string(param) : json_null(), "code",
+                            code ? json_string(code) : json_null());
+    return err ? json_pack("{s:o}", "error", err) : NULL;
+}
+
+const char *vlmd_api_error_type(int status)
+{
+    switch (status) {
+    case 401:
+        return "authentication_error";
+    case 403:
+        return "permission_error";
+    case 429:
+        return "rate_limit_error";
+    default:
+        return status >= 500 ? "server_error" : "invalid_request_error";
+    }
+}
+
+static const char *reason_phrase(int status)
+{
+    switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 413: return "Payload Too Large";
+    case 429: return "Too Many Requests";
+    case 500: return "Internal Server Error";
+    case 503: return "Service Unavailable";
+    default: return "";
+    }
+}
+
+void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_header,
+                    const char *extra_value)
+{
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!text) {
+        VLMD_ERROR("cannot render a JSON response");
+        status = 500;
+        text = strdup("{\"error\":{\"message\":\"internal error\",\"type\":\"server_error\","
+                      "\"param\":null,\"code\":null}}");
+        if (!text)
+            VLMD_FATAL("out of memory");
+    }
+    req->res.status = status;
+    req->res.reason = reason_phrase(status);
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
+                   H2O_STRLIT("application/json"));
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
+                   H2O_STRLIT("no-store"));
+    if (extra_header && extra_value)
+        h2o_add_header_by_str(&req->pool, &req->res.headers, extra_header, strlen(extra_header),
+                              1, NULL, extra_value, strlen(extra_value));
+    size_t len = strlen(text);
+    char *copy = h2o_mem_alloc_pool(&req->pool, len + 1);
+    memcpy(copy, text, len + 1);
+    free(text);
+    h2o_iovec_t bufs[2] = {h2o_iovec_init(copy, len), h2o_iovec_init("\n", 1)};
+    static h2o_generator_t generator = {NULL, NULL};
+    h2o_start_response(req, &generator);
+    h2o_send(req, bufs, 2, H2O_SEND_STATE_FINAL);
+}
+
+void vlmd_send_api_error(h2o_req_t *req, int status, const char *message, const char *param,
+                         const char *code)
+{
+    vlmd_send_json(req, status, vlmd_api_error_json(message, vlmd_api_error_type(status), param,
+                                                    code),
+                   NULL, NULL);
+}

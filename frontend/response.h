@@ -1,0 +1,32 @@
+/* response.h - the one place that turns a result into an HTTP response:
+ * JSON bodies, and errors in OpenAI's shape
+ *   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
+ * with the HTTP status that goes with them. Every handler answers through
+ * these, so clients see one error format everywhere. */
+#ifndef VLMD_RESPONSE_H
+#define VLMD_RESPONSE_H
+
+#include <jansson.h>
+
+typedef struct st_h2o_req_t h2o_req_t;
+
+/* The OpenAI error object; param and code may be NULL (JSON null). Returns a
+ * new reference. */
+json_t *vlmd_api_error_json(const char *message, const char *type, const char *param,
+                            const char *code);
+
+/* Sends body (takes the reference) with the status and Content-Type
+ * application/json; extra_header/value (may be NULL) adds one header. */
+void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_header,
+                    const char *extra_value);
+
+/* Sends an OpenAI error; the type follows from the status
+ * (400 invalid_request_error, 401 authentication_error, 404 invalid_request_error,
+ * 429 rate_limit_error, 5xx server_error...). */
+void vlmd_send_api_error(h2o_req_t *req, int status, const char *message, const char *param,
+                         const char *code);
+
+/* The OpenAI error type for an HTTP status. */
+const char *vlmd_api_error_type(int status);
+
+#endif
