@@ -327,7 +327,9 @@ static vlmd_status field_encode(const struct_desc *d, const field_desc *f, const
                                 msgpack_packer *pk, vlmd_error *err)
 {
     uint32_t n = f->count_offset ? *AT(s, f->count_offset, uint32_t) : 0;
-    const void *ptr = *AT(s, f->offset, const void *);
+    bool is_pointer = f->kind == F_STR || f->kind == F_BIN || f->kind == F_U32_ARRAY ||
+                      f->kind == F_F32_ARRAY || f->kind == F_KV || f->kind == F_STRUCT_ARRAY;
+    const void *ptr = is_pointer ? *AT(s, f->offset, const void *) : NULL;
     if (f->count_offset && n > f->limit)
         return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "%s.%s: %u elements, more than %llu", d->name,
                            f->key, n, (unsigned long long)f->limit);

@@ -185,7 +185,7 @@ static void on_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
         c->partial_len = 0;
     }
     const char *name = vlmd_role_process_name(c->role);
-    if (sup->stopping) {
+    if (sup->stopping && !term_signal && exit_status == 0) {
         VLMD_INFO("%s (pid %lld) stopped", name, (long long)pid);
     } else if (term_signal) {
         VLMD_WARN("%s (pid %lld) was killed by signal %d", name, (long long)pid, term_signal);
