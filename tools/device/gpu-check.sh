@@ -9,6 +9,7 @@ model=$2
 logs=${3:-/tmp/vlmd-gpu-check}
 mkdir -p "$logs"
 export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export VLMD_FIXTURES_DIR="$(cd "$(dirname "$0")/../.." && pwd)/tests/fixtures"
 nvidia-smi -L || true
 
 declare -A result

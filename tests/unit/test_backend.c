@@ -1,0 +1,92 @@
+/* test_backend.c - the backend interface: device info, counted allocations,
+ * copies. The CUDA checks run where a GPU is visible; elsewhere the CUDA
+ * backend must refuse with a clear error and "auto" must fall back to CPU. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+
+static void roundtrip(vlmd_backend *b)
+{
+    uint64_t before = vlmd_backend_alloc_count(b);
+    size_t n = 1 << 20;
+    void *dev = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_backend_alloc(b, n, &dev, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(vlmd_backend_alloc_count(b), before + 1, "every allocation is counted");
+    cr_expect_eq(vlmd_backend_allocated_bytes(b), n);
+    unsigned char *in = malloc(n), *out = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        in[i] = (unsigned char)(i * 131 + 7);
+    memset(out, 0xee, n);
+    cr_assert_eq(vlmd_backend_copy_to_device(b, dev, in, n, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(vlmd_backend_copy_to_host(b, out, dev, n, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_arr_eq(in, out, n, "bytes survive the round trip");
+    vlmd_backend_free(b, dev, n);
+    cr_expect_eq(vlmd_backend_allocated_bytes(b), 0);
+    cr_expect_eq(vlmd_backend_alloc_count(b), before + 1, "freeing does not uncount");
+    free(in);
+    free(out);
+}
+
+Test(backend, cpu)
+{
+    vlmd_backend *b = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_backend_create("cpu", &b, &err), VLMD_OK, "%s", err.msg);
+    const vlmd_device_info *info = vlmd_backend_info(b);
+    cr_expect_eq(info->kind, VLMD_DEVICE_CPU);
+    cr_expect(strncmp(info->name, "cpu", 3) == 0, "%s", info->name);
+    uint64_t free_bytes = 0, total = 0;
+    cr_assert_eq(vlmd_backend_mem_info(b, &free_bytes, &total, &err), VLMD_OK);
+    cr_expect_gt(total, 0);
+    cr_expect_leq(free_bytes, total);
+    roundtrip(b);
+    vlmd_backend_destroy(b);
+}
+
+Test(backend, bad_device_name)
+{
+    vlmd_backend *b = (vlmd_backend *)1;
+    vlmd_error err = {0};
+    cr_expect_eq(vlmd_backend_create("tpu", &b, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect_null(b);
+    cr_expect(strstr(err.msg, "'tpu'"), "%s", err.msg);
+}
+
+Test(backend, cuda_where_there_is_one_and_a_clear_refusal_elsewhere)
+{
+    vlmd_backend *b = NULL;
+    vlmd_error err = {0};
+    vlmd_status st = vlmd_backend_create("cuda", &b, &err);
+    if (st != VLMD_OK) {
+        cr_expect_eq(st, VLMD_ERR_UNAVAILABLE, "%s", err.msg);
+        cr_expect(strstr(err.msg, "--device cuda"), "%s", err.msg);
+        cr_expect_null(b);
+        /* and auto falls back to the CPU */
+        cr_assert_eq(vlmd_backend_create("auto", &b, &err), VLMD_OK, "%s", err.msg);
+        cr_expect_eq(vlmd_backend_info(b)->kind, VLMD_DEVICE_CPU);
+        vlmd_backend_destroy(b);
+        return;
+    }
+    cr_expect(vlmd_backend_cuda_built());
+    const vlmd_device_info *info = vlmd_backend_info(b);
+    cr_expect_eq(info->kind, VLMD_DEVICE_CUDA);
+    cr_expect_geq(info->cc_major, 7, "%s sm_%d%d", info->name, info->cc_major, info->cc_minor);
+    cr_expect_gt(info->total_bytes, 1ull << 30);
+    uint64_t free_bytes = 0, total = 0;
+    cr_assert_eq(vlmd_backend_mem_info(b, &free_bytes, &total, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(total, info->total_bytes);
+    roundtrip(b);
+    /* An allocation the device cannot hold is a status naming the size, not a crash. */
+    void *p = NULL;
+    cr_expect_eq(vlmd_backend_alloc(b, (size_t)1 << 50, &p, &err), VLMD_ERR_NOMEM);
+    cr_expect(strstr(err.msg, "1125899906842624"), "%s", err.msg);
+    cr_expect_eq(vlmd_backend_allocated_bytes(b), 0);
+    vlmd_backend_destroy(b);
+    /* auto picks the GPU */
+    cr_assert_eq(vlmd_backend_create("auto", &b, &err), VLMD_OK);
+    cr_expect_eq(vlmd_backend_info(b)->kind, VLMD_DEVICE_CUDA);
+    vlmd_backend_destroy(b);
+}
