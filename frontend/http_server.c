@@ -197,6 +197,10 @@ static void on_close_poll(uv_timer_t *t)
         exit(0);
     }
     uv_timer_stop(t);
+    /* request_shutdown armed HTTP/2's graceful-shutdown timer; h2o asserts
+     * that no timer is pending when the context goes. */
+    if (h2o_timeout_is_linked(&s->ctx.http2._graceful_shutdown_timeout))
+        h2o_timeout_unlink(&s->ctx.http2._graceful_shutdown_timeout);
     h2o_context_dispose(&s->ctx);
     uv_close((uv_handle_t *)t, on_close_timer_closed);
 }

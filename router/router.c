@@ -190,9 +190,11 @@ static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd
     if (m->term_signal)
         VLMD_WARN("%s-%u (pid %lld) was killed by signal %d", vlmd_role_str(m->role), m->rank,
                   (long long)m->pid, m->term_signal);
-    else
+    else if (m->exit_status != 0)
         VLMD_WARN("%s-%u (pid %lld) exited with status %d", vlmd_role_str(m->role), m->rank,
                   (long long)m->pid, m->exit_status);
+    else
+        VLMD_INFO("%s-%u (pid %lld) exited", vlmd_role_str(m->role), m->rank, (long long)m->pid);
     e->pid = m->pid;
     registry_down(e);
     publish_snapshot(rt);

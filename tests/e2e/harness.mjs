@@ -2,6 +2,7 @@
 // Every wait is bounded: a test fails with what it last saw, never hangs.
 import { spawn } from 'node:child_process';
 import { once } from 'node:events';
+import http from 'node:http';
 
 export const BIN = process.env.VLMD_BIN_DIR;
 export const FIXTURES = process.env.VLMD_FIXTURES_DIR;
@@ -70,7 +71,24 @@ export async function runToExit(args, timeoutMs = 20000) {
   return { code, signal, stdout, stderr };
 }
 
-export async function getJson(url) {
-  const res = await fetch(url);
-  return { status: res.status, headers: res.headers, body: await res.json() };
+// One request on its own connection, closed afterwards (no keep-alive pool),
+// so a server stopping after it has no connection left open.
+export function getJson(url, { method = 'GET', timeoutMs = 5000 } = {}) {
+  return new Promise((resolve, reject) => {
+    const req = http.request(url, { method, agent: false, headers: { connection: 'close' }, timeout: timeoutMs }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (d) => { text += d; });
+      res.on('end', () => {
+        try {
+          resolve({ status: res.statusCode, headers: res.headers, body: text ? JSON.parse(text) : null });
+        } catch (e) {
+          reject(new Error(`${method} ${url}: not JSON: ${text.slice(0, 200)}`));
+        }
+      });
+    });
+    req.on('timeout', () => req.destroy(new Error(`${method} ${url} timed out`)));
+    req.on('error', reject);
+    req.end();
+  });
 }

@@ -64,8 +64,15 @@ test('serve: ready, killed worker restarts, SIGTERM leaves nothing behind', asyn
     assert.equal(byRole(back, 'visual').restarts, 1);
     for (const p of back.processes) seenPids.add(p.pid);
   } finally {
+    const logBeforeStop = server.stderr.length;
     const exit = await stopServer(server);
     assert.deepEqual(exit, { code: 0, signal: null }, server.stderr.slice(-3000));
+    // Every process stops cleanly: no crash, no SIGKILL, no non-zero exit.
+    const stopLog = server.stderr.slice(logBeforeStop);
+    assert.doesNotMatch(stopLog, /killed by signal|exited with status|Assertion|did not stop/, stopLog);
+    for (const role of ['router', 'visual', 'llm', 'frontend']) {
+      assert.match(stopLog, new RegExp(`vlmd-${role} \\(pid \\d+\\) stopped`), `${role} stopped`);
+    }
   }
   for (const pid of seenPids) assert.ok(!pidAlive(pid), `pid ${pid} is gone after SIGTERM`);
   assert.ok(!existsSync(socketPath), 'no socket file is left');
