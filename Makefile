@@ -18,7 +18,7 @@ deps:
 
 build: deps
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
-	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
@@ -28,7 +28,7 @@ test: build
 asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DVLMD_SANITIZE=address,undefined -DVLMD_CUDA=OFF \
 		-DCMAKE_BUILD_TYPE=Debug >/dev/null
-	@cmake --build $(ASAN_BUILD) -j $(JOBS)
+	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory
 	ctest --test-dir $(ASAN_BUILD) --output-on-failure -L unit -j $(JOBS)
 
 demo: build

@@ -4,6 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
+import net from 'node:net';
 import { FIXTURES, startServer, stopServer, runToExit, waitFor, getJson, pidAlive } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2_vl`;
@@ -113,4 +114,25 @@ test('serve: a worker that cannot start stops the server with its last log lines
   assert.equal(r.code, 1, r.stderr);
   assert.match(r.stderr, /last log lines of vlmd-(visual|llm)/);
   assert.match(r.stderr, /--device cuda/);
+});
+
+async function freePort() {
+  const srv = net.createServer();
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  const { port } = srv.address();
+  await new Promise((r) => srv.close(r));
+  return port;
+}
+
+test('serve: the processes can talk over tcp:// instead of ipc://', async () => {
+  const endpoint = `tcp://127.0.0.1:${await freePort()}`;
+  const server = await startServer(['--model', MODEL, '--port', '0', '--router-endpoint', endpoint, ...FAST]);
+  try {
+    const { status, body } = await getJson(`${server.url}/health`);
+    assert.equal(status, 200);
+    assert.equal(byRole(body, 'router').listen_url, endpoint);
+    for (const p of body.processes) assert.equal(p.config['router-endpoint'], endpoint, p.role);
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null });
+  }
 });
