@@ -12,7 +12,6 @@
 #include "health.h"
 #include "http_server.h"
 #include "log.h"
-#include "model_config.h"
 #include "models.h"
 #include "process.h"
 #include "response.h"
@@ -22,7 +21,6 @@
 
 typedef struct frontend {
     vlmd_service svc;
-    vlmd_model_config model;
     char model_name[256];
     int64_t started_unix_s;
     http_server *http;
@@ -50,7 +48,7 @@ static void handle_models(h2o_req_t *req, void *ud)
     frontend *fe = ud;
     vlmd_send_json(req, 200,
                    vlmd_models_render(fe->model_name, fe->started_unix_s,
-                                      fe->model.text.max_position_embeddings),
+                                      fe->svc.model.text.max_position_embeddings),
                    NULL, NULL);
 }
 
@@ -121,10 +119,6 @@ int main(int argc, char **argv)
     frontend fe = {0};
     vlmd_service_init(&fe.svc, VLMD_ROLE_FRONTEND, argc, argv);
     vlmd_error err = {0};
-    if (vlmd_model_config_load(fe.svc.cfg.model, &fe.model, &err) != VLMD_OK) {
-        VLMD_ERROR("%s", err.msg);
-        exit(VLMD_EXIT_CONFIG);
-    }
     vlmd_served_model_name(fe.svc.cfg.served_model_name, fe.svc.cfg.model, fe.model_name,
                            sizeof fe.model_name);
     fe.started_unix_s = (int64_t)time(NULL);

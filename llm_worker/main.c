@@ -10,13 +10,11 @@
 
 #include "backend.h"
 #include "log.h"
-#include "model_config.h"
 #include "process.h"
 #include "service.h"
 
 typedef struct llm_worker {
     vlmd_service svc;
-    vlmd_model_config model;
     vlmd_backend *backend;
     bool profiled;
 } llm_worker;
@@ -28,7 +26,7 @@ static void llm_profile(llm_worker *w, uint64_t peer_bytes)
     uint64_t free_bytes = 0, total_bytes = 0;
     if (vlmd_backend_mem_info(w->backend, &free_bytes, &total_bytes, &err) != VLMD_OK)
         VLMD_FATAL("%s", err.msg);
-    const vlmd_text_config *t = &w->model.text;
+    const vlmd_text_config *t = &w->svc.model.text;
     uint64_t kv_bytes_per_token = (uint64_t)(t->num_layers * t->num_kv_heads * t->head_dim) * 2u *
                                   sizeof(float);
     VLMD_INFO("device %s: %llu MiB total, %llu MiB free, peers reserve %llu MiB; "
@@ -74,17 +72,13 @@ int main(int argc, char **argv)
     llm_worker w = {0};
     vlmd_service_init(&w.svc, VLMD_ROLE_LLM, argc, argv);
     vlmd_error err = {0};
-    if (vlmd_model_config_load(w.svc.cfg.model, &w.model, &err) != VLMD_OK) {
-        VLMD_ERROR("%s", err.msg);
-        exit(VLMD_EXIT_CONFIG);
-    }
     if (vlmd_backend_create(w.svc.cfg.device, &w.backend, &err) != VLMD_OK) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }
-    const vlmd_text_config *t = &w.model.text;
+    const vlmd_text_config *t = &w.svc.model.text;
     VLMD_INFO("%s: %lld layers, hidden %lld, %lld heads (%lld KV), vocab %lld, max length %lld",
-              w.model.architecture, (long long)t->num_layers, (long long)t->hidden_size,
+              w.svc.model.architecture, (long long)t->num_layers, (long long)t->hidden_size,
               (long long)t->num_heads, (long long)t->num_kv_heads, (long long)t->vocab_size,
               (long long)t->max_position_embeddings);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);

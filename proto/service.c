@@ -2,6 +2,7 @@
 #include "service.h"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <zmq.h>
 
@@ -35,6 +36,11 @@ void vlmd_service_init(vlmd_service *svc, vlmd_role role, int argc, char **argv)
     vlmd_log_level level = VLMD_LOG_INFO;
     vlmd_log_level_parse(svc->cfg.log_level, &level, NULL);
     vlmd_log_init(vlmd_role_process_name(role), level);
+    vlmd_error err = {0};
+    if (vlmd_model_config_load(svc->cfg.model, &svc->model, &err) != VLMD_OK) {
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
     vlmd_process_follow_launcher();
     uv_loop_init(&svc->loop);
     svc->zctx = zmq_ctx_new();

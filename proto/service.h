@@ -11,6 +11,7 @@
 #include <uv.h>
 
 #include "config.h"
+#include "model_config.h"
 #include "peer.h"
 
 typedef struct vlmd_service vlmd_service;
@@ -20,6 +21,7 @@ typedef void (*vlmd_service_stop_fn)(vlmd_service *svc, void *ud);
 
 struct vlmd_service {
     vlmd_config cfg;
+    vlmd_model_config model;    /* --model's config.json */
     vlmd_role role;
     uv_loop_t loop;
     void *zctx;
@@ -31,8 +33,9 @@ struct vlmd_service {
     bool stopping;
 };
 
-/* Parses flags (exits 2 on bad ones, 0 after --help), starts logging, ties
- * the process to the launcher, creates the loop and the ZMQ context. */
+/* Parses flags (exits 2 on bad ones, 0 after --help), starts logging, reads
+ * the model's config.json (exits 2 when unusable), ties the process to the
+ * launcher, creates the loop and the ZMQ context. */
 void vlmd_service_init(vlmd_service *svc, vlmd_role role, int argc, char **argv);
 /* Connects to the router and installs the signal handlers. Fatal on failure
  * (a worker that cannot reach its router cannot do anything). */

@@ -9,13 +9,11 @@
 
 #include "backend.h"
 #include "log.h"
-#include "model_config.h"
 #include "process.h"
 #include "service.h"
 
 typedef struct visual_worker {
     vlmd_service svc;
-    vlmd_model_config model;
     vlmd_backend *backend;
     uint64_t reserved_bytes;
 } visual_worker;
@@ -41,25 +39,23 @@ int main(int argc, char **argv)
     visual_worker w = {0};
     vlmd_service_init(&w.svc, VLMD_ROLE_VISUAL, argc, argv);
     vlmd_error err = {0};
-    if (vlmd_model_config_load(w.svc.cfg.model, &w.model, &err) != VLMD_OK) {
-        VLMD_ERROR("%s", err.msg);
-        exit(VLMD_EXIT_CONFIG);
-    }
     if (vlmd_backend_create(w.svc.cfg.device, &w.backend, &err) != VLMD_OK) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }
     const vlmd_device_info *dev = vlmd_backend_info(w.backend);
-    if (w.model.has_vision)
+    const vlmd_model_config *m = &w.svc.model;
+    if (m->has_vision)
         VLMD_INFO("%s vision tower: depth %lld, width %lld, patch %lld, merge %lld; device %s",
-                  w.model.architecture, (long long)w.model.vision.depth,
-                  (long long)w.model.vision.embed_dim, (long long)w.model.vision.patch_size,
-                  (long long)w.model.vision.spatial_merge_size, dev->name);
+                  m->architecture, (long long)m->vision.depth, (long long)m->vision.embed_dim,
+                  (long long)m->vision.patch_size, (long long)m->vision.spatial_merge_size,
+                  dev->name);
     else
-        VLMD_INFO("%s has no vision tower: this worker reserves nothing", w.model.architecture);
+        VLMD_INFO("%s has no vision tower: this worker reserves nothing", m->architecture);
 
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
-    vlmd_msg_ready ready = {.reserved_bytes = w.reserved_bytes, .device = (char *)dev->name}; /* borrowed; copied */
+    /* device is borrowed for the call (set_ready copies it) */
+    vlmd_msg_ready ready = {.reserved_bytes = w.reserved_bytes, .device = (char *)dev->name};
     vlmd_peer_set_ready(w.svc.peer, &ready);
     return vlmd_service_run(&w.svc);
 }
