@@ -1,0 +1,39 @@
+/* chat_template.h - ChatML as the Qwen family writes it:
+ *   <|im_start|>system\nYou are a helpful assistant.<|im_end|>\n   (when no system turn leads)
+ *   <|im_start|>ROLE\nCONTENT<|im_end|>\n ...
+ *   <|im_start|>assistant\n                                        (generation prompt)
+ * An image part is <|vision_start|><|image_pad|><|vision_end|>; the single pad
+ * is expanded to the image's token count after tokenizing. */
+#ifndef VLMD_CHAT_TEMPLATE_H
+#define VLMD_CHAT_TEMPLATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "buf.h"
+#include "status.h"
+
+#define VLMD_DEFAULT_SYSTEM_PROMPT "You are a helpful assistant."
+
+typedef enum vlmd_chat_part_kind {
+    VLMD_CHAT_TEXT,
+    VLMD_CHAT_IMAGE,
+} vlmd_chat_part_kind;
+
+typedef struct vlmd_chat_part {
+    vlmd_chat_part_kind kind;
+    const char *text;       /* VLMD_CHAT_TEXT: borrowed, NUL-terminated */
+} vlmd_chat_part;
+
+typedef struct vlmd_chat_message {
+    const char *role;       /* "system", "user" or "assistant" */
+    const vlmd_chat_part *parts;
+    size_t n_parts;
+} vlmd_chat_message;
+
+/* Appends the prompt text to out. An unknown role, or an image in a system
+ * or assistant turn, is VLMD_ERR_INVALID_ARG naming the message's index. */
+vlmd_status vlmd_chat_render(const vlmd_chat_message *msgs, size_t n, bool add_generation_prompt,
+                             vlmd_buf *out, vlmd_error *err);
+
+#endif

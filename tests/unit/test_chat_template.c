@@ -1,0 +1,82 @@
+/* test_chat_template.c - the fixtures' ChatML prompts, byte for byte. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat_template.h"
+
+static json_t *reference(const char *model)
+{
+    char path[4096];
+    const char *dir = getenv("VLMD_FIXTURES_DIR");
+    snprintf(path, sizeof path, "%s/%s/reference.json", dir && *dir ? dir : VLMD_FIXTURES_DIR,
+             model);
+    json_t *r = json_load_file(path, 0, NULL);
+    cr_assert_not_null(r, "%s", path);
+    return r;
+}
+
+Test(chat_template, fixture_text_prompts)
+{
+    const char *models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
+    for (int m = 0; m < 3; m++) {
+        json_t *ref = reference(models[m]);
+        size_t i;
+        json_t *c;
+        json_array_foreach(json_object_get(ref, "cases"), i, c)
+        {
+            json_t *msgs = json_object_get(c, "messages");
+            if (!json_is_array(msgs))
+                continue; /* image cases: below */
+            size_t n = json_array_size(msgs);
+            vlmd_chat_message cm[8];
+            vlmd_chat_part parts[8];
+            cr_assert_leq(n, 8);
+            for (size_t k = 0; k < n; k++) {
+                json_t *msg = json_array_get(msgs, k);
+                parts[k] = (vlmd_chat_part){VLMD_CHAT_TEXT,
+                                            json_string_value(json_object_get(msg, "content"))};
+                cm[k] = (vlmd_chat_message){json_string_value(json_object_get(msg, "role")),
+                                            &parts[k], 1};
+            }
+            vlmd_buf out = VLMD_BUF_INIT;
+            cr_assert_eq(vlmd_chat_render(cm, n, true, &out, NULL), VLMD_OK);
+            cr_expect_str_eq(out.data, json_string_value(json_object_get(c, "prompt")),
+                             "%s case %zu", models[m], i);
+            vlmd_buf_free(&out);
+        }
+        json_decref(ref);
+    }
+}
+
+Test(chat_template, image_prompt_of_the_vl_fixtures)
+{
+    json_t *ref = reference("qwen2_vl");
+    json_t *c = json_array_get(json_object_get(ref, "cases"), 2);
+    vlmd_chat_part parts[] = {{VLMD_CHAT_IMAGE, NULL}, {VLMD_CHAT_TEXT, "What is in this image?"}};
+    vlmd_chat_message msg = {"user", parts, 2};
+    vlmd_buf out = VLMD_BUF_INIT;
+    cr_assert_eq(vlmd_chat_render(&msg, 1, true, &out, NULL), VLMD_OK);
+    cr_expect_str_eq(out.data, json_string_value(json_object_get(c, "prompt")));
+    vlmd_buf_free(&out);
+    json_decref(ref);
+}
+
+Test(chat_template, bad_roles_and_misplaced_images)
+{
+    vlmd_chat_part text = {VLMD_CHAT_TEXT, "hi"}, image = {VLMD_CHAT_IMAGE, NULL};
+    vlmd_chat_message bad_role[] = {{"user", &text, 1}, {"robot", &text, 1}};
+    vlmd_buf out = VLMD_BUF_INIT;
+    vlmd_error err = {0};
+    cr_expect_eq(vlmd_chat_render(bad_role, 2, true, &out, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "messages[1].role: 'robot'"), "%s", err.msg);
+    vlmd_chat_message sys_image = {"system", &image, 1};
+    cr_expect_eq(vlmd_chat_render(&sys_image, 1, true, &out, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "messages[0].content[0]"), "%s", err.msg);
+    vlmd_buf_clear(&out);
+    cr_assert_eq(vlmd_chat_render(NULL, 0, false, &out, NULL), VLMD_OK);
+    cr_expect_str_eq(out.data, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
+    vlmd_buf_free(&out);
+}
