@@ -103,6 +103,11 @@ vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *sr
     return b->ops->copy_to_host(b, dst, src, n, err);
 }
 
+const vlmd_op_table *vlmd_backend_ops(const vlmd_backend *b)
+{
+    return b->op_table;
+}
+
 uint64_t vlmd_backend_alloc_count(const vlmd_backend *b)
 {
     return b->alloc_count;

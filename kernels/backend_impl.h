@@ -3,12 +3,13 @@
 #define VLMD_BACKEND_IMPL_H
 
 #include "backend.h"
+#include "ops.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef struct vlmd_backend_ops {
+typedef struct vlmd_device_vtable {
     vlmd_status (*mem_info)(vlmd_backend *b, uint64_t *free_bytes, uint64_t *total_bytes,
                             vlmd_error *err);
     vlmd_status (*alloc)(vlmd_backend *b, size_t bytes, void **out, vlmd_error *err);
@@ -18,10 +19,11 @@ typedef struct vlmd_backend_ops {
     vlmd_status (*copy_to_host)(vlmd_backend *b, void *dst, const void *src, size_t n,
                                 vlmd_error *err);
     void (*destroy)(vlmd_backend *b);
-} vlmd_backend_ops;
+} vlmd_device_vtable;
 
 struct vlmd_backend {
-    const vlmd_backend_ops *ops;
+    const vlmd_device_vtable *ops;
+    const vlmd_op_table *op_table;  /* NULL: this backend cannot run models yet */
     vlmd_device_info info;
     uint64_t alloc_count;
     uint64_t allocated_bytes;

@@ -52,7 +52,7 @@ static void cpu_destroy(vlmd_backend *b)
     (void)b;
 }
 
-static const vlmd_backend_ops cpu_ops = {
+static const vlmd_device_vtable cpu_ops = {
     .mem_info = cpu_mem_info,
     .alloc = cpu_alloc,
     .free = cpu_free,
@@ -83,9 +83,12 @@ static void cpu_model_name(char *out, size_t outsz)
     fclose(f);
 }
 
+extern const vlmd_op_table vlmd_cpu_op_table;
+
 vlmd_status vlmd_cpu_backend_open(vlmd_backend *b, vlmd_error *err)
 {
     b->ops = &cpu_ops;
+    b->op_table = &vlmd_cpu_op_table;
     b->info.kind = VLMD_DEVICE_CPU;
     cpu_model_name(b->info.name, sizeof b->info.name);
     b->info.multiprocessors = (int)sysconf(_SC_NPROCESSORS_ONLN);

@@ -67,7 +67,7 @@ static void cuda_destroy(vlmd_backend *b)
     (void)b;
 }
 
-static const vlmd_backend_ops cuda_ops = {
+static const vlmd_device_vtable cuda_ops = {
     cuda_mem_info, cuda_alloc, cuda_free, cuda_copy_to_device, cuda_copy_to_host, cuda_destroy,
 };
 

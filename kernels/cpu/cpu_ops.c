@@ -1,0 +1,177 @@
+/* cpu_ops.c - the CPU reference ops: fp32, plain loops, OpenBLAS sgemm for
+ * the matmuls. Written for exactness and clarity; every CUDA op is tested
+ * against these. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_impl.h"
+#include "log.h"
+
+static void cpu_embedding(vlmd_backend *b, void *out, const void *table, const int32_t *ids,
+                          int n, int hidden)
+{
+    (void)b;
+    for (int i = 0; i < n; i++)
+        memcpy((float *)out + (size_t)i * hidden, (const float *)table + (size_t)ids[i] * hidden,
+               (size_t)hidden * sizeof(float));
+}
+
+static void cpu_rmsnorm(vlmd_backend *b, void *out_, const void *x_, void *residual_,
+                        const void *w_, int n, int hidden, float eps)
+{
+    (void)b;
+    float *out = out_, *res = residual_;
+    const float *x = x_, *w = w_;
+    for (int i = 0; i < n; i++) {
+        const float *src = x + (size_t)i * hidden;
+        if (res) {
+            float *r = res + (size_t)i * hidden;
+            for (int j = 0; j < hidden; j++)
+                r[j] += src[j];
+            src = r;
+        }
+        double ss = 0;
+        for (int j = 0; j < hidden; j++)
+            ss += (double)src[j] * src[j];
+        float inv = 1.0f / sqrtf((float)(ss / hidden) + eps);
+        float *dst = out + (size_t)i * hidden;
+        for (int j = 0; j < hidden; j++)
+            dst[j] = w[j] * (src[j] * inv);
+    }
+}
+
+static void cpu_linear(vlmd_backend *b, void *out_, const void *x, const void *w,
+                       const void *bias_, int n, int in, int out_dim)
+{
+    (void)b;
+    float *out = out_;
+    const float *bias = bias_;
+    if (bias) {
+        for (int i = 0; i < n; i++)
+            memcpy(out + (size_t)i * out_dim, bias, (size_t)out_dim * sizeof(float));
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out_dim, in, 1.0f, x, in, w, in,
+                bias ? 1.0f : 0.0f, out, out_dim);
+}
+
+static void rotate(float *v, int hd, const float *cosv, const float *sinv)
+{
+    int half = hd / 2;
+    for (int i = 0; i < half; i++) {
+        float x1 = v[i], x2 = v[i + half];
+        v[i] = x1 * cosv[i] - x2 * sinv[i];
+        v[i + half] = x2 * cosv[i] + x1 * sinv[i];
+    }
+}
+
+static void cpu_rope(vlmd_backend *b, void *q_, void *k_, const int32_t *positions, int n,
+                     int nh, int nkv, int hd, float theta, const int *sections)
+{
+    (void)b;
+    float *q = q_, *k = k_;
+    int half = hd / 2;
+    float *cosv = malloc((size_t)half * sizeof *cosv), *sinv = malloc((size_t)half * sizeof *sinv);
+    VLMD_ASSERT(cosv && sinv);
+    for (int t = 0; t < n; t++) {
+        for (int i = 0; i < half; i++) {
+            int row = 0;
+            if (sections)
+                row = i < sections[0] ? 0 : i < sections[0] + sections[1] ? 1 : 2;
+            double inv_freq = 1.0 / pow((double)theta, (double)(2 * i) / hd);
+            /* the angle in float32, as the reference computes it */
+            float angle = (float)positions[(size_t)row * n + t] * (float)inv_freq;
+            cosv[i] = cosf(angle);
+            sinv[i] = sinf(angle);
+        }
+        for (int h = 0; h < nh; h++)
+            rotate(q + ((size_t)t * nh + h) * hd, hd, cosv, sinv);
+        for (int h = 0; h < nkv; h++)
+            rotate(k + ((size_t)t * nkv + h) * hd, hd, cosv, sinv);
+    }
+    free(cosv);
+    free(sinv);
+}
+
+static void cpu_kv_write(vlmd_backend *b, void *k_cache, void *v_cache, const void *k,
+                         const void *v, const int32_t *slots, int n, int kv_dim)
+{
+    (void)b;
+    for (int i = 0; i < n; i++) {
+        memcpy((float *)k_cache + (size_t)slots[i] * kv_dim, (const float *)k + (size_t)i * kv_dim,
+               (size_t)kv_dim * sizeof(float));
+        memcpy((float *)v_cache + (size_t)slots[i] * kv_dim, (const float *)v + (size_t)i * kv_dim,
+               (size_t)kv_dim * sizeof(float));
+    }
+}
+
+static void cpu_attention(vlmd_backend *b, void *out_, const void *q_, const void *k_cache,
+                          const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
+                          int nkv, int hd)
+{
+    (void)b;
+    float *out = out_;
+    const float *q = q_, *kc = k_cache, *vc = v_cache;
+    int group = nh / nkv, kv_dim = nkv * hd;
+    float scale = 1.0f / sqrtf((float)hd);
+    int max_kv = 0;
+    for (int s = 0; s < n_seqs; s++)
+        max_kv = seqs[s].kv_len > max_kv ? seqs[s].kv_len : max_kv;
+    float *score = malloc((size_t)(max_kv ? max_kv : 1) * sizeof *score);
+    VLMD_ASSERT(score);
+    for (int s = 0; s < n_seqs; s++) {
+        const vlmd_attn_seq *sq = &seqs[s];
+        for (int i = 0; i < sq->q_len; i++) {
+            int row = sq->q_start + i;
+            int visible = sq->kv_len - sq->q_len + i + 1; /* causal: itself and before */
+            for (int h = 0; h < nh; h++) {
+                const float *qv = q + ((size_t)row * nh + h) * hd;
+                int kvh = h / group;
+                float mx = -INFINITY;
+                for (int j = 0; j < visible; j++) {
+                    const float *kv = kc + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
+                    float dot = 0;
+                    for (int d = 0; d < hd; d++)
+                        dot += qv[d] * kv[d];
+                    score[j] = dot * scale;
+                    mx = score[j] > mx ? score[j] : mx;
+                }
+                double sum = 0;
+                for (int j = 0; j < visible; j++) {
+                    score[j] = expf(score[j] - mx);
+                    sum += score[j];
+                }
+                float *o = out + ((size_t)row * nh + h) * hd;
+                memset(o, 0, (size_t)hd * sizeof *o);
+                for (int j = 0; j < visible; j++) {
+                    const float *vv = vc + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
+                    float p = (float)(score[j] / sum);
+                    for (int d = 0; d < hd; d++)
+                        o[d] += p * vv[d];
+                }
+            }
+        }
+    }
+    free(score);
+}
+
+static void cpu_silu_mul(vlmd_backend *b, void *out_, const void *gate_, const void *up_, int n,
+                         int d)
+{
+    (void)b;
+    float *out = out_;
+    const float *gate = gate_, *up = up_;
+    for (size_t i = 0; i < (size_t)n * d; i++)
+        out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+}
+
+const vlmd_op_table vlmd_cpu_op_table = {
+    .embedding = cpu_embedding,
+    .rmsnorm = cpu_rmsnorm,
+    .linear = cpu_linear,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .silu_mul = cpu_silu_mul,
+};

@@ -1,0 +1,62 @@
+/* ops.h - the ops a transformer needs, behind the backend interface.
+ *
+ * Tensors are row-major in the backend's memory and in its activation type
+ * (fp32 on the CPU backend). Shapes are in the comments: n tokens, H hidden,
+ * nh/nkv query/KV heads of hd dims. Every op checks nothing on the hot path;
+ * the model (llm_worker/qwen2.c) guarantees shapes. A backend without an op
+ * table (the CUDA backend until its kernels land) cannot run models:
+ * vlmd_backend_can_run_models() says so. */
+#ifndef VLMD_OPS_H
+#define VLMD_OPS_H
+
+#include <stdint.h>
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One sequence of a batched attention call. */
+typedef struct vlmd_attn_seq {
+    int32_t q_start;        /* its first row in q and out */
+    int32_t q_len;          /* its queries this step: the last q_len of its kv_len tokens */
+    int32_t kv_len;         /* its tokens in the cache, this step's included */
+    const int32_t *slots;   /* kv_len cache slots in position order (backend memory) */
+} vlmd_attn_seq;
+
+typedef struct vlmd_op_table {
+    /* out[n,H] = table[ids[i], :] */
+    void (*embedding)(vlmd_backend *b, void *out, const void *table, const int32_t *ids, int n,
+                      int hidden);
+    /* residual == NULL: out = rmsnorm(x) * w.
+     * otherwise: residual += x; out = rmsnorm(residual) * w (out may be x). */
+    void (*rmsnorm)(vlmd_backend *b, void *out, const void *x, void *residual, const void *w,
+                    int n, int hidden, float eps);
+    /* out[n,o] = x[n,i] . W[o,i]^T (+ bias[o]) */
+    void (*linear)(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
+                   int n, int in, int out_dim);
+    /* Rotary embedding (rotate-half form) on q[n,nh,hd] and k[n,nkv,hd] in place.
+     * positions[3][n]: rows t, h, w; with sections (M-RoPE) frequency i uses
+     * row 0 for i < s0, row 1 for i < s0+s1, else row 2; without, row 0. */
+    void (*rope)(vlmd_backend *b, void *q, void *k, const int32_t *positions, int n, int nh,
+                 int nkv, int hd, float theta, const int *sections);
+    /* cache[slots[i], :] = new[i, :] for K and V; kv_dim = nkv * hd */
+    void (*kv_write)(vlmd_backend *b, void *k_cache, void *v_cache, const void *k, const void *v,
+                     const int32_t *slots, int n, int kv_dim);
+    /* Causal attention of each sequence's queries over its cached tokens (GQA). */
+    void (*attention)(vlmd_backend *b, void *out, const void *q, const void *k_cache,
+                      const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
+                      int nkv, int hd);
+    /* out[n,d] = silu(gate) * up */
+    void (*silu_mul)(vlmd_backend *b, void *out, const void *gate, const void *up, int n, int d);
+} vlmd_op_table;
+
+/* The backend's ops, or NULL when it cannot run models yet. */
+const vlmd_op_table *vlmd_backend_ops(const vlmd_backend *b);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,384 @@
+/* qwen2.c - Qwen2-family text forward: a straight line of small named ops.
+ *
+ *   residual = embed(ids)
+ *   per layer:  h = rmsnorm(residual += x)           (fused add; layer 0: no x yet)
+ *               q,k,v = h.Wq+bq, h.Wk+bk, h.Wv+bv;  rope(q, k);  cache <- k, v
+ *               x = attention(q, cache).Wo
+ *               h = rmsnorm(x + residual);  x = (silu(h.Wg) * h.Wu).Wd
+ *   logits = rmsnorm(x + residual)[rows] . lm_head
+ *
+ * Owns every backend allocation it makes (weights, cache, workspace) and
+ * frees them with their sizes. */
+#include "qwen2.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+
+typedef struct qwen2_layer {
+    void *ln_in, *wq, *bq, *wk, *bk, *wv, *bv, *wo;     /* attention */
+    void *ln_post, *w_gate, *w_up, *w_down;              /* MLP */
+} qwen2_layer;
+
+typedef struct allocation {
+    void *ptr;
+    size_t bytes;
+} allocation;
+
+struct qwen2_model {
+    vlmd_backend *b;            /* borrowed */
+    const vlmd_op_table *op;
+    int H, I, L, nh, nkv, hd, V;
+    float eps, theta;
+    bool mrope;
+    int sections[3];
+    void *embed;                /* [V, H] */
+    void *lm_head;              /* [V, H]; the embedding when tied */
+    void *final_norm;           /* [H] */
+    qwen2_layer *layers;
+    allocation *allocs;         /* weights, for freeing */
+    size_t n_allocs, cap_allocs;
+};
+
+struct qwen2_kv {
+    int32_t n_slots;
+    void **k, **v;              /* per layer: [n_slots, nkv * hd] */
+};
+
+struct qwen2_workspace {
+    int32_t max_tokens, max_logits;
+    void *x, *h, *residual;     /* [n, H] */
+    void *q, *attn;             /* [n, nh * hd] */
+    void *k, *v;                /* [n, nkv * hd] */
+    void *gate, *up;            /* [n, I] */
+    void *rows, *logits;        /* [n_logits, H], [n_logits, V] */
+    int32_t *ids, *positions, *slots, *logit_rows; /* backend copies of the batch */
+    allocation allocs[16];
+    int n_allocs;
+};
+
+/* ---- allocation helpers ---------------------------------------------------- */
+
+static vlmd_status track(qwen2_model *m, void *p, size_t bytes, vlmd_error *err)
+{
+    if (m->n_allocs == m->cap_allocs) {
+        size_t cap = m->cap_allocs ? m->cap_allocs * 2 : 64;
+        allocation *a = realloc(m->allocs, cap * sizeof *a);
+        if (!a) {
+            vlmd_backend_free(m->b, p, bytes);
+            return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of host memory");
+        }
+        m->allocs = a;
+        m->cap_allocs = cap;
+    }
+    m->allocs[m->n_allocs++] = (allocation){p, bytes};
+    return VLMD_OK;
+}
+
+/* Loads one tensor of this exact shape into backend memory as fp32. */
+static vlmd_status load_tensor(qwen2_model *m, const vlmd_safetensors *st, const char *name,
+                               int ndim, const int64_t *shape, void **out, vlmd_error *err)
+{
+    const vlmd_tensor_view *t;
+    vlmd_status s = vlmd_safetensors_get(st, name, ndim, shape, &t, err);
+    if (s != VLMD_OK)
+        return s;
+    size_t bytes = (size_t)vlmd_tensor_numel(t) * sizeof(float);
+    float *host = malloc(bytes ? bytes : 1);
+    if (!host)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory to widen %s", name);
+    void *dev = NULL;
+    if ((s = vlmd_tensor_to_f32(t, host, err)) == VLMD_OK &&
+        (s = vlmd_backend_alloc(m->b, bytes, &dev, err)) == VLMD_OK &&
+        (s = vlmd_backend_copy_to_device(m->b, dev, host, bytes, err)) == VLMD_OK)
+        s = track(m, dev, bytes, err);
+    else if (dev)
+        vlmd_backend_free(m->b, dev, bytes);
+    free(host);
+    if (s == VLMD_OK)
+        *out = dev;
+    return s;
+}
+
+/* Text tensors live under "model." (Qwen2, older VL checkpoints) or
+ * "model.language_model." (newer VL checkpoints). */
+static const char *text_prefix(const vlmd_safetensors *st)
+{
+    return vlmd_safetensors_find(st, "model.language_model.embed_tokens.weight")
+               ? "model.language_model."
+               : "model.";
+}
+
+vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
+                       qwen2_model **out, vlmd_error *err)
+{
+    *out = NULL;
+    const vlmd_op_table *op = vlmd_backend_ops(b);
+    if (!op)
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend cannot run models yet "
+                           "(use --device cpu)", vlmd_backend_info(b)->name);
+    qwen2_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    const vlmd_text_config *t = &mc->text;
+    *m = (qwen2_model){
+        .b = b, .op = op, .H = (int)t->hidden_size, .I = (int)t->intermediate_size,
+        .L = (int)t->num_layers, .nh = (int)t->num_heads, .nkv = (int)t->num_kv_heads,
+        .hd = (int)t->head_dim, .V = (int)t->vocab_size, .eps = (float)t->rms_norm_eps,
+        .theta = (float)t->rope_theta, .mrope = t->n_mrope_section == 3,
+    };
+    for (int i = 0; i < 3; i++)
+        m->sections[i] = (int)t->mrope_section[i];
+    m->layers = calloc((size_t)m->L, sizeof *m->layers);
+    if (!m->layers) {
+        free(m);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    }
+    const int64_t H = m->H, I = m->I, Q = (int64_t)m->nh * m->hd, KV = (int64_t)m->nkv * m->hd,
+                  V = m->V;
+    const char *pre = text_prefix(st);
+    char name[256];
+    vlmd_status s;
+#define LOAD(field, ndim, ...)                                                                 \
+    if ((s = load_tensor(m, st, name, ndim, (int64_t[]){__VA_ARGS__}, &field, err)) != VLMD_OK) \
+        goto fail;
+#define NAME(...) snprintf(name, sizeof name, __VA_ARGS__)
+    NAME("%sembed_tokens.weight", pre);
+    LOAD(m->embed, 2, V, H)
+    NAME("%snorm.weight", pre);
+    LOAD(m->final_norm, 1, H)
+    if (vlmd_safetensors_find(st, "lm_head.weight")) {
+        NAME("lm_head.weight");
+        LOAD(m->lm_head, 2, V, H)
+    } else {
+        m->lm_head = m->embed; /* tied embeddings */
+    }
+    for (int l = 0; l < m->L; l++) {
+        qwen2_layer *y = &m->layers[l];
+        NAME("%slayers.%d.input_layernorm.weight", pre, l);
+        LOAD(y->ln_in, 1, H)
+        NAME("%slayers.%d.self_attn.q_proj.weight", pre, l);
+        LOAD(y->wq, 2, Q, H)
+        NAME("%slayers.%d.self_attn.q_proj.bias", pre, l);
+        LOAD(y->bq, 1, Q)
+        NAME("%slayers.%d.self_attn.k_proj.weight", pre, l);
+        LOAD(y->wk, 2, KV, H)
+        NAME("%slayers.%d.self_attn.k_proj.bias", pre, l);
+        LOAD(y->bk, 1, KV)
+        NAME("%slayers.%d.self_attn.v_proj.weight", pre, l);
+        LOAD(y->wv, 2, KV, H)
+        NAME("%slayers.%d.self_attn.v_proj.bias", pre, l);
+        LOAD(y->bv, 1, KV)
+        NAME("%slayers.%d.self_attn.o_proj.weight", pre, l);
+        LOAD(y->wo, 2, H, Q)
+        NAME("%slayers.%d.post_attention_layernorm.weight", pre, l);
+        LOAD(y->ln_post, 1, H)
+        NAME("%slayers.%d.mlp.gate_proj.weight", pre, l);
+        LOAD(y->w_gate, 2, I, H)
+        NAME("%slayers.%d.mlp.up_proj.weight", pre, l);
+        LOAD(y->w_up, 2, I, H)
+        NAME("%slayers.%d.mlp.down_proj.weight", pre, l);
+        LOAD(y->w_down, 2, H, I)
+    }
+#undef LOAD
+#undef NAME
+    *out = m;
+    return VLMD_OK;
+fail:
+    qwen2_free(m);
+    return s;
+}
+
+void qwen2_free(qwen2_model *m)
+{
+    if (!m)
+        return;
+    for (size_t i = 0; i < m->n_allocs; i++)
+        vlmd_backend_free(m->b, m->allocs[i].ptr, m->allocs[i].bytes);
+    free(m->allocs);
+    free(m->layers);
+    free(m);
+}
+
+uint64_t qwen2_kv_bytes_per_token(const qwen2_model *m)
+{
+    return (uint64_t)m->L * 2u * (uint64_t)m->nkv * (uint64_t)m->hd * sizeof(float);
+}
+
+uint32_t qwen2_vocab_size(const qwen2_model *m)
+{
+    return (uint32_t)m->V;
+}
+
+/* ---- KV cache and workspace -------------------------------------------------- */
+
+vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err)
+{
+    *out = NULL;
+    qwen2_kv *kv = calloc(1, sizeof *kv);
+    if (kv) {
+        kv->k = calloc((size_t)m->L, sizeof *kv->k);
+        kv->v = calloc((size_t)m->L, sizeof *kv->v);
+    }
+    if (!kv || !kv->k || !kv->v) {
+        if (kv) {
+            free(kv->k);
+            free(kv->v);
+        }
+        free(kv);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    }
+    kv->n_slots = n_slots;
+    size_t bytes = (size_t)n_slots * (size_t)m->nkv * (size_t)m->hd * sizeof(float);
+    for (int l = 0; l < m->L; l++) {
+        vlmd_status s = vlmd_backend_alloc(m->b, bytes, &kv->k[l], err);
+        if (s == VLMD_OK)
+            s = vlmd_backend_alloc(m->b, bytes, &kv->v[l], err);
+        if (s != VLMD_OK) {
+            qwen2_kv_free(m, kv);
+            return vlmd_error_prefix(err, "KV cache of %d slots", n_slots);
+        }
+    }
+    *out = kv;
+    return VLMD_OK;
+}
+
+void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv)
+{
+    if (!kv)
+        return;
+    size_t bytes = (size_t)kv->n_slots * (size_t)m->nkv * (size_t)m->hd * sizeof(float);
+    for (int l = 0; l < m->L; l++) {
+        vlmd_backend_free(m->b, kv->k[l], bytes);
+        vlmd_backend_free(m->b, kv->v[l], bytes);
+    }
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+static vlmd_status ws_alloc(qwen2_model *m, qwen2_workspace *ws, size_t bytes, void **out,
+                            vlmd_error *err)
+{
+    VLMD_ASSERT(ws->n_allocs < (int)(sizeof ws->allocs / sizeof ws->allocs[0]));
+    vlmd_status s = vlmd_backend_alloc(m->b, bytes ? bytes : 4, out, err);
+    if (s == VLMD_OK)
+        ws->allocs[ws->n_allocs++] = (allocation){*out, bytes ? bytes : 4};
+    return s;
+}
+
+vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+                                   qwen2_workspace **out, vlmd_error *err)
+{
+    *out = NULL;
+    qwen2_workspace *ws = calloc(1, sizeof *ws);
+    if (!ws)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    ws->max_tokens = max_tokens;
+    ws->max_logits = max_logits;
+    size_t n = (size_t)max_tokens, f = sizeof(float), i32 = sizeof(int32_t);
+    size_t Q = (size_t)m->nh * m->hd, KV = (size_t)m->nkv * m->hd;
+    vlmd_status s = VLMD_OK;
+    void *p;
+#define WS(field, bytes)                                                                       \
+    if (s == VLMD_OK && (s = ws_alloc(m, ws, (bytes), &p, err)) == VLMD_OK)                   \
+        ws->field = p;
+    WS(x, n * m->H * f)
+    WS(h, n * m->H * f)
+    WS(residual, n * m->H * f)
+    WS(q, n * Q * f)
+    WS(attn, n * Q * f)
+    WS(k, n * KV * f)
+    WS(v, n * KV * f)
+    WS(gate, n * m->I * f)
+    WS(up, n * m->I * f)
+    WS(rows, (size_t)max_logits * m->H * f)
+    WS(logits, (size_t)max_logits * m->V * f)
+    WS(ids, n * i32)
+    WS(positions, 3 * n * i32)
+    WS(slots, n * i32)
+    WS(logit_rows, (size_t)max_logits * i32)
+#undef WS
+    if (s != VLMD_OK) {
+        qwen2_workspace_free(m, ws);
+        return vlmd_error_prefix(err, "workspace for %d tokens", max_tokens);
+    }
+    *out = ws;
+    return VLMD_OK;
+}
+
+void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
+{
+    if (!ws)
+        return;
+    for (int i = 0; i < ws->n_allocs; i++)
+        vlmd_backend_free(m->b, ws->allocs[i].ptr, ws->allocs[i].bytes);
+    free(ws);
+}
+
+/* ---- the forward step -------------------------------------------------------- */
+
+vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                          const qwen2_batch *bt, float *logits, vlmd_error *err)
+{
+    int n = bt->n_tokens;
+    if (n <= 0 || n > ws->max_tokens || bt->n_logits > ws->max_logits || bt->n_logits < 0)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "a step of %d tokens and %d logits does "
+                           "not fit the workspace (%d, %d)", n, bt->n_logits, ws->max_tokens,
+                           ws->max_logits);
+    for (int i = 0; i < n; i++)
+        if (bt->slots[i] < 0 || bt->slots[i] >= kv->n_slots || bt->ids[i] < 0 ||
+            bt->ids[i] >= m->V)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "token %d: id %d or slot %d out of "
+                               "range", i, bt->ids[i], bt->slots[i]);
+    vlmd_backend *b = m->b;
+    const vlmd_op_table *op = m->op;
+    size_t i32 = sizeof(int32_t);
+    vlmd_status s = vlmd_backend_copy_to_device(b, ws->ids, bt->ids, (size_t)n * i32, err);
+    if (s == VLMD_OK)
+        s = vlmd_backend_copy_to_device(b, ws->positions, bt->positions, 3 * (size_t)n * i32,
+                                        err);
+    if (s == VLMD_OK)
+        s = vlmd_backend_copy_to_device(b, ws->slots, bt->slots, (size_t)n * i32, err);
+    if (s == VLMD_OK && bt->n_logits)
+        s = vlmd_backend_copy_to_device(b, ws->logit_rows, bt->logit_rows,
+                                        (size_t)bt->n_logits * i32, err);
+    if (s != VLMD_OK)
+        return s;
+    const int H = m->H, Q = m->nh * m->hd, KV = m->nkv * m->hd;
+
+    /* The residual stream starts as the embeddings; each block's output is
+     * added to it by the next fused rmsnorm. */
+    op->embedding(b, ws->residual, m->embed, ws->ids, n, H);
+    for (int l = 0; l < m->L; l++) {
+        const qwen2_layer *y = &m->layers[l];
+        if (l == 0)
+            op->rmsnorm(b, ws->h, ws->residual, NULL, y->ln_in, n, H, m->eps);
+        else
+            op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_in, n, H, m->eps);
+        op->linear(b, ws->q, ws->h, y->wq, y->bq, n, H, Q);
+        op->linear(b, ws->k, ws->h, y->wk, y->bk, n, H, KV);
+        op->linear(b, ws->v, ws->h, y->wv, y->bv, n, H, KV);
+        op->rope(b, ws->q, ws->k, ws->positions, n, m->nh, m->nkv, m->hd, m->theta,
+                 m->mrope ? m->sections : NULL);
+        op->kv_write(b, kv->k[l], kv->v[l], ws->k, ws->v, ws->slots, n, KV);
+        op->attention(b, ws->attn, ws->q, kv->k[l], kv->v[l], bt->seqs, bt->n_seqs, m->nh,
+                      m->nkv, m->hd);
+        op->linear(b, ws->x, ws->attn, y->wo, NULL, n, Q, H);
+        /* MLP block */
+        op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, m->eps);
+        op->linear(b, ws->gate, ws->h, y->w_gate, NULL, n, H, m->I);
+        op->linear(b, ws->up, ws->h, y->w_up, NULL, n, H, m->I);
+        op->silu_mul(b, ws->gate, ws->gate, ws->up, n, m->I);
+        op->linear(b, ws->x, ws->gate, y->w_down, NULL, n, m->I, H);
+    }
+    if (!bt->n_logits)
+        return VLMD_OK;
+    op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, m->eps);
+    op->embedding(b, ws->rows, ws->h, ws->logit_rows, bt->n_logits, H); /* gather rows */
+    op->linear(b, ws->logits, ws->rows, m->lm_head, NULL, bt->n_logits, H, m->V);
+    return vlmd_backend_copy_to_host(b, logits, ws->logits,
+                                     (size_t)bt->n_logits * m->V * sizeof(float), err);
+}

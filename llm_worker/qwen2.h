@@ -1,0 +1,62 @@
+/* qwen2.h - the Qwen2 / Qwen2.5 text model and the text tower of Qwen2-VL and
+ * Qwen2.5-VL (M-RoPE with mrope_section, positions given per token), written
+ * once against the backend's op table.
+ *
+ * Config / Weights / KV cache / Workspace are kept apart: the weights are
+ * read-only after load, the KV cache is token-slot granular (slot s of every
+ * layer holds one token's K and V), the workspace holds one step's
+ * activations for at most max_tokens tokens. All three live in backend
+ * memory allocated once at creation. */
+#ifndef VLMD_QWEN2_H
+#define VLMD_QWEN2_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "model_config.h"
+#include "ops.h"
+#include "safetensors.h"
+
+typedef struct qwen2_model qwen2_model;
+typedef struct qwen2_kv qwen2_kv;
+typedef struct qwen2_workspace qwen2_workspace;
+
+/* Loads the text weights from st (F32, BF16 or F16, widened to the backend's
+ * type). A missing or mis-shaped tensor is VLMD_ERR_MODEL naming it with
+ * the expected and found shapes. The backend and st are borrowed (st may be
+ * closed after loading). */
+vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
+                       qwen2_model **out, vlmd_error *err);
+void qwen2_free(qwen2_model *m);
+
+/* Bytes of KV cache one token takes across all layers. */
+uint64_t qwen2_kv_bytes_per_token(const qwen2_model *m);
+uint32_t qwen2_vocab_size(const qwen2_model *m);
+
+vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err);
+void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv);
+
+vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+                                   qwen2_workspace **out, vlmd_error *err);
+void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws);
+
+/* One step over a batch of sequences, their new tokens packed together.
+ * All arrays are host memory; the model copies what the backend needs. */
+typedef struct qwen2_batch {
+    int32_t n_tokens;
+    const int32_t *ids;             /* [n_tokens] */
+    const int32_t *positions;       /* [3][n_tokens]: t, h, w rows (equal for text) */
+    const int32_t *slots;           /* [n_tokens] cache slot of each new token */
+    const vlmd_attn_seq *seqs;      /* slots pointers: host memory here */
+    int32_t n_seqs;
+    const int32_t *logit_rows;      /* rows whose logits are wanted */
+    int32_t n_logits;
+} qwen2_batch;
+
+/* Runs the step and writes n_logits x vocab floats to logits (host). Fails
+ * (changing nothing) when the batch exceeds the workspace. */
+vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                          const qwen2_batch *batch, float *logits, vlmd_error *err);
+
+#endif
