@@ -1,0 +1,313 @@
+/* engine.c - the scheduler and step loop (see engine.h for the states). */
+#include "engine.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "kv_slots.h"
+#include "log.h"
+#include "sampler.h"
+
+typedef enum req_state { REQ_WAITING, REQ_RUNNING } req_state;
+
+typedef struct request {
+    uint64_t id;
+    req_state state;
+    int32_t *tokens;            /* prompt then output; capacity n_prompt + max_tokens */
+    int32_t n_prompt, n_tokens;
+    int32_t *slots;             /* the request -> token table: slot of each cached token */
+    int32_t n_cached;
+    int32_t max_tokens;
+    vlmd_sampling sampling;
+    uint32_t stop[VLMD_PROTO_MAX_STOPS];
+    uint32_t n_stop;
+    sampler_rng rng;
+    struct request *next;       /* in arrival order */
+} request;
+
+struct engine {
+    qwen2_model *m;
+    engine_config cfg;
+    engine_emit_fn emit;
+    void *ud;
+    qwen2_kv *kv;
+    qwen2_workspace *ws;
+    kv_slots slots;
+    int64_t reserved;           /* slots running requests may still take */
+    request *head, *tail;
+    int32_t n_running, n_active;
+    /* one step's batch, sized for max_batch_tokens */
+    int32_t *ids, *positions, *step_slots, *logit_rows;
+    vlmd_attn_seq *seqs;
+    request **in_step;
+    float *logits;
+    void *scratch;
+};
+
+/* ---- lifetime ----------------------------------------------------------------- */
+
+vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,
+                          engine **out, vlmd_error *err)
+{
+    *out = NULL;
+    engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    e->m = m;
+    e->cfg = *cfg;
+    e->emit = emit;
+    e->ud = ud;
+    int32_t n = cfg->max_batch_tokens, r = cfg->max_running, V = (int32_t)qwen2_vocab_size(m);
+    vlmd_status s = kv_slots_init(&e->slots, cfg->kv_slots, err);
+    if (s == VLMD_OK)
+        s = qwen2_kv_create(m, cfg->kv_slots, &e->kv, err);
+    if (s == VLMD_OK)
+        s = qwen2_workspace_create(m, n, r, &e->ws, err);
+    e->ids = malloc((size_t)n * sizeof *e->ids);
+    e->positions = malloc(3 * (size_t)n * sizeof *e->positions);
+    e->step_slots = malloc((size_t)n * sizeof *e->step_slots);
+    e->logit_rows = malloc((size_t)r * sizeof *e->logit_rows);
+    e->seqs = malloc((size_t)r * sizeof *e->seqs);
+    e->in_step = malloc((size_t)r * sizeof *e->in_step);
+    e->logits = malloc((size_t)r * (size_t)V * sizeof *e->logits);
+    e->scratch = malloc(sampler_scratch_bytes(V));
+    if (s == VLMD_OK && (!e->ids || !e->positions || !e->step_slots || !e->logit_rows ||
+                         !e->seqs || !e->in_step || !e->logits || !e->scratch))
+        s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the engine's batch");
+    if (s != VLMD_OK) {
+        engine_free(e);
+        return s;
+    }
+    *out = e;
+    return VLMD_OK;
+}
+
+static void request_free(request *q)
+{
+    free(q->tokens);
+    free(q->slots);
+    free(q);
+}
+
+void engine_free(engine *e)
+{
+    if (!e)
+        return;
+    for (request *q = e->head, *next; q; q = next) {
+        next = q->next;
+        request_free(q);
+    }
+    qwen2_workspace_free(e->m, e->ws);
+    qwen2_kv_free(e->m, e->kv);
+    kv_slots_free(&e->slots);
+    free(e->ids);
+    free(e->positions);
+    free(e->step_slots);
+    free(e->logit_rows);
+    free(e->seqs);
+    free(e->in_step);
+    free(e->logits);
+    free(e->scratch);
+    free(e);
+}
+
+int32_t engine_free_slots(const engine *e)
+{
+    return e->slots.n_free;
+}
+
+int32_t engine_active(const engine *e)
+{
+    return e->n_active;
+}
+
+/* ---- requests ----------------------------------------------------------------- */
+
+static request *find(engine *e, uint64_t id, request **prev_out)
+{
+    request *prev = NULL;
+    for (request *q = e->head; q; prev = q, q = q->next)
+        if (q->id == id) {
+            if (prev_out)
+                *prev_out = prev;
+            return q;
+        }
+    return NULL;
+}
+
+/* Slots a request may still take before it must finish. */
+static int64_t still_needs(const request *q)
+{
+    return (int64_t)q->n_prompt + q->max_tokens - q->n_cached;
+}
+
+vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err)
+{
+    int64_t total = (int64_t)r->n_tokens + r->max_tokens;
+    uint32_t V = qwen2_vocab_size(e->m);
+    if (r->n_tokens == 0)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu has an empty prompt",
+                           (unsigned long long)r->req_id);
+    if (total > e->cfg.kv_slots || total > e->cfg.max_model_len ||
+        (int64_t)r->n_tokens > e->cfg.max_batch_tokens)
+        return vlmd_errorf(err, VLMD_ERR_TOO_LARGE,
+                           "request %llu needs %lld tokens (prompt %u + max_tokens %u); the KV "
+                           "cache holds %d, the model length is %d, a step takes %d",
+                           (unsigned long long)r->req_id, (long long)total, r->n_tokens,
+                           r->max_tokens, e->cfg.kv_slots, e->cfg.max_model_len,
+                           e->cfg.max_batch_tokens);
+    for (uint32_t i = 0; i < r->n_tokens; i++)
+        if (r->tokens[i] >= V)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: token %u at %u is outside "
+                               "the vocabulary of %u", (unsigned long long)r->req_id,
+                               r->tokens[i], i, V);
+    if (find(e, r->req_id, NULL))
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu is already running",
+                           (unsigned long long)r->req_id);
+    request *q = calloc(1, sizeof *q);
+    if (q) {
+        q->tokens = malloc((size_t)total * sizeof *q->tokens);
+        q->slots = malloc((size_t)total * sizeof *q->slots);
+    }
+    if (!q || !q->tokens || !q->slots) {
+        if (q)
+            request_free(q);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for request %llu",
+                           (unsigned long long)r->req_id);
+    }
+    q->id = r->req_id;
+    q->state = REQ_WAITING;
+    for (uint32_t i = 0; i < r->n_tokens; i++)
+        q->tokens[i] = (int32_t)r->tokens[i];
+    q->n_prompt = q->n_tokens = (int32_t)r->n_tokens;
+    q->max_tokens = (int32_t)r->max_tokens;
+    q->sampling = r->sampling;
+    q->n_stop = r->n_stop_tokens;
+    memcpy(q->stop, r->stop_tokens, r->n_stop_tokens * sizeof *q->stop);
+    sampler_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : r->req_id);
+    if (e->tail)
+        e->tail->next = q;
+    else
+        e->head = q;
+    e->tail = q;
+    e->n_active++;
+    return VLMD_OK;
+}
+
+static void remove_request(engine *e, request *q, request *prev)
+{
+    if (q->state == REQ_RUNNING) {
+        kv_slots_give(&e->slots, q->slots, q->n_cached);
+        e->reserved -= still_needs(q);
+        e->n_running--;
+    }
+    if (prev)
+        prev->next = q->next;
+    else
+        e->head = q->next;
+    if (e->tail == q)
+        e->tail = prev;
+    e->n_active--;
+    request_free(q);
+}
+
+bool engine_cancel(engine *e, uint64_t req_id)
+{
+    request *prev = NULL, *q = find(e, req_id, &prev);
+    if (!q)
+        return false;
+    remove_request(e, q, prev);
+    return true;
+}
+
+/* ---- one step ----------------------------------------------------------------- */
+
+/* Admits waiting requests in arrival order while their worst case fits. */
+static void admit(engine *e, int32_t *budget)
+{
+    for (request *q = e->head; q; q = q->next) {
+        if (q->state != REQ_WAITING)
+            continue;
+        int64_t need = still_needs(q);
+        if (e->n_running == e->cfg.max_running || q->n_prompt > *budget ||
+            e->slots.n_free - e->reserved < need)
+            break; /* first come, first served: no overtaking */
+        q->state = REQ_RUNNING;
+        e->n_running++;
+        e->reserved += need;
+        *budget -= q->n_prompt;
+    }
+}
+
+/* Adds a request's uncached tokens to the batch. */
+static void add_to_batch(engine *e, request *q, int32_t *n_tok, int32_t n_seq)
+{
+    int32_t first = q->n_cached, count = q->n_tokens - q->n_cached;
+    VLMD_ASSERT(kv_slots_take(&e->slots, count, q->slots + first) == VLMD_OK); /* reserved */
+    e->reserved -= count;
+    for (int32_t i = 0; i < count; i++) {
+        e->ids[*n_tok + i] = q->tokens[first + i];
+        e->step_slots[*n_tok + i] = q->slots[first + i];
+    }
+    e->seqs[n_seq] = (vlmd_attn_seq){*n_tok, count, q->n_tokens, q->slots};
+    e->logit_rows[n_seq] = *n_tok + count - 1;
+    e->in_step[n_seq] = q;
+    q->n_cached = q->n_tokens;
+    *n_tok += count;
+}
+
+static vlmd_finish_reason finished(const engine *e, const request *q, int32_t tok)
+{
+    if (tok == e->cfg.eos_id)
+        return VLMD_FINISH_STOP;
+    for (uint32_t i = 0; i < q->n_stop; i++)
+        if ((uint32_t)tok == q->stop[i])
+            return VLMD_FINISH_STOP;
+    if (q->n_tokens - q->n_prompt >= q->max_tokens)
+        return VLMD_FINISH_LENGTH;
+    return VLMD_FINISH_NONE;
+}
+
+vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
+{
+    *did_work = false;
+    /* decode tokens are one each; prompts share what is left of the budget */
+    int32_t budget = e->cfg.max_batch_tokens - e->n_running;
+    admit(e, &budget);
+    int32_t n_tok = 0, n_seq = 0;
+    for (request *q = e->head; q; q = q->next)
+        if (q->state == REQ_RUNNING)
+            add_to_batch(e, q, &n_tok, n_seq++);
+    if (n_seq == 0)
+        return VLMD_OK;
+    /* Text positions are the token indices, the same in all three M-RoPE rows. */
+    for (int32_t s = 0; s < n_seq; s++) {
+        const vlmd_attn_seq *sq = &e->seqs[s];
+        for (int32_t i = 0; i < sq->q_len; i++)
+            for (int r = 0; r < 3; r++)
+                e->positions[r * n_tok + sq->q_start + i] = sq->kv_len - sq->q_len + i;
+    }
+    qwen2_batch bt = {n_tok, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
+                      n_seq};
+    vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &bt, e->logits, err);
+    if (s != VLMD_OK)
+        return s;
+    *did_work = true;
+    int32_t V = (int32_t)qwen2_vocab_size(e->m);
+    for (int32_t i = 0; i < n_seq; i++) {
+        request *q = e->in_step[i];
+        int32_t tok = sampler_pick(e->logits + (size_t)i * V, V, &q->sampling, q->tokens,
+                                   q->n_prompt, q->tokens + q->n_prompt,
+                                   q->n_tokens - q->n_prompt, &q->rng, e->scratch);
+        q->tokens[q->n_tokens++] = tok;
+        vlmd_finish_reason fin = finished(e, q, tok);
+        e->emit(q->id, &tok, 1, fin, (uint32_t)q->n_prompt, (uint32_t)(q->n_tokens - q->n_prompt),
+                e->ud);
+        if (fin != VLMD_FINISH_NONE) {
+            request *prev = NULL;
+            find(e, q->id, &prev);
+            remove_request(e, q, prev);
+        }
+    }
+    return VLMD_OK;
+}

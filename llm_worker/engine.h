@@ -1,0 +1,59 @@
+/* engine.h - continuous batching over the Qwen2 model.
+ *
+ * Requests are submitted at any time and join the running batch at the next
+ * step; one step runs the prompts of newly admitted requests (prefill) and
+ * one token of every running request (decode) in the same forward pass;
+ * a finished request frees its KV slots at once.
+ *
+ * Request states (one thread, the engine's caller, owns them):
+ *
+ *     submit --> WAITING --admitted--> RUNNING --eos/stop/max--> (finished, freed)
+ *        \--> refused (prompt + max_tokens cannot ever fit the cache)
+ *
+ * KV accounting: a request is admitted only when the slots it can still need
+ * (prompt + max_tokens, minus what it holds) fit beside what the running
+ * requests may still need, so a running request never runs out of slots.
+ * (Preemption and the finer admission estimate are the memory issue's.) */
+#ifndef VLMD_ENGINE_H
+#define VLMD_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "proto.h"
+#include "qwen2.h"
+
+typedef struct engine engine;
+
+typedef struct engine_config {
+    int32_t kv_slots;           /* tokens the KV cache holds */
+    int32_t max_batch_tokens;   /* tokens per forward step */
+    int32_t max_running;        /* requests decoding at once */
+    int32_t eos_id;             /* ends generation (-1: none) */
+    int32_t max_model_len;      /* prompt + output limit of one request */
+} engine_config;
+
+/* Called after every step for each request that produced tokens (or ended). */
+typedef void (*engine_emit_fn)(uint64_t req_id, const int32_t *tokens, int32_t n,
+                               vlmd_finish_reason finish, uint32_t prompt_tokens,
+                               uint32_t completion_tokens, void *ud);
+
+/* Borrows the model; allocates the KV cache and the step workspace. */
+vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,
+                          engine **out, vlmd_error *err);
+void engine_free(engine *e);
+
+/* Queues a request (the message is borrowed; what the engine needs is
+ * copied). VLMD_ERR_TOO_LARGE when it could never fit the KV cache or the
+ * model length; VLMD_ERR_INVALID_ARG on a token id outside the vocabulary or
+ * an id already in use. */
+vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err);
+/* Drops a request wherever it is; emits nothing. false when unknown. */
+bool engine_cancel(engine *e, uint64_t req_id);
+/* Runs one step when there is work; false when idle. */
+vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err);
+
+int32_t engine_free_slots(const engine *e);
+int32_t engine_active(const engine *e); /* waiting + running */
+
+#endif

@@ -1,0 +1,215 @@
+/* test_engine.c - continuous batching: requests joining at different steps
+ * produce exactly the tokens each produces alone (greedy and seeded
+ * sampling); slots all come back; what cannot fit is refused. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define N_REQ 16
+#define MAX_OUT 24
+
+typedef struct outputs {
+    int32_t tokens[N_REQ][MAX_OUT];
+    int32_t n[N_REQ];
+    vlmd_finish_reason finish[N_REQ];
+    int emits;
+} outputs;
+
+static void on_emit(uint64_t id, const int32_t *tokens, int32_t n, vlmd_finish_reason finish,
+                    uint32_t prompt_tokens, uint32_t completion_tokens, void *ud)
+{
+    (void)prompt_tokens;
+    outputs *o = ud;
+    cr_assert_lt(id, N_REQ);
+    for (int32_t i = 0; i < n; i++) {
+        cr_assert_lt(o->n[id], MAX_OUT);
+        o->tokens[id][o->n[id]++] = tokens[i];
+    }
+    cr_expect_eq(completion_tokens, (uint32_t)o->n[id]);
+    o->finish[id] = finish;
+    o->emits++;
+}
+
+typedef struct fixture {
+    vlmd_backend *b;
+    qwen2_model *m;
+    vlmd_model_config mc;
+} fixture;
+
+static void open_model(fixture *f)
+{
+    char dir[4096];
+    const char *d = getenv("VLMD_FIXTURES_DIR");
+    snprintf(dir, sizeof dir, "%s/qwen2", d && *d ? d : VLMD_FIXTURES_DIR);
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(dir, &f->mc, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(vlmd_backend_create("cpu", &f->b, &err), VLMD_OK);
+    vlmd_safetensors *st = NULL;
+    cr_assert_eq(vlmd_safetensors_open_dir(dir, &st, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(qwen2_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
+    vlmd_safetensors_close(st);
+}
+
+static void close_model(fixture *f)
+{
+    qwen2_free(f->m);
+    vlmd_backend_destroy(f->b);
+}
+
+static engine *make_engine(fixture *f, outputs *o, int32_t slots)
+{
+    engine_config cfg = {.kv_slots = slots, .max_batch_tokens = 256, .max_running = 16,
+                         .eos_id = -1, .max_model_len = 4096};
+    engine *e = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(engine_create(f->m, &cfg, on_emit, o, &e, &err), VLMD_OK, "%s", err.msg);
+    return e;
+}
+
+/* Request i: its own prompt length, output length and sampling. */
+static vlmd_msg_request_submit request(uint32_t i, uint32_t *prompt)
+{
+    uint64_t s = 0x1234 + i;
+    uint32_t len = 3 + (i * 7) % 37;
+    for (uint32_t k = 0; k < len; k++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        prompt[k] = (uint32_t)((s >> 33) % 1000);
+    }
+    vlmd_msg_request_submit r = {.req_id = i, .tokens = prompt, .n_tokens = len,
+                                 .max_tokens = 8 + (i * 5) % 16};
+    if (i % 2) { /* seeded sampling with every knob */
+        r.sampling = (vlmd_sampling){.temperature = 0.9, .top_p = 0.9, .top_k = 50, .min_p = 0.02,
+                                     .presence_penalty = 0.3, .frequency_penalty = 0.2,
+                                     .repetition_penalty = 1.1, .seed = 1000 + i,
+                                     .has_seed = true};
+    } else {
+        r.sampling = (vlmd_sampling){.temperature = 0, .top_p = 1, .top_k = -1,
+                                     .repetition_penalty = 1};
+    }
+    return r;
+}
+
+static void run_until_idle(engine *e, int max_steps)
+{
+    for (int i = 0; i < max_steps; i++) {
+        bool worked = false;
+        vlmd_error err = {0};
+        cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        if (!worked)
+            return;
+    }
+    cr_assert_fail("still busy after %d steps", max_steps);
+}
+
+Test(engine, batched_equals_alone)
+{
+    fixture f;
+    open_model(&f);
+    static outputs alone, together;
+    uint32_t prompt[64];
+    vlmd_error err = {0};
+    for (uint32_t i = 0; i < N_REQ; i++) {
+        engine *e = make_engine(&f, &alone, 1024);
+        vlmd_msg_request_submit r = request(i, prompt);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+        run_until_idle(e, 100);
+        cr_expect_eq(alone.n[i], (int32_t)r.max_tokens);
+        cr_expect_eq(alone.finish[i], VLMD_FINISH_LENGTH);
+        engine_free(e);
+    }
+    engine *e = make_engine(&f, &together, 1024);
+    int32_t start_free = engine_free_slots(e);
+    for (uint32_t i = 0; i < N_REQ; i++) { /* one new request every step */
+        vlmd_msg_request_submit r = request(i, prompt);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+        bool worked;
+        cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+    }
+    run_until_idle(e, 200);
+    for (int i = 0; i < N_REQ; i++) {
+        cr_assert_eq(together.n[i], alone.n[i], "request %d length", i);
+        cr_expect_arr_eq(together.tokens[i], alone.tokens[i], (size_t)alone.n[i] * sizeof(int32_t),
+                         "request %d: same tokens in a batch as alone", i);
+    }
+    cr_expect_eq(engine_free_slots(e), start_free, "every slot came back");
+    cr_expect_eq(engine_active(e), 0);
+    engine_free(e);
+    close_model(&f);
+}
+
+Test(engine, too_large_is_refused_and_small_cache_queues)
+{
+    fixture f;
+    open_model(&f);
+    static outputs o;
+    engine *e = make_engine(&f, &o, 40);
+    uint32_t prompt[64];
+    vlmd_msg_request_submit r = request(2, prompt); /* 17 prompt tokens, 18 output */
+    r.max_tokens = 30;
+    vlmd_error err = {0};
+    cr_expect_eq(engine_submit(e, &r, &err), VLMD_ERR_TOO_LARGE);
+    cr_expect(strstr(err.msg, "the KV cache holds 40"), "%s", err.msg);
+    cr_expect_eq(engine_active(e), 0, "nothing queued");
+
+    /* Two that fit one at a time: the second waits, then runs. */
+    r.max_tokens = 20;
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    uint32_t prompt2[64];
+    vlmd_msg_request_submit r2 = request(1, prompt2); /* 10 prompt tokens */
+    r2.max_tokens = 10;
+    cr_assert_eq(engine_submit(e, &r2, &err), VLMD_OK, "%s", err.msg);
+    bool worked;
+    engine_step(e, &worked, &err);
+    cr_expect_eq(o.n[2], 1);
+    cr_expect_eq(o.n[1], 0, "waits for slots");
+    run_until_idle(e, 100);
+    cr_expect_eq(o.n[2], 20);
+    cr_expect_eq(o.n[1], 10);
+    cr_expect_eq(engine_free_slots(e), 40);
+    engine_free(e);
+    close_model(&f);
+}
+
+Test(engine, stop_tokens_eos_and_cancel)
+{
+    fixture f;
+    open_model(&f);
+    static outputs o, probe;
+    uint32_t prompt[64];
+    vlmd_error err = {0};
+    /* learn the greedy output, then stop on its third token */
+    engine *e = make_engine(&f, &probe, 256);
+    vlmd_msg_request_submit r = request(0, prompt);
+    engine_submit(e, &r, &err);
+    run_until_idle(e, 100);
+    engine_free(e);
+
+    e = make_engine(&f, &o, 256);
+    uint32_t stop = (uint32_t)probe.tokens[0][2];
+    r.stop_tokens = &stop;
+    r.n_stop_tokens = 1;
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK);
+    int32_t first_stop = 0;
+    while (probe.tokens[0][first_stop] != (int32_t)stop)
+        first_stop++;
+    vlmd_msg_request_submit r3 = request(3, prompt);
+    cr_assert_eq(engine_submit(e, &r3, &err), VLMD_OK);
+    bool worked;
+    engine_step(e, &worked, &err);
+    cr_expect(engine_cancel(e, 3));
+    cr_expect_not(engine_cancel(e, 3), "already gone");
+    run_until_idle(e, 100);
+    cr_expect_eq(o.finish[0], VLMD_FINISH_STOP);
+    cr_expect_eq(o.n[0], first_stop + 1, "the stop token ends it");
+    cr_expect_eq(o.n[3], 1, "nothing after the cancel");
+    cr_expect_eq(engine_free_slots(e), 256);
+    vlmd_msg_request_submit bad = request(5, prompt);
+    prompt[0] = 999999;
+    cr_expect_eq(engine_submit(e, &bad, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "999999"), "%s", err.msg);
+    engine_free(e);
+    close_model(&f);
+}
