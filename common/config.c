@@ -35,7 +35,8 @@ const vlmd_flag vlmd_flags[] = {
      VLMD_ROLES_ALL, "Least severe log level written to stderr"},
     {"device", VLMD_FLAG_CHOICE, OFF(device), "auto", 0, 0, "auto|cpu|cuda",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
-     "Compute backend of the workers; auto takes CUDA when built with it and a GPU is present"},
+     "Compute backend of the workers; auto takes CUDA when built with it, a GPU is present and "
+     "the backend can run the worker's model, else the CPU"},
     {"heartbeat-ms", VLMD_FLAG_INT, OFF(heartbeat_ms), "500", 10, 60000, NULL, VLMD_ROLES_ALL,
      "Interval between heartbeats from every process to the router"},
     {"heartbeat-timeout-ms", VLMD_FLAG_INT, OFF(heartbeat_timeout_ms), "3000", 30, 600000, NULL,
@@ -51,6 +52,17 @@ const vlmd_flag vlmd_flags[] = {
      "Time every process has to report ready at start-up before the server gives up"},
     {"shutdown-timeout-ms", VLMD_FLAG_INT, OFF(shutdown_timeout_ms), "10000", 0, 600000, NULL,
      R(LAUNCHER), "After SIGTERM, time the processes have to exit before SIGKILL"},
+    {"max-total-token-num", VLMD_FLAG_INT, OFF(max_total_token_num), "0", 0, 1LL << 30, NULL,
+     R(LAUNCHER) | R(LLM),
+     "Tokens the KV cache holds; 0 sizes it automatically (for now 16384 tokens, or "
+     "--max-model-len when that is larger)"},
+    {"batch-max-tokens", VLMD_FLAG_INT, OFF(batch_max_tokens), "4096", 1, 1 << 20, NULL,
+     R(LAUNCHER) | R(LLM), "Most tokens one engine step processes (prompts and decodes together)"},
+    {"max-num-seqs", VLMD_FLAG_INT, OFF(max_num_seqs), "64", 1, 4096, NULL, R(LAUNCHER) | R(LLM),
+     "Most requests decoding at once"},
+    {"max-model-len", VLMD_FLAG_INT, OFF(max_model_len), "0", 0, 1 << 24, NULL,
+     R(LAUNCHER) | R(LLM) | R(FRONTEND),
+     "Longest prompt + output of one request; 0 means the model's max_position_embeddings"},
     {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL},
 };
 

@@ -33,6 +33,10 @@ typedef struct vlmd_config {
     int64_t max_restarts_per_minute;/* --max-restarts-per-minute */
     int64_t start_timeout_s;        /* --start-timeout-s */
     int64_t shutdown_timeout_ms;    /* --shutdown-timeout-ms */
+    int64_t max_total_token_num;    /* --max-total-token-num: KV cache tokens; 0 = automatic */
+    int64_t batch_max_tokens;       /* --batch-max-tokens: tokens per engine step */
+    int64_t max_num_seqs;           /* --max-num-seqs: requests decoding at once */
+    int64_t max_model_len;          /* --max-model-len: prompt + output; 0 = the model's */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {

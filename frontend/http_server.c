@@ -15,6 +15,7 @@
 #include "response.h"
 
 #define CLOSE_POLL_MS 20
+#define HTTP_MAX_BODY_BYTES (8u << 20) /* images arrive base64 in JSON bodies */
 
 typedef struct route_handler {
     h2o_handler_t super;
@@ -147,6 +148,7 @@ http_server *http_server_create(uv_loop_t *loop, const char *host, int port,
         return NULL;
     }
     h2o_config_init(&s->config);
+    s->config.max_request_entity_size = HTTP_MAX_BODY_BYTES; /* 413 above it */
     h2o_hostconf_t *host_conf =
         h2o_config_register_host(&s->config, h2o_iovec_init(H2O_STRLIT("default")), 65535);
     h2o_pathconf_t *path_conf = h2o_config_register_path(host_conf, "/", 0);

@@ -3,11 +3,13 @@
  * Holds no model state. It listens at once (so /health answers while the
  * rest starts), keeps the router's latest stats snapshot, and reports READY
  * only once a snapshot shows the engine ready (DESIGN.md §1). */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "clock.h"
+#include "completions.h"
 #include "h2o_include.h"
 #include "health.h"
 #include "http_server.h"
@@ -24,6 +26,8 @@ typedef struct frontend {
     char model_name[256];
     int64_t started_unix_s;
     http_server *http;
+    vlmd_tokenizer *tok;
+    completions completions;
     vlmd_msg snapshot;          /* latest STATS_SNAPSHOT, deep copy (owned); type 0 when none */
     uint64_t snapshot_at_ms;
     bool ready;
@@ -52,9 +56,16 @@ static void handle_models(h2o_req_t *req, void *ud)
                    NULL, NULL);
 }
 
+static void handle_completions(h2o_req_t *req, void *ud)
+{
+    frontend *fe = ud;
+    completions_handle(req, &fe->completions);
+}
+
 static const http_route routes[] = {
     {"GET", "/health", handle_health},
     {"GET", "/v1/models", handle_models},
+    {"POST", "/v1/completions", handle_completions},
 };
 
 /* ---- the router --------------------------------------------------------- */
@@ -87,6 +98,10 @@ static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
     frontend *fe = ud;
     if (msg->type == VLMD_MSG_WELCOME)
         return;
+    if (msg->type == VLMD_MSG_TOKEN_CHUNK) {
+        completions_on_chunk(&fe->completions, &msg->u.token_chunk);
+        return;
+    }
     if (msg->type != VLMD_MSG_STATS_SNAPSHOT) {
         VLMD_WARN("ignored an unexpected %s message", vlmd_msg_type_str(msg->type));
         return;
@@ -110,6 +125,7 @@ static void on_stop(vlmd_service *svc, void *ud)
 {
     (void)svc;
     frontend *fe = ud;
+    fe->completions.peer = NULL; /* the peer goes away with the service */
     if (fe->http)
         http_server_close(fe->http, FRONTEND_CLOSE_GRACE_MS, on_http_closed, fe);
 }
@@ -122,6 +138,15 @@ int main(int argc, char **argv)
     vlmd_served_model_name(fe.svc.cfg.served_model_name, fe.svc.cfg.model, fe.model_name,
                            sizeof fe.model_name);
     fe.started_unix_s = (int64_t)time(NULL);
+    char tok_path[4200];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", fe.svc.cfg.model);
+    if (vlmd_tokenizer_load(tok_path, &fe.tok, &err) != VLMD_OK) {
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
+    int64_t max_len = fe.svc.cfg.max_model_len ? fe.svc.cfg.max_model_len
+                                               : fe.svc.model.text.max_position_embeddings;
+    completions_init(&fe.completions, fe.tok, fe.model_name, max_len);
     fe.http = http_server_create(&fe.svc.loop, fe.svc.cfg.host, (int)fe.svc.cfg.port, routes,
                                  sizeof routes / sizeof routes[0], &fe, &err);
     if (!fe.http) {
@@ -129,7 +154,10 @@ int main(int argc, char **argv)
         exit(VLMD_EXIT_CONFIG);
     }
     vlmd_service_start(&fe.svc, on_message, on_stop, &fe);
+    fe.completions.peer = fe.svc.peer;
     int rc = vlmd_service_run(&fe.svc);
+    completions_free(&fe.completions);
+    vlmd_tokenizer_free(fe.tok);
     vlmd_msg_free(&fe.snapshot);
     return rc;
 }

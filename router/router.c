@@ -36,6 +36,8 @@ static void router_send_to_identity(router *rt, const void *id, size_t id_len, c
     router_send(rt, &tmp, msg);
 }
 
+static void fail_all_requests(router *rt, const char *why);
+
 static void send_welcome(router *rt, const void *id, size_t id_len, bool known)
 {
     vlmd_msg m = {.type = VLMD_MSG_WELCOME};
@@ -117,7 +119,13 @@ static void answer_footprint_requests(router *rt)
 
 static void on_hello(router *rt, const void *id, size_t id_len, const vlmd_msg_hello *h)
 {
+    uint32_t restarts_before = 0;
+    registry_entry *old = registry_find(&rt->reg, (vlmd_role)h->role, h->rank);
+    if (old)
+        restarts_before = old->restarts;
     registry_entry *e = registry_hello(&rt->reg, h, id, id_len, vlmd_now_ms());
+    if (e && e->role == VLMD_ROLE_LLM && e->restarts != restarts_before)
+        fail_all_requests(rt, "the LLM engine restarted"); /* what it held is gone */
     if (!e) {
         rt->dropped++;
         VLMD_WARN("refused hello from %s-%u: process table full or identity too long",
@@ -197,6 +205,8 @@ static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd
         VLMD_INFO("%s-%u (pid %lld) exited", vlmd_role_str(m->role), m->rank, (long long)m->pid);
     e->pid = m->pid;
     registry_down(e);
+    if (e->role == VLMD_ROLE_LLM)
+        fail_all_requests(rt, "the LLM engine stopped");
     publish_snapshot(rt);
 }
 
@@ -211,6 +221,106 @@ static void identity_str(const void *id, size_t len, char *out, size_t outsz)
     for (size_t i = 0; i < len && n + 3 < outsz; i++)
         n += (size_t)snprintf(out + n, outsz - n, printable ? "%c" : "%02x", p[i]);
     out[n] = '\0';
+}
+
+/* ---- requests ------------------------------------------------------------------ */
+
+static router_request *find_request(router *rt, uint64_t req_id)
+{
+    for (size_t i = 0; i < rt->n_requests; i++)
+        if (rt->requests[i].req_id == req_id)
+            return &rt->requests[i];
+    return NULL;
+}
+
+static void forget_request(router *rt, router_request *q)
+{
+    *q = rt->requests[--rt->n_requests];
+}
+
+/* Ends a request at its frontend with an error (nothing else will answer it). */
+static void fail_request(router *rt, const void *id, size_t id_len, uint64_t req_id,
+                         vlmd_status status, const char *message)
+{
+    vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
+    m.u.token_chunk = (vlmd_msg_token_chunk){.req_id = req_id, .finish = VLMD_FINISH_ERROR,
+                                             .status = status, .message = (char *)message};
+    router_send_to_identity(rt, id, id_len, &m);
+}
+
+static registry_entry *ready_engine(router *rt)
+{
+    registry_entry *llm = registry_find(&rt->reg, VLMD_ROLE_LLM, 0);
+    return llm && llm->state == VLMD_WORKER_READY ? llm : NULL;
+}
+
+/* frontend -> router -> engine; the router remembers who asked. */
+static void on_request_submit(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
+{
+    const vlmd_msg_request_submit *r = &msg->u.request_submit;
+    registry_entry *from = known_sender(rt, id, id_len, 0);
+    registry_entry *llm = ready_engine(rt);
+    if (!from || from->role != VLMD_ROLE_FRONTEND) {
+        rt->dropped++;
+        return;
+    }
+    if (!llm) {
+        fail_request(rt, id, id_len, r->req_id, VLMD_ERR_UNAVAILABLE,
+                     "the LLM engine is not ready");
+        return;
+    }
+    if (find_request(rt, r->req_id)) {
+        fail_request(rt, id, id_len, r->req_id, VLMD_ERR_INVALID_ARG, "duplicate request id");
+        return;
+    }
+    if (rt->n_requests == rt->cap_requests) {
+        size_t cap = rt->cap_requests ? rt->cap_requests * 2 : 64;
+        router_request *grown = realloc(rt->requests, cap * sizeof *grown);
+        if (!grown) {
+            fail_request(rt, id, id_len, r->req_id, VLMD_ERR_NOMEM, "the router is out of memory");
+            return;
+        }
+        rt->requests = grown;
+        rt->cap_requests = cap;
+    }
+    router_request *q = &rt->requests[rt->n_requests++];
+    q->req_id = r->req_id;
+    memcpy(q->identity, id, id_len);
+    q->id_len = id_len;
+    router_send(rt, llm, msg);
+}
+
+static void on_request_cancel(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
+{
+    router_request *q = find_request(rt, msg->u.request_cancel.req_id);
+    registry_entry *llm = ready_engine(rt);
+    if (!q || q->id_len != id_len || memcmp(q->identity, id, id_len) != 0)
+        return; /* finished already, or not the asker's */
+    if (llm)
+        router_send(rt, llm, msg);
+    forget_request(rt, q);
+}
+
+/* engine -> router -> the frontend that asked; a late chunk of a forgotten
+ * request is dropped. */
+static void on_token_chunk(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
+{
+    registry_entry *from = known_sender(rt, id, id_len, 0);
+    router_request *q = find_request(rt, msg->u.token_chunk.req_id);
+    if (!from || from->role != VLMD_ROLE_LLM || !q)
+        return;
+    router_send_to_identity(rt, q->identity, q->id_len, msg);
+    if (msg->u.token_chunk.finish != VLMD_FINISH_NONE)
+        forget_request(rt, q);
+}
+
+/* The engine went away: every request it held ends with a clear error. */
+static void fail_all_requests(router *rt, const char *why)
+{
+    for (size_t i = 0; i < rt->n_requests; i++)
+        fail_request(rt, rt->requests[i].identity, rt->requests[i].id_len,
+                     rt->requests[i].req_id, VLMD_ERR_UNAVAILABLE, why);
+    rt->n_requests = 0;
 }
 
 void router_handle(router *rt, const void *identity, size_t id_len, const void *data, size_t len)
@@ -241,6 +351,15 @@ void router_handle(router *rt, const void *identity, size_t id_len, const void *
     case VLMD_MSG_WORKER_EXIT:
         on_worker_exit(rt, identity, id_len, &msg.u.worker_exit);
         break;
+    case VLMD_MSG_REQUEST_SUBMIT:
+        on_request_submit(rt, identity, id_len, &msg);
+        break;
+    case VLMD_MSG_REQUEST_CANCEL:
+        on_request_cancel(rt, identity, id_len, &msg);
+        break;
+    case VLMD_MSG_TOKEN_CHUNK:
+        on_token_chunk(rt, identity, id_len, &msg);
+        break;
     default:
         rt->dropped++;
         VLMD_WARN("dropped an unexpected %s message", vlmd_msg_type_str(msg.type));
@@ -263,6 +382,8 @@ static void on_tick(uv_timer_t *t)
     if (expired)
         VLMD_WARN("%d process(es) missed their heartbeats for %lld ms: marked down", expired,
                   (long long)rt->cfg->heartbeat_timeout_ms);
+    if (rt->n_requests && !ready_engine(rt))
+        fail_all_requests(rt, "the LLM engine is not answering");
     publish_snapshot(rt);
 }
 
@@ -341,4 +462,7 @@ void router_stop(router *rt)
     free(rt->self_config);
     rt->self_config = NULL;
     rt->n_self_config = 0;
+    free(rt->requests);
+    rt->requests = NULL;
+    rt->n_requests = rt->cap_requests = 0;
 }

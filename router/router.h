@@ -13,6 +13,13 @@
 #include "registry.h"
 #include "zsock.h"
 
+/* A request in flight: which frontend socket asked for it. */
+typedef struct router_request {
+    uint64_t req_id;
+    char identity[REGISTRY_ID_MAX];
+    size_t id_len;
+} router_request;
+
 typedef struct router {
     const vlmd_config *cfg;     /* borrowed */
     uv_loop_t *loop;            /* borrowed */
@@ -25,6 +32,8 @@ typedef struct router {
     uint64_t dropped;           /* malformed or unexpected messages */
     vlmd_kv *self_config;       /* the router's own effective flags */
     uint32_t n_self_config;
+    router_request *requests;   /* in flight, owned */
+    size_t n_requests, cap_requests;
 } router;
 
 /* Binds cfg->router_endpoint and starts the loop's watchers. */

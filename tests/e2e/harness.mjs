@@ -73,9 +73,11 @@ export async function runToExit(args, timeoutMs = 20000) {
 
 // One request on its own connection, closed afterwards (no keep-alive pool),
 // so a server stopping after it has no connection left open.
-export function getJson(url, { method = 'GET', timeoutMs = 5000 } = {}) {
+export function getJson(url, { method = 'GET', timeoutMs = 5000, body } = {}) {
   return new Promise((resolve, reject) => {
-    const req = http.request(url, { method, agent: false, headers: { connection: 'close' }, timeout: timeoutMs }, (res) => {
+    const headers = { connection: 'close' };
+    if (body !== undefined) headers['content-type'] = 'application/json';
+    const req = http.request(url, { method, agent: false, headers, timeout: timeoutMs }, (res) => {
       let text = '';
       res.setEncoding('utf8');
       res.on('data', (d) => { text += d; });
@@ -89,6 +91,25 @@ export function getJson(url, { method = 'GET', timeoutMs = 5000 } = {}) {
     });
     req.on('timeout', () => req.destroy(new Error(`${method} ${url} timed out`)));
     req.on('error', reject);
-    req.end();
+    req.end(body === undefined ? undefined : JSON.stringify(body));
   });
+}
+
+export const postJson = (url, body, opts = {}) => getJson(url, { ...opts, method: 'POST', body });
+
+// Byte-level BPE decoding from a tokenizer.json, independent of the server's
+// own tokenizer: ids -> vocab symbols -> bytes (GPT-2's bytes_to_unicode).
+export function makeDecoder(tokenizerJson) {
+  const bs = [];
+  for (let b = 33; b <= 126; b++) bs.push(b);
+  for (let b = 161; b <= 172; b++) bs.push(b);
+  for (let b = 174; b <= 255; b++) bs.push(b);
+  const cs = [...bs];
+  let n = 0;
+  for (let b = 0; b < 256; b++) if (!bs.includes(b)) { bs.push(b); cs.push(256 + n++); }
+  const byteOf = new Map(cs.map((c, i) => [String.fromCodePoint(c), bs[i]]));
+  const symbol = new Map(Object.entries(tokenizerJson.model.vocab).map(([k, v]) => [v, k]));
+  const special = new Set(tokenizerJson.added_tokens.filter((t) => t.special).map((t) => t.id));
+  return (ids) => Buffer.from(ids.filter((id) => !special.has(id))
+    .flatMap((id) => [...symbol.get(id)].map((ch) => byteOf.get(ch)))).toString('utf8');
 }

@@ -1,0 +1,81 @@
+/* inflight.c - requests waiting on the engine (see inflight.h). Owns the
+ * entries; an HTTP request holds only a pointer-sized hook in its pool. */
+#include "inflight.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "clock.h"
+#include "h2o_include.h"
+
+typedef struct dispose_hook {
+    inflight *table;
+    uint64_t req_id;
+} dispose_hook;
+
+void inflight_init(inflight *t, inflight_gone_fn gone, void *ud)
+{
+    memset(t, 0, sizeof *t);
+    t->gone = gone;
+    t->ud = ud;
+    /* ids differ across frontend restarts, so a late chunk never matches a new request */
+    t->next_id = (vlmd_wall_ms() << 20) ^ ((uint64_t)getpid() << 8);
+}
+
+static void on_dispose(void *p)
+{
+    dispose_hook *h = p;
+    inflight_entry *e = inflight_find(h->table, h->req_id);
+    if (e && e->req) {
+        e->req = NULL; /* the client is gone; its request memory with it */
+        if (h->table->gone)
+            h->table->gone(e->req_id, h->table->ud);
+    }
+}
+
+inflight_entry *inflight_add(inflight *t, h2o_req_t *req)
+{
+    inflight_entry *e = calloc(1, sizeof *e);
+    if (!e)
+        return NULL;
+    e->req_id = ++t->next_id;
+    e->req = req;
+    e->owner = t;
+    e->created_unix_s = (int64_t)time(NULL);
+    dispose_hook *h = h2o_mem_alloc_shared(&req->pool, sizeof *h, on_dispose);
+    h->table = t;
+    h->req_id = e->req_id;
+    e->next = t->head;
+    t->head = e;
+    t->count++;
+    return e;
+}
+
+inflight_entry *inflight_find(inflight *t, uint64_t req_id)
+{
+    for (inflight_entry *e = t->head; e; e = e->next)
+        if (e->req_id == req_id)
+            return e;
+    return NULL;
+}
+
+void inflight_remove(inflight *t, inflight_entry *e)
+{
+    for (inflight_entry **p = &t->head; *p; p = &(*p)->next) {
+        if (*p == e) {
+            *p = e->next;
+            t->count--;
+            vlmd_tokens_free(&e->output);
+            free(e);
+            return;
+        }
+    }
+}
+
+void inflight_free(inflight *t)
+{
+    while (t->head)
+        inflight_remove(t, t->head);
+}

@@ -1,0 +1,48 @@
+/* inflight.h - the frontend's requests waiting on the engine.
+ *
+ * Each entry ties a request id (unique in this process) to the HTTP request
+ * that will get the answer, and collects the generated tokens. When the
+ * client goes away first, h2o disposes its request pool; the dispose hook
+ * detaches the entry, which is then cancelled at the engine and dropped when
+ * its last chunk arrives (a late reply for a dead request is dropped). */
+#ifndef VLMD_INFLIGHT_H
+#define VLMD_INFLIGHT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "tokenizer.h"
+
+typedef struct st_h2o_req_t h2o_req_t;
+typedef struct inflight inflight;
+
+typedef struct inflight_entry {
+    uint64_t req_id;
+    h2o_req_t *req;             /* NULL once the client is gone */
+    vlmd_tokens output;         /* generated ids */
+    uint32_t prompt_tokens;
+    int64_t created_unix_s;
+    struct inflight_entry *next;
+    inflight *owner;
+} inflight_entry;
+
+/* Called when a client vanished before its answer (to cancel at the engine). */
+typedef void (*inflight_gone_fn)(uint64_t req_id, void *ud);
+
+struct inflight {
+    inflight_entry *head;
+    uint64_t next_id;
+    inflight_gone_fn gone;
+    void *ud;
+    size_t count;
+};
+
+void inflight_init(inflight *t, inflight_gone_fn gone, void *ud);
+/* Adds an entry for req (hooking its dispose); NULL on allocation failure. */
+inflight_entry *inflight_add(inflight *t, h2o_req_t *req);
+inflight_entry *inflight_find(inflight *t, uint64_t req_id);
+/* Removes and frees an entry (its HTTP request, if any, is not answered here). */
+void inflight_remove(inflight *t, inflight_entry *e);
+void inflight_free(inflight *t);
+
+#endif
