@@ -74,8 +74,10 @@ static void announce(launcher *l, const vlmd_msg_stats_snapshot *s)
             url = s->workers[i].listen_url;
     printf("vlmd is ready: %s serves %s\n"
            "  curl %s/health\n"
-           "  curl %s/v1/models\n",
-           url, l->cfg.model, url, url);
+           "  curl %s/v1/models\n"
+           "  curl %s/v1/completions -H 'Content-Type: application/json' \\\n"
+           "       -d '{\"prompt\": \"Hello, my name is\", \"max_tokens\": 16}'\n",
+           url, l->cfg.model, url, url, url);
     fflush(stdout);
     VLMD_INFO("every process is ready; serving at %s", url);
 }
