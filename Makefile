@@ -1,7 +1,7 @@
 # Thin wrapper over CMake for the two commands of the README:
 #   make demo   install deps if missing, build, serve the generated demo model
-#   make test   install deps if missing, build, run every test (plus the
-#               unit tests again under AddressSanitizer + UBSan)
+#   make test   install deps if missing, build, run every test, then all of
+#               them again under AddressSanitizer + UBSan
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
 JOBS       ?= $(shell nproc)
@@ -24,12 +24,13 @@ test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory asan
 
-# Unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (CPU only).
+# Every test again with AddressSanitizer + UndefinedBehaviorSanitizer (CPU only): the
+# e2e tests then check that every process exits cleanly, leaks included.
 asan: deps
 	@cmake -S . -B $(ASAN_BUILD) -DVLMD_SANITIZE=address,undefined -DVLMD_CUDA=OFF \
 		-DCMAKE_BUILD_TYPE=Debug >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory
-	ctest --test-dir $(ASAN_BUILD) --output-on-failure -L unit -j $(JOBS)
+	ctest --test-dir $(ASAN_BUILD) --output-on-failure -j $(JOBS)
 
 demo: build
 	@$(BUILD)/bin/vlmd-make-demo-model $(DEMO_DIR)

@@ -547,8 +547,10 @@ static bool scratch_reserve(bpe_scratch *s, size_t n)
 
 static void queue_pair(const vlmd_tokenizer *tok, bpe_scratch *s, size_t *n_heap, int32_t pos)
 {
+    if (pos < 0)
+        return;
     int32_t nx = s->next[pos];
-    if (pos < 0 || nx < 0)
+    if (nx < 0)
         return;
     const pair_slot *m = merge_find(tok, s->id[pos], s->id[nx]);
     if (m)

@@ -183,7 +183,8 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     q->max_tokens = (int32_t)r->max_tokens;
     q->sampling = r->sampling;
     q->n_stop = r->n_stop_tokens;
-    memcpy(q->stop, r->stop_tokens, r->n_stop_tokens * sizeof *q->stop);
+    if (r->n_stop_tokens)
+        memcpy(q->stop, r->stop_tokens, r->n_stop_tokens * sizeof *q->stop);
     sampler_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : r->req_id);
     if (e->tail)
         e->tail->next = q;
