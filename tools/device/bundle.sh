@@ -6,7 +6,9 @@
 # but none of those libraries, and no network.
 #
 # usage: tools/device/bundle.sh [BUILD_DIR] [OUT_DIR]   (defaults: build .device-bundle)
-# then on the GPU machine: tools/device/gpu-check.sh OUT_DIR
+# It leaves OUT_DIR/bundle.tar.xz (OpenBLAS alone is 35 MB unpacked; the device
+# tool carries at most 64 MiB with the repository).
+# then on the GPU machine: tools/device/gpu-check.sh OUT_DIR/bundle.tar.xz MODEL_DIR
 set -euo pipefail
 build=${1:-build}
 out=${2:-.device-bundle}
@@ -24,4 +26,8 @@ done | sort -u | while read -r name path; do
     cp -L "$path" "$out/lib/$name"
   fi
 done
-du -sh "$out"
+tar -C "$out" -cJf "$out.tar.xz" bin tests lib
+rm -rf "$out"
+mkdir -p "$out"
+mv "$out.tar.xz" "$out/bundle.tar.xz"
+du -sh "$out/bundle.tar.xz"

@@ -2,9 +2,10 @@
 # gpu-check.sh - run on a GPU machine over a bundle made by bundle.sh: the
 # unit tests, then `vlmd serve --device cuda` on a fixture model, checked
 # through its HTTP API (serve_check.py). Prints a short table last.
-# usage: tools/device/gpu-check.sh BUNDLE_DIR MODEL_DIR [LOG_DIR]
+# usage: tools/device/gpu-check.sh BUNDLE.tar.xz MODEL_DIR [LOG_DIR]
 set -uo pipefail
-bundle=$(cd "$1" && pwd)
+bundle=/tmp/vlmd-bundle
+rm -rf "$bundle" && mkdir -p "$bundle" && tar -C "$bundle" -xJf "$1" || exit 1
 model=$2
 logs=${3:-/tmp/vlmd-gpu-check}
 mkdir -p "$logs"
@@ -19,9 +20,9 @@ for t in "$bundle"/tests/test_*; do
   tail -1 "$logs/$name.log"
 done
 if python3 "$(dirname "$0")/serve_check.py" "$bundle/bin" "$model" >"$logs/serve.log" 2>&1; then
-  result[serve_cuda]=pass
+  result[serve_gpu]=pass
 else
-  result[serve_cuda]=FAIL
+  result[serve_gpu]=FAIL
 fi
 cat "$logs/serve.log" | tail -25
 
