@@ -73,11 +73,10 @@ static int32_t argmax(const float *x, int32_t n)
     return best;
 }
 
-static const float *sort_logits;
-
-static int by_logit_desc(const void *a, const void *b)
+static int by_logit_desc(const void *a, const void *b, void *logits)
 {
-    float x = sort_logits[*(const int32_t *)a], y = sort_logits[*(const int32_t *)b];
+    const float *l = logits;
+    float x = l[*(const int32_t *)a], y = l[*(const int32_t *)b];
     if (x != y)
         return x < y ? 1 : -1;
     return *(const int32_t *)a - *(const int32_t *)b; /* stable: lower id first */
@@ -99,8 +98,7 @@ int32_t sampler_pick(float *logits, int32_t vocab, const vlmd_sampling *s, const
     }
     /* Candidates in descending order; top-k cuts first. */
     int32_t k = s->top_k > 0 && s->top_k < vocab ? s->top_k : vocab;
-    sort_logits = logits; /* the sampler runs on the engine's one thread */
-    qsort(order, (size_t)vocab, sizeof *order, by_logit_desc);
+    qsort_r(order, (size_t)vocab, sizeof *order, by_logit_desc, logits);
     float mx = logits[order[0]];
     double total = 0;
     for (int32_t i = 0; i < k; i++)

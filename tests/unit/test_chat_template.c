@@ -6,13 +6,13 @@
 #include <string.h>
 
 #include "chat_template.h"
+#include "test_support.h"
 
 static json_t *reference(const char *model)
 {
-    char path[4096];
-    const char *dir = getenv("VLMD_FIXTURES_DIR");
-    snprintf(path, sizeof path, "%s/%s/reference.json", dir && *dir ? dir : VLMD_FIXTURES_DIR,
-             model);
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/reference.json", model);
+    const char *path = test_fixture(rel);
     json_t *r = json_load_file(path, 0, NULL);
     cr_assert_not_null(r, "%s", path);
     return r;

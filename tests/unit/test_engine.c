@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "test_support.h"
 
 #define N_REQ 16
 #define MAX_OUT 24
@@ -42,8 +43,7 @@ typedef struct fixture {
 static void open_model(fixture *f)
 {
     char dir[4096];
-    const char *d = getenv("VLMD_FIXTURES_DIR");
-    snprintf(dir, sizeof dir, "%s/qwen2", d && *d ? d : VLMD_FIXTURES_DIR);
+    snprintf(dir, sizeof dir, "%s", test_fixture("qwen2"));
     vlmd_error err = {0};
     cr_assert_eq(vlmd_model_config_load(dir, &f->mc, &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(vlmd_backend_create("cpu", &f->b, &err), VLMD_OK);

@@ -5,22 +5,14 @@
 #include <string.h>
 
 #include "model_config.h"
+#include "test_support.h"
 
-/* The fixtures: VLMD_FIXTURES_DIR from the environment (a bundle run on another
- * machine), else the source tree's. */
-static const char *fixture(const char *name)
-{
-    static char path[4096];
-    const char *dir = getenv("VLMD_FIXTURES_DIR");
-    snprintf(path, sizeof path, "%s/%s", dir && *dir ? dir : VLMD_FIXTURES_DIR, name);
-    return path;
-}
 
 Test(model_config, qwen2_vl_nested_shape)
 {
     vlmd_model_config mc;
     vlmd_error err = {0};
-    cr_assert_eq(vlmd_model_config_load(fixture("qwen2_vl"), &mc, &err), VLMD_OK, "%s",
+    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen2_vl"), &mc, &err), VLMD_OK, "%s",
                  err.msg);
     cr_expect_eq(mc.arch, VLMD_ARCH_QWEN2_VL);
     cr_expect_eq(mc.text.hidden_size, 128);
@@ -42,7 +34,7 @@ Test(model_config, qwen2_5_vl_window_attention_fields)
 {
     vlmd_model_config mc;
     vlmd_error err = {0};
-    cr_assert_eq(vlmd_model_config_load(fixture("qwen2_5_vl"), &mc, &err), VLMD_OK,
+    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen2_5_vl"), &mc, &err), VLMD_OK,
                  "%s", err.msg);
     cr_expect_eq(mc.arch, VLMD_ARCH_QWEN2_5_VL);
     cr_expect_eq(mc.vision.window_size, 56);
@@ -55,7 +47,7 @@ Test(model_config, qwen2_text_only_flat_shape)
 {
     vlmd_model_config mc;
     vlmd_error err = {0};
-    cr_assert_eq(vlmd_model_config_load(fixture("qwen2"), &mc, &err), VLMD_OK, "%s",
+    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen2"), &mc, &err), VLMD_OK, "%s",
                  err.msg);
     cr_expect_eq(mc.arch, VLMD_ARCH_QWEN2);
     cr_expect_not(mc.has_vision);

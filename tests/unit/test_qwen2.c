@@ -13,13 +13,13 @@
 #include <string.h>
 
 #include "qwen2.h"
+#include "test_support.h"
 
 static const char *path_of(const char *model, const char *file)
 {
-    static char path[4096];
-    const char *dir = getenv("VLMD_FIXTURES_DIR");
-    snprintf(path, sizeof path, "%s/%s/%s", dir && *dir ? dir : VLMD_FIXTURES_DIR, model, file);
-    return path;
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/%s", model, file);
+    return test_fixture(rel);
 }
 
 typedef struct fixture {

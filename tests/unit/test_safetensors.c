@@ -9,21 +9,15 @@
 #include <unistd.h>
 
 #include "safetensors.h"
+#include "test_support.h"
 
-static const char *fixture(const char *rel)
-{
-    static char path[4096];
-    const char *dir = getenv("VLMD_FIXTURES_DIR");
-    snprintf(path, sizeof path, "%s/%s", dir && *dir ? dir : VLMD_FIXTURES_DIR, rel);
-    return path;
-}
 
 Test(safetensors, fixtures_load_in_f32_and_bf16_with_the_same_values)
 {
     const char *models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
     for (int m = 0; m < 3; m++) {
         char f32[4200], bf16[4200], dir[4096];
-        snprintf(dir, sizeof dir, "%s", fixture(models[m]));
+        snprintf(dir, sizeof dir, "%s", test_fixture(models[m]));
         snprintf(f32, sizeof f32, "%s/model.safetensors", dir);
         snprintf(bf16, sizeof bf16, "%s/model.bf16.safetensors", dir);
         vlmd_safetensors *a = NULL, *b = NULL;

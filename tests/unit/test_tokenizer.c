@@ -7,16 +7,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "test_support.h"
 #include "tokenizer.h"
 
 static const char *models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
 
 static const char *fixture(const char *model, const char *file)
 {
-    static char path[4096];
-    const char *dir = getenv("VLMD_FIXTURES_DIR");
-    snprintf(path, sizeof path, "%s/%s/%s", dir && *dir ? dir : VLMD_FIXTURES_DIR, model, file);
-    return path;
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/%s", model, file);
+    return test_fixture(rel);
 }
 
 static vlmd_tokenizer *load(const char *model)
