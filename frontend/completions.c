@@ -1,5 +1,11 @@
-/* completions.c - the text path through the processes: parse, tokenize,
- * submit; collect chunks; detokenize and answer (see completions.h). */
+/* completions.c - the generation endpoints (see completions.h).
+ *
+ * Per request: parse + tokenize -> inflight entry -> REQUEST_SUBMIT. Per
+ * TOKEN_CHUNK: detokenize (whole characters only), look for stop strings,
+ * send what is safe to send. Streams go through an h2o generator that has
+ * at most one send in flight; bytes arriving meanwhile wait in `pending`
+ * and leave when h2o calls proceed. After any h2o call the entry is looked
+ * up again by id: h2o may have disposed the request in between. */
 #include "completions.h"
 
 #include <stdio.h>
@@ -12,9 +18,13 @@
 #include "log.h"
 #include "response.h"
 
-#define COMPLETIONS_DEFAULT_MAX_TOKENS 16
+typedef struct stream_gen {
+    h2o_generator_t super;
+    completions *c;
+    uint64_t req_id;
+} stream_gen;
 
-static void on_client_gone(uint64_t req_id, void *ud)
+static void cancel_at_engine(uint64_t req_id, void *ud)
 {
     completions *c = ud;
     if (!c->peer)
@@ -22,23 +32,21 @@ static void on_client_gone(uint64_t req_id, void *ud)
     vlmd_msg m = {.type = VLMD_MSG_REQUEST_CANCEL};
     m.u.request_cancel = (vlmd_msg_request_cancel){req_id, VLMD_FINISH_CANCELLED};
     vlmd_peer_send(c->peer, &m);
-    VLMD_REQ_INFO(req_id, "client went away: cancelled");
+    VLMD_REQ_INFO(req_id, "cancelled at the engine");
 }
 
-void completions_init(completions *c, const vlmd_tokenizer *tok, const char *model_name,
-                      int64_t max_model_len)
+void completions_init(completions *c, const vlmd_tokenizer *tok, const api_limits *limits)
 {
     memset(c, 0, sizeof *c);
     c->tok = tok;
-    c->model_name = model_name;
-    c->max_model_len = max_model_len;
+    c->limits = *limits;
     const char *stops[] = {"<|im_end|>", "<|endoftext|>"};
     for (int i = 0; i < 2; i++) {
         int64_t id = vlmd_tokenizer_find(tok, stops[i]);
         if (id >= 0)
             c->stop_ids[c->n_stop++] = (uint32_t)id;
     }
-    inflight_init(&c->table, on_client_gone, c);
+    inflight_init(&c->table, cancel_at_engine, c);
 }
 
 void completions_free(completions *c)
@@ -46,74 +54,219 @@ void completions_free(completions *c)
     inflight_free(&c->table);
 }
 
-/* Reads an optional number field; false (and a 400 sent) when it has the wrong type or range. */
-static bool number_field(h2o_req_t *req, json_t *body, const char *name, double min, double max,
-                         double *out)
+static void send_api_error(h2o_req_t *req, const api_error *e)
 {
-    json_t *v = json_object_get(body, name);
-    if (!v || json_is_null(v))
-        return true;
-    char msg[160];
-    if (!json_is_number(v) || json_number_value(v) < min || json_number_value(v) > max) {
-        snprintf(msg, sizeof msg, "'%s' must be a number in [%g, %g]", name, min, max);
-        vlmd_send_api_error(req, 400, msg, name, "invalid_value");
-        return false;
-    }
-    *out = json_number_value(v);
-    return true;
+    vlmd_send_json(req, e->status,
+                   vlmd_api_error_json(e->message, vlmd_api_error_type(e->status),
+                                       e->param[0] ? e->param : NULL, e->code),
+                   NULL, NULL);
 }
 
-void completions_handle(h2o_req_t *req, void *ud)
+/* ---- streaming ------------------------------------------------------------------ */
+
+static void stream_flush(completions *c, uint64_t req_id);
+
+static void on_proceed(h2o_generator_t *g, h2o_req_t *req)
 {
-    completions *c = ud;
+    (void)req;
+    stream_gen *sg = (stream_gen *)g;
+    inflight_entry *e = inflight_find(&sg->c->table, sg->req_id);
+    if (!e)
+        return;
+    e->sending = false;
+    stream_flush(sg->c, sg->req_id);
+}
+
+/* Hands pending bytes to h2o when nothing is in flight; removes the entry
+ * once the last bytes are out. */
+static void stream_flush(completions *c, uint64_t req_id)
+{
+    inflight_entry *e = inflight_find(&c->table, req_id);
+    if (!e || !e->req || e->sending || (!e->pending.len && !e->final_queued))
+        return;
+    h2o_req_t *req = e->req;
+    char *copy = h2o_mem_alloc_pool(&req->pool, e->pending.len + 1); /* lives with req */
+    memcpy(copy, e->pending.data ? e->pending.data : "", e->pending.len);
+    h2o_iovec_t buf = h2o_iovec_init(copy, e->pending.len);
+    bool final = e->final_queued;
+    vlmd_buf_clear(&e->pending);
+    e->sending = true;
+    if (final)
+        inflight_remove(&c->table, e); /* nothing follows the last send */
+    h2o_send(req, &buf, 1, final ? H2O_SEND_STATE_FINAL : H2O_SEND_STATE_IN_PROGRESS);
+}
+
+static void stream_start(completions *c, inflight_entry *e)
+{
+    if (e->started)
+        return;
+    e->started = true;
+    h2o_req_t *req = e->req;
+    req->res.status = 200;
+    req->res.reason = "OK";
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
+                   H2O_STRLIT("text/event-stream"));
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
+                   H2O_STRLIT("no-store"));
+    stream_gen *g = h2o_mem_alloc_pool(&req->pool, sizeof *g);
+    *g = (stream_gen){{on_proceed, NULL}, c, e->req_id};
+    h2o_start_response(req, &g->super);
+}
+
+/* Queues one SSE event (takes the reference). */
+static void stream_event(inflight_entry *e, json_t *data)
+{
+    char *text = json_dumps(data, JSON_COMPACT);
+    json_decref(data);
+    if (text)
+        vlmd_buf_printf(&e->pending, "data: %s\n\n", text);
+    free(text);
+}
+
+/* ---- response bodies -------------------------------------------------------------- */
+
+static void response_id(const inflight_entry *e, char *out, size_t outsz)
+{
+    snprintf(out, outsz, "%s-%016llx", e->api.chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)e->req_id);
+}
+
+static json_t *usage_json(const inflight_entry *e)
+{
+    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", (int)e->api.prompt.n,
+                     "completion_tokens", (int)e->completion_tokens, "total_tokens",
+                     (int)(e->api.prompt.n + e->completion_tokens));
+}
+
+/* One streamed chunk: a piece of text (or, with finish, the end). */
+static json_t *chunk_json(const completions *c, const inflight_entry *e, const char *text,
+                          size_t len, const char *finish, bool first)
+{
+    char id[48];
+    response_id(e, id, sizeof id);
+    json_t *choice;
+    if (e->api.chat) {
+        json_t *delta = json_object();
+        if (first)
+            json_object_set_new(delta, "role", json_string("assistant"));
+        if (!finish || len)
+            json_object_set_new(delta, "content", json_stringn(text, len));
+        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs",
+                           "finish_reason", finish ? json_string(finish) : json_null());
+    } else {
+        choice = json_pack("{s:i, s:s%, s:n, s:o}", "index", 0, "text", text, len, "logprobs",
+                           "finish_reason", finish ? json_string(finish) : json_null());
+    }
+    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
+                     e->api.chat ? "chat.completion.chunk" : "text_completion", "created",
+                     (json_int_t)e->created_unix_s, "model", c->limits.model_name, "choices",
+                     choice);
+}
+
+static json_t *full_json(const completions *c, const inflight_entry *e, const char *finish)
+{
+    char id[48];
+    response_id(e, id, sizeof id);
+    const char *text = e->text.data ? e->text.data : "";
+    json_t *choice =
+        e->api.chat
+            ? json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role",
+                        "assistant", "content", text, e->sent, "logprobs", "finish_reason",
+                        finish)
+            : json_pack("{s:i, s:s%, s:n, s:s}", "index", 0, "text", text, e->sent, "logprobs",
+                        "finish_reason", finish);
+    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+                     e->api.chat ? "chat.completion" : "text_completion", "created",
+                     (json_int_t)e->created_unix_s, "model", c->limits.model_name, "choices",
+                     choice, "usage", usage_json(e));
+}
+
+/* ---- stop strings ------------------------------------------------------------------ */
+
+/* How much of the text may be shown: up to the first stop string (*hit set),
+ * else all but a tail that could still grow into one. */
+static size_t visible_end(inflight_entry *e, bool *hit)
+{
+    *hit = false;
+    const char *t = e->text.data ? e->text.data : "";
+    size_t len = e->text.len, longest = 0, best = len;
+    for (int i = 0; i < e->api.n_stops; i++) {
+        size_t sl = strlen(e->api.stops[i]);
+        longest = sl > longest ? sl : longest;
+        size_t from = e->checked + 1 > sl ? e->checked + 1 - sl : 0;
+        const char *p = from <= len ? memmem(t + from, len - from, e->api.stops[i], sl) : NULL;
+        if (p && (size_t)(p - t) < best) {
+            best = (size_t)(p - t);
+            *hit = true;
+        }
+    }
+    if (*hit)
+        return best;
+    e->checked = len;
+    /* hold back the longest tail that is a prefix of a stop string */
+    size_t hold = 0;
+    for (int i = 0; i < e->api.n_stops; i++) {
+        size_t sl = strlen(e->api.stops[i]);
+        for (size_t k = sl - 1; k > hold; k--)
+            if (k <= len && memcmp(t + len - k, e->api.stops[i], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    (void)longest;
+    return len - hold;
+}
+
+/* ---- the request ------------------------------------------------------------------- */
+
+static void handle(h2o_req_t *req, completions *c, bool chat)
+{
     json_error_t jerr;
     json_t *body = json_loadb(req->entity.base, req->entity.len, JSON_REJECT_DUPLICATES, &jerr);
-    if (!json_is_object(body)) {
-        json_decref(body);
+    api_error err;
+    api_request r;
+    if (!body) {
         char msg[300];
-        snprintf(msg, sizeof msg, "the body is not a JSON object: %s", jerr.text);
+        snprintf(msg, sizeof msg, "the body is not valid JSON: %s", jerr.text);
         vlmd_send_api_error(req, 400, msg, NULL, "invalid_json");
         return;
     }
-    json_t *prompt = json_object_get(body, "prompt");
-    double max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS, temperature = 1.0, top_p = 1.0,
-           top_k = -1, seed = -1;
-    if (!json_is_string(prompt)) {
-        vlmd_send_api_error(req, 400, "'prompt' must be a string", "prompt", "invalid_type");
-    } else if (number_field(req, body, "max_tokens", 1, (double)c->max_model_len, &max_tokens) &&
-               number_field(req, body, "temperature", 0, 2, &temperature) &&
-               number_field(req, body, "top_p", 1e-9, 1, &top_p) &&
-               number_field(req, body, "top_k", -1, 1 << 30, &top_k) &&
-               number_field(req, body, "seed", 0, 9007199254740991.0, &seed)) {
-        vlmd_tokens ids = {0};
-        inflight_entry *e = NULL;
-        if (vlmd_tokenizer_encode(c->tok, json_string_value(prompt), json_string_length(prompt),
-                                  true, &ids) != VLMD_OK || !(e = inflight_add(&c->table, req))) {
-            vlmd_send_api_error(req, 500, "out of memory", NULL, NULL);
-        } else if (ids.n + (size_t)max_tokens > (size_t)c->max_model_len) {
-            char msg[200];
-            snprintf(msg, sizeof msg, "the prompt has %zu tokens and max_tokens is %d: more than "
-                     "the model's %lld", ids.n, (int)max_tokens, (long long)c->max_model_len);
-            inflight_remove(&c->table, e);
-            vlmd_send_api_error(req, 400, msg, "prompt", "context_length_exceeded");
-        } else {
-            e->prompt_tokens = (uint32_t)ids.n;
-            vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
-            m.u.request_submit = (vlmd_msg_request_submit){
-                .req_id = e->req_id, .tokens = ids.ids, .n_tokens = (uint32_t)ids.n,
-                .max_tokens = (uint32_t)max_tokens,
-                .sampling = {.temperature = temperature, .top_p = top_p, .top_k = (int32_t)top_k,
-                             .repetition_penalty = 1.0, .seed = seed >= 0 ? (uint64_t)seed : 0,
-                             .has_seed = seed >= 0},
-                .stop_tokens = c->stop_ids, .n_stop_tokens = c->n_stop};
-            if (!c->peer || vlmd_peer_send(c->peer, &m) != VLMD_OK) {
-                inflight_remove(&c->table, e);
-                vlmd_send_api_error(req, 503, "the router is not reachable", NULL, NULL);
-            }
-        }
-        vlmd_tokens_free(&ids);
-    }
+    bool ok = api_request_parse(body, chat, &c->limits, c->tok, &r, &err);
     json_decref(body);
+    if (!ok) {
+        send_api_error(req, &err);
+        return;
+    }
+    inflight_entry *e = inflight_add(&c->table, req);
+    if (!e) {
+        api_request_free(&r);
+        vlmd_send_api_error(req, 500, "out of memory", NULL, NULL);
+        return;
+    }
+    e->api = r;
+    e->detok.skip_special = true;
+    if (r.echo) /* the prompt comes first, as written (its specials included) */
+        vlmd_tokenizer_decode(c->tok, r.prompt.ids, r.prompt.n, false, &e->text, NULL);
+    e->checked = e->text.len; /* the echoed prompt is not searched for stops */
+    vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
+    m.u.request_submit = (vlmd_msg_request_submit){
+        .req_id = e->req_id, .tokens = r.prompt.ids, .n_tokens = (uint32_t)r.prompt.n,
+        .max_tokens = r.max_tokens, .sampling = r.sampling, .stop_tokens = c->stop_ids,
+        .n_stop_tokens = c->n_stop};
+    if (!c->peer || vlmd_peer_send(c->peer, &m) != VLMD_OK) {
+        inflight_remove(&c->table, e);
+        vlmd_send_api_error(req, 503, "the router is not reachable", NULL, NULL);
+    }
+}
+
+void completions_handle_text(h2o_req_t *req, void *ud)
+{
+    handle(req, ud, false);
+}
+
+void completions_handle_chat(h2o_req_t *req, void *ud)
+{
+    handle(req, ud, true);
 }
 
 static int error_status(vlmd_status st)
@@ -129,32 +282,74 @@ static int error_status(vlmd_status st)
     }
 }
 
+/* Ends a request: the last stream events, or the whole answer. */
+static void finish(completions *c, inflight_entry *e, const char *reason)
+{
+    uint64_t id = e->req_id;
+    if (!e->api.stream) {
+        h2o_req_t *req = e->req;
+        json_t *resp = full_json(c, e, reason);
+        inflight_remove(&c->table, e);
+        vlmd_send_json(req, 200, resp, NULL, NULL);
+        return;
+    }
+    stream_start(c, e);
+    stream_event(e, chunk_json(c, e, "", 0, reason, false));
+    if (e->api.include_usage) {
+        char rid[48];
+        response_id(e, rid, sizeof rid);
+        stream_event(e, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", rid, "object",
+                                  e->api.chat ? "chat.completion.chunk" : "text_completion",
+                                  "created", (json_int_t)e->created_unix_s, "model",
+                                  c->limits.model_name, "choices", "usage", usage_json(e)));
+    }
+    vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
+    e->final_queued = true;
+    stream_flush(c, id);
+}
+
 void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
 {
     inflight_entry *e = inflight_find(&c->table, m->req_id);
-    if (!e)
+    if (!e || !e->req)
         return; /* a late reply for a request that is gone */
-    for (uint32_t i = 0; i < m->n_tokens; i++)
-        vlmd_tokens_push(&e->output, m->tokens[i]);
-    if (m->finish == VLMD_FINISH_NONE)
+    if (m->finish == VLMD_FINISH_ERROR) {
+        if (!e->started) {
+            h2o_req_t *req = e->req;
+            inflight_remove(&c->table, e);
+            vlmd_send_api_error(req, error_status((vlmd_status)m->status), m->message, NULL, NULL);
+            return;
+        }
+        stream_event(e, json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", m->message,
+                                  "type", "server_error", "param", "code"));
+        vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
+        e->final_queued = true;
+        stream_flush(c, e->req_id);
         return;
-    if (e->req && m->finish == VLMD_FINISH_ERROR) {
-        vlmd_send_api_error(e->req, error_status((vlmd_status)m->status), m->message, NULL, NULL);
-    } else if (e->req) {
-        vlmd_buf text = VLMD_BUF_INIT;
-        vlmd_tokenizer_decode(c->tok, e->output.ids, e->output.n, true, &text, NULL);
-        char id[40];
-        snprintf(id, sizeof id, "cmpl-%016llx", (unsigned long long)e->req_id);
-        json_t *resp = json_pack(
-            "{s:s, s:s, s:I, s:s, s:[{s:i, s:s, s:n, s:s}], s:{s:i, s:i, s:i}}", "id", id,
-            "object", "text_completion", "created", (json_int_t)e->created_unix_s, "model",
-            c->model_name, "choices", "index", 0, "text", text.data ? text.data : "", "logprobs",
-            "finish_reason", m->finish == VLMD_FINISH_STOP ? "stop" : "length", "usage",
-            "prompt_tokens", (int)e->prompt_tokens, "completion_tokens",
-            (int)m->completion_tokens, "total_tokens",
-            (int)(e->prompt_tokens + m->completion_tokens));
-        vlmd_buf_free(&text);
-        vlmd_send_json(e->req, 200, resp, NULL, NULL);
     }
-    inflight_remove(&c->table, e);
+    e->completion_tokens += m->n_tokens;
+    for (uint32_t i = 0; i < m->n_tokens; i++)
+        vlmd_detok_push(&e->detok, c->tok, m->tokens[i], &e->text, NULL);
+    if (m->finish != VLMD_FINISH_NONE)
+        vlmd_detok_flush(&e->detok, &e->text);
+    bool hit;
+    size_t end = visible_end(e, &hit);
+    if (hit || m->finish != VLMD_FINISH_NONE) {
+        if (hit && m->finish == VLMD_FINISH_NONE)
+            cancel_at_engine(e->req_id, c); /* the text is complete: the engine may stop */
+        else if (!hit)
+            end = e->text.len; /* nothing more will come: release the held tail */
+    }
+    if (e->api.stream && (end > e->sent || m->finish == VLMD_FINISH_NONE)) {
+        /* one chunk per generated token, even when its text is held back */
+        bool first = !e->started;
+        stream_start(c, e);
+        stream_event(e, chunk_json(c, e, e->text.data + e->sent, end - e->sent, NULL, first));
+    }
+    e->sent = end > e->sent ? end : e->sent;
+    if (hit || m->finish != VLMD_FINISH_NONE) {
+        finish(c, e, hit || m->finish == VLMD_FINISH_STOP ? "stop" : "length");
+        return;
+    }
+    stream_flush(c, e->req_id);
 }

@@ -13,7 +13,7 @@ static json_t *config_json(const vlmd_worker_info *w)
 
 static json_t *process_json(const vlmd_worker_info *w, vlmd_worker_state state)
 {
-    return json_pack("{s:s, s:i, s:s, s:I, s:f, s:i, s:s, s:s, s:I, s:I, s:s, s:o}",
+    return json_pack("{s:s, s:i, s:s, s:I, s:f, s:i, s:s, s:s, s:I, s:I, s:I, s:s, s:o}",
                      "role", vlmd_role_str((vlmd_role)w->role),
                      "rank", (int)w->rank,
                      "state", vlmd_worker_state_str(state),
@@ -24,6 +24,7 @@ static json_t *process_json(const vlmd_worker_info *w, vlmd_worker_state state)
                      "device", w->device ? w->device : "",
                      "reserved_bytes", (json_int_t)w->reserved_bytes,
                      "kv_capacity_tokens", (json_int_t)w->kv_capacity_tokens,
+                     "kv_used_tokens", (json_int_t)w->kv_used_tokens,
                      "listen_url", w->listen_url ? w->listen_url : "",
                      "config", config_json(w));
 }

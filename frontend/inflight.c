@@ -32,6 +32,7 @@ static void on_dispose(void *p)
         e->req = NULL; /* the client is gone; its request memory with it */
         if (h->table->gone)
             h->table->gone(e->req_id, h->table->ud);
+        inflight_remove(h->table, e); /* a late chunk for it is dropped */
     }
 }
 
@@ -67,7 +68,9 @@ void inflight_remove(inflight *t, inflight_entry *e)
         if (*p == e) {
             *p = e->next;
             t->count--;
-            vlmd_tokens_free(&e->output);
+            api_request_free(&e->api);
+            vlmd_buf_free(&e->text);
+            vlmd_buf_free(&e->pending);
             free(e);
             return;
         }

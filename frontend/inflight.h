@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "api_request.h"
 #include "tokenizer.h"
 
 typedef struct st_h2o_req_t h2o_req_t;
@@ -19,9 +20,17 @@ typedef struct inflight inflight;
 typedef struct inflight_entry {
     uint64_t req_id;
     h2o_req_t *req;             /* NULL once the client is gone */
-    vlmd_tokens output;         /* generated ids */
-    uint32_t prompt_tokens;
+    api_request api;            /* what was asked (owned) */
+    uint32_t completion_tokens;
     int64_t created_unix_s;
+    vlmd_detok detok;           /* generated ids -> text, whole characters only */
+    vlmd_buf text;              /* generated text so far (echoed prompt first) */
+    size_t sent;                /* bytes of text already given to the client */
+    size_t checked;             /* bytes of text already searched for stop strings */
+    bool started;               /* the response (headers) has begun */
+    bool sending;               /* an h2o_send is in flight: wait for proceed */
+    bool final_queued;          /* the last bytes wait in pending */
+    vlmd_buf pending;           /* stream bytes not handed to h2o yet */
     struct inflight_entry *next;
     inflight *owner;
 } inflight_entry;
@@ -41,7 +50,8 @@ void inflight_init(inflight *t, inflight_gone_fn gone, void *ud);
 /* Adds an entry for req (hooking its dispose); NULL on allocation failure. */
 inflight_entry *inflight_add(inflight *t, h2o_req_t *req);
 inflight_entry *inflight_find(inflight *t, uint64_t req_id);
-/* Removes and frees an entry (its HTTP request, if any, is not answered here). */
+/* Removes and frees an entry (its HTTP request, if any, is not answered here).
+ * An entry whose client went away is removed by inflight itself. */
 void inflight_remove(inflight *t, inflight_entry *e);
 void inflight_free(inflight *t);
 

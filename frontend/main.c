@@ -58,14 +58,19 @@ static void handle_models(h2o_req_t *req, void *ud)
 
 static void handle_completions(h2o_req_t *req, void *ud)
 {
-    frontend *fe = ud;
-    completions_handle(req, &fe->completions);
+    completions_handle_text(req, &((frontend *)ud)->completions);
+}
+
+static void handle_chat(h2o_req_t *req, void *ud)
+{
+    completions_handle_chat(req, &((frontend *)ud)->completions);
 }
 
 static const http_route routes[] = {
     {"GET", "/health", handle_health},
     {"GET", "/v1/models", handle_models},
     {"POST", "/v1/completions", handle_completions},
+    {"POST", "/v1/chat/completions", handle_chat},
 };
 
 /* ---- the router --------------------------------------------------------- */
@@ -146,7 +151,9 @@ int main(int argc, char **argv)
     }
     int64_t max_len = fe.svc.cfg.max_model_len ? fe.svc.cfg.max_model_len
                                                : fe.svc.model.text.max_position_embeddings;
-    completions_init(&fe.completions, fe.tok, fe.model_name, max_len);
+    api_limits limits = {.model_name = fe.model_name, .max_model_len = max_len};
+    api_sampling_defaults(fe.svc.cfg.model, &limits.defaults);
+    completions_init(&fe.completions, fe.tok, &limits);
     fe.http = http_server_create(&fe.svc.loop, fe.svc.cfg.host, (int)fe.svc.cfg.port, routes,
                                  sizeof routes / sizeof routes[0], &fe, &err);
     if (!fe.http) {

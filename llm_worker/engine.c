@@ -116,6 +116,11 @@ int32_t engine_free_slots(const engine *e)
     return e->slots.n_free;
 }
 
+int32_t engine_capacity(const engine *e)
+{
+    return e->slots.capacity;
+}
+
 int32_t engine_active(const engine *e)
 {
     return e->n_active;

@@ -54,6 +54,7 @@ bool engine_cancel(engine *e, uint64_t req_id);
 vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err);
 
 int32_t engine_free_slots(const engine *e);
+int32_t engine_capacity(const engine *e);  /* KV slots in all */
 int32_t engine_active(const engine *e); /* waiting + running */
 
 #endif

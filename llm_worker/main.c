@@ -61,6 +61,8 @@ static void on_step(uv_idle_t *h)
     vlmd_error err = {0};
     if (engine_step(w->engine, &worked, &err) != VLMD_OK)
         VLMD_FATAL("engine step failed: %s", err.msg); /* a broken invariant, not a request's */
+    vlmd_peer_set_kv_used(w->svc.peer, (uint64_t)(engine_capacity(w->engine) -
+                                                  engine_free_slots(w->engine)));
     if (!worked && engine_active(w->engine) == 0) {
         uv_idle_stop(h);
         w->stepping = false;
@@ -146,8 +148,9 @@ static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
         break;
     }
     case VLMD_MSG_REQUEST_CANCEL:
-        if (w->engine)
-            engine_cancel(w->engine, msg->u.request_cancel.req_id);
+        if (w->engine && engine_cancel(w->engine, msg->u.request_cancel.req_id))
+            vlmd_peer_set_kv_used(w->svc.peer, (uint64_t)(engine_capacity(w->engine) -
+                                                          engine_free_slots(w->engine)));
         break;
     default:
         VLMD_WARN("ignored an unexpected %s message", vlmd_msg_type_str(msg->type));

@@ -32,6 +32,7 @@ struct vlmd_peer {
     uint64_t start_wall_ms;
     uint64_t seq;
     uint64_t dropped;
+    uint64_t kv_used;
 };
 
 vlmd_status vlmd_zmq_socket_setup(void *zsocket, vlmd_error *err)
@@ -92,6 +93,7 @@ static void peer_send_heartbeat(vlmd_peer *peer)
         .pid = getpid(),
         .state = peer->ready ? VLMD_WORKER_READY : VLMD_WORKER_STARTING,
         .seq = ++peer->seq,
+        .kv_used_tokens = peer->kv_used,
     };
     vlmd_peer_send(peer, &m);
 }
@@ -224,6 +226,11 @@ vlmd_status vlmd_peer_set_ready(vlmd_peer *peer, const vlmd_msg_ready *ready)
     if (peer->welcomed)
         peer_send_ready(peer);
     return VLMD_OK;
+}
+
+void vlmd_peer_set_kv_used(vlmd_peer *peer, uint64_t tokens)
+{
+    peer->kv_used = tokens;
 }
 
 bool vlmd_peer_registered(const vlmd_peer *peer)

@@ -35,6 +35,9 @@ vlmd_status vlmd_peer_set_ready(vlmd_peer *peer, const vlmd_msg_ready *ready);
  * not reachable right now (the message is dropped and counted). */
 vlmd_status vlmd_peer_send(vlmd_peer *peer, const vlmd_msg *msg);
 
+/* What the next heartbeats report as KV slots in use (the engine sets it). */
+void vlmd_peer_set_kv_used(vlmd_peer *peer, uint64_t tokens);
+
 /* True once the router has welcomed this process (and not forgotten it since). */
 bool vlmd_peer_registered(const vlmd_peer *peer);
 uint64_t vlmd_peer_dropped(const vlmd_peer *peer);

@@ -13,7 +13,9 @@
  * Any failure frees what was built and leaves the message zeroed.
  *
  * Optional fields (absent means the default shown; everything else is
- * required):  message (""), device (""), listen_url (""), logprobs (none). */
+ * required):  message (""), device (""), listen_url (""), logprobs (none),
+ * kv_used_tokens (0). Fields added after the first release are optional, so
+ * an older sender stays understood. */
 #include "proto.h"
 
 #include <math.h>
@@ -136,6 +138,7 @@ static const field_desc heartbeat_fields[] = {
     FLD(vlmd_msg_heartbeat, pid, F_I64),
     ENUM(vlmd_msg_heartbeat, state, VLMD_WORKER_STATE_COUNT),
     FLD(vlmd_msg_heartbeat, seq, F_U64),
+    OPT(vlmd_msg_heartbeat, kv_used_tokens, F_U64),
 };
 static const field_desc footprint_request_fields[] = {
     U32(vlmd_msg_footprint_request, rank),
@@ -163,6 +166,7 @@ static const field_desc worker_info_fields[] = {
     OPT(vlmd_worker_info, device, F_STR),
     OPT(vlmd_worker_info, listen_url, F_STR),
     ARR(vlmd_worker_info, config, n_config, F_KV, VLMD_PROTO_MAX_CONFIG),
+    OPT(vlmd_worker_info, kv_used_tokens, F_U64),
 };
 static const struct_desc worker_info_desc = DESC(vlmd_worker_info, "worker", worker_info_fields);
 static const field_desc stats_snapshot_fields[] = {

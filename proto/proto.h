@@ -109,6 +109,7 @@ typedef struct vlmd_msg_heartbeat {
     int64_t pid;
     uint32_t state;                 /* vlmd_worker_state as the sender sees itself */
     uint64_t seq;
+    uint64_t kv_used_tokens;        /* llm: KV slots in use now (optional on the wire) */
 } vlmd_msg_heartbeat;
 
 typedef struct vlmd_msg_footprint_request {
@@ -140,6 +141,7 @@ typedef struct vlmd_worker_info {
     char *listen_url;
     vlmd_kv *config;
     uint32_t n_config;
+    uint64_t kv_used_tokens;        /* llm: from its last heartbeat (optional on the wire) */
 } vlmd_worker_info;
 
 typedef struct vlmd_msg_stats_snapshot {

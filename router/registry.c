@@ -154,6 +154,7 @@ vlmd_status registry_snapshot(const registry *r, const vlmd_worker_info *self, u
             .restarts = e->restarts,
             .reserved_bytes = e->reserved_bytes,
             .kv_capacity_tokens = e->kv_capacity_tokens,
+            .kv_used_tokens = e->kv_used_tokens,
             .version = e->version ? e->version : "",
             .device = e->device ? e->device : "",
             .listen_url = e->listen_url ? e->listen_url : "",

@@ -36,6 +36,7 @@ typedef struct registry_entry {
     bool footprint_wanted;          /* llm asked for the peer footprint before visual was ready */
     uint64_t reserved_bytes;
     uint64_t kv_capacity_tokens;
+    uint64_t kv_used_tokens;        /* from its last heartbeat */
     char *version, *device, *listen_url;
     vlmd_kv *config;
     uint32_t n_config;

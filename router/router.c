@@ -172,6 +172,7 @@ static void on_heartbeat(router *rt, const void *id, size_t id_len, const vlmd_m
         return;
     }
     e->last_seen_ms = vlmd_now_ms();
+    e->kv_used_tokens = m->kv_used_tokens;
 }
 
 static void on_footprint_request(router *rt, const void *id, size_t id_len)

@@ -12,12 +12,16 @@
 
 #include "status.h"
 
-#define VLMD_DEMO_MODEL_VERSION 1
+#define VLMD_DEMO_MODEL_VERSION 2
 
-/* Writes the model into dir (created when missing). When dir already holds
- * this version and seed (its stamp file says so), does nothing and sets
- * *unchanged. A dir holding anything else that looks like a model
- * (config.json) is refused with VLMD_ERR_INVALID_ARG: nothing is overwritten. */
+/* Writes the model into dir (created, with its parents, when missing).
+ * When dir already holds this version and seed complete (its stamp file
+ * says so and every file is there), does nothing and sets *unchanged (may
+ * be NULL). A dir with our stamp for another seed or version, or left
+ * incomplete, is rewritten. A dir holding any of the model's file names
+ * without our stamp is someone else's: VLMD_ERR_INVALID_ARG, nothing is
+ * touched. Other failures (VLMD_ERR_IO, ...) can leave a partial model,
+ * stamped incomplete, that the next call redoes. */
 vlmd_status vlmd_demo_model_write(const char *dir, uint64_t seed, bool *unchanged,
                                   vlmd_error *err);
 

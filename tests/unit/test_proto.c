@@ -39,7 +39,8 @@ static vlmd_msg sample(vlmd_msg_type t)
     sample_workers[1] = (vlmd_worker_info){.role = VLMD_ROLE_LLM, .rank = 1,
                                            .state = VLMD_WORKER_DOWN, .pid = -1, .restarts = 4,
                                            .reserved_bytes = 80ull << 30,
-                                           .kv_capacity_tokens = 123456, .version = "v",
+                                           .kv_capacity_tokens = 123456, .kv_used_tokens = 77,
+                                           .version = "v",
                                            .device = "NVIDIA H100", .listen_url = "",
                                            .config = NULL, .n_config = 0};
     vlmd_msg m = {.type = t};
@@ -56,7 +57,7 @@ static vlmd_msg sample(vlmd_msg_type t)
                                      "http://[::1]:8000"};
         break;
     case VLMD_MSG_HEARTBEAT:
-        m.u.heartbeat = (vlmd_msg_heartbeat){VLMD_ROLE_FRONTEND, 0, 5, VLMD_WORKER_READY, 99};
+        m.u.heartbeat = (vlmd_msg_heartbeat){VLMD_ROLE_FRONTEND, 0, 5, VLMD_WORKER_READY, 99, 4242};
         break;
     case VLMD_MSG_FOOTPRINT_REQUEST:
         m.u.footprint_request.rank = 6;
@@ -148,7 +149,8 @@ static void image_eq(const vlmd_image_ref *a, const vlmd_image_ref *b)
 static void worker_eq(const vlmd_worker_info *a, const vlmd_worker_info *b)
 {
     EQ(role); EQ(rank); EQ(state); EQ(pid); EQ(uptime_ms); EQ(restarts); EQ(reserved_bytes);
-    EQ(kv_capacity_tokens); STR(version); STR(device); STR(listen_url); EQ(n_config);
+    EQ(kv_capacity_tokens); EQ(kv_used_tokens); STR(version); STR(device); STR(listen_url);
+    EQ(n_config);
     kv_eq(a->config, b->config, a->n_config);
 }
 
@@ -175,7 +177,7 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
     }
     case VLMD_MSG_HEARTBEAT: {
         const vlmd_msg_heartbeat *a = &x->u.heartbeat, *b = &y->u.heartbeat;
-        EQ(role); EQ(rank); EQ(pid); EQ(state); EQ(seq);
+        EQ(role); EQ(rank); EQ(pid); EQ(state); EQ(seq); EQ(kv_used_tokens);
         break;
     }
     case VLMD_MSG_FOOTPRINT_REQUEST:

@@ -1,0 +1,349 @@
+/* api_request.c - strict parsing of OpenAI request bodies (see api_request.h). */
+#include "api_request.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat_template.h"
+
+static bool fail(api_error *e, int status, const char *param, const char *code,
+                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+static bool fail(api_error *e, int status, const char *param, const char *code,
+                 const char *fmt, ...)
+{
+    e->status = status;
+    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
+    e->code = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+/* An optional field: absent or null means "use the default" (returns NULL). */
+static const json_t *opt(const json_t *body, const char *key)
+{
+    const json_t *v = json_object_get(body, key);
+    return v && !json_is_null(v) ? v : NULL;
+}
+
+static bool get_number(const json_t *body, const char *key, double min, double max, bool min_open,
+                       double *out, api_error *e)
+{
+    const json_t *v = opt(body, key);
+    if (!v)
+        return true;
+    if (!json_is_number(v))
+        return fail(e, 400, key, "invalid_type", "'%s' must be a number", key);
+    double x = json_number_value(v);
+    if (!isfinite(x) || x > max || (min_open ? x <= min : x < min))
+        return fail(e, 400, key, "invalid_value", "'%s' is %g; it must be in %s%g, %g]", key, x,
+                    min_open ? "(" : "[", min, max);
+    *out = x;
+    return true;
+}
+
+static bool get_integer(const json_t *body, const char *key, int64_t min, int64_t max,
+                        int64_t *out, bool *given, api_error *e)
+{
+    const json_t *v = opt(body, key);
+    if (given)
+        *given = v != NULL;
+    if (!v)
+        return true;
+    if (!json_is_integer(v))
+        return fail(e, 400, key, "invalid_type", "'%s' must be an integer", key);
+    json_int_t x = json_integer_value(v);
+    if (x < min || x > max)
+        return fail(e, 400, key, "invalid_value", "'%s' is %lld; it must be in [%lld, %lld]", key,
+                    (long long)x, (long long)min, (long long)max);
+    *out = x;
+    return true;
+}
+
+static bool get_bool(const json_t *body, const char *key, bool *out, api_error *e)
+{
+    const json_t *v = opt(body, key);
+    if (!v)
+        return true;
+    if (!json_is_boolean(v))
+        return fail(e, 400, key, "invalid_type", "'%s' must be true or false", key);
+    *out = json_is_true(v);
+    return true;
+}
+
+static bool parse_stops(const json_t *body, api_request *r, api_error *e)
+{
+    const json_t *v = opt(body, "stop");
+    if (!v)
+        return true;
+    const json_t *one[1] = {v};
+    size_t n = json_is_array(v) ? json_array_size(v) : 1;
+    if (!json_is_array(v) && !json_is_string(v))
+        return fail(e, 400, "stop", "invalid_type", "'stop' must be a string or a list of strings");
+    if (n > API_MAX_STOPS)
+        return fail(e, 400, "stop", "invalid_value", "'stop' has %zu strings; at most %d", n,
+                    API_MAX_STOPS);
+    for (size_t i = 0; i < n; i++) {
+        const json_t *s = json_is_array(v) ? json_array_get(v, i) : one[0];
+        if (!json_is_string(s) || json_string_length(s) == 0 ||
+            json_string_length(s) > API_MAX_STOP_LEN)
+            return fail(e, 400, "stop", "invalid_value",
+                        "'stop' entries must be non-empty strings of at most %d bytes",
+                        API_MAX_STOP_LEN);
+        r->stops[r->n_stops] = strdup(json_string_value(s));
+        if (!r->stops[r->n_stops])
+            return fail(e, 500, NULL, NULL, "out of memory");
+        r->n_stops++;
+    }
+    return true;
+}
+
+/* messages -> ChatML text. */
+static bool render_chat(const json_t *body, vlmd_buf *text, api_error *e)
+{
+    const json_t *msgs = json_object_get(body, "messages");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return fail(e, 400, "messages", json_is_array(msgs) ? "invalid_value" : "invalid_type",
+                    "'messages' must be a non-empty list of messages");
+    size_t n = json_array_size(msgs), total_parts = 0;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *c = json_object_get(json_array_get(msgs, i), "content");
+        total_parts += json_is_array(c) ? json_array_size(c) : 1;
+    }
+    vlmd_chat_message *cm = calloc(n, sizeof *cm);
+    vlmd_chat_part *parts = calloc(total_parts ? total_parts : 1, sizeof *parts);
+    bool ok = cm && parts;
+    if (!ok)
+        fail(e, 500, NULL, NULL, "out of memory");
+    char param[64];
+    size_t k = 0;
+    for (size_t i = 0; ok && i < n; i++) {
+        const json_t *m = json_array_get(msgs, i);
+        const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+        snprintf(param, sizeof param, "messages[%zu].role", i);
+        if (!json_is_object(m)) {
+            snprintf(param, sizeof param, "messages[%zu]", i);
+            ok = fail(e, 400, param, "invalid_type", "each message must be an object");
+            break;
+        }
+        if (!json_is_string(role)) {
+            ok = fail(e, 400, param, "invalid_type", "'%s' must be a string", param);
+            break;
+        }
+        cm[i].role = json_string_value(role);
+        cm[i].parts = &parts[k];
+        snprintf(param, sizeof param, "messages[%zu].content", i);
+        if (json_is_string(content) || json_is_null(content) || !content) {
+            parts[k++] = (vlmd_chat_part){VLMD_CHAT_TEXT,
+                                          json_is_string(content) ? json_string_value(content)
+                                                                  : ""};
+            cm[i].n_parts = 1;
+            continue;
+        }
+        if (!json_is_array(content)) {
+            ok = fail(e, 400, param, "invalid_type", "'%s' must be a string or a list of parts",
+                      param);
+            break;
+        }
+        for (size_t j = 0; ok && j < json_array_size(content); j++) {
+            const json_t *p = json_array_get(content, j);
+            const char *type = json_string_value(json_object_get(p, "type"));
+            snprintf(param, sizeof param, "messages[%zu].content[%zu]", i, j);
+            if (type && strcmp(type, "text") == 0 &&
+                json_is_string(json_object_get(p, "text"))) {
+                parts[k++] = (vlmd_chat_part){VLMD_CHAT_TEXT,
+                                              json_string_value(json_object_get(p, "text"))};
+                cm[i].n_parts++;
+            } else if (type && strcmp(type, "image_url") == 0) {
+                ok = fail(e, 400, param, "unsupported_content",
+                          "images need the visual worker, which cannot encode images yet");
+            } else {
+                ok = fail(e, 400, param, "invalid_type",
+                          "a content part must be {\"type\": \"text\", \"text\": ...} or an "
+                          "image_url part");
+            }
+        }
+    }
+    if (ok) {
+        vlmd_error err = {0};
+        if (vlmd_chat_render(cm, n, true, text, &err) != VLMD_OK) {
+            /* the message starts with the offending "messages[i]..." */
+            char *space = strchr(err.msg, ':');
+            snprintf(param, sizeof param, "%.*s", space ? (int)(space - err.msg) : 0, err.msg);
+            ok = fail(e, 400, space ? param : "messages", "invalid_value", "%s", err.msg);
+        }
+    }
+    free(cm);
+    free(parts);
+    return ok;
+}
+
+/* prompt (completions): a string or a list of token ids. */
+static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, uint32_t vocab,
+                            api_request *r, api_error *e)
+{
+    const json_t *p = json_object_get(body, "prompt");
+    if (json_is_string(p)) {
+        if (vlmd_tokenizer_encode(tok, json_string_value(p), json_string_length(p), true,
+                                  &r->prompt) != VLMD_OK)
+            return fail(e, 500, NULL, NULL, "out of memory");
+        return true;
+    }
+    if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
+        for (size_t i = 0; i < json_array_size(p); i++) {
+            const json_t *id = json_array_get(p, i);
+            if (!json_is_integer(id) || json_integer_value(id) < 0 ||
+                json_integer_value(id) >= vocab)
+                return fail(e, 400, "prompt", "invalid_value",
+                            "prompt[%zu] is not a token id below %u", i, vocab);
+            if (vlmd_tokens_push(&r->prompt, (uint32_t)json_integer_value(id)) != VLMD_OK)
+                return fail(e, 500, NULL, NULL, "out of memory");
+        }
+        return true;
+    }
+    if (json_is_array(p) && json_array_size(p) > 1)
+        return fail(e, 400, "prompt", "invalid_value",
+                    "one prompt per request: send a string or a list of token ids");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) {
+        const json_t *s = json_array_get(p, 0);
+        if (vlmd_tokenizer_encode(tok, json_string_value(s), json_string_length(s), true,
+                                  &r->prompt) != VLMD_OK)
+            return fail(e, 500, NULL, NULL, "out of memory");
+        return true;
+    }
+    return fail(e, 400, "prompt", "invalid_type",
+                "'prompt' must be a string or a list of token ids");
+}
+
+bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
+                       const vlmd_tokenizer *tok, api_request *r, api_error *e)
+{
+    memset(r, 0, sizeof *r);
+    memset(e, 0, sizeof *e);
+    r->chat = chat;
+    r->sampling = lim->defaults;
+    bool ok = true;
+    if (!json_is_object(body))
+        return fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
+    const json_t *model = opt(body, "model");
+    if (model && (!json_is_string(model) || strcmp(json_string_value(model), lim->model_name)))
+        return fail(e, 404, "model", "model_not_found", "the model '%s' does not exist; this "
+                    "server serves '%s'", json_is_string(model) ? json_string_value(model) : "?",
+                    lim->model_name);
+
+    int64_t n = 1, max_tokens = 0, max_completion = 0, top_k = r->sampling.top_k, seed = 0;
+    bool max_given = false, completion_given = false, seed_given = false, logprobs = false;
+    int64_t top_logprobs = 0, completion_logprobs = 0;
+    ok = get_integer(body, "n", 1, 128, &n, NULL, e) &&
+         get_integer(body, "max_tokens", 1, INT32_MAX, &max_tokens, &max_given, e) &&
+         get_integer(body, "max_completion_tokens", 1, INT32_MAX, &max_completion,
+                     &completion_given, e) &&
+         get_number(body, "temperature", 0, 2, false, &r->sampling.temperature, e) &&
+         get_number(body, "top_p", 0, 1, true, &r->sampling.top_p, e) &&
+         get_integer(body, "top_k", -1, INT32_MAX, &top_k, NULL, e) &&
+         get_number(body, "min_p", 0, 1, false, &r->sampling.min_p, e) &&
+         get_number(body, "presence_penalty", -2, 2, false, &r->sampling.presence_penalty, e) &&
+         get_number(body, "frequency_penalty", -2, 2, false, &r->sampling.frequency_penalty, e) &&
+         get_number(body, "repetition_penalty", 0, 2, true, &r->sampling.repetition_penalty, e) &&
+         get_integer(body, "seed", INT64_MIN, INT64_MAX, &seed, &seed_given, e) &&
+         get_bool(body, "stream", &r->stream, e) && parse_stops(body, r, e);
+    if (ok && chat)
+        ok = get_bool(body, "logprobs", &logprobs, e) &&
+             get_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e);
+    if (ok && !chat)
+        ok = get_integer(body, "logprobs", 0, 20, &completion_logprobs, NULL, e) &&
+             get_bool(body, "echo", &r->echo, e);
+    const json_t *user = opt(body, "user");
+    if (ok && user && !json_is_string(user))
+        ok = fail(e, 400, "user", "invalid_type", "'user' must be a string");
+    const json_t *so = opt(body, "stream_options");
+    if (ok && so) {
+        if (!json_is_object(so))
+            ok = fail(e, 400, "stream_options", "invalid_type", "'stream_options' must be an object");
+        else if (!r->stream)
+            ok = fail(e, 400, "stream_options", "invalid_value",
+                      "'stream_options' is only allowed with \"stream\": true");
+        else
+            ok = get_bool(so, "include_usage", &r->include_usage, e);
+        if (!ok && strcmp(e->param, "include_usage") == 0)
+            snprintf(e->param, sizeof e->param, "stream_options.include_usage");
+    }
+    if (ok && n != 1)
+        ok = fail(e, 400, "n", "invalid_value", "n = %lld: vlmd generates one choice per request "
+                  "(n must be 1)", (long long)n);
+    if (ok && (logprobs || top_logprobs || completion_logprobs))
+        ok = fail(e, 400, logprobs || completion_logprobs ? "logprobs" : "top_logprobs",
+                  "unsupported_value", "logprobs are not supported yet");
+    if (!ok) {
+        api_request_free(r);
+        return false;
+    }
+    r->sampling.top_k = (int32_t)top_k;
+    r->sampling.has_seed = seed_given;
+    r->sampling.seed = (uint64_t)seed;
+
+    /* the prompt */
+    if (chat) {
+        vlmd_buf text = VLMD_BUF_INIT;
+        ok = render_chat(body, &text, e);
+        if (ok && vlmd_tokenizer_encode(tok, text.data, text.len, true, &r->prompt) != VLMD_OK)
+            ok = fail(e, 500, NULL, NULL, "out of memory");
+        vlmd_buf_free(&text);
+    } else {
+        ok = tokenize_prompt(body, tok, vlmd_tokenizer_size(tok), r, e);
+    }
+    if (ok && r->prompt.n == 0)
+        ok = fail(e, 400, chat ? "messages" : "prompt", "invalid_value", "the prompt is empty");
+    int64_t room = lim->max_model_len - (int64_t)r->prompt.n;
+    if (ok && room <= 0)
+        ok = fail(e, 400, chat ? "messages" : "prompt", "context_length_exceeded",
+                  "the prompt has %zu tokens; this model's maximum context length is %lld "
+                  "tokens", r->prompt.n, (long long)lim->max_model_len);
+    if (!ok) {
+        api_request_free(r);
+        return false;
+    }
+    /* max_completion_tokens wins over the older max_tokens; neither: chat gets the room
+     * left, completions OpenAI's 16. Too many for the room: shrunk, never an error. */
+    int64_t want = completion_given ? max_completion : max_given ? max_tokens : chat ? room : 16;
+    r->max_tokens_shrunk = want > room;
+    r->max_tokens = (uint32_t)(want > room ? room : want);
+    return true;
+}
+
+void api_request_free(api_request *r)
+{
+    vlmd_tokens_free(&r->prompt);
+    for (int i = 0; i < r->n_stops; i++)
+        free(r->stops[i]);
+    r->n_stops = 0;
+}
+
+void api_sampling_defaults(const char *model_dir, vlmd_sampling *out)
+{
+    *out = (vlmd_sampling){.temperature = 1.0, .top_p = 1.0, .top_k = -1,
+                           .repetition_penalty = 1.0};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    json_t *g = json_load_file(path, 0, NULL);
+    if (!g)
+        return;
+    const json_t *v;
+    if (json_is_number(v = json_object_get(g, "temperature")) && json_number_value(v) >= 0)
+        out->temperature = json_number_value(v);
+    if (json_is_number(v = json_object_get(g, "top_p")) && json_number_value(v) > 0 &&
+        json_number_value(v) <= 1)
+        out->top_p = json_number_value(v);
+    if (json_is_integer(v = json_object_get(g, "top_k")) && json_integer_value(v) >= 0)
+        out->top_k = json_integer_value(v) ? (int32_t)json_integer_value(v) : -1;
+    if (json_is_number(v = json_object_get(g, "repetition_penalty")) && json_number_value(v) > 0)
+        out->repetition_penalty = json_number_value(v);
+    if (json_is_false(json_object_get(g, "do_sample")))
+        out->temperature = 0; /* greedy by default, as transformers would */
+    json_decref(g);
+}
