@@ -9,7 +9,7 @@ DEMO_DIR   ?= demo-model
 DEMO_FLAGS ?= --port 8000
 CMAKE_FLAGS ?=
 
-.PHONY: all deps build test unit asan demo clean
+.PHONY: all deps build e2e-deps test asan demo clean
 
 all: build
 
@@ -20,13 +20,17 @@ build: deps
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
-test: build
+# The e2e suite's npm packages, exactly as package-lock.json pins them.
+e2e-deps: deps
+	@cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error
+
+test: build e2e-deps
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	@$(MAKE) --no-print-directory asan
 
 # Every test again with AddressSanitizer + UndefinedBehaviorSanitizer (CPU only): the
 # e2e tests then check that every process exits cleanly, leaks included.
-asan: deps
+asan: deps e2e-deps
 	@cmake -S . -B $(ASAN_BUILD) -DVLMD_SANITIZE=address,undefined -DVLMD_CUDA=OFF \
 		-DCMAKE_BUILD_TYPE=Debug >/dev/null
 	@cmake --build $(ASAN_BUILD) -j $(JOBS) -- --no-print-directory

@@ -6,10 +6,13 @@
  * the capacity; the frontend reports ready only after that. (The four-phase
  * auto-profile of DESIGN.md §4 replaces the fixed automatic size later.)
  *
- * Serving: REQUEST_SUBMIT joins the engine; while any request is active an
- * idle watcher runs one engine step per loop turn, so messages (new
- * requests, cancels) are handled between steps; each generated token leaves
- * as a TOKEN_CHUNK. */
+ * Serving: the loop thread owns the socket and the heartbeats; engine steps
+ * run one at a time on libuv's thread pool, so a long prefill never makes
+ * the engine miss its heartbeats. While a step runs, the engine is the pool
+ * thread's: new requests and cancels wait in `deferred` and tokens the step
+ * emits wait in `out`; both are handled on the loop thread when the step is
+ * done, then the next step starts. Each generated token leaves as a
+ * TOKEN_CHUNK. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,28 +25,50 @@
 
 #define AUTO_KV_TOKENS 16384
 
+/* A token the step produced, sent after the step. */
+typedef struct emitted {
+    uint64_t req_id;
+    int32_t token;
+    vlmd_finish_reason finish;
+    uint32_t prompt_tokens, completion_tokens;
+} emitted;
+
 typedef struct llm_worker {
     vlmd_service svc;
     vlmd_backend *backend;
     qwen2_model *model;
     engine *engine;
-    uv_idle_t stepper;
+    uv_work_t step;             /* the step in flight on the pool */
     bool stepping;
+    vlmd_status step_status;
+    vlmd_error step_err;
+    emitted *out;               /* filled by the step, drained by the loop */
+    size_t n_out, cap_out;
+    vlmd_buf *deferred;         /* encoded SUBMIT/CANCEL messages that arrived mid-step */
+    size_t n_deferred, cap_deferred;
+    bool stopping;
     bool profiled;
 } llm_worker;
 
-/* ---- engine output ----------------------------------------------------------- */
+/* ---- engine output (on the pool thread during a step) --------------------------- */
 
 static void emit(uint64_t req_id, const int32_t *tokens, int32_t n, vlmd_finish_reason finish,
                  uint32_t prompt_tokens, uint32_t completion_tokens, void *ud)
 {
     llm_worker *w = ud;
-    vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
-    m.u.token_chunk = (vlmd_msg_token_chunk){
-        .req_id = req_id, .tokens = (uint32_t *)tokens, .n_tokens = (uint32_t)n,
-        .finish = finish, .message = "", .prompt_tokens = prompt_tokens,
-        .completion_tokens = completion_tokens};
-    vlmd_peer_send(w->svc.peer, &m);
+    for (int32_t i = 0; i < n; i++) {
+        if (w->n_out == w->cap_out) {
+            size_t cap = w->cap_out ? w->cap_out * 2 : 256;
+            emitted *grown = realloc(w->out, cap * sizeof *grown);
+            if (!grown)
+                VLMD_FATAL("out of memory queueing tokens");
+            w->out = grown;
+            w->cap_out = cap;
+        }
+        w->out[w->n_out++] = (emitted){req_id, tokens[i],
+                                       i + 1 == n ? finish : VLMD_FINISH_NONE, prompt_tokens,
+                                       completion_tokens - (uint32_t)(n - 1 - i)};
+    }
 }
 
 static void refuse(llm_worker *w, uint64_t req_id, vlmd_status st, const char *why)
@@ -54,27 +79,97 @@ static void refuse(llm_worker *w, uint64_t req_id, vlmd_status st, const char *w
     vlmd_peer_send(w->svc.peer, &m);
 }
 
-static void on_step(uv_idle_t *h)
+static void report_kv(llm_worker *w)
 {
-    llm_worker *w = h->data;
-    bool worked = false;
-    vlmd_error err = {0};
-    if (engine_step(w->engine, &worked, &err) != VLMD_OK)
-        VLMD_FATAL("engine step failed: %s", err.msg); /* a broken invariant, not a request's */
     vlmd_peer_set_kv_used(w->svc.peer, (uint64_t)(engine_capacity(w->engine) -
                                                   engine_free_slots(w->engine)));
-    if (!worked && engine_active(w->engine) == 0) {
-        uv_idle_stop(h);
-        w->stepping = false;
+}
+
+/* Applies a request or a cancel to the engine (loop thread, no step running). */
+static void apply(llm_worker *w, const vlmd_msg *msg)
+{
+    if (msg->type == VLMD_MSG_REQUEST_CANCEL) {
+        engine_cancel(w->engine, msg->u.request_cancel.req_id);
+        return;
+    }
+    vlmd_error err = {0};
+    if (engine_submit(w->engine, &msg->u.request_submit, &err) != VLMD_OK) {
+        VLMD_REQ_WARN(msg->u.request_submit.req_id, "refused: %s", err.msg);
+        refuse(w, msg->u.request_submit.req_id, err.status, err.msg);
     }
 }
 
-static void start_stepping(llm_worker *w)
+static void on_step_work(uv_work_t *req)
 {
-    if (!w->stepping && engine_active(w->engine) > 0) {
-        uv_idle_start(&w->stepper, on_step);
-        w->stepping = true;
+    llm_worker *w = req->data;
+    bool worked = false;
+    w->step_status = engine_step(w->engine, &worked, &w->step_err);
+}
+
+static void start_step(llm_worker *w);
+
+static void on_step_done(uv_work_t *req, int status)
+{
+    llm_worker *w = req->data;
+    w->stepping = false;
+    if (status != 0 || w->step_status != VLMD_OK)
+        VLMD_FATAL("engine step failed: %s", w->step_err.msg); /* an invariant, not a request's */
+    if (w->stopping) { /* the peer is gone: nothing more leaves */
+        w->n_out = 0;
+        return;
     }
+    for (size_t i = 0; i < w->n_out; i++) {
+        const emitted *o = &w->out[i];
+        vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
+        m.u.token_chunk = (vlmd_msg_token_chunk){
+            .req_id = o->req_id, .tokens = (uint32_t *)&o->token, .n_tokens = 1,
+            .finish = o->finish, .message = "", .prompt_tokens = o->prompt_tokens,
+            .completion_tokens = o->completion_tokens};
+        vlmd_peer_send(w->svc.peer, &m);
+    }
+    w->n_out = 0;
+    for (size_t i = 0; i < w->n_deferred; i++) {
+        vlmd_msg msg;
+        if (vlmd_msg_decode(w->deferred[i].data, w->deferred[i].len, &msg, NULL) == VLMD_OK)
+            apply(w, &msg);
+        vlmd_msg_free(&msg);
+        vlmd_buf_free(&w->deferred[i]);
+    }
+    w->n_deferred = 0;
+    report_kv(w);
+    start_step(w);
+}
+
+static void start_step(llm_worker *w)
+{
+    if (w->stepping || w->stopping || engine_active(w->engine) == 0)
+        return;
+    w->stepping = true;
+    w->step.data = w;
+    uv_queue_work(&w->svc.loop, &w->step, on_step_work, on_step_done);
+}
+
+/* A request or cancel now, or after the step in flight. */
+static void submit_or_defer(llm_worker *w, const vlmd_msg *msg)
+{
+    if (!w->stepping) {
+        apply(w, msg);
+        report_kv(w);
+        start_step(w);
+        return;
+    }
+    if (w->n_deferred == w->cap_deferred) {
+        size_t cap = w->cap_deferred ? w->cap_deferred * 2 : 64;
+        vlmd_buf *grown = realloc(w->deferred, cap * sizeof *grown);
+        if (!grown)
+            VLMD_FATAL("out of memory deferring a request");
+        w->deferred = grown;
+        w->cap_deferred = cap;
+    }
+    vlmd_buf *b = &w->deferred[w->n_deferred++];
+    *b = (vlmd_buf)VLMD_BUF_INIT;
+    if (vlmd_msg_encode(msg, b, NULL) != VLMD_OK)
+        VLMD_FATAL("cannot re-encode a %s message", vlmd_msg_type_str(msg->type));
 }
 
 /* ---- start-up ----------------------------------------------------------------- */
@@ -104,8 +199,6 @@ static void llm_profile(llm_worker *w, uint64_t peer_bytes)
     vlmd_error err = {0};
     if (engine_create(w->model, &ec, emit, w, &w->engine, &err) != VLMD_OK)
         VLMD_FATAL("cannot create the engine: %s", err.msg);
-    uv_idle_init(&w->svc.loop, &w->stepper);
-    w->stepper.data = w;
     uint64_t free_bytes = 0, total_bytes = 0;
     vlmd_backend_mem_info(w->backend, &free_bytes, &total_bytes, NULL);
     VLMD_INFO("KV cache: %lld tokens (%llu MiB), %lld per step, %lld sequences, max length %lld; "
@@ -135,22 +228,15 @@ static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
         if (!w->profiled)
             llm_profile(w, msg->u.footprint_reply.peer_bytes);
         break;
-    case VLMD_MSG_REQUEST_SUBMIT: {
-        vlmd_error err = {0};
-        if (!w->engine) {
+    case VLMD_MSG_REQUEST_SUBMIT:
+        if (!w->engine)
             refuse(w, msg->u.request_submit.req_id, VLMD_ERR_UNAVAILABLE, "not ready");
-        } else if (engine_submit(w->engine, &msg->u.request_submit, &err) != VLMD_OK) {
-            VLMD_REQ_WARN(msg->u.request_submit.req_id, "refused: %s", err.msg);
-            refuse(w, msg->u.request_submit.req_id, err.status, err.msg);
-        } else {
-            start_stepping(w);
-        }
+        else
+            submit_or_defer(w, msg);
         break;
-    }
     case VLMD_MSG_REQUEST_CANCEL:
-        if (w->engine && engine_cancel(w->engine, msg->u.request_cancel.req_id))
-            vlmd_peer_set_kv_used(w->svc.peer, (uint64_t)(engine_capacity(w->engine) -
-                                                          engine_free_slots(w->engine)));
+        if (w->engine)
+            submit_or_defer(w, msg);
         break;
     default:
         VLMD_WARN("ignored an unexpected %s message", vlmd_msg_type_str(msg->type));
@@ -158,18 +244,26 @@ static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
     }
 }
 
-static void on_stop(vlmd_service *svc, void *ud)
+/* Frees the engine once no step runs (the loop ends after the last one). */
+static void free_engine(llm_worker *w)
 {
-    (void)svc;
-    llm_worker *w = ud;
-    if (w->engine)
-        uv_close((uv_handle_t *)&w->stepper, NULL);
     engine_free(w->engine);
     qwen2_free(w->model);
     vlmd_backend_destroy(w->backend);
     w->engine = NULL;
     w->model = NULL;
     w->backend = NULL;
+    for (size_t i = 0; i < w->n_deferred; i++)
+        vlmd_buf_free(&w->deferred[i]);
+    free(w->deferred);
+    free(w->out);
+}
+
+static void on_stop(vlmd_service *svc, void *ud)
+{
+    (void)svc;
+    llm_worker *w = ud;
+    w->stopping = true; /* a step in flight finishes; no new one starts */
 }
 
 /* Loads the weights before the process says it is ready; a model that
@@ -217,5 +311,7 @@ int main(int argc, char **argv)
     vlmd_service_init(&w.svc, VLMD_ROLE_LLM, argc, argv);
     load_model(&w);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
-    return vlmd_service_run(&w.svc);
+    int rc = vlmd_service_run(&w.svc); /* returns after any step in flight is done */
+    free_engine(&w);
+    return rc;
 }

@@ -37,10 +37,10 @@ test('greedy completions through the processes match the reference', async () =>
     const together = await Promise.all(prompts.map((p, i) => ask(p, i)));
     assert.deepEqual(together.map((r) => r.body.choices[0].text), alone);
 
-    // Too long for the model: a 400 that says so, and the server keeps serving.
-    const long = await postJson(`${server.url}/v1/completions`, { prompt: 'x', max_tokens: 5000 });
+    // A prompt too long for the model: a 400 that says so, and the server keeps serving.
+    const long = await postJson(`${server.url}/v1/completions`, { prompt: Array(5000).fill(7), max_tokens: 1 });
     assert.equal(long.status, 400);
-    assert.equal(long.body.error.param, 'max_tokens');
+    assert.equal(long.body.error.param, 'prompt');
     const bad = await postJson(`${server.url}/v1/completions`, { prompt: ['not', 'a', 'string'] });
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.param, 'prompt');

@@ -1,0 +1,176 @@
+// openai_api.test.mjs - the OpenAI-compatible API through the official
+// `openai` SDK (pinned in package-lock.json), against the fixture model:
+// streamed equals non-streamed, usage and finish_reason are right, stop
+// strings end the text, bad input gets a 400 naming the parameter, many
+// concurrent streams match their solo runs, a vanished client frees its KV.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import OpenAI from 'openai';
+import { FIXTURES, startServer, stopServer, postJson, getJson, makeDecoder, waitFor } from './harness.mjs';
+
+const MODEL = `${FIXTURES}/qwen2`;
+const reference = JSON.parse(readFileSync(`${MODEL}/reference.json`, 'utf8'));
+const decode = makeDecoder(JSON.parse(readFileSync(`${MODEL}/tokenizer.json`, 'utf8')));
+const case0 = reference.cases[0];
+const greedy = decode(case0.greedy_continuation);
+
+let server, client;
+before(async () => {
+  server = await startServer(['--model', MODEL, '--port', '0']);
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'not-needed', maxRetries: 0, timeout: 60000 });
+});
+after(async () => {
+  assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+});
+
+async function streamText(params) {
+  const stream = await client.chat.completions.create({ ...params, stream: true, stream_options: { include_usage: true } });
+  let text = '', finish = null, usage = null, role = null, chunks = 0;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      chunks++;
+      role ??= c.delta.role ?? null;
+      text += c.delta.content ?? '';
+      finish = c.finish_reason ?? finish;
+    }
+  }
+  return { text, finish, usage, role, chunks };
+}
+
+test('chat: non-streamed and streamed give the reference greedy text', async () => {
+  const params = { model: 'qwen2', messages: case0.messages, max_tokens: 12, temperature: 0 };
+  const r = await client.chat.completions.create(params);
+  assert.equal(r.object, 'chat.completion');
+  assert.equal(r.choices[0].message.role, 'assistant');
+  assert.equal(r.choices[0].message.content, greedy);
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.deepEqual(r.usage, { prompt_tokens: case0.input_ids.length, completion_tokens: 12, total_tokens: case0.input_ids.length + 12 });
+
+  const s = await streamText(params);
+  assert.equal(s.text, greedy);
+  assert.equal(s.role, 'assistant');
+  assert.equal(s.finish, 'length');
+  assert.equal(s.chunks, 13, 'one chunk per token, then the finish chunk');
+  assert.deepEqual(s.usage, r.usage);
+});
+
+test('chat: seeded sampling streams what it answers', async () => {
+  const params = { model: 'qwen2', messages: [{ role: 'user', content: 'Say something.' }], max_tokens: 20, temperature: 0.9, top_p: 0.95, seed: 1234 };
+  const r = await client.chat.completions.create(params);
+  const s = await streamText(params);
+  assert.equal(s.text, r.choices[0].message.content);
+  const again = await client.chat.completions.create(params);
+  assert.equal(again.choices[0].message.content, r.choices[0].message.content, 'same seed, same text');
+});
+
+test('completions: streamed equals non-streamed; echo; stop strings are not sent', async () => {
+  const params = { model: 'qwen2', prompt: case0.prompt, max_tokens: 12, temperature: 0 };
+  const r = await client.completions.create(params);
+  assert.equal(r.choices[0].text, greedy);
+  assert.equal(r.usage.prompt_tokens, case0.input_ids.length);
+  let text = '';
+  for await (const chunk of await client.completions.create({ ...params, stream: true })) text += chunk.choices[0]?.text ?? '';
+  assert.equal(text, greedy);
+
+  const echoed = await client.completions.create({ ...params, max_tokens: 3, echo: true });
+  assert.ok(echoed.choices[0].text.startsWith(case0.prompt), 'the prompt comes first');
+
+  // A stop string inside the greedy text: the answer ends right before it.
+  const stop = decode([case0.greedy_continuation[8]]);
+  const cut = greedy.indexOf(stop);
+  assert.ok(cut > 0, 'the stop string occurs in the greedy text');
+  const stopped = await client.completions.create({ ...params, stop: [stop] });
+  assert.equal(stopped.choices[0].text, greedy.slice(0, cut));
+  assert.equal(stopped.choices[0].finish_reason, 'stop');
+  let streamed = '', finish = null;
+  for await (const chunk of await client.completions.create({ ...params, stop, stream: true })) {
+    streamed += chunk.choices[0]?.text ?? '';
+    finish = chunk.choices[0]?.finish_reason ?? finish;
+  }
+  assert.equal(streamed, greedy.slice(0, cut));
+  assert.equal(finish, 'stop');
+});
+
+test('validation: each bad field gets a 400 naming it, and the server keeps serving', async () => {
+  const url = `${server.url}/v1/chat/completions`;
+  const ok = { model: 'qwen2', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };
+  const cases = [
+    [{ temperature: -1 }, 400, 'temperature'],
+    [{ temperature: 'hot' }, 400, 'temperature'],
+    [{ top_p: 0 }, 400, 'top_p'],
+    [{ top_p: 1.5 }, 400, 'top_p'],
+    [{ top_k: -2 }, 400, 'top_k'],
+    [{ min_p: 2 }, 400, 'min_p'],
+    [{ presence_penalty: 3 }, 400, 'presence_penalty'],
+    [{ max_tokens: -1 }, 400, 'max_tokens'],
+    [{ max_tokens: 1.5 }, 400, 'max_tokens'],
+    [{ max_completion_tokens: 0 }, 400, 'max_completion_tokens'],
+    [{ stop: ['a', 'b', 'c', 'd', 'e'] }, 400, 'stop'],
+    [{ stop: 7 }, 400, 'stop'],
+    [{ n: 2 }, 400, 'n'],
+    [{ seed: 'x' }, 400, 'seed'],
+    [{ stream: 'yes' }, 400, 'stream'],
+    [{ stream_options: { include_usage: true } }, 400, 'stream_options'],
+    [{ messages: 'hi' }, 400, 'messages'],
+    [{ messages: [] }, 400, 'messages'],
+    [{ messages: [{ role: 'robot', content: 'x' }] }, 400, 'messages[0].role'],
+    [{ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:,' } }] }] }, 400, 'messages[0].content[0]'],
+    [{ model: 'gpt-4' }, 404, 'model'],
+    [{ logprobs: true }, 400, 'logprobs'],
+  ];
+  for (const [patch, status, param] of cases) {
+    const r = await postJson(url, { ...ok, ...patch });
+    assert.equal(r.status, status, `${JSON.stringify(patch)}: ${JSON.stringify(r.body)}`);
+    assert.equal(r.body.error.param, param, JSON.stringify(patch));
+    assert.equal(typeof r.body.error.message, 'string');
+    assert.ok('type' in r.body.error && 'code' in r.body.error);
+  }
+  // null means "default", never a crash
+  const nulls = await postJson(url, { ...ok, temperature: null, top_p: null, seed: null, stop: null, max_tokens: null, n: null, stream: null });
+  assert.equal(nulls.status, 200, JSON.stringify(nulls.body));
+  // invalid JSON, a prompt longer than the model, max_tokens shrunk to fit
+  const raw = await fetch(url, { method: 'POST', body: '{"messages": [', headers: { 'content-type': 'application/json' } });
+  assert.equal(raw.status, 400);
+  assert.equal((await raw.json()).error.code, 'invalid_json');
+  const tooLong = await postJson(`${server.url}/v1/completions`, { prompt: Array(4100).fill(5), max_tokens: 1 });
+  assert.equal(tooLong.status, 400);
+  assert.equal(tooLong.body.error.param, 'prompt');
+  assert.match(tooLong.body.error.message, /4100.*4096/);
+  const shrunk = await postJson(`${server.url}/v1/completions`, { prompt: Array(4090).fill(5), max_tokens: 100, temperature: 0 });
+  assert.equal(shrunk.status, 200, JSON.stringify(shrunk.body));
+  assert.equal(shrunk.body.usage.completion_tokens, 6, 'shrunk to the room left');
+  assert.equal(shrunk.body.choices[0].finish_reason, 'length');
+  const big = await fetch(url, { method: 'POST', body: 'x'.repeat(9 << 20), headers: { 'content-type': 'application/json' } });
+  assert.equal(big.status, 413);
+  assert.equal((await getJson(`${server.url}/health`)).status, 200, 'still serving');
+});
+
+test('32 concurrent streams produce what each produces alone', async () => {
+  const params = (i) => ({ model: 'qwen2', messages: [{ role: 'user', content: `Stream ${i}: ${'more '.repeat(i % 7)}` }],
+    max_tokens: 8 + (i % 5), temperature: i % 2 ? 0.7 : 0, seed: 500 + i });
+  const alone = [];
+  for (let i = 0; i < 32; i++) alone.push((await client.chat.completions.create(params(i))).choices[0].message.content);
+  const together = await Promise.all(Array.from({ length: 32 }, (_, i) => streamText(params(i))));
+  assert.deepEqual(together.map((s) => s.text), alone);
+});
+
+test('a client that disconnects mid-stream frees its KV', async () => {
+  const llmKv = async () => (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === 'llm').kv_used_tokens;
+  const controller = new AbortController();
+  const stream = await client.chat.completions.create({ model: 'qwen2', messages: case0.messages, max_tokens: 3000, temperature: 0, stream: true },
+    { signal: controller.signal });
+  let seen = 0;
+  try {
+    for await (const chunk of stream) {
+      if (chunk.choices.length && ++seen === 5) {
+        assert.ok(await waitFor('KV in use', async () => (await llmKv()) > 0, 5000, 20));
+        controller.abort();
+      }
+    }
+  } catch (e) {
+    assert.ok(controller.signal.aborted, String(e));
+  }
+  await waitFor('KV back to zero', async () => (await llmKv()) === 0, 10000, 50);
+});
