@@ -9,6 +9,11 @@
 #include "buf.h"
 #include "log.h"
 
+void vlmd_process_ignore_sigpipe(void)
+{
+    signal(SIGPIPE, SIG_IGN);
+}
+
 void vlmd_process_follow_launcher(void)
 {
     const char *s = getenv("VLMD_LAUNCHER_PID");

@@ -7,6 +7,11 @@
 #define VLMD_EXIT_FATAL 1
 #define VLMD_EXIT_CONFIG 2
 
+/* Ignores SIGPIPE: a write to a socket whose peer left (a client that went
+ * away mid-stream) must be an error on that socket, not the end of the
+ * process. Every vlmd process calls it first. */
+void vlmd_process_ignore_sigpipe(void);
+
 /* When started by the launcher (VLMD_LAUNCHER_PID is set), asks the kernel to
  * send SIGTERM when the launcher dies, so a killed launcher leaves no orphans;
  * exits at once if the launcher is already gone. No-op otherwise (systemd). */

@@ -32,6 +32,7 @@ void vlmd_service_init(vlmd_service *svc, vlmd_role role, int argc, char **argv)
 {
     memset(svc, 0, sizeof *svc);
     svc->role = role;
+    vlmd_process_ignore_sigpipe();
     vlmd_config_parse_or_exit(&svc->cfg, role, argc, argv, 1);
     vlmd_log_level level = VLMD_LOG_INFO;
     vlmd_log_level_parse(svc->cfg.log_level, &level, NULL);

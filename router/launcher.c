@@ -296,6 +296,7 @@ static int print_args(int argc, char **argv)
 static int serve(int argc, char **argv)
 {
     launcher l = {0};
+    vlmd_process_ignore_sigpipe();
     vlmd_config_parse_or_exit(&l.cfg, VLMD_ROLE_LAUNCHER, argc, argv, 2);
     vlmd_log_level level = VLMD_LOG_INFO;
     vlmd_log_level_parse(l.cfg.log_level, &level, NULL);

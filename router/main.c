@@ -28,6 +28,7 @@ static void on_signal(uv_signal_t *h, int signum)
 int main(int argc, char **argv)
 {
     router_process p = {0};
+    vlmd_process_ignore_sigpipe();
     vlmd_config_parse_or_exit(&p.cfg, VLMD_ROLE_ROUTER, argc, argv, 1);
     vlmd_log_level level = VLMD_LOG_INFO;
     vlmd_log_level_parse(p.cfg.log_level, &level, NULL);
