@@ -10,6 +10,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <jansson.h>
 #include <pcre2.h>
+#include <uninorm.h>
 
 #include "log.h"
 
@@ -58,6 +59,7 @@ struct vlmd_tokenizer {
     size_t n_added;
     bool first_byte_added[256];
     pcre2_code *re;
+    bool nfc;               /* the normalizer is NFC (Qwen's tokenizer.json says so) */
 };
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -391,6 +393,21 @@ static const char *find_regex(json_t *pre, const char *path, vlmd_error *err)
     return NULL;
 }
 
+/* null or NFC; anything else would tokenize differently from the reference. */
+static vlmd_status read_normalizer(vlmd_tokenizer *tok, json_t *norm, const char *path,
+                                   vlmd_error *err)
+{
+    if (!norm || json_is_null(norm))
+        return VLMD_OK;
+    const char *type = json_string_value(json_object_get(norm, "type"));
+    if (type && strcmp(type, "NFC") == 0) {
+        tok->nfc = true;
+        return VLMD_OK;
+    }
+    return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: normalizer %s is not supported (none or NFC)",
+                       path, type ? type : "(unknown)");
+}
+
 static vlmd_status compile_regex(vlmd_tokenizer *tok, const char *re, const char *path,
                                  vlmd_error *err)
 {
@@ -435,6 +452,8 @@ vlmd_status vlmd_tokenizer_load(const char *path, vlmd_tokenizer **out, vlmd_err
         st = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: model lacks vocab or merges", path);
     else if (!(re = find_regex(json_object_get(j, "pre_tokenizer"), path, err)))
         st = VLMD_ERR_MODEL;
+    else
+        st = read_normalizer(tok, json_object_get(j, "normalizer"), path, err);
     if (st == VLMD_OK)
         st = load_vocab(tok, json_object_get(model, "vocab"), path, err);
     if (st == VLMD_OK)
@@ -593,9 +612,31 @@ static vlmd_status bpe_piece(const vlmd_tokenizer *tok, bpe_scratch *s, const ui
     return VLMD_OK;
 }
 
-/* Splits text without added tokens into regex pieces and BPEs each. */
+static vlmd_status encode_pieces(const vlmd_tokenizer *tok, bpe_scratch *s,
+                                 pcre2_match_data *md, const char *text, size_t len,
+                                 vlmd_tokens *out);
+
+/* Text between added tokens: NFC-normalized when the tokenizer says so (as
+ * Hugging Face normalizes before pre-tokenizing), then split and BPE'd.
+ * Invalid UTF-8 cannot be normalized and is used as it is. */
 static vlmd_status encode_plain(const vlmd_tokenizer *tok, bpe_scratch *s, pcre2_match_data *md,
                                 const char *text, size_t len, vlmd_tokens *out)
+{
+    if (!tok->nfc)
+        return encode_pieces(tok, s, md, text, len, out);
+    size_t n = 0;
+    uint8_t *norm = u8_normalize(UNINORM_NFC, (const uint8_t *)text, len, NULL, &n);
+    if (!norm)
+        return encode_pieces(tok, s, md, text, len, out);
+    vlmd_status st = encode_pieces(tok, s, md, (const char *)norm, n, out);
+    free(norm);
+    return st;
+}
+
+/* Splits text into regex pieces and BPEs each. */
+static vlmd_status encode_pieces(const vlmd_tokenizer *tok, bpe_scratch *s,
+                                 pcre2_match_data *md, const char *text, size_t len,
+                                 vlmd_tokens *out)
 {
     size_t at = 0;
     while (at < len) {

@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libzmq3-dev libmsgpack-dev libuv1-dev libh2o-dev libssl-dev zlib1g-dev
-  libjansson-dev libpcre2-dev libopenblas-dev libcriterion-dev
+  libjansson-dev libpcre2-dev libunistring-dev libopenblas-dev libcriterion-dev
   nodejs curl
 )
 

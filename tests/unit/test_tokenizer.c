@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "demo_model.h"
 #include "test_support.h"
 #include "tokenizer.h"
 
@@ -208,5 +209,45 @@ Test(tokenizer, unsupported_files_are_refused)
     vlmd_error err = {0};
     cr_expect_eq(vlmd_tokenizer_load(path, &tok, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "Unigram"), "%s", err.msg);
+    unlink(path);
+}
+
+Test(tokenizer, nfc_normalizer_composes_before_splitting)
+{
+    /* The demo tokenizer declares NFC, as Qwen's own tokenizer.json does. */
+    char dir[] = "/tmp/vlmd-nfc-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    bool unchanged;
+    cr_assert_eq(vlmd_demo_model_write(dir, 0, &unchanged, NULL), VLMD_OK);
+    char path[256];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(path, &tok, NULL), VLMD_OK);
+    const char composed[] = "caf\xc3\xa9", decomposed[] = "cafe\xcc\x81"; /* e + U+0301 */
+    vlmd_tokens a = {0}, b = {0};
+    vlmd_tokenizer_encode(tok, composed, sizeof composed - 1, true, &a);
+    vlmd_tokenizer_encode(tok, decomposed, sizeof decomposed - 1, true, &b);
+    cr_assert_eq(a.n, b.n);
+    cr_expect_arr_eq(a.ids, b.ids, a.n * sizeof *a.ids, "the same text once normalized");
+    vlmd_tokens_free(&a);
+    vlmd_tokens_free(&b);
+    vlmd_tokenizer_free(tok);
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+Test(tokenizer, unsupported_normalizer_is_refused)
+{
+    char path[] = "/tmp/vlmd-tok-norm-XXXXXX";
+    int fd = mkstemp(path);
+    FILE *f = fdopen(fd, "w");
+    fputs("{\"normalizer\": {\"type\": \"Lowercase\"}, \"pre_tokenizer\": {\"type\": \"ByteLevel\"},"
+          " \"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}", f);
+    fclose(f);
+    vlmd_tokenizer *tok = NULL;
+    vlmd_error err = {0};
+    cr_expect_eq(vlmd_tokenizer_load(path, &tok, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "normalizer Lowercase"), "%s", err.msg);
     unlink(path);
 }
