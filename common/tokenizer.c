@@ -718,6 +718,16 @@ int64_t vlmd_tokenizer_find(const vlmd_tokenizer *tok, const char *token)
     return sym_find(tok, token, len);
 }
 
+bool vlmd_tokenizer_token_bytes(const vlmd_tokenizer *tok, uint32_t id, const uint8_t **bytes,
+                                size_t *len)
+{
+    if (id >= tok->n_tokens || !tok->tokens[id].bytes)
+        return false;
+    *bytes = tok->tokens[id].bytes;
+    *len = tok->tokens[id].len;
+    return true;
+}
+
 uint32_t vlmd_tokenizer_size(const vlmd_tokenizer *tok)
 {
     return tok->n_tokens;

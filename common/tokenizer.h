@@ -48,6 +48,10 @@ vlmd_status vlmd_tokenizer_decode(const vlmd_tokenizer *tok, const uint32_t *ids
 /* The id of a token written exactly so (an added token or a vocab entry in
  * its byte-level spelling); -1 when there is none. */
 int64_t vlmd_tokenizer_find(const vlmd_tokenizer *tok, const char *token);
+/* The raw bytes of one token (an added token's text as written); false for
+ * an id outside the vocabulary. */
+bool vlmd_tokenizer_token_bytes(const vlmd_tokenizer *tok, uint32_t id, const uint8_t **bytes,
+                                size_t *len);
 /* One past the largest id. */
 uint32_t vlmd_tokenizer_size(const vlmd_tokenizer *tok);
 bool vlmd_tokenizer_is_special(const vlmd_tokenizer *tok, uint32_t id);

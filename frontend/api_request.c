@@ -276,9 +276,11 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     if (ok && n != 1)
         ok = fail(e, 400, "n", "invalid_value", "n = %lld: vlmd generates one choice per request "
                   "(n must be 1)", (long long)n);
-    if (ok && (logprobs || top_logprobs || completion_logprobs))
-        ok = fail(e, 400, logprobs || completion_logprobs ? "logprobs" : "top_logprobs",
-                  "unsupported_value", "logprobs are not supported yet");
+    if (ok && chat && top_logprobs && !logprobs)
+        ok = fail(e, 400, "top_logprobs", "invalid_value",
+                  "'top_logprobs' needs \"logprobs\": true");
+    r->logprobs = chat ? logprobs : opt(body, "logprobs") != NULL;
+    r->top_logprobs = (uint32_t)(chat ? top_logprobs : completion_logprobs);
     if (!ok) {
         api_request_free(r);
         return false;

@@ -38,6 +38,8 @@ typedef struct api_request {
     uint32_t max_tokens;            /* after shrinking to the room left */
     bool max_tokens_shrunk;
     vlmd_sampling sampling;
+    bool logprobs;                  /* return the chosen tokens' log-probabilities */
+    uint32_t top_logprobs;          /* and this many alternatives per token */
     char *stops[API_MAX_STOPS];     /* owned */
     int n_stops;
 } api_request;

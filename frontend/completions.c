@@ -123,6 +123,80 @@ static void stream_event(inflight_entry *e, json_t *data)
     free(text);
 }
 
+/* ---- logprobs ---------------------------------------------------------------------- */
+
+/* A token as text (invalid UTF-8 shown as U+FFFD) and as its raw bytes. */
+static json_t *token_text(const completions *c, uint32_t id)
+{
+    vlmd_buf b = VLMD_BUF_INIT;
+    vlmd_tokenizer_decode(c->tok, &id, 1, false, &b, NULL);
+    json_t *s = json_stringn(b.data ? b.data : "", b.len);
+    vlmd_buf_free(&b);
+    return s ? s : json_string("");
+}
+
+static json_t *token_bytes(const completions *c, uint32_t id)
+{
+    const uint8_t *p;
+    size_t n = 0;
+    json_t *a = json_array();
+    if (vlmd_tokenizer_token_bytes(c->tok, id, &p, &n))
+        for (size_t i = 0; i < n; i++)
+            json_array_append_new(a, json_integer(p[i]));
+    return a;
+}
+
+/* chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}, ...]} */
+static json_t *chat_logprobs(const completions *c, const token_logprobs *t, size_t n)
+{
+    json_t *content = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *top = json_array();
+        for (uint32_t k = 0; k < t[i].n_top; k++)
+            json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token",
+                                                 token_text(c, t[i].top_ids[k]), "logprob",
+                                                 (double)t[i].top_logprobs[k], "bytes",
+                                                 token_bytes(c, t[i].top_ids[k])));
+        json_array_append_new(content, json_pack("{s:o, s:f, s:o, s:o}", "token",
+                                                 token_text(c, t[i].id), "logprob",
+                                                 (double)t[i].logprob, "bytes",
+                                                 token_bytes(c, t[i].id), "top_logprobs", top));
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
+/* completions: {"tokens", "token_logprobs", "top_logprobs", "text_offset"} */
+static json_t *text_logprobs(const completions *c, const token_logprobs *t, size_t n,
+                             size_t offset)
+{
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
+           *offs = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *text = token_text(c, t[i].id);
+        json_array_append_new(offs, json_integer((json_int_t)offset));
+        offset += json_string_length(text);
+        json_array_append_new(tokens, text);
+        json_array_append_new(lps, json_real(t[i].logprob));
+        json_t *top = json_object();
+        for (uint32_t k = 0; k < t[i].n_top; k++) {
+            json_t *tt = token_text(c, t[i].top_ids[k]);
+            json_object_set_new(top, json_string_value(tt), json_real(t[i].top_logprobs[k]));
+            json_decref(tt);
+        }
+        json_array_append_new(tops, top);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", tokens, "token_logprobs", lps,
+                     "top_logprobs", tops, "text_offset", offs);
+}
+
+static json_t *logprobs_json(const completions *c, const inflight_entry *e,
+                             const token_logprobs *t, size_t n, size_t offset)
+{
+    if (!e->api.logprobs)
+        return json_null();
+    return e->api.chat ? chat_logprobs(c, t, n) : text_logprobs(c, t, n, offset);
+}
+
 /* ---- response bodies -------------------------------------------------------------- */
 
 static void response_id(const inflight_entry *e, char *out, size_t outsz)
@@ -140,8 +214,10 @@ static json_t *usage_json(const inflight_entry *e)
 
 /* One streamed chunk: a piece of text (or, with finish, the end). */
 static json_t *chunk_json(const completions *c, const inflight_entry *e, const char *text,
-                          size_t len, const char *finish, bool first)
+                          size_t len, const char *finish, bool first, json_t *logprobs)
 {
+    if (!logprobs)
+        logprobs = json_null();
     char id[48];
     response_id(e, id, sizeof id);
     json_t *choice;
@@ -151,11 +227,13 @@ static json_t *chunk_json(const completions *c, const inflight_entry *e, const c
             json_object_set_new(delta, "role", json_string("assistant"));
         if (!finish || len)
             json_object_set_new(delta, "content", json_stringn(text, len));
-        choice = json_pack("{s:i, s:o, s:n, s:o}", "index", 0, "delta", delta, "logprobs",
-                           "finish_reason", finish ? json_string(finish) : json_null());
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs",
+                           logprobs, "finish_reason",
+                           finish ? json_string(finish) : json_null());
     } else {
-        choice = json_pack("{s:i, s:s%, s:n, s:o}", "index", 0, "text", text, len, "logprobs",
-                           "finish_reason", finish ? json_string(finish) : json_null());
+        choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", 0, "text", text, len, "logprobs",
+                           logprobs, "finish_reason",
+                           finish ? json_string(finish) : json_null());
     }
     return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
                      e->api.chat ? "chat.completion.chunk" : "text_completion", "created",
@@ -168,13 +246,14 @@ static json_t *full_json(const completions *c, const inflight_entry *e, const ch
     char id[48];
     response_id(e, id, sizeof id);
     const char *text = e->text.data ? e->text.data : "";
+    json_t *lp = logprobs_json(c, e, e->lps, e->n_lps, e->prompt_text_len);
     json_t *choice =
         e->api.chat
-            ? json_pack("{s:i, s:{s:s, s:s%}, s:n, s:s}", "index", 0, "message", "role",
-                        "assistant", "content", text, e->sent, "logprobs", "finish_reason",
+            ? json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", 0, "message", "role",
+                        "assistant", "content", text, e->sent, "logprobs", lp, "finish_reason",
                         finish)
-            : json_pack("{s:i, s:s%, s:n, s:s}", "index", 0, "text", text, e->sent, "logprobs",
-                        "finish_reason", finish);
+            : json_pack("{s:i, s:s%, s:o, s:s}", "index", 0, "text", text, e->sent, "logprobs",
+                        lp, "finish_reason", finish);
     return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
                      e->api.chat ? "chat.completion" : "text_completion", "created",
                      (json_int_t)e->created_unix_s, "model", c->limits.model_name, "choices",
@@ -247,12 +326,13 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
     e->detok.skip_special = true;
     if (r.echo) /* the prompt comes first, as written (its specials included) */
         vlmd_tokenizer_decode(c->tok, r.prompt.ids, r.prompt.n, false, &e->text, NULL);
+    e->prompt_text_len = e->text.len;
     e->checked = e->text.len; /* the echoed prompt is not searched for stops */
     vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
     m.u.request_submit = (vlmd_msg_request_submit){
         .req_id = e->req_id, .tokens = r.prompt.ids, .n_tokens = (uint32_t)r.prompt.n,
         .max_tokens = r.max_tokens, .sampling = r.sampling, .stop_tokens = c->stop_ids,
-        .n_stop_tokens = c->n_stop};
+        .n_stop_tokens = c->n_stop, .logprobs = r.logprobs, .top_logprobs = r.top_logprobs};
     if (!c->peer || vlmd_peer_send(c->peer, &m) != VLMD_OK) {
         inflight_remove(&c->table, e);
         vlmd_send_api_error(req, 503, "the router is not reachable", NULL, NULL);
@@ -294,7 +374,7 @@ static void finish(completions *c, inflight_entry *e, const char *reason)
         return;
     }
     stream_start(c, e);
-    stream_event(e, chunk_json(c, e, "", 0, reason, false));
+    stream_event(e, chunk_json(c, e, "", 0, reason, false, NULL));
     if (e->api.include_usage) {
         char rid[48];
         response_id(e, rid, sizeof rid);
@@ -306,6 +386,17 @@ static void finish(completions *c, inflight_entry *e, const char *reason)
     vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
     e->final_queued = true;
     stream_flush(c, id);
+}
+
+static bool grow_lps(inflight_entry *e)
+{
+    size_t cap = e->cap_lps ? e->cap_lps * 2 : 64;
+    token_logprobs *p = realloc(e->lps, cap * sizeof *p);
+    if (!p)
+        return false;
+    e->lps = p;
+    e->cap_lps = cap;
+    return true;
 }
 
 void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
@@ -328,8 +419,26 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         return;
     }
     e->completion_tokens += m->n_tokens;
+    size_t text_before = e->text.len;
     for (uint32_t i = 0; i < m->n_tokens; i++)
         vlmd_detok_push(&e->detok, c->tok, m->tokens[i], &e->text, NULL);
+    /* this chunk's logprobs: kept for the answer, or sent with the stream chunk */
+    token_logprobs chunk_lps[8];
+    size_t n_chunk_lps = 0;
+    for (uint32_t i = 0; e->api.logprobs && i < m->n_logprobs; i++) {
+        token_logprobs t = {.id = m->tokens[i], .logprob = m->logprobs[i],
+                            .n_top = m->top_n > 20 ? 20 : m->top_n};
+        for (uint32_t k = 0; k < t.n_top; k++) {
+            t.top_ids[k] = m->top_ids[(size_t)i * m->top_n + k];
+            t.top_logprobs[k] = m->top_logprobs[(size_t)i * m->top_n + k];
+        }
+        if (e->api.stream) {
+            if (n_chunk_lps < sizeof chunk_lps / sizeof chunk_lps[0])
+                chunk_lps[n_chunk_lps++] = t;
+        } else if (e->n_lps < e->cap_lps || grow_lps(e)) {
+            e->lps[e->n_lps++] = t;
+        }
+    }
     if (m->finish != VLMD_FINISH_NONE)
         vlmd_detok_flush(&e->detok, &e->text);
     bool hit;
@@ -344,7 +453,9 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         /* one chunk per generated token, even when its text is held back */
         bool first = !e->started;
         stream_start(c, e);
-        stream_event(e, chunk_json(c, e, e->text.data + e->sent, end - e->sent, NULL, first));
+        json_t *lp = n_chunk_lps ? logprobs_json(c, e, chunk_lps, n_chunk_lps, text_before)
+                                 : NULL;
+        stream_event(e, chunk_json(c, e, e->text.data + e->sent, end - e->sent, NULL, first, lp));
     }
     e->sent = end > e->sent ? end : e->sent;
     if (hit || m->finish != VLMD_FINISH_NONE) {

@@ -71,6 +71,7 @@ void inflight_remove(inflight *t, inflight_entry *e)
             api_request_free(&e->api);
             vlmd_buf_free(&e->text);
             vlmd_buf_free(&e->pending);
+            free(e->lps);
             free(e);
             return;
         }

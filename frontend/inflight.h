@@ -17,6 +17,15 @@
 typedef struct st_h2o_req_t h2o_req_t;
 typedef struct inflight inflight;
 
+/* One generated token's log-probabilities, kept for a non-streamed answer. */
+typedef struct token_logprobs {
+    uint32_t id;
+    float logprob;
+    uint32_t n_top;
+    uint32_t top_ids[20];
+    float top_logprobs[20];
+} token_logprobs;
+
 typedef struct inflight_entry {
     uint64_t req_id;
     h2o_req_t *req;             /* NULL once the client is gone */
@@ -26,11 +35,14 @@ typedef struct inflight_entry {
     vlmd_detok detok;           /* generated ids -> text, whole characters only */
     vlmd_buf text;              /* generated text so far (echoed prompt first) */
     size_t sent;                /* bytes of text already given to the client */
+    size_t prompt_text_len;     /* bytes of echoed prompt at the start of text */
     size_t checked;             /* bytes of text already searched for stop strings */
     bool started;               /* the response (headers) has begun */
     bool sending;               /* an h2o_send is in flight: wait for proceed */
     bool final_queued;          /* the last bytes wait in pending */
     vlmd_buf pending;           /* stream bytes not handed to h2o yet */
+    token_logprobs *lps;        /* non-streamed logprobs: one per generated token */
+    size_t n_lps, cap_lps;
     struct inflight_entry *next;
     inflight *owner;
 } inflight_entry;

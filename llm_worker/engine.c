@@ -1,6 +1,7 @@
 /* engine.c - the scheduler and step loop (see engine.h for the states). */
 #include "engine.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -19,6 +20,8 @@ typedef struct request {
     int32_t n_cached;
     int32_t max_tokens;
     vlmd_sampling sampling;
+    bool logprobs;
+    uint32_t top_logprobs;
     uint32_t stop[VLMD_PROTO_MAX_STOPS];
     uint32_t n_stop;
     sampler_rng rng;
@@ -41,6 +44,7 @@ struct engine {
     vlmd_attn_seq *seqs;
     request **in_step;
     float *logits;
+    float *raw;                 /* a row's logits before sampling changes them */
     void *scratch;
 };
 
@@ -71,8 +75,9 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     e->in_step = malloc((size_t)r * sizeof *e->in_step);
     e->logits = malloc((size_t)r * (size_t)V * sizeof *e->logits);
     e->scratch = malloc(sampler_scratch_bytes(V));
+    e->raw = malloc((size_t)V * sizeof *e->raw);
     if (s == VLMD_OK && (!e->ids || !e->positions || !e->step_slots || !e->logit_rows ||
-                         !e->seqs || !e->in_step || !e->logits || !e->scratch))
+                         !e->seqs || !e->in_step || !e->logits || !e->scratch || !e->raw))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the engine's batch");
     if (s != VLMD_OK) {
         engine_free(e);
@@ -107,6 +112,7 @@ void engine_free(engine *e)
     free(e->seqs);
     free(e->in_step);
     free(e->logits);
+    free(e->raw);
     free(e->scratch);
     free(e);
 }
@@ -187,6 +193,9 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     q->n_prompt = q->n_tokens = (int32_t)r->n_tokens;
     q->max_tokens = (int32_t)r->max_tokens;
     q->sampling = r->sampling;
+    q->logprobs = r->logprobs;
+    q->top_logprobs = r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS ? ENGINE_MAX_TOP_LOGPROBS
+                                                                : r->top_logprobs;
     q->n_stop = r->n_stop_tokens;
     if (r->n_stop_tokens)
         memcpy(q->stop, r->stop_tokens, r->n_stop_tokens * sizeof *q->stop);
@@ -274,6 +283,33 @@ static vlmd_finish_reason finished(const engine *e, const request *q, int32_t to
     return VLMD_FINISH_NONE;
 }
 
+/* Fills lp for token tok from the raw row (log-softmax, top alternatives). */
+static void compute_logprobs(const float *raw, int32_t V, int32_t tok, uint32_t n_top,
+                             engine_logprobs *lp)
+{
+    float mx = raw[0];
+    for (int32_t i = 1; i < V; i++)
+        mx = raw[i] > mx ? raw[i] : mx;
+    double sum = 0;
+    for (int32_t i = 0; i < V; i++)
+        sum += exp((double)(raw[i] - mx));
+    float lse = mx + (float)log(sum);
+    lp->logprob = raw[tok] - lse;
+    lp->n_top = 0;
+    for (uint32_t k = 0; k < n_top; k++) { /* n_top <= 20: selection by repeated scans */
+        int32_t best = -1;
+        for (int32_t i = 0; i < V; i++) {
+            bool taken = false;
+            for (uint32_t j = 0; j < lp->n_top && !taken; j++)
+                taken = lp->top_ids[j] == (uint32_t)i;
+            if (!taken && (best < 0 || raw[i] > raw[best]))
+                best = i;
+        }
+        lp->top_ids[lp->n_top] = (uint32_t)best;
+        lp->top_logprobs[lp->n_top++] = raw[best] - lse;
+    }
+}
+
 vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
 {
     *did_work = false;
@@ -302,13 +338,19 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
     int32_t V = (int32_t)qwen2_vocab_size(e->m);
     for (int32_t i = 0; i < n_seq; i++) {
         request *q = e->in_step[i];
-        int32_t tok = sampler_pick(e->logits + (size_t)i * V, V, &q->sampling, q->tokens,
-                                   q->n_prompt, q->tokens + q->n_prompt,
-                                   q->n_tokens - q->n_prompt, &q->rng, e->scratch);
+        float *row = e->logits + (size_t)i * V;
+        if (q->logprobs)
+            memcpy(e->raw, row, (size_t)V * sizeof *row);
+        int32_t tok = sampler_pick(row, V, &q->sampling, q->tokens, q->n_prompt,
+                                   q->tokens + q->n_prompt, q->n_tokens - q->n_prompt, &q->rng,
+                                   e->scratch);
+        engine_logprobs lp;
+        if (q->logprobs)
+            compute_logprobs(e->raw, V, tok, q->top_logprobs, &lp);
         q->tokens[q->n_tokens++] = tok;
         vlmd_finish_reason fin = finished(e, q, tok);
         e->emit(q->id, &tok, 1, fin, (uint32_t)q->n_prompt, (uint32_t)(q->n_tokens - q->n_prompt),
-                e->ud);
+                q->logprobs ? &lp : NULL, e->ud);
         if (fin != VLMD_FINISH_NONE) {
             request *prev = NULL;
             find(e, q->id, &prev);

@@ -33,10 +33,23 @@ typedef struct engine_config {
     int32_t max_model_len;      /* prompt + output limit of one request */
 } engine_config;
 
-/* Called after every step for each request that produced tokens (or ended). */
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+/* Log-probabilities of a generated token under the model's distribution (the
+ * raw logits' log-softmax, before penalties and temperature) and the most
+ * likely alternatives, for requests that ask. */
+typedef struct engine_logprobs {
+    float logprob;
+    uint32_t n_top;
+    uint32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
+    float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
+} engine_logprobs;
+
+/* Called after every step for each request that produced tokens (or ended);
+ * lp is NULL unless the request asked for logprobs. */
 typedef void (*engine_emit_fn)(uint64_t req_id, const int32_t *tokens, int32_t n,
                                vlmd_finish_reason finish, uint32_t prompt_tokens,
-                               uint32_t completion_tokens, void *ud);
+                               uint32_t completion_tokens, const engine_logprobs *lp, void *ud);
 
 /* Borrows the model; allocates the KV cache and the step workspace. */
 vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,

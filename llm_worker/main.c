@@ -31,6 +31,8 @@ typedef struct emitted {
     int32_t token;
     vlmd_finish_reason finish;
     uint32_t prompt_tokens, completion_tokens;
+    bool has_logprobs;
+    engine_logprobs lp;
 } emitted;
 
 typedef struct llm_worker {
@@ -53,7 +55,8 @@ typedef struct llm_worker {
 /* ---- engine output (on the pool thread during a step) --------------------------- */
 
 static void emit(uint64_t req_id, const int32_t *tokens, int32_t n, vlmd_finish_reason finish,
-                 uint32_t prompt_tokens, uint32_t completion_tokens, void *ud)
+                 uint32_t prompt_tokens, uint32_t completion_tokens, const engine_logprobs *lp,
+                 void *ud)
 {
     llm_worker *w = ud;
     for (int32_t i = 0; i < n; i++) {
@@ -65,9 +68,11 @@ static void emit(uint64_t req_id, const int32_t *tokens, int32_t n, vlmd_finish_
             w->out = grown;
             w->cap_out = cap;
         }
-        w->out[w->n_out++] = (emitted){req_id, tokens[i],
-                                       i + 1 == n ? finish : VLMD_FINISH_NONE, prompt_tokens,
-                                       completion_tokens - (uint32_t)(n - 1 - i)};
+        emitted *o = &w->out[w->n_out++];
+        *o = (emitted){req_id, tokens[i], i + 1 == n ? finish : VLMD_FINISH_NONE,
+                       prompt_tokens, completion_tokens - (uint32_t)(n - 1 - i), lp != NULL};
+        if (lp)
+            o->lp = lp[i];
     }
 }
 
@@ -125,6 +130,16 @@ static void on_step_done(uv_work_t *req, int status)
             .req_id = o->req_id, .tokens = (uint32_t *)&o->token, .n_tokens = 1,
             .finish = o->finish, .message = "", .prompt_tokens = o->prompt_tokens,
             .completion_tokens = o->completion_tokens};
+        if (o->has_logprobs) {
+            vlmd_msg_token_chunk *c = &m.u.token_chunk;
+            c->logprobs = (float *)&o->lp.logprob;
+            c->n_logprobs = 1;
+            c->top_n = o->lp.n_top;
+            c->top_ids = (uint32_t *)o->lp.top_ids;
+            c->n_top_ids = o->lp.n_top;
+            c->top_logprobs = (float *)o->lp.top_logprobs;
+            c->n_top_logprobs = o->lp.n_top;
+        }
         vlmd_peer_send(w->svc.peer, &m);
     }
     w->n_out = 0;

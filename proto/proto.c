@@ -14,7 +14,7 @@
  *
  * Optional fields (absent means the default shown; everything else is
  * required):  message (""), device (""), listen_url (""), logprobs (none),
- * kv_used_tokens (0). Fields added after the first release are optional, so
+ * kv_used_tokens (0), top_n (0), top_ids and top_logprobs (none). Fields added after the first release are optional, so
  * an older sender stays understood. */
 #include "proto.h"
 
@@ -224,6 +224,10 @@ static const field_desc token_chunk_fields[] = {
     U32(vlmd_msg_token_chunk, prompt_tokens),
     U32(vlmd_msg_token_chunk, completion_tokens),
     U32(vlmd_msg_token_chunk, cached_tokens),
+    {"top_n", F_U32, true, offsetof(vlmd_msg_token_chunk, top_n), 0, 20, NULL},
+    OPT_ARR(vlmd_msg_token_chunk, top_ids, n_top_ids, F_U32_ARRAY, VLMD_PROTO_MAX_TOKENS),
+    OPT_ARR(vlmd_msg_token_chunk, top_logprobs, n_top_logprobs, F_F32_ARRAY,
+            VLMD_PROTO_MAX_TOKENS),
 };
 static const field_desc image_job_fields[] = {
     FLD(vlmd_msg_image_job, req_id, F_U64),
@@ -442,14 +446,22 @@ static vlmd_status struct_encode(const struct_desc *d, const void *s, msgpack_pa
     return VLMD_OK;
 }
 
+/* logprobs: none or one per token; alternatives: tokens x top_n, ids and values alike. */
+static bool token_chunk_shapes_ok(const vlmd_msg_token_chunk *c)
+{
+    uint64_t alts = (uint64_t)c->n_tokens * c->top_n;
+    return (c->n_logprobs == 0 || c->n_logprobs == c->n_tokens) && c->n_top_ids == alts &&
+           c->n_top_logprobs == alts;
+}
+
 vlmd_status vlmd_msg_encode(const vlmd_msg *msg, vlmd_buf *out, vlmd_error *err)
 {
     if (msg->type < 1 || msg->type > VLMD_MSG_TYPE_MAX)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "unknown message type %d", (int)msg->type);
-    if (msg->type == VLMD_MSG_TOKEN_CHUNK && msg->u.token_chunk.n_logprobs &&
-        msg->u.token_chunk.n_logprobs != msg->u.token_chunk.n_tokens)
-        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "token_chunk: %u logprobs for %u tokens",
-                           msg->u.token_chunk.n_logprobs, msg->u.token_chunk.n_tokens);
+    if (msg->type == VLMD_MSG_TOKEN_CHUNK && !token_chunk_shapes_ok(&msg->u.token_chunk))
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "token_chunk: logprob arrays do not match "
+                           "%u tokens x %u alternatives", msg->u.token_chunk.n_tokens,
+                           msg->u.token_chunk.top_n);
     size_t start = out->len;
     msgpack_packer pk;
     msgpack_packer_init(&pk, out, buf_write);
@@ -893,10 +905,9 @@ vlmd_status vlmd_msg_decode(const void *data, size_t len, vlmd_msg *out, vlmd_er
     } else {
         out->type = (vlmd_msg_type)type;
         if (struct_decode(&dc, &body_descs[type], &root->via.array.ptr[2], &out->u) &&
-            out->type == VLMD_MSG_TOKEN_CHUNK && out->u.token_chunk.n_logprobs &&
-            out->u.token_chunk.n_logprobs != out->u.token_chunk.n_tokens)
-            fail(&dc, VLMD_ERR_PROTO, "%u logprobs for %u tokens", out->u.token_chunk.n_logprobs,
-                 out->u.token_chunk.n_tokens);
+            out->type == VLMD_MSG_TOKEN_CHUNK && !token_chunk_shapes_ok(&out->u.token_chunk))
+            fail(&dc, VLMD_ERR_PROTO, "logprob arrays do not match %u tokens x %u alternatives",
+                 out->u.token_chunk.n_tokens, out->u.token_chunk.top_n);
     }
     msgpack_unpacked_destroy(&up);
     if (dc.st != VLMD_OK)

@@ -207,6 +207,11 @@ typedef struct vlmd_msg_token_chunk {
     uint32_t status;                /* vlmd_status when finish == ERROR */
     char *message;                  /* error text when finish == ERROR, else "" */
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
+    uint32_t top_n;                 /* alternatives per token (0-20) in top_ids/top_logprobs */
+    uint32_t *top_ids;              /* n_tokens x top_n, most likely first */
+    uint32_t n_top_ids;
+    float *top_logprobs;            /* n_tokens x top_n */
+    uint32_t n_top_logprobs;
 } vlmd_msg_token_chunk;
 
 typedef struct vlmd_msg_image_job {

@@ -133,7 +133,9 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     [{ messages: [{ role: 'robot', content: 'x' }] }, 400, 'messages[0].role'],
     [{ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:,' } }] }] }, 400, 'messages[0].content[0]'],
     [{ model: 'gpt-4' }, 404, 'model'],
-    [{ logprobs: true }, 400, 'logprobs'],
+    [{ top_logprobs: 2 }, 400, 'top_logprobs'],
+    [{ logprobs: true, top_logprobs: 21 }, 400, 'top_logprobs'],
+    [{ logprobs: 'yes' }, 400, 'logprobs'],
   ];
   for (const [patch, status, param] of cases) {
     const r = await postJson(url, { ...ok, ...patch });
@@ -162,6 +164,34 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
   // that deterministic; without it the server answers and closes while the client writes).
   assert.equal(await oversizePost(url, 9 << 20), 413);
   assert.equal((await getJson(`${server.url}/health`)).status, 200, 'still serving');
+});
+
+// The reference logits of the last prompt position of a case (reference.safetensors).
+function lastLogits(caseIndex) {
+  const buf = readFileSync(`${MODEL}/reference.safetensors`);
+  const hlen = Number(buf.readBigUInt64LE(0));
+  const header = JSON.parse(buf.subarray(8, 8 + hlen).toString('utf8'));
+  const t = header[`case${caseIndex}.logits`];
+  const [rows, vocab] = t.shape;
+  const start = 8 + hlen + t.data_offsets[0] + (rows - 1) * vocab * 4;
+  return Array.from({ length: vocab }, (_, i) => buf.readFloatLE(start + 4 * i));
+}
+
+test('logprobs are the model distribution of the reference, with sorted alternatives', async () => {
+  const logits = lastLogits(0);
+  const max = Math.max(...logits);
+  const lse = max + Math.log(logits.reduce((a, x) => a + Math.exp(x - max), 0));
+  const want = logits[case0.greedy_continuation[0]] - lse;
+  const r = await client.chat.completions.create({ model: 'qwen2', messages: case0.messages, max_tokens: 1, temperature: 0, logprobs: true, top_logprobs: 5 });
+  const lp = r.choices[0].logprobs.content[0];
+  assert.ok(Math.abs(lp.logprob - want) < 1e-3, `${lp.logprob} vs reference ${want}`);
+  assert.equal(lp.top_logprobs.length, 5);
+  assert.equal(lp.top_logprobs[0].logprob, lp.logprob, 'greedy picks the most likely');
+  for (let i = 1; i < 5; i++) assert.ok(lp.top_logprobs[i].logprob <= lp.top_logprobs[i - 1].logprob);
+  const c = await client.completions.create({ model: 'qwen2', prompt: case0.prompt, max_tokens: 3, temperature: 0, logprobs: 2 });
+  assert.equal(c.choices[0].logprobs.tokens.length, 3);
+  assert.ok(Math.abs(c.choices[0].logprobs.token_logprobs[0] - want) < 1e-3);
+  assert.equal(Object.keys(c.choices[0].logprobs.top_logprobs[0]).length <= 2, true);
 });
 
 test('32 concurrent streams produce what each produces alone', async () => {

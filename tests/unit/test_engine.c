@@ -20,9 +20,11 @@ typedef struct outputs {
 } outputs;
 
 static void on_emit(uint64_t id, const int32_t *tokens, int32_t n, vlmd_finish_reason finish,
-                    uint32_t prompt_tokens, uint32_t completion_tokens, void *ud)
+                    uint32_t prompt_tokens, uint32_t completion_tokens, const engine_logprobs *lp,
+                    void *ud)
 {
     (void)prompt_tokens;
+    (void)lp;
     outputs *o = ud;
     cr_assert_lt(id, N_REQ);
     for (int32_t i = 0; i < n; i++) {

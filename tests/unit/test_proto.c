@@ -14,6 +14,8 @@ static vlmd_kv sample_config[] = {{"model", "/srv/m"}, {"port", "8000"}, {"devic
 static uint32_t sample_tokens[] = {1, 2, 3, 151643, 4294967295u};
 static uint32_t sample_stops[] = {7, 9};
 static float sample_logprobs[] = {-0.5f, -1.25f, -3.0f, 0.0f, -10.5f};
+static uint32_t sample_top_ids[] = {1, 9, 2, 8, 3, 7, 4, 6, 5, 5};      /* 5 tokens x 2 */
+static float sample_top_lps[] = {-0.5f, -2, -1.25f, -3, -3, -4, 0, -1, -10.5f, -11};
 static uint8_t sample_bytes[] = {0x89, 'P', 'N', 'G', 0, 1, 2, 255};
 
 static vlmd_image_ref sample_image(int k)
@@ -89,7 +91,8 @@ static vlmd_msg sample(vlmd_msg_type t)
             .req_id = 9, .tokens = sample_tokens, .n_tokens = 5, .logprobs = sample_logprobs,
             .n_logprobs = 5, .finish = VLMD_FINISH_ERROR, .status = VLMD_ERR_UNAVAILABLE,
             .message = "the visual worker is down", .prompt_tokens = 10,
-            .completion_tokens = 5, .cached_tokens = 2};
+            .completion_tokens = 5, .cached_tokens = 2, .top_n = 2, .top_ids = sample_top_ids,
+            .n_top_ids = 10, .top_logprobs = sample_top_lps, .n_top_logprobs = 10};
         break;
     case VLMD_MSG_IMAGE_JOB:
         m.u.image_job = (vlmd_msg_image_job){.req_id = 3, .image_index = 1, .data = sample_bytes,
@@ -222,7 +225,8 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
     case VLMD_MSG_TOKEN_CHUNK: {
         const vlmd_msg_token_chunk *a = &x->u.token_chunk, *b = &y->u.token_chunk;
         EQ(req_id); ARR(tokens, n_tokens); ARR(logprobs, n_logprobs); EQ(finish); EQ(status);
-        STR(message); EQ(prompt_tokens); EQ(completion_tokens); EQ(cached_tokens);
+        STR(message); EQ(prompt_tokens); EQ(completion_tokens); EQ(cached_tokens); EQ(top_n);
+        ARR(top_ids, n_top_ids); ARR(top_logprobs, n_top_logprobs);
         break;
     }
     case VLMD_MSG_IMAGE_JOB: {
@@ -281,6 +285,7 @@ Test(proto, edges_round_trip)
     m.u.token_chunk.tokens = many;
     m.u.token_chunk.n_tokens = VLMD_PROTO_MAX_TOKENS;
     m.u.token_chunk.n_logprobs = 0;
+    m.u.token_chunk.top_n = m.u.token_chunk.n_top_ids = m.u.token_chunk.n_top_logprobs = 0;
     m.u.token_chunk.message = longest;
     encode(&m, &b);
     cr_assert_eq(vlmd_msg_decode(b.data, b.len, &out, NULL), VLMD_OK);
@@ -306,6 +311,9 @@ Test(proto, encode_refuses_what_decode_would_reject)
     cr_expect_eq(vlmd_msg_encode(&m, &b, &err), VLMD_ERR_INVALID_ARG);
     m = sample(VLMD_MSG_TOKEN_CHUNK);
     m.u.token_chunk.n_logprobs = 2;
+    cr_expect_eq(vlmd_msg_encode(&m, &b, &err), VLMD_ERR_INVALID_ARG);
+    m = sample(VLMD_MSG_TOKEN_CHUNK);
+    m.u.token_chunk.top_n = 3; /* 5 x 3 alternatives announced, 10 given */
     cr_expect_eq(vlmd_msg_encode(&m, &b, &err), VLMD_ERR_INVALID_ARG);
     cr_expect_eq(b.len, 0, "a failed encode appends nothing");
     vlmd_buf_free(&b);
