@@ -185,12 +185,12 @@ static bool render_chat(const json_t *body, vlmd_buf *text, api_error *e)
 
 /* prompt (completions): a string or a list of token ids. */
 static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, uint32_t vocab,
-                            api_request *r, api_error *e)
+                            vlmd_tokens *prompt, api_error *e)
 {
     const json_t *p = json_object_get(body, "prompt");
     if (json_is_string(p)) {
         if (vlmd_tokenizer_encode(tok, json_string_value(p), json_string_length(p), true,
-                                  &r->prompt) != VLMD_OK)
+                                  prompt) != VLMD_OK)
             return fail(e, 500, NULL, NULL, "out of memory");
         return true;
     }
@@ -201,7 +201,7 @@ static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, uint3
                 json_integer_value(id) >= vocab)
                 return fail(e, 400, "prompt", "invalid_value",
                             "prompt[%zu] is not a token id below %u", i, vocab);
-            if (vlmd_tokens_push(&r->prompt, (uint32_t)json_integer_value(id)) != VLMD_OK)
+            if (vlmd_tokens_push(prompt, (uint32_t)json_integer_value(id)) != VLMD_OK)
                 return fail(e, 500, NULL, NULL, "out of memory");
         }
         return true;
@@ -212,12 +212,25 @@ static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, uint3
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) {
         const json_t *s = json_array_get(p, 0);
         if (vlmd_tokenizer_encode(tok, json_string_value(s), json_string_length(s), true,
-                                  &r->prompt) != VLMD_OK)
+                                  prompt) != VLMD_OK)
             return fail(e, 500, NULL, NULL, "out of memory");
         return true;
     }
     return fail(e, 400, "prompt", "invalid_type",
                 "'prompt' must be a string or a list of token ids");
+}
+
+bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
+                       vlmd_tokens *out, api_error *e)
+{
+    if (!chat)
+        return tokenize_prompt(body, tok, vlmd_tokenizer_size(tok), out, e);
+    vlmd_buf text = VLMD_BUF_INIT;
+    bool ok = render_chat(body, &text, e);
+    if (ok && vlmd_tokenizer_encode(tok, text.data, text.len, true, out) != VLMD_OK)
+        ok = fail(e, 500, NULL, NULL, "out of memory");
+    vlmd_buf_free(&text);
+    return ok;
 }
 
 bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
@@ -289,16 +302,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     r->sampling.has_seed = seed_given;
     r->sampling.seed = (uint64_t)seed;
 
-    /* the prompt */
-    if (chat) {
-        vlmd_buf text = VLMD_BUF_INIT;
-        ok = render_chat(body, &text, e);
-        if (ok && vlmd_tokenizer_encode(tok, text.data, text.len, true, &r->prompt) != VLMD_OK)
-            ok = fail(e, 500, NULL, NULL, "out of memory");
-        vlmd_buf_free(&text);
-    } else {
-        ok = tokenize_prompt(body, tok, vlmd_tokenizer_size(tok), r, e);
-    }
+    ok = api_prompt_tokens(body, chat, tok, &r->prompt, e);
     if (ok && r->prompt.n == 0)
         ok = fail(e, 400, chat ? "messages" : "prompt", "invalid_value", "the prompt is empty");
     int64_t room = lim->max_model_len - (int64_t)r->prompt.n;

@@ -50,6 +50,11 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
                        const vlmd_tokenizer *tok, api_request *out, api_error *e);
 void api_request_free(api_request *r);
 
+/* The prompt of a body as token ids: "messages" through the chat template
+ * when chat, else "prompt" (a string or a list of token ids). */
+bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
+                       vlmd_tokens *out, api_error *e);
+
 /* Reads generation_config.json's sampling defaults (missing file: neutral). */
 void api_sampling_defaults(const char *model_dir, vlmd_sampling *out);
 

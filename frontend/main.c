@@ -10,6 +10,7 @@
 
 #include "clock.h"
 #include "completions.h"
+#include "tokenize.h"
 #include "h2o_include.h"
 #include "health.h"
 #include "http_server.h"
@@ -66,11 +67,23 @@ static void handle_chat(h2o_req_t *req, void *ud)
     completions_handle_chat(req, &((frontend *)ud)->completions);
 }
 
+static void handle_tokenize(h2o_req_t *req, void *ud)
+{
+    tokenize_handle(req, &((frontend *)ud)->completions);
+}
+
+static void handle_detokenize(h2o_req_t *req, void *ud)
+{
+    detokenize_handle(req, &((frontend *)ud)->completions);
+}
+
 static const http_route routes[] = {
     {"GET", "/health", handle_health},
     {"GET", "/v1/models", handle_models},
     {"POST", "/v1/completions", handle_completions},
     {"POST", "/v1/chat/completions", handle_chat},
+    {"POST", "/tokenize", handle_tokenize},
+    {"POST", "/detokenize", handle_detokenize},
 };
 
 /* ---- the router --------------------------------------------------------- */

@@ -160,9 +160,12 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
   assert.equal(shrunk.status, 200, JSON.stringify(shrunk.body));
   assert.equal(shrunk.body.usage.completion_tokens, 6, 'shrunk to the room left');
   assert.equal(shrunk.body.choices[0].finish_reason, 'length');
-  // Over the body limit: refused before the body is uploaded (Expect: 100-continue makes
-  // that deterministic; without it the server answers and closes while the client writes).
-  assert.equal(await oversizePost(url, 9 << 20), 413);
+  // Over the body limit: 413 in OpenAI's shape.
+  const big = await postJson(url, { ...ok, messages: [{ role: 'user', content: 'x'.repeat(9 << 20) }] }, { timeoutMs: 30000 });
+  assert.equal(big.status, 413);
+  assert.equal(big.body.error.code, 'request_too_large');
+  // Far over it: refused before the body is even uploaded (Expect: 100-continue).
+  assert.equal(await oversizePost(url, 20 << 20), 413);
   assert.equal((await getJson(`${server.url}/health`)).status, 200, 'still serving');
 });
 
@@ -192,6 +195,43 @@ test('logprobs are the model distribution of the reference, with sorted alternat
   assert.equal(c.choices[0].logprobs.tokens.length, 3);
   assert.ok(Math.abs(c.choices[0].logprobs.token_logprobs[0] - want) < 1e-3);
   assert.equal(Object.keys(c.choices[0].logprobs.top_logprobs[0]).length <= 2, true);
+});
+
+test('tokenize and detokenize use the server tokenizer and template', async () => {
+  const t = await postJson(`${server.url}/tokenize`, { messages: case0.messages });
+  assert.equal(t.status, 200);
+  assert.deepEqual(t.body.tokens, case0.input_ids, 'the chat template and tokenizer of the reference');
+  assert.equal(t.body.count, case0.input_ids.length);
+  assert.equal(t.body.max_model_len, MAX_LEN);
+  const p = await postJson(`${server.url}/tokenize`, { prompt: case0.prompt });
+  assert.deepEqual(p.body.tokens, case0.input_ids);
+  const d = await postJson(`${server.url}/detokenize`, { tokens: case0.input_ids });
+  assert.equal(d.body.prompt, case0.prompt);
+  const bad = await postJson(`${server.url}/detokenize`, { tokens: [1, 99999999] });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.body.error.param, 'tokens');
+});
+
+test('HTTP/2 (prior knowledge) serves the same API', async () => {
+  const http2 = await import('node:http2');
+  const session = http2.connect(server.url);
+  try {
+    const body = JSON.stringify({ model: 'qwen2', messages: case0.messages, max_tokens: 12, temperature: 0 });
+    const res = await new Promise((resolve, reject) => {
+      const req = session.request({ ':method': 'POST', ':path': '/v1/chat/completions', 'content-type': 'application/json' });
+      let status, data = '';
+      req.on('response', (h) => { status = h[':status']; });
+      req.setEncoding('utf8');
+      req.on('data', (d) => { data += d; });
+      req.on('end', () => resolve({ status, body: JSON.parse(data) }));
+      req.on('error', reject);
+      req.end(body);
+    });
+    assert.equal(res.status, 200);
+    assert.equal(res.body.choices[0].message.content, greedy);
+  } finally {
+    session.close();
+  }
 });
 
 test('32 concurrent streams produce what each produces alone', async () => {

@@ -1,0 +1,80 @@
+/* tokenize.c - text <-> token ids over HTTP, with the server's own tokenizer
+ * and chat template (see tokenize.h). */
+#include "tokenize.h"
+
+#include <stdio.h>
+
+#include "h2o_include.h"
+#include "response.h"
+
+/* The body as a JSON object, or NULL after answering 400. */
+static json_t *read_body(h2o_req_t *req)
+{
+    json_error_t jerr;
+    json_t *body = json_loadb(req->entity.base, req->entity.len, JSON_REJECT_DUPLICATES, &jerr);
+    if (json_is_object(body))
+        return body;
+    json_decref(body);
+    char msg[300];
+    snprintf(msg, sizeof msg, "the body is not a JSON object: %s", body ? "" : jerr.text);
+    vlmd_send_api_error(req, 400, msg, NULL, "invalid_json");
+    return NULL;
+}
+
+void tokenize_handle(h2o_req_t *req, void *ud)
+{
+    completions *c = ud;
+    json_t *body = read_body(req);
+    if (!body)
+        return;
+    vlmd_tokens ids = {0};
+    api_error e = {0};
+    bool chat = json_object_get(body, "messages") != NULL;
+    if (api_prompt_tokens(body, chat, c->tok, &ids, &e)) {
+        json_t *tokens = json_array();
+        for (size_t i = 0; i < ids.n; i++)
+            json_array_append_new(tokens, json_integer(ids.ids[i]));
+        vlmd_send_json(req, 200,
+                       json_pack("{s:o, s:I, s:I}", "tokens", tokens, "count", (json_int_t)ids.n,
+                                 "max_model_len", (json_int_t)c->limits.max_model_len),
+                       NULL, NULL);
+    } else {
+        vlmd_send_json(req, e.status,
+                       vlmd_api_error_json(e.message, vlmd_api_error_type(e.status),
+                                           e.param[0] ? e.param : NULL, e.code),
+                       NULL, NULL);
+    }
+    vlmd_tokens_free(&ids);
+    json_decref(body);
+}
+
+void detokenize_handle(h2o_req_t *req, void *ud)
+{
+    completions *c = ud;
+    json_t *body = read_body(req);
+    if (!body)
+        return;
+    json_t *tokens = json_object_get(body, "tokens");
+    vlmd_tokens ids = {0};
+    bool ok = json_is_array(tokens);
+    for (size_t i = 0; ok && i < json_array_size(tokens); i++) {
+        json_t *t = json_array_get(tokens, i);
+        ok = json_is_integer(t) && json_integer_value(t) >= 0 &&
+             json_integer_value(t) < vlmd_tokenizer_size(c->tok) &&
+             vlmd_tokens_push(&ids, (uint32_t)json_integer_value(t)) == VLMD_OK;
+    }
+    vlmd_buf text = VLMD_BUF_INIT;
+    vlmd_error err = {0};
+    if (!ok || vlmd_tokenizer_decode(c->tok, ids.ids, ids.n, false, &text, &err) != VLMD_OK) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "'tokens' must be a list of token ids below %u",
+                 vlmd_tokenizer_size(c->tok));
+        vlmd_send_api_error(req, 400, msg, "tokens", "invalid_value");
+    } else {
+        vlmd_send_json(req, 200, json_pack("{s:s%}", "prompt", text.data ? text.data : "",
+                                           text.len), NULL, NULL);
+    }
+    vlmd_buf_free(&text);
+    vlmd_tokens_free(&ids);
+    json_decref(body);
+}
