@@ -103,6 +103,23 @@ vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *sr
     return b->ops->copy_to_host(b, dst, src, n, err);
 }
 
+size_t vlmd_backend_elem_size(const vlmd_backend *b)
+{
+    return b->elem_size;
+}
+
+vlmd_status vlmd_backend_upload_f32(vlmd_backend *b, void *dst, const float *src, size_t n,
+                                    vlmd_error *err)
+{
+    return b->ops->upload_f32(b, dst, src, n, err);
+}
+
+vlmd_status vlmd_backend_download_f32(vlmd_backend *b, float *dst, const void *src, size_t n,
+                                      vlmd_error *err)
+{
+    return b->ops->download_f32(b, dst, src, n, err);
+}
+
 const vlmd_op_table *vlmd_backend_ops(const vlmd_backend *b)
 {
     return b->op_table;

@@ -54,6 +54,17 @@ vlmd_status vlmd_backend_copy_to_device(vlmd_backend *b, void *dst, const void *
 vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *src, size_t n,
                                       vlmd_error *err);
 
+/* Bytes of one weight or activation element: 4 (fp32) on the CPU backend,
+ * 2 (bf16) on the CUDA backend. The model sizes every buffer with it. */
+size_t vlmd_backend_elem_size(const vlmd_backend *b);
+/* Copies n floats to device memory in the backend's element type (rounding
+ * to bf16 to nearest even where that is the type). */
+vlmd_status vlmd_backend_upload_f32(vlmd_backend *b, void *dst, const float *src, size_t n,
+                                    vlmd_error *err);
+/* Copies n elements of the backend's type from device memory as floats. */
+vlmd_status vlmd_backend_download_f32(vlmd_backend *b, float *dst, const void *src, size_t n,
+                                      vlmd_error *err);
+
 /* Number of successful allocations since creation, and bytes held now. */
 uint64_t vlmd_backend_alloc_count(const vlmd_backend *b);
 uint64_t vlmd_backend_allocated_bytes(const vlmd_backend *b);

@@ -18,12 +18,17 @@ typedef struct vlmd_device_vtable {
                                   vlmd_error *err);
     vlmd_status (*copy_to_host)(vlmd_backend *b, void *dst, const void *src, size_t n,
                                 vlmd_error *err);
+    vlmd_status (*upload_f32)(vlmd_backend *b, void *dst, const float *src, size_t n,
+                              vlmd_error *err);
+    vlmd_status (*download_f32)(vlmd_backend *b, float *dst, const void *src, size_t n,
+                                vlmd_error *err);
     void (*destroy)(vlmd_backend *b);
 } vlmd_device_vtable;
 
 struct vlmd_backend {
     const vlmd_device_vtable *ops;
     const vlmd_op_table *op_table;  /* NULL: this backend cannot run models yet */
+    size_t elem_size;               /* bytes per weight/activation element */
     vlmd_device_info info;
     uint64_t alloc_count;
     uint64_t allocated_bytes;

@@ -44,7 +44,8 @@ typedef struct vlmd_op_table {
     /* cache[slots[i], :] = new[i, :] for K and V; kv_dim = nkv * hd */
     void (*kv_write)(vlmd_backend *b, void *k_cache, void *v_cache, const void *k, const void *v,
                      const int32_t *slots, int n, int kv_dim);
-    /* Causal attention of each sequence's queries over its cached tokens (GQA). */
+    /* Causal attention of each sequence's queries over its cached tokens (GQA);
+     * seqs (and their slots) in backend memory. */
     void (*attention)(vlmd_backend *b, void *out, const void *q, const void *k_cache,
                       const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
                       int nkv, int hd);

@@ -45,6 +45,8 @@ struct qwen2_model {
 struct qwen2_kv {
     int32_t n_slots;
     void **k, **v;              /* per layer: [n_slots, nkv * hd] */
+    int32_t *slot_table;        /* backend: one step's sequences' slots, packed [n_slots] */
+    int32_t *slot_table_host;   /* its host staging */
 };
 
 struct qwen2_workspace {
@@ -55,6 +57,8 @@ struct qwen2_workspace {
     void *gate, *up;            /* [n, I] */
     void *rows, *logits;        /* [n_logits, H], [n_logits, V] */
     int32_t *ids, *positions, *slots, *logit_rows; /* backend copies of the batch */
+    vlmd_attn_seq *seqs;        /* backend copy of the attention batch [max_logits] */
+    vlmd_attn_seq *seqs_host;   /* its host staging */
     allocation allocs[16];
     int n_allocs;
 };
@@ -77,7 +81,8 @@ static vlmd_status track(qwen2_model *m, void *p, size_t bytes, vlmd_error *err)
     return VLMD_OK;
 }
 
-/* Loads one tensor of this exact shape into backend memory as fp32. */
+/* Loads one tensor of this exact shape into backend memory in the backend's
+ * element type (widened to fp32 on the host first). */
 static vlmd_status load_tensor(qwen2_model *m, const vlmd_safetensors *st, const char *name,
                                int ndim, const int64_t *shape, void **out, vlmd_error *err)
 {
@@ -85,14 +90,14 @@ static vlmd_status load_tensor(qwen2_model *m, const vlmd_safetensors *st, const
     vlmd_status s = vlmd_safetensors_get(st, name, ndim, shape, &t, err);
     if (s != VLMD_OK)
         return s;
-    size_t bytes = (size_t)vlmd_tensor_numel(t) * sizeof(float);
-    float *host = malloc(bytes ? bytes : 1);
+    size_t n = (size_t)vlmd_tensor_numel(t), bytes = n * vlmd_backend_elem_size(m->b);
+    float *host = malloc(n ? n * sizeof(float) : 1);
     if (!host)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory to widen %s", name);
     void *dev = NULL;
     if ((s = vlmd_tensor_to_f32(t, host, err)) == VLMD_OK &&
         (s = vlmd_backend_alloc(m->b, bytes, &dev, err)) == VLMD_OK &&
-        (s = vlmd_backend_copy_to_device(m->b, dev, host, bytes, err)) == VLMD_OK)
+        (s = vlmd_backend_upload_f32(m->b, dev, host, n, err)) == VLMD_OK)
         s = track(m, dev, bytes, err);
     else if (dev)
         vlmd_backend_free(m->b, dev, bytes);
@@ -204,7 +209,8 @@ void qwen2_free(qwen2_model *m)
 
 uint64_t qwen2_kv_bytes_per_token(const qwen2_model *m)
 {
-    return (uint64_t)m->L * 2u * (uint64_t)m->nkv * (uint64_t)m->hd * sizeof(float);
+    return (uint64_t)m->L * 2u * (uint64_t)m->nkv * (uint64_t)m->hd *
+           vlmd_backend_elem_size(m->b);
 }
 
 uint32_t qwen2_vocab_size(const qwen2_model *m)
@@ -231,7 +237,8 @@ vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlm
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
     kv->n_slots = n_slots;
-    size_t bytes = (size_t)n_slots * (size_t)m->nkv * (size_t)m->hd * sizeof(float);
+    size_t bytes = (size_t)n_slots * (size_t)m->nkv * (size_t)m->hd *
+                   vlmd_backend_elem_size(m->b);
     for (int l = 0; l < m->L; l++) {
         vlmd_status s = vlmd_backend_alloc(m->b, bytes, &kv->k[l], err);
         if (s == VLMD_OK)
@@ -241,6 +248,15 @@ vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlm
             return vlmd_error_prefix(err, "KV cache of %d slots", n_slots);
         }
     }
+    void *table = NULL;
+    kv->slot_table_host = malloc((size_t)n_slots * sizeof(int32_t));
+    if (!kv->slot_table_host ||
+        vlmd_backend_alloc(m->b, (size_t)n_slots * sizeof(int32_t), &table, err) != VLMD_OK) {
+        qwen2_kv_free(m, kv);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no memory for the slot table of %d slots",
+                           n_slots);
+    }
+    kv->slot_table = table;
     *out = kv;
     return VLMD_OK;
 }
@@ -249,11 +265,14 @@ void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv)
 {
     if (!kv)
         return;
-    size_t bytes = (size_t)kv->n_slots * (size_t)m->nkv * (size_t)m->hd * sizeof(float);
+    size_t bytes = (size_t)kv->n_slots * (size_t)m->nkv * (size_t)m->hd *
+                   vlmd_backend_elem_size(m->b);
     for (int l = 0; l < m->L; l++) {
         vlmd_backend_free(m->b, kv->k[l], bytes);
         vlmd_backend_free(m->b, kv->v[l], bytes);
     }
+    vlmd_backend_free(m->b, kv->slot_table, (size_t)kv->n_slots * sizeof(int32_t));
+    free(kv->slot_table_host);
     free(kv->k);
     free(kv->v);
     free(kv);
@@ -278,7 +297,7 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     ws->max_tokens = max_tokens;
     ws->max_logits = max_logits;
-    size_t n = (size_t)max_tokens, f = sizeof(float), i32 = sizeof(int32_t);
+    size_t n = (size_t)max_tokens, f = vlmd_backend_elem_size(m->b), i32 = sizeof(int32_t);
     size_t Q = (size_t)m->nh * m->hd, KV = (size_t)m->nkv * m->hd;
     vlmd_status s = VLMD_OK;
     void *p;
@@ -300,7 +319,11 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     WS(positions, 3 * n * i32)
     WS(slots, n * i32)
     WS(logit_rows, (size_t)max_logits * i32)
+    WS(seqs, (size_t)max_logits * sizeof(vlmd_attn_seq))
 #undef WS
+    ws->seqs_host = malloc((size_t)max_logits * sizeof *ws->seqs_host);
+    if (s == VLMD_OK && !ws->seqs_host)
+        s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     if (s != VLMD_OK) {
         qwen2_workspace_free(m, ws);
         return vlmd_error_prefix(err, "workspace for %d tokens", max_tokens);
@@ -315,6 +338,7 @@ void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
         return;
     for (int i = 0; i < ws->n_allocs; i++)
         vlmd_backend_free(m->b, ws->allocs[i].ptr, ws->allocs[i].bytes);
+    free(ws->seqs_host);
     free(ws);
 }
 
@@ -324,7 +348,8 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
                           const qwen2_batch *bt, float *logits, vlmd_error *err)
 {
     int n = bt->n_tokens;
-    if (n <= 0 || n > ws->max_tokens || bt->n_logits > ws->max_logits || bt->n_logits < 0)
+    if (n <= 0 || n > ws->max_tokens || bt->n_logits > ws->max_logits || bt->n_logits < 0 ||
+        bt->n_seqs > ws->max_logits)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "a step of %d tokens and %d logits does "
                            "not fit the workspace (%d, %d)", n, bt->n_logits, ws->max_tokens,
                            ws->max_logits);
@@ -345,6 +370,24 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
     if (s == VLMD_OK && bt->n_logits)
         s = vlmd_backend_copy_to_device(b, ws->logit_rows, bt->logit_rows,
                                         (size_t)bt->n_logits * i32, err);
+    /* The attention batch in backend memory: every sequence's slots packed. */
+    size_t packed = 0;
+    for (int q = 0; s == VLMD_OK && q < bt->n_seqs; q++) {
+        const vlmd_attn_seq *sq = &bt->seqs[q];
+        if (sq->kv_len < sq->q_len || packed + (size_t)sq->kv_len > (size_t)kv->n_slots)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "sequence %d: %d cached tokens do not "
+                               "fit the cache", q, sq->kv_len);
+        memcpy(kv->slot_table_host + packed, sq->slots, (size_t)sq->kv_len * i32);
+        ws->seqs_host[q] = (vlmd_attn_seq){sq->q_start, sq->q_len, sq->kv_len,
+                                           kv->slot_table + packed};
+        packed += (size_t)sq->kv_len;
+    }
+    if (s == VLMD_OK)
+        s = vlmd_backend_copy_to_device(b, kv->slot_table, kv->slot_table_host, packed * i32,
+                                        err);
+    if (s == VLMD_OK)
+        s = vlmd_backend_copy_to_device(b, ws->seqs, ws->seqs_host,
+                                        (size_t)bt->n_seqs * sizeof *ws->seqs, err);
     if (s != VLMD_OK)
         return s;
     const int H = m->H, Q = m->nh * m->hd, KV = m->nkv * m->hd;
@@ -364,7 +407,7 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
         op->rope(b, ws->q, ws->k, ws->positions, n, m->nh, m->nkv, m->hd, m->theta,
                  m->mrope ? m->sections : NULL);
         op->kv_write(b, kv->k[l], kv->v[l], ws->k, ws->v, ws->slots, n, KV);
-        op->attention(b, ws->attn, ws->q, kv->k[l], kv->v[l], bt->seqs, bt->n_seqs, m->nh,
+        op->attention(b, ws->attn, ws->q, kv->k[l], kv->v[l], ws->seqs, bt->n_seqs, m->nh,
                       m->nkv, m->hd);
         op->linear(b, ws->x, ws->attn, y->wo, NULL, n, Q, H);
         /* MLP block */
@@ -379,6 +422,5 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
     op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, m->eps);
     op->embedding(b, ws->rows, ws->h, ws->logit_rows, bt->n_logits, H); /* gather rows */
     op->linear(b, ws->logits, ws->rows, m->lm_head, NULL, bt->n_logits, H, m->V);
-    return vlmd_backend_copy_to_host(b, logits, ws->logits,
-                                     (size_t)bt->n_logits * m->V * sizeof(float), err);
+    return vlmd_backend_download_f32(b, logits, ws->logits, (size_t)bt->n_logits * m->V, err);
 }

@@ -48,7 +48,7 @@ typedef struct qwen2_batch {
     const int32_t *ids;             /* [n_tokens] */
     const int32_t *positions;       /* [3][n_tokens]: t, h, w rows (equal for text) */
     const int32_t *slots;           /* [n_tokens] cache slot of each new token */
-    const vlmd_attn_seq *seqs;      /* slots pointers: host memory here */
+    const vlmd_attn_seq *seqs;      /* host memory, slots included; the model uploads them */
     int32_t n_seqs;
     const int32_t *logit_rows;      /* rows whose logits are wanted */
     int32_t n_logits;

@@ -47,6 +47,18 @@ static vlmd_status cpu_copy(vlmd_backend *b, void *dst, const void *src, size_t 
     return VLMD_OK;
 }
 
+static vlmd_status cpu_upload_f32(vlmd_backend *b, void *dst, const float *src, size_t n,
+                                  vlmd_error *err)
+{
+    return cpu_copy(b, dst, src, n * sizeof(float), err);
+}
+
+static vlmd_status cpu_download_f32(vlmd_backend *b, float *dst, const void *src, size_t n,
+                                    vlmd_error *err)
+{
+    return cpu_copy(b, dst, src, n * sizeof(float), err);
+}
+
 static void cpu_destroy(vlmd_backend *b)
 {
     (void)b;
@@ -58,6 +70,8 @@ static const vlmd_device_vtable cpu_ops = {
     .free = cpu_free,
     .copy_to_device = cpu_copy,
     .copy_to_host = cpu_copy,
+    .upload_f32 = cpu_upload_f32,
+    .download_f32 = cpu_download_f32,
     .destroy = cpu_destroy,
 };
 
@@ -89,6 +103,7 @@ vlmd_status vlmd_cpu_backend_open(vlmd_backend *b, vlmd_error *err)
 {
     b->ops = &cpu_ops;
     b->op_table = &vlmd_cpu_op_table;
+    b->elem_size = sizeof(float);
     b->info.kind = VLMD_DEVICE_CPU;
     cpu_model_name(b->info.name, sizeof b->info.name);
     b->info.multiprocessors = (int)sysconf(_SC_NPROCESSORS_ONLN);
