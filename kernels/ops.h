@@ -45,10 +45,10 @@ typedef struct vlmd_op_table {
     void (*kv_write)(vlmd_backend *b, void *k_cache, void *v_cache, const void *k, const void *v,
                      const int32_t *slots, int n, int kv_dim);
     /* Causal attention of each sequence's queries over its cached tokens (GQA);
-     * seqs (and their slots) in backend memory. */
+     * seqs (and their slots) in backend memory; n_rows = rows of q (all queries). */
     void (*attention)(vlmd_backend *b, void *out, const void *q, const void *k_cache,
-                      const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
-                      int nkv, int hd);
+                      const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
+                      int nh, int nkv, int hd);
     /* out[n,d] = silu(gate) * up */
     void (*silu_mul)(vlmd_backend *b, void *out, const void *gate, const void *up, int n, int d);
 } vlmd_op_table;

@@ -107,10 +107,11 @@ static void cpu_kv_write(vlmd_backend *b, void *k_cache, void *v_cache, const vo
 }
 
 static void cpu_attention(vlmd_backend *b, void *out_, const void *q_, const void *k_cache,
-                          const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
-                          int nkv, int hd)
+                          const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
+                          int nh, int nkv, int hd)
 {
     (void)b;
+    (void)n_rows;
     float *out = out_;
     const float *q = q_, *kc = k_cache, *vc = v_cache;
     int group = nh / nkv, kv_dim = nkv * hd;

@@ -1,0 +1,264 @@
+/* cuda_ops.cu - the op table of the CUDA backend: bf16 weights and
+ * activations, fp32 arithmetic, cuBLAS (bf16 in, fp32 compute) for the
+ * matmuls. These first kernels are written for correctness and checked op by
+ * op against the CPU reference (tests/unit/test_cuda_ops.c); the fast ones
+ * (fused flash attention, CUDA graphs) replace them behind the same table.
+ * Every launch is checked (CUDA_CHECK_LAUNCH). */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+
+#include "backend_impl.h"
+#include "cuda_check.h"
+#include "cuda_impl.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define CUBLAS_CHECK(stmt)                                                                \
+    do {                                                                                  \
+        cublasStatus_t cublas_check_s_ = (stmt);                                          \
+        if (cublas_check_s_ != CUBLAS_STATUS_SUCCESS)                                     \
+            VLMD_FATAL("cuBLAS error %d: %s", (int)cublas_check_s_, #stmt);               \
+    } while (0)
+
+static int blocks_for(size_t n, int threads)
+{
+    return (int)((n + (size_t)threads - 1) / (size_t)threads);
+}
+
+/* ---- embedding / gather ---------------------------------------------------- */
+
+__global__ void k_embedding(bf16 *out, const bf16 *table, const int32_t *ids, int hidden)
+{
+    const bf16 *src = table + (size_t)ids[blockIdx.x] * hidden;
+    bf16 *dst = out + (size_t)blockIdx.x * hidden;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
+        dst[j] = src[j];
+}
+
+static void cuda_embedding(vlmd_backend *b, void *out, const void *table, const int32_t *ids,
+                           int n, int hidden)
+{
+    (void)b;
+    k_embedding<<<n, 256>>>((bf16 *)out, (const bf16 *)table, ids, hidden);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- rmsnorm (with the fused residual add) ---------------------------------- */
+
+__global__ void k_rmsnorm(bf16 *out, const bf16 *x, bf16 *residual, const bf16 *w, int hidden,
+                          float eps)
+{
+    __shared__ float partial[32];
+    size_t row = (size_t)blockIdx.x * hidden;
+    float ss = 0;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x) {
+        float v = __bfloat162float(x[row + j]);
+        if (residual) { /* the stream is stored in bf16, as the reference keeps it */
+            v += __bfloat162float(residual[row + j]);
+            residual[row + j] = __float2bfloat16(v);
+            v = __bfloat162float(residual[row + j]);
+        }
+        ss += v * v;
+    }
+    for (int o = 16; o > 0; o /= 2)
+        ss += __shfl_down_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0)
+        partial[threadIdx.x / 32] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        ss = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0;
+        for (int o = 16; o > 0; o /= 2)
+            ss += __shfl_down_sync(0xffffffffu, ss, o);
+        if (threadIdx.x == 0)
+            partial[0] = ss;
+    }
+    __syncthreads();
+    float inv = rsqrtf(partial[0] / hidden + eps);
+    const bf16 *src = residual ? residual : x;
+    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
+        out[row + j] = __float2bfloat16(__bfloat162float(w[j]) *
+                                        (__bfloat162float(src[row + j]) * inv));
+}
+
+static void cuda_rmsnorm(vlmd_backend *b, void *out, const void *x, void *residual, const void *w,
+                         int n, int hidden, float eps)
+{
+    (void)b;
+    k_rmsnorm<<<n, 256>>>((bf16 *)out, (const bf16 *)x, (bf16 *)residual, (const bf16 *)w,
+                          hidden, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- linear ---------------------------------------------------------------- */
+
+__global__ void k_add_bias(bf16 *out, const bf16 *bias, int out_dim, size_t total)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total)
+        out[i] = __float2bfloat16(__bfloat162float(out[i]) +
+                                  __bfloat162float(bias[i % (size_t)out_dim]));
+}
+
+static void cuda_linear(vlmd_backend *b, void *out, const void *x, const void *w,
+                        const void *bias, int n, int in, int out_dim)
+{
+    /* row-major out[n,o] = x[n,i] . W[o,i]^T  ==  column-major out^T = W^T' . x^T */
+    const float one = 1.0f, zero = 0.0f;
+    CUBLAS_CHECK(cublasGemmEx(vlmd_cuda_cublas(b), CUBLAS_OP_T, CUBLAS_OP_N, out_dim, n, in, &one,
+                              w, CUDA_R_16BF, in, x, CUDA_R_16BF, in, &zero, out, CUDA_R_16BF,
+                              out_dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias) {
+        size_t total = (size_t)n * out_dim;
+        k_add_bias<<<blocks_for(total, 256), 256>>>((bf16 *)out, (const bf16 *)bias, out_dim,
+                                                    total);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+/* ---- rope ------------------------------------------------------------------ */
+
+__global__ void k_rope(bf16 *q, bf16 *k, const int32_t *positions, int n, int nh, int nkv, int hd,
+                       float theta, int s0, int s1, bool mrope)
+{
+    int t = blockIdx.x, half = hd / 2;
+    for (int idx = threadIdx.x; idx < (nh + nkv) * half; idx += blockDim.x) {
+        int head = idx / half, i = idx % half;
+        int row = !mrope ? 0 : i < s0 ? 0 : i < s0 + s1 ? 1 : 2;
+        double inv_freq = 1.0 / pow((double)theta, (double)(2 * i) / hd);
+        float angle = (float)positions[(size_t)row * n + t] * (float)inv_freq;
+        float c = cosf(angle), s = sinf(angle);
+        bf16 *v = head < nh ? q + ((size_t)t * nh + head) * hd
+                            : k + ((size_t)t * nkv + (head - nh)) * hd;
+        float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
+        v[i] = __float2bfloat16(x1 * c - x2 * s);
+        v[i + half] = __float2bfloat16(x2 * c + x1 * s);
+    }
+}
+
+static void cuda_rope(vlmd_backend *b, void *q, void *k, const int32_t *positions, int n, int nh,
+                      int nkv, int hd, float theta, const int *sections)
+{
+    (void)b;
+    k_rope<<<n, 128>>>((bf16 *)q, (bf16 *)k, positions, n, nh, nkv, hd, theta,
+                       sections ? sections[0] : 0, sections ? sections[1] : 0, sections != NULL);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- KV cache write ---------------------------------------------------------- */
+
+__global__ void k_kv_write(bf16 *k_cache, bf16 *v_cache, const bf16 *k, const bf16 *v,
+                           const int32_t *slots, int kv_dim)
+{
+    size_t dst = (size_t)slots[blockIdx.x] * kv_dim, src = (size_t)blockIdx.x * kv_dim;
+    for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
+        k_cache[dst + j] = k[src + j];
+        v_cache[dst + j] = v[src + j];
+    }
+}
+
+static void cuda_kv_write(vlmd_backend *b, void *k_cache, void *v_cache, const void *k,
+                          const void *v, const int32_t *slots, int n, int kv_dim)
+{
+    (void)b;
+    k_kv_write<<<n, 256>>>((bf16 *)k_cache, (bf16 *)v_cache, (const bf16 *)k, (const bf16 *)v,
+                           slots, kv_dim);
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- attention ----------------------------------------------------------------- */
+
+#define ATTN_MAX_HD 256
+
+/* One warp per (query row, head): lanes split the head dimension; keys are
+ * visited in order with an online softmax (running max and sum in fp32). */
+__global__ void k_attention(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache,
+                            const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv,
+                            int hd, float scale)
+{
+    int warp = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x & 31;
+    if (warp >= n_rows * nh)
+        return;
+    int row = warp / nh, h = warp % nh, kvh = h / (nh / nkv), kv_dim = nkv * hd;
+    const vlmd_attn_seq *sq = NULL;
+    for (int s = 0; s < n_seqs; s++)
+        if (row >= seqs[s].q_start && row < seqs[s].q_start + seqs[s].q_len)
+            sq = &seqs[s];
+    if (!sq)
+        return;
+    int visible = sq->kv_len - sq->q_len + (row - sq->q_start) + 1;
+    float qv[ATTN_MAX_HD / 32], acc[ATTN_MAX_HD / 32];
+    int per = (hd + 31) / 32;
+    for (int d = 0; d < per; d++) {
+        int dim = lane + 32 * d;
+        qv[d] = dim < hd ? __bfloat162float(q[((size_t)row * nh + h) * hd + dim]) : 0;
+        acc[d] = 0;
+    }
+    float m = -INFINITY, sum = 0;
+    for (int j = 0; j < visible; j++) {
+        const bf16 *kp = k_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
+        float dot = 0;
+        for (int d = 0; d < per; d++) {
+            int dim = lane + 32 * d;
+            if (dim < hd)
+                dot += qv[d] * __bfloat162float(kp[dim]);
+        }
+        for (int o = 16; o > 0; o /= 2)
+            dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        float sc = dot * scale, m_new = fmaxf(m, sc), corr = expf(m - m_new), p = expf(sc - m_new);
+        const bf16 *vp = v_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
+        for (int d = 0; d < per; d++) {
+            int dim = lane + 32 * d;
+            acc[d] = acc[d] * corr + (dim < hd ? p * __bfloat162float(vp[dim]) : 0);
+        }
+        sum = sum * corr + p;
+        m = m_new;
+    }
+    for (int d = 0; d < per; d++) {
+        int dim = lane + 32 * d;
+        if (dim < hd)
+            out[((size_t)row * nh + h) * hd + dim] = __float2bfloat16(acc[d] / sum);
+    }
+}
+
+static void cuda_attention(vlmd_backend *b, void *out, const void *q, const void *k_cache,
+                           const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
+                           int nh, int nkv, int hd)
+{
+    (void)b;
+    if (hd > ATTN_MAX_HD)
+        VLMD_FATAL("head dimension %d is over the %d this kernel handles", hd, ATTN_MAX_HD);
+    size_t threads = (size_t)n_rows * nh * 32;
+    k_attention<<<blocks_for(threads, 128), 128>>>((bf16 *)out, (const bf16 *)q,
+                                                   (const bf16 *)k_cache, (const bf16 *)v_cache,
+                                                   seqs, n_seqs, n_rows, nh, nkv, hd,
+                                                   1.0f / sqrtf((float)hd));
+    CUDA_CHECK_LAUNCH();
+}
+
+/* ---- SiLU and multiply ------------------------------------------------------------ */
+
+__global__ void k_silu_mul(bf16 *out, const bf16 *gate, const bf16 *up, size_t total)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < total) {
+        float g = __bfloat162float(gate[i]);
+        out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(up[i]));
+    }
+}
+
+static void cuda_silu_mul(vlmd_backend *b, void *out, const void *gate, const void *up, int n,
+                          int d)
+{
+    (void)b;
+    size_t total = (size_t)n * d;
+    k_silu_mul<<<blocks_for(total, 256), 256>>>((bf16 *)out, (const bf16 *)gate,
+                                                (const bf16 *)up, total);
+    CUDA_CHECK_LAUNCH();
+}
+
+extern "C" const vlmd_op_table vlmd_cuda_op_table = {
+    cuda_embedding, cuda_rmsnorm, cuda_linear, cuda_rope, cuda_kv_write, cuda_attention,
+    cuda_silu_mul,
+};
