@@ -11,6 +11,7 @@ logs=${3:-/tmp/vlmd-gpu-check}
 mkdir -p "$logs"
 export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export VLMD_FIXTURES_DIR="$(cd "$(dirname "$0")/../.." && pwd)/tests/fixtures"
+export VLMD_BIN_DIR="$bundle/bin" # tests that run the executables find them here
 nvidia-smi -L || true
 
 declare -A result
