@@ -20,7 +20,9 @@ const MAX_LEN = 512;
 let server, client;
 before(async () => {
   // a short context keeps the long-prompt checks quick, sanitizer builds included
-  server = await startServer(['--model', MODEL, '--port', '0', '--max-model-len', String(MAX_LEN)]);
+  // fast heartbeats: KV use reaches /health within ~50 ms
+  server = await startServer(['--model', MODEL, '--port', '0', '--max-model-len', String(MAX_LEN),
+    '--heartbeat-ms', '20', '--heartbeat-timeout-ms', '2000']);
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'not-needed', maxRetries: 0, timeout: 60000 });
 });
 after(async () => {
@@ -248,7 +250,7 @@ test('a client that disconnects mid-stream frees its KV', async () => {
   const llmKv = async () => (await proc('llm')).kv_used_tokens;
   const frontendBefore = await proc('frontend');
   const controller = new AbortController();
-  const stream = await client.chat.completions.create({ model: 'qwen2', messages: case0.messages, max_tokens: 400, temperature: 0, stream: true },
+  const stream = await client.chat.completions.create({ model: 'qwen2', messages: case0.messages, max_tokens: 450, temperature: 0, stream: true },
     { signal: controller.signal });
   let seen = 0;
   try {
@@ -262,6 +264,7 @@ test('a client that disconnects mid-stream frees its KV', async () => {
     assert.ok(controller.signal.aborted, String(e));
   }
   await waitFor('KV back to zero', async () => (await llmKv()) === 0, 10000, 50);
+  assert.match(server.stderr, /cancelled at the engine/, 'the frontend cancelled the request');
   const frontendAfter = await proc('frontend');
   assert.equal(frontendAfter.pid, frontendBefore.pid, 'the frontend survived the disconnect');
   assert.equal(frontendAfter.restarts, 0);
