@@ -73,16 +73,27 @@ void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_
     char *copy = h2o_mem_alloc_pool(&req->pool, len + 1);
     memcpy(copy, text, len + 1);
     free(text);
+    /* A known length keeps HTTP/1.1 connections alive after an error (h2o's
+     * chunked encoder closes them on any status but 200) and lets HEAD
+     * report the length; h2o sends no body for HEAD itself. */
+    req->res.content_length = len + 1;
     h2o_iovec_t bufs[2] = {h2o_iovec_init(copy, len), h2o_iovec_init("\n", 1)};
     static h2o_generator_t generator = {NULL, NULL};
     h2o_start_response(req, &generator);
     h2o_send(req, bufs, 2, H2O_SEND_STATE_FINAL);
 }
 
+void vlmd_send_api_error_with_header(h2o_req_t *req, int status, const char *message,
+                                     const char *param, const char *code, const char *header,
+                                     const char *value)
+{
+    vlmd_send_json(req, status,
+                   vlmd_api_error_json(message, vlmd_api_error_type(status), param, code), header,
+                   value);
+}
+
 void vlmd_send_api_error(h2o_req_t *req, int status, const char *message, const char *param,
                          const char *code)
 {
-    vlmd_send_json(req, status, vlmd_api_error_json(message, vlmd_api_error_type(status), param,
-                                                    code),
-                   NULL, NULL);
+    vlmd_send_api_error_with_header(req, status, message, param, code, NULL, NULL);
 }

@@ -15,8 +15,10 @@ typedef struct st_h2o_req_t h2o_req_t;
 json_t *vlmd_api_error_json(const char *message, const char *type, const char *param,
                             const char *code);
 
-/* Sends body (takes the reference) with the status and Content-Type
- * application/json; extra_header/value (may be NULL) adds one header. */
+/* Sends body (takes the reference) with the status, Content-Type
+ * application/json, Content-Length and Cache-Control: no-store;
+ * extra_header/value (may be NULL) adds one header. A NULL body (a failed
+ * allocation upstream) becomes a 500 in the error shape. */
 void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_header,
                     const char *extra_value);
 
@@ -25,6 +27,13 @@ void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_
  * 429 rate_limit_error, 5xx server_error...). */
 void vlmd_send_api_error(h2o_req_t *req, int status, const char *message, const char *param,
                          const char *code);
+
+/* The same with one extra header (405's Allow, 503's Retry-After); header and
+ * value are borrowed (copied into the request). Every API error goes out
+ * through this function. */
+void vlmd_send_api_error_with_header(h2o_req_t *req, int status, const char *message,
+                                     const char *param, const char *code, const char *header,
+                                     const char *value);
 
 /* The OpenAI error type for an HTTP status. */
 const char *vlmd_api_error_type(int status);
