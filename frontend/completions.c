@@ -56,10 +56,7 @@ void completions_free(completions *c)
 
 static void send_api_error(h2o_req_t *req, const api_error *e)
 {
-    vlmd_send_json(req, e->status,
-                   vlmd_api_error_json(e->message, vlmd_api_error_type(e->status),
-                                       e->param[0] ? e->param : NULL, e->code),
-                   NULL, NULL);
+    vlmd_send_api_error(req, e->status, e->message, e->param[0] ? e->param : NULL, e->code);
 }
 
 /* ---- streaming ------------------------------------------------------------------ */

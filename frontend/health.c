@@ -42,7 +42,10 @@ json_t *vlmd_health_render(const vlmd_msg_stats_snapshot *snap, uint64_t snapsho
         vlmd_worker_state state = (vlmd_worker_state)w->state;
         if (stale && w->role == VLMD_ROLE_ROUTER)
             state = VLMD_WORKER_DOWN; /* silent: it is the router that is gone */
-        any_down = any_down || state == VLMD_WORKER_DOWN;
+        /* DOWN means seen and then lost; a restarted process coming back up
+         * (restarts > 0) is a recovery, not a first start. */
+        any_down = any_down || state == VLMD_WORKER_DOWN ||
+                   (state == VLMD_WORKER_STARTING && w->restarts > 0);
         all_ready = all_ready && state == VLMD_WORKER_READY;
         json_array_append_new(procs, process_json(w, state));
     }

@@ -11,8 +11,10 @@
 /* Renders /health. snap may be NULL (no snapshot yet). A snapshot older than
  * stale_after_ms means the router is not answering: it is reported down.
  * Status: "ok" (HTTP 200) when every process is ready; "degraded" (503) when
- * one is down or the router is silent; "starting" (503) otherwise. Returns a
- * new reference (NULL on allocation failure). */
+ * one is down, one is coming back after a restart, or the router is silent;
+ * "starting" (503) otherwise (no snapshot yet, or a process that has not been
+ * ready yet). snapshot_age_ms is -1 in the document when snap is NULL.
+ * Returns a new reference (NULL on allocation failure). */
 json_t *vlmd_health_render(const vlmd_msg_stats_snapshot *snap, uint64_t snapshot_age_ms,
                            uint64_t stale_after_ms, const char *model_name, int *http_status);
 

@@ -77,10 +77,7 @@ static int on_request(h2o_handler_t *self, h2o_req_t *req)
              (int)(req->path_normalized.len < 256 ? req->path_normalized.len : 256),
              req->path_normalized.base);
     if (allow[0])
-        vlmd_send_json(req, 405,
-                       vlmd_api_error_json(msg, vlmd_api_error_type(405), NULL,
-                                           "method_not_allowed"),
-                       "allow", allow);
+        vlmd_send_api_error_with_header(req, 405, msg, NULL, "method_not_allowed", "allow", allow);
     else
         vlmd_send_api_error(req, 404, msg, NULL, "not_found");
     return 0;
@@ -115,10 +112,12 @@ static vlmd_status bind_listener(http_server *s, const char *host, int port, vlm
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--host %s: %s", host, gai_strerror(rc));
     uv_tcp_init(s->loop, &s->listener);
     s->listener.data = s;
+    /* The first address only (a name such as "localhost" may resolve to two).
+     * libuv sets SO_REUSEADDR on every TCP bind, so a restarted frontend can
+     * take its port back while old connections sit in TIME_WAIT. */
     rc = uv_tcp_bind(&s->listener, res->ai_addr, 0);
     if (rc == 0)
         rc = uv_listen((uv_stream_t *)&s->listener, 128, on_accept);
-    bool v6 = res->ai_family == AF_INET6;
     freeaddrinfo(res);
     if (rc != 0)
         return vlmd_errorf(err, VLMD_ERR_IO, "cannot listen on %s:%d: %s", host, port,
@@ -128,7 +127,10 @@ static vlmd_status bind_listener(http_server *s, const char *host, int port, vlm
     uv_tcp_getsockname(&s->listener, (struct sockaddr *)&ss, &len);
     s->port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                              : ((struct sockaddr_in *)&ss)->sin_port);
-    snprintf(s->url, sizeof s->url, v6 ? "http://[%s]:%d" : "http://%s:%d", host, s->port);
+    /* An IPv6 literal goes in brackets; a name stays as given even when it
+     * resolved to an IPv6 address. */
+    snprintf(s->url, sizeof s->url, strchr(host, ':') ? "http://[%s]:%d" : "http://%s:%d", host,
+             s->port);
     return VLMD_OK;
 }
 

@@ -1,6 +1,7 @@
 /* response.c - JSON responses and OpenAI-shaped errors (see response.h). */
 #include "response.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,12 +76,13 @@ void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_
     free(text);
     /* A known length keeps HTTP/1.1 connections alive after an error (h2o's
      * chunked encoder closes them on any status but 200) and lets HEAD
-     * report the length; h2o sends no body for HEAD itself. */
+     * report the length. h2o 2.2 leaves HEAD to the handler: no body. */
     req->res.content_length = len + 1;
     h2o_iovec_t bufs[2] = {h2o_iovec_init(copy, len), h2o_iovec_init("\n", 1)};
+    bool head = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
     static h2o_generator_t generator = {NULL, NULL};
     h2o_start_response(req, &generator);
-    h2o_send(req, bufs, 2, H2O_SEND_STATE_FINAL);
+    h2o_send(req, bufs, head ? 0 : 2, H2O_SEND_STATE_FINAL);
 }
 
 void vlmd_send_api_error_with_header(h2o_req_t *req, int status, const char *message,

@@ -39,10 +39,7 @@ void tokenize_handle(h2o_req_t *req, void *ud)
                                  "max_model_len", (json_int_t)c->limits.max_model_len),
                        NULL, NULL);
     } else {
-        vlmd_send_json(req, e.status,
-                       vlmd_api_error_json(e.message, vlmd_api_error_type(e.status),
-                                           e.param[0] ? e.param : NULL, e.code),
-                       NULL, NULL);
+        vlmd_send_api_error(req, e.status, e.message, e.param[0] ? e.param : NULL, e.code);
     }
     vlmd_tokens_free(&ids);
     json_decref(body);

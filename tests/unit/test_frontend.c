@@ -1,71 +1,150 @@
-/* test_frontend.c - /health, /v1/models and the OpenAI error shape. */
+/* test_frontend.c - /health, /v1/models, the OpenAI error shape, and the
+ * HTTP server's routing (404, 405 + Allow, HEAD, keep-alive after an error)
+ * over a real TCP connection to h2o on a libuv loop. */
 #include <criterion/criterion.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+#include <uv.h>
 
 #include "health.h"
+#include "http_server.h"
 #include "models.h"
 #include "response.h"
 
-static vlmd_kv cfg[] = {{"port", "8000"}};
+/* ---- /health ------------------------------------------------------------ */
 
-static void fill(vlmd_worker_info w[4], vlmd_worker_state llm_state)
+static vlmd_kv cfg[] = {{"port", "8000"}, {"model", "/srv/m"}};
+
+enum { N_PROCS = 4, LLM = 3, VISUAL = 2 };
+
+static void fill(vlmd_worker_info w[N_PROCS], vlmd_worker_state llm_state)
 {
-    const vlmd_role roles[4] = {VLMD_ROLE_ROUTER, VLMD_ROLE_FRONTEND, VLMD_ROLE_VISUAL,
-                                VLMD_ROLE_LLM};
-    for (int i = 0; i < 4; i++)
+    const vlmd_role roles[N_PROCS] = {VLMD_ROLE_ROUTER, VLMD_ROLE_FRONTEND, VLMD_ROLE_VISUAL,
+                                      VLMD_ROLE_LLM};
+    for (int i = 0; i < N_PROCS; i++)
         w[i] = (vlmd_worker_info){.role = roles[i], .state = VLMD_WORKER_READY, .pid = 100 + i,
                                   .uptime_ms = 1500, .version = "0.1.0", .device = "cpu",
-                                  .listen_url = "", .config = cfg, .n_config = 1};
-    w[3].state = llm_state;
+                                  .listen_url = "", .config = cfg, .n_config = 2};
+    w[LLM].state = llm_state;
+    w[LLM].kv_capacity_tokens = 4096;
+    w[LLM].reserved_bytes = 1u << 20;
+}
+
+static json_t *render_workers(vlmd_worker_info *w, uint64_t age, int *status)
+{
+    vlmd_msg_stats_snapshot snap = {.seq = 1, .dropped_messages = 2, .workers = w,
+                                    .n_workers = N_PROCS};
+    return vlmd_health_render(&snap, age, 3000, "demo", status);
 }
 
 static json_t *render(vlmd_worker_state llm_state, uint64_t age, int *status)
 {
-    vlmd_worker_info w[4];
+    vlmd_worker_info w[N_PROCS];
     fill(w, llm_state);
-    vlmd_msg_stats_snapshot snap = {.seq = 1, .dropped_messages = 2, .workers = w, .n_workers = 4};
-    return vlmd_health_render(&snap, age, 3000, "demo", status);
+    return render_workers(w, age, status);
 }
 
-static const char *process_state(json_t *h, const char *role)
+static json_t *process(json_t *h, const char *role)
 {
     size_t i;
     json_t *p;
     json_array_foreach(json_object_get(h, "processes"), i, p)
     {
         if (strcmp(json_string_value(json_object_get(p, "role")), role) == 0)
-            return json_string_value(json_object_get(p, "state"));
+            return p;
     }
     return NULL;
+}
+
+static const char *process_state(json_t *h, const char *role)
+{
+    return json_string_value(json_object_get(process(h, role), "state"));
+}
+
+static const char *status_of(json_t *h)
+{
+    return json_string_value(json_object_get(h, "status"));
 }
 
 Test(health, all_ready_is_ok_200)
 {
     int status = 0;
     json_t *h = render(VLMD_WORKER_READY, 10, &status);
+    cr_assert_not_null(h);
     cr_expect_eq(status, 200);
-    cr_expect_str_eq(json_string_value(json_object_get(h, "status")), "ok");
+    cr_expect_str_eq(status_of(h), "ok");
+    cr_expect_str_eq(json_string_value(json_object_get(h, "version")), VLMD_VERSION);
     cr_expect_str_eq(json_string_value(json_object_get(h, "model")), "demo");
     cr_expect_eq(json_integer_value(json_object_get(h, "dropped_messages")), 2);
-    json_t *llm = json_array_get(json_object_get(h, "processes"), 3);
-    cr_expect_eq(json_integer_value(json_object_get(llm, "pid")), 103);
-    cr_expect_float_eq(json_real_value(json_object_get(llm, "uptime_s")), 1.5, 1e-9);
-    cr_expect_str_eq(json_string_value(json_object_get(json_object_get(llm, "config"), "port")),
-                     "8000");
+    cr_expect_eq(json_integer_value(json_object_get(h, "snapshot_age_ms")), 10);
+    cr_expect_eq(json_array_size(json_object_get(h, "processes")), N_PROCS);
     json_decref(h);
 }
 
-Test(health, starting_and_degraded_are_503)
+Test(health, process_entries_carry_the_routers_view)
+{
+    int status = 0;
+    json_t *h = render(VLMD_WORKER_READY, 10, &status);
+    json_t *llm = process(h, "llm");
+    cr_assert_not_null(llm);
+    cr_expect_eq(json_integer_value(json_object_get(llm, "rank")), 0);
+    cr_expect_str_eq(json_string_value(json_object_get(llm, "state")), "ready");
+    cr_expect_eq(json_integer_value(json_object_get(llm, "pid")), 100 + LLM);
+    cr_expect_float_eq(json_real_value(json_object_get(llm, "uptime_s")), 1.5, 1e-9);
+    cr_expect_eq(json_integer_value(json_object_get(llm, "restarts")), 0);
+    cr_expect_str_eq(json_string_value(json_object_get(llm, "version")), "0.1.0");
+    cr_expect_str_eq(json_string_value(json_object_get(llm, "device")), "cpu");
+    cr_expect_eq(json_integer_value(json_object_get(llm, "reserved_bytes")), 1 << 20);
+    cr_expect_eq(json_integer_value(json_object_get(llm, "kv_capacity_tokens")), 4096);
+    cr_expect_str_eq(json_string_value(json_object_get(llm, "listen_url")), "");
+    json_t *c = json_object_get(llm, "config");
+    cr_expect_eq(json_object_size(c), 2);
+    cr_expect_str_eq(json_string_value(json_object_get(c, "port")), "8000");
+    cr_expect_str_eq(json_string_value(json_object_get(c, "model")), "/srv/m");
+    cr_expect_eq(json_integer_value(json_object_get(process(h, "router"), "pid")), 100);
+    json_decref(h);
+}
+
+Test(health, one_starting_is_starting_503)
 {
     int status = 0;
     json_t *h = render(VLMD_WORKER_STARTING, 10, &status);
     cr_expect_eq(status, 503);
-    cr_expect_str_eq(json_string_value(json_object_get(h, "status")), "starting");
+    cr_expect_str_eq(status_of(h), "starting");
+    cr_expect_str_eq(process_state(h, "llm"), "starting");
     json_decref(h);
-    h = render(VLMD_WORKER_DOWN, 10, &status);
+}
+
+Test(health, one_down_after_ready_is_degraded_503)
+{
+    int status = 0;
+    json_t *h = render(VLMD_WORKER_DOWN, 10, &status);
     cr_expect_eq(status, 503);
-    cr_expect_str_eq(json_string_value(json_object_get(h, "status")), "degraded");
+    cr_expect_str_eq(status_of(h), "degraded");
     cr_expect_str_eq(process_state(h, "llm"), "down");
+    cr_expect_str_eq(process_state(h, "visual"), "ready");
+    json_decref(h);
+}
+
+Test(health, a_restarted_process_coming_back_is_degraded_not_starting)
+{
+    vlmd_worker_info w[N_PROCS];
+    fill(w, VLMD_WORKER_READY);
+    w[VISUAL].state = VLMD_WORKER_STARTING;
+    w[VISUAL].restarts = 1;
+    int status = 0;
+    json_t *h = render_workers(w, 10, &status);
+    cr_expect_eq(status, 503);
+    cr_expect_str_eq(status_of(h), "degraded");
+    cr_expect_eq(json_integer_value(json_object_get(process(h, "visual"), "restarts")), 1);
     json_decref(h);
 }
 
@@ -74,9 +153,14 @@ Test(health, a_silent_router_is_reported_down)
     int status = 0;
     json_t *h = render(VLMD_WORKER_READY, 3001, &status);
     cr_expect_eq(status, 503);
-    cr_expect_str_eq(json_string_value(json_object_get(h, "status")), "degraded");
+    cr_expect_str_eq(status_of(h), "degraded");
     cr_expect_str_eq(process_state(h, "router"), "down");
     cr_expect_str_eq(process_state(h, "visual"), "ready", "the rest as last known");
+    cr_expect_str_eq(process_state(h, "llm"), "ready", "the rest as last known");
+    json_decref(h);
+    /* At the limit it is not stale yet. */
+    h = render(VLMD_WORKER_READY, 3000, &status);
+    cr_expect_eq(status, 200);
     json_decref(h);
 }
 
@@ -85,19 +169,29 @@ Test(health, no_snapshot_yet_is_starting)
     int status = 0;
     json_t *h = vlmd_health_render(NULL, 0, 3000, "demo", &status);
     cr_expect_eq(status, 503);
-    cr_expect_str_eq(json_string_value(json_object_get(h, "status")), "starting");
+    cr_expect_str_eq(status_of(h), "starting");
     cr_expect_eq(json_array_size(json_object_get(h, "processes")), 0);
+    cr_expect_eq(json_integer_value(json_object_get(h, "snapshot_age_ms")), -1);
+    json_decref(h);
+    /* Never having had a snapshot stays "starting", however long it takes. */
+    h = vlmd_health_render(NULL, 1000000, 3000, "demo", &status);
+    cr_expect_eq(status, 503);
+    cr_expect_str_eq(status_of(h), "starting");
     json_decref(h);
 }
+
+/* ---- /v1/models --------------------------------------------------------- */
 
 Test(models, openai_list_shape)
 {
     json_t *m = vlmd_models_render("qwen", 1700000000, 32768);
     cr_expect_str_eq(json_string_value(json_object_get(m, "object")), "list");
+    cr_expect_eq(json_array_size(json_object_get(m, "data")), 1);
     json_t *d = json_array_get(json_object_get(m, "data"), 0);
     cr_expect_str_eq(json_string_value(json_object_get(d, "id")), "qwen");
     cr_expect_str_eq(json_string_value(json_object_get(d, "object")), "model");
     cr_expect_eq(json_integer_value(json_object_get(d, "created")), 1700000000);
+    cr_expect_str_eq(json_string_value(json_object_get(d, "owned_by")), "vlmd");
     cr_expect_eq(json_integer_value(json_object_get(d, "max_model_len")), 32768);
     json_decref(m);
 }
@@ -107,30 +201,274 @@ Test(models, served_name)
     char out[64];
     vlmd_served_model_name("", "/srv/models/Qwen2-VL-7B/", out, sizeof out);
     cr_expect_str_eq(out, "Qwen2-VL-7B");
+    vlmd_served_model_name("", "/srv/models/Qwen2-VL-7B//", out, sizeof out);
+    cr_expect_str_eq(out, "Qwen2-VL-7B");
     vlmd_served_model_name("", "relative", out, sizeof out);
     cr_expect_str_eq(out, "relative");
     vlmd_served_model_name("custom", "/srv/x", out, sizeof out);
     cr_expect_str_eq(out, "custom");
 }
 
+/* ---- the OpenAI error object -------------------------------------------- */
+
+/* Dumps and parses back e so that the test sees what a client sees. */
+static json_t *round_trip(json_t *e)
+{
+    char *text = json_dumps(e, JSON_COMPACT);
+    cr_assert_not_null(text);
+    json_t *back = json_loads(text, JSON_REJECT_DUPLICATES, NULL);
+    free(text);
+    json_decref(e);
+    cr_assert_not_null(back);
+    return back;
+}
+
 Test(api_error, openai_shape)
 {
-    json_t *e = vlmd_api_error_json("temperature must be >= 0", "invalid_request_error",
-                                    "temperature", NULL);
-    char *text = json_dumps(e, JSON_COMPACT);
-    json_t *back = json_loads(text, 0, NULL);
+    json_t *back = round_trip(vlmd_api_error_json("temperature must be >= 0",
+                                                  "invalid_request_error", "temperature",
+                                                  "invalid_value"));
+    cr_expect_eq(json_object_size(back), 1);
     json_t *inner = json_object_get(back, "error");
+    cr_expect_eq(json_object_size(inner), 4);
     cr_expect_str_eq(json_string_value(json_object_get(inner, "message")),
                      "temperature must be >= 0");
     cr_expect_str_eq(json_string_value(json_object_get(inner, "type")), "invalid_request_error");
     cr_expect_str_eq(json_string_value(json_object_get(inner, "param")), "temperature");
-    cr_expect(json_is_null(json_object_get(inner, "code")));
-    cr_expect_eq(json_object_size(back), 1);
-    free(text);
+    cr_expect_str_eq(json_string_value(json_object_get(inner, "code")), "invalid_value");
     json_decref(back);
-    json_decref(e);
+
+    back = round_trip(vlmd_api_error_json("Unknown route: GET /v1/foo", "invalid_request_error",
+                                          NULL, NULL));
+    inner = json_object_get(back, "error");
+    cr_expect_eq(json_object_size(inner), 4, "param and code are present as null");
+    cr_expect(json_is_null(json_object_get(inner, "param")));
+    cr_expect(json_is_null(json_object_get(inner, "code")));
+    json_decref(back);
+}
+
+Test(api_error, type_follows_the_status)
+{
+    cr_expect_str_eq(vlmd_api_error_type(400), "invalid_request_error");
     cr_expect_str_eq(vlmd_api_error_type(404), "invalid_request_error");
+    cr_expect_str_eq(vlmd_api_error_type(405), "invalid_request_error");
+    cr_expect_str_eq(vlmd_api_error_type(413), "invalid_request_error");
     cr_expect_str_eq(vlmd_api_error_type(401), "authentication_error");
+    cr_expect_str_eq(vlmd_api_error_type(403), "permission_error");
     cr_expect_str_eq(vlmd_api_error_type(429), "rate_limit_error");
+    cr_expect_str_eq(vlmd_api_error_type(500), "server_error");
     cr_expect_str_eq(vlmd_api_error_type(503), "server_error");
+}
+
+/* ---- the HTTP server over TCP ------------------------------------------- */
+
+#define HTTP_CASES 5
+#define HTTP_REPLY_MAX 8192
+
+typedef struct http_fixture {
+    uv_loop_t loop;
+    uv_async_t done;
+    http_server *server;
+    int port;
+    const char *requests[HTTP_CASES];
+    char replies[HTTP_CASES][HTTP_REPLY_MAX];
+} http_fixture;
+
+static void handle_ping(h2o_req_t *req, void *ud)
+{
+    (void)ud;
+    vlmd_send_json(req, 200, json_pack("{s:b}", "pong", 1), NULL, NULL);
+}
+
+static const http_route test_routes[] = {
+    {"GET", "/ping", handle_ping},
+    {"POST", "/v1/echo", handle_ping},
+};
+
+/* One connection: writes the request, reads until the server closes. */
+static void exchange(int port, const char *request, char *reply, size_t cap)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    struct timeval tv = {.tv_sec = 5};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    size_t n = 0;
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        write(fd, request, strlen(request)) == (ssize_t)strlen(request)) {
+        ssize_t r;
+        while (n + 1 < cap && (r = read(fd, reply + n, cap - 1 - n)) > 0)
+            n += (size_t)r;
+    }
+    reply[n] = '\0';
+    close(fd);
+}
+
+static void *client_main(void *arg)
+{
+    http_fixture *f = arg;
+    for (int i = 0; i < HTTP_CASES; i++)
+        exchange(f->port, f->requests[i], f->replies[i], HTTP_REPLY_MAX);
+    uv_async_send(&f->done);
+    return NULL;
+}
+
+static void on_client_done(uv_async_t *a)
+{
+    http_fixture *f = a->data;
+    http_server_close(f->server, 2000, NULL, NULL);
+    uv_close((uv_handle_t *)a, NULL);
+}
+
+/* Serves test_routes on 127.0.0.1 (kernel-chosen port) while a thread sends
+ * f->requests, one connection each; returns once the server has closed. */
+static void serve_requests(http_fixture *f)
+{
+    cr_assert_eq(uv_loop_init(&f->loop), 0);
+    vlmd_error err = {0};
+    f->server = http_server_create(&f->loop, "127.0.0.1", 0, test_routes,
+                                   sizeof test_routes / sizeof test_routes[0], NULL, &err);
+    cr_assert_not_null(f->server, "%s", err.msg);
+    f->port = http_server_port(f->server);
+    cr_assert_gt(f->port, 0, "port 0 reads back the bound port");
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", f->port);
+    cr_expect_str_eq(http_server_url(f->server), url);
+    uv_async_init(&f->loop, &f->done, on_client_done);
+    f->done.data = f;
+    pthread_t client;
+    cr_assert_eq(pthread_create(&client, NULL, client_main, f), 0);
+    uv_run(&f->loop, UV_RUN_DEFAULT);
+    pthread_join(client, NULL);
+    cr_expect_eq(uv_loop_close(&f->loop), 0, "the server closed every handle");
+}
+
+static int status_code(const char *reply)
+{
+    int status = 0;
+    sscanf(reply, "HTTP/1.1 %d", &status);
+    return status;
+}
+
+/* The value of header name in the first response of reply, or "" (static). */
+static const char *header(const char *reply, const char *name)
+{
+    static char value[256];
+    value[0] = '\0';
+    const char *end = strstr(reply, "\r\n\r\n");
+    size_t nlen = strlen(name);
+    for (const char *line = strstr(reply, "\r\n"); line && line < end;
+         line = strstr(line + 2, "\r\n")) {
+        const char *h = line + 2;
+        if (strncasecmp(h, name, nlen) == 0 && h[nlen] == ':') {
+            const char *v = h + nlen + 1;
+            while (*v == ' ')
+                v++;
+            size_t n = strcspn(v, "\r");
+            snprintf(value, sizeof value, "%.*s", (int)n, v);
+            break;
+        }
+    }
+    return value;
+}
+
+static json_t *body_json(const char *reply)
+{
+    const char *b = strstr(reply, "\r\n\r\n");
+    cr_assert_not_null(b, "a complete response: %s", reply);
+    json_t *j = json_loads(b + 4, JSON_DISABLE_EOF_CHECK, NULL);
+    cr_assert_not_null(j, "a JSON body: %s", b + 4);
+    return j;
+}
+
+static void expect_api_error(const char *reply, const char *message, const char *code)
+{
+    cr_expect_str_eq(header(reply, "content-type"), "application/json");
+    json_t *j = body_json(reply);
+    cr_expect_eq(json_object_size(j), 1);
+    json_t *e = json_object_get(j, "error");
+    cr_expect_eq(json_object_size(e), 4);
+    cr_expect_str_eq(json_string_value(json_object_get(e, "message")), message);
+    cr_expect_str_eq(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+    cr_expect(json_is_null(json_object_get(e, "param")));
+    cr_expect_str_eq(json_string_value(json_object_get(e, "code")), code);
+    json_decref(j);
+}
+
+Test(http, routes_errors_head_and_keep_alive)
+{
+    static http_fixture f = {
+        .requests = {
+            "GET /ping HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            "GET /v1/foo HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            "POST /ping HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+            "HEAD /ping HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            /* Two requests on one connection: an error must not close it. */
+            "GET /nope HTTP/1.1\r\nHost: t\r\n\r\n"
+            "GET /ping HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+        }};
+    serve_requests(&f);
+
+    const char *ok = f.replies[0];
+    cr_expect_eq(status_code(ok), 200, "%s", ok);
+    cr_expect_str_eq(header(ok, "content-type"), "application/json");
+    cr_expect_str_eq(header(ok, "cache-control"), "no-store");
+    json_t *j = body_json(ok);
+    cr_expect(json_is_true(json_object_get(j, "pong")));
+    json_decref(j);
+
+    cr_expect_eq(status_code(f.replies[1]), 404, "%s", f.replies[1]);
+    expect_api_error(f.replies[1], "Unknown route: GET /v1/foo", "not_found");
+
+    cr_expect_eq(status_code(f.replies[2]), 405, "%s", f.replies[2]);
+    cr_expect_str_eq(header(f.replies[2], "allow"), "GET, HEAD");
+    expect_api_error(f.replies[2], "Method not allowed: POST /ping", "method_not_allowed");
+
+    const char *head = f.replies[3];
+    cr_expect_eq(status_code(head), 200, "%s", head);
+    cr_expect_str_eq(header(head, "content-type"), "application/json");
+    cr_expect_str_eq(header(head, "content-length"), "14", "the GET body's length");
+    const char *body = strstr(head, "\r\n\r\n");
+    cr_expect(body && body[4] == '\0', "HEAD has no body: %s", head);
+
+    const char *two = f.replies[4];
+    cr_expect_eq(status_code(two), 404, "%s", two);
+    const char *second = strstr(two + 1, "HTTP/1.1 ");
+    cr_assert_not_null(second, "the connection stayed open after the 404: %s", two);
+    cr_expect_eq(status_code(second), 200, "%s", second);
+}
+
+Test(http, an_address_it_cannot_bind_is_refused_with_the_address)
+{
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    vlmd_error err = {0};
+    /* TEST-NET-1: never a local address. */
+    http_server *s = http_server_create(&loop, "192.0.2.1", 0, test_routes, 1, NULL, &err);
+    cr_expect_null(s);
+    cr_expect(strstr(err.msg, "192.0.2.1") != NULL, "names the address: %s", err.msg);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    cr_expect_eq(uv_loop_close(&loop), 0, "nothing left open after a failed start");
+}
+
+Test(http, an_ipv6_literal_gets_brackets_in_the_url)
+{
+    int probe = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 a6 = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    bool have_v6 = probe >= 0 && bind(probe, (struct sockaddr *)&a6, sizeof a6) == 0;
+    if (probe >= 0)
+        close(probe);
+    if (!have_v6)
+        cr_skip_test("no IPv6 loopback here");
+    uv_loop_t loop;
+    uv_loop_init(&loop);
+    vlmd_error err = {0};
+    http_server *s = http_server_create(&loop, "::1", 0, test_routes, 1, NULL, &err);
+    cr_assert_not_null(s, "%s", err.msg);
+    char url[64];
+    snprintf(url, sizeof url, "http://[::1]:%d", http_server_port(s));
+    cr_expect_str_eq(http_server_url(s), url);
+    http_server_close(s, 0, NULL, NULL);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    cr_expect_eq(uv_loop_close(&loop), 0);
 }

@@ -1,0 +1,131 @@
+/* bench_engine.c - `vlmd-bench-engine MODEL_DIR [--device D] [--prompt N] [--gen N]
+ * [--batch B] [--bandwidth-gbs X]`: the engine alone, in this process, on
+ * random prompts: time of the prefill step(s), then decode steps until every
+ * request has its --gen tokens (end-of-sequence ignored). Prints tokens/s
+ * and, for batch-1 decode, the fraction of the weight-streaming ceiling
+ * (weight bytes / --bandwidth-gbs, measured on the machine). A benchmark,
+ * not a test; the serving benchmark through HTTP is vlmd-bench's job. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+#include "clock.h"
+#include "engine.h"
+
+static int32_t finished;
+
+static void on_emit(uint64_t id, const int32_t *t, int32_t n, vlmd_finish_reason fin, uint32_t p,
+                    uint32_t c, const engine_logprobs *lp, void *ud)
+{
+    (void)id, (void)t, (void)n, (void)p, (void)c, (void)lp, (void)ud;
+    if (fin != VLMD_FINISH_NONE)
+        finished++;
+}
+
+int main(int argc, char **argv)
+{
+    const char *dir = NULL, *device = "auto";
+    long long prompt = 512, gen = 256, batch = 1;
+    double bandwidth_gbs = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+            device = argv[++i];
+        else if (strcmp(argv[i], "--prompt") == 0 && i + 1 < argc)
+            vlmd_parse_i64(argv[++i], 1, 1 << 20, &prompt);
+        else if (strcmp(argv[i], "--gen") == 0 && i + 1 < argc)
+            vlmd_parse_i64(argv[++i], 1, 1 << 20, &gen);
+        else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc)
+            vlmd_parse_i64(argv[++i], 1, 4096, &batch);
+        else if (strcmp(argv[i], "--bandwidth-gbs") == 0 && i + 1 < argc)
+            vlmd_parse_double(argv[++i], 0, 1e6, &bandwidth_gbs);
+        else if (!dir && argv[i][0] != '-')
+            dir = argv[i];
+        else {
+            fprintf(stderr, "usage: vlmd-bench-engine MODEL_DIR [--device auto|cpu|cuda] "
+                            "[--prompt N] [--gen N] [--batch B] [--bandwidth-gbs X]\n");
+            return 2;
+        }
+    }
+    if (!dir) {
+        fprintf(stderr, "usage: vlmd-bench-engine MODEL_DIR [flags]\n");
+        return 2;
+    }
+    vlmd_error err = {0};
+    vlmd_model_config mc;
+    vlmd_backend *b = NULL;
+    vlmd_safetensors *st = NULL;
+    qwen2_model *m = NULL;
+    uint64_t t0 = vlmd_now_ns();
+    if (vlmd_model_config_load(dir, &mc, &err) != VLMD_OK ||
+        vlmd_backend_create(device, &b, &err) != VLMD_OK ||
+        vlmd_safetensors_open_dir(dir, &st, &err) != VLMD_OK ||
+        qwen2_load(b, &mc, st, &m, &err) != VLMD_OK) {
+        fprintf(stderr, "vlmd-bench-engine: %s\n", err.msg);
+        return 1;
+    }
+    vlmd_safetensors_close(st);
+    double load_s = (double)(vlmd_now_ns() - t0) / 1e9;
+    uint64_t weight_bytes = vlmd_backend_allocated_bytes(b);
+    engine_config ec = {.kv_slots = (int32_t)(batch * (prompt + gen) + 16),
+                        .max_batch_tokens = (int32_t)(prompt * batch > 8192 ? 8192 : prompt * batch),
+                        .max_running = (int32_t)batch, .eos_id = -1,
+                        .max_model_len = (int32_t)(prompt + gen)};
+    if (ec.max_batch_tokens < prompt)
+        ec.max_batch_tokens = (int32_t)prompt;
+    engine *e = NULL;
+    if (engine_create(m, &ec, on_emit, NULL, &e, &err) != VLMD_OK) {
+        fprintf(stderr, "vlmd-bench-engine: %s\n", err.msg);
+        return 1;
+    }
+    uint32_t *ids = malloc((size_t)prompt * sizeof *ids);
+    uint64_t s = 42;
+    for (long long r = 0; r < batch; r++) {
+        for (long long i = 0; i < prompt; i++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            ids[i] = (uint32_t)((s >> 33) % (uint64_t)mc.text.vocab_size);
+        }
+        vlmd_msg_request_submit req = {.req_id = (uint64_t)r + 1, .tokens = ids,
+                                       .n_tokens = (uint32_t)prompt, .max_tokens = (uint32_t)gen,
+                                       .sampling = {.top_p = 1, .top_k = -1,
+                                                    .repetition_penalty = 1}};
+        if (engine_submit(e, &req, &err) != VLMD_OK) {
+            fprintf(stderr, "vlmd-bench-engine: %s\n", err.msg);
+            return 1;
+        }
+    }
+    /* the steps that take prompts; then pure decode steps */
+    uint64_t tp = vlmd_now_ns();
+    long long steps = 0, prefill_steps = (prompt * batch + ec.max_batch_tokens - 1) / ec.max_batch_tokens;
+    bool worked = true;
+    for (; steps < prefill_steps && worked; steps++)
+        engine_step(e, &worked, &err);
+    uint64_t td = vlmd_now_ns();
+    long long decode_steps = 0;
+    while (finished < batch && worked) {
+        if (engine_step(e, &worked, &err) != VLMD_OK) {
+            fprintf(stderr, "vlmd-bench-engine: %s\n", err.msg);
+            return 1;
+        }
+        decode_steps++;
+    }
+    uint64_t tend = vlmd_now_ns();
+    double prefill_s = (double)(td - tp) / 1e9, decode_s = (double)(tend - td) / 1e9;
+    double decode_tok = (double)decode_steps * (double)batch;
+    printf("model %s on %s: %.2f GB of weights, loaded in %.1f s\n", mc.architecture,
+           vlmd_backend_info(b)->name, (double)weight_bytes / 1e9, load_s);
+    printf("batch %lld, prompt %lld, gen %lld: prefill %.3f s (%.0f tokens/s); decode %lld steps "
+           "%.3f s: %.2f ms/step, %.1f tokens/s\n",
+           batch, prompt, gen, prefill_s, (double)(prompt * batch) / prefill_s, decode_steps,
+           decode_s, decode_s * 1e3 / (double)decode_steps, decode_tok / decode_s);
+    if (bandwidth_gbs > 0) {
+        double floor_ms = (double)weight_bytes / (bandwidth_gbs * 1e9) * 1e3;
+        printf("weight-streaming floor %.2f ms/step at %.0f GB/s: %.1f%% of the ceiling\n",
+               floor_ms, bandwidth_gbs, 100.0 * floor_ms / (decode_s * 1e3 / (double)decode_steps));
+    }
+    engine_free(e);
+    qwen2_free(m);
+    vlmd_backend_destroy(b);
+    free(ids);
+    return 0;
+}
