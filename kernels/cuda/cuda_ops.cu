@@ -2,7 +2,8 @@
  * activations, fp32 arithmetic, cuBLAS (bf16 in, fp32 compute) for the
  * matmuls. These first kernels are written for correctness and checked op by
  * op against the CPU reference (tests/unit/test_cuda_ops.c); the fast ones
- * (fused flash attention, CUDA graphs) replace them behind the same table.
+ * (tiled flash attention for prefill, CUDA graphs) replace them behind the
+ * same table.
  * Every launch is checked (CUDA_CHECK_LAUNCH). */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -170,24 +171,29 @@ static void cuda_kv_write(vlmd_backend *b, void *k_cache, void *v_cache, const v
 /* ---- attention ----------------------------------------------------------------- */
 
 #define ATTN_MAX_HD 256
+#define ATTN_WARPS 8
 
-/* One warp per (query row, head): lanes split the head dimension; keys are
- * visited in order with an online softmax (running max and sum in fp32). */
+/* One block per (query row, head); its warps split the visible keys into
+ * contiguous ranges (so a single decode query still fills the GPU), each warp
+ * keeps an online softmax (running max, sum, weighted values; lanes split the
+ * head dimension), and the partials are merged in shared memory at the end. */
 __global__ void k_attention(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache,
-                            const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv,
-                            int hd, float scale)
+                            const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv, int hd,
+                            float scale)
 {
-    int warp = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) / 32), lane = threadIdx.x & 31;
-    if (warp >= n_rows * nh)
-        return;
-    int row = warp / nh, h = warp % nh, kvh = h / (nh / nkv), kv_dim = nkv * hd;
+    __shared__ float part_m[ATTN_WARPS], part_sum[ATTN_WARPS];
+    __shared__ float part_acc[ATTN_WARPS][ATTN_MAX_HD];
+    int row = blockIdx.x / nh, h = blockIdx.x % nh, kvh = h / (nh / nkv), kv_dim = nkv * hd;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     const vlmd_attn_seq *sq = NULL;
     for (int s = 0; s < n_seqs; s++)
         if (row >= seqs[s].q_start && row < seqs[s].q_start + seqs[s].q_len)
             sq = &seqs[s];
     if (!sq)
-        return;
+        return; /* the whole block leaves together */
     int visible = sq->kv_len - sq->q_len + (row - sq->q_start) + 1;
+    int chunk = (visible + ATTN_WARPS - 1) / ATTN_WARPS;
+    int first = warp * chunk, last = min(visible, first + chunk);
     float qv[ATTN_MAX_HD / 32], acc[ATTN_MAX_HD / 32];
     int per = (hd + 31) / 32;
     for (int d = 0; d < per; d++) {
@@ -196,7 +202,7 @@ __global__ void k_attention(bf16 *out, const bf16 *q, const bf16 *k_cache, const
         acc[d] = 0;
     }
     float m = -INFINITY, sum = 0;
-    for (int j = 0; j < visible; j++) {
+    for (int j = first; j < last; j++) {
         const bf16 *kp = k_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
         float dot = 0;
         for (int d = 0; d < per; d++) {
@@ -215,10 +221,26 @@ __global__ void k_attention(bf16 *out, const bf16 *q, const bf16 *k_cache, const
         sum = sum * corr + p;
         m = m_new;
     }
-    for (int d = 0; d < per; d++) {
-        int dim = lane + 32 * d;
-        if (dim < hd)
-            out[((size_t)row * nh + h) * hd + dim] = __float2bfloat16(acc[d] / sum);
+    if (lane == 0) {
+        part_m[warp] = m;
+        part_sum[warp] = sum;
+    }
+    for (int d = 0; d < per; d++)
+        if (lane + 32 * d < hd)
+            part_acc[warp][lane + 32 * d] = acc[d];
+    __syncthreads();
+    float gm = -INFINITY;
+    for (int w = 0; w < ATTN_WARPS; w++)
+        gm = fmaxf(gm, part_m[w]);
+    float total = 0;
+    for (int w = 0; w < ATTN_WARPS; w++)
+        total += part_sum[w] * (part_m[w] == -INFINITY ? 0.0f : expf(part_m[w] - gm));
+    for (int dim = threadIdx.x; dim < hd; dim += blockDim.x) {
+        float o = 0;
+        for (int w = 0; w < ATTN_WARPS; w++)
+            if (part_m[w] != -INFINITY)
+                o += part_acc[w][dim] * expf(part_m[w] - gm);
+        out[((size_t)row * nh + h) * hd + dim] = __float2bfloat16(o / total);
     }
 }
 
@@ -229,11 +251,10 @@ static void cuda_attention(vlmd_backend *b, void *out, const void *q, const void
     (void)b;
     if (hd > ATTN_MAX_HD)
         VLMD_FATAL("head dimension %d is over the %d this kernel handles", hd, ATTN_MAX_HD);
-    size_t threads = (size_t)n_rows * nh * 32;
-    k_attention<<<blocks_for(threads, 128), 128>>>((bf16 *)out, (const bf16 *)q,
-                                                   (const bf16 *)k_cache, (const bf16 *)v_cache,
-                                                   seqs, n_seqs, n_rows, nh, nkv, hd,
-                                                   1.0f / sqrtf((float)hd));
+    k_attention<<<n_rows * nh, ATTN_WARPS * 32>>>((bf16 *)out, (const bf16 *)q,
+                                                  (const bf16 *)k_cache, (const bf16 *)v_cache,
+                                                  seqs, n_seqs, nh, nkv, hd,
+                                                  1.0f / sqrtf((float)hd));
     CUDA_CHECK_LAUNCH();
 }
 
