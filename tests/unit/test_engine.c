@@ -42,17 +42,28 @@ typedef struct fixture {
     vlmd_model_config mc;
 } fixture;
 
-static void open_model(fixture *f)
+/* false when the device is not there (only "cuda" may be missing) */
+static bool open_model_on(fixture *f, const char *device)
 {
     char dir[4096];
     snprintf(dir, sizeof dir, "%s", test_fixture("qwen2"));
     vlmd_error err = {0};
     cr_assert_eq(vlmd_model_config_load(dir, &f->mc, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(vlmd_backend_create("cpu", &f->b, &err), VLMD_OK);
+    if (vlmd_backend_create(device, &f->b, &err) != VLMD_OK) {
+        cr_assert_str_eq(device, "cuda", "%s", err.msg);
+        cr_expect(strstr(err.msg, "--device cuda"), "a clear refusal: %s", err.msg);
+        return false;
+    }
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_dir(dir, &st, &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(qwen2_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
+    return true;
+}
+
+static void open_model(fixture *f)
+{
+    open_model_on(f, "cpu");
 }
 
 static void close_model(fixture *f)
@@ -106,11 +117,14 @@ static void run_until_idle(engine *e, int max_steps)
     cr_assert_fail("still busy after %d steps", max_steps);
 }
 
-Test(engine, batched_equals_alone)
+static void batched_equals_alone_on(const char *device)
 {
     fixture f;
-    open_model(&f);
+    if (!open_model_on(&f, device))
+        return;
     static outputs alone, together;
+    memset(&alone, 0, sizeof alone);
+    memset(&together, 0, sizeof together);
     uint32_t prompt[64];
     vlmd_error err = {0};
     for (uint32_t i = 0; i < N_REQ; i++) {
@@ -141,6 +155,11 @@ Test(engine, batched_equals_alone)
     engine_free(e);
     close_model(&f);
 }
+
+Test(engine, batched_equals_alone) { batched_equals_alone_on("cpu"); }
+
+/* The same on the GPU, where a GPU is visible (elsewhere: the clear refusal). */
+Test(engine, batched_equals_alone_on_cuda) { batched_equals_alone_on("cuda"); }
 
 Test(engine, too_large_is_refused_and_small_cache_queues)
 {
