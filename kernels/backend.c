@@ -103,6 +103,11 @@ vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *sr
     return b->ops->copy_to_host(b, dst, src, n, err);
 }
 
+bool vlmd_backend_is_native(const vlmd_backend *b, int dtype)
+{
+    return b->native_dtype == dtype;
+}
+
 size_t vlmd_backend_elem_size(const vlmd_backend *b)
 {
     return b->elem_size;

@@ -57,6 +57,9 @@ vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *sr
 /* Bytes of one weight or activation element: 4 (fp32) on the CPU backend,
  * 2 (bf16) on the CUDA backend. The model sizes every buffer with it. */
 size_t vlmd_backend_elem_size(const vlmd_backend *b);
+/* True when a checkpoint tensor of this safetensors dtype (vlmd_dtype) is
+ * already in the backend's element type, so it can be copied as it is. */
+bool vlmd_backend_is_native(const vlmd_backend *b, int dtype);
 /* Copies n floats to device memory in the backend's element type (rounding
  * to bf16 to nearest even where that is the type). */
 vlmd_status vlmd_backend_upload_f32(vlmd_backend *b, void *dst, const float *src, size_t n,

@@ -29,6 +29,7 @@ struct vlmd_backend {
     const vlmd_device_vtable *ops;
     const vlmd_op_table *op_table;  /* NULL: this backend cannot run models yet */
     size_t elem_size;               /* bytes per weight/activation element */
+    int native_dtype;               /* the vlmd_dtype of that element */
     vlmd_device_info info;
     uint64_t alloc_count;
     uint64_t allocated_bytes;

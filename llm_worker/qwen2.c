@@ -82,7 +82,8 @@ static vlmd_status track(qwen2_model *m, void *p, size_t bytes, vlmd_error *err)
 }
 
 /* Loads one tensor of this exact shape into backend memory in the backend's
- * element type (widened to fp32 on the host first). */
+ * element type: copied as it is when the checkpoint already has that type,
+ * else widened to fp32 on the host and converted. */
 static vlmd_status load_tensor(qwen2_model *m, const vlmd_safetensors *st, const char *name,
                                int ndim, const int64_t *shape, void **out, vlmd_error *err)
 {
@@ -91,17 +92,24 @@ static vlmd_status load_tensor(qwen2_model *m, const vlmd_safetensors *st, const
     if (s != VLMD_OK)
         return s;
     size_t n = (size_t)vlmd_tensor_numel(t), bytes = n * vlmd_backend_elem_size(m->b);
-    float *host = malloc(n ? n * sizeof(float) : 1);
-    if (!host)
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory to widen %s", name);
     void *dev = NULL;
-    if ((s = vlmd_tensor_to_f32(t, host, err)) == VLMD_OK &&
-        (s = vlmd_backend_alloc(m->b, bytes, &dev, err)) == VLMD_OK &&
-        (s = vlmd_backend_upload_f32(m->b, dev, host, n, err)) == VLMD_OK)
+    if ((s = vlmd_backend_alloc(m->b, bytes, &dev, err)) != VLMD_OK)
+        return s;
+    if (vlmd_backend_is_native(m->b, t->dtype)) {
+        /* already the backend's type: straight from the mapped file */
+        s = vlmd_backend_copy_to_device(m->b, dev, t->data, bytes, err);
+    } else {
+        float *host = malloc(n ? n * sizeof(float) : 1);
+        if (!host)
+            s = vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory to widen %s", name);
+        else if ((s = vlmd_tensor_to_f32(t, host, err)) == VLMD_OK)
+            s = vlmd_backend_upload_f32(m->b, dev, host, n, err);
+        free(host);
+    }
+    if (s == VLMD_OK)
         s = track(m, dev, bytes, err);
-    else if (dev)
+    else
         vlmd_backend_free(m->b, dev, bytes);
-    free(host);
     if (s == VLMD_OK)
         *out = dev;
     return s;

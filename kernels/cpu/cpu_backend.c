@@ -9,6 +9,7 @@
 
 #include "backend_impl.h"
 #include "buf.h"
+#include "safetensors.h"
 
 static vlmd_status cpu_mem_info(vlmd_backend *b, uint64_t *free_bytes, uint64_t *total_bytes,
                                 vlmd_error *err)
@@ -104,6 +105,7 @@ vlmd_status vlmd_cpu_backend_open(vlmd_backend *b, vlmd_error *err)
     b->ops = &cpu_ops;
     b->op_table = &vlmd_cpu_op_table;
     b->elem_size = sizeof(float);
+    b->native_dtype = VLMD_DTYPE_F32;
     b->info.kind = VLMD_DEVICE_CPU;
     cpu_model_name(b->info.name, sizeof b->info.name);
     b->info.multiprocessors = (int)sysconf(_SC_NPROCESSORS_ONLN);

@@ -11,6 +11,7 @@
 #include "backend_impl.h"
 #include "cuda_check.h"
 #include "cuda_impl.h"
+#include "safetensors.h"
 
 #define CUBLAS_WORKSPACE_BYTES (32u << 20)
 #define CUBLAS_CHECK_DESTROY(stmt)                                                        \
@@ -162,6 +163,7 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
     b->ops = &cuda_ops;
     b->op_table = &vlmd_cuda_op_table;
     b->elem_size = sizeof(__nv_bfloat16);
+    b->native_dtype = VLMD_DTYPE_BF16;
     b->info.kind = VLMD_DEVICE_CUDA;
     b->info.ordinal = ordinal;
     snprintf(b->info.name, sizeof b->info.name, "%s", prop.name);
