@@ -3,32 +3,56 @@
  * Table-driven: each message body and nested struct is described once by a
  * list of fields (key, kind, offset, limit); one walker encodes, one decodes,
  * one frees. A decode runs in three steps, each rejecting before trusting:
- *   1. prescan: walk the raw bytes; every declared length and element count
- *      must fit in what is left (msgpack-c would otherwise allocate for a
- *      declared count before seeing the data), depth <= PROTO_MAX_DEPTH, no
- *      ext types, no trailing bytes;
+ *   1. prescan: walk the raw bytes without allocating; every declared length
+ *      and element count must fit in the bytes left (msgpack-c allocates for a
+ *      declared count before it sees the elements), nesting <= PROTO_MAX_DEPTH,
+ *      objects <= PROTO_MAX_OBJECTS, no ext types, no trailing bytes;
  *   2. msgpack-c unpacks into an object tree;
  *   3. the tree is checked field by field against the table: types, ranges,
  *      enum values, lengths, duplicate keys; unknown keys are ignored.
  * Any failure frees what was built and leaves the message zeroed.
  *
- * Optional fields (absent means the default shown; everything else is
- * required):  message (""), device (""), listen_url (""), logprobs (none),
- * kv_used_tokens (0), top_n (0), top_ids and top_logprobs (none). Fields added after the first release are optional, so
- * an older sender stays understood. */
+ * Optional fields (absent on the wire = the default; every other field is
+ * required, and the encoder always writes every field):
+ *
+ *   field                    in                          absent means
+ *   message                  token_chunk, image_result   ""
+ *   device, listen_url       ready, worker               ""
+ *   logprobs                 token_chunk                 none (NULL, 0)
+ *   top_n                    token_chunk                 0
+ *   top_ids, top_logprobs    token_chunk                 none (NULL, 0)
+ *   kv_used_tokens           heartbeat, worker           0
+ *
+ * sampling.seed stays required: has_seed travels beside it since version 1,
+ * and reading an absent seed as "no seed" would give that field two meanings.
+ * Fields added later must be optional so that an older sender is understood.
+ *
+ * Status codes: decode returns VLMD_ERR_PROTO for a malformed message,
+ * VLMD_ERR_TOO_LARGE for an array, map, binary or whole message over its
+ * limit, VLMD_ERR_VERSION for another version; encode returns
+ * VLMD_ERR_INVALID_ARG for anything decode would reject, so whatever encodes
+ * also decodes. */
 #include "proto.h"
 
+#include <float.h>
 #include <math.h>
 #include <msgpack.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define PROTO_MAX_DEPTH 16
-#define PROTO_MAX_BODY_KEYS 64
+#define PROTO_MAX_DEPTH 16          /* the deepest message nests 5 */
+#define PROTO_MAX_BODY_KEYS 64      /* entries in one body or nested map */
+/* Objects in one message: a token chunk at its limits holds 4 arrays of
+ * VLMD_PROTO_MAX_TOKENS; the rest is small. Bounds msgpack-c's object tree
+ * (24 bytes an object) to about 100 MiB whatever the frame holds. */
+#define PROTO_MAX_OBJECTS (4u * VLMD_PROTO_MAX_TOKENS + (1u << 16))
+#define PROTO_MAX_TOP_N 20          /* alternatives per token */
 
-/* ---- names -------------------------------------------------------------- */
+/* ---- names ---------------------------------------------------------------- */
 
-static const char *const msg_type_names[] = {
+static const char *const msg_type_names[VLMD_MSG_TYPE_MAX + 1] = {
     [VLMD_MSG_HELLO] = "hello",
     [VLMD_MSG_WELCOME] = "welcome",
     [VLMD_MSG_READY] = "ready",
@@ -45,36 +69,40 @@ static const char *const msg_type_names[] = {
     [VLMD_MSG_IMAGE_RESULT] = "image_result",
 };
 
+static bool msg_type_known(uint64_t t)
+{
+    return t >= 1 && t <= VLMD_MSG_TYPE_MAX;
+}
+
 const char *vlmd_msg_type_str(vlmd_msg_type t)
 {
-    if (t < 1 || t > VLMD_MSG_TYPE_MAX)
-        return "unknown";
-    return msg_type_names[t];
+    return msg_type_known((uint64_t)t) ? msg_type_names[t] : "?";
 }
 
 const char *vlmd_worker_state_str(vlmd_worker_state s)
 {
-    static const char *const names[] = {"down", "starting", "ready"};
-    return (unsigned)s < VLMD_WORKER_STATE_COUNT ? names[s] : "unknown";
+    static const char *const names[VLMD_WORKER_STATE_COUNT] = {"down", "starting", "ready"};
+    return (unsigned)s < VLMD_WORKER_STATE_COUNT ? names[s] : "?";
 }
 
 const char *vlmd_finish_reason_str(vlmd_finish_reason r)
 {
-    static const char *const names[] = {"none", "stop", "length", "cancelled", "error"};
-    return (unsigned)r < VLMD_FINISH_COUNT ? names[r] : "unknown";
+    static const char *const names[VLMD_FINISH_COUNT] = {"none", "stop", "length",
+                                                          "cancelled", "error"};
+    return (unsigned)r < VLMD_FINISH_COUNT ? names[r] : "?";
 }
 
-/* ---- the tables ---------------------------------------------------------- */
+/* ---- the tables ----------------------------------------------------------- */
 
 typedef enum field_kind {
-    F_U32,          /* uint32_t <= limit */
+    F_U32,          /* uint32_t <= limit (enums: count - 1) */
     F_U64,          /* uint64_t */
     F_I32,          /* int32_t */
     F_I64,          /* int64_t */
     F_BOOL,
-    F_F64,          /* finite double */
+    F_F64,          /* finite double; decode also takes float32 and integers */
     F_STR,          /* char *, owned, no NUL, at most VLMD_PROTO_MAX_STR bytes */
-    F_HASH,         /* uint8_t[32] */
+    F_HASH,         /* uint8_t[32], as bin of exactly 32 bytes */
     F_BIN,          /* uint8_t * + uint32_t count <= limit */
     F_U32_ARRAY,    /* uint32_t * + uint32_t count <= limit */
     F_F32_ARRAY,    /* float * + uint32_t count <= limit */
@@ -90,8 +118,8 @@ typedef struct field_desc {
     field_kind kind;
     bool optional;
     size_t offset;          /* of the value (or of the pointer) */
-    size_t count_offset;    /* of the uint32_t count, for arrays */
-    uint64_t limit;         /* max value (F_U32) or max count (arrays) */
+    size_t count_offset;    /* of the uint32_t count, for arrays (never 0 for them) */
+    uint64_t limit;         /* max value (F_U32) or max count (arrays, bin, map) */
     const struct_desc *sub; /* F_STRUCT, F_STRUCT_ARRAY */
 } field_desc;
 
@@ -102,15 +130,17 @@ struct struct_desc {
     size_t n_fields;
 };
 
-#define FLD(T, f, kind) {#f, kind, false, offsetof(T, f), 0, 0, NULL}
+#define U32(T, f) {#f, F_U32, false, offsetof(T, f), 0, UINT32_MAX, NULL}
+#define U32_MAX(T, f, max, opt) {#f, F_U32, opt, offsetof(T, f), 0, (max), NULL}
 #define ENUM(T, f, count) {#f, F_U32, false, offsetof(T, f), 0, (count) - 1, NULL}
+#define FLD(T, f, kind) {#f, kind, false, offsetof(T, f), 0, 0, NULL}
 #define OPT(T, f, kind) {#f, kind, true, offsetof(T, f), 0, 0, NULL}
 #define ARR(T, f, n, kind, lim) {#f, kind, false, offsetof(T, f), offsetof(T, n), (lim), NULL}
 #define OPT_ARR(T, f, n, kind, lim) {#f, kind, true, offsetof(T, f), offsetof(T, n), (lim), NULL}
 #define SUB(T, f, d) {#f, F_STRUCT, false, offsetof(T, f), 0, 0, &(d)}
-#define SUB_ARR(T, f, n, d, lim) {#f, F_STRUCT_ARRAY, false, offsetof(T, f), offsetof(T, n), (lim), &(d)}
+#define SUB_ARR(T, f, n, d, lim)                                                                \
+    {#f, F_STRUCT_ARRAY, false, offsetof(T, f), offsetof(T, n), (lim), &(d)}
 #define DESC(T, name, fields) {name, sizeof(T), fields, sizeof fields / sizeof fields[0]}
-#define U32(T, f) {#f, F_U32, false, offsetof(T, f), 0, UINT32_MAX, NULL}
 
 static const field_desc hello_fields[] = {
     ENUM(vlmd_msg_hello, role, VLMD_ROLE_COUNT),
@@ -172,7 +202,8 @@ static const struct_desc worker_info_desc = DESC(vlmd_worker_info, "worker", wor
 static const field_desc stats_snapshot_fields[] = {
     FLD(vlmd_msg_stats_snapshot, seq, F_U64),
     FLD(vlmd_msg_stats_snapshot, dropped_messages, F_U64),
-    SUB_ARR(vlmd_msg_stats_snapshot, workers, n_workers, worker_info_desc, VLMD_PROTO_MAX_WORKERS),
+    SUB_ARR(vlmd_msg_stats_snapshot, workers, n_workers, worker_info_desc,
+            VLMD_PROTO_MAX_WORKERS),
 };
 static const field_desc shutdown_fields[] = {
     FLD(vlmd_msg_shutdown, reason, F_STR),
@@ -206,7 +237,7 @@ static const field_desc request_submit_fields[] = {
     U32(vlmd_msg_request_submit, max_tokens),
     SUB(vlmd_msg_request_submit, sampling, sampling_desc),
     ARR(vlmd_msg_request_submit, stop_tokens, n_stop_tokens, F_U32_ARRAY, VLMD_PROTO_MAX_STOPS),
-    {"top_logprobs", F_U32, false, offsetof(vlmd_msg_request_submit, top_logprobs), 0, 20, NULL},
+    U32_MAX(vlmd_msg_request_submit, top_logprobs, PROTO_MAX_TOP_N, false),
     FLD(vlmd_msg_request_submit, logprobs, F_BOOL),
     SUB_ARR(vlmd_msg_request_submit, images, n_images, image_ref_desc, VLMD_PROTO_MAX_IMAGES),
 };
@@ -224,7 +255,7 @@ static const field_desc token_chunk_fields[] = {
     U32(vlmd_msg_token_chunk, prompt_tokens),
     U32(vlmd_msg_token_chunk, completion_tokens),
     U32(vlmd_msg_token_chunk, cached_tokens),
-    {"top_n", F_U32, true, offsetof(vlmd_msg_token_chunk, top_n), 0, 20, NULL},
+    U32_MAX(vlmd_msg_token_chunk, top_n, PROTO_MAX_TOP_N, true),
     OPT_ARR(vlmd_msg_token_chunk, top_ids, n_top_ids, F_U32_ARRAY, VLMD_PROTO_MAX_TOKENS),
     OPT_ARR(vlmd_msg_token_chunk, top_logprobs, n_top_logprobs, F_F32_ARRAY,
             VLMD_PROTO_MAX_TOKENS),
@@ -246,33 +277,56 @@ static const field_desc image_result_fields[] = {
     FLD(vlmd_msg_image_result, embed_bytes, F_U64),
 };
 
+#define BODY(type, T, fields) [type] = DESC(T, NULL, fields)
 static const struct_desc body_descs[VLMD_MSG_TYPE_MAX + 1] = {
-    [VLMD_MSG_HELLO] = DESC(vlmd_msg_hello, "hello", hello_fields),
-    [VLMD_MSG_WELCOME] = DESC(vlmd_msg_welcome, "welcome", welcome_fields),
-    [VLMD_MSG_READY] = DESC(vlmd_msg_ready, "ready", ready_fields),
-    [VLMD_MSG_HEARTBEAT] = DESC(vlmd_msg_heartbeat, "heartbeat", heartbeat_fields),
-    [VLMD_MSG_FOOTPRINT_REQUEST] =
-        DESC(vlmd_msg_footprint_request, "footprint_request", footprint_request_fields),
-    [VLMD_MSG_FOOTPRINT_REPLY] =
-        DESC(vlmd_msg_footprint_reply, "footprint_reply", footprint_reply_fields),
-    [VLMD_MSG_WORKER_EXIT] = DESC(vlmd_msg_worker_exit, "worker_exit", worker_exit_fields),
-    [VLMD_MSG_STATS_SNAPSHOT] =
-        DESC(vlmd_msg_stats_snapshot, "stats_snapshot", stats_snapshot_fields),
-    [VLMD_MSG_SHUTDOWN] = DESC(vlmd_msg_shutdown, "shutdown", shutdown_fields),
-    [VLMD_MSG_REQUEST_SUBMIT] =
-        DESC(vlmd_msg_request_submit, "request_submit", request_submit_fields),
-    [VLMD_MSG_REQUEST_CANCEL] =
-        DESC(vlmd_msg_request_cancel, "request_cancel", request_cancel_fields),
-    [VLMD_MSG_TOKEN_CHUNK] = DESC(vlmd_msg_token_chunk, "token_chunk", token_chunk_fields),
-    [VLMD_MSG_IMAGE_JOB] = DESC(vlmd_msg_image_job, "image_job", image_job_fields),
-    [VLMD_MSG_IMAGE_RESULT] = DESC(vlmd_msg_image_result, "image_result", image_result_fields),
+    BODY(VLMD_MSG_HELLO, vlmd_msg_hello, hello_fields),
+    BODY(VLMD_MSG_WELCOME, vlmd_msg_welcome, welcome_fields),
+    BODY(VLMD_MSG_READY, vlmd_msg_ready, ready_fields),
+    BODY(VLMD_MSG_HEARTBEAT, vlmd_msg_heartbeat, heartbeat_fields),
+    BODY(VLMD_MSG_FOOTPRINT_REQUEST, vlmd_msg_footprint_request, footprint_request_fields),
+    BODY(VLMD_MSG_FOOTPRINT_REPLY, vlmd_msg_footprint_reply, footprint_reply_fields),
+    BODY(VLMD_MSG_WORKER_EXIT, vlmd_msg_worker_exit, worker_exit_fields),
+    BODY(VLMD_MSG_STATS_SNAPSHOT, vlmd_msg_stats_snapshot, stats_snapshot_fields),
+    BODY(VLMD_MSG_SHUTDOWN, vlmd_msg_shutdown, shutdown_fields),
+    BODY(VLMD_MSG_REQUEST_SUBMIT, vlmd_msg_request_submit, request_submit_fields),
+    BODY(VLMD_MSG_REQUEST_CANCEL, vlmd_msg_request_cancel, request_cancel_fields),
+    BODY(VLMD_MSG_TOKEN_CHUNK, vlmd_msg_token_chunk, token_chunk_fields),
+    BODY(VLMD_MSG_IMAGE_JOB, vlmd_msg_image_job, image_job_fields),
+    BODY(VLMD_MSG_IMAGE_RESULT, vlmd_msg_image_result, image_result_fields),
 };
 
 #define AT(base, off, T) ((T *)((char *)(base) + (off)))
+#define CAT(base, off, T) ((const T *)((const char *)(base) + (off)))
 
-/* ---- freeing ------------------------------------------------------------- */
+static bool kind_is_pointer(field_kind k)
+{
+    return k == F_STR || k == F_BIN || k == F_U32_ARRAY || k == F_F32_ARRAY || k == F_KV ||
+           k == F_STRUCT_ARRAY;
+}
 
-static void free_kv(vlmd_kv *kv, uint32_t n)
+/* The count of an array field; 0 for scalars. */
+static uint32_t field_count(const field_desc *f, const void *s)
+{
+    return f->count_offset ? *CAT(s, f->count_offset, uint32_t) : 0;
+}
+
+/* logprobs: none or one per token; alternatives: tokens x top_n, ids and
+ * values alike. When they do not fit, says so in why (naming the fields). */
+static bool token_chunk_shapes_ok(const vlmd_msg_token_chunk *c, char *why, size_t why_size)
+{
+    uint64_t alts = (uint64_t)c->n_tokens * c->top_n;
+    if ((c->n_logprobs == 0 || c->n_logprobs == c->n_tokens) && c->n_top_ids == alts &&
+        c->n_top_logprobs == alts)
+        return true;
+    snprintf(why, why_size, "%u logprobs, %u top_ids, %u top_logprobs do not fit %u tokens "
+             "(logprobs: 0 or one each) x top_n %u", c->n_logprobs, c->n_top_ids,
+             c->n_top_logprobs, c->n_tokens, c->top_n);
+    return false;
+}
+
+/* ---- freeing -------------------------------------------------------------- */
+
+static void kv_free(vlmd_kv *kv, uint32_t n)
 {
     for (uint32_t i = 0; kv && i < n; i++) {
         free(kv[i].key);
@@ -281,11 +335,12 @@ static void free_kv(vlmd_kv *kv, uint32_t n)
     free(kv);
 }
 
+/* Frees what struct s owns; s may be partly decoded (unset pointers are NULL). */
 static void struct_free(const struct_desc *d, void *s)
 {
     for (size_t i = 0; i < d->n_fields; i++) {
         const field_desc *f = &d->fields[i];
-        uint32_t n = f->count_offset ? *AT(s, f->count_offset, uint32_t) : 0;
+        uint32_t n = field_count(f, s);
         switch (f->kind) {
         case F_STR:
         case F_BIN:
@@ -294,7 +349,7 @@ static void struct_free(const struct_desc *d, void *s)
             free(*AT(s, f->offset, void *));
             break;
         case F_KV:
-            free_kv(*AT(s, f->offset, vlmd_kv *), n);
+            kv_free(*AT(s, f->offset, vlmd_kv *), n);
             break;
         case F_STRUCT:
             struct_free(f->sub, AT(s, f->offset, char));
@@ -316,261 +371,198 @@ void vlmd_msg_free(vlmd_msg *msg)
 {
     if (!msg)
         return;
-    if (msg->type >= 1 && msg->type <= VLMD_MSG_TYPE_MAX)
+    if (msg_type_known((uint64_t)msg->type))
         struct_free(&body_descs[msg->type], &msg->u);
     memset(msg, 0, sizeof *msg);
 }
 
-/* ---- encoding ------------------------------------------------------------ */
+/* ---- encoding ------------------------------------------------------------- */
 
+/* msgpack-c write callback: appends to the vlmd_buf; -1 when it cannot grow. */
 static int buf_write(void *data, const char *bytes, size_t len)
 {
     return vlmd_buf_append(data, bytes, len) == VLMD_OK ? 0 : -1;
 }
 
-static vlmd_status struct_encode(const struct_desc *d, const void *s, msgpack_packer *pk,
-                                 vlmd_error *err);
-
-static vlmd_status field_encode(const struct_desc *d, const field_desc *f, const void *s,
-                                msgpack_packer *pk, vlmd_error *err)
+/* Turns a msgpack_pack_* result into a status (the only failure is the buffer
+ * not growing). */
+static vlmd_status packed(int rc, vlmd_error *err)
 {
-    uint32_t n = f->count_offset ? *AT(s, f->count_offset, uint32_t) : 0;
-    bool is_pointer = f->kind == F_STR || f->kind == F_BIN || f->kind == F_U32_ARRAY ||
-                      f->kind == F_F32_ARRAY || f->kind == F_KV || f->kind == F_STRUCT_ARRAY;
-    const void *ptr = is_pointer ? *AT(s, f->offset, const void *) : NULL;
-    if (f->count_offset && n > f->limit)
-        return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "%s.%s: %u elements, more than %llu", d->name,
-                           f->key, n, (unsigned long long)f->limit);
-    if (f->count_offset && n && !ptr)
-        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s: NULL with %u elements", d->name,
-                           f->key, n);
-    switch (f->kind) {
-    case F_U32: {
-        uint32_t v = *AT(s, f->offset, uint32_t);
-        if (v > f->limit)
-            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s: %u is over %llu", d->name,
-                               f->key, v, (unsigned long long)f->limit);
-        return msgpack_pack_uint32(pk, v) ? VLMD_ERR_NOMEM : VLMD_OK;
-    }
-    case F_U64:
-        return msgpack_pack_uint64(pk, *AT(s, f->offset, uint64_t)) ? VLMD_ERR_NOMEM : VLMD_OK;
-    case F_I32:
-        return msgpack_pack_int32(pk, *AT(s, f->offset, int32_t)) ? VLMD_ERR_NOMEM : VLMD_OK;
-    case F_I64:
-        return msgpack_pack_int64(pk, *AT(s, f->offset, int64_t)) ? VLMD_ERR_NOMEM : VLMD_OK;
-    case F_BOOL:
-        return (*AT(s, f->offset, bool) ? msgpack_pack_true(pk) : msgpack_pack_false(pk))
-                   ? VLMD_ERR_NOMEM : VLMD_OK;
-    case F_F64: {
-        double v = *AT(s, f->offset, double);
-        if (!isfinite(v))
-            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s is not finite", d->name, f->key);
-        return msgpack_pack_double(pk, v) ? VLMD_ERR_NOMEM : VLMD_OK;
-    }
-    case F_STR: {
-        const char *str = ptr ? ptr : "";
-        size_t len = strlen(str);
-        if (len > VLMD_PROTO_MAX_STR)
-            return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "%s.%s: string of %zu bytes", d->name,
-                               f->key, len);
-        return msgpack_pack_str_with_body(pk, str, len) ? VLMD_ERR_NOMEM : VLMD_OK;
-    }
-    case F_HASH:
-        return msgpack_pack_bin_with_body(pk, AT(s, f->offset, uint8_t), 32) ? VLMD_ERR_NOMEM
-                                                                             : VLMD_OK;
-    case F_BIN:
-        return msgpack_pack_bin_with_body(pk, ptr, n) ? VLMD_ERR_NOMEM : VLMD_OK;
-    case F_U32_ARRAY: {
-        if (msgpack_pack_array(pk, n))
-            return VLMD_ERR_NOMEM;
-        for (uint32_t k = 0; k < n; k++)
-            if (msgpack_pack_uint32(pk, ((const uint32_t *)ptr)[k]))
-                return VLMD_ERR_NOMEM;
-        return VLMD_OK;
-    }
-    case F_F32_ARRAY: {
-        if (msgpack_pack_array(pk, n))
-            return VLMD_ERR_NOMEM;
-        for (uint32_t k = 0; k < n; k++)
-            if (msgpack_pack_float(pk, ((const float *)ptr)[k]))
-                return VLMD_ERR_NOMEM;
-        return VLMD_OK;
-    }
-    case F_KV: {
-        const vlmd_kv *kv = ptr;
-        if (msgpack_pack_map(pk, n))
-            return VLMD_ERR_NOMEM;
-        for (uint32_t k = 0; k < n; k++) {
-            size_t kl = kv[k].key ? strlen(kv[k].key) : 0, vl = kv[k].value ? strlen(kv[k].value) : 0;
-            if (kl > VLMD_PROTO_MAX_STR || vl > VLMD_PROTO_MAX_STR)
-                return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "%s.%s: entry %u too long", d->name,
-                                   f->key, k);
-            if (msgpack_pack_str_with_body(pk, kv[k].key ? kv[k].key : "", kl) ||
-                msgpack_pack_str_with_body(pk, kv[k].value ? kv[k].value : "", vl))
-                return VLMD_ERR_NOMEM;
-        }
-        return VLMD_OK;
-    }
-    case F_STRUCT:
-        return struct_encode(f->sub, AT(s, f->offset, char), pk, err);
-    case F_STRUCT_ARRAY: {
-        if (msgpack_pack_array(pk, n))
-            return VLMD_ERR_NOMEM;
-        for (uint32_t k = 0; k < n; k++) {
-            vlmd_status st = struct_encode(f->sub, (const char *)ptr + (size_t)k * f->sub->size,
-                                           pk, err);
-            if (st != VLMD_OK)
-                return st;
-        }
-        return VLMD_OK;
-    }
-    }
-    return VLMD_ERR_INTERNAL;
+    return rc == 0 ? VLMD_OK : vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory while encoding");
 }
 
-static vlmd_status struct_encode(const struct_desc *d, const void *s, msgpack_packer *pk,
-                                 vlmd_error *err)
+static vlmd_status pack_str(msgpack_packer *pk, const char *s, size_t n, vlmd_error *err)
 {
-    if (msgpack_pack_map(pk, (size_t)d->n_fields))
-        return VLMD_ERR_NOMEM;
-    for (size_t i = 0; i < d->n_fields; i++) {
-        const field_desc *f = &d->fields[i];
-        if (msgpack_pack_str_with_body(pk, f->key, strlen(f->key)))
-            return VLMD_ERR_NOMEM;
-        vlmd_status st = field_encode(d, f, s, pk, err);
-        if (st != VLMD_OK)
-            return st == VLMD_ERR_NOMEM && (!err || err->status != VLMD_ERR_NOMEM)
-                       ? vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory encoding %s", d->name)
-                       : st;
+    return packed(msgpack_pack_str_with_body(pk, s, n), err);
+}
+
+/* Length of s (NULL reads as ""), or VLMD_PROTO_MAX_STR + 1 when longer than allowed. */
+static size_t str_len(const char *s)
+{
+    return s ? strnlen(s, VLMD_PROTO_MAX_STR + 1) : 0;
+}
+
+/* Checks a config map the way decode will: no over-long string, no key twice.
+ * Fails with VLMD_ERR_INVALID_ARG naming the entry. */
+static vlmd_status kv_check(const char *where, const char *key, const vlmd_kv *kv, uint32_t n,
+                            vlmd_error *err)
+{
+    for (uint32_t k = 0; k < n; k++) {
+        if (str_len(kv[k].key) > VLMD_PROTO_MAX_STR || str_len(kv[k].value) > VLMD_PROTO_MAX_STR)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s: entry %u is over %u bytes",
+                               where, key, k, VLMD_PROTO_MAX_STR);
+        for (uint32_t j = 0; j < k; j++)
+            if (strcmp(kv[j].key ? kv[j].key : "", kv[k].key ? kv[k].key : "") == 0)
+                return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s: key '%s' appears twice",
+                                   where, key, kv[k].key ? kv[k].key : "");
     }
     return VLMD_OK;
 }
 
-/* logprobs: none or one per token; alternatives: tokens x top_n, ids and values alike. */
-static bool token_chunk_shapes_ok(const vlmd_msg_token_chunk *c)
+static vlmd_status struct_encode(const struct_desc *d, const char *name, const void *s,
+                                 msgpack_packer *pk, vlmd_error *err);
+
+/* Packs one field's value. Fails with VLMD_ERR_INVALID_ARG (NULL array with
+ * a count, count or value over the limit, non-finite double) or
+ * VLMD_ERR_NOMEM; what was packed before stays in the buffer for the caller
+ * to cut. */
+static vlmd_status field_encode(const char *where, const field_desc *f, const void *s,
+                                msgpack_packer *pk, vlmd_error *err)
 {
-    uint64_t alts = (uint64_t)c->n_tokens * c->top_n;
-    return (c->n_logprobs == 0 || c->n_logprobs == c->n_tokens) && c->n_top_ids == alts &&
-           c->n_top_logprobs == alts;
+    uint32_t n = field_count(f, s);
+    const void *ptr = kind_is_pointer(f->kind) ? *CAT(s, f->offset, const void *) : NULL;
+    if (f->count_offset && n > f->limit)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s: %u elements, more than %llu",
+                           where, f->key, n, (unsigned long long)f->limit);
+    if (f->count_offset && n && !ptr)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s: NULL with %u elements", where,
+                           f->key, n);
+    switch (f->kind) {
+    case F_U32: {
+        uint32_t v = *CAT(s, f->offset, uint32_t);
+        if (v > f->limit)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s: %u is over %llu", where,
+                               f->key, v, (unsigned long long)f->limit);
+        return packed(msgpack_pack_uint32(pk, v), err);
+    }
+    case F_U64:
+        return packed(msgpack_pack_uint64(pk, *CAT(s, f->offset, uint64_t)), err);
+    case F_I32:
+        return packed(msgpack_pack_int32(pk, *CAT(s, f->offset, int32_t)), err);
+    case F_I64:
+        return packed(msgpack_pack_int64(pk, *CAT(s, f->offset, int64_t)), err);
+    case F_BOOL:
+        return packed(*CAT(s, f->offset, bool) ? msgpack_pack_true(pk) : msgpack_pack_false(pk),
+                      err);
+    case F_F64: {
+        double v = *CAT(s, f->offset, double);
+        if (!isfinite(v))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s is not finite", where, f->key);
+        return packed(msgpack_pack_double(pk, v), err);
+    }
+    case F_STR: {
+        size_t len = str_len(ptr);
+        if (len > VLMD_PROTO_MAX_STR)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s: string over %u bytes", where,
+                               f->key, VLMD_PROTO_MAX_STR);
+        return pack_str(pk, ptr ? ptr : "", len, err);
+    }
+    case F_HASH:
+        return packed(msgpack_pack_bin_with_body(pk, CAT(s, f->offset, uint8_t), 32), err);
+    case F_BIN:
+        return packed(msgpack_pack_bin_with_body(pk, ptr, n), err);
+    case F_U32_ARRAY:
+    case F_F32_ARRAY: {
+        int rc = msgpack_pack_array(pk, n);
+        for (uint32_t k = 0; rc == 0 && k < n; k++)
+            rc = f->kind == F_U32_ARRAY ? msgpack_pack_uint32(pk, ((const uint32_t *)ptr)[k])
+                                        : msgpack_pack_float(pk, ((const float *)ptr)[k]);
+        return packed(rc, err);
+    }
+    case F_KV: {
+        const vlmd_kv *kv = ptr;
+        vlmd_status st = kv_check(where, f->key, kv, n, err);
+        if (st == VLMD_OK)
+            st = packed(msgpack_pack_map(pk, n), err);
+        for (uint32_t k = 0; st == VLMD_OK && k < n; k++) {
+            st = pack_str(pk, kv[k].key ? kv[k].key : "", str_len(kv[k].key), err);
+            if (st == VLMD_OK)
+                st = pack_str(pk, kv[k].value ? kv[k].value : "", str_len(kv[k].value), err);
+        }
+        return st;
+    }
+    case F_STRUCT:
+        return struct_encode(f->sub, f->sub->name, CAT(s, f->offset, char), pk, err);
+    case F_STRUCT_ARRAY: {
+        vlmd_status st = packed(msgpack_pack_array(pk, n), err);
+        for (uint32_t k = 0; st == VLMD_OK && k < n; k++)
+            st = struct_encode(f->sub, f->sub->name, (const char *)ptr + (size_t)k * f->sub->size,
+                               pk, err);
+        return st;
+    }
+    }
+    return vlmd_errorf(err, VLMD_ERR_INTERNAL, "%s.%s: unknown field kind", where, f->key);
 }
 
-vlmd_status vlmd_msg_encode(const vlmd_msg *msg, vlmd_buf *out, vlmd_error *err)
+/* Packs struct s as a map of every field; fails like field_encode. */
+static vlmd_status struct_encode(const struct_desc *d, const char *name, const void *s,
+                                 msgpack_packer *pk, vlmd_error *err)
 {
-    if (msg->type < 1 || msg->type > VLMD_MSG_TYPE_MAX)
-        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "unknown message type %d", (int)msg->type);
-    if (msg->type == VLMD_MSG_TOKEN_CHUNK && !token_chunk_shapes_ok(&msg->u.token_chunk))
-        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "token_chunk: logprob arrays do not match "
-                           "%u tokens x %u alternatives", msg->u.token_chunk.n_tokens,
-                           msg->u.token_chunk.top_n);
-    size_t start = out->len;
-    msgpack_packer pk;
-    msgpack_packer_init(&pk, out, buf_write);
-    vlmd_status st = VLMD_OK;
-    if (msgpack_pack_array(&pk, 3) || msgpack_pack_uint32(&pk, VLMD_PROTO_VERSION) ||
-        msgpack_pack_uint32(&pk, msg->type))
-        st = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory encoding a message");
-    else
-        st = struct_encode(&body_descs[msg->type], &msg->u, &pk, err);
-    if (st == VLMD_OK && out->len - start > VLMD_PROTO_MAX_MSG_BYTES)
-        st = vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "%s message of %zu bytes",
-                         vlmd_msg_type_str(msg->type), out->len - start);
-    if (st != VLMD_OK) {
-        out->len = start;
-        if (out->data)
-            out->data[start] = '\0';
+    vlmd_status st = packed(msgpack_pack_map(pk, d->n_fields), err);
+    for (size_t i = 0; st == VLMD_OK && i < d->n_fields; i++) {
+        const field_desc *f = &d->fields[i];
+        st = pack_str(pk, f->key, strlen(f->key), err);
+        if (st == VLMD_OK)
+            st = field_encode(name, f, s, pk, err);
     }
     return st;
 }
 
-/* ---- step 1: prescan of the raw bytes ------------------------------------ */
-
-static uint64_t be(const uint8_t *p, int n)
+vlmd_status vlmd_msg_encode(const vlmd_msg *msg, vlmd_buf *out, vlmd_error *err)
 {
-    uint64_t v = 0;
-    for (int i = 0; i < n; i++)
-        v = (v << 8) | p[i];
-    return v;
-}
-
-/* Walks one msgpack object tree at the start of data; returns its length in
- * bytes, or 0 when a declared size does not fit, nesting is too deep, or an
- * ext or reserved type appears. */
-static size_t prescan(const uint8_t *data, size_t len)
-{
-    uint64_t pending[PROTO_MAX_DEPTH + 1]; /* objects still to read at each depth */
-    int depth = 0;
-    pending[0] = 1;
-    size_t pos = 0;
-    while (depth >= 0) {
-        if (pending[depth] == 0) {
-            depth--;
-            continue;
-        }
-        pending[depth]--;
-        if (pos >= len)
-            return 0;
-        uint8_t b = data[pos++];
-        uint64_t skip = 0, items = 0;
-        int lenbytes = 0;
-        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) {
-            /* fixint, nil, bool */
-        } else if (b >= 0x80 && b <= 0x8f) {
-            items = 2u * (b & 0x0f);
-        } else if (b >= 0x90 && b <= 0x9f) {
-            items = b & 0x0f;
-        } else if (b >= 0xa0 && b <= 0xbf) {
-            skip = b & 0x1f;
-        } else {
-            switch (b) {
-            case 0xc4: case 0xd9: lenbytes = 1; break;      /* bin8, str8 */
-            case 0xc5: case 0xda: lenbytes = 2; break;      /* bin16, str16 */
-            case 0xc6: case 0xdb: lenbytes = 4; break;      /* bin32, str32 */
-            case 0xca: skip = 4; break;                     /* float32 */
-            case 0xcb: skip = 8; break;                     /* float64 */
-            case 0xcc: case 0xd0: skip = 1; break;          /* (u)int8 */
-            case 0xcd: case 0xd1: skip = 2; break;
-            case 0xce: case 0xd2: skip = 4; break;
-            case 0xcf: case 0xd3: skip = 8; break;
-            case 0xdc: case 0xde: lenbytes = 2; break;      /* array16, map16 */
-            case 0xdd: case 0xdf: lenbytes = 4; break;      /* array32, map32 */
-            default: return 0;                              /* ext types, 0xc1 */
-            }
-        }
-        if (lenbytes) {
-            if (len - pos < (size_t)lenbytes)
-                return 0;
-            uint64_t n = be(data + pos, lenbytes);
-            pos += (size_t)lenbytes;
-            if (b == 0xdc || b == 0xdd)
-                items = n;
-            else if (b == 0xde || b == 0xdf)
-                items = 2 * n;
-            else
-                skip = n;
-        }
-        if (skip > len - pos)
-            return 0;
-        pos += (size_t)skip;
-        if (items) {
-            /* every element takes at least one byte */
-            if (items > len - pos || depth == PROTO_MAX_DEPTH)
-                return 0;
-            pending[++depth] = items;
-        }
+    if (!msg || !out)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "encode: NULL message or buffer");
+    if (!msg_type_known((uint64_t)msg->type))
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "encode: unknown message type %d",
+                           (int)msg->type);
+    const char *name = msg_type_names[msg->type];
+    char why[200];
+    if (msg->type == VLMD_MSG_TOKEN_CHUNK &&
+        !token_chunk_shapes_ok(&msg->u.token_chunk, why, sizeof why))
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "token_chunk: %s", why);
+    size_t start = out->len;
+    msgpack_packer pk;
+    msgpack_packer_init(&pk, out, buf_write);
+    int rc = msgpack_pack_array(&pk, 3);
+    if (rc == 0)
+        rc = msgpack_pack_uint32(&pk, VLMD_PROTO_VERSION);
+    if (rc == 0)
+        rc = msgpack_pack_uint32(&pk, (uint32_t)msg->type);
+    vlmd_status st = packed(rc, err);
+    if (st == VLMD_OK)
+        st = struct_encode(&body_descs[msg->type], name, &msg->u, &pk, err);
+    if (st == VLMD_OK && out->len - start > VLMD_PROTO_MAX_MSG_BYTES)
+        st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: %zu bytes encoded, more than %u", name,
+                         out->len - start, VLMD_PROTO_MAX_MSG_BYTES);
+    if (st != VLMD_OK && out->data) {
+        out->len = start;
+        out->data[start] = '\0';
     }
-    return pos;
+    return st;
 }
 
-/* ---- step 3: checking the object tree against the tables ----------------- */
+/* ---- decoding: errors ------------------------------------------------------ */
 
 typedef struct decoder {
     vlmd_error *err;
-    vlmd_status st;
-    const char *where;  /* struct name, for messages */
+    vlmd_status st;     /* the first failure; later ones are not reported */
+    char path[128];     /* where we are: "request_submit.images[1]" */
 } decoder;
 
 static bool fail(decoder *dc, vlmd_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Records the first failure as "<path>: <message>"; always returns false. */
 static bool fail(decoder *dc, vlmd_status st, const char *fmt, ...)
 {
     if (dc->st != VLMD_OK)
@@ -582,10 +574,138 @@ static bool fail(decoder *dc, vlmd_status st, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(msg, sizeof msg, fmt, ap);
         va_end(ap);
-        vlmd_errorf(dc->err, st, "%s: %s", dc->where, msg);
+        vlmd_errorf(dc->err, st, "%s: %s", dc->path, msg);
     }
     return false;
 }
+
+/* Appends ".key" or ".key[index]" (index >= 0) to the path; returns the old
+ * length for path_pop(). A path too long for the buffer is cut. */
+static size_t path_push(decoder *dc, const char *key, int64_t index)
+{
+    size_t old = strlen(dc->path);
+    if (index < 0)
+        snprintf(dc->path + old, sizeof dc->path - old, ".%s", key);
+    else
+        snprintf(dc->path + old, sizeof dc->path - old, ".%s[%lld]", key, (long long)index);
+    return old;
+}
+
+static void path_pop(decoder *dc, size_t old)
+{
+    dc->path[old] = '\0';
+}
+
+/* ---- decoding step 1: prescan of the raw bytes ------------------------------ */
+
+/* What the first byte of a msgpack object says follows it. */
+typedef struct scan_head {
+    int len_bytes;      /* a big-endian length or count of this many bytes follows */
+    int per_count;      /* with len_bytes: 0 = it counts payload bytes, 1 = array, 2 = map */
+    uint64_t payload;   /* bytes of payload */
+    uint64_t items;     /* child objects */
+} scan_head;
+
+/* Fills h from type byte b; false for ext types and the reserved 0xc1, which
+ * no vlmd message uses. */
+static bool scan_head_parse(uint8_t b, scan_head *h)
+{
+    *h = (scan_head){0};
+    if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3)
+        return true;                                    /* fixint, nil, bool */
+    if (b <= 0x8f) {
+        h->items = 2u * (b & 0x0fu);                    /* fixmap */
+        return true;
+    }
+    if (b <= 0x9f) {
+        h->items = b & 0x0fu;                           /* fixarray */
+        return true;
+    }
+    if (b <= 0xbf) {
+        h->payload = b & 0x1fu;                         /* fixstr */
+        return true;
+    }
+    switch (b) {
+    case 0xc4: case 0xd9: h->len_bytes = 1; return true;                 /* bin8, str8 */
+    case 0xc5: case 0xda: h->len_bytes = 2; return true;                 /* bin16, str16 */
+    case 0xc6: case 0xdb: h->len_bytes = 4; return true;                 /* bin32, str32 */
+    case 0xcc: case 0xd0: h->payload = 1; return true;                   /* (u)int8 */
+    case 0xcd: case 0xd1: h->payload = 2; return true;                   /* (u)int16 */
+    case 0xca: case 0xce: case 0xd2: h->payload = 4; return true;        /* float32, (u)int32 */
+    case 0xcb: case 0xcf: case 0xd3: h->payload = 8; return true;        /* float64, (u)int64 */
+    case 0xdc: h->len_bytes = 2; h->per_count = 1; return true;          /* array16 */
+    case 0xdd: h->len_bytes = 4; h->per_count = 1; return true;          /* array32 */
+    case 0xde: h->len_bytes = 2; h->per_count = 2; return true;          /* map16 */
+    case 0xdf: h->len_bytes = 4; h->per_count = 2; return true;          /* map32 */
+    default: return false;
+    }
+}
+
+static uint64_t read_be(const uint8_t *p, int n)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < n; i++)
+        v = (v << 8) | p[i];
+    return v;
+}
+
+/* Checks that data holds exactly one msgpack object whose every declared
+ * length and count fits in the bytes left, nested at most PROTO_MAX_DEPTH
+ * deep, of at most PROTO_MAX_OBJECTS objects. Reads nothing past len and
+ * allocates nothing; fails with VLMD_ERR_PROTO (VLMD_ERR_TOO_LARGE for too
+ * many objects). */
+static bool prescan(decoder *dc, const uint8_t *data, size_t len)
+{
+    uint64_t pending[PROTO_MAX_DEPTH + 1];  /* objects still to read at each depth */
+    int depth = 0;
+    size_t pos = 0, objects = 0;
+    pending[0] = 1;
+    while (depth >= 0) {
+        if (pending[depth] == 0) {
+            depth--;
+            continue;
+        }
+        pending[depth]--;
+        if (pos >= len)
+            return fail(dc, VLMD_ERR_PROTO, "truncated: %zu bytes end before the message does",
+                        len);
+        if (++objects > PROTO_MAX_OBJECTS)
+            return fail(dc, VLMD_ERR_TOO_LARGE, "more than %u objects", PROTO_MAX_OBJECTS);
+        size_t at = pos;
+        scan_head h;
+        if (!scan_head_parse(data[pos++], &h))
+            return fail(dc, VLMD_ERR_PROTO, "byte %zu: type 0x%02x is not allowed", at,
+                        data[at]);
+        if (h.len_bytes) {
+            if ((size_t)h.len_bytes > len - pos)
+                return fail(dc, VLMD_ERR_PROTO, "byte %zu: truncated length", at);
+            uint64_t n = read_be(data + pos, h.len_bytes);
+            pos += (size_t)h.len_bytes;
+            if (h.per_count)
+                h.items = n * (uint64_t)h.per_count;
+            else
+                h.payload = n;
+        }
+        if (h.payload > len - pos)
+            return fail(dc, VLMD_ERR_PROTO, "byte %zu: %llu bytes declared, %zu left", at,
+                        (unsigned long long)h.payload, len - pos);
+        pos += (size_t)h.payload;
+        if (h.items == 0)
+            continue;
+        if (h.items > len - pos)    /* every element takes at least one byte */
+            return fail(dc, VLMD_ERR_PROTO, "byte %zu: %llu elements declared, %zu bytes left",
+                        at, (unsigned long long)h.items, len - pos);
+        if (depth == PROTO_MAX_DEPTH)
+            return fail(dc, VLMD_ERR_PROTO, "byte %zu: nested deeper than %d", at,
+                        PROTO_MAX_DEPTH);
+        pending[++depth] = h.items;
+    }
+    if (pos != len)
+        return fail(dc, VLMD_ERR_PROTO, "%zu trailing bytes after the message", len - pos);
+    return true;
+}
+
+/* ---- decoding step 3: the object tree against the tables --------------------- */
 
 static bool key_is(const msgpack_object *k, const char *key)
 {
@@ -600,36 +720,44 @@ static bool same_str(const msgpack_object *a, const msgpack_object *b)
            memcmp(a->via.str.ptr, b->via.str.ptr, a->via.str.size) == 0;
 }
 
-/* Keys must be strings, without duplicates. */
-static bool check_keys(decoder *dc, const msgpack_object_map *m, uint32_t max_keys)
+/* Checks that map o has at most max_entries entries (else VLMD_ERR_TOO_LARGE)
+ * with string keys, none twice (else VLMD_ERR_PROTO). */
+static bool map_check(decoder *dc, const msgpack_object *o, const char *what,
+                      uint64_t max_entries)
 {
-    if (m->size > max_keys)
-        return fail(dc, VLMD_ERR_TOO_LARGE, "map of %u entries, more than %u", m->size, max_keys);
+    if (o->type != MSGPACK_OBJECT_MAP)
+        return fail(dc, VLMD_ERR_PROTO, "%s is not a map", what);
+    const msgpack_object_map *m = &o->via.map;
+    if (m->size > max_entries)
+        return fail(dc, VLMD_ERR_TOO_LARGE, "%s: %u entries, more than %llu", what, m->size,
+                    (unsigned long long)max_entries);
     for (uint32_t i = 0; i < m->size; i++) {
         if (m->ptr[i].key.type != MSGPACK_OBJECT_STR)
-            return fail(dc, VLMD_ERR_PROTO, "a map key is not a string");
+            return fail(dc, VLMD_ERR_PROTO, "%s: a key is not a string", what);
         for (uint32_t j = 0; j < i; j++)
             if (same_str(&m->ptr[i].key, &m->ptr[j].key))
-                return fail(dc, VLMD_ERR_PROTO, "duplicate key '%.*s'",
+                return fail(dc, VLMD_ERR_PROTO, "%s: duplicate key '%.*s'", what,
                             (int)m->ptr[i].key.via.str.size, m->ptr[i].key.via.str.ptr);
     }
     return true;
 }
 
-static char *dup_str(decoder *dc, const msgpack_object *o, const char *key)
+/* A heap copy of string o (NUL-terminated); NULL after fail() when o is not a
+ * string, is over VLMD_PROTO_MAX_STR bytes or holds a NUL byte. */
+static char *str_dup_checked(decoder *dc, const msgpack_object *o, const char *what)
 {
     if (o->type != MSGPACK_OBJECT_STR) {
-        fail(dc, VLMD_ERR_PROTO, "field '%s' is not a string", key);
+        fail(dc, VLMD_ERR_PROTO, "%s is not a string", what);
         return NULL;
     }
     uint32_t n = o->via.str.size;
     if (n > VLMD_PROTO_MAX_STR) {
-        fail(dc, VLMD_ERR_TOO_LARGE, "field '%s': string of %u bytes, more than %u", key, n,
+        fail(dc, VLMD_ERR_PROTO, "%s: string of %u bytes, more than %u", what, n,
              VLMD_PROTO_MAX_STR);
         return NULL;
     }
-    if (memchr(o->via.str.ptr, '\0', n)) {
-        fail(dc, VLMD_ERR_PROTO, "field '%s' holds a NUL byte", key);
+    if (n && memchr(o->via.str.ptr, '\0', n)) {
+        fail(dc, VLMD_ERR_PROTO, "%s holds a NUL byte", what);
         return NULL;
     }
     char *s = malloc((size_t)n + 1);
@@ -637,11 +765,14 @@ static char *dup_str(decoder *dc, const msgpack_object *o, const char *key)
         fail(dc, VLMD_ERR_NOMEM, "out of memory");
         return NULL;
     }
-    memcpy(s, o->via.str.ptr, n);
+    if (n)
+        memcpy(s, o->via.str.ptr, n);
     s[n] = '\0';
     return s;
 }
 
+/* An unsigned integer <= max; fails (VLMD_ERR_PROTO) for any other type,
+ * negative values included, and for values over max. */
 static bool get_uint(decoder *dc, const msgpack_object *o, const char *key, uint64_t max,
                      uint64_t *out)
 {
@@ -654,28 +785,59 @@ static bool get_uint(decoder *dc, const msgpack_object *o, const char *key, uint
     return true;
 }
 
+/* A signed integer in [min, max]; fails (VLMD_ERR_PROTO) otherwise. */
 static bool get_int(decoder *dc, const msgpack_object *o, const char *key, int64_t min,
                     int64_t max, int64_t *out)
 {
-    int64_t v;
     if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER) {
         if (o->via.u64 > (uint64_t)max)
-            return fail(dc, VLMD_ERR_PROTO, "field '%s' is out of range", key);
-        v = (int64_t)o->via.u64;
-    } else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER) {
-        v = o->via.i64;
-    } else {
-        return fail(dc, VLMD_ERR_PROTO, "field '%s' is not an integer", key);
+            return fail(dc, VLMD_ERR_PROTO, "field '%s': %llu is over %lld", key,
+                        (unsigned long long)o->via.u64, (long long)max);
+        *out = (int64_t)o->via.u64;
+        return true;
     }
-    if (v < min || v > max)
-        return fail(dc, VLMD_ERR_PROTO, "field '%s' is out of range", key);
+    if (o->type != MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        return fail(dc, VLMD_ERR_PROTO, "field '%s' is not an integer", key);
+    if (o->via.i64 < min)
+        return fail(dc, VLMD_ERR_PROTO, "field '%s': %lld is under %lld", key,
+                    (long long)o->via.i64, (long long)min);
+    *out = o->via.i64;
+    return true;
+}
+
+/* A finite number: float32, float64 or an integer (another encoder may
+ * write 1.0 as 1). */
+static bool get_f64(decoder *dc, const msgpack_object *o, const char *key, double *out)
+{
+    double v;
+    if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
+        v = o->via.f64;
+    else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
+        v = (double)o->via.u64;
+    else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
+        v = (double)o->via.i64;
+    else
+        return fail(dc, VLMD_ERR_PROTO, "field '%s' is not a number", key);
+    if (!isfinite(v))
+        return fail(dc, VLMD_ERR_PROTO, "field '%s' is not finite", key);
     *out = v;
     return true;
 }
 
-static bool struct_decode(decoder *dc, const struct_desc *d, const msgpack_object *o, void *s);
+/* One element of a float array: float32 or float64 (NaN and infinities pass,
+ * -inf is a fine log-probability); a finite float64 beyond float's range fails. */
+static bool get_f32(decoder *dc, const msgpack_object *o, const char *key, float *out)
+{
+    if (o->type != MSGPACK_OBJECT_FLOAT32 && o->type != MSGPACK_OBJECT_FLOAT64)
+        return fail(dc, VLMD_ERR_PROTO, "field '%s' holds a non-float", key);
+    double v = o->via.f64;
+    if (isfinite(v) && fabs(v) > FLT_MAX)
+        return fail(dc, VLMD_ERR_PROTO, "field '%s' holds %g, beyond float", key, v);
+    *out = (float)v;
+    return true;
+}
 
-/* Checks an array field's type and length; returns its element count or -1. */
+/* Checks an array field's type and length: its element count, or -1 after fail(). */
 static int64_t array_len(decoder *dc, const field_desc *f, const msgpack_object *o)
 {
     if (o->type != MSGPACK_OBJECT_ARRAY) {
@@ -690,23 +852,102 @@ static int64_t array_len(decoder *dc, const field_desc *f, const msgpack_object 
     return o->via.array.size;
 }
 
-/* Allocates n elements of size sz (NULL for n == 0, which is not a failure). */
-static void *alloc_elems(decoder *dc, size_t n, size_t sz, bool *ok)
+/* Zeroed room for n elements of sz bytes, NULL for n == 0; false after fail(). */
+static bool alloc_elems(decoder *dc, size_t n, size_t sz, void **out)
 {
-    *ok = true;
-    if (!n)
-        return NULL;
-    void *p = calloc(n, sz);
-    if (!p)
-        *ok = fail(dc, VLMD_ERR_NOMEM, "out of memory");
-    return p;
+    *out = n ? calloc(n, sz) : NULL;
+    return n == 0 || *out || fail(dc, VLMD_ERR_NOMEM, "out of memory");
 }
 
+static bool struct_decode(decoder *dc, const struct_desc *d, const msgpack_object *o, void *s);
+
+static bool decode_bin(decoder *dc, const field_desc *f, const msgpack_object *o, void *s)
+{
+    if (o->type != MSGPACK_OBJECT_BIN)
+        return fail(dc, VLMD_ERR_PROTO, "field '%s' is not binary", f->key);
+    if (o->via.bin.size > f->limit)
+        return fail(dc, VLMD_ERR_TOO_LARGE, "field '%s': %u bytes, more than %llu", f->key,
+                    o->via.bin.size, (unsigned long long)f->limit);
+    void *p;
+    if (!alloc_elems(dc, o->via.bin.size, 1, &p))
+        return false;
+    if (p)
+        memcpy(p, o->via.bin.ptr, o->via.bin.size);
+    *AT(s, f->offset, void *) = p;
+    *AT(s, f->count_offset, uint32_t) = o->via.bin.size;
+    return true;
+}
+
+static bool decode_num_array(decoder *dc, const field_desc *f, const msgpack_object *o, void *s)
+{
+    int64_t n = array_len(dc, f, o);
+    void *p;
+    if (n < 0 || !alloc_elems(dc, (size_t)n, 4, &p))
+        return false;
+    *AT(s, f->offset, void *) = p;
+    *AT(s, f->count_offset, uint32_t) = (uint32_t)n;
+    for (int64_t k = 0; k < n; k++) {
+        const msgpack_object *e = &o->via.array.ptr[k];
+        uint64_t u = 0;
+        if (f->kind == F_F32_ARRAY) {
+            if (!get_f32(dc, e, f->key, &((float *)p)[k]))
+                return false;
+        } else if (!get_uint(dc, e, f->key, UINT32_MAX, &u)) {
+            return false;
+        } else {
+            ((uint32_t *)p)[k] = (uint32_t)u;
+        }
+    }
+    return true;
+}
+
+static bool decode_kv(decoder *dc, const field_desc *f, const msgpack_object *o, void *s)
+{
+    char what[64];
+    snprintf(what, sizeof what, "field '%s'", f->key);
+    void *p;
+    if (!map_check(dc, o, what, f->limit) ||
+        !alloc_elems(dc, o->via.map.size, sizeof(vlmd_kv), &p))
+        return false;
+    vlmd_kv *kv = p;
+    *AT(s, f->offset, vlmd_kv *) = kv;
+    *AT(s, f->count_offset, uint32_t) = o->via.map.size;
+    for (uint32_t k = 0; k < o->via.map.size; k++) {
+        snprintf(what, sizeof what, "field '%s' entry %u", f->key, k);
+        kv[k].key = str_dup_checked(dc, &o->via.map.ptr[k].key, what);
+        kv[k].value = kv[k].key ? str_dup_checked(dc, &o->via.map.ptr[k].val, what) : NULL;
+        if (!kv[k].value)
+            return false;
+    }
+    return true;
+}
+
+static bool decode_struct_array(decoder *dc, const field_desc *f, const msgpack_object *o,
+                                void *s)
+{
+    int64_t n = array_len(dc, f, o);
+    void *p;
+    if (n < 0 || !alloc_elems(dc, (size_t)n, f->sub->size, &p))
+        return false;
+    *AT(s, f->offset, void *) = p;
+    *AT(s, f->count_offset, uint32_t) = (uint32_t)n;
+    for (int64_t k = 0; k < n; k++) {
+        size_t old = path_push(dc, f->key, k);
+        char *elem = (char *)p + (size_t)k * f->sub->size;
+        bool ok = struct_decode(dc, f->sub, &o->via.array.ptr[k], elem);
+        path_pop(dc, old);
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
+/* Decodes value o of field f into struct s (zeroed, so that whatever was
+ * allocated before a failure is freed by struct_free). */
 static bool field_decode(decoder *dc, const field_desc *f, const msgpack_object *o, void *s)
 {
     uint64_t u = 0;
     int64_t i = 0;
-    bool ok;
     switch (f->kind) {
     case F_U32:
         if (!get_uint(dc, o, f->key, f->limit, &u))
@@ -714,201 +955,130 @@ static bool field_decode(decoder *dc, const field_desc *f, const msgpack_object 
         *AT(s, f->offset, uint32_t) = (uint32_t)u;
         return true;
     case F_U64:
-        if (!get_uint(dc, o, f->key, UINT64_MAX, &u))
-            return false;
-        *AT(s, f->offset, uint64_t) = u;
-        return true;
+        return get_uint(dc, o, f->key, UINT64_MAX, AT(s, f->offset, uint64_t));
     case F_I32:
         if (!get_int(dc, o, f->key, INT32_MIN, INT32_MAX, &i))
             return false;
         *AT(s, f->offset, int32_t) = (int32_t)i;
         return true;
     case F_I64:
-        if (!get_int(dc, o, f->key, INT64_MIN, INT64_MAX, &i))
-            return false;
-        *AT(s, f->offset, int64_t) = i;
-        return true;
+        return get_int(dc, o, f->key, INT64_MIN, INT64_MAX, AT(s, f->offset, int64_t));
     case F_BOOL:
         if (o->type != MSGPACK_OBJECT_BOOLEAN)
             return fail(dc, VLMD_ERR_PROTO, "field '%s' is not a boolean", f->key);
         *AT(s, f->offset, bool) = o->via.boolean;
         return true;
-    case F_F64: {
-        double v;
-        if (o->type == MSGPACK_OBJECT_FLOAT32 || o->type == MSGPACK_OBJECT_FLOAT64)
-            v = o->via.f64;
-        else if (o->type == MSGPACK_OBJECT_POSITIVE_INTEGER)
-            v = (double)o->via.u64;
-        else if (o->type == MSGPACK_OBJECT_NEGATIVE_INTEGER)
-            v = (double)o->via.i64;
-        else
-            return fail(dc, VLMD_ERR_PROTO, "field '%s' is not a number", f->key);
-        if (!isfinite(v))
-            return fail(dc, VLMD_ERR_PROTO, "field '%s' is not finite", f->key);
-        *AT(s, f->offset, double) = v;
-        return true;
-    }
+    case F_F64:
+        return get_f64(dc, o, f->key, AT(s, f->offset, double));
     case F_STR: {
-        char *str = dup_str(dc, o, f->key);
-        *AT(s, f->offset, char *) = str;
-        return str != NULL;
+        char what[64];
+        snprintf(what, sizeof what, "field '%s'", f->key);
+        return (*AT(s, f->offset, char *) = str_dup_checked(dc, o, what)) != NULL;
     }
     case F_HASH:
         if (o->type != MSGPACK_OBJECT_BIN || o->via.bin.size != 32)
             return fail(dc, VLMD_ERR_PROTO, "field '%s' is not 32 bytes of binary", f->key);
         memcpy(AT(s, f->offset, uint8_t), o->via.bin.ptr, 32);
         return true;
-    case F_BIN: {
-        if (o->type != MSGPACK_OBJECT_BIN)
-            return fail(dc, VLMD_ERR_PROTO, "field '%s' is not binary", f->key);
-        if (o->via.bin.size > f->limit)
-            return fail(dc, VLMD_ERR_TOO_LARGE, "field '%s': %u bytes, more than %llu", f->key,
-                        o->via.bin.size, (unsigned long long)f->limit);
-        uint8_t *p = alloc_elems(dc, o->via.bin.size, 1, &ok);
-        if (!ok)
-            return false;
-        if (p)
-            memcpy(p, o->via.bin.ptr, o->via.bin.size);
-        *AT(s, f->offset, uint8_t *) = p;
-        *AT(s, f->count_offset, uint32_t) = o->via.bin.size;
-        return true;
-    }
+    case F_BIN:
+        return decode_bin(dc, f, o, s);
     case F_U32_ARRAY:
-    case F_F32_ARRAY: {
-        int64_t n = array_len(dc, f, o);
-        if (n < 0)
-            return false;
-        void *p = alloc_elems(dc, (size_t)n, 4, &ok);
-        if (!ok)
-            return false;
-        *AT(s, f->offset, void *) = p;
-        *AT(s, f->count_offset, uint32_t) = (uint32_t)n;
-        for (int64_t k = 0; k < n; k++) {
-            const msgpack_object *e = &o->via.array.ptr[k];
-            if (f->kind == F_U32_ARRAY) {
-                if (!get_uint(dc, e, f->key, UINT32_MAX, &u))
-                    return false;
-                ((uint32_t *)p)[k] = (uint32_t)u;
-            } else {
-                if (e->type != MSGPACK_OBJECT_FLOAT32 && e->type != MSGPACK_OBJECT_FLOAT64)
-                    return fail(dc, VLMD_ERR_PROTO, "field '%s' holds a non-float", f->key);
-                ((float *)p)[k] = (float)e->via.f64;
-            }
-        }
-        return true;
+    case F_F32_ARRAY:
+        return decode_num_array(dc, f, o, s);
+    case F_KV:
+        return decode_kv(dc, f, o, s);
+    case F_STRUCT: {
+        size_t old = path_push(dc, f->key, -1);
+        bool ok = struct_decode(dc, f->sub, o, AT(s, f->offset, char));
+        path_pop(dc, old);
+        return ok;
     }
-    case F_KV: {
-        if (o->type != MSGPACK_OBJECT_MAP)
-            return fail(dc, VLMD_ERR_PROTO, "field '%s' is not a map", f->key);
-        const msgpack_object_map *m = &o->via.map;
-        if (!check_keys(dc, m, (uint32_t)f->limit))
-            return false;
-        vlmd_kv *kv = alloc_elems(dc, m->size, sizeof *kv, &ok);
-        if (!ok)
-            return false;
-        *AT(s, f->offset, vlmd_kv *) = kv;
-        *AT(s, f->count_offset, uint32_t) = m->size;
-        for (uint32_t k = 0; k < m->size; k++) {
-            kv[k].key = dup_str(dc, &m->ptr[k].key, f->key);
-            kv[k].value = kv[k].key ? dup_str(dc, &m->ptr[k].val, f->key) : NULL;
-            if (!kv[k].value)
-                return false;
-        }
-        return true;
+    case F_STRUCT_ARRAY:
+        return decode_struct_array(dc, f, o, s);
     }
-    case F_STRUCT:
-        return struct_decode(dc, f->sub, o, AT(s, f->offset, char));
-    case F_STRUCT_ARRAY: {
-        int64_t n = array_len(dc, f, o);
-        if (n < 0)
-            return false;
-        char *p = alloc_elems(dc, (size_t)n, f->sub->size, &ok);
-        if (!ok)
-            return false;
-        *AT(s, f->offset, char *) = p;
-        *AT(s, f->count_offset, uint32_t) = (uint32_t)n;
-        for (int64_t k = 0; k < n; k++)
-            if (!struct_decode(dc, f->sub, &o->via.array.ptr[k], p + (size_t)k * f->sub->size))
-                return false;
-        return true;
-    }
-    }
-    return fail(dc, VLMD_ERR_INTERNAL, "unknown field kind");
+    return fail(dc, VLMD_ERR_INTERNAL, "field '%s': unknown field kind", f->key);
 }
 
-/* Fills s from a map; s must be zeroed (so that a failure can be freed). */
+/* The value of key in map o (checked by map_check), or NULL. */
+static const msgpack_object *map_get(const msgpack_object *o, const char *key)
+{
+    for (uint32_t k = 0; k < o->via.map.size; k++)
+        if (key_is(&o->via.map.ptr[k].key, key))
+            return &o->via.map.ptr[k].val;
+    return NULL;
+}
+
+/* Fills zeroed struct s from map o: every known field, absent optional ones
+ * at their default ("" for strings), unknown keys ignored. */
 static bool struct_decode(decoder *dc, const struct_desc *d, const msgpack_object *o, void *s)
 {
-    const char *outer = dc->where;
-    dc->where = d->name;
-    bool ok = true;
-    if (o->type != MSGPACK_OBJECT_MAP)
-        ok = fail(dc, VLMD_ERR_PROTO, "body is not a map");
-    else
-        ok = check_keys(dc, &o->via.map, PROTO_MAX_BODY_KEYS);
-    for (size_t i = 0; ok && i < d->n_fields; i++) {
+    if (!map_check(dc, o, d->name ? d->name : "the body", PROTO_MAX_BODY_KEYS))
+        return false;
+    for (size_t i = 0; i < d->n_fields; i++) {
         const field_desc *f = &d->fields[i];
-        const msgpack_object *val = NULL;
-        for (uint32_t k = 0; k < o->via.map.size; k++)
-            if (key_is(&o->via.map.ptr[k].key, f->key))
-                val = &o->via.map.ptr[k].val;
-        if (!val) {
-            if (!f->optional)
-                ok = fail(dc, VLMD_ERR_PROTO, "missing field '%s'", f->key);
-            else if (f->kind == F_STR && !(*AT(s, f->offset, char *) = calloc(1, 1)))
-                ok = fail(dc, VLMD_ERR_NOMEM, "out of memory");
-            continue;
+        const msgpack_object *val = map_get(o, f->key);
+        if (val) {
+            if (!field_decode(dc, f, val, s))
+                return false;
+        } else if (!f->optional) {
+            return fail(dc, VLMD_ERR_PROTO, "missing field '%s'", f->key);
+        } else if (f->kind == F_STR && !(*AT(s, f->offset, char *) = calloc(1, 1))) {
+            return fail(dc, VLMD_ERR_NOMEM, "out of memory");
         }
-        ok = field_decode(dc, f, val, s);
     }
-    if (ok)
-        dc->where = outer;
-    return ok;
+    return true;
+}
+
+/* Checks [version, type, body] and decodes body into out; out->type is set
+ * before the body is decoded so that vlmd_msg_free() can clean up. */
+static bool root_decode(decoder *dc, const msgpack_object *root, vlmd_msg *out)
+{
+    uint64_t version = 0, type = 0;
+    if (root->type != MSGPACK_OBJECT_ARRAY || root->via.array.size != 3)
+        return fail(dc, VLMD_ERR_PROTO, "not an array of [version, type, body]");
+    const msgpack_object *v = root->via.array.ptr;
+    if (!get_uint(dc, &v[0], "version", UINT64_MAX, &version) ||
+        !get_uint(dc, &v[1], "type", UINT64_MAX, &type))
+        return false;
+    if (version != VLMD_PROTO_VERSION)
+        return fail(dc, VLMD_ERR_VERSION, "version %llu, this build speaks %d",
+                    (unsigned long long)version, VLMD_PROTO_VERSION);
+    if (!msg_type_known(type))
+        return fail(dc, VLMD_ERR_PROTO, "unknown message type %llu", (unsigned long long)type);
+    out->type = (vlmd_msg_type)type;
+    snprintf(dc->path, sizeof dc->path, "%s", msg_type_names[type]);
+    if (!struct_decode(dc, &body_descs[type], &v[2], &out->u))
+        return false;
+    char why[200];
+    if (out->type == VLMD_MSG_TOKEN_CHUNK &&
+        !token_chunk_shapes_ok(&out->u.token_chunk, why, sizeof why))
+        return fail(dc, VLMD_ERR_PROTO, "%s", why);
+    return true;
 }
 
 vlmd_status vlmd_msg_decode(const void *data, size_t len, vlmd_msg *out, vlmd_error *err)
 {
+    if (!out)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "decode: NULL output");
     memset(out, 0, sizeof *out);
-    decoder dc = {.err = err, .where = "message"};
+    decoder dc = {.err = err, .st = VLMD_OK, .path = "message"};
+    if (!data && len)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "decode: NULL data of %zu bytes", len);
     if (len > VLMD_PROTO_MAX_MSG_BYTES) {
         fail(&dc, VLMD_ERR_TOO_LARGE, "%zu bytes, more than %u", len, VLMD_PROTO_MAX_MSG_BYTES);
         return dc.st;
     }
-    size_t used = prescan(data, len);
-    if (used == 0 || used != len) {
-        if (used)
-            fail(&dc, VLMD_ERR_PROTO, "%zu trailing bytes", len - used);
-        else
-            fail(&dc, VLMD_ERR_PROTO, "not well-formed msgpack (a size or count runs past the end, "
-                 "nesting deeper than %d, or an ext type)", PROTO_MAX_DEPTH);
+    if (!prescan(&dc, data, len))
         return dc.st;
-    }
     msgpack_unpacked up;
     msgpack_unpacked_init(&up);
     size_t off = 0;
     msgpack_unpack_return rc = msgpack_unpack_next(&up, data, len, &off);
-    const msgpack_object *root = &up.data;
-    uint64_t version = 0, type = 0;
-    if (rc != MSGPACK_UNPACK_SUCCESS || off != len) {
+    if (rc != MSGPACK_UNPACK_SUCCESS || off != len)
         fail(&dc, rc == MSGPACK_UNPACK_NOMEM_ERROR ? VLMD_ERR_NOMEM : VLMD_ERR_PROTO,
-             "msgpack unpack failed (%d)", (int)rc);
-    } else if (root->type != MSGPACK_OBJECT_ARRAY || root->via.array.size != 3) {
-        fail(&dc, VLMD_ERR_PROTO, "not an array of [version, type, body]");
-    } else if (!get_uint(&dc, &root->via.array.ptr[0], "version", UINT32_MAX, &version) ||
-               !get_uint(&dc, &root->via.array.ptr[1], "type", UINT32_MAX, &type)) {
-        /* fail() said why */
-    } else if (version != VLMD_PROTO_VERSION) {
-        fail(&dc, VLMD_ERR_VERSION, "version %llu, this build speaks %d",
-             (unsigned long long)version, VLMD_PROTO_VERSION);
-    } else if (type < 1 || type > VLMD_MSG_TYPE_MAX) {
-        fail(&dc, VLMD_ERR_PROTO, "unknown message type %llu", (unsigned long long)type);
-    } else {
-        out->type = (vlmd_msg_type)type;
-        if (struct_decode(&dc, &body_descs[type], &root->via.array.ptr[2], &out->u) &&
-            out->type == VLMD_MSG_TOKEN_CHUNK && !token_chunk_shapes_ok(&out->u.token_chunk))
-            fail(&dc, VLMD_ERR_PROTO, "logprob arrays do not match %u tokens x %u alternatives",
-                 out->u.token_chunk.n_tokens, out->u.token_chunk.top_n);
-    }
+             "msgpack-c could not unpack what the prescan passed (%d)", (int)rc);
+    else
+        root_decode(&dc, &up.data, out);
     msgpack_unpacked_destroy(&up);
     if (dc.st != VLMD_OK)
         vlmd_msg_free(out);
