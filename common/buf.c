@@ -2,6 +2,7 @@
 #include "buf.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
@@ -33,11 +34,17 @@ vlmd_status vlmd_buf_reserve(vlmd_buf *b, size_t extra)
 
 vlmd_status vlmd_buf_append(vlmd_buf *b, const void *data, size_t len)
 {
+    /* data may point into b itself: find it again after a realloc */
+    const char *p = data;
+    bool inside = b->data && p >= b->data && p < b->data + b->cap;
+    size_t offset = inside ? (size_t)(p - b->data) : 0;
     vlmd_status st = vlmd_buf_reserve(b, len);
     if (st != VLMD_OK)
         return st;
+    if (inside)
+        p = b->data + offset;
     if (len)
-        memcpy(b->data + b->len, data, len);
+        memmove(b->data + b->len, p, len);
     b->len += len;
     b->data[b->len] = '\0';
     return VLMD_OK;

@@ -1,0 +1,36 @@
+/* test_buf.c - the growable buffer and strict number parsing. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "buf.h"
+
+Test(buf, append_its_own_bytes_across_a_realloc)
+{
+    vlmd_buf b = VLMD_BUF_INIT;
+    cr_assert_eq(vlmd_buf_puts(&b, "abcdefgh"), VLMD_OK);
+    for (int i = 0; i < 6; i++) /* each doubling moves the storage sooner or later */
+        cr_assert_eq(vlmd_buf_append(&b, b.data, b.len), VLMD_OK);
+    cr_assert_eq(b.len, 8u << 6);
+    for (size_t i = 0; i < b.len; i++)
+        cr_assert_eq(b.data[i], "abcdefgh"[i % 8], "byte %zu", i);
+    cr_expect_eq(b.data[b.len], '\0');
+    vlmd_buf_free(&b);
+}
+
+Test(buf, printf_and_parse)
+{
+    vlmd_buf b = VLMD_BUF_INIT;
+    vlmd_buf_printf(&b, "%d-%s", 42, "x");
+    cr_expect_str_eq(b.data, "42-x");
+    vlmd_buf_free(&b);
+    long long v;
+    cr_expect_eq(vlmd_parse_i64("17", 0, 20, &v), VLMD_OK);
+    cr_expect_eq(v, 17);
+    cr_expect_eq(vlmd_parse_i64("21", 0, 20, &v), VLMD_ERR_INVALID_ARG);
+    cr_expect_eq(vlmd_parse_i64("1x", 0, 20, &v), VLMD_ERR_INVALID_ARG);
+    double d;
+    cr_expect_eq(vlmd_parse_double("nan", -1, 1, &d), VLMD_ERR_INVALID_ARG);
+    char small[4];
+    cr_expect_eq(vlmd_strlcpy(small, "hello", sizeof small), 5u, "the length it wanted");
+    cr_expect_str_eq(small, "hel");
+}
