@@ -1,0 +1,255 @@
+/* preprocess.c - the Qwen2-VL image processor in C (see preprocess.h). */
+#include "preprocess.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+/* ---- parameters --------------------------------------------------------------- */
+
+vlmd_status vlmd_vision_params_load(const char *model_dir, vlmd_vision_params *out,
+                                    vlmd_error *err)
+{
+    *out = (vlmd_vision_params){14, 2, 2, 56 * 56, 28 * 28 * 1280,
+                                {0.48145466f, 0.4578275f, 0.40821073f},
+                                {0.26862954f, 0.26130258f, 0.27577711f}, 1.0f / 255.0f};
+    char path[4096];
+    snprintf(path, sizeof path, "%s/preprocessor_config.json", model_dir);
+    json_error_t jerr;
+    json_t *j = json_load_file(path, 0, &jerr);
+    if (!j)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: %s", path, jerr.text);
+    const json_t *v, *size = json_object_get(j, "size");
+    if (json_is_integer(v = json_object_get(j, "patch_size")))
+        out->patch_size = (uint32_t)json_integer_value(v);
+    if (json_is_integer(v = json_object_get(j, "merge_size")))
+        out->merge_size = (uint32_t)json_integer_value(v);
+    if (json_is_integer(v = json_object_get(j, "temporal_patch_size")))
+        out->temporal_patch = (uint32_t)json_integer_value(v);
+    if (json_is_integer(v = json_object_get(j, "min_pixels")) ||
+        json_is_integer(v = json_object_get(size, "shortest_edge")))
+        out->min_pixels = (uint64_t)json_integer_value(v);
+    if (json_is_integer(v = json_object_get(j, "max_pixels")) ||
+        json_is_integer(v = json_object_get(size, "longest_edge")))
+        out->max_pixels = (uint64_t)json_integer_value(v);
+    if (json_is_number(v = json_object_get(j, "rescale_factor")))
+        out->rescale = (float)json_number_value(v);
+    for (int c = 0; c < 3; c++) {
+        if (json_is_number(v = json_array_get(json_object_get(j, "image_mean"), (size_t)c)))
+            out->mean[c] = (float)json_number_value(v);
+        if (json_is_number(v = json_array_get(json_object_get(j, "image_std"), (size_t)c)))
+            out->std[c] = (float)json_number_value(v);
+    }
+    json_decref(j);
+    if (!out->patch_size || !out->merge_size || !out->temporal_patch ||
+        out->min_pixels > out->max_pixels)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: inconsistent patch sizes or pixel limits",
+                           path);
+    return VLMD_OK;
+}
+
+/* ---- sizes -------------------------------------------------------------------- */
+
+vlmd_status vlmd_smart_resize(const vlmd_vision_params *p, uint32_t height, uint32_t width,
+                              uint32_t *out_h, uint32_t *out_w, vlmd_error *err)
+{
+    double h = height, w = width, factor = (double)p->patch_size * p->merge_size;
+    if (!height || !width || fmax(h, w) / fmin(h, w) > VLMD_IMAGE_MAX_ASPECT)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "an image of %ux%u: the aspect ratio must "
+                           "be under %d", width, height, VLMD_IMAGE_MAX_ASPECT);
+    /* Python's round(): half to even, which rint() does in the default mode */
+    double hb = rint(h / factor) * factor, wb = rint(w / factor) * factor;
+    if (hb * wb > (double)p->max_pixels) {
+        double beta = sqrt(h * w / (double)p->max_pixels);
+        hb = fmax(factor, floor(h / beta / factor) * factor);
+        wb = fmax(factor, floor(w / beta / factor) * factor);
+    } else if (hb * wb < (double)p->min_pixels) {
+        double beta = sqrt((double)p->min_pixels / (h * w));
+        hb = ceil(h * beta / factor) * factor;
+        wb = ceil(w * beta / factor) * factor;
+    }
+    *out_h = (uint32_t)hb;
+    *out_w = (uint32_t)wb;
+    return VLMD_OK;
+}
+
+vlmd_status vlmd_image_tokens(const vlmd_vision_params *p, uint32_t height, uint32_t width,
+                              uint32_t *tokens, vlmd_error *err)
+{
+    uint32_t rh, rw;
+    vlmd_status st = vlmd_smart_resize(p, height, width, &rh, &rw, err);
+    if (st == VLMD_OK)
+        *tokens = (rh / p->patch_size) * (rw / p->patch_size) / (p->merge_size * p->merge_size);
+    return st;
+}
+
+/* ---- PIL's bicubic resample --------------------------------------------------- */
+
+#define PRECISION_BITS (32 - 8 - 2)
+
+static double bicubic(double x)
+{
+    const double a = -0.5;
+    x = fabs(x);
+    if (x < 1.0)
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+    if (x < 2.0)
+        return (((x - 5) * x + 8) * x - 4) * a;
+    return 0.0;
+}
+
+/* Fixed-point weights of each output pixel over the input, as PIL computes them. */
+typedef struct coeffs {
+    int ksize;
+    int *bounds;    /* out_size x (first input index, count) */
+    int *k;         /* out_size x ksize */
+} coeffs;
+
+static bool precompute(int in_size, int out_size, coeffs *c)
+{
+    double scale = (double)in_size / out_size, filterscale = scale < 1.0 ? 1.0 : scale;
+    double support = 2.0 * filterscale; /* bicubic support is 2 */
+    c->ksize = (int)ceil(support) * 2 + 1;
+    c->bounds = malloc((size_t)out_size * 2 * sizeof *c->bounds);
+    c->k = calloc((size_t)out_size * (size_t)c->ksize, sizeof *c->k);
+    double *kk = malloc((size_t)c->ksize * sizeof *kk);
+    if (!c->bounds || !c->k || !kk) {
+        free(kk);
+        return false;
+    }
+    for (int xx = 0; xx < out_size; xx++) {
+        double center = (xx + 0.5) * scale, ww = 0.0, ss = 1.0 / filterscale;
+        int xmin = (int)(center - support + 0.5), xmax = (int)(center + support + 0.5);
+        if (xmin < 0)
+            xmin = 0;
+        if (xmax > in_size)
+            xmax = in_size;
+        xmax -= xmin;
+        for (int x = 0; x < xmax; x++) {
+            double w = bicubic((x + xmin - center + 0.5) * ss);
+            kk[x] = w;
+            ww += w;
+        }
+        for (int x = 0; x < xmax; x++) {
+            double w = ww != 0.0 ? kk[x] / ww : kk[x];
+            c->k[(size_t)xx * c->ksize + x] =
+                (int)(w < 0 ? w * (1 << PRECISION_BITS) - 0.5 : w * (1 << PRECISION_BITS) + 0.5);
+        }
+        c->bounds[2 * xx] = xmin;
+        c->bounds[2 * xx + 1] = xmax;
+    }
+    free(kk);
+    return true;
+}
+
+static uint8_t clip8(int64_t v)
+{
+    v >>= PRECISION_BITS;
+    return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
+}
+
+vlmd_status vlmd_resize_bicubic(const vlmd_image *in, uint32_t out_w, uint32_t out_h,
+                                vlmd_image *out, vlmd_error *err)
+{
+    memset(out, 0, sizeof *out);
+    coeffs ch = {0}, cv = {0};
+    uint8_t *tmp = malloc((size_t)out_w * in->height * 3);
+    out->rgb = malloc((size_t)out_w * out_h * 3);
+    bool ok = tmp && out->rgb && precompute((int)in->width, (int)out_w, &ch) &&
+              precompute((int)in->height, (int)out_h, &cv);
+    if (ok) {
+        /* horizontal: in_h rows of out_w pixels */
+        for (uint32_t y = 0; y < in->height; y++)
+            for (uint32_t x = 0; x < out_w; x++) {
+                int first = ch.bounds[2 * x], n = ch.bounds[2 * x + 1];
+                const int *k = ch.k + (size_t)x * ch.ksize;
+                for (int c = 0; c < 3; c++) {
+                    int64_t acc = 1 << (PRECISION_BITS - 1);
+                    for (int i = 0; i < n; i++)
+                        acc += (int64_t)in->rgb[((size_t)y * in->width + first + i) * 3 + c] * k[i];
+                    tmp[((size_t)y * out_w + x) * 3 + c] = clip8(acc);
+                }
+            }
+        /* vertical: out_h rows */
+        for (uint32_t y = 0; y < out_h; y++) {
+            int first = cv.bounds[2 * y], n = cv.bounds[2 * y + 1];
+            const int *k = cv.k + (size_t)y * cv.ksize;
+            for (uint32_t x = 0; x < out_w; x++)
+                for (int c = 0; c < 3; c++) {
+                    int64_t acc = 1 << (PRECISION_BITS - 1);
+                    for (int i = 0; i < n; i++)
+                        acc += (int64_t)tmp[((size_t)(first + i) * out_w + x) * 3 + c] * k[i];
+                    out->rgb[((size_t)y * out_w + x) * 3 + c] = clip8(acc);
+                }
+        }
+        out->width = out_w;
+        out->height = out_h;
+    }
+    free(tmp);
+    free(ch.bounds), free(ch.k), free(cv.bounds), free(cv.k);
+    if (!ok) {
+        vlmd_image_free(out);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no memory to resize to %ux%u", out_w, out_h);
+    }
+    return VLMD_OK;
+}
+
+/* ---- normalize and patchify ----------------------------------------------------- */
+
+vlmd_status vlmd_preprocess(const vlmd_vision_params *p, const vlmd_image *img,
+                            vlmd_pixel_values *out, vlmd_error *err)
+{
+    memset(out, 0, sizeof *out);
+    uint32_t rh, rw;
+    vlmd_status st = vlmd_smart_resize(p, img->height, img->width, &rh, &rw, err);
+    if (st != VLMD_OK)
+        return st;
+    vlmd_image resized = {0};
+    const vlmd_image *src = img;
+    if (rh != img->height || rw != img->width) {
+        if ((st = vlmd_resize_bicubic(img, rw, rh, &resized, err)) != VLMD_OK)
+            return st;
+        src = &resized;
+    }
+    const uint32_t P = p->patch_size, M = p->merge_size, T = p->temporal_patch;
+    out->grid_t = 1;
+    out->grid_h = rh / P;
+    out->grid_w = rw / P;
+    out->n_patches = out->grid_h * out->grid_w;
+    out->patch_dim = 3 * T * P * P;
+    out->values = malloc((size_t)out->n_patches * out->patch_dim * sizeof *out->values);
+    if (!out->values) {
+        vlmd_image_free(&resized);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no memory for %u patches", out->n_patches);
+    }
+    /* rows in merge order (block row, block col, row in block, col in block); each row
+     * is (channel, temporal copy, y, x) of one patch; the single frame is repeated */
+    float *dst = out->values;
+    for (uint32_t bh = 0; bh < out->grid_h / M; bh++)
+        for (uint32_t bw = 0; bw < out->grid_w / M; bw++)
+            for (uint32_t mh = 0; mh < M; mh++)
+                for (uint32_t mw = 0; mw < M; mw++) {
+                    uint32_t py0 = (bh * M + mh) * P, px0 = (bw * M + mw) * P;
+                    for (int c = 0; c < 3; c++)
+                        for (uint32_t t = 0; t < T; t++)
+                            for (uint32_t y = 0; y < P; y++)
+                                for (uint32_t x = 0; x < P; x++) {
+                                    uint8_t v = src->rgb[((size_t)(py0 + y) * rw + px0 + x) * 3 + c];
+                                    *dst++ = ((float)v * p->rescale - p->mean[c]) / p->std[c];
+                                }
+                }
+    vlmd_image_free(&resized);
+    return VLMD_OK;
+}
+
+void vlmd_pixel_values_free(vlmd_pixel_values *pv)
+{
+    if (!pv)
+        return;
+    free(pv->values);
+    memset(pv, 0, sizeof *pv);
+}
