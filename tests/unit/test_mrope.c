@@ -1,0 +1,101 @@
+/* test_mrope.c - the image prompt of the VL fixtures: ChatML with an image
+ * part, tokenized, pads expanded to the image's token count, gives the
+ * reference input_ids; M-RoPE positions equal the reference position_ids. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chat_template.h"
+#include "mrope.h"
+#include "preprocess.h"
+#include "safetensors.h"
+#include "test_support.h"
+#include "tokenizer.h"
+
+static void check(const char *model, int case_index)
+{
+    char rel[256];
+    snprintf(rel, sizeof rel, "%s/reference.json", model);
+    json_t *ref = json_load_file(test_fixture(rel), 0, NULL);
+    cr_assert_not_null(ref);
+    json_t *c = json_array_get(json_object_get(ref, "cases"), (size_t)case_index);
+    json_t *thw = json_array_get(json_object_get(c, "image_grid_thw"), 0);
+    vlmd_image_grid grid = {(uint32_t)json_integer_value(json_array_get(thw, 0)),
+                            (uint32_t)json_integer_value(json_array_get(thw, 1)),
+                            (uint32_t)json_integer_value(json_array_get(thw, 2))};
+    vlmd_vision_params vp;
+    cr_assert_eq(vlmd_vision_params_load(test_fixture(model), &vp, NULL), VLMD_OK);
+    uint32_t count = grid.t * grid.h * grid.w / (vp.merge_size * vp.merge_size);
+
+    /* the prompt: template, tokens, pads expanded */
+    vlmd_chat_part parts[] = {{VLMD_CHAT_IMAGE, NULL}, {VLMD_CHAT_TEXT, "What is in this image?"}};
+    vlmd_chat_message msg = {"user", parts, 2};
+    vlmd_buf text = VLMD_BUF_INIT;
+    cr_assert_eq(vlmd_chat_render(&msg, 1, true, &text, NULL), VLMD_OK);
+    snprintf(rel, sizeof rel, "%s/tokenizer.json", model);
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture(rel), &tok, NULL), VLMD_OK);
+    vlmd_tokens ids = {0};
+    vlmd_tokenizer_encode(tok, text.data, text.len, true, &ids);
+    uint32_t pad = (uint32_t)vlmd_tokenizer_find(tok, "<|image_pad|>");
+    uint32_t *full = NULL;
+    size_t n = 0;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_expand_image_pads(ids.ids, ids.n, pad, &count, 1, &full, &n, &err), VLMD_OK,
+                 "%s", err.msg);
+    json_t *want = json_object_get(c, "input_ids");
+    cr_assert_eq(n, json_array_size(want), "%s case %d length", model, case_index);
+    for (size_t i = 0; i < n; i++)
+        cr_assert_eq(full[i], (uint32_t)json_integer_value(json_array_get(want, i)), "id %zu", i);
+
+    /* positions */
+    int32_t *pos = malloc(3 * n * sizeof *pos), next = 0;
+    cr_assert_eq(vlmd_mrope_positions(full, n, pad, &grid, 1, vp.merge_size, pos, &next, &err),
+                 VLMD_OK, "%s", err.msg);
+    snprintf(rel, sizeof rel, "%s/reference.safetensors", model);
+    vlmd_safetensors *st = NULL;
+    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(rel), &st, NULL), VLMD_OK);
+    char name[64];
+    snprintf(name, sizeof name, "case%d.position_ids", case_index);
+    const vlmd_tensor_view *t = vlmd_safetensors_find(st, name);
+    cr_assert_not_null(t);
+    const int64_t *ref_pos = t->data;
+    int32_t max = 0;
+    for (size_t i = 0; i < 3 * n; i++) {
+        cr_assert_eq(pos[i], (int32_t)ref_pos[i], "%s case %d: position %zu", model, case_index, i);
+        max = pos[i] > max ? pos[i] : max;
+    }
+    cr_expect_eq(next, max + 1, "decoding continues after the largest position");
+    vlmd_safetensors_close(st);
+    free(pos);
+    free(full);
+    vlmd_tokens_free(&ids);
+    vlmd_tokenizer_free(tok);
+    vlmd_buf_free(&text);
+    json_decref(ref);
+}
+
+Test(mrope, image_prompts_of_both_vl_fixtures)
+{
+    check("qwen2_vl", 2);
+    check("qwen2_vl", 3);
+    check("qwen2_5_vl", 2);
+    check("qwen2_5_vl", 3);
+}
+
+Test(mrope, mismatched_image_counts_are_errors)
+{
+    uint32_t ids[] = {1, 9, 9, 9, 2}, *out = NULL, counts[] = {4};
+    size_t n;
+    int32_t pos[15], next;
+    vlmd_image_grid g = {1, 4, 4}; /* 4 tokens after a 2x2 merge, the prompt has 3 */
+    vlmd_error err = {0};
+    cr_expect_eq(vlmd_mrope_positions(ids, 5, 9, &g, 1, 2, pos, &next, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect_eq(vlmd_expand_image_pads(ids, 5, 9, counts, 1, &out, &n, &err),
+                 VLMD_ERR_INVALID_ARG, "three pads for one image");
+    uint32_t text_only[] = {1, 2, 3};
+    cr_assert_eq(vlmd_mrope_positions(text_only, 3, 9, NULL, 0, 2, pos, &next, NULL), VLMD_OK);
+    cr_expect(pos[2] == 2 && pos[5] == 2 && pos[8] == 2 && next == 3, "text counts up in all rows");
+}
