@@ -9,6 +9,8 @@
 #ifndef VLMD_OPS_H
 #define VLMD_OPS_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -44,13 +46,27 @@ typedef struct vlmd_op_table {
     /* cache[slots[i], :] = new[i, :] for K and V; kv_dim = nkv * hd */
     void (*kv_write)(vlmd_backend *b, void *k_cache, void *v_cache, const void *k, const void *v,
                      const int32_t *slots, int n, int kv_dim);
-    /* Causal attention of each sequence's queries over its cached tokens (GQA);
-     * seqs (and their slots) in backend memory; n_rows = rows of q (all queries). */
+    /* Attention of each sequence's queries over its cached tokens (GQA); causal
+     * (each query sees itself and before) or not (each sees the whole
+     * sequence: the vision tower's per-image attention). seqs (and their
+     * slots) in backend memory; n_rows = rows of q (all queries). */
     void (*attention)(vlmd_backend *b, void *out, const void *q, const void *k_cache,
                       const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
-                      int nh, int nkv, int hd);
+                      int nh, int nkv, int hd, bool causal);
     /* out[n,d] = silu(gate) * up */
     void (*silu_mul)(vlmd_backend *b, void *out, const void *gate, const void *up, int n, int d);
+    /* out[n,dim] = layernorm(x) * w + bias (out may be x) */
+    void (*layernorm)(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
+                      int n, int dim, float eps);
+    /* out = gelu(x) (the erf form) or quick_gelu(x) = x * sigmoid(1.702 x), count elements */
+    void (*gelu)(vlmd_backend *b, void *out, const void *x, size_t count, bool quick);
+    /* out += x, count elements */
+    void (*add)(vlmd_backend *b, void *out, const void *x, size_t count);
+    /* The vision tower's 2-D rotary embedding on q and k, both [n, nh, hd]:
+     * for i < hd/4 the angle is hpos * theta^(-4i/hd), for hd/4 <= i < hd/2
+     * it is wpos * theta^(-4(i - hd/4)/hd); rotate-half form. */
+    void (*vision_rope)(vlmd_backend *b, void *q, void *k, const int32_t *hpos,
+                        const int32_t *wpos, int n, int nh, int hd, float theta);
 } vlmd_op_table;
 
 /* The backend's ops, or NULL when it cannot run models yet. */

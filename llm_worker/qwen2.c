@@ -416,7 +416,7 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
                  m->mrope ? m->sections : NULL);
         op->kv_write(b, kv->k[l], kv->v[l], ws->k, ws->v, ws->slots, n, KV);
         op->attention(b, ws->attn, ws->q, kv->k[l], kv->v[l], ws->seqs, bt->n_seqs, n, m->nh,
-                      m->nkv, m->hd);
+                      m->nkv, m->hd, true);
         op->linear(b, ws->x, ws->attn, y->wo, NULL, n, Q, H);
         /* MLP block */
         op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, m->eps);

@@ -108,7 +108,7 @@ static void cpu_kv_write(vlmd_backend *b, void *k_cache, void *v_cache, const vo
 
 static void cpu_attention(vlmd_backend *b, void *out_, const void *q_, const void *k_cache,
                           const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
-                          int nh, int nkv, int hd)
+                          int nh, int nkv, int hd, bool causal)
 {
     (void)b;
     (void)n_rows;
@@ -125,7 +125,7 @@ static void cpu_attention(vlmd_backend *b, void *out_, const void *q_, const voi
         const vlmd_attn_seq *sq = &seqs[s];
         for (int i = 0; i < sq->q_len; i++) {
             int row = sq->q_start + i;
-            int visible = sq->kv_len - sq->q_len + i + 1; /* causal: itself and before */
+            int visible = causal ? sq->kv_len - sq->q_len + i + 1 : sq->kv_len;
             for (int h = 0; h < nh; h++) {
                 const float *qv = q + ((size_t)row * nh + h) * hd;
                 int kvh = h / group;
@@ -167,6 +167,71 @@ static void cpu_silu_mul(vlmd_backend *b, void *out_, const void *gate_, const v
         out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
 }
 
+static void cpu_layernorm(vlmd_backend *b, void *out_, const void *x_, const void *w_,
+                          const void *bias_, int n, int dim, float eps)
+{
+    (void)b;
+    float *out = out_;
+    const float *x = x_, *w = w_, *bias = bias_;
+    for (int i = 0; i < n; i++) {
+        const float *r = x + (size_t)i * dim;
+        double mean = 0, var = 0;
+        for (int j = 0; j < dim; j++)
+            mean += r[j];
+        mean /= dim;
+        for (int j = 0; j < dim; j++)
+            var += (r[j] - mean) * (r[j] - mean);
+        float inv = 1.0f / sqrtf((float)(var / dim) + eps);
+        float *o = out + (size_t)i * dim;
+        for (int j = 0; j < dim; j++)
+            o[j] = ((r[j] - (float)mean) * inv) * w[j] + (bias ? bias[j] : 0.0f);
+    }
+}
+
+static void cpu_gelu(vlmd_backend *b, void *out_, const void *x_, size_t count, bool quick)
+{
+    (void)b;
+    float *out = out_;
+    const float *x = x_;
+    for (size_t i = 0; i < count; i++)
+        out[i] = quick ? x[i] / (1.0f + expf(-1.702f * x[i]))
+                       : 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+}
+
+static void cpu_add(vlmd_backend *b, void *out_, const void *x_, size_t count)
+{
+    (void)b;
+    float *out = out_;
+    const float *x = x_;
+    for (size_t i = 0; i < count; i++)
+        out[i] += x[i];
+}
+
+static void cpu_vision_rope(vlmd_backend *b, void *q_, void *k_, const int32_t *hpos,
+                            const int32_t *wpos, int n, int nh, int hd, float theta)
+{
+    (void)b;
+    float *q = q_, *k = k_;
+    int half = hd / 2, quarter = hd / 4;
+    float *cosv = malloc((size_t)half * sizeof *cosv), *sinv = malloc((size_t)half * sizeof *sinv);
+    VLMD_ASSERT(cosv && sinv);
+    for (int t = 0; t < n; t++) {
+        for (int i = 0; i < half; i++) {
+            int f = i < quarter ? i : i - quarter;
+            float inv_freq = (float)(1.0 / pow((double)theta, (double)(2 * f) / half));
+            float angle = (float)(i < quarter ? hpos[t] : wpos[t]) * inv_freq;
+            cosv[i] = cosf(angle);
+            sinv[i] = sinf(angle);
+        }
+        for (int h = 0; h < nh; h++) {
+            rotate(q + ((size_t)t * nh + h) * hd, hd, cosv, sinv);
+            rotate(k + ((size_t)t * nh + h) * hd, hd, cosv, sinv);
+        }
+    }
+    free(cosv);
+    free(sinv);
+}
+
 const vlmd_op_table vlmd_cpu_op_table = {
     .embedding = cpu_embedding,
     .rmsnorm = cpu_rmsnorm,
@@ -175,4 +240,8 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
+    .layernorm = cpu_layernorm,
+    .gelu = cpu_gelu,
+    .add = cpu_add,
+    .vision_rope = cpu_vision_rope,
 };

@@ -179,7 +179,7 @@ static void cuda_kv_write(vlmd_backend *b, void *k_cache, void *v_cache, const v
  * head dimension), and the partials are merged in shared memory at the end. */
 __global__ void k_attention(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache,
                             const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv, int hd,
-                            float scale)
+                            float scale, bool causal)
 {
     __shared__ float part_m[ATTN_WARPS], part_sum[ATTN_WARPS];
     __shared__ float part_acc[ATTN_WARPS][ATTN_MAX_HD];
@@ -191,7 +191,7 @@ __global__ void k_attention(bf16 *out, const bf16 *q, const bf16 *k_cache, const
             sq = &seqs[s];
     if (!sq)
         return; /* the whole block leaves together */
-    int visible = sq->kv_len - sq->q_len + (row - sq->q_start) + 1;
+    int visible = causal ? sq->kv_len - sq->q_len + (row - sq->q_start) + 1 : sq->kv_len;
     int chunk = (visible + ATTN_WARPS - 1) / ATTN_WARPS;
     int first = warp * chunk, last = min(visible, first + chunk);
     float qv[ATTN_MAX_HD / 32], acc[ATTN_MAX_HD / 32];
@@ -246,7 +246,7 @@ __global__ void k_attention(bf16 *out, const bf16 *q, const bf16 *k_cache, const
 
 static void cuda_attention(vlmd_backend *b, void *out, const void *q, const void *k_cache,
                            const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
-                           int nh, int nkv, int hd)
+                           int nh, int nkv, int hd, bool causal)
 {
     (void)b;
     if (hd > ATTN_MAX_HD)
@@ -254,7 +254,7 @@ static void cuda_attention(vlmd_backend *b, void *out, const void *q, const void
     k_attention<<<n_rows * nh, ATTN_WARPS * 32>>>((bf16 *)out, (const bf16 *)q,
                                                   (const bf16 *)k_cache, (const bf16 *)v_cache,
                                                   seqs, n_seqs, nh, nkv, hd,
-                                                  1.0f / sqrtf((float)hd));
+                                                  1.0f / sqrtf((float)hd), causal);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -279,7 +279,112 @@ static void cuda_silu_mul(vlmd_backend *b, void *out, const void *gate, const vo
     CUDA_CHECK_LAUNCH();
 }
 
+/* ---- the vision tower's ops ------------------------------------------------------- */
+
+__global__ void k_layernorm(bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, int dim,
+                            float eps)
+{
+    __shared__ float red[2][32];
+    size_t row = (size_t)blockIdx.x * dim;
+    float s = 0, s2 = 0;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float v = __bfloat162float(x[row + j]);
+        s += v;
+        s2 += v * v;
+    }
+    for (int o = 16; o > 0; o /= 2) {
+        s += __shfl_down_sync(0xffffffffu, s, o);
+        s2 += __shfl_down_sync(0xffffffffu, s2, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        red[0][threadIdx.x / 32] = s;
+        red[1][threadIdx.x / 32] = s2;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float a = 0, b2 = 0;
+        for (unsigned w2 = 0; w2 < blockDim.x / 32; w2++) {
+            a += red[0][w2];
+            b2 += red[1][w2];
+        }
+        red[0][0] = a;
+        red[1][0] = b2;
+    }
+    __syncthreads();
+    float mean = red[0][0] / dim, var = fmaxf(red[1][0] / dim - mean * mean, 0.0f);
+    float inv = rsqrtf(var + eps);
+    for (int j = threadIdx.x; j < dim; j += blockDim.x) {
+        float v = (__bfloat162float(x[row + j]) - mean) * inv * __bfloat162float(w[j]);
+        out[row + j] = __float2bfloat16(v + (bias ? __bfloat162float(bias[j]) : 0.0f));
+    }
+}
+
+static void cuda_layernorm(vlmd_backend *b, void *out, const void *x, const void *w,
+                           const void *bias, int n, int dim, float eps)
+{
+    (void)b;
+    k_layernorm<<<n, 256>>>((bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)bias,
+                            dim, eps);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void k_gelu(bf16 *out, const bf16 *x, size_t count, bool quick)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count) {
+        float v = __bfloat162float(x[i]);
+        out[i] = __float2bfloat16(quick ? v / (1.0f + expf(-1.702f * v))
+                                        : 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
+    }
+}
+
+static void cuda_gelu(vlmd_backend *b, void *out, const void *x, size_t count, bool quick)
+{
+    (void)b;
+    k_gelu<<<blocks_for(count, 256), 256>>>((bf16 *)out, (const bf16 *)x, count, quick);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void k_add(bf16 *out, const bf16 *x, size_t count)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < count)
+        out[i] = __float2bfloat16(__bfloat162float(out[i]) + __bfloat162float(x[i]));
+}
+
+static void cuda_add(vlmd_backend *b, void *out, const void *x, size_t count)
+{
+    (void)b;
+    k_add<<<blocks_for(count, 256), 256>>>((bf16 *)out, (const bf16 *)x, count);
+    CUDA_CHECK_LAUNCH();
+}
+
+__global__ void k_vision_rope(bf16 *q, bf16 *k, const int32_t *hpos, const int32_t *wpos, int nh,
+                              int hd, float theta)
+{
+    int t = blockIdx.x, half = hd / 2, quarter = hd / 4;
+    for (int idx = threadIdx.x; idx < 2 * nh * half; idx += blockDim.x) {
+        int which = idx / (nh * half), head = idx / half % nh, i = idx % half;
+        int f = i < quarter ? i : i - quarter;
+        float inv_freq = (float)(1.0 / pow((double)theta, (double)(2 * f) / half));
+        float angle = (float)(i < quarter ? hpos[t] : wpos[t]) * inv_freq;
+        float c = cosf(angle), s = sinf(angle);
+        bf16 *v = (which ? k : q) + ((size_t)t * nh + head) * hd;
+        float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
+        v[i] = __float2bfloat16(x1 * c - x2 * s);
+        v[i + half] = __float2bfloat16(x2 * c + x1 * s);
+    }
+}
+
+static void cuda_vision_rope(vlmd_backend *b, void *q, void *k, const int32_t *hpos,
+                             const int32_t *wpos, int n, int nh, int hd, float theta)
+{
+    (void)b;
+    k_vision_rope<<<n, 128>>>((bf16 *)q, (bf16 *)k, hpos, wpos, nh, hd, theta);
+    CUDA_CHECK_LAUNCH();
+}
+
 extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     cuda_embedding, cuda_rmsnorm, cuda_linear, cuda_rope, cuda_kv_write, cuda_attention,
-    cuda_silu_mul,
+    cuda_silu_mul, cuda_layernorm, cuda_gelu, cuda_add, cuda_vision_rope,
 };

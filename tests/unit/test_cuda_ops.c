@@ -233,7 +233,7 @@ Test(cuda_ops, kv_write_and_attention_over_varied_sequences)
                          on(bs[b], v, (size_t)n_rows * kv_dim), ints_on(bs[b], step_slots, 9),
                          n_rows, kv_dim);
             op->attention(bs[b], out[b], on(bs[b], q, (size_t)n_rows * nh * hd), kc[b], vc[b],
-                          dseqs, 3, n_rows, nh, nkv, hd);
+                          dseqs, 3, n_rows, nh, nkv, hd, true);
         }
         expect_close("kv cache", p.cpu, kc[0], p.gpu, kc[1], (size_t)n_slots * kv_dim, 1e-6);
         char what[32];

@@ -1,0 +1,30 @@
+/* vision_tower.h - the Qwen2-VL vision tower and patch merger on the backend's
+ * op table: patch embedding (the Conv3d as one GEMM), blocks of LayerNorm,
+ * attention with the 2-D rotary embedding (each image attends to itself
+ * only), LayerNorm, QuickGELU MLP, then the merger (LayerNorm, 2x2 patches
+ * concatenated, GELU MLP) to the language model's width.
+ * Qwen2.5-VL (RMSNorm, SwiGLU, window attention) is refused for now. */
+#ifndef VLMD_VISION_TOWER_H
+#define VLMD_VISION_TOWER_H
+
+#include "backend.h"
+#include "model_config.h"
+#include "preprocess.h"
+#include "safetensors.h"
+
+typedef struct vision_tower vision_tower;
+
+vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
+                              const vlmd_safetensors *st, vision_tower **out, vlmd_error *err);
+void vision_tower_free(vision_tower *vt);
+
+/* Output rows per image: its patches / merge^2. */
+uint32_t vision_tower_tokens(const vision_tower *vt, const vlmd_pixel_values *pv);
+uint32_t vision_tower_out_dim(const vision_tower *vt);
+
+/* Encodes n images together (variable sizes) into out (host, row after row:
+ * image 0's tokens first), sum(tokens) x out_dim floats. */
+vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *images, int n,
+                                float *out, vlmd_error *err);
+
+#endif
