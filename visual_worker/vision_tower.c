@@ -4,6 +4,7 @@
  * replaces that with one reservation). */
 #include "vision_tower.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,7 +13,10 @@
 #include "ops.h"
 
 typedef struct vt_block {
-    void *n1w, *n1b, *n2w, *n2b, *qkv_w, *qkv_b, *proj_w, *proj_b, *fc1_w, *fc1_b, *fc2_w, *fc2_b;
+    void *n1w, *n1b, *n2w, *n2b, *qkv_w, *qkv_b, *proj_w, *proj_b;
+    void *fc1_w, *fc1_b, *fc2_w, *fc2_b;                    /* Qwen2-VL: QuickGELU MLP */
+    void *gate_w, *gate_b, *up_w, *up_b, *down_w, *down_b;  /* Qwen2.5-VL: SwiGLU MLP */
+    bool full;                                              /* Qwen2.5-VL: full, not window, attention */
 } vt_block;
 
 typedef struct buffer {
@@ -23,7 +27,9 @@ typedef struct buffer {
 struct vision_tower {
     vlmd_backend *b;            /* borrowed */
     const vlmd_op_table *op;
+    bool qwen25;                /* RMSNorm, SwiGLU, window attention */
     int E, M, nh, hd, K, depth, merge, out_dim;
+    int window;                 /* Qwen2.5-VL: window side in merged units */
     void *patch_w;              /* [E, K] */
     vt_block *blocks;
     void *lnq_w, *lnq_b, *mlp0_w, *mlp0_b, *mlp2_w, *mlp2_b;
@@ -79,24 +85,30 @@ vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
                               const vlmd_safetensors *st, vision_tower **out, vlmd_error *err)
 {
     *out = NULL;
-    if (mc->arch != VLMD_ARCH_QWEN2_VL)
-        return vlmd_errorf(err, VLMD_ERR_MODEL, "the %s vision tower is not supported yet",
+    if (mc->arch != VLMD_ARCH_QWEN2_VL && mc->arch != VLMD_ARCH_QWEN2_5_VL)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s has no vision tower vlmd knows",
                            mc->architecture);
     const vlmd_vision_config *v = &mc->vision;
     vision_tower *vt = calloc(1, sizeof *vt);
     if (!vt)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     *vt = (vision_tower){.b = b, .op = vlmd_backend_ops(b), .E = (int)v->embed_dim,
+                         .qwen25 = mc->arch == VLMD_ARCH_QWEN2_5_VL,
                          .M = (int)v->intermediate_size, .nh = (int)v->num_heads,
                          .hd = (int)(v->embed_dim / v->num_heads), .depth = (int)v->depth,
                          .merge = (int)v->spatial_merge_size, .out_dim = (int)v->hidden_size,
                          .K = (int)(v->in_channels * v->temporal_patch_size * v->patch_size *
                                     v->patch_size)};
+    if (vt->qwen25)
+        vt->window = (int)(v->window_size / v->spatial_merge_size / v->patch_size);
     vt->blocks = calloc((size_t)vt->depth, sizeof *vt->blocks);
-    if (!vt->op || !vt->blocks) {
+    if (!vt->op || !vt->blocks || (vt->qwen25 && vt->window < 1)) {
         vision_tower_free(vt);
-        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "no op table or no memory");
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "no op table, no memory, or a window_size under "
+                           "one merged patch");
     }
+    for (int i = 0; i < v->n_fullatt_blocks; i++)
+        vt->blocks[v->fullatt_block_indexes[i]].full = true;
     const int64_t E = vt->E, M = vt->M, MM = (int64_t)vt->E * vt->merge * vt->merge;
     char name[128];
     vlmd_status s;
@@ -110,12 +122,8 @@ vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
         vt_block *k = &vt->blocks[l];
         NAME("visual.blocks.%d.norm1.weight", l);
         LOAD(k->n1w, 1, E)
-        NAME("visual.blocks.%d.norm1.bias", l);
-        LOAD(k->n1b, 1, E)
         NAME("visual.blocks.%d.norm2.weight", l);
         LOAD(k->n2w, 1, E)
-        NAME("visual.blocks.%d.norm2.bias", l);
-        LOAD(k->n2b, 1, E)
         NAME("visual.blocks.%d.attn.qkv.weight", l);
         LOAD(k->qkv_w, 2, 3 * E, E)
         NAME("visual.blocks.%d.attn.qkv.bias", l);
@@ -124,6 +132,25 @@ vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
         LOAD(k->proj_w, 2, E, E)
         NAME("visual.blocks.%d.attn.proj.bias", l);
         LOAD(k->proj_b, 1, E)
+        if (vt->qwen25) {
+            NAME("visual.blocks.%d.mlp.gate_proj.weight", l);
+            LOAD(k->gate_w, 2, M, E)
+            NAME("visual.blocks.%d.mlp.gate_proj.bias", l);
+            LOAD(k->gate_b, 1, M)
+            NAME("visual.blocks.%d.mlp.up_proj.weight", l);
+            LOAD(k->up_w, 2, M, E)
+            NAME("visual.blocks.%d.mlp.up_proj.bias", l);
+            LOAD(k->up_b, 1, M)
+            NAME("visual.blocks.%d.mlp.down_proj.weight", l);
+            LOAD(k->down_w, 2, E, M)
+            NAME("visual.blocks.%d.mlp.down_proj.bias", l);
+            LOAD(k->down_b, 1, E)
+            continue;
+        }
+        NAME("visual.blocks.%d.norm1.bias", l);
+        LOAD(k->n1b, 1, E)
+        NAME("visual.blocks.%d.norm2.bias", l);
+        LOAD(k->n2b, 1, E)
         NAME("visual.blocks.%d.mlp.fc1.weight", l);
         LOAD(k->fc1_w, 2, M, E)
         NAME("visual.blocks.%d.mlp.fc1.bias", l);
@@ -135,8 +162,10 @@ vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
     }
     NAME("visual.merger.ln_q.weight");
     LOAD(vt->lnq_w, 1, E)
-    NAME("visual.merger.ln_q.bias");
-    LOAD(vt->lnq_b, 1, E)
+    if (!vt->qwen25) {
+        NAME("visual.merger.ln_q.bias");
+        LOAD(vt->lnq_b, 1, E)
+    }
     NAME("visual.merger.mlp.0.weight");
     LOAD(vt->mlp0_w, 2, MM, MM)
     NAME("visual.merger.mlp.0.bias");
@@ -179,7 +208,7 @@ uint32_t vision_tower_out_dim(const vision_tower *vt)
 
 /* Per-call buffers, freed together. */
 typedef struct scratch {
-    buffer bufs[16];
+    buffer bufs[20];
     int n;
 } scratch;
 
@@ -208,6 +237,50 @@ static void *rows(const vision_tower *vt, void *base, size_t elements)
     return (char *)base + elements * vlmd_backend_elem_size(vt->b);
 }
 
+/* The order of merged units the tower runs in, and its attention windows.
+ * Qwen2-VL: the processor's order, one sequence per image. Qwen2.5-VL (as
+ * get_window_index): each image's units grouped by window (window x window
+ * units, the last ones cut at the edge), windows in row order; blocks that are
+ * not full-attention attend within a window only. Fills order (units), and the
+ * windows' lengths in units; returns the number of windows. */
+static size_t window_order(const vision_tower *vt, const vlmd_pixel_values *images, int n,
+                           int32_t *order, uint32_t *window_units)
+{
+    size_t k = 0, nw = 0;
+    int32_t base = 0;
+    for (int i = 0; i < n; i++) {
+        const vlmd_pixel_values *pv = &images[i];
+        int32_t lh = (int32_t)pv->grid_h / vt->merge, lw = (int32_t)pv->grid_w / vt->merge;
+        int32_t units = (int32_t)pv->grid_t * lh * lw;
+        if (!vt->qwen25) {
+            for (int32_t u = 0; u < units; u++)
+                order[k++] = base + u;
+            window_units[nw++] = (uint32_t)units;
+            base += units;
+            continue;
+        }
+        int32_t ws = vt->window;
+        int32_t nwh = (lh + ws - lh % ws) / ws, nww = (lw + ws - lw % ws) / ws;
+        for (int32_t t = 0; t < (int32_t)pv->grid_t; t++)
+            for (int32_t wh = 0; wh < nwh; wh++)
+                for (int32_t ww = 0; ww < nww; ww++) {
+                    uint32_t count = 0;
+                    for (int32_t y = 0; y < ws; y++)
+                        for (int32_t x = 0; x < ws; x++) {
+                            int32_t r = wh * ws + y, c = ww * ws + x;
+                            if (r < lh && c < lw) {
+                                order[k++] = base + t * lh * lw + r * lw + c;
+                                count++;
+                            }
+                        }
+                    if (count)
+                        window_units[nw++] = count;
+                }
+        base += units;
+    }
+    return nw;
+}
+
 vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *images, int n,
                                 float *out, vlmd_error *err)
 {
@@ -221,78 +294,126 @@ vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *image
         N += images[i].n_patches;
     }
     const size_t E = (size_t)vt->E, M = (size_t)vt->M, es = vlmd_backend_elem_size(b);
-    const size_t i32 = sizeof(int32_t), groups = (size_t)vt->merge * vt->merge;
+    const size_t i32 = sizeof(int32_t), g = (size_t)vt->merge * vt->merge, U = N / g;
     int32_t *hpos = malloc(N * i32), *wpos = malloc(N * i32), *ids = malloc(N * i32);
-    vlmd_attn_seq *seqs = malloc((size_t)n * sizeof *seqs);
-    float *pix = malloc(N * (size_t)vt->K * sizeof *pix);
+    int32_t *hp = malloc(N * i32), *wp = malloc(N * i32), *order = malloc(U * i32);
+    int32_t *rev = malloc(U * i32);
+    uint32_t *wunits = malloc(U * sizeof *wunits);
+    vlmd_attn_seq *seqs = malloc(((size_t)n + U) * sizeof *seqs);
+    float *pix = malloc(N * (size_t)vt->K * sizeof *pix), *pixp = malloc(N * (size_t)vt->K * sizeof *pixp);
     scratch sc = {0};
-    vlmd_status s = hpos && wpos && ids && seqs && pix ? VLMD_OK
-                                                        : vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    vlmd_status s = hpos && wpos && ids && hp && wp && order && rev && wunits && seqs && pix && pixp
+                        ? VLMD_OK
+                        : vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     void *x = scratch_get(vt, &sc, N * E * es, &s, err), *h = scratch_get(vt, &sc, N * E * es, &s, err);
     void *q = scratch_get(vt, &sc, N * E * es, &s, err), *k = scratch_get(vt, &sc, N * E * es, &s, err);
     void *v = scratch_get(vt, &sc, N * E * es, &s, err), *a = scratch_get(vt, &sc, N * E * es, &s, err);
-    void *f = scratch_get(vt, &sc, N * (M > E * groups ? M : E * groups) * es, &s, err);
+    size_t wide = 2 * M > E * g ? 2 * M : E * g;
+    void *f = scratch_get(vt, &sc, N * wide * es, &s, err);
     void *pk = scratch_get(vt, &sc, N * (size_t)vt->K * es, &s, err);
     int32_t *d_hpos = scratch_get(vt, &sc, N * i32, &s, err), *d_wpos = scratch_get(vt, &sc, N * i32, &s, err);
-    int32_t *d_ids = scratch_get(vt, &sc, N * i32, &s, err);
-    vlmd_attn_seq *d_seqs = scratch_get(vt, &sc, (size_t)n * sizeof *seqs, &s, err);
-    void *y = scratch_get(vt, &sc, (N / groups) * (size_t)vt->out_dim * es, &s, err);
+    int32_t *d_ids = scratch_get(vt, &sc, N * i32, &s, err), *d_rev = scratch_get(vt, &sc, U * i32, &s, err);
+    vlmd_attn_seq *d_seqs = scratch_get(vt, &sc, ((size_t)n + U) * sizeof *seqs, &s, err);
+    void *y = scratch_get(vt, &sc, U * (size_t)vt->out_dim * es, &s, err);
+    void *y2 = scratch_get(vt, &sc, U * (size_t)vt->out_dim * es, &s, err);
+    size_t n_windows = 0;
     if (s == VLMD_OK) {
-        /* patches in merge order (the processor's): block row, block col, row, col */
+        /* patches in the processor's merge order: block row, block col, row, col */
         size_t at = 0;
         for (int i = 0; i < n; i++) {
             const vlmd_pixel_values *pv = &images[i];
             seqs[i] = (vlmd_attn_seq){(int32_t)at, (int32_t)pv->n_patches,
                                       (int32_t)pv->n_patches, d_ids + at};
             size_t r = at;
-            for (uint32_t bh = 0; bh < pv->grid_h / (uint32_t)vt->merge; bh++)
-                for (uint32_t bw = 0; bw < pv->grid_w / (uint32_t)vt->merge; bw++)
-                    for (int mh = 0; mh < vt->merge; mh++)
-                        for (int mw = 0; mw < vt->merge; mw++, r++) {
-                            hpos[r] = (int32_t)(bh * (uint32_t)vt->merge + (uint32_t)mh);
-                            wpos[r] = (int32_t)(bw * (uint32_t)vt->merge + (uint32_t)mw);
-                        }
+            for (uint32_t t = 0; t < pv->grid_t; t++)
+                for (uint32_t bh = 0; bh < pv->grid_h / (uint32_t)vt->merge; bh++)
+                    for (uint32_t bw = 0; bw < pv->grid_w / (uint32_t)vt->merge; bw++)
+                        for (int mh = 0; mh < vt->merge; mh++)
+                            for (int mw = 0; mw < vt->merge; mw++, r++) {
+                                hpos[r] = (int32_t)(bh * (uint32_t)vt->merge + (uint32_t)mh);
+                                wpos[r] = (int32_t)(bw * (uint32_t)vt->merge + (uint32_t)mw);
+                            }
             memcpy(pix + at * (size_t)vt->K, pv->values,
                    (size_t)pv->n_patches * (size_t)vt->K * sizeof *pix);
             at += pv->n_patches;
         }
+        /* the run order: units (merge^2 patches each) by window */
+        n_windows = window_order(vt, images, n, order, wunits);
+        for (size_t j = 0; j < U; j++) {
+            rev[order[j]] = (int32_t)j;
+            for (size_t p = 0; p < g; p++) {
+                size_t src = (size_t)order[j] * g + p, dst = j * g + p;
+                hp[dst] = hpos[src];
+                wp[dst] = wpos[src];
+                memcpy(pixp + dst * (size_t)vt->K, pix + src * (size_t)vt->K,
+                       (size_t)vt->K * sizeof *pix);
+            }
+        }
+        size_t start = 0;
+        for (size_t w = 0; w < n_windows; w++) {
+            int32_t len = (int32_t)(wunits[w] * g);
+            seqs[n + (int)w] = (vlmd_attn_seq){(int32_t)start, len, len, d_ids + start};
+            start += (size_t)len;
+        }
         for (size_t r = 0; r < N; r++)
             ids[r] = (int32_t)r; /* K and V are their own "cache": slot r is row r */
-        if ((s = vlmd_backend_upload_f32(b, pk, pix, N * (size_t)vt->K, err)) == VLMD_OK &&
-            (s = vlmd_backend_copy_to_device(b, d_hpos, hpos, N * i32, err)) == VLMD_OK &&
-            (s = vlmd_backend_copy_to_device(b, d_wpos, wpos, N * i32, err)) == VLMD_OK &&
-            (s = vlmd_backend_copy_to_device(b, d_ids, ids, N * i32, err)) == VLMD_OK)
-            s = vlmd_backend_copy_to_device(b, d_seqs, seqs, (size_t)n * sizeof *seqs, err);
+        if ((s = vlmd_backend_upload_f32(b, pk, pixp, N * (size_t)vt->K, err)) == VLMD_OK &&
+            (s = vlmd_backend_copy_to_device(b, d_hpos, hp, N * i32, err)) == VLMD_OK &&
+            (s = vlmd_backend_copy_to_device(b, d_wpos, wp, N * i32, err)) == VLMD_OK &&
+            (s = vlmd_backend_copy_to_device(b, d_ids, ids, N * i32, err)) == VLMD_OK &&
+            (s = vlmd_backend_copy_to_device(b, d_rev, rev, U * i32, err)) == VLMD_OK)
+            s = vlmd_backend_copy_to_device(b, d_seqs, seqs, ((size_t)n + n_windows) * sizeof *seqs,
+                                            err);
     }
     if (s == VLMD_OK) {
-        int Ni = (int)N, Ei = vt->E;
+        int Ni = (int)N, Ei = vt->E, Mi = vt->M;
         op->linear(b, x, pk, vt->patch_w, NULL, Ni, vt->K, Ei);
         for (int l = 0; l < vt->depth; l++) {
             const vt_block *bl = &vt->blocks[l];
-            op->layernorm(b, h, x, bl->n1w, bl->n1b, Ni, Ei, 1e-6f);
+            bool windowed = vt->qwen25 && !bl->full;
+            if (vt->qwen25)
+                op->rmsnorm(b, h, x, NULL, bl->n1w, Ni, Ei, 1e-6f);
+            else
+                op->layernorm(b, h, x, bl->n1w, bl->n1b, Ni, Ei, 1e-6f);
             op->linear(b, q, h, bl->qkv_w, bl->qkv_b, Ni, Ei, Ei);
             op->linear(b, k, h, rows(vt, bl->qkv_w, E * E), rows(vt, bl->qkv_b, E), Ni, Ei, Ei);
             op->linear(b, v, h, rows(vt, bl->qkv_w, 2 * E * E), rows(vt, bl->qkv_b, 2 * E), Ni, Ei,
                        Ei);
             op->vision_rope(b, q, k, d_hpos, d_wpos, Ni, vt->nh, vt->hd, 10000.0f);
-            op->attention(b, a, q, k, v, d_seqs, n, Ni, vt->nh, vt->nh, vt->hd, false);
+            op->attention(b, a, q, k, v, windowed ? d_seqs + n : d_seqs,
+                          windowed ? (int)n_windows : n, Ni, vt->nh, vt->nh, vt->hd, false);
             op->linear(b, h, a, bl->proj_w, bl->proj_b, Ni, Ei, Ei);
             op->add(b, x, h, N * E);
-            op->layernorm(b, h, x, bl->n2w, bl->n2b, Ni, Ei, 1e-6f);
-            op->linear(b, f, h, bl->fc1_w, bl->fc1_b, Ni, Ei, vt->M);
-            op->gelu(b, f, f, N * M, true);
-            op->linear(b, h, f, bl->fc2_w, bl->fc2_b, Ni, vt->M, Ei);
+            if (vt->qwen25) {
+                void *up = rows(vt, f, N * M);
+                op->rmsnorm(b, h, x, NULL, bl->n2w, Ni, Ei, 1e-6f);
+                op->linear(b, f, h, bl->gate_w, bl->gate_b, Ni, Ei, Mi);
+                op->linear(b, up, h, bl->up_w, bl->up_b, Ni, Ei, Mi);
+                op->silu_mul(b, f, f, up, Ni, Mi);
+                op->linear(b, h, f, bl->down_w, bl->down_b, Ni, Mi, Ei);
+            } else {
+                op->layernorm(b, h, x, bl->n2w, bl->n2b, Ni, Ei, 1e-6f);
+                op->linear(b, f, h, bl->fc1_w, bl->fc1_b, Ni, Ei, Mi);
+                op->gelu(b, f, f, N * M, true);
+                op->linear(b, h, f, bl->fc2_w, bl->fc2_b, Ni, Mi, Ei);
+            }
             op->add(b, x, h, N * E);
         }
-        /* the merger: each run of merge^2 patches becomes one token */
-        int Ng = (int)(N / groups), G = (int)(E * groups);
-        op->layernorm(b, h, x, vt->lnq_w, vt->lnq_b, Ni, Ei, 1e-6f);
-        op->linear(b, f, h, vt->mlp0_w, vt->mlp0_b, Ng, G, G);
-        op->gelu(b, f, f, (size_t)Ng * (size_t)G, false);
-        op->linear(b, y, f, vt->mlp2_w, vt->mlp2_b, Ng, G, vt->out_dim);
-        s = vlmd_backend_download_f32(b, out, y, (size_t)Ng * (size_t)vt->out_dim, err);
+        /* the merger: each unit's merge^2 patches become one token */
+        int Ug = (int)U, G = (int)(E * g);
+        if (vt->qwen25)
+            op->rmsnorm(b, h, x, NULL, vt->lnq_w, Ni, Ei, 1e-6f);
+        else
+            op->layernorm(b, h, x, vt->lnq_w, vt->lnq_b, Ni, Ei, 1e-6f);
+        op->linear(b, f, h, vt->mlp0_w, vt->mlp0_b, Ug, G, G);
+        op->gelu(b, f, f, U * (size_t)G, false);
+        op->linear(b, y, f, vt->mlp2_w, vt->mlp2_b, Ug, G, vt->out_dim);
+        /* back to the processor's order (a gather by the inverse permutation) */
+        op->embedding(b, y2, y, d_rev, Ug, vt->out_dim);
+        s = vlmd_backend_download_f32(b, out, y2, U * (size_t)vt->out_dim, err);
     }
     scratch_free(vt, &sc);
-    free(hpos), free(wpos), free(ids), free(seqs), free(pix);
+    free(hpos), free(wpos), free(ids), free(hp), free(wp), free(order), free(rev), free(wunits);
+    free(seqs), free(pix), free(pixp);
     return s;
 }

@@ -2,8 +2,10 @@
  * op table: patch embedding (the Conv3d as one GEMM), blocks of LayerNorm,
  * attention with the 2-D rotary embedding (each image attends to itself
  * only), LayerNorm, QuickGELU MLP, then the merger (LayerNorm, 2x2 patches
- * concatenated, GELU MLP) to the language model's width.
- * Qwen2.5-VL (RMSNorm, SwiGLU, window attention) is refused for now. */
+ * concatenated, GELU MLP) to the language model's width. Qwen2.5-VL:
+ * RMSNorm, SwiGLU MLP, and window attention (units reordered by window, the
+ * blocks of fullatt_block_indexes attending to the whole image), its output
+ * put back in the processor's order. */
 #ifndef VLMD_VISION_TOWER_H
 #define VLMD_VISION_TOWER_H
 
