@@ -22,6 +22,9 @@
  *   top_n                    token_chunk                 0
  *   top_ids, top_logprobs    token_chunk                 none (NULL, 0)
  *   kv_used_tokens           heartbeat, worker           0
+ *   data                     image (ref)                 none (NULL, 0)
+ *   error_image              token_chunk                 0
+ *   arena_offset, token_count image_job                  0
  *
  * sampling.seed stays required: has_seed travels beside it since version 1,
  * and reading an absent seed as "no seed" would give that field two meanings.
@@ -229,6 +232,7 @@ static const field_desc image_ref_fields[] = {
     U32(vlmd_image_ref, grid_t),
     U32(vlmd_image_ref, grid_h),
     U32(vlmd_image_ref, grid_w),
+    OPT_ARR(vlmd_image_ref, data, n_data, F_BIN, VLMD_PROTO_MAX_IMAGE_BYTES),
 };
 static const struct_desc image_ref_desc = DESC(vlmd_image_ref, "image", image_ref_fields);
 static const field_desc request_submit_fields[] = {
@@ -259,6 +263,7 @@ static const field_desc token_chunk_fields[] = {
     OPT_ARR(vlmd_msg_token_chunk, top_ids, n_top_ids, F_U32_ARRAY, VLMD_PROTO_MAX_TOKENS),
     OPT_ARR(vlmd_msg_token_chunk, top_logprobs, n_top_logprobs, F_F32_ARRAY,
             VLMD_PROTO_MAX_TOKENS),
+    U32_MAX(vlmd_msg_token_chunk, error_image, VLMD_PROTO_MAX_IMAGES, true),
 };
 static const field_desc image_job_fields[] = {
     FLD(vlmd_msg_image_job, req_id, F_U64),
@@ -267,6 +272,8 @@ static const field_desc image_job_fields[] = {
     ARR(vlmd_msg_image_job, data, n_data, F_BIN, VLMD_PROTO_MAX_IMAGE_BYTES),
     U32(vlmd_msg_image_job, width),
     U32(vlmd_msg_image_job, height),
+    OPT(vlmd_msg_image_job, arena_offset, F_U64),
+    U32_MAX(vlmd_msg_image_job, token_count, UINT32_MAX, true),
 };
 static const field_desc image_result_fields[] = {
     FLD(vlmd_msg_image_result, req_id, F_U64),

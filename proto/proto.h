@@ -176,6 +176,8 @@ typedef struct vlmd_image_ref {
     uint32_t token_count;           /* image tokens (grid_h * grid_w / merge^2) */
     uint64_t arena_offset;          /* where its embeddings start in the shared arena */
     uint32_t grid_t, grid_h, grid_w;
+    uint8_t *data;                  /* frontend -> router only: the encoded image (optional) */
+    uint32_t n_data;
 } vlmd_image_ref;
 
 typedef struct vlmd_msg_request_submit {
@@ -212,6 +214,7 @@ typedef struct vlmd_msg_token_chunk {
     uint32_t n_top_ids;
     float *top_logprobs;            /* n_tokens x top_n */
     uint32_t n_top_logprobs;
+    uint32_t error_image;           /* finish == ERROR because of image i: i + 1; else 0 */
 } vlmd_msg_token_chunk;
 
 typedef struct vlmd_msg_image_job {
@@ -221,6 +224,8 @@ typedef struct vlmd_msg_image_job {
     uint8_t *data;                  /* encoded image (PNG/JPEG/WebP) */
     uint32_t n_data;
     uint32_t width, height;         /* from the header, already checked */
+    uint64_t arena_offset;          /* where the embeddings go in the shared arena */
+    uint32_t token_count;           /* image tokens the requester counted (must agree) */
 } vlmd_msg_image_job;
 
 typedef struct vlmd_msg_image_result {

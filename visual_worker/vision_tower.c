@@ -1,7 +1,6 @@
-/* vision_tower.c - the Qwen2-VL vision encoder (see vision_tower.h). Owns its
- * weights in backend memory; the per-call activation buffers are allocated
- * for each encode and freed after it (the stress-reserve of the images issue
- * replaces that with one reservation). */
+/* vision_tower.c - the Qwen2-VL / Qwen2.5-VL vision encoder (see
+ * vision_tower.h). Owns its weights and one workspace in backend memory, both
+ * allocated before serving; an encode allocates nothing. */
 #include "vision_tower.h"
 
 #include <stdbool.h>
@@ -24,6 +23,25 @@ typedef struct buffer {
     size_t bytes;
 } buffer;
 
+/* Everything one encode needs, sized once by vision_tower_reserve for the
+ * largest batch (max_images images, max_patches patches in all). */
+typedef struct workspace {
+    size_t max_images, max_patches;
+    /* device: activations [N, E] (x, h, q, k, v, a), MLP [N, max(2M, E*g)],
+     * patches [N, K], positions and ids [N], the unit permutation [U],
+     * attention sequences [images + U], merger output [U, out] twice */
+    void *x, *h, *q, *k, *v, *a, *f, *pk, *y, *y2;
+    int32_t *d_hpos, *d_wpos, *d_ids, *d_rev;
+    vlmd_attn_seq *d_seqs;
+    buffer bufs[16];
+    int n_bufs;
+    /* host staging of the same */
+    int32_t *hpos, *wpos, *ids, *hp, *wp, *order, *rev;
+    uint32_t *wunits;
+    vlmd_attn_seq *seqs;
+    float *pix, *pixp;
+} workspace;
+
 struct vision_tower {
     vlmd_backend *b;            /* borrowed */
     const vlmd_op_table *op;
@@ -35,6 +53,7 @@ struct vision_tower {
     void *lnq_w, *lnq_b, *mlp0_w, *mlp0_b, *mlp2_w, *mlp2_b;
     buffer *weights;
     size_t n_weights, cap_weights;
+    workspace ws;
 };
 
 static vlmd_status keep(vision_tower *vt, void *p, size_t bytes, vlmd_error *err)
@@ -183,10 +202,21 @@ fail:
     return s;
 }
 
+static void workspace_free(vision_tower *vt)
+{
+    workspace *w = &vt->ws;
+    for (int i = 0; i < w->n_bufs; i++)
+        vlmd_backend_free(vt->b, w->bufs[i].ptr, w->bufs[i].bytes);
+    free(w->hpos), free(w->wpos), free(w->ids), free(w->hp), free(w->wp), free(w->order);
+    free(w->rev), free(w->wunits), free(w->seqs), free(w->pix), free(w->pixp);
+    memset(w, 0, sizeof *w);
+}
+
 void vision_tower_free(vision_tower *vt)
 {
     if (!vt)
         return;
+    workspace_free(vt);
     for (size_t i = 0; i < vt->n_weights; i++)
         vlmd_backend_free(vt->b, vt->weights[i].ptr, vt->weights[i].bytes);
     free(vt->weights);
@@ -205,31 +235,6 @@ uint32_t vision_tower_out_dim(const vision_tower *vt)
 }
 
 /* ---- encoding ------------------------------------------------------------------ */
-
-/* Per-call buffers, freed together. */
-typedef struct scratch {
-    buffer bufs[20];
-    int n;
-} scratch;
-
-static void *scratch_get(vision_tower *vt, scratch *sc, size_t bytes, vlmd_status *s,
-                         vlmd_error *err)
-{
-    void *p = NULL;
-    if (*s != VLMD_OK)
-        return NULL;
-    VLMD_ASSERT(sc->n < (int)(sizeof sc->bufs / sizeof sc->bufs[0]));
-    if ((*s = vlmd_backend_alloc(vt->b, bytes ? bytes : 4, &p, err)) == VLMD_OK)
-        sc->bufs[sc->n++] = (buffer){p, bytes ? bytes : 4};
-    return p;
-}
-
-static void scratch_free(vision_tower *vt, scratch *sc)
-{
-    for (int i = 0; i < sc->n; i++)
-        vlmd_backend_free(vt->b, sc->bufs[i].ptr, sc->bufs[i].bytes);
-    sc->n = 0;
-}
 
 /* A row offset into a weight or activation buffer. */
 static void *rows(const vision_tower *vt, void *base, size_t elements)
@@ -281,139 +286,190 @@ static size_t window_order(const vision_tower *vt, const vlmd_pixel_values *imag
     return nw;
 }
 
+static void *ws_get(vision_tower *vt, size_t bytes, vlmd_status *s, vlmd_error *err)
+{
+    workspace *w = &vt->ws;
+    void *p = NULL;
+    if (*s != VLMD_OK)
+        return NULL;
+    VLMD_ASSERT(w->n_bufs < (int)(sizeof w->bufs / sizeof w->bufs[0]));
+    if ((*s = vlmd_backend_alloc(vt->b, bytes ? bytes : 4, &p, err)) == VLMD_OK)
+        w->bufs[w->n_bufs++] = (buffer){p, bytes ? bytes : 4};
+    return p;
+}
+
+vlmd_status vision_tower_reserve(vision_tower *vt, uint32_t max_images, uint32_t max_patches,
+                                 vlmd_error *err)
+{
+    const size_t g = (size_t)vt->merge * vt->merge;
+    if (max_images == 0 || max_patches < g)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "a workspace for %u images of %u patches "
+                           "holds no image", max_images, max_patches);
+    workspace_free(vt);
+    workspace *w = &vt->ws;
+    const size_t N = max_patches, U = N / g, n = max_images, K = (size_t)vt->K;
+    const size_t E = (size_t)vt->E, M = (size_t)vt->M, es = vlmd_backend_elem_size(vt->b);
+    const size_t i32 = sizeof(int32_t), wide = 2 * M > E * g ? 2 * M : E * g;
+    vlmd_status s = VLMD_OK;
+    w->x = ws_get(vt, N * E * es, &s, err);
+    w->h = ws_get(vt, N * E * es, &s, err);
+    w->q = ws_get(vt, N * E * es, &s, err);
+    w->k = ws_get(vt, N * E * es, &s, err);
+    w->v = ws_get(vt, N * E * es, &s, err);
+    w->a = ws_get(vt, N * E * es, &s, err);
+    w->f = ws_get(vt, N * wide * es, &s, err);
+    w->pk = ws_get(vt, N * K * es, &s, err);
+    w->d_hpos = ws_get(vt, N * i32, &s, err);
+    w->d_wpos = ws_get(vt, N * i32, &s, err);
+    w->d_ids = ws_get(vt, N * i32, &s, err);
+    w->d_rev = ws_get(vt, U * i32, &s, err);
+    w->d_seqs = ws_get(vt, (n + U) * sizeof(vlmd_attn_seq), &s, err);
+    w->y = ws_get(vt, U * (size_t)vt->out_dim * es, &s, err);
+    w->y2 = ws_get(vt, U * (size_t)vt->out_dim * es, &s, err);
+    w->hpos = malloc(N * i32), w->wpos = malloc(N * i32), w->ids = malloc(N * i32);
+    w->hp = malloc(N * i32), w->wp = malloc(N * i32), w->order = malloc(U * i32);
+    w->rev = malloc(U * i32), w->wunits = malloc(U * sizeof *w->wunits);
+    w->seqs = malloc((n + U) * sizeof *w->seqs);
+    w->pix = malloc(N * K * sizeof *w->pix), w->pixp = malloc(N * K * sizeof *w->pixp);
+    if (s == VLMD_OK && !(w->hpos && w->wpos && w->ids && w->hp && w->wp && w->order && w->rev &&
+                          w->wunits && w->seqs && w->pix && w->pixp))
+        s = vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory for the vision workspace");
+    if (s != VLMD_OK) {
+        workspace_free(vt);
+        return vlmd_error_prefix(err, "vision workspace for %u images, %u patches", max_images,
+                                 max_patches);
+    }
+    for (size_t r = 0; r < N; r++)
+        w->ids[r] = (int32_t)r; /* K and V are their own "cache": slot r is row r */
+    w->max_images = n;
+    w->max_patches = N;
+    return VLMD_OK;
+}
+
+/* Fills the host staging for a batch and copies it to the device: patches
+ * and their (h, w) positions in the run order, the attention sequences (per
+ * image, then per window), the inverse permutation. Returns the number of
+ * windows in *n_windows. */
+static vlmd_status stage_batch(vision_tower *vt, const vlmd_pixel_values *images, int n, size_t N,
+                               size_t *n_windows, vlmd_error *err)
+{
+    workspace *w = &vt->ws;
+    vlmd_backend *b = vt->b;
+    const size_t i32 = sizeof(int32_t), g = (size_t)vt->merge * vt->merge, U = N / g;
+    const size_t K = (size_t)vt->K;
+    /* patches in the processor's merge order: block row, block col, row, col */
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        const vlmd_pixel_values *pv = &images[i];
+        w->seqs[i] = (vlmd_attn_seq){(int32_t)at, (int32_t)pv->n_patches, (int32_t)pv->n_patches,
+                                     w->d_ids + at};
+        size_t r = at;
+        for (uint32_t t = 0; t < pv->grid_t; t++)
+            for (uint32_t bh = 0; bh < pv->grid_h / (uint32_t)vt->merge; bh++)
+                for (uint32_t bw = 0; bw < pv->grid_w / (uint32_t)vt->merge; bw++)
+                    for (int mh = 0; mh < vt->merge; mh++)
+                        for (int mw = 0; mw < vt->merge; mw++, r++) {
+                            w->hpos[r] = (int32_t)(bh * (uint32_t)vt->merge + (uint32_t)mh);
+                            w->wpos[r] = (int32_t)(bw * (uint32_t)vt->merge + (uint32_t)mw);
+                        }
+        memcpy(w->pix + at * K, pv->values, (size_t)pv->n_patches * K * sizeof *w->pix);
+        at += pv->n_patches;
+    }
+    /* the run order: units (merge^2 patches each) by window */
+    *n_windows = window_order(vt, images, n, w->order, w->wunits);
+    for (size_t j = 0; j < U; j++) {
+        w->rev[w->order[j]] = (int32_t)j;
+        for (size_t p = 0; p < g; p++) {
+            size_t src = (size_t)w->order[j] * g + p, dst = j * g + p;
+            w->hp[dst] = w->hpos[src];
+            w->wp[dst] = w->wpos[src];
+            memcpy(w->pixp + dst * K, w->pix + src * K, K * sizeof *w->pix);
+        }
+    }
+    size_t start = 0;
+    for (size_t k = 0; k < *n_windows; k++) {
+        int32_t len = (int32_t)(w->wunits[k] * g);
+        w->seqs[(size_t)n + k] = (vlmd_attn_seq){(int32_t)start, len, len, w->d_ids + start};
+        start += (size_t)len;
+    }
+    vlmd_status s;
+    if ((s = vlmd_backend_upload_f32(b, w->pk, w->pixp, N * K, err)) == VLMD_OK &&
+        (s = vlmd_backend_copy_to_device(b, w->d_hpos, w->hp, N * i32, err)) == VLMD_OK &&
+        (s = vlmd_backend_copy_to_device(b, w->d_wpos, w->wp, N * i32, err)) == VLMD_OK &&
+        (s = vlmd_backend_copy_to_device(b, w->d_ids, w->ids, N * i32, err)) == VLMD_OK &&
+        (s = vlmd_backend_copy_to_device(b, w->d_rev, w->rev, U * i32, err)) == VLMD_OK)
+        s = vlmd_backend_copy_to_device(b, w->d_seqs, w->seqs,
+                                        ((size_t)n + *n_windows) * sizeof *w->seqs, err);
+    return s;
+}
+
 vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *images, int n,
                                 float *out, vlmd_error *err)
 {
     const vlmd_op_table *op = vt->op;
     vlmd_backend *b = vt->b;
+    workspace *w = &vt->ws;
+    const size_t g = (size_t)vt->merge * vt->merge;
     size_t N = 0;
     for (int i = 0; i < n; i++) {
-        if (images[i].patch_dim != (uint32_t)vt->K ||
-            images[i].grid_h % vt->merge || images[i].grid_w % vt->merge)
+        const vlmd_pixel_values *pv = &images[i];
+        if (pv->patch_dim != (uint32_t)vt->K || pv->grid_h % vt->merge || pv->grid_w % vt->merge ||
+            (uint64_t)pv->grid_t * pv->grid_h * pv->grid_w != pv->n_patches || !pv->n_patches)
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "image %d does not fit this tower", i);
-        N += images[i].n_patches;
+        N += pv->n_patches;
     }
-    const size_t E = (size_t)vt->E, M = (size_t)vt->M, es = vlmd_backend_elem_size(b);
-    const size_t i32 = sizeof(int32_t), g = (size_t)vt->merge * vt->merge, U = N / g;
-    int32_t *hpos = malloc(N * i32), *wpos = malloc(N * i32), *ids = malloc(N * i32);
-    int32_t *hp = malloc(N * i32), *wp = malloc(N * i32), *order = malloc(U * i32);
-    int32_t *rev = malloc(U * i32);
-    uint32_t *wunits = malloc(U * sizeof *wunits);
-    vlmd_attn_seq *seqs = malloc(((size_t)n + U) * sizeof *seqs);
-    float *pix = malloc(N * (size_t)vt->K * sizeof *pix), *pixp = malloc(N * (size_t)vt->K * sizeof *pixp);
-    scratch sc = {0};
-    vlmd_status s = hpos && wpos && ids && hp && wp && order && rev && wunits && seqs && pix && pixp
-                        ? VLMD_OK
-                        : vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
-    void *x = scratch_get(vt, &sc, N * E * es, &s, err), *h = scratch_get(vt, &sc, N * E * es, &s, err);
-    void *q = scratch_get(vt, &sc, N * E * es, &s, err), *k = scratch_get(vt, &sc, N * E * es, &s, err);
-    void *v = scratch_get(vt, &sc, N * E * es, &s, err), *a = scratch_get(vt, &sc, N * E * es, &s, err);
-    size_t wide = 2 * M > E * g ? 2 * M : E * g;
-    void *f = scratch_get(vt, &sc, N * wide * es, &s, err);
-    void *pk = scratch_get(vt, &sc, N * (size_t)vt->K * es, &s, err);
-    int32_t *d_hpos = scratch_get(vt, &sc, N * i32, &s, err), *d_wpos = scratch_get(vt, &sc, N * i32, &s, err);
-    int32_t *d_ids = scratch_get(vt, &sc, N * i32, &s, err), *d_rev = scratch_get(vt, &sc, U * i32, &s, err);
-    vlmd_attn_seq *d_seqs = scratch_get(vt, &sc, ((size_t)n + U) * sizeof *seqs, &s, err);
-    void *y = scratch_get(vt, &sc, U * (size_t)vt->out_dim * es, &s, err);
-    void *y2 = scratch_get(vt, &sc, U * (size_t)vt->out_dim * es, &s, err);
+    if (n <= 0 || (size_t)n > w->max_images || N > w->max_patches)
+        return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "a batch of %d images, %zu patches, is over "
+                           "the reserved %zu images, %zu patches", n, N, w->max_images,
+                           w->max_patches);
     size_t n_windows = 0;
-    if (s == VLMD_OK) {
-        /* patches in the processor's merge order: block row, block col, row, col */
-        size_t at = 0;
-        for (int i = 0; i < n; i++) {
-            const vlmd_pixel_values *pv = &images[i];
-            seqs[i] = (vlmd_attn_seq){(int32_t)at, (int32_t)pv->n_patches,
-                                      (int32_t)pv->n_patches, d_ids + at};
-            size_t r = at;
-            for (uint32_t t = 0; t < pv->grid_t; t++)
-                for (uint32_t bh = 0; bh < pv->grid_h / (uint32_t)vt->merge; bh++)
-                    for (uint32_t bw = 0; bw < pv->grid_w / (uint32_t)vt->merge; bw++)
-                        for (int mh = 0; mh < vt->merge; mh++)
-                            for (int mw = 0; mw < vt->merge; mw++, r++) {
-                                hpos[r] = (int32_t)(bh * (uint32_t)vt->merge + (uint32_t)mh);
-                                wpos[r] = (int32_t)(bw * (uint32_t)vt->merge + (uint32_t)mw);
-                            }
-            memcpy(pix + at * (size_t)vt->K, pv->values,
-                   (size_t)pv->n_patches * (size_t)vt->K * sizeof *pix);
-            at += pv->n_patches;
-        }
-        /* the run order: units (merge^2 patches each) by window */
-        n_windows = window_order(vt, images, n, order, wunits);
-        for (size_t j = 0; j < U; j++) {
-            rev[order[j]] = (int32_t)j;
-            for (size_t p = 0; p < g; p++) {
-                size_t src = (size_t)order[j] * g + p, dst = j * g + p;
-                hp[dst] = hpos[src];
-                wp[dst] = wpos[src];
-                memcpy(pixp + dst * (size_t)vt->K, pix + src * (size_t)vt->K,
-                       (size_t)vt->K * sizeof *pix);
-            }
-        }
-        size_t start = 0;
-        for (size_t w = 0; w < n_windows; w++) {
-            int32_t len = (int32_t)(wunits[w] * g);
-            seqs[n + (int)w] = (vlmd_attn_seq){(int32_t)start, len, len, d_ids + start};
-            start += (size_t)len;
-        }
-        for (size_t r = 0; r < N; r++)
-            ids[r] = (int32_t)r; /* K and V are their own "cache": slot r is row r */
-        if ((s = vlmd_backend_upload_f32(b, pk, pixp, N * (size_t)vt->K, err)) == VLMD_OK &&
-            (s = vlmd_backend_copy_to_device(b, d_hpos, hp, N * i32, err)) == VLMD_OK &&
-            (s = vlmd_backend_copy_to_device(b, d_wpos, wp, N * i32, err)) == VLMD_OK &&
-            (s = vlmd_backend_copy_to_device(b, d_ids, ids, N * i32, err)) == VLMD_OK &&
-            (s = vlmd_backend_copy_to_device(b, d_rev, rev, U * i32, err)) == VLMD_OK)
-            s = vlmd_backend_copy_to_device(b, d_seqs, seqs, ((size_t)n + n_windows) * sizeof *seqs,
-                                            err);
-    }
-    if (s == VLMD_OK) {
-        int Ni = (int)N, Ei = vt->E, Mi = vt->M;
-        op->linear(b, x, pk, vt->patch_w, NULL, Ni, vt->K, Ei);
-        for (int l = 0; l < vt->depth; l++) {
-            const vt_block *bl = &vt->blocks[l];
-            bool windowed = vt->qwen25 && !bl->full;
-            if (vt->qwen25)
-                op->rmsnorm(b, h, x, NULL, bl->n1w, Ni, Ei, 1e-6f);
-            else
-                op->layernorm(b, h, x, bl->n1w, bl->n1b, Ni, Ei, 1e-6f);
-            op->linear(b, q, h, bl->qkv_w, bl->qkv_b, Ni, Ei, Ei);
-            op->linear(b, k, h, rows(vt, bl->qkv_w, E * E), rows(vt, bl->qkv_b, E), Ni, Ei, Ei);
-            op->linear(b, v, h, rows(vt, bl->qkv_w, 2 * E * E), rows(vt, bl->qkv_b, 2 * E), Ni, Ei,
-                       Ei);
-            op->vision_rope(b, q, k, d_hpos, d_wpos, Ni, vt->nh, vt->hd, 10000.0f);
-            op->attention(b, a, q, k, v, windowed ? d_seqs + n : d_seqs,
-                          windowed ? (int)n_windows : n, Ni, vt->nh, vt->nh, vt->hd, false);
-            op->linear(b, h, a, bl->proj_w, bl->proj_b, Ni, Ei, Ei);
-            op->add(b, x, h, N * E);
-            if (vt->qwen25) {
-                void *up = rows(vt, f, N * M);
-                op->rmsnorm(b, h, x, NULL, bl->n2w, Ni, Ei, 1e-6f);
-                op->linear(b, f, h, bl->gate_w, bl->gate_b, Ni, Ei, Mi);
-                op->linear(b, up, h, bl->up_w, bl->up_b, Ni, Ei, Mi);
-                op->silu_mul(b, f, f, up, Ni, Mi);
-                op->linear(b, h, f, bl->down_w, bl->down_b, Ni, Mi, Ei);
-            } else {
-                op->layernorm(b, h, x, bl->n2w, bl->n2b, Ni, Ei, 1e-6f);
-                op->linear(b, f, h, bl->fc1_w, bl->fc1_b, Ni, Ei, Mi);
-                op->gelu(b, f, f, N * M, true);
-                op->linear(b, h, f, bl->fc2_w, bl->fc2_b, Ni, Mi, Ei);
-            }
-            op->add(b, x, h, N * E);
-        }
-        /* the merger: each unit's merge^2 patches become one token */
-        int Ug = (int)U, G = (int)(E * g);
+    vlmd_status s = stage_batch(vt, images, n, N, &n_windows, err);
+    if (s != VLMD_OK)
+        return s;
+    const size_t E = (size_t)vt->E, M = (size_t)vt->M, U = N / g;
+    const int Ni = (int)N, Ei = vt->E, Mi = vt->M;
+    void *x = w->x, *h = w->h, *q = w->q, *k = w->k, *v = w->v, *a = w->a, *f = w->f;
+    op->linear(b, x, w->pk, vt->patch_w, NULL, Ni, vt->K, Ei);
+    for (int l = 0; l < vt->depth; l++) {
+        const vt_block *bl = &vt->blocks[l];
+        bool windowed = vt->qwen25 && !bl->full;
         if (vt->qwen25)
-            op->rmsnorm(b, h, x, NULL, vt->lnq_w, Ni, Ei, 1e-6f);
+            op->rmsnorm(b, h, x, NULL, bl->n1w, Ni, Ei, 1e-6f);
         else
-            op->layernorm(b, h, x, vt->lnq_w, vt->lnq_b, Ni, Ei, 1e-6f);
-        op->linear(b, f, h, vt->mlp0_w, vt->mlp0_b, Ug, G, G);
-        op->gelu(b, f, f, U * (size_t)G, false);
-        op->linear(b, y, f, vt->mlp2_w, vt->mlp2_b, Ug, G, vt->out_dim);
-        /* back to the processor's order (a gather by the inverse permutation) */
-        op->embedding(b, y2, y, d_rev, Ug, vt->out_dim);
-        s = vlmd_backend_download_f32(b, out, y2, U * (size_t)vt->out_dim, err);
+            op->layernorm(b, h, x, bl->n1w, bl->n1b, Ni, Ei, 1e-6f);
+        op->linear(b, q, h, bl->qkv_w, bl->qkv_b, Ni, Ei, Ei);
+        op->linear(b, k, h, rows(vt, bl->qkv_w, E * E), rows(vt, bl->qkv_b, E), Ni, Ei, Ei);
+        op->linear(b, v, h, rows(vt, bl->qkv_w, 2 * E * E), rows(vt, bl->qkv_b, 2 * E), Ni, Ei, Ei);
+        op->vision_rope(b, q, k, w->d_hpos, w->d_wpos, Ni, vt->nh, vt->hd, 10000.0f);
+        op->attention(b, a, q, k, v, windowed ? w->d_seqs + n : w->d_seqs,
+                      windowed ? (int)n_windows : n, Ni, vt->nh, vt->nh, vt->hd, false);
+        op->linear(b, h, a, bl->proj_w, bl->proj_b, Ni, Ei, Ei);
+        op->add(b, x, h, N * E);
+        if (vt->qwen25) {
+            void *up = rows(vt, f, N * M);
+            op->rmsnorm(b, h, x, NULL, bl->n2w, Ni, Ei, 1e-6f);
+            op->linear(b, f, h, bl->gate_w, bl->gate_b, Ni, Ei, Mi);
+            op->linear(b, up, h, bl->up_w, bl->up_b, Ni, Ei, Mi);
+            op->silu_mul(b, f, f, up, Ni, Mi);
+            op->linear(b, h, f, bl->down_w, bl->down_b, Ni, Mi, Ei);
+        } else {
+            op->layernorm(b, h, x, bl->n2w, bl->n2b, Ni, Ei, 1e-6f);
+            op->linear(b, f, h, bl->fc1_w, bl->fc1_b, Ni, Ei, Mi);
+            op->gelu(b, f, f, N * M, true);
+            op->linear(b, h, f, bl->fc2_w, bl->fc2_b, Ni, Mi, Ei);
+        }
+        op->add(b, x, h, N * E);
     }
-    scratch_free(vt, &sc);
-    free(hpos), free(wpos), free(ids), free(hp), free(wp), free(order), free(rev), free(wunits);
-    free(seqs), free(pix), free(pixp);
-    return s;
+    /* the merger: each unit's merge^2 patches become one token */
+    int Ug = (int)U, G = (int)(E * g);
+    if (vt->qwen25)
+        op->rmsnorm(b, h, x, NULL, vt->lnq_w, Ni, Ei, 1e-6f);
+    else
+        op->layernorm(b, h, x, vt->lnq_w, vt->lnq_b, Ni, Ei, 1e-6f);
+    op->linear(b, f, h, vt->mlp0_w, vt->mlp0_b, Ug, G, G);
+    op->gelu(b, f, f, U * (size_t)G, false);
+    op->linear(b, w->y, f, vt->mlp2_w, vt->mlp2_b, Ug, G, vt->out_dim);
+    /* back to the processor's order (a gather by the inverse permutation) */
+    op->embedding(b, w->y2, w->y, w->d_rev, Ug, vt->out_dim);
+    return vlmd_backend_download_f32(b, out, w->y2, U * (size_t)vt->out_dim, err);
 }

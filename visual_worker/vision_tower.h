@@ -24,8 +24,16 @@ void vision_tower_free(vision_tower *vt);
 uint32_t vision_tower_tokens(const vision_tower *vt, const vlmd_pixel_values *pv);
 uint32_t vision_tower_out_dim(const vision_tower *vt);
 
+/* Allocates the one workspace every encode uses, for batches of up to
+ * max_images images and max_patches patches in all (replacing an earlier
+ * one). Device memory is allocated here and nowhere else after loading. */
+vlmd_status vision_tower_reserve(vision_tower *vt, uint32_t max_images, uint32_t max_patches,
+                                 vlmd_error *err);
+
 /* Encodes n images together (variable sizes) into out (host, row after row:
- * image 0's tokens first), sum(tokens) x out_dim floats. */
+ * image 0's tokens first), sum(tokens) x out_dim floats. Allocates nothing;
+ * VLMD_ERR_TOO_LARGE for a batch over the reservation, VLMD_ERR_INVALID_ARG
+ * for pixel values of another shape. */
 vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *images, int n,
                                 float *out, vlmd_error *err);
 

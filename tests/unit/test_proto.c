@@ -27,7 +27,8 @@ static vlmd_image_ref sample_image(int k)
 {
     vlmd_image_ref r = {.token_offset = 10u + (uint32_t)k, .token_count = 64,
                         .arena_offset = (1ull << 40) + (uint64_t)k, .grid_t = 1 + (uint32_t)k,
-                        .grid_h = 16, .grid_w = 18};
+                        .grid_h = 16, .grid_w = 18, .data = sample_bytes,
+                        .n_data = (uint32_t)sizeof sample_bytes - (uint32_t)(k % 4)};
     for (int i = 0; i < 32; i++)
         r.hash[i] = (uint8_t)(i * 7 + k + 1);
     return r;
@@ -101,12 +102,14 @@ static vlmd_msg sample(vlmd_msg_type t)
             .n_logprobs = 5, .finish = VLMD_FINISH_ERROR, .status = VLMD_ERR_UNAVAILABLE,
             .message = "the visual worker is down", .prompt_tokens = 10,
             .completion_tokens = 5, .cached_tokens = 2, .top_n = 2, .top_ids = sample_top_ids,
-            .n_top_ids = 10, .top_logprobs = sample_top_lps, .n_top_logprobs = 10};
+            .n_top_ids = 10, .top_logprobs = sample_top_lps, .n_top_logprobs = 10,
+            .error_image = 3};
         break;
     case VLMD_MSG_IMAGE_JOB:
         m.u.image_job = (vlmd_msg_image_job){.req_id = 3, .image_index = 1, .data = sample_bytes,
                                              .n_data = sizeof sample_bytes, .width = 640,
-                                             .height = 480};
+                                             .height = 480, .arena_offset = 1ull << 36,
+                                             .token_count = 1369};
         memcpy(m.u.image_job.hash, sample_images[2].hash, 32);
         break;
     case VLMD_MSG_IMAGE_RESULT:
@@ -158,6 +161,7 @@ static void image_eq(const vlmd_image_ref *a, const vlmd_image_ref *b)
 {
     cr_expect_arr_eq(a->hash, b->hash, 32);
     EQ(token_offset); EQ(token_count); EQ(arena_offset); EQ(grid_t); EQ(grid_h); EQ(grid_w);
+    ARR(data, n_data);
 }
 
 static void worker_eq(const vlmd_worker_info *a, const vlmd_worker_info *b)
@@ -239,12 +243,13 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
         const vlmd_msg_token_chunk *a = &x->u.token_chunk, *b = &y->u.token_chunk;
         EQ(req_id); ARR(tokens, n_tokens); ARR(logprobs, n_logprobs); EQ(finish); EQ(status);
         STR(message); EQ(prompt_tokens); EQ(completion_tokens); EQ(cached_tokens); EQ(top_n);
-        ARR(top_ids, n_top_ids); ARR(top_logprobs, n_top_logprobs);
+        ARR(top_ids, n_top_ids); ARR(top_logprobs, n_top_logprobs); EQ(error_image);
         break;
     }
     case VLMD_MSG_IMAGE_JOB: {
         const vlmd_msg_image_job *a = &x->u.image_job, *b = &y->u.image_job;
         EQ(req_id); EQ(image_index); ARR(data, n_data); EQ(width); EQ(height);
+        EQ(arena_offset); EQ(token_count);
         cr_expect_arr_eq(a->hash, b->hash, 32);
         break;
     }
@@ -1144,6 +1149,9 @@ static const field_ref optional_fields[] = {
     {VLMD_MSG_STATS_SNAPSHOT, "workers.listen_url"},
     {VLMD_MSG_TOKEN_CHUNK, "logprobs"},     {VLMD_MSG_HEARTBEAT, "kv_used_tokens"},
     {VLMD_MSG_STATS_SNAPSHOT, "workers.kv_used_tokens"},
+    {VLMD_MSG_REQUEST_SUBMIT, "images.data"}, {VLMD_MSG_IMAGE_RESULT, "image.data"},
+    {VLMD_MSG_TOKEN_CHUNK, "error_image"},  {VLMD_MSG_IMAGE_JOB, "arena_offset"},
+    {VLMD_MSG_IMAGE_JOB, "token_count"},
 };
 /* Optional too, but they travel together: dropping one alone is a shape mismatch. */
 static const field_ref coupled_fields[] = {
@@ -1181,7 +1189,7 @@ static void drop_and_check(vlmd_msg_type t, const char *path)
         cr_expect_str_eq(out.u.token_chunk.message, "");
     if (t == VLMD_MSG_TOKEN_CHUNK && !strcmp(key, "logprobs"))
         cr_expect(!out.u.token_chunk.logprobs && !out.u.token_chunk.n_logprobs);
-    if (t == VLMD_MSG_IMAGE_RESULT)
+    if (t == VLMD_MSG_IMAGE_RESULT && !strcmp(key, "message"))
         cr_expect_str_eq(out.u.image_result.message, "");
     if (t == VLMD_MSG_READY && !strcmp(key, "device"))
         cr_expect_str_eq(out.u.ready.device, "");
@@ -1189,6 +1197,12 @@ static void drop_and_check(vlmd_msg_type t, const char *path)
         cr_expect_str_eq(out.u.ready.listen_url, "");
     if (t == VLMD_MSG_HEARTBEAT)
         cr_expect_eq(out.u.heartbeat.kv_used_tokens, 0);
+    if (t == VLMD_MSG_REQUEST_SUBMIT && !strcmp(key, "data"))
+        cr_expect(!out.u.request_submit.images[0].data && !out.u.request_submit.images[0].n_data);
+    if (t == VLMD_MSG_TOKEN_CHUNK && !strcmp(key, "error_image"))
+        cr_expect_eq(out.u.token_chunk.error_image, 0);
+    if (t == VLMD_MSG_IMAGE_JOB && !strcmp(key, "token_count"))
+        cr_expect_eq(out.u.image_job.token_count, 0);
     if (t == VLMD_MSG_STATS_SNAPSHOT && !strcmp(key, "device"))
         cr_expect_str_eq(out.u.stats_snapshot.workers[0].device, "");
     if (t == VLMD_MSG_STATS_SNAPSHOT && !strcmp(key, "kv_used_tokens"))

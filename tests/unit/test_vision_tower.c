@@ -96,6 +96,11 @@ static void check_on(const char *model, const char *device, double tol)
     float *alone = malloc((size_t)(t2 + t3) * D * sizeof *alone);
     float *batched = malloc((size_t)(t2 + t3) * D * sizeof *batched);
     vlmd_error err = {0};
+    cr_expect_eq(vision_tower_encode(f.vt, both, 1, alone, &err), VLMD_ERR_TOO_LARGE,
+                 "no workspace reserved yet");
+    cr_assert_eq(vision_tower_reserve(f.vt, 2, both[0].n_patches + both[1].n_patches, &err),
+                 VLMD_OK, "%s", err.msg);
+    uint64_t allocations = vlmd_backend_alloc_count(f.b);
     cr_assert_eq(vision_tower_encode(f.vt, &both[0], 1, alone, &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(vision_tower_encode(f.vt, &both[1], 1, alone + (size_t)t2 * D, &err), VLMD_OK);
     double e2 = rel_error(&f, 2, alone), e3 = rel_error(&f, 3, alone + (size_t)t2 * D);
@@ -105,6 +110,12 @@ static void check_on(const char *model, const char *device, double tol)
     double eb2 = rel_error(&f, 2, batched), eb3 = rel_error(&f, 3, batched + (size_t)t2 * D);
     cr_expect_lt(eb2, tol, "%s %s batched case 2: %.3g", model, device, eb2);
     cr_expect_lt(eb3, tol, "%s %s batched case 3: %.3g", model, device, eb3);
+    cr_expect_eq(vlmd_backend_alloc_count(f.b), allocations, "encoding allocates nothing");
+    /* a larger image than reserved for: refused, nothing grown */
+    both[1].grid_h += 2; /* (its values are not read: the batch is refused first) */
+    both[1].n_patches = both[1].grid_t * both[1].grid_h * both[1].grid_w;
+    cr_expect_eq(vision_tower_encode(f.vt, both, 2, batched, &err), VLMD_ERR_TOO_LARGE);
+    cr_expect(strstr(err.msg, "reserved"), "%s", err.msg);
     if (strcmp(device, "cpu") != 0)
         fprintf(stderr, "%s %s vision embeds relative error: %.4g %.4g (batched %.4g %.4g)\n",
                 model, device, e2, e3, eb2, eb3);
