@@ -7,9 +7,16 @@
 
 #include "kv_slots.h"
 #include "log.h"
+#include "mrope.h"
 #include "sampler.h"
 
 typedef enum req_state { REQ_WAITING, REQ_RUNNING } req_state;
+
+/* An image of a prompt: its tokens' embeddings in the arena. */
+typedef struct req_image {
+    int32_t start, count;       /* its pad tokens in the prompt */
+    const float *data;          /* count x hidden, in the arena (borrowed) */
+} req_image;
 
 typedef struct request {
     uint64_t id;
@@ -25,6 +32,10 @@ typedef struct request {
     uint32_t stop[VLMD_PROTO_MAX_STOPS];
     uint32_t n_stop;
     sampler_rng rng;
+    req_image *images;          /* in prompt order; NULL for text */
+    uint32_t n_images;
+    int32_t *mrope;             /* [3][n_prompt] positions of an image prompt; NULL for text */
+    int32_t rope_delta;         /* beyond the prompt: position of token i is i + rope_delta */
     struct request *next;       /* in arrival order */
 } request;
 
@@ -42,6 +53,8 @@ struct engine {
     /* one step's batch, sized for max_batch_tokens */
     int32_t *ids, *positions, *step_slots, *logit_rows;
     vlmd_attn_seq *seqs;
+    qwen2_embed_run *embeds;    /* image rows of the step, at most max_running x images each */
+    int32_t n_embeds;
     request **in_step;
     float *logits;
     float *raw;                 /* a row's logits before sampling changes them */
@@ -72,12 +85,13 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     e->step_slots = malloc((size_t)n * sizeof *e->step_slots);
     e->logit_rows = malloc((size_t)r * sizeof *e->logit_rows);
     e->seqs = malloc((size_t)r * sizeof *e->seqs);
+    e->embeds = malloc((size_t)r * VLMD_PROTO_MAX_IMAGES * sizeof *e->embeds);
     e->in_step = malloc((size_t)r * sizeof *e->in_step);
     e->logits = malloc((size_t)r * (size_t)V * sizeof *e->logits);
     e->scratch = malloc(sampler_scratch_bytes(V));
     e->raw = malloc((size_t)V * sizeof *e->raw);
     if (s == VLMD_OK && (!e->ids || !e->positions || !e->step_slots || !e->logit_rows ||
-                         !e->seqs || !e->in_step || !e->logits || !e->scratch || !e->raw))
+                         !e->seqs || !e->embeds || !e->in_step || !e->logits || !e->scratch || !e->raw))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the engine's batch");
     if (s != VLMD_OK) {
         engine_free(e);
@@ -91,6 +105,8 @@ static void request_free(request *q)
 {
     free(q->tokens);
     free(q->slots);
+    free(q->images);
+    free(q->mrope);
     free(q);
 }
 
@@ -110,6 +126,7 @@ void engine_free(engine *e)
     free(e->step_slots);
     free(e->logit_rows);
     free(e->seqs);
+    free(e->embeds);
     free(e->in_step);
     free(e->logits);
     free(e->raw);
@@ -152,6 +169,67 @@ static int64_t still_needs(const request *q)
     return (int64_t)q->n_prompt + q->max_tokens - q->n_cached;
 }
 
+/* Checks a request's images against its prompt, the model and the arena,
+ * and records them with the prompt's M-RoPE positions. */
+static vlmd_status attach_images(engine *e, request *q, const vlmd_msg_request_submit *r,
+                                 vlmd_error *err)
+{
+    unsigned long long id = (unsigned long long)r->req_id;
+    if (e->cfg.image_token_id < 0 || !qwen2_uses_mrope(e->m))
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu has images; this model "
+                           "takes none", id);
+    if (!e->cfg.arena || !e->cfg.arena->base)
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "request %llu has images and the embedding "
+                           "arena is not mapped", id);
+    q->images = calloc(r->n_images, sizeof *q->images);
+    q->mrope = malloc(3 * (size_t)r->n_tokens * sizeof *q->mrope);
+    vlmd_image_grid *grids = malloc(r->n_images * sizeof *grids);
+    vlmd_status st = q->images && q->mrope && grids
+                         ? VLMD_OK
+                         : vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for request %llu", id);
+    uint64_t row_bytes = (uint64_t)qwen2_hidden_size(e->m) * sizeof(float);
+    int32_t merge = e->cfg.merge_size, end = 0;
+    for (uint32_t i = 0; st == VLMD_OK && i < r->n_images; i++) {
+        const vlmd_image_ref *im = &r->images[i];
+        uint64_t grid = (uint64_t)im->grid_t * im->grid_h * im->grid_w;
+        bool ok = merge > 0 && im->grid_h % (uint32_t)merge == 0 &&
+                  im->grid_w % (uint32_t)merge == 0 &&
+                  grid / ((uint64_t)merge * (uint64_t)merge) == im->token_count &&
+                  im->token_count > 0 && (int64_t)im->token_offset >= end &&
+                  (uint64_t)im->token_offset + im->token_count <= r->n_tokens;
+        for (uint32_t k = 0; ok && k < im->token_count; k++)
+            ok = r->tokens[im->token_offset + k] == (uint32_t)e->cfg.image_token_id;
+        if (!ok) {
+            st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: image %u (tokens %u + %u, "
+                             "grid %ux%ux%u) does not match its pad tokens", id, i,
+                             im->token_offset, im->token_count, im->grid_t, im->grid_h,
+                             im->grid_w);
+        } else if (im->arena_offset % sizeof(float) ||
+                   !vlmd_shm_arena_holds(e->cfg.arena, im->arena_offset,
+                                         im->token_count * row_bytes)) {
+            st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: image %u's embeddings "
+                             "(offset %llu, %llu bytes) are outside the arena", id, i,
+                             (unsigned long long)im->arena_offset,
+                             (unsigned long long)(im->token_count * row_bytes));
+        }
+        if (st != VLMD_OK)
+            break;
+        q->images[i] = (req_image){(int32_t)im->token_offset, (int32_t)im->token_count,
+                                   (const float *)((const char *)e->cfg.arena->base +
+                                                   im->arena_offset)};
+        grids[i] = (vlmd_image_grid){im->grid_t, im->grid_h, im->grid_w};
+        end = (int32_t)(im->token_offset + im->token_count);
+    }
+    int32_t next = 0;
+    if (st == VLMD_OK)
+        st = vlmd_mrope_positions(r->tokens, r->n_tokens, (uint32_t)e->cfg.image_token_id, grids,
+                                  r->n_images, (uint32_t)merge, q->mrope, &next, err);
+    free(grids);
+    q->n_images = r->n_images;
+    q->rope_delta = next - (int32_t)r->n_tokens;
+    return st;
+}
+
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err)
 {
     int64_t total = (int64_t)r->n_tokens + r->max_tokens;
@@ -188,6 +266,13 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     }
     q->id = r->req_id;
     q->state = REQ_WAITING;
+    if (r->n_images) {
+        vlmd_status st = attach_images(e, q, r, err);
+        if (st != VLMD_OK) {
+            request_free(q);
+            return st;
+        }
+    }
     for (uint32_t i = 0; i < r->n_tokens; i++)
         q->tokens[i] = (int32_t)r->tokens[i];
     q->n_prompt = q->n_tokens = (int32_t)r->n_tokens;
@@ -265,6 +350,16 @@ static void add_to_batch(engine *e, request *q, int32_t *n_tok, int32_t n_seq)
         e->step_slots[*n_tok + i] = q->slots[first + i];
     }
     e->seqs[n_seq] = (vlmd_attn_seq){*n_tok, count, q->n_tokens, q->slots};
+    /* the image tokens among these rows take their embeddings from the arena */
+    for (uint32_t i = 0; i < q->n_images; i++) {
+        const req_image *im = &q->images[i];
+        int32_t lo = im->start > first ? im->start : first;
+        int32_t hi = im->start + im->count < first + count ? im->start + im->count : first + count;
+        if (lo < hi)
+            e->embeds[e->n_embeds++] = (qwen2_embed_run){
+                *n_tok + lo - first, hi - lo,
+                im->data + (size_t)(lo - im->start) * qwen2_hidden_size(e->m)};
+    }
     e->logit_rows[n_seq] = *n_tok + count - 1;
     e->in_step[n_seq] = q;
     q->n_cached = q->n_tokens;
@@ -317,20 +412,27 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
     int32_t budget = e->cfg.max_batch_tokens - e->n_running;
     admit(e, &budget);
     int32_t n_tok = 0, n_seq = 0;
+    e->n_embeds = 0;
     for (request *q = e->head; q; q = q->next)
         if (q->state == REQ_RUNNING)
             add_to_batch(e, q, &n_tok, n_seq++);
     if (n_seq == 0)
         return VLMD_OK;
-    /* Text positions are the token indices, the same in all three M-RoPE rows. */
+    /* Text positions are the token indices, the same in all three M-RoPE rows;
+     * an image prompt has its own, and its output continues from them. */
     for (int32_t s = 0; s < n_seq; s++) {
         const vlmd_attn_seq *sq = &e->seqs[s];
-        for (int32_t i = 0; i < sq->q_len; i++)
+        const request *q = e->in_step[s];
+        for (int32_t i = 0; i < sq->q_len; i++) {
+            int32_t t = sq->kv_len - sq->q_len + i;
             for (int r = 0; r < 3; r++)
-                e->positions[r * n_tok + sq->q_start + i] = sq->kv_len - sq->q_len + i;
+                e->positions[r * n_tok + sq->q_start + i] =
+                    q->mrope && t < q->n_prompt ? q->mrope[r * q->n_prompt + t]
+                                                : t + q->rope_delta;
+        }
     }
     qwen2_batch bt = {n_tok, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
-                      n_seq};
+                      n_seq, e->embeds, e->n_embeds};
     vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &bt, e->logits, err);
     if (s != VLMD_OK)
         return s;

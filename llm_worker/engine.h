@@ -22,6 +22,7 @@
 
 #include "proto.h"
 #include "qwen2.h"
+#include "shm_arena.h"
 
 typedef struct engine engine;
 
@@ -31,6 +32,12 @@ typedef struct engine_config {
     int32_t max_running;        /* requests decoding at once */
     int32_t eos_id;             /* ends generation (-1: none) */
     int32_t max_model_len;      /* prompt + output limit of one request */
+    /* images (VL models): their pad token, the tower's merge size, and the
+     * arena their embeddings are read from (borrowed; mapped by the caller
+     * before it submits a request with images) */
+    int32_t image_token_id;     /* -1: the model takes no images */
+    int32_t merge_size;
+    const vlmd_shm_arena *arena;
 } engine_config;
 
 #define ENGINE_MAX_TOP_LOGPROBS 20
@@ -58,8 +65,11 @@ void engine_free(engine *e);
 
 /* Queues a request (the message is borrowed; what the engine needs is
  * copied). VLMD_ERR_TOO_LARGE when it could never fit the KV cache or the
- * model length; VLMD_ERR_INVALID_ARG on a token id outside the vocabulary or
- * an id already in use. */
+ * model length; VLMD_ERR_INVALID_ARG on a token id outside the vocabulary,
+ * an id already in use, or images that do not match their pad tokens, grids
+ * or the arena. An image's embeddings are read from the arena at its offset
+ * whenever its tokens are (re)computed, so they must stay there until the
+ * request has ended. Image prompts get M-RoPE positions (mrope.h). */
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err);
 /* Drops a request wherever it is; emits nothing. false when unknown. */
 bool engine_cancel(engine *e, uint64_t req_id);

@@ -226,6 +226,16 @@ uint32_t qwen2_vocab_size(const qwen2_model *m)
     return (uint32_t)m->V;
 }
 
+uint32_t qwen2_hidden_size(const qwen2_model *m)
+{
+    return (uint32_t)m->H;
+}
+
+bool qwen2_uses_mrope(const qwen2_model *m)
+{
+    return m->mrope;
+}
+
 /* ---- KV cache and workspace -------------------------------------------------- */
 
 vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err)
@@ -366,6 +376,12 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
             bt->ids[i] >= m->V)
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "token %d: id %d or slot %d out of "
                                "range", i, bt->ids[i], bt->slots[i]);
+    for (int i = 0; i < bt->n_embeds; i++)
+        if (bt->embeds[i].row < 0 || bt->embeds[i].n_rows < 0 ||
+            bt->embeds[i].row > n - bt->embeds[i].n_rows || !bt->embeds[i].data)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "embedding run %d (rows %d + %d) is "
+                               "outside the batch of %d", i, bt->embeds[i].row,
+                               bt->embeds[i].n_rows, n);
     vlmd_backend *b = m->b;
     const vlmd_op_table *op = m->op;
     size_t i32 = sizeof(int32_t);
@@ -400,9 +416,16 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
         return s;
     const int H = m->H, Q = m->nh * m->hd, KV = m->nkv * m->hd;
 
-    /* The residual stream starts as the embeddings; each block's output is
-     * added to it by the next fused rmsnorm. */
+    /* The residual stream starts as the embeddings (an image's rows as the
+     * vision tower made them); each block's output is added to it by the next
+     * fused rmsnorm. */
     op->embedding(b, ws->residual, m->embed, ws->ids, n, H);
+    size_t es = vlmd_backend_elem_size(b);
+    for (int i = 0; s == VLMD_OK && i < bt->n_embeds; i++)
+        s = vlmd_backend_upload_f32(b, (char *)ws->residual + (size_t)bt->embeds[i].row * H * es,
+                                    bt->embeds[i].data, (size_t)bt->embeds[i].n_rows * H, err);
+    if (s != VLMD_OK)
+        return s;
     for (int l = 0; l < m->L; l++) {
         const qwen2_layer *y = &m->layers[l];
         if (l == 0)

@@ -33,6 +33,9 @@ void qwen2_free(qwen2_model *m);
 /* Bytes of KV cache one token takes across all layers. */
 uint64_t qwen2_kv_bytes_per_token(const qwen2_model *m);
 uint32_t qwen2_vocab_size(const qwen2_model *m);
+uint32_t qwen2_hidden_size(const qwen2_model *m);
+/* True when positions have three rows (M-RoPE: the VL models' text tower). */
+bool qwen2_uses_mrope(const qwen2_model *m);
 
 vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err);
 void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv);
@@ -40,6 +43,13 @@ void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv);
 vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
                                    qwen2_workspace **out, vlmd_error *err);
 void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws);
+
+/* Consecutive rows of a batch whose input is given as embeddings (an
+ * image's tokens, from the vision tower) instead of looked up by id. */
+typedef struct qwen2_embed_run {
+    int32_t row, n_rows;
+    const float *data;              /* n_rows x hidden floats, host memory (borrowed) */
+} qwen2_embed_run;
 
 /* One step over a batch of sequences, their new tokens packed together.
  * All arrays are host memory; the model copies what the backend needs. */
@@ -52,6 +62,8 @@ typedef struct qwen2_batch {
     int32_t n_seqs;
     const int32_t *logit_rows;      /* rows whose logits are wanted */
     int32_t n_logits;
+    const qwen2_embed_run *embeds;  /* rows taken from embeddings; may be NULL */
+    int32_t n_embeds;
 } qwen2_batch;
 
 /* Runs the step and writes n_logits x vocab floats to logits (host). Fails
