@@ -77,14 +77,50 @@ vlmd_status vlmd_smart_resize(const vlmd_vision_params *p, uint32_t height, uint
     return VLMD_OK;
 }
 
+vlmd_status vlmd_vision_params_configure(const char *model_dir, int64_t min_pixels,
+                                         int64_t max_pixels, vlmd_vision_params *out,
+                                         vlmd_error *err)
+{
+    vlmd_status st = vlmd_vision_params_load(model_dir, out, err);
+    if (st != VLMD_OK)
+        return st;
+    if (min_pixels > 0)
+        out->min_pixels = (uint64_t)min_pixels;
+    if (max_pixels > 0)
+        out->max_pixels = (uint64_t)max_pixels;
+    uint64_t unit = (uint64_t)out->patch_size * out->merge_size;
+    if (out->min_pixels > out->max_pixels || out->max_pixels < unit * unit)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--vision-min-pixels %llu and "
+                           "--vision-max-pixels %llu: the minimum must not exceed the maximum, "
+                           "and the maximum must hold one %llux%llu unit",
+                           (unsigned long long)out->min_pixels,
+                           (unsigned long long)out->max_pixels, (unsigned long long)unit,
+                           (unsigned long long)unit);
+    return VLMD_OK;
+}
+
+uint32_t vlmd_vision_max_tokens(const vlmd_vision_params *p)
+{
+    uint64_t unit = (uint64_t)p->patch_size * p->merge_size;
+    return (uint32_t)(p->max_pixels / (unit * unit));
+}
+
 vlmd_status vlmd_image_tokens(const vlmd_vision_params *p, uint32_t height, uint32_t width,
                               uint32_t *tokens, vlmd_error *err)
 {
     uint32_t rh, rw;
     vlmd_status st = vlmd_smart_resize(p, height, width, &rh, &rw, err);
-    if (st == VLMD_OK)
-        *tokens = (rh / p->patch_size) * (rw / p->patch_size) / (p->merge_size * p->merge_size);
-    return st;
+    if (st != VLMD_OK)
+        return st;
+    uint32_t n = (rh / p->patch_size) * (rw / p->patch_size) / (p->merge_size * p->merge_size);
+    /* at extreme aspect ratios smart_resize may round past max_pixels; what the
+     * visual worker reserved for is the limit itself */
+    if (n > vlmd_vision_max_tokens(p))
+        return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "an image of %ux%u resizes to %ux%u, over "
+                           "the %llu-pixel limit", width, height, rw, rh,
+                           (unsigned long long)p->max_pixels);
+    *tokens = n;
+    return VLMD_OK;
 }
 
 /* ---- PIL's bicubic resample --------------------------------------------------- */

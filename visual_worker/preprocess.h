@@ -28,12 +28,23 @@ typedef struct vlmd_vision_params {
 vlmd_status vlmd_vision_params_load(const char *model_dir, vlmd_vision_params *out,
                                     vlmd_error *err);
 
+/* The file's parameters with min/max pixels replaced by the flags' values
+ * (--vision-min-pixels, --vision-max-pixels; 0 keeps the file's). */
+vlmd_status vlmd_vision_params_configure(const char *model_dir, int64_t min_pixels,
+                                         int64_t max_pixels, vlmd_vision_params *out,
+                                         vlmd_error *err);
+
+/* The most image tokens one image may have: max_pixels / (patch * merge)^2. */
+uint32_t vlmd_vision_max_tokens(const vlmd_vision_params *p);
+
 /* The resized height and width; VLMD_ERR_INVALID_ARG for an aspect ratio over
  * VLMD_IMAGE_MAX_ASPECT. */
 vlmd_status vlmd_smart_resize(const vlmd_vision_params *p, uint32_t height, uint32_t width,
                               uint32_t *out_h, uint32_t *out_w, vlmd_error *err);
 
-/* Image tokens of an image of this size: grid_h * grid_w / merge^2. */
+/* Image tokens of an image of this size: grid_h * grid_w / merge^2.
+ * VLMD_ERR_INVALID_ARG for a refused aspect ratio, VLMD_ERR_TOO_LARGE when
+ * the resize would exceed vlmd_vision_max_tokens (extreme aspect ratios). */
 vlmd_status vlmd_image_tokens(const vlmd_vision_params *p, uint32_t height, uint32_t width,
                               uint32_t *tokens, vlmd_error *err);
 

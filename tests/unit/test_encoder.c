@@ -1,0 +1,156 @@
+/* test_encoder.c - the visual worker's encoder: the fixture PNGs, decoded,
+ * preprocessed and encoded in one batch, give Hugging Face's vision
+ * embeddings; a broken image fails alone; planning reads sizes and limits
+ * from the header; nothing is allocated on the device after creation. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "encoder.h"
+#include "test_support.h"
+
+typedef struct fixture {
+    vlmd_backend *b;
+    image_encoder *enc;
+    vlmd_safetensors *ref;
+    void *png[2];
+    size_t png_len[2];
+} fixture;
+
+static void *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "%s", path);
+    fseek(f, 0, SEEK_END);
+    *len = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc(*len);
+    cr_assert_eq(fread(p, 1, *len, f), *len);
+    fclose(f);
+    return p;
+}
+
+static void open_fixture(fixture *f, const char *model, uint32_t batch, uint64_t max_pixels)
+{
+    memset(f, 0, sizeof *f);
+    char path[256];
+    vlmd_error err = {0};
+    vlmd_model_config mc;
+    vlmd_vision_params p;
+    cr_assert_eq(vlmd_model_config_load(test_fixture(model), &mc, &err), VLMD_OK);
+    cr_assert_eq(vlmd_vision_params_configure(test_fixture(model), 0, 0, &p, &err), VLMD_OK,
+                 "%s", err.msg);
+    cr_assert_eq(vlmd_backend_create("cpu", &f->b, &err), VLMD_OK);
+    snprintf(path, sizeof path, "%s/model.safetensors", model);
+    vlmd_safetensors *st = NULL;
+    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(path), &st, &err), VLMD_OK);
+    encoder_config cfg = {batch, max_pixels};
+    cr_assert_eq(image_encoder_create(f->b, &mc, st, &p, &cfg, &f->enc, &err), VLMD_OK, "%s",
+                 err.msg);
+    vlmd_safetensors_close(st);
+    snprintf(path, sizeof path, "%s/reference.safetensors", model);
+    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(path), &f->ref, &err), VLMD_OK);
+    const char *names[2] = {"image_84x56.png", "image_150x100.png"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(path, sizeof path, "%s/%s", model, names[i]);
+        f->png[i] = read_file(test_fixture(path), &f->png_len[i]);
+    }
+}
+
+static void close_fixture(fixture *f)
+{
+    image_encoder_free(f->enc);
+    vlmd_backend_destroy(f->b);
+    vlmd_safetensors_close(f->ref);
+    free(f->png[0]);
+    free(f->png[1]);
+}
+
+static double rel_error(const fixture *f, int c, const float *got)
+{
+    char name[64];
+    snprintf(name, sizeof name, "case%d.vision_embeds", c);
+    const vlmd_tensor_view *t = vlmd_safetensors_find(f->ref, name);
+    cr_assert_not_null(t);
+    const float *want = t->data;
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < vlmd_tensor_numel(t); i++) {
+        diff += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
+        norm += (double)want[i] * want[i];
+    }
+    return sqrt(diff / norm);
+}
+
+/* The unresized image matches to the tower's own tolerance (7e-7 measured);
+ * the resized one carries the bicubic resize's rounding on its pixels through
+ * the tower (7.5e-4 and 8.3e-4 measured). */
+static void fixture_images_in_one_batch(const char *model)
+{
+    fixture f;
+    open_fixture(&f, model, 3, 1u << 24);
+    uint64_t allocations = vlmd_backend_alloc_count(f.b);
+    uint32_t D = image_encoder_out_dim(f.enc), tokens[2];
+    vlmd_error err = {0};
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(image_encoder_plan(f.enc, f.png[i], f.png_len[i], &tokens[i], &err), VLMD_OK,
+                     "%s", err.msg);
+    cr_expect_eq(tokens[0], 6);
+    cr_expect_eq(tokens[1], 20);
+    float *out0 = calloc((size_t)tokens[0] * D, sizeof(float));
+    float *out1 = calloc((size_t)tokens[1] * D, sizeof(float));
+    float junk[16] = {0};
+    encode_item items[3] = {
+        {f.png[0], f.png_len[0], tokens[0], out0},
+        {f.png[1], f.png_len[1] / 2, tokens[1], junk}, /* truncated: fails alone */
+        {f.png[1], f.png_len[1], tokens[1], out1},
+    };
+    image_encoder_run(f.enc, items, 3);
+    cr_assert_eq(items[0].status, VLMD_OK, "%s", items[0].err.msg);
+    cr_expect_eq(items[1].status, VLMD_ERR_INVALID_ARG, "%s", items[1].err.msg);
+    cr_assert_eq(items[2].status, VLMD_OK, "%s", items[2].err.msg);
+    double e0 = rel_error(&f, 2, out0), e1 = rel_error(&f, 3, out1);
+    cr_expect_lt(e0, 1e-4, "%s image_84x56: %.3g", model, e0);
+    cr_expect_lt(e1, 2e-3, "%s image_150x100: %.3g", model, e1);
+    cr_expect_eq(vlmd_backend_alloc_count(f.b), allocations, "no device allocation per batch");
+    for (int i = 0; i < 16; i++)
+        cr_expect_eq(junk[i], 0.0f, "a failed image writes nothing");
+    free(out0);
+    free(out1);
+    close_fixture(&f);
+}
+
+Test(encoder, qwen2_vl_fixture_images) { fixture_images_in_one_batch("qwen2_vl"); }
+Test(encoder, qwen2_5_vl_fixture_images) { fixture_images_in_one_batch("qwen2_5_vl"); }
+
+Test(encoder, plan_checks_the_header_against_the_limits)
+{
+    fixture f;
+    open_fixture(&f, "qwen2_vl", 1, 84 * 56); /* room for the small image only */
+    uint32_t tokens = 0;
+    vlmd_error err = {0};
+    cr_expect_eq(image_encoder_plan(f.enc, f.png[0], f.png_len[0], &tokens, &err), VLMD_OK);
+    cr_expect_eq(image_encoder_plan(f.enc, f.png[1], f.png_len[1], &tokens, &err),
+                 VLMD_ERR_TOO_LARGE);
+    cr_expect(strstr(err.msg, "--max-image-pixels"), "%s", err.msg);
+    cr_expect_eq(image_encoder_plan(f.enc, "GIF89a", 6, &tokens, &err), VLMD_ERR_INVALID_ARG);
+    /* a header that says 20000 x 20000 on a tiny file: refused before decoding */
+    unsigned char bomb[33];
+    memcpy(bomb, f.png[0], sizeof bomb);
+    bomb[16] = 0, bomb[17] = 0, bomb[18] = 0x4e, bomb[19] = 0x20;
+    bomb[20] = 0, bomb[21] = 0, bomb[22] = 0x4e, bomb[23] = 0x20;
+    cr_expect_eq(image_encoder_plan(f.enc, bomb, sizeof bomb, &tokens, &err), VLMD_ERR_TOO_LARGE);
+    cr_expect(strstr(err.msg, "20000x20000"), "%s", err.msg);
+    close_fixture(&f);
+}
+
+Test(encoder, the_stress_runs_the_reserved_worst_case)
+{
+    fixture f;
+    open_fixture(&f, "qwen2_vl", 2, 1u << 24);
+    /* max_pixels 200704 = 256 units of 28x28 per image, two images */
+    cr_expect_eq(image_encoder_batch_tokens(f.enc), 512);
+    cr_expect_eq(image_encoder_batch_images(f.enc), 2);
+    close_fixture(&f);
+}
