@@ -26,8 +26,8 @@ const vlmd_flag vlmd_flags[] = {
     {"served-model-name", VLMD_FLAG_STRING, OFF(served_model_name), "", 0, 0, NULL,
      R(LAUNCHER) | R(FRONTEND), "Model name in the API; empty means the model directory's name"},
     {"runtime-dir", VLMD_FLAG_STRING, OFF(runtime_dir), "", 0, 0, NULL, R(LAUNCHER),
-     "Directory for this instance's ipc sockets; empty means a private new directory under "
-     "$XDG_RUNTIME_DIR or /tmp, removed at exit"},
+     "Directory for this instance's ipc sockets and embedding arena; empty means a private new "
+     "directory under $XDG_RUNTIME_DIR, /dev/shm or /tmp, removed at exit"},
     {"router-endpoint", VLMD_FLAG_STRING, OFF(router_endpoint), "", 0, 0, NULL, VLMD_ROLES_ALL,
      "ZeroMQ endpoint of the router (ipc://PATH or tcp://HOST:PORT); empty means "
      "ipc://RUNTIME_DIR/router.sock (launcher only; workers need it set)"},
@@ -63,6 +63,42 @@ const vlmd_flag vlmd_flags[] = {
     {"max-model-len", VLMD_FLAG_INT, OFF(max_model_len), "0", 0, 1 << 24, NULL,
      R(LAUNCHER) | R(LLM) | R(FRONTEND),
      "Longest prompt + output of one request; 0 means the model's max_position_embeddings"},
+    {"embed-arena-path", VLMD_FLAG_STRING, OFF(embed_arena_path), "", 0, 0, NULL,
+     R(LAUNCHER) | R(ROUTER) | R(VISUAL) | R(LLM),
+     "Shared-memory file that carries image embeddings from the visual worker to the engine; "
+     "empty means RUNTIME_DIR/embeddings.arena (launcher only; the others need it set)"},
+    {"embed-arena-mb", VLMD_FLAG_INT, OFF(embed_arena_mb), "256", 1, 1 << 20, NULL,
+     R(LAUNCHER) | R(ROUTER),
+     "Size of the embedding arena; encoded images stay cached in it until room is needed"},
+    {"image-wait-ms", VLMD_FLAG_INT, OFF(image_wait_ms), "30000", 10, 3600000, NULL,
+     R(LAUNCHER) | R(ROUTER),
+     "Longest a request may wait for room in the embedding arena and for its images to be "
+     "encoded before it fails with 503"},
+    {"visual-batch-size", VLMD_FLAG_INT, OFF(visual_batch_size), "2", 1, 256, NULL,
+     R(LAUNCHER) | R(VISUAL),
+     "Images the vision tower encodes at once; the visual worker reserves memory for this many "
+     "images of the largest size at start-up"},
+    {"max-image-pixels", VLMD_FLAG_INT, OFF(max_image_pixels), "33554432", 1, 1LL << 32, NULL,
+     R(LAUNCHER) | R(FRONTEND) | R(VISUAL),
+     "Largest decoded image (width x height, read from its header before decoding); larger "
+     "images get a 400"},
+    {"vision-min-pixels", VLMD_FLAG_INT, OFF(vision_min_pixels), "0", 0, 1LL << 32, NULL,
+     R(LAUNCHER) | R(FRONTEND) | R(VISUAL),
+     "Smallest resized image the vision tower sees; 0 means preprocessor_config.json's"},
+    {"vision-max-pixels", VLMD_FLAG_INT, OFF(vision_max_pixels), "0", 0, 1LL << 32, NULL,
+     R(LAUNCHER) | R(FRONTEND) | R(VISUAL),
+     "Largest resized image the vision tower sees (it bounds an image's tokens); 0 means "
+     "preprocessor_config.json's"},
+    {"max-images-per-request", VLMD_FLAG_INT, OFF(max_images_per_request), "8", 1, 64, NULL,
+     R(LAUNCHER) | R(FRONTEND), "Most images one request may carry"},
+    {"max-image-bytes", VLMD_FLAG_INT, OFF(max_image_bytes), "16777216", 1, 1 << 26, NULL,
+     R(LAUNCHER) | R(FRONTEND), "Largest encoded image (after base64 decoding, or fetched)"},
+    {"allowed-media-domains", VLMD_FLAG_STRING, OFF(allowed_media_domains), "", 0, 0, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "Comma-separated hosts that http(s) image URLs may name; empty allows none (only data: "
+     "URIs), so the server fetches nothing a client chooses"},
+    {"media-fetch-timeout-ms", VLMD_FLAG_INT, OFF(media_fetch_timeout_ms), "10000", 100, 600000,
+     NULL, R(LAUNCHER) | R(FRONTEND), "Longest time to fetch one image URL"},
     {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL},
 };
 

@@ -37,6 +37,17 @@ typedef struct vlmd_config {
     int64_t batch_max_tokens;       /* --batch-max-tokens: tokens per engine step */
     int64_t max_num_seqs;           /* --max-num-seqs: requests decoding at once */
     int64_t max_model_len;          /* --max-model-len: prompt + output; 0 = the model's */
+    char *embed_arena_path;         /* --embed-arena-path: shared file of image embeddings */
+    int64_t embed_arena_mb;         /* --embed-arena-mb: its size */
+    int64_t image_wait_ms;          /* --image-wait-ms: longest wait for arena room + encoding */
+    int64_t visual_batch_size;      /* --visual-batch-size: images per vision forward */
+    int64_t max_image_pixels;       /* --max-image-pixels: decoded width x height */
+    int64_t vision_min_pixels;      /* --vision-min-pixels: resize floor; 0 = the model's */
+    int64_t vision_max_pixels;      /* --vision-max-pixels: resize ceiling; 0 = the model's */
+    int64_t max_images_per_request; /* --max-images-per-request */
+    int64_t max_image_bytes;        /* --max-image-bytes: one encoded image */
+    char *allowed_media_domains;    /* --allowed-media-domains: hosts images may be fetched from */
+    int64_t media_fetch_timeout_ms; /* --media-fetch-timeout-ms */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {

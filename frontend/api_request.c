@@ -2,27 +2,12 @@
 #include "api_request.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "chat_template.h"
-
-static bool fail(api_error *e, int status, const char *param, const char *code,
-                 const char *fmt, ...) __attribute__((format(printf, 5, 6)));
-static bool fail(api_error *e, int status, const char *param, const char *code,
-                 const char *fmt, ...)
-{
-    e->status = status;
-    snprintf(e->param, sizeof e->param, "%s", param ? param : "");
-    e->code = code;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    va_end(ap);
-    return false;
-}
+#include "mrope.h"
 
 /* An optional field: absent or null means "use the default" (returns NULL). */
 static const json_t *opt(const json_t *body, const char *key)
@@ -38,10 +23,10 @@ static bool get_number(const json_t *body, const char *key, double min, double m
     if (!v)
         return true;
     if (!json_is_number(v))
-        return fail(e, 400, key, "invalid_type", "'%s' must be a number", key);
+        return api_fail(e, 400, key, "invalid_type", "'%s' must be a number", key);
     double x = json_number_value(v);
     if (!isfinite(x) || x > max || (min_open ? x <= min : x < min))
-        return fail(e, 400, key, "invalid_value", "'%s' is %g; it must be in %s%g, %g]", key, x,
+        return api_fail(e, 400, key, "invalid_value", "'%s' is %g; it must be in %s%g, %g]", key, x,
                     min_open ? "(" : "[", min, max);
     *out = x;
     return true;
@@ -56,10 +41,10 @@ static bool get_integer(const json_t *body, const char *key, int64_t min, int64_
     if (!v)
         return true;
     if (!json_is_integer(v))
-        return fail(e, 400, key, "invalid_type", "'%s' must be an integer", key);
+        return api_fail(e, 400, key, "invalid_type", "'%s' must be an integer", key);
     json_int_t x = json_integer_value(v);
     if (x < min || x > max)
-        return fail(e, 400, key, "invalid_value", "'%s' is %lld; it must be in [%lld, %lld]", key,
+        return api_fail(e, 400, key, "invalid_value", "'%s' is %lld; it must be in [%lld, %lld]", key,
                     (long long)x, (long long)min, (long long)max);
     *out = x;
     return true;
@@ -71,7 +56,7 @@ static bool get_bool(const json_t *body, const char *key, bool *out, api_error *
     if (!v)
         return true;
     if (!json_is_boolean(v))
-        return fail(e, 400, key, "invalid_type", "'%s' must be true or false", key);
+        return api_fail(e, 400, key, "invalid_type", "'%s' must be true or false", key);
     *out = json_is_true(v);
     return true;
 }
@@ -84,31 +69,66 @@ static bool parse_stops(const json_t *body, api_request *r, api_error *e)
     const json_t *one[1] = {v};
     size_t n = json_is_array(v) ? json_array_size(v) : 1;
     if (!json_is_array(v) && !json_is_string(v))
-        return fail(e, 400, "stop", "invalid_type", "'stop' must be a string or a list of strings");
+        return api_fail(e, 400, "stop", "invalid_type", "'stop' must be a string or a list of strings");
     if (n > API_MAX_STOPS)
-        return fail(e, 400, "stop", "invalid_value", "'stop' has %zu strings; at most %d", n,
+        return api_fail(e, 400, "stop", "invalid_value", "'stop' has %zu strings; at most %d", n,
                     API_MAX_STOPS);
     for (size_t i = 0; i < n; i++) {
         const json_t *s = json_is_array(v) ? json_array_get(v, i) : one[0];
         if (!json_is_string(s) || json_string_length(s) == 0 ||
             json_string_length(s) > API_MAX_STOP_LEN)
-            return fail(e, 400, "stop", "invalid_value",
+            return api_fail(e, 400, "stop", "invalid_value",
                         "'stop' entries must be non-empty strings of at most %d bytes",
                         API_MAX_STOP_LEN);
         r->stops[r->n_stops] = strdup(json_string_value(s));
         if (!r->stops[r->n_stops])
-            return fail(e, 500, NULL, NULL, "out of memory");
+            return api_fail(e, 500, NULL, NULL, "out of memory");
         r->n_stops++;
     }
     return true;
 }
 
-/* messages -> ChatML text. */
-static bool render_chat(const json_t *body, vlmd_buf *text, api_error *e)
+/* An image part: {"type": "image_url", "image_url": {"url": ...}} (or the
+ * URL as a plain string), appended to *images; NULL images refuses it. */
+static bool add_image(const json_t *part, const char *param, api_image **images,
+                      uint32_t *n_images, uint32_t max_images, api_error *e)
+{
+    if (!images)
+        return api_fail(e, 400, param, "unsupported_content",
+                        "this endpoint does not take images");
+    const json_t *iu = json_object_get(part, "image_url");
+    const json_t *url = json_is_object(iu) ? json_object_get(iu, "url") : iu;
+    char where[64];
+    if (snprintf(where, sizeof where, "%s.image_url", param) >= (int)sizeof where)
+        return api_fail(e, 400, "messages", "invalid_value", "too many messages or parts");
+    if (!json_is_string(url) || json_string_length(url) == 0)
+        return api_fail(e, 400, where, "invalid_type",
+                        "'%s' must be {\"url\": \"data:image/...;base64,...\"} or a URL", where);
+    if (*n_images == max_images)
+        return api_fail(e, 400, where, "too_many_images",
+                        "a request may carry at most %u images (--max-images-per-request)",
+                        max_images);
+    api_image *grown = realloc(*images, (*n_images + 1) * sizeof *grown);
+    if (!grown)
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    *images = grown;
+    api_image *img = &grown[*n_images];
+    *img = (api_image){0};
+    snprintf(img->param, sizeof img->param, "%s", where);
+    img->url = strdup(json_string_value(url));
+    if (!img->url)
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    (*n_images)++;
+    return true;
+}
+
+/* messages -> ChatML text (and the images, in order). */
+static bool render_chat(const json_t *body, vlmd_buf *text, api_image **images,
+                        uint32_t *n_images, uint32_t max_images, api_error *e)
 {
     const json_t *msgs = json_object_get(body, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        return fail(e, 400, "messages", json_is_array(msgs) ? "invalid_value" : "invalid_type",
+        return api_fail(e, 400, "messages", json_is_array(msgs) ? "invalid_value" : "invalid_type",
                     "'messages' must be a non-empty list of messages");
     size_t n = json_array_size(msgs), total_parts = 0;
     for (size_t i = 0; i < n; i++) {
@@ -119,7 +139,7 @@ static bool render_chat(const json_t *body, vlmd_buf *text, api_error *e)
     vlmd_chat_part *parts = calloc(total_parts ? total_parts : 1, sizeof *parts);
     bool ok = cm && parts;
     if (!ok)
-        fail(e, 500, NULL, NULL, "out of memory");
+        api_fail(e, 500, NULL, NULL, "out of memory");
     char param[64];
     size_t k = 0;
     for (size_t i = 0; ok && i < n; i++) {
@@ -128,11 +148,11 @@ static bool render_chat(const json_t *body, vlmd_buf *text, api_error *e)
         snprintf(param, sizeof param, "messages[%zu].role", i);
         if (!json_is_object(m)) {
             snprintf(param, sizeof param, "messages[%zu]", i);
-            ok = fail(e, 400, param, "invalid_type", "each message must be an object");
+            ok = api_fail(e, 400, param, "invalid_type", "each message must be an object");
             break;
         }
         if (!json_is_string(role)) {
-            ok = fail(e, 400, param, "invalid_type", "'%s' must be a string", param);
+            ok = api_fail(e, 400, param, "invalid_type", "'%s' must be a string", param);
             break;
         }
         cm[i].role = json_string_value(role);
@@ -146,7 +166,7 @@ static bool render_chat(const json_t *body, vlmd_buf *text, api_error *e)
             continue;
         }
         if (!json_is_array(content)) {
-            ok = fail(e, 400, param, "invalid_type", "'%s' must be a string or a list of parts",
+            ok = api_fail(e, 400, param, "invalid_type", "'%s' must be a string or a list of parts",
                       param);
             break;
         }
@@ -160,10 +180,11 @@ static bool render_chat(const json_t *body, vlmd_buf *text, api_error *e)
                                               json_string_value(json_object_get(p, "text"))};
                 cm[i].n_parts++;
             } else if (type && strcmp(type, "image_url") == 0) {
-                ok = fail(e, 400, param, "unsupported_content",
-                          "images need the visual worker, which cannot encode images yet");
+                ok = add_image(p, param, images, n_images, max_images, e);
+                parts[k++] = (vlmd_chat_part){VLMD_CHAT_IMAGE, NULL};
+                cm[i].n_parts++;
             } else {
-                ok = fail(e, 400, param, "invalid_type",
+                ok = api_fail(e, 400, param, "invalid_type",
                           "a content part must be {\"type\": \"text\", \"text\": ...} or an "
                           "image_url part");
             }
@@ -175,7 +196,7 @@ static bool render_chat(const json_t *body, vlmd_buf *text, api_error *e)
             /* the message starts with the offending "messages[i]..." */
             char *space = strchr(err.msg, ':');
             snprintf(param, sizeof param, "%.*s", space ? (int)(space - err.msg) : 0, err.msg);
-            ok = fail(e, 400, space ? param : "messages", "invalid_value", "%s", err.msg);
+            ok = api_fail(e, 400, space ? param : "messages", "invalid_value", "%s", err.msg);
         }
     }
     free(cm);
@@ -191,7 +212,7 @@ static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, uint3
     if (json_is_string(p)) {
         if (vlmd_tokenizer_encode(tok, json_string_value(p), json_string_length(p), true,
                                   prompt) != VLMD_OK)
-            return fail(e, 500, NULL, NULL, "out of memory");
+            return api_fail(e, 500, NULL, NULL, "out of memory");
         return true;
     }
     if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
@@ -199,38 +220,56 @@ static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, uint3
             const json_t *id = json_array_get(p, i);
             if (!json_is_integer(id) || json_integer_value(id) < 0 ||
                 json_integer_value(id) >= vocab)
-                return fail(e, 400, "prompt", "invalid_value",
+                return api_fail(e, 400, "prompt", "invalid_value",
                             "prompt[%zu] is not a token id below %u", i, vocab);
             if (vlmd_tokens_push(prompt, (uint32_t)json_integer_value(id)) != VLMD_OK)
-                return fail(e, 500, NULL, NULL, "out of memory");
+                return api_fail(e, 500, NULL, NULL, "out of memory");
         }
         return true;
     }
     if (json_is_array(p) && json_array_size(p) > 1)
-        return fail(e, 400, "prompt", "invalid_value",
+        return api_fail(e, 400, "prompt", "invalid_value",
                     "one prompt per request: send a string or a list of token ids");
     if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) {
         const json_t *s = json_array_get(p, 0);
         if (vlmd_tokenizer_encode(tok, json_string_value(s), json_string_length(s), true,
                                   prompt) != VLMD_OK)
-            return fail(e, 500, NULL, NULL, "out of memory");
+            return api_fail(e, 500, NULL, NULL, "out of memory");
         return true;
     }
-    return fail(e, 400, "prompt", "invalid_type",
+    return api_fail(e, 400, "prompt", "invalid_type",
                 "'prompt' must be a string or a list of token ids");
 }
 
 bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
-                       vlmd_tokens *out, api_error *e)
+                       vlmd_tokens *out, api_image **images, uint32_t *n_images,
+                       uint32_t max_images, api_error *e)
 {
     if (!chat)
         return tokenize_prompt(body, tok, vlmd_tokenizer_size(tok), out, e);
     vlmd_buf text = VLMD_BUF_INIT;
-    bool ok = render_chat(body, &text, e);
+    bool ok = render_chat(body, &text, images, n_images, max_images, e);
     if (ok && vlmd_tokenizer_encode(tok, text.data, text.len, true, out) != VLMD_OK)
-        ok = fail(e, 500, NULL, NULL, "out of memory");
+        ok = api_fail(e, 500, NULL, NULL, "out of memory");
     vlmd_buf_free(&text);
     return ok;
+}
+
+/* Checks the prompt against the model's length and sets max_tokens: too many
+ * for the room left are shrunk, never an error. */
+static bool fit_output(api_request *r, const api_limits *lim, api_error *e)
+{
+    const char *param = r->chat ? "messages" : "prompt";
+    int64_t room = lim->max_model_len - (int64_t)r->prompt.n;
+    if (room <= 0)
+        return api_fail(e, 400, param, "context_length_exceeded",
+                        "the prompt has %zu tokens%s; this model's maximum context length is "
+                        "%lld tokens", r->prompt.n, r->n_images ? " (images included)" : "",
+                        (long long)lim->max_model_len);
+    int64_t want = r->asked_max_tokens ? r->asked_max_tokens : room;
+    r->max_tokens_shrunk = want > room;
+    r->max_tokens = (uint32_t)(want > room ? room : want);
+    return true;
 }
 
 bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
@@ -242,10 +281,10 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     r->sampling = lim->defaults;
     bool ok = true;
     if (!json_is_object(body))
-        return fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
+        return api_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
     const json_t *model = opt(body, "model");
     if (model && (!json_is_string(model) || strcmp(json_string_value(model), lim->model_name)))
-        return fail(e, 404, "model", "model_not_found", "the model '%s' does not exist; this "
+        return api_fail(e, 404, "model", "model_not_found", "the model '%s' does not exist; this "
                     "server serves '%s'", json_is_string(model) ? json_string_value(model) : "?",
                     lim->model_name);
 
@@ -273,13 +312,13 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
              get_bool(body, "echo", &r->echo, e);
     const json_t *user = opt(body, "user");
     if (ok && user && !json_is_string(user))
-        ok = fail(e, 400, "user", "invalid_type", "'user' must be a string");
+        ok = api_fail(e, 400, "user", "invalid_type", "'user' must be a string");
     const json_t *so = opt(body, "stream_options");
     if (ok && so) {
         if (!json_is_object(so))
-            ok = fail(e, 400, "stream_options", "invalid_type", "'stream_options' must be an object");
+            ok = api_fail(e, 400, "stream_options", "invalid_type", "'stream_options' must be an object");
         else if (!r->stream)
-            ok = fail(e, 400, "stream_options", "invalid_value",
+            ok = api_fail(e, 400, "stream_options", "invalid_value",
                       "'stream_options' is only allowed with \"stream\": true");
         else
             ok = get_bool(so, "include_usage", &r->include_usage, e);
@@ -287,10 +326,10 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
             snprintf(e->param, sizeof e->param, "stream_options.include_usage");
     }
     if (ok && n != 1)
-        ok = fail(e, 400, "n", "invalid_value", "n = %lld: vlmd generates one choice per request "
+        ok = api_fail(e, 400, "n", "invalid_value", "n = %lld: vlmd generates one choice per request "
                   "(n must be 1)", (long long)n);
     if (ok && chat && top_logprobs && !logprobs)
-        ok = fail(e, 400, "top_logprobs", "invalid_value",
+        ok = api_fail(e, 400, "top_logprobs", "invalid_value",
                   "'top_logprobs' needs \"logprobs\": true");
     r->logprobs = chat ? logprobs : opt(body, "logprobs") != NULL;
     r->top_logprobs = (uint32_t)(chat ? top_logprobs : completion_logprobs);
@@ -302,29 +341,62 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     r->sampling.has_seed = seed_given;
     r->sampling.seed = (uint64_t)seed;
 
-    ok = api_prompt_tokens(body, chat, tok, &r->prompt, e);
+    ok = api_prompt_tokens(body, chat, tok, &r->prompt, &r->images, &r->n_images,
+                           lim->max_images, e);
     if (ok && r->prompt.n == 0)
-        ok = fail(e, 400, chat ? "messages" : "prompt", "invalid_value", "the prompt is empty");
-    int64_t room = lim->max_model_len - (int64_t)r->prompt.n;
-    if (ok && room <= 0)
-        ok = fail(e, 400, chat ? "messages" : "prompt", "context_length_exceeded",
-                  "the prompt has %zu tokens; this model's maximum context length is %lld "
-                  "tokens", r->prompt.n, (long long)lim->max_model_len);
+        ok = api_fail(e, 400, chat ? "messages" : "prompt", "invalid_value", "the prompt is empty");
+    /* max_completion_tokens wins over the older max_tokens; neither: chat gets the room
+     * left, completions OpenAI's 16 */
+    r->asked_max_tokens = completion_given ? max_completion : max_given ? max_tokens : chat ? 0 : 16;
+    if (ok && !r->n_images)
+        ok = fit_output(r, lim, e);
     if (!ok) {
         api_request_free(r);
         return false;
     }
-    /* max_completion_tokens wins over the older max_tokens; neither: chat gets the room
-     * left, completions OpenAI's 16. Too many for the room: shrunk, never an error. */
-    int64_t want = completion_given ? max_completion : max_given ? max_tokens : chat ? room : 16;
-    r->max_tokens_shrunk = want > room;
-    r->max_tokens = (uint32_t)(want > room ? room : want);
     return true;
+}
+
+bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *token_offsets,
+                               api_error *e)
+{
+    uint32_t *counts = malloc(r->n_images * sizeof *counts), *ids = NULL;
+    if (!counts)
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    for (uint32_t i = 0; i < r->n_images; i++)
+        counts[i] = r->images[i].tokens;
+    size_t n = 0;
+    vlmd_error err = {0};
+    vlmd_status st = vlmd_expand_image_pads(r->prompt.ids, r->prompt.n,
+                                            (uint32_t)lim->image_token_id, counts, r->n_images,
+                                            &ids, &n, &err);
+    free(counts);
+    if (st != VLMD_OK) /* the text itself held image pads */
+        return api_fail(e, 400, "messages", "invalid_value", "the prompt's image placeholders "
+                        "do not match its %u images: %s", r->n_images, err.msg);
+    free(r->prompt.ids);
+    r->prompt.ids = ids;
+    r->prompt.n = r->prompt.cap = n;
+    /* each image's run starts at the first pad after the previous run (the
+     * expansion checked the counts) */
+    size_t at = 0;
+    for (uint32_t k = 0; k < r->n_images; k++) {
+        while (ids[at] != (uint32_t)lim->image_token_id)
+            at++;
+        token_offsets[k] = (uint32_t)at;
+        at += r->images[k].tokens;
+    }
+    return fit_output(r, lim, e);
 }
 
 void api_request_free(api_request *r)
 {
     vlmd_tokens_free(&r->prompt);
+    for (uint32_t i = 0; i < r->n_images; i++)
+        api_image_free(&r->images[i]);
+    free(r->images);
+    r->images = NULL;
+    r->n_images = 0;
     for (int i = 0; i < r->n_stops; i++)
         free(r->stops[i]);
     r->n_stops = 0;

@@ -11,24 +11,22 @@
 
 #include <jansson.h>
 
+#include "api_error.h"
+#include "image_input.h"
 #include "proto.h"
 #include "tokenizer.h"
 
 #define API_MAX_STOPS 4
 #define API_MAX_STOP_LEN 256
 
-typedef struct api_error {
-    int status;             /* HTTP status */
-    char message[512];
-    char param[64];         /* "" = null */
-    const char *code;       /* NULL = null */
-} api_error;
 
 /* What the server was started with that requests are checked against. */
 typedef struct api_limits {
     const char *model_name;
     int64_t max_model_len;
     vlmd_sampling defaults; /* from generation_config.json, else neutral */
+    uint32_t max_images;    /* --max-images-per-request */
+    int64_t image_token_id; /* the pad that an image's tokens replace; -1: no images */
 } api_limits;
 
 typedef struct api_request {
@@ -42,18 +40,33 @@ typedef struct api_request {
     uint32_t top_logprobs;          /* and this many alternatives per token */
     char *stops[API_MAX_STOPS];     /* owned */
     int n_stops;
+    api_image *images;              /* owned; in prompt order */
+    uint32_t n_images;
+    int64_t asked_max_tokens;       /* max_(completion_)tokens as given; 0 = not given */
 } api_request;
 
 /* Parses body for /v1/completions (chat false) or /v1/chat/completions.
- * Returns false with e filled on any invalid input; out is then empty. */
+ * Returns false with e filled on any invalid input; out is then empty.
+ * Without images the request is complete. With images (out->n_images > 0)
+ * the prompt holds one pad per image and max_tokens is not set yet: the
+ * caller resolves and measures the images (image_input.h), then calls
+ * api_request_expand_images. */
 bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
                        const vlmd_tokenizer *tok, api_request *out, api_error *e);
+/* Expands each image's pad to its token count, records where each image's
+ * tokens start (token_offsets, n_images entries), then checks the prompt's
+ * length and sets max_tokens. */
+bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *token_offsets,
+                               api_error *e);
 void api_request_free(api_request *r);
 
 /* The prompt of a body as token ids: "messages" through the chat template
- * when chat, else "prompt" (a string or a list of token ids). */
+ * when chat, else "prompt" (a string or a list of token ids). With images
+ * NULL, an image part is refused; else the images are collected (up to
+ * max_images) and each leaves one pad in the prompt. */
 bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
-                       vlmd_tokens *out, api_error *e);
+                       vlmd_tokens *out, api_image **images, uint32_t *n_images,
+                       uint32_t max_images, api_error *e);
 
 /* Reads generation_config.json's sampling defaults (missing file: neutral). */
 void api_sampling_defaults(const char *model_dir, vlmd_sampling *out);

@@ -35,11 +35,14 @@ static void cancel_at_engine(uint64_t req_id, void *ud)
     VLMD_REQ_INFO(req_id, "cancelled at the engine");
 }
 
-void completions_init(completions *c, const vlmd_tokenizer *tok, const api_limits *limits)
+void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok,
+                      const api_limits *limits, const image_limits *images)
 {
     memset(c, 0, sizeof *c);
+    c->loop = loop;
     c->tok = tok;
     c->limits = *limits;
+    c->images = *images;
     const char *stops[] = {"<|im_end|>", "<|endoftext|>"};
     for (int i = 0; i < 2; i++) {
         int64_t id = vlmd_tokenizer_find(tok, stops[i]);
@@ -295,6 +298,147 @@ static size_t visible_end(inflight_entry *e, bool *hit)
 
 /* ---- the request ------------------------------------------------------------------- */
 
+/* The HTTP status of an error the router or a worker sent. */
+static int error_status(vlmd_status st)
+{
+    switch (st) {
+    case VLMD_ERR_INVALID_ARG:
+    case VLMD_ERR_TOO_LARGE:
+        return 400;
+    case VLMD_ERR_UNAVAILABLE:
+        return 503;
+    default:
+        return 500;
+    }
+}
+
+/* Ends a request that has not reached the router with an error. */
+static void fail_entry(completions *c, inflight_entry *e, const api_error *err)
+{
+    h2o_req_t *req = e->req;
+    inflight_remove(&c->table, e);
+    send_api_error(req, err);
+}
+
+/* The request (prompt complete, images measured) to the router. */
+static void submit(completions *c, inflight_entry *e, const uint32_t *image_offsets)
+{
+    const api_request *r = &e->api;
+    vlmd_image_ref *refs = r->n_images ? calloc(r->n_images, sizeof *refs) : NULL;
+    if (r->n_images && !refs) {
+        fail_entry(c, e, &(api_error){500, "out of memory", "", NULL});
+        return;
+    }
+    for (uint32_t i = 0; i < r->n_images; i++) {
+        const api_image *im = &r->images[i];
+        refs[i] = (vlmd_image_ref){.token_offset = image_offsets[i], .token_count = im->tokens,
+                                   .grid_t = 1, .grid_h = im->grid_h, .grid_w = im->grid_w,
+                                   .data = im->data, .n_data = (uint32_t)im->len};
+        memcpy(refs[i].hash, im->hash, 32);
+    }
+    vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
+    m.u.request_submit = (vlmd_msg_request_submit){
+        .req_id = e->req_id, .tokens = r->prompt.ids, .n_tokens = (uint32_t)r->prompt.n,
+        .max_tokens = r->max_tokens, .sampling = r->sampling, .stop_tokens = c->stop_ids,
+        .n_stop_tokens = c->n_stop, .logprobs = r->logprobs, .top_logprobs = r->top_logprobs,
+        .images = refs, .n_images = r->n_images};
+    bool sent = c->peer && vlmd_peer_send(c->peer, &m) == VLMD_OK;
+    free(refs);
+    for (uint32_t i = 0; i < r->n_images; i++) { /* the bytes went with the message */
+        free(e->api.images[i].data);
+        e->api.images[i].data = NULL;
+    }
+    if (!sent)
+        fail_entry(c, e, &(api_error){503, "the router is not reachable", "", NULL});
+}
+
+/* Every image's bytes are here: measure them, expand the prompt, submit. */
+static void submit_with_images(completions *c, inflight_entry *e)
+{
+    api_error err = {0};
+    uint32_t *offsets = malloc(e->api.n_images * sizeof *offsets);
+    bool ok = offsets != NULL || api_fail(&err, 500, NULL, NULL, "out of memory");
+    for (uint32_t i = 0; ok && i < e->api.n_images; i++)
+        ok = image_input_measure(&e->api.images[i], &c->images, &err);
+    if (ok)
+        ok = api_request_expand_images(&e->api, &c->limits, offsets, &err);
+    if (ok)
+        submit(c, e, offsets);
+    else
+        fail_entry(c, e, &err);
+    free(offsets);
+}
+
+/* URL images are fetched on the pool. The job owns the images meanwhile: the
+ * client may go away (and its entry with it) before the fetch ends. */
+typedef struct fetch_job {
+    uv_work_t work;
+    completions *c;
+    uint64_t req_id;
+    api_image *images;
+    uint32_t n_images;
+    bool ok;
+    api_error err;
+} fetch_job;
+
+static void on_fetch_work(uv_work_t *w)
+{
+    fetch_job *j = w->data;
+    j->ok = true;
+    for (uint32_t i = 0; j->ok && i < j->n_images; i++)
+        if (j->images[i].remote)
+            j->ok = image_input_fetch(&j->images[i], &j->c->images, &j->err);
+}
+
+static void on_fetch_done(uv_work_t *w, int status)
+{
+    fetch_job *j = w->data;
+    inflight_entry *e = inflight_find(&j->c->table, j->req_id);
+    if (e && e->req) {
+        e->api.images = j->images; /* back to the request */
+        e->api.n_images = j->n_images;
+        if (status != 0)
+            api_fail(&j->err, 500, NULL, NULL, "the image fetch did not run");
+        if (j->ok && status == 0)
+            submit_with_images(j->c, e);
+        else
+            fail_entry(j->c, e, &j->err);
+    } else { /* the client left while its images were fetched */
+        for (uint32_t i = 0; i < j->n_images; i++)
+            api_image_free(&j->images[i]);
+        free(j->images);
+    }
+    free(j);
+}
+
+static void start_images(completions *c, inflight_entry *e)
+{
+    api_error err = {0};
+    bool remote = false;
+    for (uint32_t i = 0; i < e->api.n_images; i++) {
+        if (!image_input_resolve(&e->api.images[i], &c->images, &err)) {
+            fail_entry(c, e, &err);
+            return;
+        }
+        remote = remote || e->api.images[i].remote;
+    }
+    if (!remote) {
+        submit_with_images(c, e);
+        return;
+    }
+    fetch_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        fail_entry(c, e, &(api_error){500, "out of memory", "", NULL});
+        return;
+    }
+    *j = (fetch_job){.c = c, .req_id = e->req_id, .images = e->api.images,
+                     .n_images = e->api.n_images};
+    e->api.images = NULL;
+    e->api.n_images = 0;
+    j->work.data = j;
+    uv_queue_work(c->loop, &j->work, on_fetch_work, on_fetch_done);
+}
+
 static void handle(h2o_req_t *req, completions *c, bool chat)
 {
     json_error_t jerr;
@@ -325,15 +469,10 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
         vlmd_tokenizer_decode(c->tok, r.prompt.ids, r.prompt.n, false, &e->text, NULL);
     e->prompt_text_len = e->text.len;
     e->checked = e->text.len; /* the echoed prompt is not searched for stops */
-    vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
-    m.u.request_submit = (vlmd_msg_request_submit){
-        .req_id = e->req_id, .tokens = r.prompt.ids, .n_tokens = (uint32_t)r.prompt.n,
-        .max_tokens = r.max_tokens, .sampling = r.sampling, .stop_tokens = c->stop_ids,
-        .n_stop_tokens = c->n_stop, .logprobs = r.logprobs, .top_logprobs = r.top_logprobs};
-    if (!c->peer || vlmd_peer_send(c->peer, &m) != VLMD_OK) {
-        inflight_remove(&c->table, e);
-        vlmd_send_api_error(req, 503, "the router is not reachable", NULL, NULL);
-    }
+    if (r.n_images)
+        start_images(c, e);
+    else
+        submit(c, e, NULL);
 }
 
 void completions_handle_text(h2o_req_t *req, void *ud)
@@ -344,19 +483,6 @@ void completions_handle_text(h2o_req_t *req, void *ud)
 void completions_handle_chat(h2o_req_t *req, void *ud)
 {
     handle(req, ud, true);
-}
-
-static int error_status(vlmd_status st)
-{
-    switch (st) {
-    case VLMD_ERR_INVALID_ARG:
-    case VLMD_ERR_TOO_LARGE:
-        return 400;
-    case VLMD_ERR_UNAVAILABLE:
-        return 503;
-    default:
-        return 500;
-    }
 }
 
 /* Ends a request: the last stream events, or the whole answer. */
@@ -403,9 +529,15 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         return; /* a late reply for a request that is gone */
     if (m->finish == VLMD_FINISH_ERROR) {
         if (!e->started) {
-            h2o_req_t *req = e->req;
-            inflight_remove(&c->table, e);
-            vlmd_send_api_error(req, error_status((vlmd_status)m->status), m->message, NULL, NULL);
+            /* an image the visual worker could not take is named as the request gave it */
+            bool image = m->error_image && m->error_image <= e->api.n_images;
+            api_error err = {error_status((vlmd_status)m->status), "", "",
+                             image ? "invalid_image" : NULL};
+            snprintf(err.message, sizeof err.message, "%s", m->message);
+            if (image)
+                snprintf(err.param, sizeof err.param, "%s",
+                         e->api.images[m->error_image - 1].param);
+            fail_entry(c, e, &err);
             return;
         }
         stream_event(e, json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", m->message,

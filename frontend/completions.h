@@ -3,13 +3,18 @@
  * router, and detokenized here (DESIGN.md §1). Streamed answers are
  * Server-Sent Events with one chunk per generated token; stop strings are
  * matched across token boundaries (text that could start one is held back)
- * and never sent. */
+ * and never sent. A chat request's images are resolved here (data: URIs
+ * decoded, allowed URLs fetched off the loop thread), measured from their
+ * headers and sent with the prompt; the router has them encoded. */
 #ifndef VLMD_COMPLETIONS_H
 #define VLMD_COMPLETIONS_H
 
 #include <stdint.h>
 
+#include <uv.h>
+
 #include "api_request.h"
+#include "image_input.h"
 #include "inflight.h"
 #include "peer.h"
 #include "tokenizer.h"
@@ -19,13 +24,16 @@ typedef struct st_h2o_req_t h2o_req_t;
 typedef struct completions {
     const vlmd_tokenizer *tok;  /* borrowed */
     vlmd_peer *peer;            /* borrowed; NULL while stopping */
+    uv_loop_t *loop;            /* borrowed: image URLs are fetched on its thread pool */
     api_limits limits;          /* model_name borrowed */
+    image_limits images;        /* params and allowed_domains borrowed */
     uint32_t stop_ids[2];       /* <|im_end|>, <|endoftext|> when the vocabulary has them */
     uint32_t n_stop;
     inflight table;
 } completions;
 
-void completions_init(completions *c, const vlmd_tokenizer *tok, const api_limits *limits);
+void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok,
+                      const api_limits *limits, const image_limits *images);
 void completions_free(completions *c);
 /* Route handlers (ud is the completions). */
 void completions_handle_text(h2o_req_t *req, void *ud);

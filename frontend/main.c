@@ -28,6 +28,7 @@ typedef struct frontend {
     int64_t started_unix_s;
     http_server *http;
     vlmd_tokenizer *tok;
+    vlmd_vision_params vision;  /* the model's image processing (VL models) */
     completions completions;
     vlmd_msg snapshot;          /* latest STATS_SNAPSHOT, deep copy (owned); type 0 when none */
     uint64_t snapshot_at_ms;
@@ -164,9 +165,26 @@ int main(int argc, char **argv)
     }
     int64_t max_len = fe.svc.cfg.max_model_len ? fe.svc.cfg.max_model_len
                                                : fe.svc.model.text.max_position_embeddings;
-    api_limits limits = {.model_name = fe.model_name, .max_model_len = max_len};
-    api_sampling_defaults(fe.svc.cfg.model, &limits.defaults);
-    completions_init(&fe.completions, fe.tok, &limits);
+    const vlmd_config *cfg = &fe.svc.cfg;
+    api_limits limits = {.model_name = fe.model_name, .max_model_len = max_len,
+                         .max_images = (uint32_t)cfg->max_images_per_request,
+                         .image_token_id = fe.svc.model.has_vision ? fe.svc.model.image_token_id
+                                                                   : -1};
+    api_sampling_defaults(cfg->model, &limits.defaults);
+    image_limits images = {.max_pixels = (uint64_t)cfg->max_image_pixels,
+                           .max_bytes = (uint64_t)cfg->max_image_bytes,
+                           .allowed_domains = cfg->allowed_media_domains,
+                           .fetch_timeout_ms = cfg->media_fetch_timeout_ms};
+    if (fe.svc.model.has_vision) {
+        if (vlmd_vision_params_configure(cfg->model, cfg->vision_min_pixels,
+                                         cfg->vision_max_pixels, &fe.vision, &err) != VLMD_OK) {
+            VLMD_ERROR("%s", err.msg);
+            exit(VLMD_EXIT_CONFIG);
+        }
+        images.params = &fe.vision;
+    }
+    image_input_global_init();
+    completions_init(&fe.completions, &fe.svc.loop, fe.tok, &limits, &images);
     fe.http = http_server_create(&fe.svc.loop, fe.svc.cfg.host, (int)fe.svc.cfg.port, routes,
                                  sizeof routes / sizeof routes[0], &fe, &err);
     if (!fe.http) {

@@ -22,6 +22,7 @@
 #include "log.h"
 #include "process.h"
 #include "service.h"
+#include "shm_arena.h"
 
 #define AUTO_KV_TOKENS 16384
 
@@ -50,6 +51,7 @@ typedef struct llm_worker {
     size_t n_deferred, cap_deferred;
     bool stopping;
     bool profiled;
+    vlmd_shm_arena arena;       /* image embeddings, mapped read-only at the first image */
 } llm_worker;
 
 /* ---- engine output (on the pool thread during a step) --------------------------- */
@@ -98,7 +100,10 @@ static void apply(llm_worker *w, const vlmd_msg *msg)
         return;
     }
     vlmd_error err = {0};
-    if (engine_submit(w->engine, &msg->u.request_submit, &err) != VLMD_OK) {
+    vlmd_status st = VLMD_OK;
+    if (msg->u.request_submit.n_images && !w->arena.base)
+        st = vlmd_shm_arena_open(w->svc.cfg.embed_arena_path, false, &w->arena, &err);
+    if (st != VLMD_OK || engine_submit(w->engine, &msg->u.request_submit, &err) != VLMD_OK) {
         VLMD_REQ_WARN(msg->u.request_submit.req_id, "refused: %s", err.msg);
         refuse(w, msg->u.request_submit.req_id, err.status, err.msg);
     }
@@ -210,6 +215,9 @@ static void llm_profile(llm_worker *w, uint64_t peer_bytes)
         .max_running = (int32_t)cfg->max_num_seqs,
         .eos_id = (int32_t)t->eos_token_id,
         .max_model_len = (int32_t)max_len,
+        .image_token_id = w->svc.model.has_vision ? (int32_t)w->svc.model.image_token_id : -1,
+        .merge_size = (int32_t)w->svc.model.vision.spatial_merge_size,
+        .arena = &w->arena,
     };
     vlmd_error err = {0};
     if (engine_create(w->model, &ec, emit, w, &w->engine, &err) != VLMD_OK)
@@ -272,6 +280,7 @@ static void free_engine(llm_worker *w)
         vlmd_buf_free(&w->deferred[i]);
     free(w->deferred);
     free(w->out);
+    vlmd_shm_arena_close(&w->arena);
 }
 
 static void on_stop(vlmd_service *svc, void *ud)

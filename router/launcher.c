@@ -1,7 +1,7 @@
 /* launcher.c - `vlmd serve --model DIR [flags]`: the embedded default.
  *
- * Creates the instance's runtime directory (ipc sockets live there, so two
- * instances never share a path), starts the router, the visual worker, the
+ * Creates the instance's runtime directory (ipc sockets and the embedding
+ * arena live there, so two instances never share a path), starts the router, the visual worker, the
  * engine and the frontend with one set of flags (each receives exactly the
  * flags it reads, from the flag table), follows the router's snapshots as a
  * peer of its own, prints how to call the server once every process is
@@ -39,6 +39,7 @@ typedef struct launcher {
     char runtime_dir[PATH_MAX];
     bool own_runtime_dir;
     char ipc_path[PATH_MAX];        /* the router's socket file, "" for tcp:// */
+    char arena_path[PATH_MAX];      /* the embedding arena when the launcher chose it, else "" */
     bool announced;
     bool stopping;
     int exit_code;
@@ -135,6 +136,8 @@ static void remove_runtime_files(launcher *l)
 {
     if (l->ipc_path[0] && unlink(l->ipc_path) != 0 && errno != ENOENT)
         VLMD_WARN("cannot remove %s: %s", l->ipc_path, strerror(errno));
+    if (l->arena_path[0] && unlink(l->arena_path) != 0 && errno != ENOENT)
+        VLMD_WARN("cannot remove %s: %s", l->arena_path, strerror(errno));
     if (l->own_runtime_dir && rmdir(l->runtime_dir) != 0)
         VLMD_WARN("cannot remove %s: %s", l->runtime_dir, strerror(errno));
 }
@@ -194,9 +197,10 @@ static vlmd_status make_runtime_dir(launcher *l, vlmd_error *err)
                                strerror(errno));
         return VLMD_OK;
     }
+    /* memory-backed first: the embedding arena is a file in it */
     const char *base = getenv("XDG_RUNTIME_DIR");
     if (!base || !*base || access(base, W_OK) != 0)
-        base = "/tmp";
+        base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
     snprintf(l->runtime_dir, sizeof l->runtime_dir, "%s/vlmd-XXXXXX", base);
     if (!mkdtemp(l->runtime_dir))
         return vlmd_errorf(err, VLMD_ERR_IO, "cannot create a runtime directory under %s: %s",
@@ -207,6 +211,13 @@ static vlmd_status make_runtime_dir(launcher *l, vlmd_error *err)
 
 static vlmd_status choose_endpoint(launcher *l, vlmd_error *err)
 {
+    if (!l->cfg.embed_arena_path[0]) {
+        if (snprintf(l->arena_path, sizeof l->arena_path, "%s/embeddings.arena", l->runtime_dir) >=
+            (int)sizeof l->arena_path)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--runtime-dir is too long");
+        free(l->cfg.embed_arena_path);
+        l->cfg.embed_arena_path = vlmd_xstrdup(l->arena_path);
+    }
     if (!l->cfg.router_endpoint[0]) {
         free(l->cfg.router_endpoint);
         l->cfg.router_endpoint = vlmd_asprintf("ipc://%s/router.sock", l->runtime_dir);

@@ -1,6 +1,8 @@
 /* router.c - message handling of the router: the start-up handshake
  * (hello -> welcome, ready, footprint), liveness (heartbeats, exits,
- * expiry) and the stats snapshots sent to the frontend and the launcher. */
+ * expiry), the stats snapshots sent to the frontend and the launcher, and
+ * requests between the frontends and the engine (images.c holds a request
+ * with images until they are encoded). */
 #include "router.h"
 
 #include <errno.h>
@@ -14,7 +16,7 @@
 #include "log.h"
 #include "peer.h"
 
-static void router_send(router *rt, const registry_entry *to, const vlmd_msg *msg)
+void router_send(router *rt, const registry_entry *to, const vlmd_msg *msg)
 {
     vlmd_buf b = VLMD_BUF_INIT;
     vlmd_error err = {0};
@@ -27,7 +29,7 @@ static void router_send(router *rt, const registry_entry *to, const vlmd_msg *ms
     vlmd_buf_free(&b);
 }
 
-static void router_send_to_identity(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
+void router_send_to_identity(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
 {
     registry_entry tmp = {.id_len = id_len > REGISTRY_ID_MAX ? 0 : id_len};
     if (!tmp.id_len)
@@ -208,6 +210,8 @@ static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd
     registry_down(e);
     if (e->role == VLMD_ROLE_LLM)
         fail_all_requests(rt, "the LLM engine stopped");
+    if (e->role == VLMD_ROLE_VISUAL)
+        router_images_visual_down(rt);
     publish_snapshot(rt);
 }
 
@@ -234,14 +238,15 @@ static router_request *find_request(router *rt, uint64_t req_id)
     return NULL;
 }
 
-static void forget_request(router *rt, router_request *q)
+void router_forget_request(router *rt, router_request *q)
 {
+    router_images_release(rt, q);
     *q = rt->requests[--rt->n_requests];
 }
 
-/* Ends a request at its frontend with an error (nothing else will answer it). */
-static void fail_request(router *rt, const void *id, size_t id_len, uint64_t req_id,
-                         vlmd_status status, const char *message)
+/* Ends a request that has no entry (yet) at its frontend with an error. */
+static void fail_unregistered(router *rt, const void *id, size_t id_len, uint64_t req_id,
+                              vlmd_status status, const char *message)
 {
     vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
     m.u.token_chunk = (vlmd_msg_token_chunk){.req_id = req_id, .finish = VLMD_FINISH_ERROR,
@@ -249,57 +254,77 @@ static void fail_request(router *rt, const void *id, size_t id_len, uint64_t req
     router_send_to_identity(rt, id, id_len, &m);
 }
 
-static registry_entry *ready_engine(router *rt)
+void router_fail_request(router *rt, router_request *q, vlmd_status status,
+                         uint32_t error_image, const char *message)
 {
-    registry_entry *llm = registry_find(&rt->reg, VLMD_ROLE_LLM, 0);
-    return llm && llm->state == VLMD_WORKER_READY ? llm : NULL;
+    vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
+    m.u.token_chunk = (vlmd_msg_token_chunk){.req_id = q->req_id, .finish = VLMD_FINISH_ERROR,
+                                             .status = status, .message = (char *)message,
+                                             .error_image = error_image};
+    router_send_to_identity(rt, q->identity, q->id_len, &m);
+    router_forget_request(rt, q);
+}
+
+registry_entry *router_ready_worker(router *rt, vlmd_role role)
+{
+    registry_entry *e = registry_find(&rt->reg, role, 0);
+    return e && e->state == VLMD_WORKER_READY ? e : NULL;
 }
 
 /* frontend -> router -> engine; the router remembers who asked. */
-static void on_request_submit(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
+static void on_request_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
 {
     const vlmd_msg_request_submit *r = &msg->u.request_submit;
     registry_entry *from = known_sender(rt, id, id_len, 0);
-    registry_entry *llm = ready_engine(rt);
+    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
     if (!from || from->role != VLMD_ROLE_FRONTEND) {
         rt->dropped++;
         return;
     }
     if (!llm) {
-        fail_request(rt, id, id_len, r->req_id, VLMD_ERR_UNAVAILABLE,
-                     "the LLM engine is not ready");
+        fail_unregistered(rt, id, id_len, r->req_id, VLMD_ERR_UNAVAILABLE,
+                          "the LLM engine is not ready");
         return;
     }
     if (find_request(rt, r->req_id)) {
-        fail_request(rt, id, id_len, r->req_id, VLMD_ERR_INVALID_ARG, "duplicate request id");
+        fail_unregistered(rt, id, id_len, r->req_id, VLMD_ERR_INVALID_ARG,
+                          "duplicate request id");
         return;
     }
     if (rt->n_requests == rt->cap_requests) {
         size_t cap = rt->cap_requests ? rt->cap_requests * 2 : 64;
         router_request *grown = realloc(rt->requests, cap * sizeof *grown);
         if (!grown) {
-            fail_request(rt, id, id_len, r->req_id, VLMD_ERR_NOMEM, "the router is out of memory");
+            fail_unregistered(rt, id, id_len, r->req_id, VLMD_ERR_NOMEM,
+                              "the router is out of memory");
             return;
         }
         rt->requests = grown;
         rt->cap_requests = cap;
     }
     router_request *q = &rt->requests[rt->n_requests++];
-    q->req_id = r->req_id;
+    *q = (router_request){.req_id = r->req_id, .id_len = id_len};
     memcpy(q->identity, id, id_len);
-    q->id_len = id_len;
-    router_send(rt, llm, msg);
+    if (r->n_images == 0) {
+        router_send(rt, llm, msg);
+        return;
+    }
+    vlmd_error err = {0};
+    if (router_images_submit(rt, q, msg, &err) != VLMD_OK) {
+        VLMD_REQ_WARN(q->req_id, "refused: %s", err.msg);
+        router_fail_request(rt, q, err.status, 0, err.msg);
+    }
 }
 
 static void on_request_cancel(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
 {
     router_request *q = find_request(rt, msg->u.request_cancel.req_id);
-    registry_entry *llm = ready_engine(rt);
+    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
     if (!q || q->id_len != id_len || memcmp(q->identity, id, id_len) != 0)
         return; /* finished already, or not the asker's */
-    if (llm)
+    if (llm && !q->submit) /* a request still waiting for its images never reached it */
         router_send(rt, llm, msg);
-    forget_request(rt, q);
+    router_forget_request(rt, q);
 }
 
 /* engine -> router -> the frontend that asked; a late chunk of a forgotten
@@ -312,16 +337,25 @@ static void on_token_chunk(router *rt, const void *id, size_t id_len, const vlmd
         return;
     router_send_to_identity(rt, q->identity, q->id_len, msg);
     if (msg->u.token_chunk.finish != VLMD_FINISH_NONE)
-        forget_request(rt, q);
+        router_forget_request(rt, q);
 }
 
-/* The engine went away: every request it held ends with a clear error. */
+/* The engine went away: every request it held ends with a clear error (and
+ * so do those waiting for images: there is no engine to send them to). */
 static void fail_all_requests(router *rt, const char *why)
 {
-    for (size_t i = 0; i < rt->n_requests; i++)
-        fail_request(rt, rt->requests[i].identity, rt->requests[i].id_len,
-                     rt->requests[i].req_id, VLMD_ERR_UNAVAILABLE, why);
-    rt->n_requests = 0;
+    while (rt->n_requests)
+        router_fail_request(rt, &rt->requests[rt->n_requests - 1], VLMD_ERR_UNAVAILABLE, 0, why);
+}
+
+static void on_image_result(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
+{
+    registry_entry *from = known_sender(rt, id, id_len, 0);
+    if (!from || from->role != VLMD_ROLE_VISUAL) {
+        rt->dropped++;
+        return;
+    }
+    router_images_result(rt, &msg->u.image_result);
 }
 
 void router_handle(router *rt, const void *identity, size_t id_len, const void *data, size_t len)
@@ -361,12 +395,16 @@ void router_handle(router *rt, const void *identity, size_t id_len, const void *
     case VLMD_MSG_TOKEN_CHUNK:
         on_token_chunk(rt, identity, id_len, &msg);
         break;
+    case VLMD_MSG_IMAGE_RESULT:
+        on_image_result(rt, identity, id_len, &msg);
+        break;
     default:
         rt->dropped++;
         VLMD_WARN("dropped an unexpected %s message", vlmd_msg_type_str(msg.type));
         break;
     }
     vlmd_msg_free(&msg);
+    router_images_advance_all(rt);
 }
 
 static void on_socket_message(vlmd_zsock *zs, const void *identity, size_t id_len,
@@ -383,8 +421,11 @@ static void on_tick(uv_timer_t *t)
     if (expired)
         VLMD_WARN("%d process(es) missed their heartbeats for %lld ms: marked down", expired,
                   (long long)rt->cfg->heartbeat_timeout_ms);
-    if (rt->n_requests && !ready_engine(rt))
+    if (rt->n_requests && !router_ready_worker(rt, VLMD_ROLE_LLM))
         fail_all_requests(rt, "the LLM engine is not answering");
+    if (!router_ready_worker(rt, VLMD_ROLE_VISUAL))
+        router_images_visual_down(rt);
+    router_images_advance_all(rt);
     publish_snapshot(rt);
 }
 
@@ -416,6 +457,9 @@ vlmd_status router_start(router *rt, const vlmd_config *cfg, uv_loop_t *loop, vo
     if (!rt->self_config)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "router: out of memory");
     vlmd_config_foreach(cfg, VLMD_ROLE_ROUTER, add_self_config, rt);
+    vlmd_status images = router_images_start(rt, err);
+    if (images != VLMD_OK)
+        return images;
 
     void *s = zmq_socket(zctx, ZMQ_ROUTER);
     int on = 1;
@@ -463,7 +507,10 @@ void router_stop(router *rt)
     free(rt->self_config);
     rt->self_config = NULL;
     rt->n_self_config = 0;
+    while (rt->n_requests)
+        router_forget_request(rt, &rt->requests[rt->n_requests - 1]);
     free(rt->requests);
     rt->requests = NULL;
-    rt->n_requests = rt->cap_requests = 0;
+    rt->cap_requests = 0;
+    embed_cache_free(&rt->embeds);
 }

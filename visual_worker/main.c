@@ -1,28 +1,192 @@
 /* main.c - vlmd-visual: the visual (ViT) worker.
  *
- * Start-up: read the model's vision config, open the backend, reserve the
- * device memory of the worst case (the stress-reserve of DESIGN.md §4, which
- * runs the vision tower once it exists; until then the reservation is zero),
- * then report READY with the reserved bytes, which the router passes to the
- * engine as the peer footprint. */
+ * Start-up: read the model's vision config, open the backend, load the vision
+ * tower and run the stress-reserve (encoder.h: the worst-case batch through
+ * the real tower, every buffer kept), then report READY with the device bytes
+ * held, which the router passes to the engine as the peer footprint.
+ *
+ * Serving: IMAGE_JOBs are planned from the header on the loop thread (a bad
+ * header or a token count that disagrees with the requester's is answered at
+ * once), queued, and encoded in batches on libuv's thread pool, one batch at
+ * a time and never larger than the stress-tested one. Each image's
+ * embeddings go straight into the shared arena at the offset the router gave;
+ * an IMAGE_RESULT says when they are there (or why not). */
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend.h"
+#include "encoder.h"
 #include "log.h"
 #include "process.h"
 #include "service.h"
+#include "shm_arena.h"
+
+typedef struct job {
+    uint64_t req_id;
+    uint32_t image_index;
+    uint8_t hash[32];
+    uint8_t *data;              /* owned */
+    uint32_t n_data;
+    uint64_t arena_offset;
+    uint32_t tokens;
+} job;
 
 typedef struct visual_worker {
     vlmd_service svc;
     vlmd_backend *backend;
-    uint64_t reserved_bytes;
+    image_encoder *enc;         /* NULL for a model without a vision tower */
+    vlmd_shm_arena arena;       /* mapped at the first job */
+    job *queue;                 /* waiting, in arrival order */
+    size_t n_queue, cap_queue;
+    job *batch;                 /* the batch on the pool: [batch_images] */
+    encode_item *items;
+    int n_batch;
+    uv_work_t work;
+    bool busy, stopping;
 } visual_worker;
+
+static void send_result(visual_worker *w, const job *j, vlmd_status st, const char *message)
+{
+    if (w->stopping)
+        return;
+    vlmd_msg m = {.type = VLMD_MSG_IMAGE_RESULT};
+    m.u.image_result = (vlmd_msg_image_result){
+        .req_id = j->req_id, .image_index = j->image_index, .status = st,
+        .message = (char *)message,
+        .image = {.token_count = j->tokens, .arena_offset = j->arena_offset},
+        .embed_bytes = st == VLMD_OK ? (uint64_t)j->tokens * image_encoder_out_dim(w->enc) * 4 : 0};
+    memcpy(m.u.image_result.image.hash, j->hash, 32);
+    vlmd_peer_send(w->svc.peer, &m);
+}
+
+/* ---- batches on the pool ----------------------------------------------------------- */
+
+static void on_batch_work(uv_work_t *req)
+{
+    visual_worker *w = req->data;
+    image_encoder_run(w->enc, w->items, w->n_batch);
+}
+
+static void start_batch(visual_worker *w);
+
+static void on_batch_done(uv_work_t *req, int status)
+{
+    visual_worker *w = req->data;
+    w->busy = false;
+    for (int i = 0; i < w->n_batch; i++) {
+        encode_item *it = &w->items[i];
+        if (status != 0)
+            it->status = vlmd_errorf(&it->err, VLMD_ERR_INTERNAL, "the batch was not run");
+        if (it->status != VLMD_OK)
+            VLMD_REQ_WARN(w->batch[i].req_id, "image %u: %s", w->batch[i].image_index,
+                          it->err.msg);
+        send_result(w, &w->batch[i], it->status, it->status == VLMD_OK ? "" : it->err.msg);
+        free(w->batch[i].data);
+    }
+    w->n_batch = 0;
+    start_batch(w);
+}
+
+/* Takes queued jobs, in order, while they fit the stress-tested batch. */
+static void start_batch(visual_worker *w)
+{
+    if (w->busy || w->stopping || !w->n_queue)
+        return;
+    uint32_t max_images = image_encoder_batch_images(w->enc), budget =
+                                                                   image_encoder_batch_tokens(w->enc);
+    size_t n = 0;
+    uint32_t tokens = 0;
+    while (n < w->n_queue && n < max_images && tokens + w->queue[n].tokens <= budget)
+        tokens += w->queue[n++].tokens;
+    for (size_t i = 0; i < n; i++) {
+        job *j = &w->batch[i];
+        *j = w->queue[i];
+        w->items[i] = (encode_item){j->data, j->n_data, j->tokens,
+                                    (float *)((char *)w->arena.base + j->arena_offset)};
+    }
+    memmove(w->queue, w->queue + n, (w->n_queue - n) * sizeof *w->queue);
+    w->n_queue -= n;
+    w->n_batch = (int)n;
+    w->busy = true;
+    w->work.data = w;
+    uv_queue_work(&w->svc.loop, &w->work, on_batch_work, on_batch_done);
+}
+
+/* ---- jobs -------------------------------------------------------------------------- */
+
+/* Checks a job on the loop thread; returns false (after answering) when it
+ * cannot be encoded. */
+static bool accept_job(visual_worker *w, const vlmd_msg_image_job *m, job *j)
+{
+    char why[600];
+    vlmd_error err = {0};
+    *j = (job){.req_id = m->req_id, .image_index = m->image_index, .n_data = m->n_data,
+               .arena_offset = m->arena_offset, .tokens = m->token_count};
+    memcpy(j->hash, m->hash, 32);
+    if (!w->enc) {
+        send_result(w, j, VLMD_ERR_INVALID_ARG, "this model has no vision tower");
+        return false;
+    }
+    uint32_t tokens = 0;
+    vlmd_status st = image_encoder_plan(w->enc, m->data, m->n_data, &tokens, &err);
+    if (st != VLMD_OK) {
+        send_result(w, j, st, err.msg);
+        return false;
+    }
+    if (tokens != m->token_count) {
+        snprintf(why, sizeof why, "the requester counted %u image tokens, this worker %u (do "
+                 "--vision-min-pixels and --vision-max-pixels agree?)", m->token_count, tokens);
+        send_result(w, j, VLMD_ERR_INTERNAL, why);
+        return false;
+    }
+    if (!w->arena.base &&
+        vlmd_shm_arena_open(w->svc.cfg.embed_arena_path, true, &w->arena, &err) != VLMD_OK) {
+        send_result(w, j, VLMD_ERR_UNAVAILABLE, err.msg);
+        return false;
+    }
+    uint64_t bytes = (uint64_t)tokens * image_encoder_out_dim(w->enc) * sizeof(float);
+    if (m->arena_offset % sizeof(float) || !vlmd_shm_arena_holds(&w->arena, m->arena_offset, bytes)) {
+        snprintf(why, sizeof why, "offset %llu + %llu bytes is outside the embedding arena",
+                 (unsigned long long)m->arena_offset, (unsigned long long)bytes);
+        send_result(w, j, VLMD_ERR_INTERNAL, why);
+        return false;
+    }
+    j->data = malloc(m->n_data ? m->n_data : 1);
+    if (!j->data) {
+        send_result(w, j, VLMD_ERR_NOMEM, "the visual worker is out of memory");
+        return false;
+    }
+    memcpy(j->data, m->data, m->n_data);
+    return true;
+}
+
+static void on_job(visual_worker *w, const vlmd_msg_image_job *m)
+{
+    job j;
+    if (!accept_job(w, m, &j))
+        return;
+    if (w->n_queue == w->cap_queue) {
+        size_t cap = w->cap_queue ? w->cap_queue * 2 : 16;
+        job *grown = realloc(w->queue, cap * sizeof *grown);
+        if (!grown) {
+            send_result(w, &j, VLMD_ERR_NOMEM, "the visual worker is out of memory");
+            free(j.data);
+            return;
+        }
+        w->queue = grown;
+        w->cap_queue = cap;
+    }
+    w->queue[w->n_queue++] = j;
+    start_batch(w);
+}
 
 static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
 {
     (void)svc;
-    (void)ud;
-    if (msg->type != VLMD_MSG_WELCOME)
+    visual_worker *w = ud;
+    if (msg->type == VLMD_MSG_IMAGE_JOB)
+        on_job(w, &msg->u.image_job);
+    else if (msg->type != VLMD_MSG_WELCOME)
         VLMD_WARN("ignored an unexpected %s message", vlmd_msg_type_str(msg->type));
 }
 
@@ -30,8 +194,47 @@ static void on_stop(vlmd_service *svc, void *ud)
 {
     (void)svc;
     visual_worker *w = ud;
-    vlmd_backend_destroy(w->backend);
-    w->backend = NULL;
+    w->stopping = true; /* a batch in flight finishes; nothing more leaves */
+}
+
+/* ---- start-up ---------------------------------------------------------------------- */
+
+/* Loads the tower and runs the stress-reserve; a model or limits that cannot
+ * work are a configuration error (exit 2: restarting cannot help). */
+static void reserve(visual_worker *w)
+{
+    const vlmd_config *cfg = &w->svc.cfg;
+    const vlmd_model_config *m = &w->svc.model;
+    vlmd_error err = {0};
+    if (!m->has_vision) {
+        VLMD_INFO("%s has no vision tower: this worker reserves nothing", m->architecture);
+        return;
+    }
+    if (!cfg->embed_arena_path[0]) {
+        VLMD_ERROR("--embed-arena-path is required for a model with images (the launcher sets it)");
+        exit(VLMD_EXIT_CONFIG);
+    }
+    vlmd_vision_params params;
+    vlmd_safetensors *st = NULL;
+    encoder_config ec = {(uint32_t)cfg->visual_batch_size, (uint64_t)cfg->max_image_pixels};
+    if (vlmd_vision_params_configure(cfg->model, cfg->vision_min_pixels, cfg->vision_max_pixels,
+                                     &params, &err) != VLMD_OK ||
+        vlmd_safetensors_open_dir(cfg->model, &st, &err) != VLMD_OK ||
+        image_encoder_create(w->backend, m, st, &params, &ec, &w->enc, &err) != VLMD_OK) {
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
+    vlmd_safetensors_close(st);
+    w->batch = calloc(ec.batch_images, sizeof *w->batch);
+    w->items = calloc(ec.batch_images, sizeof *w->items);
+    if (!w->batch || !w->items)
+        VLMD_FATAL("out of memory");
+    VLMD_INFO("%s vision tower: depth %lld, width %lld; %u images of up to %u tokens per batch; "
+              "%llu MiB reserved on %s",
+              m->architecture, (long long)m->vision.depth, (long long)m->vision.embed_dim,
+              ec.batch_images, image_encoder_batch_tokens(w->enc) / ec.batch_images,
+              (unsigned long long)(vlmd_backend_allocated_bytes(w->backend) >> 20),
+              vlmd_backend_info(w->backend)->name);
 }
 
 int main(int argc, char **argv)
@@ -43,19 +246,20 @@ int main(int argc, char **argv)
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }
-    const vlmd_device_info *dev = vlmd_backend_info(w.backend);
-    const vlmd_model_config *m = &w.svc.model;
-    if (m->has_vision)
-        VLMD_INFO("%s vision tower: depth %lld, width %lld, patch %lld, merge %lld; device %s",
-                  m->architecture, (long long)m->vision.depth, (long long)m->vision.embed_dim,
-                  (long long)m->vision.patch_size, (long long)m->vision.spatial_merge_size,
-                  dev->name);
-    else
-        VLMD_INFO("%s has no vision tower: this worker reserves nothing", m->architecture);
-
+    reserve(&w);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
     /* device is borrowed for the call (set_ready copies it) */
-    vlmd_msg_ready ready = {.reserved_bytes = w.reserved_bytes, .device = (char *)dev->name};
+    vlmd_msg_ready ready = {.reserved_bytes = vlmd_backend_allocated_bytes(w.backend),
+                            .device = (char *)vlmd_backend_info(w.backend)->name};
     vlmd_peer_set_ready(w.svc.peer, &ready);
-    return vlmd_service_run(&w.svc);
+    int rc = vlmd_service_run(&w.svc); /* returns after a batch in flight is done */
+    for (size_t i = 0; i < w.n_queue; i++)
+        free(w.queue[i].data);
+    free(w.queue);
+    free(w.batch);
+    free(w.items);
+    image_encoder_free(w.enc);
+    vlmd_shm_arena_close(&w.arena);
+    vlmd_backend_destroy(w.backend);
+    return rc;
 }

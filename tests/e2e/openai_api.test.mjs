@@ -133,7 +133,7 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     [{ messages: 'hi' }, 400, 'messages'],
     [{ messages: [] }, 400, 'messages'],
     [{ messages: [{ role: 'robot', content: 'x' }] }, 400, 'messages[0].role'],
-    [{ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:,' } }] }] }, 400, 'messages[0].content[0]'],
+    [{ messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'data:,' } }] }] }, 400, 'messages[0].content[0].image_url'],
     [{ model: 'gpt-4' }, 404, 'model'],
     [{ top_logprobs: 2 }, 400, 'top_logprobs'],
     [{ logprobs: true, top_logprobs: 21 }, 400, 'top_logprobs'],

@@ -1,0 +1,252 @@
+/* images.c - the router's image stage (DESIGN.md §1): a request with images
+ * waits here until each image's embeddings are in the shared arena, then goes
+ * to the engine with their offsets.
+ *
+ *   submit --> take arena room per image (a repeated image: a reference to the
+ *              one already there) --> IMAGE_JOB to the visual worker for each
+ *              new one --> every image READY --> REQUEST_SUBMIT to the engine
+ *
+ * No room in the arena: the request waits (bounded by --image-wait-ms) until
+ * requests that hold images end. A failed image fails the requests that wait
+ * for it (400 for a bad image, naming it); a visual worker that goes away
+ * fails every waiting request with 503. A request holds its images until it
+ * ends, so the engine can read them again (recomputation after preemption). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "clock.h"
+#include "log.h"
+#include "model_config.h"
+#include "router.h"
+#include "shm_arena.h"
+
+vlmd_status router_images_start(router *rt, vlmd_error *err)
+{
+    const vlmd_config *cfg = rt->cfg;
+    if (!cfg->model || !cfg->model[0])
+        return VLMD_OK; /* a router without a model (tests of the handshake) */
+    vlmd_model_config mc;
+    vlmd_status st = vlmd_model_config_load(cfg->model, &mc, err);
+    if (st != VLMD_OK || !mc.has_vision)
+        return st;
+    if (!cfg->embed_arena_path[0])
+        return vlmd_errorf(err, VLMD_ERR_USAGE, "--embed-arena-path is required for a model with "
+                           "images (the launcher sets it)");
+    uint64_t bytes = (uint64_t)cfg->embed_arena_mb << 20;
+    if ((st = vlmd_shm_arena_create(cfg->embed_arena_path, bytes, err)) != VLMD_OK)
+        return st;
+    embed_cache_init(&rt->embeds, bytes);
+    rt->embed_row_bytes = (uint64_t)mc.text.hidden_size * sizeof(float);
+    rt->images_enabled = true;
+    VLMD_INFO("embedding arena %s: %lld MiB", cfg->embed_arena_path,
+              (long long)cfg->embed_arena_mb);
+    return VLMD_OK;
+}
+
+static uint64_t image_bytes(const router *rt, const vlmd_image_ref *im)
+{
+    return (uint64_t)im->token_count * rt->embed_row_bytes;
+}
+
+vlmd_status router_images_submit(router *rt, router_request *q, vlmd_msg *msg, vlmd_error *err)
+{
+    const vlmd_msg_request_submit *r = &msg->u.request_submit;
+    if (!rt->images_enabled)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "this model takes no images");
+    if (!router_ready_worker(rt, VLMD_ROLE_VISUAL))
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the visual worker is not ready");
+    uint64_t total = 0;
+    for (uint32_t i = 0; i < r->n_images; i++) {
+        if (!r->images[i].n_data || !r->images[i].token_count)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "image %u has no bytes or no tokens", i);
+        total += image_bytes(rt, &r->images[i]);
+    }
+    if (total > rt->embeds.capacity)
+        return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "the images need %llu MiB of embeddings; the "
+                           "arena holds %llu MiB (--embed-arena-mb)",
+                           (unsigned long long)(total >> 20),
+                           (unsigned long long)(rt->embeds.capacity >> 20));
+    q->submit = malloc(sizeof *q->submit);
+    q->hashes = malloc(r->n_images * sizeof *q->hashes);
+    if (!q->submit || !q->hashes) {
+        free(q->submit);
+        free(q->hashes);
+        q->submit = NULL;
+        q->hashes = NULL;
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "the router is out of memory");
+    }
+    for (uint32_t i = 0; i < r->n_images; i++)
+        memcpy(q->hashes[i], r->images[i].hash, 32);
+    q->n_images = r->n_images;
+    q->deadline_ms = vlmd_now_ms() + (uint64_t)rt->cfg->image_wait_ms;
+    *q->submit = *msg; /* the request (image bytes included) now belongs to q */
+    memset(msg, 0, sizeof *msg);
+    return VLMD_OK; /* router_images_advance_all moves it on */
+}
+
+void router_images_release(router *rt, router_request *q)
+{
+    for (uint32_t i = 0; i < q->n_held; i++)
+        embed_cache_release(&rt->embeds, q->hashes[i]);
+    if (q->submit) {
+        vlmd_msg_free(q->submit);
+        free(q->submit);
+    }
+    free(q->hashes);
+    q->submit = NULL;
+    q->hashes = NULL;
+    q->n_images = q->n_held = 0;
+}
+
+/* Sends the job for image i of q, whose room at offset the cache just gave. */
+static bool send_job(router *rt, router_request *q, uint32_t i, uint64_t offset)
+{
+    registry_entry *visual = router_ready_worker(rt, VLMD_ROLE_VISUAL);
+    if (!visual)
+        return false;
+    const vlmd_image_ref *im = &q->submit->u.request_submit.images[i];
+    vlmd_msg m = {.type = VLMD_MSG_IMAGE_JOB};
+    m.u.image_job = (vlmd_msg_image_job){.req_id = q->req_id, .image_index = i, .data = im->data,
+                                         .n_data = im->n_data, .arena_offset = offset,
+                                         .token_count = im->token_count};
+    memcpy(m.u.image_job.hash, im->hash, 32);
+    router_send(rt, visual, &m);
+    return true;
+}
+
+/* Every image ready: the request (without the image bytes) goes to the engine. */
+static bool forward(router *rt, router_request *q)
+{
+    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
+    if (!llm)
+        return false;
+    vlmd_msg_request_submit *r = &q->submit->u.request_submit;
+    for (uint32_t i = 0; i < r->n_images; i++) {
+        free(r->images[i].data);
+        r->images[i].data = NULL;
+        r->images[i].n_data = 0;
+    }
+    router_send(rt, llm, q->submit);
+    vlmd_msg_free(q->submit);
+    free(q->submit);
+    q->submit = NULL;
+    return true;
+}
+
+/* Moves one waiting request on. Returns false when it failed (and was forgotten). */
+static bool advance(router *rt, router_request *q)
+{
+    vlmd_msg_request_submit *r = &q->submit->u.request_submit;
+    char why[256];
+    while (q->n_held < q->n_images) {
+        uint32_t i = q->n_held;
+        uint64_t offset = 0;
+        embed_acquire_result got = embed_cache_acquire(&rt->embeds, q->hashes[i],
+                                                       image_bytes(rt, &r->images[i]), &offset);
+        if (got == EMBED_NO_ROOM)
+            return true; /* wait until a request holding images ends */
+        if (got == EMBED_NEVER_FITS) {
+            snprintf(why, sizeof why, "image %u is larger than the embedding arena "
+                     "(--embed-arena-mb)", i);
+            router_fail_request(rt, q, VLMD_ERR_TOO_LARGE, i + 1, why);
+            return false;
+        }
+        q->n_held++;
+        r->images[i].arena_offset = offset;
+        if (got == EMBED_FRESH && !send_job(rt, q, i, offset)) {
+            embed_cache_drop(&rt->embeds, q->hashes[i]);
+            router_fail_request(rt, q, VLMD_ERR_UNAVAILABLE, 0, "the visual worker is not ready");
+            return false;
+        }
+    }
+    for (uint32_t i = 0; i < q->n_images; i++)
+        if (embed_cache_find(&rt->embeds, q->hashes[i])->state != EMBED_READY)
+            return true;
+    if (!forward(rt, q)) {
+        router_fail_request(rt, q, VLMD_ERR_UNAVAILABLE, 0, "the LLM engine is not ready");
+        return false;
+    }
+    return true;
+}
+
+void router_images_advance_all(router *rt)
+{
+    uint64_t now = vlmd_now_ms();
+    for (size_t i = 0; i < rt->n_requests;) {
+        router_request *q = &rt->requests[i];
+        bool kept = true;
+        if (q->submit && now > q->deadline_ms) {
+            char why[256];
+            snprintf(why, sizeof why, "the images waited %lld ms for room in the embedding arena "
+                     "or for the visual worker (--image-wait-ms); try again",
+                     (long long)rt->cfg->image_wait_ms);
+            router_fail_request(rt, q, VLMD_ERR_UNAVAILABLE, 0, why);
+            kept = false;
+        } else if (q->submit) {
+            kept = advance(rt, q);
+        }
+        if (kept)
+            i++; /* else the last request moved into slot i */
+    }
+}
+
+/* The request's index of the image with this hash among those it holds, or -1. */
+static int held_index(const router_request *q, const uint8_t hash[32])
+{
+    for (uint32_t i = 0; i < q->n_held; i++)
+        if (memcmp(q->hashes[i], hash, 32) == 0)
+            return (int)i;
+    return -1;
+}
+
+void router_images_result(router *rt, const vlmd_msg_image_result *m)
+{
+    const uint8_t *hash = m->image.hash;
+    const embed_entry *e = embed_cache_find(&rt->embeds, hash);
+    if (!e || e->state != EMBED_ENCODING) {
+        rt->dropped++; /* late (its entry was dropped) or never asked for */
+        return;
+    }
+    if (m->status == VLMD_OK) {
+        embed_cache_mark_ready(&rt->embeds, hash);
+        return; /* router_images_advance_all forwards what is now complete */
+    }
+    /* the image failed: every request waiting for it fails, naming it */
+    embed_cache_drop(&rt->embeds, hash);
+    vlmd_status st = m->status < VLMD_STATUS_COUNT ? (vlmd_status)m->status : VLMD_ERR_INTERNAL;
+    for (size_t i = 0; i < rt->n_requests;) {
+        router_request *q = &rt->requests[i];
+        int k = q->submit ? held_index(q, hash) : -1;
+        if (k < 0) {
+            i++;
+            continue;
+        }
+        char why[VLMD_PROTO_MAX_STR];
+        snprintf(why, sizeof why, "image %d: %s", k, m->message);
+        router_fail_request(rt, q, st, (uint32_t)k + 1, why);
+    }
+}
+
+void router_images_visual_down(router *rt)
+{
+    if (!rt->images_enabled)
+        return;
+    for (size_t i = 0; i < rt->n_requests;) {
+        router_request *q = &rt->requests[i];
+        if (!q->submit) {
+            i++;
+            continue;
+        }
+        router_fail_request(rt, q, VLMD_ERR_UNAVAILABLE, 0,
+                            "the visual worker stopped before encoding this request's images; "
+                            "try again once it is back");
+    }
+    /* what it was writing will never be finished */
+    for (size_t i = 0; i < rt->embeds.n;) {
+        if (rt->embeds.entries[i].state == EMBED_ENCODING)
+            embed_cache_drop(&rt->embeds, rt->embeds.entries[i].hash);
+        else
+            i++;
+    }
+}

@@ -1,0 +1,200 @@
+// images.test.mjs - images in chat through the five processes: the frontend
+// reads the data URI (or fetches an allowed URL), the router has the visual
+// worker encode it into the shared arena, the engine splices the embeddings
+// in. Checked against what Hugging Face transformers computed for the VL
+// fixtures; bad images get a 400 naming the image and the server keeps
+// serving; a visual worker killed mid-request gives a 503 and comes back.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import http from 'node:http';
+import OpenAI from 'openai';
+import { FIXTURES, startServer, stopServer, postJson, getJson, makeDecoder, waitFor } from './harness.mjs';
+
+// Reads an F32 tensor from a safetensors file.
+function readTensor(path, name) {
+  const buf = readFileSync(path);
+  const n = Number(buf.readBigUInt64LE(0));
+  const header = JSON.parse(buf.subarray(8, 8 + n).toString('utf8'));
+  const t = header[name];
+  const [from, to] = t.data_offsets;
+  const bytes = buf.subarray(8 + n + from, 8 + n + to);
+  return { shape: t.shape, data: new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length)) };
+}
+
+// The reference log-probabilities of the token after the prompt, largest first.
+function referenceTopLogprobs(model, c, k) {
+  const { shape, data } = readTensor(`${FIXTURES}/${model}/reference.safetensors`, `case${c}.logits`);
+  const [seq, vocab] = shape;
+  const row = data.subarray((seq - 1) * vocab, seq * vocab);
+  const max = Math.max(...row);
+  const lse = max + Math.log(row.reduce((s, x) => s + Math.exp(x - max), 0));
+  return Array.from(row, (x) => x - lse).sort((a, b) => b - a).slice(0, k);
+}
+
+const dataUri = (bytes, type = 'image/png') => `data:${type};base64,${Buffer.from(bytes).toString('base64')}`;
+const imageMessage = (url) => [{ role: 'user', content: [
+  { type: 'image_url', image_url: { url } }, { type: 'text', text: 'What is in this image?' }] }];
+
+for (const model of ['qwen2_vl', 'qwen2_5_vl']) {
+  test(`${model}: image chats give the reference greedy text and logprobs`, async () => {
+    const dir = `${FIXTURES}/${model}`;
+    const reference = JSON.parse(readFileSync(`${dir}/reference.json`, 'utf8'));
+    const decode = makeDecoder(JSON.parse(readFileSync(`${dir}/tokenizer.json`, 'utf8')));
+    const server = await startServer(['--model', dir, '--port', '0']);
+    const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+    try {
+      for (const c of [2, 3]) {
+        const want = reference.cases[c];
+        const png = readFileSync(`${dir}/${want.image}`);
+        const params = { model, messages: imageMessage(dataUri(png)), max_tokens: 12, temperature: 0,
+          logprobs: true, top_logprobs: 5 };
+        const r = await client.chat.completions.create(params);
+        assert.equal(r.choices[0].message.content, decode(want.greedy_continuation), `case ${c}`);
+        assert.equal(r.usage.prompt_tokens, want.input_ids.length, 'image tokens counted as HF does');
+        const got = r.choices[0].logprobs.content[0].top_logprobs.map((t) => t.logprob);
+        const ref = referenceTopLogprobs(model, c, 5);
+        for (let i = 0; i < 5; i++)
+          assert.ok(Math.abs(got[i] - ref[i]) < 1e-3, `case ${c}: top logprob ${i}: ${got[i]} vs ${ref[i]}`);
+
+        let streamed = '';
+        for await (const chunk of await client.chat.completions.create({ ...params, stream: true }))
+          streamed += chunk.choices[0]?.delta?.content ?? '';
+        assert.equal(streamed, r.choices[0].message.content, 'streamed equals non-streamed');
+      }
+      // Two images (one repeated) in one request, and concurrent image requests.
+      const png = readFileSync(`${dir}/${reference.cases[2].image}`);
+      const two = await client.chat.completions.create({ model, max_tokens: 4, temperature: 0, messages: [{
+        role: 'user', content: [{ type: 'image_url', image_url: { url: dataUri(png) } },
+          { type: 'text', text: 'and' }, { type: 'image_url', image_url: { url: dataUri(png) } }] }] });
+      assert.equal(two.choices[0].finish_reason, 'length');
+      const many = await Promise.all(Array.from({ length: 6 }, (_, i) => client.chat.completions.create({
+        model, max_tokens: 12, temperature: 0,
+        messages: imageMessage(dataUri(readFileSync(`${dir}/${reference.cases[2 + (i % 2)].image}`))) })));
+      many.forEach((r, i) => assert.equal(r.choices[0].message.content,
+        decode(reference.cases[2 + (i % 2)].greedy_continuation), `concurrent request ${i}`));
+    } finally {
+      assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+    }
+  });
+}
+
+// A PNG whose header says width x height (the rest is not a valid image).
+function pngHeader(width, height) {
+  const b = Buffer.alloc(64);
+  Buffer.from([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 0, 0, 0, 13]).copy(b, 0);
+  b.write('IHDR', 12, 'latin1');
+  b.writeUInt32BE(width, 16);
+  b.writeUInt32BE(height, 20);
+  b[24] = 8; b[25] = 2;
+  return b;
+}
+
+test('bad images get a 400 naming the image; the server keeps serving', async () => {
+  const dir = `${FIXTURES}/qwen2_vl`;
+  const server = await startServer(['--model', dir, '--port', '0', '--max-image-pixels', '1000000']);
+  try {
+    const png = readFileSync(`${dir}/image_84x56.png`);
+    // a JPEG whose header says 64x64 and holds no image data
+    const lyingJpeg = Buffer.from([0xff, 0xd8, 0xff, 0xc0, 0x00, 0x11, 0x08, 0x00, 0x40, 0x00, 0x40, 0x03,
+      0x01, 0x22, 0x00, 0x02, 0x11, 0x01, 0x03, 0x11, 0x01, 0xff, 0xd9]);
+    const random = Buffer.from(Array.from({ length: 300 }, (_, i) => (i * 7919 + 13) % 256));
+    const cases = [
+      ['truncated PNG', dataUri(png.subarray(0, png.length >> 1)), 'invalid_image'],
+      ['JPEG with a lying header', dataUri(lyingJpeg, 'image/jpeg'), 'invalid_image'],
+      ['1x100000 aspect ratio', dataUri(pngHeader(100000, 1)), 'invalid_image'],
+      ['20000x20000 header on a small file', dataUri(pngHeader(20000, 20000)), 'image_too_large'],
+      ['GIF', dataUri(Buffer.from('GIF89a\x01\x00\x01\x00\x00\x00\x00;', 'latin1'), 'image/gif'), 'invalid_image'],
+      ['GIF bytes under a PNG type', dataUri(Buffer.from('GIF89a\x01\x00\x01\x00\x00\x00\x00;', 'latin1')), 'invalid_image'],
+      ['random bytes', dataUri(random), 'invalid_image'],
+      ['a data URI that is not base64', 'data:image/png,hello', 'invalid_image_url'],
+      ['broken base64', 'data:image/png;base64,!!!notbase64!!!', 'invalid_image_url'],
+      ['a file URL', 'file:///etc/passwd', 'invalid_image_url'],
+      ['a URL of a host not allowed', 'http://127.0.0.1:1/x.png', 'image_url_not_allowed'],
+    ];
+    for (const [what, url, code] of cases) {
+      const { status, body } = await postJson(`${server.url}/v1/chat/completions`, {
+        messages: [{ role: 'user', content: [{ type: 'text', text: 'look:' }, { type: 'image_url', image_url: { url } }] }],
+        max_tokens: 2 }, { timeoutMs: 20000 });
+      assert.equal(status, 400, `${what}: ${JSON.stringify(body)}`);
+      assert.equal(body.error.param, 'messages[0].content[1].image_url', `${what}: ${JSON.stringify(body)}`);
+      assert.equal(body.error.code, code, `${what}: ${body.error.message}`);
+    }
+    const tooMany = await postJson(`${server.url}/v1/chat/completions`, { max_tokens: 2, messages: [{ role: 'user',
+      content: Array.from({ length: 9 }, () => ({ type: 'image_url', image_url: { url: dataUri(png) } })) }] });
+    assert.equal(tooMany.status, 400);
+    assert.equal(tooMany.body.error.code, 'too_many_images');
+    const good = await postJson(`${server.url}/v1/chat/completions`, { messages: imageMessage(dataUri(png)), max_tokens: 2 });
+    assert.equal(good.status, 200, JSON.stringify(good.body));
+    assert.equal((await getJson(`${server.url}/health`)).status, 200);
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+test('image URLs: fetched from allowed hosts only, within the limits', async () => {
+  const dir = `${FIXTURES}/qwen2_vl`;
+  const reference = JSON.parse(readFileSync(`${dir}/reference.json`, 'utf8'));
+  const decode = makeDecoder(JSON.parse(readFileSync(`${dir}/tokenizer.json`, 'utf8')));
+  const png = readFileSync(`${dir}/image_84x56.png`);
+  const media = http.createServer((req, res) => {
+    if (req.url === '/cat.png') { res.writeHead(200, { 'content-type': 'image/png' }); res.end(png); return; }
+    if (req.url === '/big.png') { res.writeHead(200); res.end(Buffer.alloc(5000)); return; }
+    if (req.url === '/moved.png') { res.writeHead(302, { location: 'http://localhost/cat.png' }); res.end(); return; }
+    res.writeHead(404); res.end();
+  });
+  await new Promise((r) => media.listen(0, '127.0.0.1', r));
+  const base = `http://127.0.0.1:${media.address().port}`;
+  const server = await startServer(['--model', dir, '--port', '0', '--allowed-media-domains', '127.0.0.1',
+    '--max-image-bytes', '4096']);
+  try {
+    const ask = (url) => postJson(`${server.url}/v1/chat/completions`,
+      { messages: imageMessage(url), max_tokens: 12, temperature: 0 }, { timeoutMs: 20000 });
+    const ok = await ask(`${base}/cat.png`);
+    assert.equal(ok.status, 200, JSON.stringify(ok.body));
+    assert.equal(ok.body.choices[0].message.content, decode(reference.cases[2].greedy_continuation));
+    for (const [path, code] of [['/missing.png', 'image_fetch_failed'], ['/big.png', 'image_too_large'],
+      ['/moved.png', 'image_fetch_failed']]) {
+      const r = await ask(`${base}${path}`);
+      assert.equal(r.status, 400, `${path}: ${JSON.stringify(r.body)}`);
+      assert.equal(r.body.error.code, code, `${path}: ${r.body.error.message}`);
+    }
+    const other = await ask(`http://localhost:${media.address().port}/cat.png`);
+    assert.equal(other.body.error.code, 'image_url_not_allowed', 'only the listed host');
+  } finally {
+    media.close();
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+test('a visual worker killed mid-request: 503 for the image, text keeps working, images come back', async () => {
+  const dir = `${FIXTURES}/qwen2_vl`;
+  const reference = JSON.parse(readFileSync(`${dir}/reference.json`, 'utf8'));
+  const decode = makeDecoder(JSON.parse(readFileSync(`${dir}/tokenizer.json`, 'utf8')));
+  const server = await startServer(['--model', dir, '--port', '0', '--restart-backoff-ms', '50']);
+  const visual = async () => (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === 'visual');
+  try {
+    const { pid } = await visual();
+    process.kill(pid, 'SIGSTOP'); // it takes the job and never answers
+    const image = readFileSync(`${dir}/${reference.cases[3].image}`);
+    const pending = postJson(`${server.url}/v1/chat/completions`,
+      { messages: imageMessage(dataUri(image)), max_tokens: 12, temperature: 0 }, { timeoutMs: 20000 });
+    const text = await postJson(`${server.url}/v1/chat/completions`,
+      { messages: [{ role: 'user', content: 'hello' }], max_tokens: 3 }, { timeoutMs: 20000 });
+    assert.equal(text.status, 200, 'text requests do not wait for the visual worker');
+    process.kill(pid, 'SIGKILL');
+    const failed = await pending;
+    assert.equal(failed.status, 503, JSON.stringify(failed.body));
+    assert.match(failed.body.error.message, /visual worker/);
+    await waitFor('the visual worker back', async () => {
+      const v = await visual();
+      return v.state === 'ready' && v.pid !== pid;
+    });
+    const again = await postJson(`${server.url}/v1/chat/completions`,
+      { messages: imageMessage(dataUri(image)), max_tokens: 12, temperature: 0 }, { timeoutMs: 20000 });
+    assert.equal(again.status, 200, JSON.stringify(again.body));
+    assert.equal(again.body.choices[0].message.content, decode(reference.cases[3].greedy_continuation));
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
