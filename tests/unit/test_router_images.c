@@ -1,0 +1,275 @@
+/* test_router_images.c - the router's image stage over real ZeroMQ sockets
+ * (inproc, one libuv loop) with a frontend, a visual worker and an engine
+ * played by the test: a request waits for its images and reaches the engine
+ * with their arena offsets and without their bytes; a repeated image is
+ * encoded once; a full arena makes a request wait until room is freed, and
+ * no longer than --image-wait-ms; a failed image fails every request waiting
+ * for it, naming it; a visual worker that goes away fails what waits. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "clock.h"
+#include "peer.h"
+#include "router.h"
+#include "test_support.h"
+
+#define MAX_SEEN 16
+
+typedef struct seen {
+    int welcomes;
+    vlmd_msg_image_job jobs[MAX_SEEN];          /* visual: jobs (data not kept) */
+    int n_jobs;
+    vlmd_msg_request_submit submits[MAX_SEEN];  /* engine: requests (images copied) */
+    vlmd_image_ref images[MAX_SEEN];
+    int n_submits;
+    vlmd_msg_token_chunk errors[MAX_SEEN];      /* frontend: error chunks */
+    char messages[MAX_SEEN][256];
+    int n_errors;
+} seen;
+
+typedef struct fixture {
+    uv_loop_t loop;
+    void *zctx;
+    vlmd_config cfg;
+    router rt;
+    char arena[64];
+    seen fe, visual, llm;
+    vlmd_peer *fe_peer, *visual_peer, *llm_peer;
+} fixture;
+
+static void on_peer_msg(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
+{
+    (void)peer;
+    seen *s = ud;
+    if (msg->type == VLMD_MSG_WELCOME) {
+        s->welcomes++;
+    } else if (msg->type == VLMD_MSG_IMAGE_JOB && s->n_jobs < MAX_SEEN) {
+        s->jobs[s->n_jobs] = msg->u.image_job;
+        s->jobs[s->n_jobs++].data = NULL;
+    } else if (msg->type == VLMD_MSG_REQUEST_SUBMIT && s->n_submits < MAX_SEEN) {
+        s->submits[s->n_submits] = msg->u.request_submit;
+        if (msg->u.request_submit.n_images)
+            s->images[s->n_submits] = msg->u.request_submit.images[0];
+        s->n_submits++;
+    } else if (msg->type == VLMD_MSG_TOKEN_CHUNK && s->n_errors < MAX_SEEN &&
+               msg->u.token_chunk.finish == VLMD_FINISH_ERROR) {
+        snprintf(s->messages[s->n_errors], sizeof s->messages[0], "%s", msg->u.token_chunk.message);
+        s->errors[s->n_errors++] = msg->u.token_chunk;
+    }
+}
+
+static void pump(fixture *f, int ms)
+{
+    uint64_t until = vlmd_now_ms() + (uint64_t)ms;
+    while (vlmd_now_ms() < until) {
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        usleep(500);
+    }
+}
+
+/* Runs the loop until *counter >= at_least or 2 s pass. */
+static bool wait_for(fixture *f, const int *counter, int at_least)
+{
+    uint64_t deadline = vlmd_now_ms() + 2000;
+    while (*counter < at_least && vlmd_now_ms() < deadline) {
+        uv_run(&f->loop, UV_RUN_NOWAIT);
+        usleep(500);
+    }
+    return *counter >= at_least;
+}
+
+static vlmd_peer *connect_as(fixture *f, vlmd_role role, seen *s)
+{
+    vlmd_error err = {0};
+    vlmd_peer *p = vlmd_peer_create(&f->loop, f->zctx, &f->cfg, role, 0, on_peer_msg, s, &err);
+    cr_assert_not_null(p, "%s", err.msg);
+    vlmd_msg_ready ready = {.device = "cpu", .listen_url = ""};
+    vlmd_peer_set_ready(p, &ready);
+    cr_assert(wait_for(f, &s->welcomes, 1));
+    return p;
+}
+
+/* A router for the qwen2_vl fixture (hidden 128: 512 arena bytes a token)
+ * with an arena of 1 MiB, and the three processes around it. */
+static void setup(fixture *f, const char *endpoint, int64_t wait_ms)
+{
+    memset(f, 0, sizeof *f);
+    uv_loop_init(&f->loop);
+    f->zctx = zmq_ctx_new();
+    vlmd_config_init_defaults(&f->cfg);
+    free(f->cfg.router_endpoint);
+    f->cfg.router_endpoint = strdup(endpoint);
+    free(f->cfg.model);
+    f->cfg.model = strdup(test_fixture("qwen2_vl"));
+    snprintf(f->arena, sizeof f->arena, "/tmp/vlmd-test-router-arena-%d", (int)getpid());
+    free(f->cfg.embed_arena_path);
+    f->cfg.embed_arena_path = strdup(f->arena);
+    f->cfg.embed_arena_mb = 1;
+    f->cfg.image_wait_ms = wait_ms;
+    f->cfg.heartbeat_ms = 20;
+    f->cfg.heartbeat_timeout_ms = 200;
+    vlmd_error err = {0};
+    cr_assert_eq(router_start(&f->rt, &f->cfg, &f->loop, f->zctx, &err), VLMD_OK, "%s", err.msg);
+    cr_assert(f->rt.images_enabled);
+    cr_assert_eq(f->rt.embed_row_bytes, 512);
+    f->fe_peer = connect_as(f, VLMD_ROLE_FRONTEND, &f->fe);
+    f->visual_peer = connect_as(f, VLMD_ROLE_VISUAL, &f->visual);
+    f->llm_peer = connect_as(f, VLMD_ROLE_LLM, &f->llm);
+    pump(f, 30); /* the READYs arrive */
+}
+
+static void teardown(fixture *f)
+{
+    vlmd_peer_destroy(f->fe_peer);
+    vlmd_peer_destroy(f->visual_peer);
+    vlmd_peer_destroy(f->llm_peer);
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+    router_stop(&f->rt);
+    uv_run(&f->loop, UV_RUN_NOWAIT);
+    zmq_ctx_term(f->zctx);
+    vlmd_config_free(&f->cfg);
+    unlink(f->arena);
+}
+
+static uint8_t image_bytes[] = {0x89, 'P', 'N', 'G', 1, 2, 3};
+
+/* Request id with one image of `tokens` tokens and hash byte h. */
+static void submit(fixture *f, uint64_t id, uint8_t h, uint32_t tokens)
+{
+    static uint32_t prompt[4096];
+    vlmd_image_ref im = {.token_offset = 1, .token_count = tokens, .grid_t = 1, .grid_h = 2,
+                         .grid_w = 2 * tokens, .data = image_bytes, .n_data = sizeof image_bytes};
+    memset(im.hash, h, 32);
+    vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
+    m.u.request_submit = (vlmd_msg_request_submit){.req_id = id, .tokens = prompt,
+                                                   .n_tokens = tokens + 2, .max_tokens = 4,
+                                                   .images = &im, .n_images = 1};
+    cr_assert_eq(vlmd_peer_send(f->fe_peer, &m), VLMD_OK);
+}
+
+static void answer(fixture *f, int job, vlmd_status st, const char *message)
+{
+    const vlmd_msg_image_job *j = &f->visual.jobs[job];
+    vlmd_msg m = {.type = VLMD_MSG_IMAGE_RESULT};
+    m.u.image_result = (vlmd_msg_image_result){.req_id = j->req_id, .image_index = j->image_index,
+                                               .status = st, .message = (char *)message,
+                                               .image = {.token_count = j->token_count,
+                                                         .arena_offset = j->arena_offset}};
+    memcpy(m.u.image_result.image.hash, j->hash, 32);
+    cr_assert_eq(vlmd_peer_send(f->visual_peer, &m), VLMD_OK);
+}
+
+static void finish(fixture *f, uint64_t id)
+{
+    vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
+    m.u.token_chunk = (vlmd_msg_token_chunk){.req_id = id, .finish = VLMD_FINISH_LENGTH,
+                                             .message = ""};
+    cr_assert_eq(vlmd_peer_send(f->llm_peer, &m), VLMD_OK);
+}
+
+Test(router_images, a_request_reaches_the_engine_once_its_image_is_encoded_and_a_repeat_is_not_encoded_again)
+{
+    fixture f;
+    setup(&f, "inproc://router-images-1", 30000);
+    submit(&f, 1, 0xaa, 6);
+    cr_assert(wait_for(&f, &f.visual.n_jobs, 1));
+    cr_expect_eq(f.visual.jobs[0].token_count, 6);
+    cr_expect_eq(f.visual.jobs[0].n_data, sizeof image_bytes, "the image's bytes");
+    pump(&f, 30);
+    cr_expect_eq(f.llm.n_submits, 0, "not before the image is encoded");
+    answer(&f, 0, VLMD_OK, "");
+    cr_assert(wait_for(&f, &f.llm.n_submits, 1));
+    cr_expect_eq(f.llm.submits[0].req_id, 1);
+    cr_expect_eq(f.llm.images[0].arena_offset, f.visual.jobs[0].arena_offset);
+    cr_expect_eq(f.llm.images[0].n_data, 0, "the engine gets no image bytes");
+    cr_expect_eq(f.llm.images[0].token_count, 6);
+
+    submit(&f, 2, 0xaa, 6); /* the same image */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 2));
+    cr_expect_eq(f.visual.n_jobs, 1, "encoded once");
+    cr_expect_eq(f.llm.images[1].arena_offset, f.llm.images[0].arena_offset);
+    cr_expect_eq(f.rt.embeds.hits, 1);
+    teardown(&f);
+}
+
+Test(router_images, a_full_arena_waits_for_room_then_evicts)
+{
+    fixture f;
+    setup(&f, "inproc://router-images-2", 30000);
+    submit(&f, 1, 0x01, 1500); /* 768000 of the arena's 1048576 bytes */
+    cr_assert(wait_for(&f, &f.visual.n_jobs, 1));
+    answer(&f, 0, VLMD_OK, "");
+    cr_assert(wait_for(&f, &f.llm.n_submits, 1));
+    submit(&f, 2, 0x02, 1500); /* no room while request 1 holds its image */
+    pump(&f, 100);
+    cr_expect_eq(f.visual.n_jobs, 1, "request 2 waits");
+    cr_expect_eq(f.fe.n_errors, 0);
+    finish(&f, 1);
+    cr_assert(wait_for(&f, &f.visual.n_jobs, 2), "room freed: request 2 goes on");
+    cr_expect_eq(f.visual.jobs[1].req_id, 2);
+    answer(&f, 1, VLMD_OK, "");
+    cr_assert(wait_for(&f, &f.llm.n_submits, 2));
+    cr_expect_eq(f.rt.embeds.evictions, 1, "image 1 was evicted for image 2");
+    teardown(&f);
+}
+
+Test(router_images, waiting_is_bounded)
+{
+    fixture f;
+    setup(&f, "inproc://router-images-3", 60);
+    submit(&f, 1, 0x01, 1500);
+    cr_assert(wait_for(&f, &f.visual.n_jobs, 1));
+    answer(&f, 0, VLMD_OK, "");
+    cr_assert(wait_for(&f, &f.llm.n_submits, 1));
+    submit(&f, 2, 0x02, 1500);
+    cr_assert(wait_for(&f, &f.fe.n_errors, 1), "request 2 fails after --image-wait-ms");
+    cr_expect_eq(f.fe.errors[0].req_id, 2);
+    cr_expect_eq(f.fe.errors[0].status, VLMD_ERR_UNAVAILABLE);
+    cr_expect(strstr(f.fe.messages[0], "--image-wait-ms"), "%s", f.fe.messages[0]);
+    cr_expect_eq(f.visual.n_jobs, 1);
+    teardown(&f);
+}
+
+Test(router_images, a_failed_image_fails_every_request_waiting_for_it)
+{
+    fixture f;
+    setup(&f, "inproc://router-images-4", 30000);
+    submit(&f, 1, 0x07, 6);
+    submit(&f, 2, 0x07, 6);
+    cr_assert(wait_for(&f, &f.visual.n_jobs, 1));
+    pump(&f, 30);
+    cr_expect_eq(f.visual.n_jobs, 1, "one job for both");
+    answer(&f, 0, VLMD_ERR_INVALID_ARG, "cannot decode the PNG");
+    cr_assert(wait_for(&f, &f.fe.n_errors, 2));
+    for (int i = 0; i < 2; i++) {
+        cr_expect_eq(f.fe.errors[i].status, VLMD_ERR_INVALID_ARG);
+        cr_expect_eq(f.fe.errors[i].error_image, 1, "image 0 is named");
+        cr_expect(strstr(f.fe.messages[i], "cannot decode the PNG"), "%s", f.fe.messages[i]);
+    }
+    cr_expect_eq(f.llm.n_submits, 0);
+    cr_expect_eq(f.rt.embeds.n, 0, "its room is free again");
+    cr_expect_eq(f.rt.n_requests, 0);
+    teardown(&f);
+}
+
+Test(router_images, a_visual_worker_that_goes_away_fails_what_waits)
+{
+    fixture f;
+    setup(&f, "inproc://router-images-5", 30000);
+    submit(&f, 1, 0x09, 6);
+    cr_assert(wait_for(&f, &f.visual.n_jobs, 1));
+    vlmd_peer_destroy(f.visual_peer); /* silent from now on: expired after 200 ms */
+    f.visual_peer = NULL;
+    cr_assert(wait_for(&f, &f.fe.n_errors, 1));
+    cr_expect_eq(f.fe.errors[0].status, VLMD_ERR_UNAVAILABLE);
+    cr_expect(strstr(f.fe.messages[0], "visual worker"), "%s", f.fe.messages[0]);
+    submit(&f, 2, 0x0a, 6);
+    cr_assert(wait_for(&f, &f.fe.n_errors, 2), "refused at once while it is down");
+    cr_expect(strstr(f.fe.messages[1], "not ready"), "%s", f.fe.messages[1]);
+    cr_expect_eq(f.rt.embeds.n, 0);
+    teardown(&f);
+}
