@@ -54,8 +54,8 @@ const vlmd_flag vlmd_flags[] = {
      R(LAUNCHER), "After SIGTERM, time the processes have to exit before SIGKILL"},
     {"max-total-token-num", VLMD_FLAG_INT, OFF(max_total_token_num), "0", 0, 1LL << 30, NULL,
      R(LAUNCHER) | R(LLM),
-     "Tokens the KV cache holds; 0 sizes it automatically (for now 16384 tokens, or "
-     "--max-model-len when that is larger)"},
+     "Tokens the KV cache holds; 0 lets the auto-profile size it from the device's memory "
+     "(N skips the search: one validation at N)"},
     {"batch-max-tokens", VLMD_FLAG_INT, OFF(batch_max_tokens), "4096", 1, 1 << 20, NULL,
      R(LAUNCHER) | R(LLM), "Most tokens one engine step processes (prompts and decodes together)"},
     {"max-num-seqs", VLMD_FLAG_INT, OFF(max_num_seqs), "64", 1, 4096, NULL, R(LAUNCHER) | R(LLM),
@@ -99,7 +99,15 @@ const vlmd_flag vlmd_flags[] = {
      "URIs), so the server fetches nothing a client chooses"},
     {"media-fetch-timeout-ms", VLMD_FLAG_INT, OFF(media_fetch_timeout_ms), "10000", 100, 600000,
      NULL, R(LAUNCHER) | R(FRONTEND), "Longest time to fetch one image URL"},
-    {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL},
+    {"mem-fraction", VLMD_FLAG_FLOAT, OFF(mem_fraction), "0.95", 0, 0, NULL,
+     R(LAUNCHER) | R(LLM),
+     "Share of the device memory left after weights, activations, the visual worker and the "
+     "256 MiB canary that the KV cache takes (the auto-profile's target)", 0.05, 1.0},
+    {"cpu-device-mb", VLMD_FLAG_INT, OFF(cpu_device_mb), "2048", 64, 1 << 24, NULL,
+     R(LAUNCHER) | R(VISUAL) | R(LLM),
+     "The CPU backend works as a device of this size (host memory, taken as used): the "
+     "auto-profile sizes the KV cache within it"},
+    {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, 0},
 };
 
 #undef R
@@ -121,6 +129,11 @@ static char **field_str(vlmd_config *cfg, const vlmd_flag *f)
 static int64_t *field_int(vlmd_config *cfg, const vlmd_flag *f)
 {
     return (int64_t *)((char *)cfg + f->offset);
+}
+
+static double *field_double(vlmd_config *cfg, const vlmd_flag *f)
+{
+    return (double *)((char *)cfg + f->offset);
 }
 
 static bool choice_allowed(const char *choices, const char *v)
@@ -160,6 +173,14 @@ static vlmd_status flag_set(vlmd_config *cfg, const vlmd_flag *f, const char *v,
                                "--%s: '%s' is not an integer in [%lld, %lld]", f->name, v, f->min,
                                f->max);
         *field_int(cfg, f) = x;
+        return VLMD_OK;
+    }
+    case VLMD_FLAG_FLOAT: {
+        double x;
+        if (vlmd_parse_double(v, f->fmin, f->fmax, &x) != VLMD_OK)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--%s: '%s' is not a number in [%g, %g]",
+                               f->name, v, f->fmin, f->fmax);
+        *field_double(cfg, f) = x;
         return VLMD_OK;
     }
     }
@@ -255,6 +276,11 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--heartbeat-timeout-ms %lld must be at least 3 x --heartbeat-ms %lld",
                            (long long)cfg->heartbeat_timeout_ms, (long long)cfg->heartbeat_ms);
+    if (cfg->max_num_seqs > cfg->batch_max_tokens)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--max-num-seqs %lld is more than --batch-max-tokens %lld: every "
+                           "running request takes one token of each step",
+                           (long long)cfg->max_num_seqs, (long long)cfg->batch_max_tokens);
     if (cfg->restart_backoff_max_ms < cfg->restart_backoff_ms)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--restart-backoff-max-ms %lld is less than --restart-backoff-ms %lld",
@@ -268,6 +294,8 @@ void vlmd_config_value_str(const vlmd_config *cfg, const vlmd_flag *f, char *out
     vlmd_config *c = (vlmd_config *)cfg;
     if (f->type == VLMD_FLAG_INT)
         snprintf(out, outsz, "%lld", (long long)*field_int(c, f));
+    else if (f->type == VLMD_FLAG_FLOAT)
+        snprintf(out, outsz, "%g", *field_double(c, f));
     else
         vlmd_strlcpy(out, *field_str(c, f) ? *field_str(c, f) : "", outsz);
 }
@@ -282,6 +310,8 @@ void vlmd_config_print_help(vlmd_role role, const char *usage, void *stream)
         char range[96] = "";
         if (f->type == VLMD_FLAG_INT)
             snprintf(range, sizeof range, " [%lld..%lld]", f->min, f->max);
+        else if (f->type == VLMD_FLAG_FLOAT)
+            snprintf(range, sizeof range, " [%g..%g]", f->fmin, f->fmax);
         else if (f->type == VLMD_FLAG_CHOICE)
             snprintf(range, sizeof range, " {%s}", f->choices);
         fprintf(out, "  --%s%s (default: \"%s\")\n      %s\n", f->name, range, f->default_value,

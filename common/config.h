@@ -48,12 +48,15 @@ typedef struct vlmd_config {
     int64_t max_image_bytes;        /* --max-image-bytes: one encoded image */
     char *allowed_media_domains;    /* --allowed-media-domains: hosts images may be fetched from */
     int64_t media_fetch_timeout_ms; /* --media-fetch-timeout-ms */
+    double mem_fraction;            /* --mem-fraction: share of the free device the KV may take */
+    int64_t cpu_device_mb;          /* --cpu-device-mb: the CPU backend's simulated device */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {
     VLMD_FLAG_STRING,
     VLMD_FLAG_INT,
     VLMD_FLAG_CHOICE,   /* a string limited to `choices` ("auto|cpu|cuda") */
+    VLMD_FLAG_FLOAT,    /* a double in [fmin, fmax] */
 } vlmd_flag_type;
 
 typedef struct vlmd_flag {
@@ -65,6 +68,7 @@ typedef struct vlmd_flag {
     const char *choices;        /* CHOICE: '|'-separated values */
     unsigned roles;             /* VLMD_ROLE_BIT()s of the processes that read it */
     const char *help;
+    double fmin, fmax;          /* FLOAT range, inclusive */
 } vlmd_flag;
 
 /* The table, terminated by an entry with name == NULL. */

@@ -35,7 +35,7 @@ const char *vlmd_status_str(vlmd_status st);
 /* Error detail filled by a failing function; the caller owns it. */
 typedef struct vlmd_error {
     vlmd_status status;
-    char msg[512];
+    char msg[1024];
 } vlmd_error;
 
 /* Formats into err (when not NULL) and returns st, so failing paths read

@@ -70,17 +70,58 @@ const vlmd_device_info *vlmd_backend_info(const vlmd_backend *b)
 vlmd_status vlmd_backend_mem_info(vlmd_backend *b, uint64_t *free_bytes, uint64_t *total_bytes,
                                   vlmd_error *err)
 {
-    return b->ops->mem_info(b, free_bytes, total_bytes, err);
+    vlmd_status st = b->ops->mem_info(b, free_bytes, total_bytes, err);
+    if (st != VLMD_OK || !b->limit_bytes)
+        return st;
+    uint64_t used = b->allocated_bytes + b->hidden_bytes;
+    uint64_t left = used < b->limit_bytes ? b->limit_bytes - used : 0;
+    *total_bytes = b->limit_bytes;
+    *free_bytes = left < *free_bytes ? left : *free_bytes;
+    return VLMD_OK;
 }
 
 vlmd_status vlmd_backend_alloc(vlmd_backend *b, size_t bytes, void **out, vlmd_error *err)
 {
+    *out = NULL;
+    uint64_t used = b->allocated_bytes + b->hidden_bytes;
+    if (b->limit_bytes && (used > b->limit_bytes || bytes > b->limit_bytes - used))
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "cannot allocate %zu bytes: the device holds %llu "
+                           "MiB and %llu MiB are in use", bytes,
+                           (unsigned long long)(b->limit_bytes >> 20),
+                           (unsigned long long)(used >> 20));
     vlmd_status st = b->ops->alloc(b, bytes, out, err);
     if (st == VLMD_OK) {
         b->alloc_count++;
         b->allocated_bytes += bytes;
+        if (b->allocated_bytes > b->peak_bytes)
+            b->peak_bytes = b->allocated_bytes;
     }
     return st;
+}
+
+uint64_t vlmd_backend_peak_bytes(const vlmd_backend *b)
+{
+    return b->peak_bytes;
+}
+
+void vlmd_backend_reset_peak(vlmd_backend *b)
+{
+    b->peak_bytes = b->allocated_bytes;
+}
+
+void vlmd_backend_limit(vlmd_backend *b, uint64_t bytes)
+{
+    uint64_t free_bytes = 0;
+    b->limit_bytes = bytes;
+    vlmd_backend_mem_info(b, &free_bytes, &b->info.total_bytes, NULL);
+}
+
+void vlmd_backend_take_hidden(vlmd_backend *b, int64_t delta)
+{
+    if (delta < 0 && (uint64_t)-delta > b->hidden_bytes)
+        b->hidden_bytes = 0;
+    else
+        b->hidden_bytes = (uint64_t)((int64_t)b->hidden_bytes + delta);
 }
 
 void vlmd_backend_free(vlmd_backend *b, void *ptr, size_t bytes)

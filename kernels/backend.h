@@ -71,6 +71,20 @@ vlmd_status vlmd_backend_download_f32(vlmd_backend *b, float *dst, const void *s
 /* Number of successful allocations since creation, and bytes held now. */
 uint64_t vlmd_backend_alloc_count(const vlmd_backend *b);
 uint64_t vlmd_backend_allocated_bytes(const vlmd_backend *b);
+/* The most bytes held at once since creation or the last reset (the
+ * allocator's high-water mark; the auto-profile's "peak"). */
+uint64_t vlmd_backend_peak_bytes(const vlmd_backend *b);
+void vlmd_backend_reset_peak(vlmd_backend *b);
+
+/* A device of `bytes` bytes (0: the real one's size): mem_info reports it
+ * and allocations past it fail with VLMD_ERR_NOMEM, as on a GPU that size.
+ * The CPU backend runs as such a simulated device (--cpu-device-mb), so the
+ * auto-profile and every out-of-memory path run in CI. */
+void vlmd_backend_limit(vlmd_backend *b, uint64_t bytes);
+/* Memory taken (delta > 0) or given back (delta < 0) outside the allocator,
+ * as a driver, cuBLAS or another process would: mem_info's free bytes drop,
+ * the allocator's count does not. For tests of the simulated device. */
+void vlmd_backend_take_hidden(vlmd_backend *b, int64_t delta);
 
 /* True when this build contains the CUDA backend. */
 bool vlmd_backend_cuda_built(void);

@@ -33,6 +33,9 @@ struct vlmd_backend {
     vlmd_device_info info;
     uint64_t alloc_count;
     uint64_t allocated_bytes;
+    uint64_t peak_bytes;            /* largest allocated_bytes since the last reset */
+    uint64_t limit_bytes;           /* a device of this size (0: the real one) */
+    uint64_t hidden_bytes;          /* taken outside the allocator (simulated drivers, peers) */
     void *impl;                 /* backend-private state */
 };
 

@@ -149,6 +149,42 @@ int32_t engine_active(const engine *e)
     return e->n_active;
 }
 
+vlmd_status engine_stress(engine *e, vlmd_error *err)
+{
+    if (e->n_active)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "the stress runs on an idle engine only");
+    int32_t n = e->cfg.max_batch_tokens < e->cfg.kv_slots ? e->cfg.max_batch_tokens
+                                                          : e->cfg.kv_slots;
+    int32_t r = e->cfg.max_running < n ? e->cfg.max_running : n;
+    int32_t V = (int32_t)qwen2_vocab_size(e->m);
+    /* one sequence of n tokens in slots 0..n-1 (the step_slots array doubles as its table) */
+    for (int32_t i = 0; i < n; i++) {
+        e->ids[i] = i % V;
+        e->step_slots[i] = i;
+        for (int k = 0; k < 3; k++)
+            e->positions[k * n + i] = i;
+    }
+    e->seqs[0] = (vlmd_attn_seq){0, n, n, e->step_slots};
+    e->logit_rows[0] = n - 1;
+    qwen2_batch prefill = {n, e->ids, e->positions, e->step_slots, e->seqs, 1, e->logit_rows, 1,
+                           NULL, 0};
+    vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &prefill, e->logits, err);
+    /* r sequences of one token each, every one attending to its own slot */
+    for (int32_t i = 0; s == VLMD_OK && i < r; i++) {
+        e->ids[i] = i % V;
+        e->step_slots[i] = i;
+        for (int k = 0; k < 3; k++)
+            e->positions[k * r + i] = 0;
+        e->seqs[i] = (vlmd_attn_seq){i, 1, 1, e->step_slots + i};
+        e->logit_rows[i] = i;
+    }
+    qwen2_batch decode = {r, e->ids, e->positions, e->step_slots, e->seqs, r, e->logit_rows, r,
+                          NULL, 0};
+    if (s == VLMD_OK)
+        s = qwen2_forward(e->m, e->kv, e->ws, &decode, e->logits, err);
+    return s;
+}
+
 /* ---- requests ----------------------------------------------------------------- */
 
 static request *find(engine *e, uint64_t id, request **prev_out)

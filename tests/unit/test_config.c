@@ -141,6 +141,17 @@ Test(config, validation_relations)
     cr_expect(strstr(err.msg, "http://x"));
     vlmd_config_free(&cfg);
 
+    char *seqs[] = {"--model", "/m", "--max-num-seqs", "300", "--batch-max-tokens", "256"};
+    parse(&cfg, VLMD_ROLE_LAUNCHER, &err, 6, seqs);
+    cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LAUNCHER, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "--max-num-seqs 300"), "%s", err.msg);
+    vlmd_config_free(&cfg);
+
+    char *fraction[] = {"--mem-fraction", "1.5"};
+    cr_expect_eq(parse(&cfg, VLMD_ROLE_LLM, &err, 2, fraction), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "--mem-fraction: '1.5'"), "%s", err.msg);
+    vlmd_config_free(&cfg);
+
     char *timeouts[] = {"--model", "/m", "--heartbeat-ms", "1000", "--heartbeat-timeout-ms", "2000"};
     parse(&cfg, VLMD_ROLE_LAUNCHER, &err, 6, timeouts);
     cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LAUNCHER, &err), VLMD_ERR_INVALID_ARG);
@@ -157,6 +168,8 @@ static void set_all_non_default(vlmd_config *cfg)
         if (f->type == VLMD_FLAG_INT) {
             long long v = f->min + 17 <= f->max ? f->min + 17 : f->max;
             snprintf(arg, sizeof arg, "--%s=%lld", f->name, v);
+        } else if (f->type == VLMD_FLAG_FLOAT) {
+            snprintf(arg, sizeof arg, "--%s=%g", f->name, (f->fmin + f->fmax) / 3);
         } else if (f->type == VLMD_FLAG_CHOICE) {
             /* the last choice, which no default uses */
             const char *last = strrchr(f->choices, '|');

@@ -1,0 +1,166 @@
+/* profile.c - the four-phase auto-profile (see profile.h). */
+#include "profile.h"
+
+#include <stdio.h>
+
+#include "log.h"
+
+#define MIB(x) ((unsigned long long)((x) >> 20))
+
+/* The closing words of every failure: each knob that changes the sizes. */
+static const char knobs[] =
+    "lower --max-total-token-num, --mem-fraction, --max-num-seqs, --batch-max-tokens or "
+    "--max-model-len, or the visual worker's reservation (--visual-batch-size, "
+    "--vision-max-pixels, --max-image-pixels)";
+
+vlmd_status profile_check_weights(vlmd_backend *b, uint64_t weight_bytes, uint64_t peer_bytes,
+                                  vlmd_error *err)
+{
+    uint64_t free_bytes = 0, total = 0;
+    vlmd_status st = vlmd_backend_mem_info(b, &free_bytes, &total, err);
+    if (st != VLMD_OK)
+        return st;
+    if (weight_bytes + PROFILE_CANARY_BYTES > free_bytes)
+        return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "the weights need %llu MiB; the device (%llu "
+                           "MiB, the visual worker holds %llu MiB) has %llu MiB free, and %llu "
+                           "MiB must stay free as the canary: nothing was loaded (use a larger "
+                           "device or a smaller model; vlmd never offloads weights to the CPU)",
+                           MIB(weight_bytes), MIB(total), MIB(peer_bytes), MIB(free_bytes),
+                           MIB(PROFILE_CANARY_BYTES));
+    return VLMD_OK;
+}
+
+int64_t profile_probe_tokens(const engine_config *cfg)
+{
+    int64_t tokens = (int64_t)cfg->max_batch_tokens + cfg->max_running;
+    return tokens > PROFILE_MIN_PROBE_TOKENS ? tokens : PROFILE_MIN_PROBE_TOKENS;
+}
+
+/* Probe: a KV cache of probe tokens and the worst step; fills the peak numbers. */
+static vlmd_status probe(qwen2_model *m, vlmd_backend *b, engine_config cfg, engine_emit_fn emit,
+                         void *ud, profile_report *rep, vlmd_error *err)
+{
+    rep->probe_tokens = profile_probe_tokens(&cfg);
+    rep->probe_kv_bytes = (uint64_t)rep->probe_tokens * rep->bytes_per_token;
+    cfg.kv_slots = (int32_t)rep->probe_tokens;
+    vlmd_backend_reset_peak(b);
+    engine *e = NULL;
+    vlmd_status st = engine_create(m, &cfg, emit, ud, &e, err);
+    if (st == VLMD_OK)
+        st = engine_stress(e, err);
+    uint64_t free_bytes = 0, total = 0;
+    if (st == VLMD_OK)
+        st = vlmd_backend_mem_info(b, &free_bytes, &total, err);
+    rep->probe_peak_bytes = vlmd_backend_peak_bytes(b);
+    rep->probe_driver_used = total > free_bytes ? total - free_bytes : 0;
+    engine_free(e);
+    if (st != VLMD_OK)
+        return vlmd_error_prefix(err, "the probe (a KV cache of %lld tokens, %llu MiB, and a step "
+                                 "of %d tokens and %d sequences) failed; %s",
+                                 (long long)rep->probe_tokens, MIB(rep->probe_kv_bytes),
+                                 cfg.max_batch_tokens, cfg.max_running, knobs);
+    return VLMD_OK;
+}
+
+/* One attempt at `tokens`: the engine, the canary, the worst step. */
+static vlmd_status attempt(qwen2_model *m, vlmd_backend *b, engine_config cfg, engine_emit_fn emit,
+                           void *ud, int64_t tokens, uint64_t canary_bytes, engine **out,
+                           void **canary, vlmd_error *err)
+{
+    cfg.kv_slots = (int32_t)tokens;
+    engine *e = NULL;
+    void *c = NULL;
+    vlmd_status st = engine_create(m, &cfg, emit, ud, &e, err);
+    if (st == VLMD_OK)
+        st = vlmd_backend_alloc(b, canary_bytes, &c, err);
+    if (st == VLMD_OK)
+        st = engine_stress(e, err);
+    if (st != VLMD_OK) {
+        vlmd_backend_free(b, c, canary_bytes);
+        engine_free(e);
+        return st;
+    }
+    *out = e;
+    *canary = c;
+    return VLMD_OK;
+}
+
+vlmd_status profile_run(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+                        engine_emit_fn emit, void *ud, const profile_config *pc,
+                        profile_hook_fn hook, void *hook_ud, engine **out, void **canary,
+                        profile_report *rep, vlmd_error *err)
+{
+    *out = NULL;
+    *canary = NULL;
+    *rep = (profile_report){.bytes_per_token = qwen2_kv_bytes_per_token(m),
+                            .canary_bytes = pc->canary_bytes};
+    uint64_t free_bytes = 0;
+    vlmd_status st = vlmd_backend_mem_info(b, &free_bytes, &rep->total_bytes, err);
+    if (st != VLMD_OK)
+        return st;
+    rep->weights_bytes = vlmd_backend_allocated_bytes(b);
+    int64_t tokens = pc->max_total_token_num;
+    int attempts = tokens ? 1 : PROFILE_ATTEMPTS;
+    if (!tokens) {
+        if ((st = probe(m, b, *base, emit, ud, rep, err)) != VLMD_OK)
+            return st;
+        if (vlmd_backend_allocated_bytes(b) != rep->weights_bytes)
+            return vlmd_errorf(err, VLMD_ERR_INTERNAL, "the probe was not freed: %llu bytes "
+                               "still held", (unsigned long long)(vlmd_backend_allocated_bytes(b) -
+                                                                  rep->weights_bytes));
+        /* Target: the driver's view counts what the allocator does not see (a
+         * driver's or library's own memory), less the peer's share of it. */
+        uint64_t seen = rep->probe_driver_used > pc->peer_bytes
+                            ? rep->probe_driver_used - pc->peer_bytes
+                            : 0;
+        uint64_t peak = seen > rep->probe_peak_bytes ? seen : rep->probe_peak_bytes;
+        rep->non_kv_bytes = peak > rep->probe_kv_bytes ? peak - rep->probe_kv_bytes : 0;
+        double left = (double)rep->total_bytes - (double)rep->non_kv_bytes -
+                      (double)pc->peer_bytes - (double)pc->canary_bytes;
+        rep->budget_bytes = left > 0 ? (uint64_t)(left * pc->mem_fraction) : 0;
+        rep->target_tokens = (int64_t)(rep->budget_bytes / rep->bytes_per_token);
+        tokens = rep->target_tokens;
+        if (tokens > INT32_MAX)
+            tokens = INT32_MAX;
+        VLMD_INFO("profile: probe %lld tokens, peak %llu MiB (driver %llu MiB), non-KV %llu MiB; "
+                  "target %lld tokens (%llu MiB of %llu MiB)",
+                  (long long)rep->probe_tokens, MIB(rep->probe_peak_bytes),
+                  MIB(rep->probe_driver_used), MIB(rep->non_kv_bytes), (long long)tokens,
+                  MIB(rep->budget_bytes), MIB(rep->total_bytes));
+    }
+    vlmd_error last = {0};
+    int64_t first = tokens;
+    for (int a = 0; a < attempts; a++) {
+        if (tokens < base->max_model_len) {
+            vlmd_errorf(&last, VLMD_ERR_TOO_LARGE, "%lld tokens cannot hold one request of "
+                        "--max-model-len %d", (long long)tokens, base->max_model_len);
+            break;
+        }
+        if (hook)
+            hook(a, hook_ud);
+        rep->attempts = a + 1;
+        st = attempt(m, b, *base, emit, ud, tokens, pc->canary_bytes, out, canary, &last);
+        if (st == VLMD_OK) {
+            rep->tokens = tokens;
+            rep->kv_bytes = (uint64_t)tokens * rep->bytes_per_token;
+            rep->workspace_bytes = vlmd_backend_allocated_bytes(b) - rep->weights_bytes -
+                                   rep->kv_bytes - pc->canary_bytes;
+            vlmd_backend_mem_info(b, &rep->free_after_bytes, &rep->total_bytes, NULL);
+            return VLMD_OK;
+        }
+        VLMD_WARN("profile: attempt %d at %lld tokens failed: %s", a + 1, (long long)tokens,
+                  last.msg);
+        tokens = tokens * 95 / 100;
+    }
+    vlmd_backend_mem_info(b, &free_bytes, &rep->total_bytes, NULL);
+    return vlmd_errorf(err, VLMD_ERR_TOO_LARGE,
+                       "the KV cache could not be placed after %d attempt(s) from %lld tokens "
+                       "(last: %s). Device %llu MiB (%llu MiB free now): weights %llu MiB, "
+                       "activations and workspace %llu MiB, visual worker %llu MiB, canary %llu "
+                       "MiB, KV budget %llu MiB at --mem-fraction %g, %llu bytes per token. To "
+                       "fit, %s",
+                       rep->attempts, (long long)first, last.msg, MIB(rep->total_bytes),
+                       MIB(free_bytes), MIB(rep->weights_bytes), MIB(rep->non_kv_bytes),
+                       MIB(pc->peer_bytes), MIB(pc->canary_bytes), MIB(rep->budget_bytes),
+                       pc->mem_fraction, (unsigned long long)rep->bytes_per_token, knobs);
+}
