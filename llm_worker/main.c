@@ -1,10 +1,12 @@
 /* main.c - vlmd-llm: the engine process.
  *
- * Start-up order (DESIGN.md §1): say hello, load the weights, ask the router
- * for the peer footprint (it answers once the visual worker has reserved its
- * memory), size the KV cache and create the engine, then publish READY with
- * the capacity; the frontend reports ready only after that. (The four-phase
- * auto-profile of DESIGN.md §4 replaces the fixed automatic size later.)
+ * Start-up order (DESIGN.md §1): check that the weights fit and load them,
+ * say hello, ask the router for the peer footprint (it answers once the
+ * visual worker has reserved its memory), run the four-phase auto-profile
+ * (profile.h) that sizes the KV cache and creates the engine, then publish
+ * READY with the capacity and the profile's numbers; the frontend reports
+ * ready only after that. From then on the device allocator's count must not
+ * move: heartbeats report how many allocations happened since READY.
  *
  * Serving: the loop thread owns the socket and the heartbeats; engine steps
  * run one at a time on libuv's thread pool, so a long prefill never makes
@@ -21,10 +23,9 @@
 #include "engine.h"
 #include "log.h"
 #include "process.h"
+#include "profile.h"
 #include "service.h"
 #include "shm_arena.h"
-
-#define AUTO_KV_TOKENS 16384
 
 /* A token the step produced, sent after the step. */
 typedef struct emitted {
@@ -52,6 +53,9 @@ typedef struct llm_worker {
     bool stopping;
     bool profiled;
     vlmd_shm_arena arena;       /* image embeddings, mapped read-only at the first image */
+    void *canary;               /* the profile's headroom, held for good */
+    uint64_t canary_bytes;
+    uint64_t allocs_at_ready;   /* the device allocator's count when READY was sent */
 } llm_worker;
 
 /* ---- engine output (on the pool thread during a step) --------------------------- */
@@ -88,8 +92,10 @@ static void refuse(llm_worker *w, uint64_t req_id, vlmd_status st, const char *w
 
 static void report_kv(llm_worker *w)
 {
-    vlmd_peer_set_kv_used(w->svc.peer, (uint64_t)(engine_capacity(w->engine) -
-                                                  engine_free_slots(w->engine)));
+    vlmd_peer *p = w->svc.peer;
+    vlmd_peer_set_kv_used(p, (uint64_t)(engine_capacity(w->engine) - engine_free_slots(w->engine)));
+    vlmd_peer_set_counter(p, "device_allocations_since_ready",
+                          vlmd_backend_alloc_count(w->backend) - w->allocs_at_ready);
 }
 
 /* Applies a request or a cancel to the engine (loop thread, no step running). */
@@ -194,46 +200,79 @@ static void submit_or_defer(llm_worker *w, const vlmd_msg *msg)
 
 /* ---- start-up ----------------------------------------------------------------- */
 
-/* Sizes the KV cache and creates the engine once the peer footprint is known. */
+/* The profile's numbers, for /memory_stats (strings borrowed from buf). */
+static uint32_t memory_map(const profile_report *r, uint64_t peer, vlmd_kv *kv, char (*buf)[24])
+{
+    const struct {
+        const char *name;
+        uint64_t value;
+    } rows[] = {
+        {"device_total_bytes", r->total_bytes},    {"device_free_bytes", r->free_after_bytes},
+        {"weights_bytes", r->weights_bytes},       {"workspace_bytes", r->workspace_bytes},
+        {"kv_capacity_tokens", (uint64_t)r->tokens}, {"kv_bytes", r->kv_bytes},
+        {"kv_bytes_per_token", r->bytes_per_token}, {"canary_bytes", r->canary_bytes},
+        {"peer_bytes", peer},                      {"probe_tokens", (uint64_t)r->probe_tokens},
+        {"probe_kv_bytes", r->probe_kv_bytes},     {"probe_peak_bytes", r->probe_peak_bytes},
+        {"probe_driver_used_bytes", r->probe_driver_used},
+        {"non_kv_peak_bytes", r->non_kv_bytes},    {"target_budget_bytes", r->budget_bytes},
+        {"target_tokens", (uint64_t)r->target_tokens}, {"attempts", (uint64_t)r->attempts},
+    };
+    uint32_t n = sizeof rows / sizeof rows[0];
+    for (uint32_t i = 0; i < n; i++) {
+        snprintf(buf[i], sizeof buf[i], "%llu", (unsigned long long)rows[i].value);
+        kv[i] = (vlmd_kv){(char *)rows[i].name, buf[i]};
+    }
+    return n;
+}
+
+/* Runs the auto-profile once the peer footprint is known; a device that
+ * cannot hold the configuration is a start-up error (exit 2, with every
+ * number and knob), never a crash later. */
 static void llm_profile(llm_worker *w, uint64_t peer_bytes)
 {
     const vlmd_config *cfg = &w->svc.cfg;
     const vlmd_text_config *t = &w->svc.model.text;
     int64_t max_len = cfg->max_model_len ? cfg->max_model_len : t->max_position_embeddings;
-    int64_t slots = cfg->max_total_token_num;
-    if (!slots)
-        slots = max_len > AUTO_KV_TOKENS ? max_len : AUTO_KV_TOKENS;
-    if (max_len > slots) {
-        VLMD_ERROR("--max-model-len %lld does not fit a KV cache of %lld tokens "
-                   "(--max-total-token-num); lower --max-model-len or raise the cache",
-                   (long long)max_len, (long long)slots);
-        exit(VLMD_EXIT_CONFIG);
-    }
-    engine_config ec = {
-        .kv_slots = (int32_t)slots,
+    engine_config base = {
         .max_batch_tokens = (int32_t)cfg->batch_max_tokens,
         .max_running = (int32_t)cfg->max_num_seqs,
         .eos_id = (int32_t)t->eos_token_id,
-        .max_model_len = (int32_t)max_len,
+        .max_model_len = (int32_t)(max_len < INT32_MAX ? max_len : INT32_MAX),
         .image_token_id = w->svc.model.has_vision ? (int32_t)w->svc.model.image_token_id : -1,
         .merge_size = (int32_t)w->svc.model.vision.spatial_merge_size,
         .arena = &w->arena,
     };
+    profile_config pc = {.max_total_token_num = cfg->max_total_token_num,
+                         .mem_fraction = cfg->mem_fraction, .peer_bytes = peer_bytes,
+                         .canary_bytes = PROFILE_CANARY_BYTES};
+    profile_report rep;
     vlmd_error err = {0};
-    if (engine_create(w->model, &ec, emit, w, &w->engine, &err) != VLMD_OK)
-        VLMD_FATAL("cannot create the engine: %s", err.msg);
-    uint64_t free_bytes = 0, total_bytes = 0;
-    vlmd_backend_mem_info(w->backend, &free_bytes, &total_bytes, NULL);
-    VLMD_INFO("KV cache: %lld tokens (%llu MiB), %lld per step, %lld sequences, max length %lld; "
-              "device %s: %llu MiB free of %llu, peers reserve %llu MiB",
-              (long long)slots,
-              (unsigned long long)((uint64_t)slots * qwen2_kv_bytes_per_token(w->model) >> 20),
-              (long long)ec.max_batch_tokens, (long long)ec.max_running, (long long)max_len,
-              vlmd_backend_info(w->backend)->name, (unsigned long long)(free_bytes >> 20),
-              (unsigned long long)(total_bytes >> 20), (unsigned long long)(peer_bytes >> 20));
+    if (profile_run(w->model, w->backend, &base, emit, w, &pc, NULL, NULL, &w->engine, &w->canary,
+                    &rep, &err) != VLMD_OK) {
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
+    w->canary_bytes = rep.canary_bytes;
+    VLMD_INFO("KV cache: %lld tokens (%llu MiB) after %d attempt(s); %d per step, %d sequences, "
+              "max length %lld; device %s: %llu MiB, weights %llu MiB, workspace %llu MiB, peers "
+              "%llu MiB, canary %llu MiB, %llu MiB free",
+              (long long)rep.tokens, (unsigned long long)(rep.kv_bytes >> 20), rep.attempts,
+              base.max_batch_tokens, base.max_running, (long long)max_len,
+              vlmd_backend_info(w->backend)->name, (unsigned long long)(rep.total_bytes >> 20),
+              (unsigned long long)(rep.weights_bytes >> 20),
+              (unsigned long long)(rep.workspace_bytes >> 20),
+              (unsigned long long)(peer_bytes >> 20), (unsigned long long)(rep.canary_bytes >> 20),
+              (unsigned long long)(rep.free_after_bytes >> 20));
     w->profiled = true;
-    vlmd_msg_ready ready = {.kv_capacity_tokens = (uint64_t)slots,
-                            .device = (char *)vlmd_backend_info(w->backend)->name};
+    vlmd_kv memory[24];
+    char values[24][24];
+    vlmd_msg_ready ready = {.kv_capacity_tokens = (uint64_t)rep.tokens,
+                            .reserved_bytes = vlmd_backend_allocated_bytes(w->backend),
+                            .device = (char *)vlmd_backend_info(w->backend)->name,
+                            .memory = memory,
+                            .n_memory = memory_map(&rep, peer_bytes, memory, values)};
+    w->allocs_at_ready = vlmd_backend_alloc_count(w->backend);
+    report_kv(w);
     vlmd_peer_set_ready(w->svc.peer, &ready);
 }
 
@@ -271,6 +310,7 @@ static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
 static void free_engine(llm_worker *w)
 {
     engine_free(w->engine);
+    vlmd_backend_free(w->backend, w->canary, w->canary_bytes);
     qwen2_free(w->model);
     vlmd_backend_destroy(w->backend);
     w->engine = NULL;
@@ -311,9 +351,13 @@ static void load_model(llm_worker *w)
         if (vlmd_backend_create("cpu", &w->backend, &err) != VLMD_OK)
             VLMD_FATAL("%s", err.msg);
     }
-    uint64_t t0 = vlmd_now_ms();
+    if (vlmd_backend_info(w->backend)->kind == VLMD_DEVICE_CPU)
+        vlmd_backend_limit(w->backend, (uint64_t)w->svc.cfg.cpu_device_mb << 20);
+    uint64_t t0 = vlmd_now_ms(), weight_bytes = 0;
     vlmd_safetensors *st = NULL;
     if (vlmd_safetensors_open_dir(w->svc.cfg.model, &st, &err) != VLMD_OK ||
+        qwen2_weight_bytes(w->backend, &w->svc.model, st, &weight_bytes, &err) != VLMD_OK ||
+        profile_check_weights(w->backend, weight_bytes, 0, &err) != VLMD_OK ||
         qwen2_load(w->backend, &w->svc.model, st, &w->model, &err) != VLMD_OK) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);

@@ -131,11 +131,19 @@ vlmd_status profile_run(qwen2_model *m, vlmd_backend *b, const engine_config *ba
     vlmd_error last = {0};
     int64_t first = tokens;
     for (int a = 0; a < attempts; a++) {
-        if (tokens < base->max_model_len) {
-            vlmd_errorf(&last, VLMD_ERR_TOO_LARGE, "%lld tokens cannot hold one request of "
-                        "--max-model-len %d", (long long)tokens, base->max_model_len);
-            break;
-        }
+        if (tokens < base->max_model_len)
+            return vlmd_errorf(err, VLMD_ERR_TOO_LARGE,
+                               "--max-model-len %d does not fit a KV cache of %lld tokens (%s; "
+                               "device %llu MiB: weights %llu MiB, activations %llu MiB, visual "
+                               "worker %llu MiB, canary %llu MiB, %llu bytes per token): lower "
+                               "--max-model-len, or give the cache more room (%s)",
+                               base->max_model_len, (long long)tokens,
+                               pc->max_total_token_num ? "--max-total-token-num"
+                               : a ? "after shrinking" : "what this device holds",
+                               MIB(rep->total_bytes), MIB(rep->weights_bytes),
+                               MIB(rep->non_kv_bytes), MIB(pc->peer_bytes),
+                               MIB(pc->canary_bytes), (unsigned long long)rep->bytes_per_token,
+                               knobs);
         if (hook)
             hook(a, hook_ud);
         rep->attempts = a + 1;

@@ -40,6 +40,8 @@ struct qwen2_model {
     qwen2_layer *layers;
     allocation *allocs;         /* weights, for freeing */
     size_t n_allocs, cap_allocs;
+    bool dry;                   /* sizing only: tensors are checked and counted, not loaded */
+    uint64_t dry_bytes;
 };
 
 struct qwen2_kv {
@@ -92,6 +94,11 @@ static vlmd_status load_tensor(qwen2_model *m, const vlmd_safetensors *st, const
     if (s != VLMD_OK)
         return s;
     size_t n = (size_t)vlmd_tensor_numel(t), bytes = n * vlmd_backend_elem_size(m->b);
+    if (m->dry) {
+        m->dry_bytes += bytes;
+        *out = NULL;
+        return VLMD_OK;
+    }
     void *dev = NULL;
     if ((s = vlmd_backend_alloc(m->b, bytes, &dev, err)) != VLMD_OK)
         return s;
@@ -124,8 +131,8 @@ static const char *text_prefix(const vlmd_safetensors *st)
                : "model.";
 }
 
-vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
-                       qwen2_model **out, vlmd_error *err)
+static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
+                        bool dry, qwen2_model **out, vlmd_error *err)
 {
     *out = NULL;
     const vlmd_op_table *op = vlmd_backend_ops(b);
@@ -144,6 +151,7 @@ vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_
     };
     for (int i = 0; i < 3; i++)
         m->sections[i] = (int)t->mrope_section[i];
+    m->dry = dry;
     m->layers = calloc((size_t)m->L, sizeof *m->layers);
     if (!m->layers) {
         free(m);
@@ -200,6 +208,22 @@ vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_
     *out = m;
     return VLMD_OK;
 fail:
+    qwen2_free(m);
+    return s;
+}
+
+vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
+                       qwen2_model **out, vlmd_error *err)
+{
+    return load(b, mc, st, false, out, err);
+}
+
+vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
+                               const vlmd_safetensors *st, uint64_t *bytes, vlmd_error *err)
+{
+    qwen2_model *m = NULL;
+    vlmd_status s = load(b, mc, st, true, &m, err);
+    *bytes = m ? m->dry_bytes : 0;
     qwen2_free(m);
     return s;
 }

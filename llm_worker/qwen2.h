@@ -29,6 +29,10 @@ typedef struct qwen2_workspace qwen2_workspace;
 vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
                        qwen2_model **out, vlmd_error *err);
 void qwen2_free(qwen2_model *m);
+/* The device bytes qwen2_load would take, found without allocating (every
+ * tensor is checked as loading would). */
+vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
+                               const vlmd_safetensors *st, uint64_t *bytes, vlmd_error *err);
 
 /* Bytes of KV cache one token takes across all layers. */
 uint64_t qwen2_kv_bytes_per_token(const qwen2_model *m);

@@ -33,6 +33,11 @@ struct vlmd_peer {
     uint64_t seq;
     uint64_t dropped;
     uint64_t kv_used;
+    struct {
+        char name[VLMD_PEER_COUNTER_NAME];
+        uint64_t value;
+    } counters[VLMD_PEER_MAX_COUNTERS];
+    uint32_t n_counters;
 };
 
 vlmd_status vlmd_zmq_socket_setup(void *zsocket, vlmd_error *err)
@@ -86,6 +91,12 @@ static void peer_send_ready(vlmd_peer *peer)
 
 static void peer_send_heartbeat(vlmd_peer *peer)
 {
+    vlmd_kv counters[VLMD_PEER_MAX_COUNTERS];
+    char values[VLMD_PEER_MAX_COUNTERS][24];
+    for (uint32_t i = 0; i < peer->n_counters; i++) {
+        snprintf(values[i], sizeof values[i], "%llu", (unsigned long long)peer->counters[i].value);
+        counters[i] = (vlmd_kv){peer->counters[i].name, values[i]};
+    }
     vlmd_msg m = {.type = VLMD_MSG_HEARTBEAT};
     m.u.heartbeat = (vlmd_msg_heartbeat){
         .role = peer->role,
@@ -94,6 +105,8 @@ static void peer_send_heartbeat(vlmd_peer *peer)
         .state = peer->ready ? VLMD_WORKER_READY : VLMD_WORKER_STARTING,
         .seq = ++peer->seq,
         .kv_used_tokens = peer->kv_used,
+        .counters = counters,
+        .n_counters = peer->n_counters,
     };
     vlmd_peer_send(peer, &m);
 }
@@ -217,11 +230,13 @@ vlmd_status vlmd_peer_set_ready(vlmd_peer *peer, const vlmd_msg_ready *ready)
 {
     free(peer->ready_msg.device);
     free(peer->ready_msg.listen_url);
+    vlmd_kv_free(peer->ready_msg.memory, peer->ready_msg.n_memory);
     peer->ready_msg = *ready;
     peer->ready_msg.role = peer->role;
     peer->ready_msg.rank = peer->rank;
     peer->ready_msg.device = vlmd_xstrdup(ready->device ? ready->device : "");
     peer->ready_msg.listen_url = vlmd_xstrdup(ready->listen_url ? ready->listen_url : "");
+    peer->ready_msg.memory = vlmd_kv_dup(ready->memory, ready->n_memory);
     peer->ready = true;
     if (peer->welcomed)
         peer_send_ready(peer);
@@ -231,6 +246,19 @@ vlmd_status vlmd_peer_set_ready(vlmd_peer *peer, const vlmd_msg_ready *ready)
 void vlmd_peer_set_kv_used(vlmd_peer *peer, uint64_t tokens)
 {
     peer->kv_used = tokens;
+}
+
+void vlmd_peer_set_counter(vlmd_peer *peer, const char *name, uint64_t value)
+{
+    uint32_t i = 0;
+    while (i < peer->n_counters && strcmp(peer->counters[i].name, name) != 0)
+        i++;
+    if (i == peer->n_counters) {
+        VLMD_ASSERT(i < VLMD_PEER_MAX_COUNTERS && strlen(name) < VLMD_PEER_COUNTER_NAME);
+        vlmd_strlcpy(peer->counters[i].name, name, sizeof peer->counters[i].name);
+        peer->n_counters++;
+    }
+    peer->counters[i].value = value;
 }
 
 bool vlmd_peer_registered(const vlmd_peer *peer)
@@ -262,6 +290,7 @@ void vlmd_peer_destroy(vlmd_peer *peer)
     free(peer->config);
     free(peer->ready_msg.device);
     free(peer->ready_msg.listen_url);
+    vlmd_kv_free(peer->ready_msg.memory, peer->ready_msg.n_memory);
     uv_timer_stop(&peer->timer);
     uv_close((uv_handle_t *)&peer->timer, on_timer_closed);
 }

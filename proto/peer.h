@@ -28,7 +28,7 @@ vlmd_peer *vlmd_peer_create(uv_loop_t *loop, void *zctx, const vlmd_config *cfg,
                             uint32_t rank, vlmd_peer_msg_fn fn, void *ud, vlmd_error *err);
 
 /* Records start-up as done and tells the router (now and after every re-hello).
- * The strings in ready are copied. */
+ * The strings and the memory map in ready are copied. */
 vlmd_status vlmd_peer_set_ready(vlmd_peer *peer, const vlmd_msg_ready *ready);
 
 /* Encodes and sends msg (borrowed). VLMD_ERR_UNAVAILABLE when the router is
@@ -37,6 +37,12 @@ vlmd_status vlmd_peer_send(vlmd_peer *peer, const vlmd_msg *msg);
 
 /* What the next heartbeats report as KV slots in use (the engine sets it). */
 void vlmd_peer_set_kv_used(vlmd_peer *peer, uint64_t tokens);
+
+#define VLMD_PEER_MAX_COUNTERS 32
+#define VLMD_PEER_COUNTER_NAME 48
+/* Sets a counter the next heartbeats carry (added at its first use; at most
+ * VLMD_PEER_MAX_COUNTERS names, each shorter than VLMD_PEER_COUNTER_NAME). */
+void vlmd_peer_set_counter(vlmd_peer *peer, const char *name, uint64_t value);
 
 /* True once the router has welcomed this process (and not forgotten it since). */
 bool vlmd_peer_registered(const vlmd_peer *peer);

@@ -24,6 +24,8 @@
  *   kv_used_tokens           heartbeat, worker           0
  *   data                     image (ref)                 none (NULL, 0)
  *   error_image              token_chunk                 0
+ *   memory                   ready, worker               none (NULL, 0)
+ *   counters                 heartbeat, worker           none (NULL, 0)
  *   arena_offset, token_count image_job                  0
  *
  * sampling.seed stays required: has_seed travels beside it since version 1,
@@ -164,6 +166,7 @@ static const field_desc ready_fields[] = {
     FLD(vlmd_msg_ready, kv_capacity_tokens, F_U64),
     OPT(vlmd_msg_ready, device, F_STR),
     OPT(vlmd_msg_ready, listen_url, F_STR),
+    OPT_ARR(vlmd_msg_ready, memory, n_memory, F_KV, VLMD_PROTO_MAX_CONFIG),
 };
 static const field_desc heartbeat_fields[] = {
     ENUM(vlmd_msg_heartbeat, role, VLMD_ROLE_COUNT),
@@ -172,6 +175,7 @@ static const field_desc heartbeat_fields[] = {
     ENUM(vlmd_msg_heartbeat, state, VLMD_WORKER_STATE_COUNT),
     FLD(vlmd_msg_heartbeat, seq, F_U64),
     OPT(vlmd_msg_heartbeat, kv_used_tokens, F_U64),
+    OPT_ARR(vlmd_msg_heartbeat, counters, n_counters, F_KV, VLMD_PROTO_MAX_CONFIG),
 };
 static const field_desc footprint_request_fields[] = {
     U32(vlmd_msg_footprint_request, rank),
@@ -200,6 +204,8 @@ static const field_desc worker_info_fields[] = {
     OPT(vlmd_worker_info, listen_url, F_STR),
     ARR(vlmd_worker_info, config, n_config, F_KV, VLMD_PROTO_MAX_CONFIG),
     OPT(vlmd_worker_info, kv_used_tokens, F_U64),
+    OPT_ARR(vlmd_worker_info, memory, n_memory, F_KV, VLMD_PROTO_MAX_CONFIG),
+    OPT_ARR(vlmd_worker_info, counters, n_counters, F_KV, VLMD_PROTO_MAX_CONFIG),
 };
 static const struct_desc worker_info_desc = DESC(vlmd_worker_info, "worker", worker_info_fields);
 static const field_desc stats_snapshot_fields[] = {
@@ -333,7 +339,21 @@ static bool token_chunk_shapes_ok(const vlmd_msg_token_chunk *c, char *why, size
 
 /* ---- freeing -------------------------------------------------------------- */
 
-static void kv_free(vlmd_kv *kv, uint32_t n)
+vlmd_kv *vlmd_kv_dup(const vlmd_kv *kv, uint32_t n)
+{
+    if (!n)
+        return NULL;
+    vlmd_kv *out = calloc(n, sizeof *out);
+    if (!out)
+        abort();
+    for (uint32_t i = 0; i < n; i++) {
+        out[i].key = vlmd_xstrdup(kv[i].key ? kv[i].key : "");
+        out[i].value = vlmd_xstrdup(kv[i].value ? kv[i].value : "");
+    }
+    return out;
+}
+
+void vlmd_kv_free(vlmd_kv *kv, uint32_t n)
 {
     for (uint32_t i = 0; kv && i < n; i++) {
         free(kv[i].key);
@@ -356,7 +376,7 @@ static void struct_free(const struct_desc *d, void *s)
             free(*AT(s, f->offset, void *));
             break;
         case F_KV:
-            kv_free(*AT(s, f->offset, vlmd_kv *), n);
+            vlmd_kv_free(*AT(s, f->offset, vlmd_kv *), n);
             break;
         case F_STRUCT:
             struct_free(f->sub, AT(s, f->offset, char));

@@ -102,6 +102,8 @@ typedef struct vlmd_msg_ready {
     uint64_t kv_capacity_tokens;    /* llm: tokens the KV cache holds (0 = not measured yet) */
     char *device;                   /* e.g. "cpu", "NVIDIA H100 80GB HBM3" */
     char *listen_url;               /* frontend: "http://127.0.0.1:8000"; "" for others */
+    vlmd_kv *memory;                /* how its device memory was measured and split (optional) */
+    uint32_t n_memory;
 } vlmd_msg_ready;
 
 typedef struct vlmd_msg_heartbeat {
@@ -110,6 +112,8 @@ typedef struct vlmd_msg_heartbeat {
     uint32_t state;                 /* vlmd_worker_state as the sender sees itself */
     uint64_t seq;
     uint64_t kv_used_tokens;        /* llm: KV slots in use now (optional on the wire) */
+    vlmd_kv *counters;              /* its counters now, name -> decimal (optional) */
+    uint32_t n_counters;
 } vlmd_msg_heartbeat;
 
 typedef struct vlmd_msg_footprint_request {
@@ -142,6 +146,10 @@ typedef struct vlmd_worker_info {
     vlmd_kv *config;
     uint32_t n_config;
     uint64_t kv_used_tokens;        /* llm: from its last heartbeat (optional on the wire) */
+    vlmd_kv *memory;                /* from its READY (optional) */
+    uint32_t n_memory;
+    vlmd_kv *counters;              /* from its last heartbeat (optional) */
+    uint32_t n_counters;
 } vlmd_worker_info;
 
 typedef struct vlmd_msg_stats_snapshot {
@@ -256,6 +264,11 @@ typedef struct vlmd_msg {
         vlmd_msg_image_result image_result;
     } u;
 } vlmd_msg;
+
+/* A deep copy of n entries (NULL when n is 0); fatal when out of memory. */
+vlmd_kv *vlmd_kv_dup(const vlmd_kv *kv, uint32_t n);
+/* Frees a copy from vlmd_kv_dup (or a decoded map); accepts NULL. */
+void vlmd_kv_free(vlmd_kv *kv, uint32_t n);
 
 /* Appends the encoding of msg to out (borrows msg). Fails on a NULL array
  * with a nonzero count, a value over the limits, or allocation failure. */

@@ -19,13 +19,11 @@ static void entry_clear_strings(registry_entry *e)
     free(e->device);
     free(e->listen_url);
     e->version = e->device = e->listen_url = NULL;
-    for (uint32_t i = 0; i < e->n_config; i++) {
-        free(e->config[i].key);
-        free(e->config[i].value);
-    }
-    free(e->config);
-    e->config = NULL;
-    e->n_config = 0;
+    vlmd_kv_free(e->config, e->n_config);
+    vlmd_kv_free(e->memory, e->n_memory);
+    vlmd_kv_free(e->counters, e->n_counters);
+    e->config = e->memory = e->counters = NULL;
+    e->n_config = e->n_memory = e->n_counters = 0;
 }
 
 void registry_free(registry *r)
@@ -89,15 +87,8 @@ registry_entry *registry_hello(registry *r, const vlmd_msg_hello *h, const void 
     e->reserved_bytes = e->kv_capacity_tokens = 0;
     e->footprint_wanted = false;
     e->version = vlmd_xstrdup(h->version);
-    if (h->n_config) {
-        e->config = calloc(h->n_config, sizeof *e->config);
-        VLMD_ASSERT(e->config);
-        for (uint32_t i = 0; i < h->n_config; i++) {
-            e->config[i].key = vlmd_xstrdup(h->config[i].key);
-            e->config[i].value = vlmd_xstrdup(h->config[i].value);
-        }
-        e->n_config = h->n_config;
-    }
+    e->config = vlmd_kv_dup(h->config, h->n_config);
+    e->n_config = h->n_config;
     return e;
 }
 
@@ -111,6 +102,18 @@ void registry_ready(registry_entry *e, const vlmd_msg_ready *m, uint64_t now_ms)
     free(e->listen_url);
     e->device = vlmd_xstrdup(m->device);
     e->listen_url = vlmd_xstrdup(m->listen_url);
+    vlmd_kv_free(e->memory, e->n_memory);
+    e->memory = vlmd_kv_dup(m->memory, m->n_memory);
+    e->n_memory = m->n_memory;
+}
+
+void registry_heartbeat(registry_entry *e, const vlmd_msg_heartbeat *m, uint64_t now_ms)
+{
+    e->last_seen_ms = now_ms;
+    e->kv_used_tokens = m->kv_used_tokens;
+    vlmd_kv_free(e->counters, e->n_counters);
+    e->counters = vlmd_kv_dup(m->counters, m->n_counters);
+    e->n_counters = m->n_counters;
 }
 
 void registry_down(registry_entry *e)
@@ -160,6 +163,10 @@ vlmd_status registry_snapshot(const registry *r, const vlmd_worker_info *self, u
             .listen_url = e->listen_url ? e->listen_url : "",
             .config = e->config,
             .n_config = e->n_config,
+            .memory = e->memory,
+            .n_memory = e->n_memory,
+            .counters = e->counters,
+            .n_counters = e->n_counters,
         };
     }
     snap->n_workers = k;

@@ -40,6 +40,10 @@ typedef struct registry_entry {
     char *version, *device, *listen_url;
     vlmd_kv *config;
     uint32_t n_config;
+    vlmd_kv *memory;                /* from its READY */
+    uint32_t n_memory;
+    vlmd_kv *counters;              /* from its last heartbeat */
+    uint32_t n_counters;
 } registry_entry;
 
 typedef struct registry {
@@ -60,6 +64,8 @@ registry_entry *registry_find_identity(registry *r, const void *id, size_t id_le
 registry_entry *registry_hello(registry *r, const vlmd_msg_hello *h, const void *identity,
                                size_t id_len, uint64_t now_ms);
 void registry_ready(registry_entry *e, const vlmd_msg_ready *m, uint64_t now_ms);
+/* Keeps a heartbeat's numbers (KV in use, counters). */
+void registry_heartbeat(registry_entry *e, const vlmd_msg_heartbeat *m, uint64_t now_ms);
 /* Marks an entry down (keeps its pid and config for display). */
 void registry_down(registry_entry *e);
 /* Marks down every STARTING/READY entry silent since before now - timeout_ms;

@@ -173,8 +173,7 @@ static void on_heartbeat(router *rt, const void *id, size_t id_len, const vlmd_m
         send_welcome(rt, id, id_len, false);
         return;
     }
-    e->last_seen_ms = vlmd_now_ms();
-    e->kv_used_tokens = m->kv_used_tokens;
+    registry_heartbeat(e, m, vlmd_now_ms());
 }
 
 static void on_footprint_request(router *rt, const void *id, size_t id_len)

@@ -43,6 +43,8 @@ typedef struct visual_worker {
     int n_batch;
     uv_work_t work;
     bool busy, stopping;
+    uint64_t allocs_at_ready;   /* the device allocator's count when READY was sent */
+    uint64_t encoded, failed;   /* images */
 } visual_worker;
 
 static void send_result(visual_worker *w, const job *j, vlmd_status st, const char *message)
@@ -82,8 +84,15 @@ static void on_batch_done(uv_work_t *req, int status)
                           it->err.msg);
         send_result(w, &w->batch[i], it->status, it->status == VLMD_OK ? "" : it->err.msg);
         free(w->batch[i].data);
+        *(it->status == VLMD_OK ? &w->encoded : &w->failed) += 1;
     }
     w->n_batch = 0;
+    if (!w->stopping) {
+        vlmd_peer_set_counter(w->svc.peer, "images_encoded", w->encoded);
+        vlmd_peer_set_counter(w->svc.peer, "images_failed", w->failed);
+        vlmd_peer_set_counter(w->svc.peer, "device_allocations_since_ready",
+                              vlmd_backend_alloc_count(w->backend) - w->allocs_at_ready);
+    }
     start_batch(w);
 }
 
@@ -246,11 +255,23 @@ int main(int argc, char **argv)
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }
+    if (vlmd_backend_info(w.backend)->kind == VLMD_DEVICE_CPU)
+        vlmd_backend_limit(w.backend, (uint64_t)w.svc.cfg.cpu_device_mb << 20);
     reserve(&w);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
-    /* device is borrowed for the call (set_ready copies it) */
+    /* device and memory are borrowed for the call (set_ready copies them) */
+    char values[3][24];
+    snprintf(values[0], sizeof values[0], "%llu",
+             (unsigned long long)vlmd_backend_allocated_bytes(w.backend));
+    snprintf(values[1], sizeof values[1], "%u", w.enc ? image_encoder_batch_images(w.enc) : 0);
+    snprintf(values[2], sizeof values[2], "%u", w.enc ? image_encoder_batch_tokens(w.enc) : 0);
+    vlmd_kv memory[3] = {{"reserved_bytes", values[0]}, {"batch_images", values[1]},
+                         {"batch_tokens", values[2]}};
     vlmd_msg_ready ready = {.reserved_bytes = vlmd_backend_allocated_bytes(w.backend),
-                            .device = (char *)vlmd_backend_info(w.backend)->name};
+                            .device = (char *)vlmd_backend_info(w.backend)->name,
+                            .memory = memory, .n_memory = 3};
+    w.allocs_at_ready = vlmd_backend_alloc_count(w.backend);
+    vlmd_peer_set_counter(w.svc.peer, "device_allocations_since_ready", 0);
     vlmd_peer_set_ready(w.svc.peer, &ready);
     int rc = vlmd_service_run(&w.svc); /* returns after a batch in flight is done */
     for (size_t i = 0; i < w.n_queue; i++)

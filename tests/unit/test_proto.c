@@ -47,7 +47,8 @@ static vlmd_msg sample(vlmd_msg_type t)
         .role = VLMD_ROLE_ROUTER, .rank = 1, .state = VLMD_WORKER_READY, .pid = 11,
         .uptime_ms = 5, .restarts = 2, .reserved_bytes = 1, .kv_capacity_tokens = 2,
         .version = "0.1.0", .device = "cpu", .listen_url = "ipc:///tmp/vlmd/router",
-        .config = sample_config, .n_config = 4, .kv_used_tokens = 3};
+        .config = sample_config, .n_config = 4, .kv_used_tokens = 3,
+        .memory = sample_config + 2, .n_memory = 2, .counters = sample_config, .n_counters = 1};
     sample_workers[1] = (vlmd_worker_info){
         .role = VLMD_ROLE_LLM, .rank = 7, .state = VLMD_WORKER_STARTING, .pid = -1,
         .uptime_ms = 1ull << 42, .restarts = 4, .reserved_bytes = 80ull << 30,
@@ -65,11 +66,11 @@ static vlmd_msg sample(vlmd_msg_type t)
         break;
     case VLMD_MSG_READY:
         m.u.ready = (vlmd_msg_ready){VLMD_ROLE_LLM, 2, 1ull << 33, 999, "NVIDIA H200",
-                                     "http://[::1]:8000"};
+                                     "http://[::1]:8000", sample_config, 3};
         break;
     case VLMD_MSG_HEARTBEAT:
         m.u.heartbeat = (vlmd_msg_heartbeat){VLMD_ROLE_FRONTEND, 1, 5, VLMD_WORKER_READY, 99,
-                                             4242};
+                                             4242, sample_config + 1, 2};
         break;
     case VLMD_MSG_FOOTPRINT_REQUEST:
         m.u.footprint_request.rank = 6;
@@ -168,9 +169,13 @@ static void worker_eq(const vlmd_worker_info *a, const vlmd_worker_info *b)
 {
     EQ(role); EQ(rank); EQ(state); EQ(pid); EQ(uptime_ms); EQ(restarts); EQ(reserved_bytes);
     EQ(kv_capacity_tokens); EQ(kv_used_tokens); STR(version); STR(device); STR(listen_url);
-    EQ(n_config);
+    EQ(n_config); EQ(n_memory); EQ(n_counters);
     if (a->n_config == b->n_config)
         kv_eq(a->config, b->config, a->n_config);
+    if (a->n_memory == b->n_memory)
+        kv_eq(a->memory, b->memory, a->n_memory);
+    if (a->n_counters == b->n_counters)
+        kv_eq(a->counters, b->counters, a->n_counters);
 }
 
 static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
@@ -192,12 +197,16 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
     case VLMD_MSG_READY: {
         const vlmd_msg_ready *a = &x->u.ready, *b = &y->u.ready;
         EQ(role); EQ(rank); EQ(reserved_bytes); EQ(kv_capacity_tokens); STR(device);
-        STR(listen_url);
+        STR(listen_url); EQ(n_memory);
+        if (a->n_memory == b->n_memory)
+            kv_eq(a->memory, b->memory, a->n_memory);
         break;
     }
     case VLMD_MSG_HEARTBEAT: {
         const vlmd_msg_heartbeat *a = &x->u.heartbeat, *b = &y->u.heartbeat;
-        EQ(role); EQ(rank); EQ(pid); EQ(state); EQ(seq); EQ(kv_used_tokens);
+        EQ(role); EQ(rank); EQ(pid); EQ(state); EQ(seq); EQ(kv_used_tokens); EQ(n_counters);
+        if (a->n_counters == b->n_counters)
+            kv_eq(a->counters, b->counters, a->n_counters);
         break;
     }
     case VLMD_MSG_FOOTPRINT_REQUEST:
@@ -1152,6 +1161,9 @@ static const field_ref optional_fields[] = {
     {VLMD_MSG_REQUEST_SUBMIT, "images.data"}, {VLMD_MSG_IMAGE_RESULT, "image.data"},
     {VLMD_MSG_TOKEN_CHUNK, "error_image"},  {VLMD_MSG_IMAGE_JOB, "arena_offset"},
     {VLMD_MSG_IMAGE_JOB, "token_count"},
+    {VLMD_MSG_READY, "memory"},             {VLMD_MSG_HEARTBEAT, "counters"},
+    {VLMD_MSG_STATS_SNAPSHOT, "workers.memory"},
+    {VLMD_MSG_STATS_SNAPSHOT, "workers.counters"},
 };
 /* Optional too, but they travel together: dropping one alone is a shape mismatch. */
 static const field_ref coupled_fields[] = {
@@ -1195,8 +1207,10 @@ static void drop_and_check(vlmd_msg_type t, const char *path)
         cr_expect_str_eq(out.u.ready.device, "");
     if (t == VLMD_MSG_READY && !strcmp(key, "listen_url"))
         cr_expect_str_eq(out.u.ready.listen_url, "");
-    if (t == VLMD_MSG_HEARTBEAT)
+    if (t == VLMD_MSG_HEARTBEAT && !strcmp(key, "kv_used_tokens"))
         cr_expect_eq(out.u.heartbeat.kv_used_tokens, 0);
+    if (t == VLMD_MSG_HEARTBEAT && !strcmp(key, "counters"))
+        cr_expect(!out.u.heartbeat.counters && !out.u.heartbeat.n_counters);
     if (t == VLMD_MSG_REQUEST_SUBMIT && !strcmp(key, "data"))
         cr_expect(!out.u.request_submit.images[0].data && !out.u.request_submit.images[0].n_data);
     if (t == VLMD_MSG_TOKEN_CHUNK && !strcmp(key, "error_image"))
@@ -1232,7 +1246,9 @@ Test(proto, every_required_field_is_required)
             if (v->type == MSGPACK_OBJECT_ARRAY && v->via.array.size &&
                 v->via.array.ptr[0].type == MSGPACK_OBJECT_MAP)
                 v = &v->via.array.ptr[0];
-            if (v->type != MSGPACK_OBJECT_MAP || !strcmp(path, "config"))
+            bool kv_map = !strcmp(path, "config") || !strcmp(path, "memory") ||
+                          !strcmp(path, "counters"); /* string maps, not structs */
+            if (v->type != MSGPACK_OBJECT_MAP || kv_map)
                 continue;
             for (uint32_t k = 0; k < v->via.map.size; k++) {
                 char sub[192];
