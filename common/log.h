@@ -46,6 +46,7 @@ void vlmd_log_write(vlmd_log_level level, uint64_t req_id, const char *file, int
 #define VLMD_INFO(...) VLMD_LOG_AT(VLMD_LOG_INFO, 0, __VA_ARGS__)
 #define VLMD_WARN(...) VLMD_LOG_AT(VLMD_LOG_WARN, 0, __VA_ARGS__)
 #define VLMD_ERROR(...) VLMD_LOG_AT(VLMD_LOG_ERROR, 0, __VA_ARGS__)
+#define VLMD_REQ_DEBUG(req, ...) VLMD_LOG_AT(VLMD_LOG_DEBUG, (req), __VA_ARGS__)
 #define VLMD_REQ_INFO(req, ...) VLMD_LOG_AT(VLMD_LOG_INFO, (req), __VA_ARGS__)
 #define VLMD_REQ_WARN(req, ...) VLMD_LOG_AT(VLMD_LOG_WARN, (req), __VA_ARGS__)
 

@@ -47,9 +47,11 @@ struct engine {
     qwen2_kv *kv;
     qwen2_workspace *ws;
     kv_slots slots;
-    int64_t reserved;           /* slots running requests may still take */
     request *head, *tail;
     int32_t n_running, n_active;
+    uint64_t preemptions;
+    request **running;          /* one step's running requests, oldest first [max_running] */
+    request **seq_req;          /* the request of each attention sequence of the step */
     /* one step's batch, sized for max_batch_tokens */
     int32_t *ids, *positions, *step_slots, *logit_rows;
     vlmd_attn_seq *seqs;
@@ -87,11 +89,13 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     e->seqs = malloc((size_t)r * sizeof *e->seqs);
     e->embeds = malloc((size_t)r * VLMD_PROTO_MAX_IMAGES * sizeof *e->embeds);
     e->in_step = malloc((size_t)r * sizeof *e->in_step);
+    e->running = malloc((size_t)r * sizeof *e->running);
+    e->seq_req = malloc((size_t)r * sizeof *e->seq_req);
     e->logits = malloc((size_t)r * (size_t)V * sizeof *e->logits);
     e->scratch = malloc(sampler_scratch_bytes(V));
     e->raw = malloc((size_t)V * sizeof *e->raw);
     if (s == VLMD_OK && (!e->ids || !e->positions || !e->step_slots || !e->logit_rows ||
-                         !e->seqs || !e->embeds || !e->in_step || !e->logits || !e->scratch || !e->raw))
+                         !e->seqs || !e->embeds || !e->in_step || !e->running || !e->seq_req || !e->logits || !e->scratch || !e->raw))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the engine's batch");
     if (s != VLMD_OK) {
         engine_free(e);
@@ -128,6 +132,8 @@ void engine_free(engine *e)
     free(e->seqs);
     free(e->embeds);
     free(e->in_step);
+    free(e->running);
+    free(e->seq_req);
     free(e->logits);
     free(e->raw);
     free(e->scratch);
@@ -147,6 +153,16 @@ int32_t engine_capacity(const engine *e)
 int32_t engine_active(const engine *e)
 {
     return e->n_active;
+}
+
+int32_t engine_running(const engine *e)
+{
+    return e->n_running;
+}
+
+uint64_t engine_preemptions(const engine *e)
+{
+    return e->preemptions;
 }
 
 vlmd_status engine_stress(engine *e, vlmd_error *err)
@@ -197,12 +213,6 @@ static request *find(engine *e, uint64_t id, request **prev_out)
             return q;
         }
     return NULL;
-}
-
-/* Slots a request may still take before it must finish. */
-static int64_t still_needs(const request *q)
-{
-    return (int64_t)q->n_prompt + q->max_tokens - q->n_cached;
 }
 
 /* Checks a request's images against its prompt, the model and the arena,
@@ -273,14 +283,14 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     if (r->n_tokens == 0)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu has an empty prompt",
                            (unsigned long long)r->req_id);
-    if (total > e->cfg.kv_slots || total > e->cfg.max_model_len ||
-        (int64_t)r->n_tokens > e->cfg.max_batch_tokens)
+    /* a prompt must fit the cache with room for a token; its output may not,
+     * and then ends early with "length" */
+    if ((int64_t)r->n_tokens >= e->cfg.kv_slots || total > e->cfg.max_model_len)
         return vlmd_errorf(err, VLMD_ERR_TOO_LARGE,
                            "request %llu needs %lld tokens (prompt %u + max_tokens %u); the KV "
-                           "cache holds %d, the model length is %d, a step takes %d",
+                           "cache holds %d, the model length is %d",
                            (unsigned long long)r->req_id, (long long)total, r->n_tokens,
-                           r->max_tokens, e->cfg.kv_slots, e->cfg.max_model_len,
-                           e->cfg.max_batch_tokens);
+                           r->max_tokens, e->cfg.kv_slots, e->cfg.max_model_len);
     for (uint32_t i = 0; i < r->n_tokens; i++)
         if (r->tokens[i] >= V)
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: token %u at %u is outside "
@@ -334,7 +344,6 @@ static void remove_request(engine *e, request *q, request *prev)
 {
     if (q->state == REQ_RUNNING) {
         kv_slots_give(&e->slots, q->slots, q->n_cached);
-        e->reserved -= still_needs(q);
         e->n_running--;
     }
     if (prev)
@@ -358,34 +367,41 @@ bool engine_cancel(engine *e, uint64_t req_id)
 
 /* ---- one step ----------------------------------------------------------------- */
 
-/* Admits waiting requests in arrival order while their worst case fits. */
-static void admit(engine *e, int32_t *budget)
+/* Pauses a running request: its KV slots go back and its tokens (prompt and
+ * output so far) are recomputed when it is admitted again, which is before
+ * anything that arrived after it. Its sampler state is kept, so it goes on
+ * with the tokens it would have produced. */
+static void preempt(engine *e, request *q)
 {
-    for (request *q = e->head; q; q = q->next) {
-        if (q->state != REQ_WAITING)
-            continue;
-        int64_t need = still_needs(q);
-        if (e->n_running == e->cfg.max_running || q->n_prompt > *budget ||
-            e->slots.n_free - e->reserved < need)
-            break; /* first come, first served: no overtaking */
-        q->state = REQ_RUNNING;
-        e->n_running++;
-        e->reserved += need;
-        *budget -= q->n_prompt;
-    }
+    kv_slots_give(&e->slots, q->slots, q->n_cached);
+    q->n_cached = 0;
+    q->state = REQ_WAITING;
+    e->n_running--;
+    e->preemptions++;
+    VLMD_REQ_DEBUG(q->id, "preempted at %d tokens (%d free slots)", q->n_tokens,
+                   e->slots.n_free);
 }
 
-/* Adds a request's uncached tokens to the batch. */
-static void add_to_batch(engine *e, request *q, int32_t *n_tok, int32_t n_seq)
+/* One step's batch, filled by schedule(). */
+typedef struct step_plan {
+    int32_t n_tok;      /* rows */
+    int32_t n_seq;      /* attention sequences (one per request in the step) */
+    int32_t n_logits;   /* requests that sample this step (their chunk ends their tokens) */
+    int32_t budget;     /* tokens left in the step */
+} step_plan;
+
+/* Adds up to `count` of a request's uncached tokens (taking their slots) to
+ * the batch; the request samples this step when they are its last ones. */
+static void add_chunk(engine *e, request *q, int32_t count, step_plan *p)
 {
-    int32_t first = q->n_cached, count = q->n_tokens - q->n_cached;
-    VLMD_ASSERT(kv_slots_take(&e->slots, count, q->slots + first) == VLMD_OK); /* reserved */
-    e->reserved -= count;
+    int32_t first = q->n_cached;
+    VLMD_ASSERT(kv_slots_take(&e->slots, count, q->slots + first) == VLMD_OK);
     for (int32_t i = 0; i < count; i++) {
-        e->ids[*n_tok + i] = q->tokens[first + i];
-        e->step_slots[*n_tok + i] = q->slots[first + i];
+        e->ids[p->n_tok + i] = q->tokens[first + i];
+        e->step_slots[p->n_tok + i] = q->slots[first + i];
     }
-    e->seqs[n_seq] = (vlmd_attn_seq){*n_tok, count, q->n_tokens, q->slots};
+    e->seq_req[p->n_seq] = q;
+    e->seqs[p->n_seq++] = (vlmd_attn_seq){p->n_tok, count, first + count, q->slots};
     /* the image tokens among these rows take their embeddings from the arena */
     for (uint32_t i = 0; i < q->n_images; i++) {
         const req_image *im = &q->images[i];
@@ -393,13 +409,63 @@ static void add_to_batch(engine *e, request *q, int32_t *n_tok, int32_t n_seq)
         int32_t hi = im->start + im->count < first + count ? im->start + im->count : first + count;
         if (lo < hi)
             e->embeds[e->n_embeds++] = (qwen2_embed_run){
-                *n_tok + lo - first, hi - lo,
+                p->n_tok + lo - first, hi - lo,
                 im->data + (size_t)(lo - im->start) * qwen2_hidden_size(e->m)};
     }
-    e->logit_rows[n_seq] = *n_tok + count - 1;
-    e->in_step[n_seq] = q;
-    q->n_cached = q->n_tokens;
-    *n_tok += count;
+    q->n_cached = first + count;
+    if (q->n_cached == q->n_tokens) {
+        e->logit_rows[p->n_logits] = p->n_tok + count - 1;
+        e->in_step[p->n_logits++] = q;
+    }
+    p->n_tok += count;
+    p->budget -= count;
+}
+
+static void emit_finish(engine *e, request *q, vlmd_finish_reason why);
+
+/* The step's batch: the running requests first, oldest first (a decode token
+ * each, or the next chunk of a prompt being prefilled), taking the slots of
+ * the newest running requests when the cache is short; then waiting requests
+ * (paused ones first: they are older) while the budget, the sequence limit
+ * and the free slots allow, first come first served. */
+static void schedule(engine *e, step_plan *p)
+{
+    int32_t nr = 0;
+    for (request *q = e->head; q; q = q->next)
+        if (q->state == REQ_RUNNING)
+            e->running[nr++] = q;
+    for (int32_t i = 0; i < nr && p->budget > 0; i++) {
+        request *q = e->running[i];
+        if (q->state != REQ_RUNNING)
+            continue; /* paused for an older one in this loop */
+        int32_t want = q->n_tokens - q->n_cached;
+        want = want < p->budget ? want : p->budget;
+        for (int32_t j = nr - 1; j > i && e->slots.n_free < want; j--)
+            if (e->running[j]->state == REQ_RUNNING)
+                preempt(e, e->running[j]);
+        if (e->slots.n_free < want && e->slots.n_free > 0 && want > 1) {
+            want = e->slots.n_free; /* a shorter chunk of its prompt */
+        } else if (e->slots.n_free < want) {
+            if (e->n_running == 1) { /* alone and still no room: never preempted for itself */
+                emit_finish(e, q, VLMD_FINISH_LENGTH);
+                continue;
+            }
+            preempt(e, q); /* the older ones hold the cache: this one waits */
+            continue;
+        }
+        add_chunk(e, q, want, p);
+    }
+    int32_t decoding = e->n_running;
+    for (request *q = e->head; q && p->budget > 0; q = q->next) {
+        if (q->state != REQ_WAITING)
+            continue;
+        int32_t need = q->n_tokens; /* nothing cached while waiting */
+        if (e->n_running == e->cfg.max_running || e->slots.n_free < need + decoding)
+            break; /* no overtaking: what does not fit now waits, and so does what came after */
+        q->state = REQ_RUNNING;
+        e->n_running++;
+        add_chunk(e, q, need < p->budget ? need : p->budget, p);
+    }
 }
 
 static vlmd_finish_reason finished(const engine *e, const request *q, int32_t tok)
@@ -441,24 +507,30 @@ static void compute_logprobs(const float *raw, int32_t V, int32_t tok, uint32_t 
     }
 }
 
+/* Ends a request now with no more tokens (its KV could not grow). */
+static void emit_finish(engine *e, request *q, vlmd_finish_reason why)
+{
+    e->emit(q->id, NULL, 0, why, (uint32_t)q->n_prompt, (uint32_t)(q->n_tokens - q->n_prompt),
+            NULL, e->ud);
+    request *prev = NULL;
+    find(e, q->id, &prev);
+    remove_request(e, q, prev);
+}
+
 vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
 {
     *did_work = false;
-    /* decode tokens are one each; prompts share what is left of the budget */
-    int32_t budget = e->cfg.max_batch_tokens - e->n_running;
-    admit(e, &budget);
-    int32_t n_tok = 0, n_seq = 0;
     e->n_embeds = 0;
-    for (request *q = e->head; q; q = q->next)
-        if (q->state == REQ_RUNNING)
-            add_to_batch(e, q, &n_tok, n_seq++);
+    step_plan plan = {.budget = e->cfg.max_batch_tokens};
+    schedule(e, &plan);
+    int32_t n_tok = plan.n_tok, n_seq = plan.n_seq;
     if (n_seq == 0)
         return VLMD_OK;
     /* Text positions are the token indices, the same in all three M-RoPE rows;
      * an image prompt has its own, and its output continues from them. */
     for (int32_t s = 0; s < n_seq; s++) {
         const vlmd_attn_seq *sq = &e->seqs[s];
-        const request *q = e->in_step[s];
+        const request *q = e->seq_req[s];
         for (int32_t i = 0; i < sq->q_len; i++) {
             int32_t t = sq->kv_len - sq->q_len + i;
             for (int r = 0; r < 3; r++)
@@ -468,13 +540,13 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
         }
     }
     qwen2_batch bt = {n_tok, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
-                      n_seq, e->embeds, e->n_embeds};
+                      plan.n_logits, e->embeds, e->n_embeds};
     vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &bt, e->logits, err);
     if (s != VLMD_OK)
         return s;
     *did_work = true;
     int32_t V = (int32_t)qwen2_vocab_size(e->m);
-    for (int32_t i = 0; i < n_seq; i++) {
+    for (int32_t i = 0; i < plan.n_logits; i++) {
         request *q = e->in_step[i];
         float *row = e->logits + (size_t)i * V;
         if (q->logprobs)

@@ -8,12 +8,19 @@
  * Request states (one thread, the engine's caller, owns them):
  *
  *     submit --> WAITING --admitted--> RUNNING --eos/stop/max--> (finished, freed)
- *        \--> refused (prompt + max_tokens cannot ever fit the cache)
+ *        |          ^                     |
+ *        |          +------preempted------+  (KV slots given back; recomputed on return)
+ *        \--> refused (the prompt cannot fit the cache, or prompt + max_tokens
+ *             exceeds the model length)
  *
- * KV accounting: a request is admitted only when the slots it can still need
- * (prompt + max_tokens, minus what it holds) fit beside what the running
- * requests may still need, so a running request never runs out of slots.
- * (Preemption and the finer admission estimate are the memory issue's.) */
+ * KV accounting: admission (the router's estimate of the running set's peak,
+ * DESIGN.md §4) keeps preemption rare; the engine admits a waiting request
+ * when its tokens fit the free slots now. When a step needs more slots than
+ * are free, the newest running requests are paused and go back to the queue,
+ * where they come before everything that arrived after them; recomputing
+ * their tokens gives the tokens they would have produced. A request running
+ * alone that still finds no slot ends with "length". A prompt longer than
+ * what a step takes is prefilled in chunks over several steps. */
 #ifndef VLMD_ENGINE_H
 #define VLMD_ENGINE_H
 
@@ -86,5 +93,7 @@ vlmd_status engine_stress(engine *e, vlmd_error *err);
 int32_t engine_free_slots(const engine *e);
 int32_t engine_capacity(const engine *e);  /* KV slots in all */
 int32_t engine_active(const engine *e); /* waiting + running */
+int32_t engine_running(const engine *e);
+uint64_t engine_preemptions(const engine *e); /* requests paused for KV room so far */
 
 #endif

@@ -31,6 +31,7 @@
 typedef struct emitted {
     uint64_t req_id;
     int32_t token;
+    bool has_token;             /* false: the request ended without one (no KV room) */
     vlmd_finish_reason finish;
     uint32_t prompt_tokens, completion_tokens;
     bool has_logprobs;
@@ -65,7 +66,7 @@ static void emit(uint64_t req_id, const int32_t *tokens, int32_t n, vlmd_finish_
                  void *ud)
 {
     llm_worker *w = ud;
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t i = 0; i < (n ? n : 1); i++) {
         if (w->n_out == w->cap_out) {
             size_t cap = w->cap_out ? w->cap_out * 2 : 256;
             emitted *grown = realloc(w->out, cap * sizeof *grown);
@@ -75,7 +76,12 @@ static void emit(uint64_t req_id, const int32_t *tokens, int32_t n, vlmd_finish_
             w->cap_out = cap;
         }
         emitted *o = &w->out[w->n_out++];
-        *o = (emitted){req_id, tokens[i], i + 1 == n ? finish : VLMD_FINISH_NONE,
+        if (n == 0) {
+            *o = (emitted){.req_id = req_id, .finish = finish, .prompt_tokens = prompt_tokens,
+                           .completion_tokens = completion_tokens};
+            break;
+        }
+        *o = (emitted){req_id, tokens[i], true, i + 1 == n ? finish : VLMD_FINISH_NONE,
                        prompt_tokens, completion_tokens - (uint32_t)(n - 1 - i), lp != NULL};
         if (lp)
             o->lp = lp[i];
@@ -96,6 +102,10 @@ static void report_kv(llm_worker *w)
     vlmd_peer_set_kv_used(p, (uint64_t)(engine_capacity(w->engine) - engine_free_slots(w->engine)));
     vlmd_peer_set_counter(p, "device_allocations_since_ready",
                           vlmd_backend_alloc_count(w->backend) - w->allocs_at_ready);
+    vlmd_peer_set_counter(p, "preemptions", engine_preemptions(w->engine));
+    vlmd_peer_set_counter(p, "running", (uint64_t)engine_running(w->engine));
+    vlmd_peer_set_counter(p, "waiting",
+                          (uint64_t)(engine_active(w->engine) - engine_running(w->engine)));
 }
 
 /* Applies a request or a cancel to the engine (loop thread, no step running). */
@@ -138,7 +148,7 @@ static void on_step_done(uv_work_t *req, int status)
         const emitted *o = &w->out[i];
         vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
         m.u.token_chunk = (vlmd_msg_token_chunk){
-            .req_id = o->req_id, .tokens = (uint32_t *)&o->token, .n_tokens = 1,
+            .req_id = o->req_id, .tokens = (uint32_t *)&o->token, .n_tokens = o->has_token,
             .finish = o->finish, .message = "", .prompt_tokens = o->prompt_tokens,
             .completion_tokens = o->completion_tokens};
         if (o->has_logprobs) {

@@ -161,35 +161,90 @@ Test(engine, batched_equals_alone) { batched_equals_alone_on("cpu"); }
 /* The same on the GPU, where a GPU is visible (elsewhere: the clear refusal). */
 Test(engine, batched_equals_alone_on_cuda) { batched_equals_alone_on("cuda"); }
 
-Test(engine, too_large_is_refused_and_small_cache_queues)
+Test(engine, a_prompt_the_cache_cannot_hold_is_refused_and_a_lone_request_ends_with_length)
 {
     fixture f;
     open_model(&f);
     static outputs o;
     engine *e = make_engine(&f, &o, 40);
     uint32_t prompt[64];
-    vlmd_msg_request_submit r = request(2, prompt); /* 17 prompt tokens, 18 output */
-    r.max_tokens = 30;
     vlmd_error err = {0};
-    cr_expect_eq(engine_submit(e, &r, &err), VLMD_ERR_TOO_LARGE);
+    vlmd_msg_request_submit big = request(2, prompt);
+    big.n_tokens = 40; /* no room left for a token */
+    cr_expect_eq(engine_submit(e, &big, &err), VLMD_ERR_TOO_LARGE);
     cr_expect(strstr(err.msg, "the KV cache holds 40"), "%s", err.msg);
     cr_expect_eq(engine_active(e), 0, "nothing queued");
 
-    /* Two that fit one at a time: the second waits, then runs. */
-    r.max_tokens = 20;
+    /* 17 prompt tokens and up to 30 more: the cache fills after 24, and
+     * alone it is never preempted for itself: it ends with "length" */
+    vlmd_msg_request_submit r = request(2, prompt);
+    r.max_tokens = 30;
     cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
-    uint32_t prompt2[64];
-    vlmd_msg_request_submit r2 = request(1, prompt2); /* 10 prompt tokens */
-    r2.max_tokens = 10;
-    cr_assert_eq(engine_submit(e, &r2, &err), VLMD_OK, "%s", err.msg);
-    bool worked;
-    engine_step(e, &worked, &err);
-    cr_expect_eq(o.n[2], 1);
-    cr_expect_eq(o.n[1], 0, "waits for slots");
     run_until_idle(e, 100);
-    cr_expect_eq(o.n[2], 20);
-    cr_expect_eq(o.n[1], 10);
+    cr_expect_eq(o.n[2], 40 - 17 + 1);
+    cr_expect_eq(o.finish[2], VLMD_FINISH_LENGTH);
+    cr_expect_eq(engine_preemptions(e), 0);
     cr_expect_eq(engine_free_slots(e), 40);
+    engine_free(e);
+    close_model(&f);
+}
+
+/* More demand than the cache: requests are paused and recomputed, and every
+ * one ends with exactly the tokens it produces alone (greedy and seeded). */
+Test(engine, preempted_requests_finish_with_the_tokens_they_produce_alone)
+{
+    fixture f;
+    open_model(&f);
+    static outputs alone, together;
+    uint32_t prompts[N_REQ][64];
+    vlmd_error err = {0};
+    engine *e = make_engine(&f, &alone, 4096);
+    for (uint32_t i = 0; i < 8; i++) {
+        vlmd_msg_request_submit r = request(i, prompts[i]);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+        run_until_idle(e, 200);
+    }
+    engine_free(e);
+
+    e = make_engine(&f, &together, 72); /* the eight need about 250 slots */
+    for (uint32_t i = 0; i < 8; i++) {
+        vlmd_msg_request_submit r = request(i, prompts[i]);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    }
+    run_until_idle(e, 2000);
+    cr_expect_gt(engine_preemptions(e), 0, "the cache was too small for all at once");
+    for (uint32_t i = 0; i < 8; i++) {
+        cr_expect_eq(together.n[i], alone.n[i], "request %u: length", i);
+        cr_expect_arr_eq(together.tokens[i], alone.tokens[i], (size_t)alone.n[i] * 4,
+                         "request %u: the same tokens", i);
+        cr_expect_eq(together.finish[i], alone.finish[i]);
+    }
+    cr_expect_eq(engine_free_slots(e), 72, "every slot back");
+    cr_expect_eq(engine_active(e), 0);
+    engine_free(e);
+    close_model(&f);
+}
+
+/* A prompt longer than a step takes is prefilled in chunks: the same tokens. */
+Test(engine, long_prompts_are_prefilled_in_chunks)
+{
+    fixture f;
+    open_model(&f);
+    static outputs whole, chunked;
+    uint32_t prompt[64];
+    vlmd_error err = {0};
+    engine *e = make_engine(&f, &whole, 256);
+    vlmd_msg_request_submit r = request(5, prompt); /* 38 prompt tokens */
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK);
+    run_until_idle(e, 200);
+    engine_free(e);
+    engine_config cfg = {.kv_slots = 256, .max_batch_tokens = 7, .max_running = 4, .eos_id = -1,
+                         .max_model_len = 4096, .image_token_id = -1};
+    cr_assert_eq(engine_create(f.m, &cfg, on_emit, &chunked, &e, &err), VLMD_OK);
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(e, 200);
+    cr_expect_eq(chunked.n[5], whole.n[5]);
+    cr_expect_arr_eq(chunked.tokens[5], whole.tokens[5], (size_t)whole.n[5] * 4);
     engine_free(e);
     close_model(&f);
 }
