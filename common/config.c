@@ -107,6 +107,33 @@ const vlmd_flag vlmd_flags[] = {
      R(LAUNCHER) | R(VISUAL) | R(LLM),
      "The CPU backend works as a device of this size (host memory, taken as used): the "
      "auto-profile sizes the KV cache within it"},
+    {"max-queued-requests", VLMD_FLAG_INT, OFF(max_queued_requests), "1024", 1, 1 << 20, NULL,
+     R(LAUNCHER) | R(ROUTER),
+     "Requests that may wait for room in the KV cache; more get 503 with Retry-After"},
+    {"admission-output-fraction", VLMD_FLAG_FLOAT, OFF(admission_output_fraction), "1", 0, 0,
+     NULL, R(LAUNCHER) | R(ROUTER),
+     "Share of each request's max_tokens the admission estimate counts: 1 admits only what "
+     "can finish without preemption; less admits more and lets preemption handle the rest",
+     0.0, 1.0},
+    {"session-max-requests", VLMD_FLAG_INT, OFF(session_max_requests), "0", 0, 1 << 20, NULL,
+     R(LAUNCHER) | R(ROUTER),
+     "Requests one X-Session-ID may have in flight; more get 429 (0: no limit)"},
+    {"session-max-kv-tokens", VLMD_FLAG_INT, OFF(session_max_kv_tokens), "0", 0, 1LL << 40, NULL,
+     R(LAUNCHER) | R(ROUTER),
+     "KV tokens (prompt + max_tokens of each request) one X-Session-ID may hold; more get 429 "
+     "(0: no limit)"},
+    {"session-idle-s", VLMD_FLAG_INT, OFF(session_idle_s), "600", 1, 1 << 24, NULL,
+     R(LAUNCHER) | R(ROUTER), "A session with nothing in flight is forgotten after this long"},
+    {"max-sessions", VLMD_FLAG_INT, OFF(max_sessions), "10000", 1, 1 << 24, NULL,
+     R(LAUNCHER) | R(ROUTER),
+     "Sessions tracked at once; the least recently used idle one makes room for a new one"},
+    {"degrade-under-pressure", VLMD_FLAG_INT, OFF(degrade_under_pressure), "0", 0, 100, NULL,
+     R(LAUNCHER) | R(ROUTER),
+     "KV use (percent of the cache) above which new requests' max_tokens are capped at "
+     "--degrade-max-tokens, said in an x-vlmd-max-tokens-capped header (0: off; sampling is "
+     "never changed)"},
+    {"degrade-max-tokens", VLMD_FLAG_INT, OFF(degrade_max_tokens), "512", 1, 1 << 24, NULL,
+     R(LAUNCHER) | R(ROUTER), "The max_tokens cap of --degrade-under-pressure"},
     {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, 0},
 };
 

@@ -50,6 +50,14 @@ typedef struct vlmd_config {
     int64_t media_fetch_timeout_ms; /* --media-fetch-timeout-ms */
     double mem_fraction;            /* --mem-fraction: share of the free device the KV may take */
     int64_t cpu_device_mb;          /* --cpu-device-mb: the CPU backend's simulated device */
+    int64_t max_queued_requests;    /* --max-queued-requests: waiting for KV room */
+    double admission_output_fraction; /* --admission-output-fraction */
+    int64_t session_max_requests;   /* --session-max-requests: 0 = no limit */
+    int64_t session_max_kv_tokens;  /* --session-max-kv-tokens: 0 = no limit */
+    int64_t session_idle_s;         /* --session-idle-s */
+    int64_t max_sessions;           /* --max-sessions */
+    int64_t degrade_under_pressure; /* --degrade-under-pressure: KV-use percent; 0 = off */
+    int64_t degrade_max_tokens;     /* --degrade-max-tokens */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {

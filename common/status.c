@@ -19,6 +19,8 @@ static const char *const status_names[VLMD_STATUS_COUNT] = {
     [VLMD_ERR_UNAVAILABLE] = "unavailable",
     [VLMD_ERR_MODEL] = "unusable model",
     [VLMD_ERR_INTERNAL] = "internal error",
+    [VLMD_ERR_BUSY] = "busy",
+    [VLMD_ERR_LIMIT] = "limit reached",
 };
 
 const char *vlmd_status_str(vlmd_status st)

@@ -26,6 +26,8 @@ typedef enum vlmd_status {
     VLMD_ERR_UNAVAILABLE,   /* a peer or resource is not there right now */
     VLMD_ERR_MODEL,         /* a model directory or checkpoint is unusable */
     VLMD_ERR_INTERNAL,      /* a broken invariant that was caught */
+    VLMD_ERR_BUSY,          /* over capacity right now: try again later (503, Retry-After) */
+    VLMD_ERR_LIMIT,         /* a per-client limit was reached (429) */
     VLMD_STATUS_COUNT
 } vlmd_status;
 

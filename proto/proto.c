@@ -26,6 +26,8 @@
  *   error_image              token_chunk                 0
  *   memory                   ready, worker               none (NULL, 0)
  *   counters                 heartbeat, worker           none (NULL, 0)
+ *   session                  request_submit              ""
+ *   max_tokens_capped        token_chunk                 0
  *   arena_offset, token_count image_job                  0
  *
  * sampling.seed stays required: has_seed travels beside it since version 1,
@@ -250,6 +252,7 @@ static const field_desc request_submit_fields[] = {
     U32_MAX(vlmd_msg_request_submit, top_logprobs, PROTO_MAX_TOP_N, false),
     FLD(vlmd_msg_request_submit, logprobs, F_BOOL),
     SUB_ARR(vlmd_msg_request_submit, images, n_images, image_ref_desc, VLMD_PROTO_MAX_IMAGES),
+    OPT(vlmd_msg_request_submit, session, F_STR),
 };
 static const field_desc request_cancel_fields[] = {
     FLD(vlmd_msg_request_cancel, req_id, F_U64),
@@ -270,6 +273,7 @@ static const field_desc token_chunk_fields[] = {
     OPT_ARR(vlmd_msg_token_chunk, top_logprobs, n_top_logprobs, F_F32_ARRAY,
             VLMD_PROTO_MAX_TOKENS),
     U32_MAX(vlmd_msg_token_chunk, error_image, VLMD_PROTO_MAX_IMAGES, true),
+    U32_MAX(vlmd_msg_token_chunk, max_tokens_capped, UINT32_MAX, true),
 };
 static const field_desc image_job_fields[] = {
     FLD(vlmd_msg_image_job, req_id, F_U64),

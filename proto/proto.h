@@ -200,6 +200,7 @@ typedef struct vlmd_msg_request_submit {
     bool logprobs;
     vlmd_image_ref *images;
     uint32_t n_images;
+    char *session;                  /* X-Session-ID, "" when none (optional) */
 } vlmd_msg_request_submit;
 
 typedef struct vlmd_msg_request_cancel {
@@ -223,6 +224,7 @@ typedef struct vlmd_msg_token_chunk {
     float *top_logprobs;            /* n_tokens x top_n */
     uint32_t n_top_logprobs;
     uint32_t error_image;           /* finish == ERROR because of image i: i + 1; else 0 */
+    uint32_t max_tokens_capped;     /* the router capped max_tokens to this (under pressure); 0 */
 } vlmd_msg_token_chunk;
 
 typedef struct vlmd_msg_image_job {

@@ -4,7 +4,7 @@
  *
  *   submit --> take arena room per image (a repeated image: a reference to the
  *              one already there) --> IMAGE_JOB to the visual worker for each
- *              new one --> every image READY --> REQUEST_SUBMIT to the engine
+ *              new one --> every image READY --> the KV admission queue (requests.c)
  *
  * No room in the arena: the request waits (bounded by --image-wait-ms) until
  * requests that hold images end. A failed image fails the requests that wait
@@ -80,6 +80,7 @@ vlmd_status router_images_submit(router *rt, router_request *q, vlmd_msg *msg, v
         memcpy(q->hashes[i], r->images[i].hash, 32);
     q->n_images = r->n_images;
     q->deadline_ms = vlmd_now_ms() + (uint64_t)rt->cfg->image_wait_ms;
+    q->stage = STAGE_IMAGES;
     *q->submit = *msg; /* the request (image bytes included) now belongs to q */
     memset(msg, 0, sizeof *msg);
     return VLMD_OK; /* router_images_advance_all moves it on */
@@ -115,25 +116,6 @@ static bool send_job(router *rt, router_request *q, uint32_t i, uint64_t offset)
     return true;
 }
 
-/* Every image ready: the request (without the image bytes) goes to the engine. */
-static bool forward(router *rt, router_request *q)
-{
-    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
-    if (!llm)
-        return false;
-    vlmd_msg_request_submit *r = &q->submit->u.request_submit;
-    for (uint32_t i = 0; i < r->n_images; i++) {
-        free(r->images[i].data);
-        r->images[i].data = NULL;
-        r->images[i].n_data = 0;
-    }
-    router_send(rt, llm, q->submit);
-    vlmd_msg_free(q->submit);
-    free(q->submit);
-    q->submit = NULL;
-    return true;
-}
-
 /* Moves one waiting request on. Returns false when it failed (and was forgotten). */
 static bool advance(router *rt, router_request *q)
 {
@@ -163,11 +145,9 @@ static bool advance(router *rt, router_request *q)
     for (uint32_t i = 0; i < q->n_images; i++)
         if (embed_cache_find(&rt->embeds, q->hashes[i])->state != EMBED_READY)
             return true;
-    if (!forward(rt, q)) {
-        router_fail_request(rt, q, VLMD_ERR_UNAVAILABLE, 0, "the LLM engine is not ready");
-        return false;
-    }
-    return true;
+    size_t before = rt->n_requests;
+    router_enqueue(rt, q); /* every image is in the arena: on to the KV admission */
+    return rt->n_requests == before;
 }
 
 void router_images_advance_all(router *rt)
@@ -176,14 +156,15 @@ void router_images_advance_all(router *rt)
     for (size_t i = 0; i < rt->n_requests;) {
         router_request *q = &rt->requests[i];
         bool kept = true;
-        if (q->submit && now > q->deadline_ms) {
+        bool waiting = q->stage == STAGE_IMAGES;
+        if (waiting && now > q->deadline_ms) {
             char why[256];
             snprintf(why, sizeof why, "the images waited %lld ms for room in the embedding arena "
                      "or for the visual worker (--image-wait-ms); try again",
                      (long long)rt->cfg->image_wait_ms);
             router_fail_request(rt, q, VLMD_ERR_UNAVAILABLE, 0, why);
             kept = false;
-        } else if (q->submit) {
+        } else if (waiting) {
             kept = advance(rt, q);
         }
         if (kept)
@@ -217,7 +198,7 @@ void router_images_result(router *rt, const vlmd_msg_image_result *m)
     vlmd_status st = m->status < VLMD_STATUS_COUNT ? (vlmd_status)m->status : VLMD_ERR_INTERNAL;
     for (size_t i = 0; i < rt->n_requests;) {
         router_request *q = &rt->requests[i];
-        int k = q->submit ? held_index(q, hash) : -1;
+        int k = q->stage == STAGE_IMAGES ? held_index(q, hash) : -1;
         if (k < 0) {
             i++;
             continue;
@@ -234,7 +215,7 @@ void router_images_visual_down(router *rt)
         return;
     for (size_t i = 0; i < rt->n_requests;) {
         router_request *q = &rt->requests[i];
-        if (!q->submit) {
+        if (q->stage != STAGE_IMAGES) {
             i++;
             continue;
         }

@@ -38,8 +38,6 @@ void router_send_to_identity(router *rt, const void *id, size_t id_len, const vl
     router_send(rt, &tmp, msg);
 }
 
-static void fail_all_requests(router *rt, const char *why);
-
 static void send_welcome(router *rt, const void *id, size_t id_len, bool known)
 {
     vlmd_msg m = {.type = VLMD_MSG_WELCOME};
@@ -51,6 +49,8 @@ static void send_welcome(router *rt, const void *id, size_t id_len, bool known)
 static void publish_snapshot(router *rt)
 {
     uint64_t now = vlmd_now_ms();
+    vlmd_kv counters[32];
+    char values[32][24];
     vlmd_worker_info self = {
         .role = VLMD_ROLE_ROUTER,
         .state = VLMD_WORKER_READY,
@@ -61,6 +61,8 @@ static void publish_snapshot(router *rt)
         .listen_url = rt->cfg->router_endpoint,
         .config = rt->self_config,
         .n_config = rt->n_self_config,
+        .counters = counters,
+        .n_counters = router_counters_kv(rt, counters, values, 32),
     };
     vlmd_msg m = {.type = VLMD_MSG_STATS_SNAPSHOT};
     m.u.stats_snapshot.seq = ++rt->snapshot_seq;
@@ -127,7 +129,7 @@ static void on_hello(router *rt, const void *id, size_t id_len, const vlmd_msg_h
         restarts_before = old->restarts;
     registry_entry *e = registry_hello(&rt->reg, h, id, id_len, vlmd_now_ms());
     if (e && e->role == VLMD_ROLE_LLM && e->restarts != restarts_before)
-        fail_all_requests(rt, "the LLM engine restarted"); /* what it held is gone */
+        router_fail_all(rt, "the LLM engine restarted"); /* what it held is gone */
     if (!e) {
         rt->dropped++;
         VLMD_WARN("refused hello from %s-%u: process table full or identity too long",
@@ -208,7 +210,7 @@ static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd
     e->pid = m->pid;
     registry_down(e);
     if (e->role == VLMD_ROLE_LLM)
-        fail_all_requests(rt, "the LLM engine stopped");
+        router_fail_all(rt, "the LLM engine stopped");
     if (e->role == VLMD_ROLE_VISUAL)
         router_images_visual_down(rt);
     publish_snapshot(rt);
@@ -227,42 +229,7 @@ static void identity_str(const void *id, size_t len, char *out, size_t outsz)
     out[n] = '\0';
 }
 
-/* ---- requests ------------------------------------------------------------------ */
-
-static router_request *find_request(router *rt, uint64_t req_id)
-{
-    for (size_t i = 0; i < rt->n_requests; i++)
-        if (rt->requests[i].req_id == req_id)
-            return &rt->requests[i];
-    return NULL;
-}
-
-void router_forget_request(router *rt, router_request *q)
-{
-    router_images_release(rt, q);
-    *q = rt->requests[--rt->n_requests];
-}
-
-/* Ends a request that has no entry (yet) at its frontend with an error. */
-static void fail_unregistered(router *rt, const void *id, size_t id_len, uint64_t req_id,
-                              vlmd_status status, const char *message)
-{
-    vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
-    m.u.token_chunk = (vlmd_msg_token_chunk){.req_id = req_id, .finish = VLMD_FINISH_ERROR,
-                                             .status = status, .message = (char *)message};
-    router_send_to_identity(rt, id, id_len, &m);
-}
-
-void router_fail_request(router *rt, router_request *q, vlmd_status status,
-                         uint32_t error_image, const char *message)
-{
-    vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
-    m.u.token_chunk = (vlmd_msg_token_chunk){.req_id = q->req_id, .finish = VLMD_FINISH_ERROR,
-                                             .status = status, .message = (char *)message,
-                                             .error_image = error_image};
-    router_send_to_identity(rt, q->identity, q->id_len, &m);
-    router_forget_request(rt, q);
-}
+/* ---- requests (requests.c) ------------------------------------------------------ */
 
 registry_entry *router_ready_worker(router *rt, vlmd_role role)
 {
@@ -270,81 +237,21 @@ registry_entry *router_ready_worker(router *rt, vlmd_role role)
     return e && e->state == VLMD_WORKER_READY ? e : NULL;
 }
 
-/* frontend -> router -> engine; the router remembers who asked. */
 static void on_request_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
 {
-    const vlmd_msg_request_submit *r = &msg->u.request_submit;
     registry_entry *from = known_sender(rt, id, id_len, 0);
-    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
     if (!from || from->role != VLMD_ROLE_FRONTEND) {
         rt->dropped++;
         return;
     }
-    if (!llm) {
-        fail_unregistered(rt, id, id_len, r->req_id, VLMD_ERR_UNAVAILABLE,
-                          "the LLM engine is not ready");
-        return;
-    }
-    if (find_request(rt, r->req_id)) {
-        fail_unregistered(rt, id, id_len, r->req_id, VLMD_ERR_INVALID_ARG,
-                          "duplicate request id");
-        return;
-    }
-    if (rt->n_requests == rt->cap_requests) {
-        size_t cap = rt->cap_requests ? rt->cap_requests * 2 : 64;
-        router_request *grown = realloc(rt->requests, cap * sizeof *grown);
-        if (!grown) {
-            fail_unregistered(rt, id, id_len, r->req_id, VLMD_ERR_NOMEM,
-                              "the router is out of memory");
-            return;
-        }
-        rt->requests = grown;
-        rt->cap_requests = cap;
-    }
-    router_request *q = &rt->requests[rt->n_requests++];
-    *q = (router_request){.req_id = r->req_id, .id_len = id_len};
-    memcpy(q->identity, id, id_len);
-    if (r->n_images == 0) {
-        router_send(rt, llm, msg);
-        return;
-    }
-    vlmd_error err = {0};
-    if (router_images_submit(rt, q, msg, &err) != VLMD_OK) {
-        VLMD_REQ_WARN(q->req_id, "refused: %s", err.msg);
-        router_fail_request(rt, q, err.status, 0, err.msg);
-    }
+    router_on_submit(rt, id, id_len, msg);
 }
 
-static void on_request_cancel(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
-{
-    router_request *q = find_request(rt, msg->u.request_cancel.req_id);
-    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
-    if (!q || q->id_len != id_len || memcmp(q->identity, id, id_len) != 0)
-        return; /* finished already, or not the asker's */
-    if (llm && !q->submit) /* a request still waiting for its images never reached it */
-        router_send(rt, llm, msg);
-    router_forget_request(rt, q);
-}
-
-/* engine -> router -> the frontend that asked; a late chunk of a forgotten
- * request is dropped. */
-static void on_token_chunk(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
+static void on_token_chunk(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
 {
     registry_entry *from = known_sender(rt, id, id_len, 0);
-    router_request *q = find_request(rt, msg->u.token_chunk.req_id);
-    if (!from || from->role != VLMD_ROLE_LLM || !q)
-        return;
-    router_send_to_identity(rt, q->identity, q->id_len, msg);
-    if (msg->u.token_chunk.finish != VLMD_FINISH_NONE)
-        router_forget_request(rt, q);
-}
-
-/* The engine went away: every request it held ends with a clear error (and
- * so do those waiting for images: there is no engine to send them to). */
-static void fail_all_requests(router *rt, const char *why)
-{
-    while (rt->n_requests)
-        router_fail_request(rt, &rt->requests[rt->n_requests - 1], VLMD_ERR_UNAVAILABLE, 0, why);
+    if (from && from->role == VLMD_ROLE_LLM)
+        router_on_chunk(rt, msg);
 }
 
 static void on_image_result(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
@@ -389,7 +296,7 @@ void router_handle(router *rt, const void *identity, size_t id_len, const void *
         on_request_submit(rt, identity, id_len, &msg);
         break;
     case VLMD_MSG_REQUEST_CANCEL:
-        on_request_cancel(rt, identity, id_len, &msg);
+        router_on_cancel(rt, identity, id_len, &msg);
         break;
     case VLMD_MSG_TOKEN_CHUNK:
         on_token_chunk(rt, identity, id_len, &msg);
@@ -404,6 +311,7 @@ void router_handle(router *rt, const void *identity, size_t id_len, const void *
     }
     vlmd_msg_free(&msg);
     router_images_advance_all(rt);
+    router_admit(rt);
 }
 
 static void on_socket_message(vlmd_zsock *zs, const void *identity, size_t id_len,
@@ -421,10 +329,12 @@ static void on_tick(uv_timer_t *t)
         VLMD_WARN("%d process(es) missed their heartbeats for %lld ms: marked down", expired,
                   (long long)rt->cfg->heartbeat_timeout_ms);
     if (rt->n_requests && !router_ready_worker(rt, VLMD_ROLE_LLM))
-        fail_all_requests(rt, "the LLM engine is not answering");
+        router_fail_all(rt, "the LLM engine is not answering");
     if (!router_ready_worker(rt, VLMD_ROLE_VISUAL))
         router_images_visual_down(rt);
     router_images_advance_all(rt);
+    router_admit(rt);
+    sessions_expire(&rt->sessions, vlmd_now_ms());
     publish_snapshot(rt);
 }
 
@@ -445,6 +355,11 @@ vlmd_status router_start(router *rt, const vlmd_config *cfg, uv_loop_t *loop, vo
     rt->zctx = zctx;
     rt->start_ms = vlmd_now_ms();
     registry_init(&rt->reg);
+    session_limits sl = {.max_requests = (uint32_t)cfg->session_max_requests,
+                         .max_kv_tokens = (uint64_t)cfg->session_max_kv_tokens,
+                         .idle_ms = (uint64_t)cfg->session_idle_s * 1000,
+                         .max_sessions = (size_t)cfg->max_sessions};
+    sessions_init(&rt->sessions, &sl);
     registry_expect(&rt->reg, VLMD_ROLE_FRONTEND, 0, true);
     registry_expect(&rt->reg, VLMD_ROLE_VISUAL, 0, true);
     registry_expect(&rt->reg, VLMD_ROLE_LLM, 0, true);
@@ -512,4 +427,5 @@ void router_stop(router *rt)
     rt->requests = NULL;
     rt->cap_requests = 0;
     embed_cache_free(&rt->embeds);
+    sessions_free(&rt->sessions);
 }

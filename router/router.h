@@ -12,21 +12,46 @@
 #include "config.h"
 #include "embed_cache.h"
 #include "registry.h"
+#include "sessions.h"
 #include "zsock.h"
 
-/* A request in flight: which frontend socket asked for it, and the images it
- * holds in the embedding arena. A request with images waits in the router
- * (submit set) until every image is encoded, then goes to the engine. */
+/* Where a request is (requests.c draws the transitions):
+ *
+ *   submit --> IMAGES (images.c: until each image is in the arena) --+
+ *     |                                                              v
+ *     +--------------------------------------------------------> QUEUED --admitted--> ENGINE --last chunk--> (forgotten)
+ *
+ * Any stage may end early: cancelled by the frontend, or failed (a bad image,
+ * a worker gone, a limit, a timeout) with an error chunk to the frontend. */
+typedef enum request_stage {
+    STAGE_IMAGES,               /* waiting for its images */
+    STAGE_QUEUED,               /* waiting for room in the engine's KV cache */
+    STAGE_ENGINE,               /* sent to the engine */
+} request_stage;
+
+/* A request in flight: which frontend socket asked for it, what it will take
+ * from the KV cache, and the images it holds in the embedding arena. */
 typedef struct router_request {
     uint64_t req_id;
     char identity[REGISTRY_ID_MAX];
     size_t id_len;
-    vlmd_msg *submit;           /* owned while it waits for its images; NULL at the engine */
+    request_stage stage;
+    uint64_t seq;               /* arrival order */
+    vlmd_msg *submit;           /* owned until it goes to the engine, then NULL */
+    uint32_t prompt_tokens, max_tokens, generated;
+    uint32_t capped;            /* max_tokens was capped to this under pressure; 0 */
+    bool chunk_seen;            /* the engine answered once (the cap is said with the first) */
+    char session[SESSION_ID_MAX + 1]; /* "" when none */
     uint8_t (*hashes)[32];      /* its images' hashes, owned */
     uint32_t n_images;
     uint32_t n_held;            /* arena references taken so far (images 0..n_held-1) */
-    uint64_t deadline_ms;       /* while waiting: fail with 503 after this */
+    uint64_t deadline_ms;       /* while waiting for images: fail with 503 after this */
 } router_request;
+
+/* What the router counts (published with its own entry in snapshots). */
+typedef struct router_counters {
+    uint64_t admitted, queued_total, rejected_queue_full, rejected_too_large, capped;
+} router_counters;
 
 typedef struct router {
     const vlmd_config *cfg;     /* borrowed */
@@ -42,6 +67,9 @@ typedef struct router {
     uint32_t n_self_config;
     router_request *requests;   /* in flight, owned */
     size_t n_requests, cap_requests;
+    uint64_t next_seq;
+    router_counters counts;
+    session_table sessions;
     bool images_enabled;        /* the model has a vision tower and the arena exists */
     uint64_t embed_row_bytes;   /* one image token's embedding in the arena (hidden x f32) */
     embed_cache embeds;         /* the arena's book */
@@ -55,7 +83,7 @@ void router_stop(router *rt);
 /* Handles one message from the socket (exposed for tests). */
 void router_handle(router *rt, const void *identity, size_t id_len, const void *data, size_t len);
 
-/* ---- shared by router.c and images.c ---------------------------------------------- */
+/* ---- shared by router.c, requests.c and images.c ------------------------------------ */
 
 /* Sends msg (borrowed) to a registered process or to a routing id. */
 void router_send(router *rt, const registry_entry *to, const vlmd_msg *msg);
@@ -64,10 +92,25 @@ void router_send_to_identity(router *rt, const void *id, size_t id_len, const vl
  * index + 1, or 0), and forgets it. */
 void router_fail_request(router *rt, router_request *q, vlmd_status status,
                          uint32_t error_image, const char *message);
-/* Forgets a request (what it holds in the arena is given back). */
+/* Forgets a request (what it holds in the arena and its session are given back). */
 void router_forget_request(router *rt, router_request *q);
+router_request *router_find_request(router *rt, uint64_t req_id);
 /* The engine (rank 0) or the visual worker when ready, else NULL. */
 registry_entry *router_ready_worker(router *rt, vlmd_role role);
+
+/* requests.c: the lifecycle of requests (msg's content may be moved out). */
+void router_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg);
+void router_on_cancel(router *rt, const void *id, size_t id_len, const vlmd_msg *msg);
+void router_on_chunk(router *rt, vlmd_msg *msg);
+/* Every request ends with a 503 naming why (the engine went away). */
+void router_fail_all(router *rt, const char *why);
+/* A request whose images are ready goes to the admission queue. */
+void router_enqueue(router *rt, router_request *q);
+/* Sends queued requests to the engine, oldest first, while they fit. */
+void router_admit(router *rt);
+/* The router's counters as name/value pairs for its snapshot entry; returns
+ * how many (at most n). */
+uint32_t router_counters_kv(router *rt, vlmd_kv *kv, char (*values)[24], uint32_t n);
 
 /* images.c: the image stage. */
 vlmd_status router_images_start(router *rt, vlmd_error *err);

@@ -92,7 +92,7 @@ static vlmd_msg sample(vlmd_msg_type t)
             .req_id = 1ull << 50, .tokens = sample_tokens, .n_tokens = 5, .max_tokens = 128,
             .sampling = {0.7, 0.9, 40, 0.05, 0.5, -0.5, 1.1, UINT64_MAX - 1, true},
             .stop_tokens = sample_stops, .n_stop_tokens = 3, .top_logprobs = 20,
-            .logprobs = true, .images = sample_images, .n_images = 3};
+            .logprobs = true, .images = sample_images, .n_images = 3, .session = "user-42"};
         break;
     case VLMD_MSG_REQUEST_CANCEL:
         m.u.request_cancel = (vlmd_msg_request_cancel){8, VLMD_FINISH_CANCELLED};
@@ -104,7 +104,7 @@ static vlmd_msg sample(vlmd_msg_type t)
             .message = "the visual worker is down", .prompt_tokens = 10,
             .completion_tokens = 5, .cached_tokens = 2, .top_n = 2, .top_ids = sample_top_ids,
             .n_top_ids = 10, .top_logprobs = sample_top_lps, .n_top_logprobs = 10,
-            .error_image = 3};
+            .error_image = 3, .max_tokens_capped = 256};
         break;
     case VLMD_MSG_IMAGE_JOB:
         m.u.image_job = (vlmd_msg_image_job){.req_id = 3, .image_index = 1, .data = sample_bytes,
@@ -235,7 +235,7 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
     case VLMD_MSG_REQUEST_SUBMIT: {
         const vlmd_msg_request_submit *a = &x->u.request_submit, *b = &y->u.request_submit;
         EQ(req_id); ARR(tokens, n_tokens); EQ(max_tokens); ARR(stop_tokens, n_stop_tokens);
-        EQ(top_logprobs); EQ(logprobs); EQ(n_images);
+        EQ(top_logprobs); EQ(logprobs); EQ(n_images); STR(session);
         EQ(sampling.temperature); EQ(sampling.top_p); EQ(sampling.top_k); EQ(sampling.min_p);
         EQ(sampling.presence_penalty); EQ(sampling.frequency_penalty);
         EQ(sampling.repetition_penalty); EQ(sampling.seed); EQ(sampling.has_seed);
@@ -253,6 +253,7 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
         EQ(req_id); ARR(tokens, n_tokens); ARR(logprobs, n_logprobs); EQ(finish); EQ(status);
         STR(message); EQ(prompt_tokens); EQ(completion_tokens); EQ(cached_tokens); EQ(top_n);
         ARR(top_ids, n_top_ids); ARR(top_logprobs, n_top_logprobs); EQ(error_image);
+        EQ(max_tokens_capped);
         break;
     }
     case VLMD_MSG_IMAGE_JOB: {
@@ -1164,6 +1165,7 @@ static const field_ref optional_fields[] = {
     {VLMD_MSG_READY, "memory"},             {VLMD_MSG_HEARTBEAT, "counters"},
     {VLMD_MSG_STATS_SNAPSHOT, "workers.memory"},
     {VLMD_MSG_STATS_SNAPSHOT, "workers.counters"},
+    {VLMD_MSG_REQUEST_SUBMIT, "session"},   {VLMD_MSG_TOKEN_CHUNK, "max_tokens_capped"},
 };
 /* Optional too, but they travel together: dropping one alone is a shape mismatch. */
 static const field_ref coupled_fields[] = {

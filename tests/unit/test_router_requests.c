@@ -1,10 +1,14 @@
-/* test_router_images.c - the router's image stage over real ZeroMQ sockets
- * (inproc, one libuv loop) with a frontend, a visual worker and an engine
- * played by the test: a request waits for its images and reaches the engine
- * with their arena offsets and without their bytes; a repeated image is
- * encoded once; a full arena makes a request wait until room is freed, and
- * no longer than --image-wait-ms; a failed image fails every request waiting
- * for it, naming it; a visual worker that goes away fails what waits. */
+/* test_router_requests.c - requests through the router over real ZeroMQ
+ * sockets (inproc, one libuv loop) with a frontend, a visual worker and an
+ * engine played by the test.
+ * Images: a request waits for its images and reaches the engine with their
+ * arena offsets and without their bytes; a repeated image is encoded once; a
+ * full arena makes a request wait until room is freed, and no longer than
+ * --image-wait-ms; a failed image fails every request waiting for it, naming
+ * it; a visual worker that goes away fails what waits.
+ * Admission: requests wait for KV room in arrival order; a full queue is a
+ * 503 (busy), a prompt the cache cannot hold a 400; session limits are 429s;
+ * under pressure max_tokens is capped and the frontend is told. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,9 +33,12 @@ typedef struct seen {
     vlmd_msg_token_chunk errors[MAX_SEEN];      /* frontend: error chunks */
     char messages[MAX_SEEN][256];
     int n_errors;
+    uint32_t capped[MAX_SEEN];                  /* frontend: max_tokens_capped by req_id */
+    int n_chunks;
 } seen;
 
 typedef struct fixture {
+    uint64_t capacity;          /* the engine's KV tokens */
     uv_loop_t loop;
     void *zctx;
     vlmd_config cfg;
@@ -59,6 +66,10 @@ static void on_peer_msg(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
                msg->u.token_chunk.finish == VLMD_FINISH_ERROR) {
         snprintf(s->messages[s->n_errors], sizeof s->messages[0], "%s", msg->u.token_chunk.message);
         s->errors[s->n_errors++] = msg->u.token_chunk;
+    } else if (msg->type == VLMD_MSG_TOKEN_CHUNK) {
+        s->n_chunks++;
+        if (msg->u.token_chunk.req_id < MAX_SEEN)
+            s->capped[msg->u.token_chunk.req_id] = msg->u.token_chunk.max_tokens_capped;
     }
 }
 
@@ -87,17 +98,21 @@ static vlmd_peer *connect_as(fixture *f, vlmd_role role, seen *s)
     vlmd_error err = {0};
     vlmd_peer *p = vlmd_peer_create(&f->loop, f->zctx, &f->cfg, role, 0, on_peer_msg, s, &err);
     cr_assert_not_null(p, "%s", err.msg);
-    vlmd_msg_ready ready = {.device = "cpu", .listen_url = ""};
+    vlmd_msg_ready ready = {.device = "cpu", .listen_url = "",
+                            .kv_capacity_tokens = role == VLMD_ROLE_LLM ? f->capacity : 0};
     vlmd_peer_set_ready(p, &ready);
     cr_assert(wait_for(f, &s->welcomes, 1));
     return p;
 }
 
 /* A router for the qwen2_vl fixture (hidden 128: 512 arena bytes a token)
- * with an arena of 1 MiB, and the three processes around it. */
-static void setup(fixture *f, const char *endpoint, int64_t wait_ms)
+ * with an arena of 1 MiB, and the three processes around it; change sets
+ * flags before the router starts. */
+static void setup_with(fixture *f, const char *endpoint, int64_t wait_ms, uint64_t capacity,
+                       void (*change)(vlmd_config *))
 {
     memset(f, 0, sizeof *f);
+    f->capacity = capacity;
     uv_loop_init(&f->loop);
     f->zctx = zmq_ctx_new();
     vlmd_config_init_defaults(&f->cfg);
@@ -112,6 +127,8 @@ static void setup(fixture *f, const char *endpoint, int64_t wait_ms)
     f->cfg.image_wait_ms = wait_ms;
     f->cfg.heartbeat_ms = 20;
     f->cfg.heartbeat_timeout_ms = 200;
+    if (change)
+        change(&f->cfg);
     vlmd_error err = {0};
     cr_assert_eq(router_start(&f->rt, &f->cfg, &f->loop, f->zctx, &err), VLMD_OK, "%s", err.msg);
     cr_assert(f->rt.images_enabled);
@@ -120,6 +137,11 @@ static void setup(fixture *f, const char *endpoint, int64_t wait_ms)
     f->visual_peer = connect_as(f, VLMD_ROLE_VISUAL, &f->visual);
     f->llm_peer = connect_as(f, VLMD_ROLE_LLM, &f->llm);
     pump(f, 30); /* the READYs arrive */
+}
+
+static void setup(fixture *f, const char *endpoint, int64_t wait_ms)
+{
+    setup_with(f, endpoint, wait_ms, 100000, NULL);
 }
 
 static void teardown(fixture *f)
@@ -161,6 +183,18 @@ static void answer(fixture *f, int job, vlmd_status st, const char *message)
                                                          .arena_offset = j->arena_offset}};
     memcpy(m.u.image_result.image.hash, j->hash, 32);
     cr_assert_eq(vlmd_peer_send(f->visual_peer, &m), VLMD_OK);
+}
+
+/* A text request of `prompt` tokens and up to max_tokens more. */
+static void submit_text(fixture *f, uint64_t id, uint32_t prompt, uint32_t max_tokens,
+                        const char *session_id)
+{
+    static uint32_t ids[4096];
+    vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
+    m.u.request_submit = (vlmd_msg_request_submit){.req_id = id, .tokens = ids,
+                                                   .n_tokens = prompt, .max_tokens = max_tokens,
+                                                   .session = (char *)session_id};
+    cr_assert_eq(vlmd_peer_send(f->fe_peer, &m), VLMD_OK);
 }
 
 static void finish(fixture *f, uint64_t id)
@@ -271,5 +305,93 @@ Test(router_images, a_visual_worker_that_goes_away_fails_what_waits)
     cr_assert(wait_for(&f, &f.fe.n_errors, 2), "refused at once while it is down");
     cr_expect(strstr(f.fe.messages[1], "not ready"), "%s", f.fe.messages[1]);
     cr_expect_eq(f.rt.embeds.n, 0);
+    teardown(&f);
+}
+
+Test(router_requests, requests_wait_for_kv_room_in_arrival_order)
+{
+    fixture f;
+    setup_with(&f, "inproc://router-admit-1", 30000, 1000, NULL);
+    submit_text(&f, 1, 500, 300, "");
+    submit_text(&f, 2, 300, 100, ""); /* peak 500+300 | 800+2x100: 1000 fits */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 2));
+    submit_text(&f, 3, 100, 200, ""); /* with it: 600+2x200, 900+3x100 = 1200 */
+    submit_text(&f, 4, 10, 1, "");    /* would fit, but arrived after 3 */
+    pump(&f, 60);
+    cr_expect_eq(f.llm.n_submits, 2, "3 waits for room, 4 waits behind it");
+    finish(&f, 2);
+    cr_assert(wait_for(&f, &f.llm.n_submits, 4));
+    cr_expect_eq(f.llm.submits[2].req_id, 3);
+    cr_expect_eq(f.llm.submits[3].req_id, 4);
+    cr_expect_eq(f.fe.n_errors, 0);
+    teardown(&f);
+}
+
+static void one_queued(vlmd_config *c) { c->max_queued_requests = 1; }
+
+Test(router_requests, a_full_queue_is_busy_and_a_prompt_that_cannot_fit_is_too_large)
+{
+    fixture f;
+    setup_with(&f, "inproc://router-admit-2", 30000, 1000, one_queued);
+    submit_text(&f, 1, 900, 50, "");
+    cr_assert(wait_for(&f, &f.llm.n_submits, 1));
+    submit_text(&f, 2, 500, 50, ""); /* queued */
+    submit_text(&f, 3, 500, 50, ""); /* the queue holds one */
+    cr_assert(wait_for(&f, &f.fe.n_errors, 1));
+    cr_expect_eq(f.fe.errors[0].req_id, 3);
+    cr_expect_eq(f.fe.errors[0].status, VLMD_ERR_BUSY);
+    cr_expect(strstr(f.fe.messages[0], "--max-queued-requests"), "%s", f.fe.messages[0]);
+    finish(&f, 1);
+    cr_assert(wait_for(&f, &f.llm.n_submits, 2));
+    submit_text(&f, 4, 1000, 1, ""); /* no room for even one output token */
+    cr_assert(wait_for(&f, &f.fe.n_errors, 2));
+    cr_expect_eq(f.fe.errors[1].status, VLMD_ERR_TOO_LARGE);
+    cr_expect(strstr(f.fe.messages[1], "the KV cache holds 1000"), "%s", f.fe.messages[1]);
+    teardown(&f);
+}
+
+static void one_per_session(vlmd_config *c) { c->session_max_requests = 1; }
+
+Test(router_requests, a_session_over_its_limit_gets_429)
+{
+    fixture f;
+    setup_with(&f, "inproc://router-admit-3", 30000, 100000, one_per_session);
+    submit_text(&f, 1, 10, 10, "alice");
+    submit_text(&f, 2, 10, 10, "alice");
+    submit_text(&f, 3, 10, 10, "bob");
+    cr_assert(wait_for(&f, &f.fe.n_errors, 1));
+    cr_assert(wait_for(&f, &f.llm.n_submits, 2));
+    cr_expect_eq(f.fe.errors[0].req_id, 2);
+    cr_expect_eq(f.fe.errors[0].status, VLMD_ERR_LIMIT);
+    cr_expect(strstr(f.fe.messages[0], "alice"), "%s", f.fe.messages[0]);
+    finish(&f, 1);
+    pump(&f, 20);
+    submit_text(&f, 5, 10, 10, "alice"); /* its first one ended */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 3));
+    cr_expect_eq(f.fe.n_errors, 1);
+    teardown(&f);
+}
+
+static void degrade(vlmd_config *c)
+{
+    c->degrade_under_pressure = 50;
+    c->degrade_max_tokens = 10;
+}
+
+Test(router_requests, under_pressure_max_tokens_is_capped_and_said)
+{
+    fixture f;
+    setup_with(&f, "inproc://router-admit-4", 30000, 1000, degrade);
+    submit_text(&f, 1, 100, 100, ""); /* 10% in use when it arrives: not capped */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 1));
+    cr_expect_eq(f.llm.submits[0].max_tokens, 100);
+    submit_text(&f, 2, 500, 100, "");
+    cr_assert(wait_for(&f, &f.llm.n_submits, 2));
+    submit_text(&f, 3, 10, 100, ""); /* 600 of 1000 in use: capped */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 3));
+    cr_expect_eq(f.llm.submits[2].max_tokens, 10);
+    finish(&f, 3);
+    cr_assert(wait_for(&f, &f.fe.n_chunks, 1));
+    cr_expect_eq(f.fe.capped[3], 10, "the frontend is told");
     teardown(&f);
 }
