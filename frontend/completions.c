@@ -14,9 +14,12 @@
 
 #include <jansson.h>
 
+#include "clock.h"
 #include "h2o_include.h"
 #include "log.h"
 #include "response.h"
+
+#define CAPPED_HEADER "x-vlmd-max-tokens-capped"
 
 typedef struct stream_gen {
     h2o_generator_t super;
@@ -35,6 +38,14 @@ static void cancel_at_engine(uint64_t req_id, void *ud)
     VLMD_REQ_INFO(req_id, "cancelled at the engine");
 }
 
+/* inflight: the client went away before its answer */
+static void client_gone(uint64_t req_id, void *ud)
+{
+    completions *c = ud;
+    c->metrics.finished[3]++;
+    cancel_at_engine(req_id, c);
+}
+
 void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok,
                       const api_limits *limits, const image_limits *images)
 {
@@ -49,7 +60,7 @@ void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok
         if (id >= 0)
             c->stop_ids[c->n_stop++] = (uint32_t)id;
     }
-    inflight_init(&c->table, cancel_at_engine, c);
+    inflight_init(&c->table, client_gone, c);
 }
 
 void completions_free(completions *c)
@@ -108,6 +119,12 @@ static void stream_start(completions *c, inflight_entry *e)
                    H2O_STRLIT("text/event-stream"));
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
                    H2O_STRLIT("no-store"));
+    if (e->capped) {
+        char *v = h2o_mem_alloc_pool(&req->pool, 16);
+        int n = snprintf(v, 16, "%u", e->capped);
+        h2o_add_header_by_str(&req->pool, &req->res.headers, H2O_STRLIT(CAPPED_HEADER), 0, NULL,
+                              v, (size_t)n);
+    }
     stream_gen *g = h2o_mem_alloc_pool(&req->pool, sizeof *g);
     *g = (stream_gen){{on_proceed, NULL}, c, e->req_id};
     h2o_start_response(req, &g->super);
@@ -306,18 +323,26 @@ static int error_status(vlmd_status st)
     case VLMD_ERR_TOO_LARGE:
         return 400;
     case VLMD_ERR_UNAVAILABLE:
+    case VLMD_ERR_BUSY:
         return 503;
+    case VLMD_ERR_LIMIT:
+        return 429;
     default:
         return 500;
     }
 }
 
-/* Ends a request that has not reached the router with an error. */
+/* Ends a request that has not started its answer with an error; a busy
+ * server says when to come back. */
 static void fail_entry(completions *c, inflight_entry *e, const api_error *err)
 {
     h2o_req_t *req = e->req;
     inflight_remove(&c->table, e);
-    send_api_error(req, err);
+    c->metrics.finished[2]++;
+    vlmd_send_api_error_with_header(req, err->status, err->message,
+                                    err->param[0] ? err->param : NULL, err->code,
+                                    err->status == 503 || err->status == 429 ? "retry-after" : NULL,
+                                    "1");
 }
 
 /* The request (prompt complete, images measured) to the router. */
@@ -341,7 +366,7 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
         .req_id = e->req_id, .tokens = r->prompt.ids, .n_tokens = (uint32_t)r->prompt.n,
         .max_tokens = r->max_tokens, .sampling = r->sampling, .stop_tokens = c->stop_ids,
         .n_stop_tokens = c->n_stop, .logprobs = r->logprobs, .top_logprobs = r->top_logprobs,
-        .images = refs, .n_images = r->n_images};
+        .images = refs, .n_images = r->n_images, .session = e->session};
     bool sent = c->peer && vlmd_peer_send(c->peer, &m) == VLMD_OK;
     free(refs);
     for (uint32_t i = 0; i < r->n_images; i++) { /* the bytes went with the message */
@@ -439,6 +464,25 @@ static void start_images(completions *c, inflight_entry *e)
     uv_queue_work(c->loop, &j->work, on_fetch_work, on_fetch_done);
 }
 
+/* X-Session-ID (optional): up to 64 visible ASCII characters. */
+static bool session_header(h2o_req_t *req, char *out, size_t outsz, api_error *err)
+{
+    ssize_t at = h2o_find_header_by_str(&req->headers, H2O_STRLIT("x-session-id"), -1);
+    out[0] = '\0';
+    if (at < 0)
+        return true;
+    h2o_iovec_t v = req->headers.entries[at].value;
+    bool ok = v.len > 0 && v.len < outsz;
+    for (size_t i = 0; ok && i < v.len; i++)
+        ok = v.base[i] > 0x20 && v.base[i] < 0x7f;
+    if (!ok)
+        return api_fail(err, 400, NULL, "invalid_session_id",
+                        "X-Session-ID must be 1 to %zu visible ASCII characters", outsz - 1);
+    memcpy(out, v.base, v.len);
+    out[v.len] = '\0';
+    return true;
+}
+
 static void handle(h2o_req_t *req, completions *c, bool chat)
 {
     json_error_t jerr;
@@ -465,6 +509,10 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
     }
     e->api = r;
     e->detok.skip_special = true;
+    if (!session_header(req, e->session, sizeof e->session, &err)) {
+        fail_entry(c, e, &err);
+        return;
+    }
     if (r.echo) /* the prompt comes first, as written (its specials included) */
         vlmd_tokenizer_decode(c->tok, r.prompt.ids, r.prompt.n, false, &e->text, NULL);
     e->prompt_text_len = e->text.len;
@@ -489,11 +537,16 @@ void completions_handle_chat(h2o_req_t *req, void *ud)
 static void finish(completions *c, inflight_entry *e, const char *reason)
 {
     uint64_t id = e->req_id;
+    metrics_observe(&c->metrics.e2e, (double)(vlmd_now_ns() - e->start_ns) / 1e9);
+    c->metrics.prompt_tokens += e->api.prompt.n;
+    c->metrics.finished[strcmp(reason, "stop") == 0 ? 0 : 1]++;
     if (!e->api.stream) {
         h2o_req_t *req = e->req;
         json_t *resp = full_json(c, e, reason);
+        char capped[16];
+        snprintf(capped, sizeof capped, "%u", e->capped);
         inflight_remove(&c->table, e);
-        vlmd_send_json(req, 200, resp, NULL, NULL);
+        vlmd_send_json(req, 200, resp, e->capped ? CAPPED_HEADER : NULL, capped);
         return;
     }
     stream_start(c, e);
@@ -540,12 +593,24 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
             fail_entry(c, e, &err);
             return;
         }
+        c->metrics.finished[2]++;
         stream_event(e, json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", m->message,
                                   "type", "server_error", "param", "code"));
         vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
         e->final_queued = true;
         stream_flush(c, e->req_id);
         return;
+    }
+    if (m->max_tokens_capped)
+        e->capped = m->max_tokens_capped;
+    if (m->n_tokens) {
+        uint64_t now = vlmd_now_ns();
+        if (!e->last_token_ns)
+            metrics_observe(&c->metrics.ttft, (double)(now - e->start_ns) / 1e9);
+        else
+            metrics_observe(&c->metrics.itl, (double)(now - e->last_token_ns) / 1e9);
+        e->last_token_ns = now;
+        c->metrics.completion_tokens += m->n_tokens;
     }
     e->completion_tokens += m->n_tokens;
     size_t text_before = e->text.len;

@@ -16,6 +16,7 @@
 #include "api_request.h"
 #include "image_input.h"
 #include "inflight.h"
+#include "metrics.h"
 #include "peer.h"
 #include "tokenizer.h"
 
@@ -30,6 +31,7 @@ typedef struct completions {
     uint32_t stop_ids[2];       /* <|im_end|>, <|endoftext|> when the vocabulary has them */
     uint32_t n_stop;
     inflight table;
+    frontend_metrics metrics;
 } completions;
 
 void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok,

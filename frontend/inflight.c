@@ -45,6 +45,7 @@ inflight_entry *inflight_add(inflight *t, h2o_req_t *req)
     e->req = req;
     e->owner = t;
     e->created_unix_s = (int64_t)time(NULL);
+    e->start_ns = vlmd_now_ns();
     dispose_hook *h = h2o_mem_alloc_shared(&req->pool, sizeof *h, on_dispose);
     h->table = t;
     h->req_id = e->req_id;

@@ -41,6 +41,10 @@ typedef struct inflight_entry {
     bool sending;               /* an h2o_send is in flight: wait for proceed */
     bool final_queued;          /* the last bytes wait in pending */
     vlmd_buf pending;           /* stream bytes not handed to h2o yet */
+    uint64_t start_ns;          /* arrival, for the latency metrics */
+    uint64_t last_token_ns;     /* 0 until the first token */
+    uint32_t capped;            /* the router capped max_tokens to this (0: not) */
+    char session[65];           /* X-Session-ID, "" when none */
     token_logprobs *lps;        /* non-streamed logprobs: one per generated token */
     size_t n_lps, cap_lps;
     struct inflight_entry *next;

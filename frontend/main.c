@@ -37,11 +37,17 @@ typedef struct frontend {
 
 /* ---- routes ------------------------------------------------------------- */
 
+/* The router's latest snapshot, or NULL before the first. */
+static const vlmd_msg_stats_snapshot *latest(const frontend *fe)
+{
+    return fe->snapshot.type == VLMD_MSG_STATS_SNAPSHOT ? &fe->snapshot.u.stats_snapshot : NULL;
+}
+
+
 static void handle_health(h2o_req_t *req, void *ud)
 {
     frontend *fe = ud;
-    const vlmd_msg_stats_snapshot *snap =
-        fe->snapshot.type == VLMD_MSG_STATS_SNAPSHOT ? &fe->snapshot.u.stats_snapshot : NULL;
+    const vlmd_msg_stats_snapshot *snap = latest(fe);
     int status = 503;
     json_t *body = vlmd_health_render(snap, vlmd_now_ms() - fe->snapshot_at_ms,
                                       (uint64_t)fe->svc.cfg.heartbeat_timeout_ms, fe->model_name,
@@ -68,6 +74,21 @@ static void handle_chat(h2o_req_t *req, void *ud)
     completions_handle_chat(req, &((frontend *)ud)->completions);
 }
 
+static void handle_metrics(h2o_req_t *req, void *ud)
+{
+    frontend *fe = ud;
+    vlmd_buf text = VLMD_BUF_INIT;
+    metrics_render(&fe->completions.metrics, latest(fe), fe->model_name, &text);
+    vlmd_send_text(req, 200, "text/plain; version=0.0.4", text.data ? text.data : "", text.len);
+    vlmd_buf_free(&text);
+}
+
+static void handle_memory_stats(h2o_req_t *req, void *ud)
+{
+    frontend *fe = ud;
+    vlmd_send_json(req, 200, metrics_memory_stats(latest(fe)), NULL, NULL);
+}
+
 static void handle_tokenize(h2o_req_t *req, void *ud)
 {
     tokenize_handle(req, &((frontend *)ud)->completions);
@@ -85,6 +106,8 @@ static const http_route routes[] = {
     {"POST", "/v1/chat/completions", handle_chat},
     {"POST", "/tokenize", handle_tokenize},
     {"POST", "/detokenize", handle_detokenize},
+    {"GET", "/metrics", handle_metrics},
+    {"GET", "/memory_stats", handle_memory_stats},
 };
 
 /* ---- the router --------------------------------------------------------- */

@@ -42,10 +42,31 @@ static const char *reason_phrase(int status)
     case 405: return "Method Not Allowed";
     case 413: return "Payload Too Large";
     case 429: return "Too Many Requests";
+    case 502: return "Bad Gateway";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
     default: return "";
     }
+}
+
+/* A known length; HEAD gets the headers only. */
+void vlmd_send_text(h2o_req_t *req, int status, const char *content_type, const char *text,
+                    size_t len)
+{
+    req->res.status = status;
+    req->res.reason = reason_phrase(status);
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, content_type,
+                   strlen(content_type));
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
+                   H2O_STRLIT("no-store"));
+    char *copy = h2o_mem_alloc_pool(&req->pool, len + 1);
+    memcpy(copy, text, len);
+    req->res.content_length = len;
+    h2o_iovec_t buf = h2o_iovec_init(copy, len);
+    bool head = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
+    static h2o_generator_t generator = {NULL, NULL};
+    h2o_start_response(req, &generator);
+    h2o_send(req, &buf, head ? 0 : 1, H2O_SEND_STATE_FINAL);
 }
 
 void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_header,
@@ -61,28 +82,19 @@ void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_
         if (!text)
             VLMD_FATAL("out of memory");
     }
-    req->res.status = status;
-    req->res.reason = reason_phrase(status);
-    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
-                   H2O_STRLIT("application/json"));
-    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL,
-                   H2O_STRLIT("no-store"));
     if (extra_header && extra_value)
         h2o_add_header_by_str(&req->pool, &req->res.headers, extra_header, strlen(extra_header),
                               1, NULL, extra_value, strlen(extra_value));
-    size_t len = strlen(text);
-    char *copy = h2o_mem_alloc_pool(&req->pool, len + 1);
-    memcpy(copy, text, len + 1);
-    free(text);
     /* A known length keeps HTTP/1.1 connections alive after an error (h2o's
      * chunked encoder closes them on any status but 200) and lets HEAD
      * report the length. h2o 2.2 leaves HEAD to the handler: no body. */
-    req->res.content_length = len + 1;
-    h2o_iovec_t bufs[2] = {h2o_iovec_init(copy, len), h2o_iovec_init("\n", 1)};
-    bool head = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
-    static h2o_generator_t generator = {NULL, NULL};
-    h2o_start_response(req, &generator);
-    h2o_send(req, bufs, head ? 0 : 2, H2O_SEND_STATE_FINAL);
+    size_t len = strlen(text);
+    char *line = realloc(text, len + 2);
+    if (!line)
+        VLMD_FATAL("out of memory");
+    line[len] = '\n';
+    vlmd_send_text(req, status, "application/json", line, len + 1);
+    free(line);
 }
 
 void vlmd_send_api_error_with_header(h2o_req_t *req, int status, const char *message,

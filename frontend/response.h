@@ -22,6 +22,10 @@ json_t *vlmd_api_error_json(const char *message, const char *type, const char *p
 void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_header,
                     const char *extra_value);
 
+/* Sends a text body (copied) with its content type, length and no-store. */
+void vlmd_send_text(h2o_req_t *req, int status, const char *content_type, const char *text,
+                    size_t len);
+
 /* Sends an OpenAI error; the type follows from the status
  * (400 invalid_request_error, 401 authentication_error, 404 invalid_request_error,
  * 429 rate_limit_error, 5xx server_error...). */

@@ -12,6 +12,8 @@
 
 typedef enum req_state { REQ_WAITING, REQ_RUNNING } req_state;
 
+#define STRESS_PROMPT 256 /* tokens per prompt of engine_stress's prefill (at least) */
+
 /* An image of a prompt: its tokens' embeddings in the arena. */
 typedef struct req_image {
     int32_t start, count;       /* its pad tokens in the prompt */
@@ -173,17 +175,23 @@ vlmd_status engine_stress(engine *e, vlmd_error *err)
                                                           : e->cfg.kv_slots;
     int32_t r = e->cfg.max_running < n ? e->cfg.max_running : n;
     int32_t V = (int32_t)qwen2_vocab_size(e->m);
-    /* one sequence of n tokens in slots 0..n-1 (the step_slots array doubles as its table) */
+    /* n prompt tokens in slots 0..n-1, as prompts of up to STRESS_PROMPT tokens
+     * (the step's memory depends on its rows, not on how they split into
+     * sequences; short ones keep the CPU's attention quick) */
+    int32_t len = (n + r - 1) / r > STRESS_PROMPT ? (n + r - 1) / r : STRESS_PROMPT, n_seq = 0;
     for (int32_t i = 0; i < n; i++) {
         e->ids[i] = i % V;
         e->step_slots[i] = i;
         for (int k = 0; k < 3; k++)
-            e->positions[k * n + i] = i;
+            e->positions[k * n + i] = i % len;
     }
-    e->seqs[0] = (vlmd_attn_seq){0, n, n, e->step_slots};
-    e->logit_rows[0] = n - 1;
-    qwen2_batch prefill = {n, e->ids, e->positions, e->step_slots, e->seqs, 1, e->logit_rows, 1,
-                           NULL, 0};
+    for (int32_t at = 0; at < n; at += len, n_seq++) {
+        int32_t q = n - at < len ? n - at : len;
+        e->seqs[n_seq] = (vlmd_attn_seq){at, q, q, e->step_slots + at};
+        e->logit_rows[n_seq] = at + q - 1;
+    }
+    qwen2_batch prefill = {n, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
+                           n_seq, NULL, 0};
     vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &prefill, e->logits, err);
     /* r sequences of one token each, every one attending to its own slot */
     for (int32_t i = 0; s == VLMD_OK && i < r; i++) {

@@ -52,7 +52,11 @@ typedef struct llm_worker {
     vlmd_buf *deferred;         /* encoded SUBMIT/CANCEL messages that arrived mid-step */
     size_t n_deferred, cap_deferred;
     bool stopping;
-    bool profiled;
+    bool profiling, profiled;
+    uint64_t peer_bytes;        /* the visual worker's reservation, from the router */
+    profile_report profile;     /* filled on the pool; read after */
+    vlmd_status profile_status;
+    vlmd_error profile_err;
     vlmd_shm_arena arena;       /* image embeddings, mapped read-only at the first image */
     void *canary;               /* the profile's headroom, held for good */
     uint64_t canary_bytes;
@@ -102,7 +106,7 @@ static void report_kv(llm_worker *w)
     vlmd_peer_set_kv_used(p, (uint64_t)(engine_capacity(w->engine) - engine_free_slots(w->engine)));
     vlmd_peer_set_counter(p, "device_allocations_since_ready",
                           vlmd_backend_alloc_count(w->backend) - w->allocs_at_ready);
-    vlmd_peer_set_counter(p, "preemptions", engine_preemptions(w->engine));
+    vlmd_peer_set_counter(p, "preemptions_total", engine_preemptions(w->engine));
     vlmd_peer_set_counter(p, "running", (uint64_t)engine_running(w->engine));
     vlmd_peer_set_counter(p, "waiting",
                           (uint64_t)(engine_active(w->engine) - engine_running(w->engine)));
@@ -235,15 +239,12 @@ static uint32_t memory_map(const profile_report *r, uint64_t peer, vlmd_kv *kv, 
     return n;
 }
 
-/* Runs the auto-profile once the peer footprint is known; a device that
- * cannot hold the configuration is a start-up error (exit 2, with every
- * number and knob), never a crash later. */
-static void llm_profile(llm_worker *w, uint64_t peer_bytes)
+static engine_config engine_base(llm_worker *w)
 {
     const vlmd_config *cfg = &w->svc.cfg;
     const vlmd_text_config *t = &w->svc.model.text;
     int64_t max_len = cfg->max_model_len ? cfg->max_model_len : t->max_position_embeddings;
-    engine_config base = {
+    return (engine_config){
         .max_batch_tokens = (int32_t)cfg->batch_max_tokens,
         .max_running = (int32_t)cfg->max_num_seqs,
         .eos_id = (int32_t)t->eos_token_id,
@@ -252,38 +253,69 @@ static void llm_profile(llm_worker *w, uint64_t peer_bytes)
         .merge_size = (int32_t)w->svc.model.vision.spatial_merge_size,
         .arena = &w->arena,
     };
+}
+
+/* The auto-profile, on libuv's pool: its stress steps may take seconds on a
+ * CPU, and the loop keeps the heartbeats going meanwhile. */
+static void on_profile_work(uv_work_t *req)
+{
+    llm_worker *w = req->data;
+    const vlmd_config *cfg = &w->svc.cfg;
+    engine_config base = engine_base(w);
     profile_config pc = {.max_total_token_num = cfg->max_total_token_num,
-                         .mem_fraction = cfg->mem_fraction, .peer_bytes = peer_bytes,
+                         .mem_fraction = cfg->mem_fraction, .peer_bytes = w->peer_bytes,
                          .canary_bytes = PROFILE_CANARY_BYTES};
-    profile_report rep;
-    vlmd_error err = {0};
-    if (profile_run(w->model, w->backend, &base, emit, w, &pc, NULL, NULL, &w->engine, &w->canary,
-                    &rep, &err) != VLMD_OK) {
-        VLMD_ERROR("%s", err.msg);
+    w->profile_status = profile_run(w->model, w->backend, &base, emit, w, &pc, NULL, NULL,
+                                    &w->engine, &w->canary, &w->profile, &w->profile_err);
+}
+
+/* A device that cannot hold the configuration is a start-up error (exit 2,
+ * with every number and knob), never a crash later. */
+static void on_profile_done(uv_work_t *req, int status)
+{
+    llm_worker *w = req->data;
+    w->profiling = false;
+    if (status != 0 || w->profile_status != VLMD_OK) {
+        VLMD_ERROR("%s", status ? "the auto-profile did not run" : w->profile_err.msg);
         exit(VLMD_EXIT_CONFIG);
     }
-    w->canary_bytes = rep.canary_bytes;
-    VLMD_INFO("KV cache: %lld tokens (%llu MiB) after %d attempt(s); %d per step, %d sequences, "
-              "max length %lld; device %s: %llu MiB, weights %llu MiB, workspace %llu MiB, peers "
-              "%llu MiB, canary %llu MiB, %llu MiB free",
-              (long long)rep.tokens, (unsigned long long)(rep.kv_bytes >> 20), rep.attempts,
-              base.max_batch_tokens, base.max_running, (long long)max_len,
-              vlmd_backend_info(w->backend)->name, (unsigned long long)(rep.total_bytes >> 20),
-              (unsigned long long)(rep.weights_bytes >> 20),
-              (unsigned long long)(rep.workspace_bytes >> 20),
-              (unsigned long long)(peer_bytes >> 20), (unsigned long long)(rep.canary_bytes >> 20),
-              (unsigned long long)(rep.free_after_bytes >> 20));
+    const profile_report *rep = &w->profile;
+    engine_config base = engine_base(w);
+    w->canary_bytes = rep->canary_bytes;
     w->profiled = true;
+    VLMD_INFO("KV cache: %lld tokens (%llu MiB) after %d attempt(s); %d per step, %d sequences, "
+              "max length %d; device %s: %llu MiB, weights %llu MiB, workspace %llu MiB, peers "
+              "%llu MiB, canary %llu MiB, %llu MiB free",
+              (long long)rep->tokens, (unsigned long long)(rep->kv_bytes >> 20), rep->attempts,
+              base.max_batch_tokens, base.max_running, base.max_model_len,
+              vlmd_backend_info(w->backend)->name, (unsigned long long)(rep->total_bytes >> 20),
+              (unsigned long long)(rep->weights_bytes >> 20),
+              (unsigned long long)(rep->workspace_bytes >> 20),
+              (unsigned long long)(w->peer_bytes >> 20),
+              (unsigned long long)(rep->canary_bytes >> 20),
+              (unsigned long long)(rep->free_after_bytes >> 20));
+    if (w->stopping)
+        return;
     vlmd_kv memory[24];
     char values[24][24];
-    vlmd_msg_ready ready = {.kv_capacity_tokens = (uint64_t)rep.tokens,
+    vlmd_msg_ready ready = {.kv_capacity_tokens = (uint64_t)rep->tokens,
                             .reserved_bytes = vlmd_backend_allocated_bytes(w->backend),
                             .device = (char *)vlmd_backend_info(w->backend)->name,
                             .memory = memory,
-                            .n_memory = memory_map(&rep, peer_bytes, memory, values)};
+                            .n_memory = memory_map(rep, w->peer_bytes, memory, values)};
     w->allocs_at_ready = vlmd_backend_alloc_count(w->backend);
     report_kv(w);
     vlmd_peer_set_ready(w->svc.peer, &ready);
+}
+
+static void start_profile(llm_worker *w, uint64_t peer_bytes)
+{
+    if (w->profiling || w->profiled)
+        return;
+    w->profiling = true;
+    w->peer_bytes = peer_bytes;
+    w->step.data = w; /* no step runs before the engine exists: its handle is free */
+    uv_queue_work(&w->svc.loop, &w->step, on_profile_work, on_profile_done);
 }
 
 static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
@@ -291,23 +323,22 @@ static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
     llm_worker *w = ud;
     switch (msg->type) {
     case VLMD_MSG_WELCOME:
-        if (!w->profiled) {
+        if (!w->profiled && !w->profiling) {
             vlmd_msg req = {.type = VLMD_MSG_FOOTPRINT_REQUEST};
             vlmd_peer_send(svc->peer, &req);
         }
         break;
     case VLMD_MSG_FOOTPRINT_REPLY:
-        if (!w->profiled)
-            llm_profile(w, msg->u.footprint_reply.peer_bytes);
+        start_profile(w, msg->u.footprint_reply.peer_bytes);
         break;
     case VLMD_MSG_REQUEST_SUBMIT:
-        if (!w->engine)
+        if (!w->profiled)
             refuse(w, msg->u.request_submit.req_id, VLMD_ERR_UNAVAILABLE, "not ready");
         else
             submit_or_defer(w, msg);
         break;
     case VLMD_MSG_REQUEST_CANCEL:
-        if (w->engine)
+        if (w->profiled)
             submit_or_defer(w, msg);
         break;
     default:
