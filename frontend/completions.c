@@ -545,8 +545,9 @@ static void finish(completions *c, inflight_entry *e, const char *reason)
         json_t *resp = full_json(c, e, reason);
         char capped[16];
         snprintf(capped, sizeof capped, "%u", e->capped);
+        const char *header = e->capped ? CAPPED_HEADER : NULL;
         inflight_remove(&c->table, e);
-        vlmd_send_json(req, 200, resp, e->capped ? CAPPED_HEADER : NULL, capped);
+        vlmd_send_json(req, 200, resp, header, capped);
         return;
     }
     stream_start(c, e);
