@@ -134,6 +134,49 @@ const vlmd_flag vlmd_flags[] = {
      "never changed)"},
     {"degrade-max-tokens", VLMD_FLAG_INT, OFF(degrade_max_tokens), "512", 1, 1 << 24, NULL,
      R(LAUNCHER) | R(ROUTER), "The max_tokens cap of --degrade-under-pressure"},
+    {"api-key-file", VLMD_FLAG_STRING, OFF(api_key_file), "", 0, 0, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "File of API keys, one per line: requests need \"Authorization: Bearer KEY\" (401 "
+     "otherwise). The VLMD_API_KEY environment variable adds one more. There is no --api-key: "
+     "a key on the command line can be read by every local user in the process list"},
+    {"metrics-need-key", VLMD_FLAG_CHOICE, OFF(metrics_need_key), "no", 0, 0, "no|yes",
+     R(LAUNCHER) | R(FRONTEND),
+     "Whether /metrics and /memory_stats need an API key too (/health never does)"},
+    {"cors-origins", VLMD_FLAG_STRING, OFF(cors_origins), "", 0, 0, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "Origins a browser may call the API from: comma-separated, or * for any; empty: no CORS"},
+    {"max-body-bytes", VLMD_FLAG_INT, OFF(max_body_bytes), "8388608", 1024, 1LL << 30, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "Largest request body (413 beyond; twice this is refused before it is read)"},
+    {"max-header-bytes", VLMD_FLAG_INT, OFF(max_header_bytes), "16384", 1024, 400000, NULL,
+     R(LAUNCHER) | R(FRONTEND), "Largest request header section (431 beyond)"},
+    {"max-messages", VLMD_FLAG_INT, OFF(max_messages), "1024", 1, 1 << 20, NULL,
+     R(LAUNCHER) | R(FRONTEND), "Most messages in one chat request (400 beyond)"},
+    {"max-prompt-bytes", VLMD_FLAG_INT, OFF(max_prompt_bytes), "4194304", 1, 1LL << 30, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "Most bytes of text (messages or prompt) one request may carry, checked before "
+     "tokenizing (400 beyond)"},
+    {"max-output-tokens", VLMD_FLAG_INT, OFF(max_output_tokens), "0", 0, 1 << 24, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "Most tokens one request may ask to generate (400 beyond); 0: up to the model's room"},
+    {"max-connections", VLMD_FLAG_INT, OFF(max_connections), "1024", 1, 1 << 20, NULL,
+     R(LAUNCHER) | R(FRONTEND), "Open client connections; more are closed as they arrive"},
+    {"request-timeout-s", VLMD_FLAG_INT, OFF(request_timeout_s), "600", 1, 86400, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "Longest a request may take, queueing and generation together; then it ends with 504 "
+     "(or an error event when streaming) and is cancelled"},
+    {"keepalive-timeout-s", VLMD_FLAG_INT, OFF(keepalive_timeout_s), "10", 1, 3600, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "Time a client has to send a whole request (headers and body), and the longest an idle "
+     "connection stays open"},
+    {"send-timeout-s", VLMD_FLAG_INT, OFF(send_timeout_s), "30", 1, 3600, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "A client that does not read its answer for this long is cut off and its request "
+     "cancelled"},
+    {"drain-timeout-s", VLMD_FLAG_INT, OFF(drain_timeout_s), "30", 0, 3600, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "On SIGTERM, time running requests have to finish (no new ones are accepted) before the "
+     "server stops"},
     {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, 0},
 };
 

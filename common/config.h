@@ -58,6 +58,19 @@ typedef struct vlmd_config {
     int64_t max_sessions;           /* --max-sessions */
     int64_t degrade_under_pressure; /* --degrade-under-pressure: KV-use percent; 0 = off */
     int64_t degrade_max_tokens;     /* --degrade-max-tokens */
+    char *api_key_file;             /* --api-key-file: one key per line (and VLMD_API_KEY) */
+    char *metrics_need_key;         /* --metrics-need-key: no | yes */
+    char *cors_origins;             /* --cors-origins: "" off, "*" or a comma-separated list */
+    int64_t max_body_bytes;         /* --max-body-bytes */
+    int64_t max_header_bytes;       /* --max-header-bytes */
+    int64_t max_messages;           /* --max-messages */
+    int64_t max_prompt_bytes;       /* --max-prompt-bytes: text before tokenizing */
+    int64_t max_output_tokens;      /* --max-output-tokens: 0 = the model's room */
+    int64_t max_connections;        /* --max-connections */
+    int64_t request_timeout_s;      /* --request-timeout-s: queue wait + generation */
+    int64_t keepalive_timeout_s;    /* --keepalive-timeout-s */
+    int64_t send_timeout_s;         /* --send-timeout-s: a client that stops reading */
+    int64_t drain_timeout_s;        /* --drain-timeout-s: SIGTERM lets requests finish */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {

@@ -29,6 +29,7 @@ typedef struct frontend {
     http_server *http;
     vlmd_tokenizer *tok;
     vlmd_vision_params vision;  /* the model's image processing (VL models) */
+    auth auth;                  /* API keys (digests) */
     completions completions;
     vlmd_msg snapshot;          /* latest STATS_SNAPSHOT, deep copy (owned); type 0 when none */
     uint64_t snapshot_at_ms;
@@ -100,14 +101,14 @@ static void handle_detokenize(h2o_req_t *req, void *ud)
 }
 
 static const http_route routes[] = {
-    {"GET", "/health", handle_health},
-    {"GET", "/v1/models", handle_models},
-    {"POST", "/v1/completions", handle_completions},
-    {"POST", "/v1/chat/completions", handle_chat},
-    {"POST", "/tokenize", handle_tokenize},
-    {"POST", "/detokenize", handle_detokenize},
-    {"GET", "/metrics", handle_metrics},
-    {"GET", "/memory_stats", handle_memory_stats},
+    {"GET", "/health", handle_health, HTTP_OPEN},
+    {"GET", "/v1/models", handle_models, HTTP_KEY},
+    {"POST", "/v1/completions", handle_completions, HTTP_KEY},
+    {"POST", "/v1/chat/completions", handle_chat, HTTP_KEY},
+    {"POST", "/tokenize", handle_tokenize, HTTP_KEY},
+    {"POST", "/detokenize", handle_detokenize, HTTP_KEY},
+    {"GET", "/metrics", handle_metrics, HTTP_METRICS},
+    {"GET", "/memory_stats", handle_memory_stats, HTTP_METRICS},
 };
 
 /* ---- the router --------------------------------------------------------- */
@@ -208,8 +209,21 @@ int main(int argc, char **argv)
     }
     image_input_global_init();
     completions_init(&fe.completions, &fe.svc.loop, fe.tok, &limits, &images);
-    fe.http = http_server_create(&fe.svc.loop, fe.svc.cfg.host, (int)fe.svc.cfg.port, routes,
-                                 sizeof routes / sizeof routes[0], &fe, &err);
+    if (auth_load(&fe.auth, cfg->api_key_file, getenv("VLMD_API_KEY"), &err) != VLMD_OK) {
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
+    if (auth_enabled(&fe.auth))
+        VLMD_INFO("%zu API key(s): requests need \"Authorization: Bearer KEY\"", fe.auth.n);
+    http_server_config hc = {
+        .host = cfg->host, .port = (int)cfg->port, .max_body_bytes = (size_t)cfg->max_body_bytes,
+        .max_header_bytes = (size_t)cfg->max_header_bytes,
+        .max_connections = (size_t)cfg->max_connections,
+        .keepalive_ms = (uint64_t)cfg->keepalive_timeout_s * 1000, .auth = &fe.auth,
+        .metrics_need_key = strcmp(cfg->metrics_need_key, "yes") == 0,
+        .cors_origins = cfg->cors_origins};
+    fe.http = http_server_create(&fe.svc.loop, &hc, routes, sizeof routes / sizeof routes[0], &fe,
+                                 &err);
     if (!fe.http) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
@@ -218,6 +232,7 @@ int main(int argc, char **argv)
     fe.completions.peer = fe.svc.peer;
     int rc = vlmd_service_run(&fe.svc);
     completions_free(&fe.completions);
+    auth_free(&fe.auth);
     vlmd_tokenizer_free(fe.tok);
     vlmd_msg_free(&fe.snapshot);
     return rc;

@@ -281,9 +281,19 @@ static void handle_ping(h2o_req_t *req, void *ud)
 }
 
 static const http_route test_routes[] = {
-    {"GET", "/ping", handle_ping},
-    {"POST", "/v1/echo", handle_ping},
+    {"GET", "/ping", handle_ping, HTTP_KEY},
+    {"POST", "/v1/echo", handle_ping, HTTP_KEY},
+    {"GET", "/open", handle_ping, HTTP_OPEN},
+    {"GET", "/stats", handle_ping, HTTP_METRICS},
 };
+
+/* The server's defaults as the flags give them, on a kernel-chosen port. */
+static http_server_config config_for(const char *host)
+{
+    return (http_server_config){.host = host, .port = 0, .max_body_bytes = 8u << 20,
+                                .max_header_bytes = 16384, .max_connections = 64,
+                                .keepalive_ms = 5000, .cors_origins = ""};
+}
 
 /* One connection: writes the request, reads until the server closes. */
 static void exchange(int port, const char *request, char *reply, size_t cap)
@@ -322,11 +332,11 @@ static void on_client_done(uv_async_t *a)
 
 /* Serves test_routes on 127.0.0.1 (kernel-chosen port) while a thread sends
  * f->requests, one connection each; returns once the server has closed. */
-static void serve_requests(http_fixture *f)
+static void serve_requests_with(http_fixture *f, const http_server_config *hc)
 {
     cr_assert_eq(uv_loop_init(&f->loop), 0);
     vlmd_error err = {0};
-    f->server = http_server_create(&f->loop, "127.0.0.1", 0, test_routes,
+    f->server = http_server_create(&f->loop, hc, test_routes,
                                    sizeof test_routes / sizeof test_routes[0], NULL, &err);
     cr_assert_not_null(f->server, "%s", err.msg);
     f->port = http_server_port(f->server);
@@ -341,6 +351,12 @@ static void serve_requests(http_fixture *f)
     uv_run(&f->loop, UV_RUN_DEFAULT);
     pthread_join(client, NULL);
     cr_expect_eq(uv_loop_close(&f->loop), 0, "the server closed every handle");
+}
+
+static void serve_requests(http_fixture *f)
+{
+    http_server_config hc = config_for("127.0.0.1");
+    serve_requests_with(f, &hc);
 }
 
 static int status_code(const char *reply)
@@ -389,7 +405,8 @@ static void expect_api_error(const char *reply, const char *message, const char 
     json_t *e = json_object_get(j, "error");
     cr_expect_eq(json_object_size(e), 4);
     cr_expect_str_eq(json_string_value(json_object_get(e, "message")), message);
-    cr_expect_str_eq(json_string_value(json_object_get(e, "type")), "invalid_request_error");
+    cr_expect_str_eq(json_string_value(json_object_get(e, "type")),
+                     vlmd_api_error_type(status_code(reply)));
     cr_expect(json_is_null(json_object_get(e, "param")));
     cr_expect_str_eq(json_string_value(json_object_get(e, "code")), code);
     json_decref(j);
@@ -444,7 +461,8 @@ Test(http, an_address_it_cannot_bind_is_refused_with_the_address)
     uv_loop_init(&loop);
     vlmd_error err = {0};
     /* TEST-NET-1: never a local address. */
-    http_server *s = http_server_create(&loop, "192.0.2.1", 0, test_routes, 1, NULL, &err);
+    http_server_config hc = config_for("192.0.2.1");
+    http_server *s = http_server_create(&loop, &hc, test_routes, 1, NULL, &err);
     cr_expect_null(s);
     cr_expect(strstr(err.msg, "192.0.2.1") != NULL, "names the address: %s", err.msg);
     uv_run(&loop, UV_RUN_DEFAULT);
@@ -463,7 +481,8 @@ Test(http, an_ipv6_literal_gets_brackets_in_the_url)
     uv_loop_t loop;
     uv_loop_init(&loop);
     vlmd_error err = {0};
-    http_server *s = http_server_create(&loop, "::1", 0, test_routes, 1, NULL, &err);
+    http_server_config hc = config_for("::1");
+    http_server *s = http_server_create(&loop, &hc, test_routes, 1, NULL, &err);
     cr_assert_not_null(s, "%s", err.msg);
     char url[64];
     snprintf(url, sizeof url, "http://[::1]:%d", http_server_port(s));
@@ -471,4 +490,146 @@ Test(http, an_ipv6_literal_gets_brackets_in_the_url)
     http_server_close(s, 0, NULL, NULL);
     uv_run(&loop, UV_RUN_DEFAULT);
     cr_expect_eq(uv_loop_close(&loop), 0);
+}
+
+/* A key file with a comment, a blank line and two keys. */
+static void load_keys(auth *a, const char *env_key)
+{
+    char path[] = "/tmp/vlmd-keys-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    const char text[] = "# keys for the test\n\n  sk-first  \nsk-second\n";
+    cr_assert_eq(write(fd, text, sizeof text - 1), (ssize_t)(sizeof text - 1));
+    close(fd);
+    vlmd_error err = {0};
+    cr_assert_eq(auth_load(a, path, env_key, &err), VLMD_OK, "%s", err.msg);
+    unlink(path);
+}
+
+Test(auth, keys_from_a_file_and_the_environment)
+{
+    auth a;
+    load_keys(&a, "sk-env");
+    cr_expect_eq(a.n, 3);
+    const char *good[] = {"Bearer sk-first", "Bearer sk-second", "Bearer sk-env", "bearer sk-env"};
+    for (size_t i = 0; i < 4; i++)
+        cr_expect(auth_check(&a, good[i], strlen(good[i]), NULL), "%s", good[i]);
+    const char *bad[] = {"Bearer sk-firs", "Bearer sk-first ", "sk-first", "Basic sk-first",
+                         "Bearer ", ""};
+    for (size_t i = 0; i < 6; i++)
+        cr_expect_not(auth_check(&a, bad[i], strlen(bad[i]), NULL), "'%s'", bad[i]);
+    cr_expect_not(auth_check(&a, NULL, 0, NULL), "no header");
+    auth_free(&a);
+
+    vlmd_error err = {0};
+    cr_expect_eq(auth_load(&a, "/nonexistent/keys", NULL, &err), VLMD_ERR_IO);
+    cr_expect(strstr(err.msg, "--api-key-file /nonexistent/keys"), "%s", err.msg);
+    cr_expect_eq(auth_load(&a, "", NULL, &err), VLMD_OK);
+    cr_expect_not(auth_enabled(&a), "no file, no variable: open");
+    char empty[] = "/tmp/vlmd-keys-XXXXXX";
+    close(mkstemp(empty));
+    cr_expect_eq(auth_load(&a, empty, NULL, &err), VLMD_ERR_INVALID_ARG, "an empty key file");
+    unlink(empty);
+}
+
+/* The work a wrong key costs does not depend on how much of a key it matches
+ * (counted in digest bytes compared, not measured on a clock). */
+Test(auth, the_work_does_not_depend_on_how_much_matched)
+{
+    auth a;
+    load_keys(&a, NULL);
+    const char *tries[] = {"Bearer x", "Bearer s", "Bearer sk-", "Bearer sk-firs",
+                           "Bearer sk-first-and-more", "Bearer sk-first", NULL};
+    size_t first = 0;
+    for (size_t i = 0; i < 7; i++) {
+        size_t work = 0;
+        auth_check(&a, tries[i], tries[i] ? strlen(tries[i]) : 0, &work);
+        if (i == 0)
+            first = work;
+        cr_expect_eq(work, first, "'%s'", tries[i] ? tries[i] : "(none)");
+    }
+    cr_expect_eq(first, 2 * 32, "every key's digest, every time");
+    auth_free(&a);
+}
+
+Test(http, api_keys_and_cors)
+{
+    static auth a;
+    load_keys(&a, NULL);
+    http_server_config hc = config_for("127.0.0.1");
+    hc.auth = &a;
+    hc.cors_origins = "https://app.example, https://other.example";
+    static http_fixture f = {
+        .requests = {
+            "GET /ping HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            "GET /ping HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer sk-wrong\r\n"
+            "Connection: close\r\n\r\n",
+            "GET /ping HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer sk-second\r\n"
+            "Origin: https://app.example\r\nConnection: close\r\n\r\n",
+            "GET /open HTTP/1.1\r\nHost: t\r\nOrigin: https://evil.example\r\n"
+            "Connection: close\r\n\r\n",
+            "OPTIONS /v1/echo HTTP/1.1\r\nHost: t\r\nOrigin: https://other.example\r\n"
+            "Access-Control-Request-Method: POST\r\nConnection: close\r\n\r\n",
+        }};
+    serve_requests_with(&f, &hc);
+    cr_expect_eq(status_code(f.replies[0]), 401, "%s", f.replies[0]);
+    expect_api_error(f.replies[0], "an API key is required: send \"Authorization: Bearer KEY\"",
+                     "invalid_api_key");
+    cr_expect_str_eq(header(f.replies[0], "www-authenticate"), "Bearer");
+    cr_expect_eq(status_code(f.replies[1]), 401, "%s", f.replies[1]);
+    cr_expect(!strstr(f.replies[1], "sk-"), "the key is never echoed: %s", f.replies[1]);
+    cr_expect_eq(status_code(f.replies[2]), 200, "%s", f.replies[2]);
+    cr_expect_str_eq(header(f.replies[2], "access-control-allow-origin"), "https://app.example");
+    cr_expect_eq(status_code(f.replies[3]), 200, "an open route needs no key: %s", f.replies[3]);
+    cr_expect_str_eq(header(f.replies[3], "access-control-allow-origin"), "", "not allowed");
+    cr_expect_eq(status_code(f.replies[4]), 204, "the preflight: %s", f.replies[4]);
+    cr_expect_str_eq(header(f.replies[4], "access-control-allow-origin"), "https://other.example");
+    cr_expect(strstr(header(f.replies[4], "access-control-allow-headers"), "authorization"));
+    auth_free(&a);
+}
+
+Test(http, header_and_body_limits_and_the_metrics_routes)
+{
+    static auth a;
+    load_keys(&a, NULL);
+    http_server_config hc = config_for("127.0.0.1");
+    hc.auth = &a;
+    hc.max_header_bytes = 1024;
+    hc.max_body_bytes = 1024;
+    static char big_header[2048], big_body[2048], ok_body[1200];
+    snprintf(big_header, sizeof big_header, "GET /open HTTP/1.1\r\nHost: t\r\nX-Pad: %01200d\r\n"
+             "Connection: close\r\n\r\n", 0);
+    snprintf(big_body, sizeof big_body, "POST /v1/echo HTTP/1.1\r\nHost: t\r\n"
+             "Authorization: Bearer sk-first\r\nContent-Length: 1025\r\nConnection: close"
+             "\r\n\r\n%01025d", 0);
+    snprintf(ok_body, sizeof ok_body, "POST /v1/echo HTTP/1.1\r\nHost: t\r\n"
+             "Authorization: Bearer sk-first\r\nContent-Length: 1024\r\nConnection: close"
+             "\r\n\r\n%01024d", 0);
+    static http_fixture f = {.requests = {big_header, big_body, ok_body,
+                                          "GET /stats HTTP/1.1\r\nHost: t\r\nConnection: close"
+                                          "\r\n\r\n",
+                                          "GET /open HTTP/1.1\r\nHost: t\r\nConnection: close"
+                                          "\r\n\r\n"}};
+    serve_requests_with(&f, &hc);
+    cr_expect_eq(status_code(f.replies[0]), 431, "%s", f.replies[0]);
+    cr_expect_eq(status_code(f.replies[1]), 413, "one byte over: %s", f.replies[1]);
+    cr_expect_eq(status_code(f.replies[2]), 200, "at the limit: %s", f.replies[2]);
+    cr_expect_eq(status_code(f.replies[3]), 200, "metrics need no key by default: %s", f.replies[3]);
+    cr_expect_eq(status_code(f.replies[4]), 200);
+
+    static http_fixture g = {.requests = {"GET /stats HTTP/1.1\r\nHost: t\r\nConnection: close"
+                                          "\r\n\r\n",
+                                          "GET /stats HTTP/1.1\r\nHost: t\r\nAuthorization: "
+                                          "Bearer sk-first\r\nConnection: close\r\n\r\n",
+                                          "GET /open HTTP/1.1\r\nHost: t\r\nConnection: close"
+                                          "\r\n\r\n",
+                                          "GET /open HTTP/1.1\r\nHost: t\r\nConnection: close"
+                                          "\r\n\r\n",
+                                          "GET /open HTTP/1.1\r\nHost: t\r\nConnection: close"
+                                          "\r\n\r\n"}};
+    hc.metrics_need_key = true;
+    serve_requests_with(&g, &hc);
+    cr_expect_eq(status_code(g.replies[0]), 401, "--metrics-need-key yes: %s", g.replies[0]);
+    cr_expect_eq(status_code(g.replies[1]), 200, "%s", g.replies[1]);
+    auth_free(&a);
 }
