@@ -88,6 +88,15 @@ static bool parse_stops(const json_t *body, api_request *r, api_error *e)
     return true;
 }
 
+/* Text over --max-prompt-bytes is refused before it is tokenized. */
+static bool text_fits(const api_limits *lim, size_t bytes, const char *param, api_error *e)
+{
+    if (lim->max_prompt_bytes && bytes > lim->max_prompt_bytes)
+        return api_fail(e, 400, param, "prompt_too_large", "the text is %zu bytes; at most %llu "
+                        "(--max-prompt-bytes)", bytes, (unsigned long long)lim->max_prompt_bytes);
+    return true;
+}
+
 /* An image part: {"type": "image_url", "image_url": {"url": ...}} (or the
  * URL as a plain string), appended to *images; NULL images refuses it. */
 static bool add_image(const json_t *part, const char *param, api_image **images,
@@ -123,14 +132,17 @@ static bool add_image(const json_t *part, const char *param, api_image **images,
 }
 
 /* messages -> ChatML text (and the images, in order). */
-static bool render_chat(const json_t *body, vlmd_buf *text, api_image **images,
-                        uint32_t *n_images, uint32_t max_images, api_error *e)
+static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *text,
+                        api_image **images, uint32_t *n_images, api_error *e)
 {
     const json_t *msgs = json_object_get(body, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return api_fail(e, 400, "messages", json_is_array(msgs) ? "invalid_value" : "invalid_type",
                     "'messages' must be a non-empty list of messages");
-    size_t n = json_array_size(msgs), total_parts = 0;
+    size_t n = json_array_size(msgs), total_parts = 0, text_bytes = 0;
+    if (lim->max_messages && n > lim->max_messages)
+        return api_fail(e, 400, "messages", "too_many_messages", "%zu messages; at most %u "
+                        "(--max-messages)", n, lim->max_messages);
     for (size_t i = 0; i < n; i++) {
         const json_t *c = json_object_get(json_array_get(msgs, i), "content");
         total_parts += json_is_array(c) ? json_array_size(c) : 1;
@@ -163,6 +175,8 @@ static bool render_chat(const json_t *body, vlmd_buf *text, api_image **images,
                                           json_is_string(content) ? json_string_value(content)
                                                                   : ""};
             cm[i].n_parts = 1;
+            text_bytes += json_string_length(content);
+            ok = text_fits(lim, text_bytes, "messages", e);
             continue;
         }
         if (!json_is_array(content)) {
@@ -179,8 +193,10 @@ static bool render_chat(const json_t *body, vlmd_buf *text, api_image **images,
                 parts[k++] = (vlmd_chat_part){VLMD_CHAT_TEXT,
                                               json_string_value(json_object_get(p, "text"))};
                 cm[i].n_parts++;
+                text_bytes += json_string_length(json_object_get(p, "text"));
+                ok = text_fits(lim, text_bytes, "messages", e);
             } else if (type && strcmp(type, "image_url") == 0) {
-                ok = add_image(p, param, images, n_images, max_images, e);
+                ok = add_image(p, param, images, n_images, lim->max_images, e);
                 parts[k++] = (vlmd_chat_part){VLMD_CHAT_IMAGE, NULL};
                 cm[i].n_parts++;
             } else {
@@ -205,10 +221,15 @@ static bool render_chat(const json_t *body, vlmd_buf *text, api_image **images,
 }
 
 /* prompt (completions): a string or a list of token ids. */
-static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, uint32_t vocab,
+static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, const api_limits *lim,
                             vlmd_tokens *prompt, api_error *e)
 {
+    const uint32_t vocab = vlmd_tokenizer_size(tok);
     const json_t *p = json_object_get(body, "prompt");
+    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
+        p = json_array_get(p, 0);
+    if (json_is_string(p) && !text_fits(lim, json_string_length(p), "prompt", e))
+        return false;
     if (json_is_string(p)) {
         if (vlmd_tokenizer_encode(tok, json_string_value(p), json_string_length(p), true,
                                   prompt) != VLMD_OK)
@@ -230,25 +251,18 @@ static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, uint3
     if (json_is_array(p) && json_array_size(p) > 1)
         return api_fail(e, 400, "prompt", "invalid_value",
                     "one prompt per request: send a string or a list of token ids");
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0))) {
-        const json_t *s = json_array_get(p, 0);
-        if (vlmd_tokenizer_encode(tok, json_string_value(s), json_string_length(s), true,
-                                  prompt) != VLMD_OK)
-            return api_fail(e, 500, NULL, NULL, "out of memory");
-        return true;
-    }
     return api_fail(e, 400, "prompt", "invalid_type",
                 "'prompt' must be a string or a list of token ids");
 }
 
 bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
-                       vlmd_tokens *out, api_image **images, uint32_t *n_images,
-                       uint32_t max_images, api_error *e)
+                       const api_limits *lim, vlmd_tokens *out, api_image **images,
+                       uint32_t *n_images, api_error *e)
 {
     if (!chat)
-        return tokenize_prompt(body, tok, vlmd_tokenizer_size(tok), out, e);
+        return tokenize_prompt(body, tok, lim, out, e);
     vlmd_buf text = VLMD_BUF_INIT;
-    bool ok = render_chat(body, &text, images, n_images, max_images, e);
+    bool ok = render_chat(body, lim, &text, images, n_images, e);
     if (ok && vlmd_tokenizer_encode(tok, text.data, text.len, true, out) != VLMD_OK)
         ok = api_fail(e, 500, NULL, NULL, "out of memory");
     vlmd_buf_free(&text);
@@ -267,6 +281,8 @@ static bool fit_output(api_request *r, const api_limits *lim, api_error *e)
                         "%lld tokens", r->prompt.n, r->n_images ? " (images included)" : "",
                         (long long)lim->max_model_len);
     int64_t want = r->asked_max_tokens ? r->asked_max_tokens : room;
+    if (lim->max_output_tokens && want > lim->max_output_tokens)
+        want = lim->max_output_tokens; /* not asked: the default is within the limit too */
     r->max_tokens_shrunk = want > room;
     r->max_tokens = (uint32_t)(want > room ? room : want);
     return true;
@@ -341,13 +357,16 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     r->sampling.has_seed = seed_given;
     r->sampling.seed = (uint64_t)seed;
 
-    ok = api_prompt_tokens(body, chat, tok, &r->prompt, &r->images, &r->n_images,
-                           lim->max_images, e);
+    ok = api_prompt_tokens(body, chat, tok, lim, &r->prompt, &r->images, &r->n_images, e);
     if (ok && r->prompt.n == 0)
         ok = api_fail(e, 400, chat ? "messages" : "prompt", "invalid_value", "the prompt is empty");
     /* max_completion_tokens wins over the older max_tokens; neither: chat gets the room
      * left, completions OpenAI's 16 */
     r->asked_max_tokens = completion_given ? max_completion : max_given ? max_tokens : chat ? 0 : 16;
+    if (ok && lim->max_output_tokens && r->asked_max_tokens > lim->max_output_tokens)
+        ok = api_fail(e, 400, completion_given ? "max_completion_tokens" : "max_tokens",
+                      "invalid_value", "%lld tokens asked; at most %u (--max-output-tokens)",
+                      (long long)r->asked_max_tokens, lim->max_output_tokens);
     if (ok && !r->n_images)
         ok = fit_output(r, lim, e);
     if (!ok) {

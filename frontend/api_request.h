@@ -27,6 +27,9 @@ typedef struct api_limits {
     vlmd_sampling defaults; /* from generation_config.json, else neutral */
     uint32_t max_images;    /* --max-images-per-request */
     int64_t image_token_id; /* the pad that an image's tokens replace; -1: no images */
+    uint32_t max_messages;  /* --max-messages (0: no limit) */
+    uint64_t max_prompt_bytes; /* --max-prompt-bytes: text before tokenizing (0: no limit) */
+    uint32_t max_output_tokens; /* --max-output-tokens (0: the model's room) */
 } api_limits;
 
 typedef struct api_request {
@@ -61,12 +64,13 @@ bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *
 void api_request_free(api_request *r);
 
 /* The prompt of a body as token ids: "messages" through the chat template
- * when chat, else "prompt" (a string or a list of token ids). With images
- * NULL, an image part is refused; else the images are collected (up to
+ * when chat, else "prompt" (a string or a list of token ids), within lim's
+ * message and text limits (checked before tokenizing). With images NULL, an
+ * image part is refused; else the images are collected (up to lim's
  * max_images) and each leaves one pad in the prompt. */
 bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
-                       vlmd_tokens *out, api_image **images, uint32_t *n_images,
-                       uint32_t max_images, api_error *e);
+                       const api_limits *lim, vlmd_tokens *out, api_image **images,
+                       uint32_t *n_images, api_error *e);
 
 /* Reads generation_config.json's sampling defaults (missing file: neutral). */
 void api_sampling_defaults(const char *model_dir, vlmd_sampling *out);

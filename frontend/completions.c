@@ -16,10 +16,13 @@
 
 #include "clock.h"
 #include "h2o_include.h"
+#include "http_server.h"
 #include "log.h"
 #include "response.h"
 
 #define CAPPED_HEADER "x-vlmd-max-tokens-capped"
+#define SWEEP_MS 250
+#define PENDING_MAX (1u << 20) /* stream bytes a client that does not read may leave behind */
 
 typedef struct stream_gen {
     h2o_generator_t super;
@@ -37,6 +40,8 @@ static void cancel_at_engine(uint64_t req_id, void *ud)
     vlmd_peer_send(c->peer, &m);
     VLMD_REQ_INFO(req_id, "cancelled at the engine");
 }
+
+static void on_sweep(uv_timer_t *t);
 
 /* inflight: the client went away before its answer */
 static void client_gone(uint64_t req_id, void *ud)
@@ -61,6 +66,15 @@ void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok
             c->stop_ids[c->n_stop++] = (uint32_t)id;
     }
     inflight_init(&c->table, client_gone, c);
+    uv_timer_init(loop, &c->sweep);
+    c->sweep.data = c;
+    uv_timer_start(&c->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
+}
+
+void completions_stop(completions *c)
+{
+    if (!uv_is_closing((uv_handle_t *)&c->sweep))
+        uv_close((uv_handle_t *)&c->sweep, NULL);
 }
 
 void completions_free(completions *c)
@@ -102,6 +116,7 @@ static void stream_flush(completions *c, uint64_t req_id)
     bool final = e->final_queued;
     vlmd_buf_clear(&e->pending);
     e->sending = true;
+    e->send_started_ns = vlmd_now_ns();
     if (final)
         inflight_remove(&c->table, e); /* nothing follows the last send */
     h2o_send(req, &buf, 1, final ? H2O_SEND_STATE_FINAL : H2O_SEND_STATE_IN_PROGRESS);
@@ -485,6 +500,11 @@ static bool session_header(h2o_req_t *req, char *out, size_t outsz, api_error *e
 
 static void handle(h2o_req_t *req, completions *c, bool chat)
 {
+    if (c->draining) {
+        vlmd_send_api_error_with_header(req, 503, "the server is shutting down", NULL,
+                                        "shutting_down", "retry-after", "1");
+        return;
+    }
     json_error_t jerr;
     json_t *body = json_loadb(req->entity.base, req->entity.len, JSON_REJECT_DUPLICATES, &jerr);
     api_error err;
@@ -658,4 +678,50 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         return;
     }
     stream_flush(c, e->req_id);
+}
+
+/* ---- timeouts --------------------------------------------------------------------- */
+
+/* A request past --request-timeout-s: cancelled at the engine, and answered
+ * 504 or, when its stream has begun, ended with an error event. */
+static void time_out(completions *c, inflight_entry *e)
+{
+    char msg[128];
+    snprintf(msg, sizeof msg, "the request took longer than %llu s (--request-timeout-s)",
+             (unsigned long long)(c->request_timeout_ns / 1000000000ull));
+    cancel_at_engine(e->req_id, c);
+    if (!e->started && !e->sending) {
+        api_error err;
+        api_fail(&err, 504, NULL, "timeout", "%s", msg);
+        fail_entry(c, e, &err);
+        return;
+    }
+    if (e->final_queued)
+        return;
+    c->metrics.finished[2]++;
+    stream_event(e, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
+                              "server_error", "param", "code", "timeout"));
+    vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
+    e->final_queued = true;
+    stream_flush(c, e->req_id);
+}
+
+static void on_sweep(uv_timer_t *t)
+{
+    completions *c = t->data;
+    uint64_t now = vlmd_now_ns();
+    for (inflight_entry *e = c->table.head, *next; e; e = next) {
+        next = e->next; /* e may be removed below */
+        if (!e->req)
+            continue;
+        bool stuck = e->sending && (now - e->send_started_ns > c->send_timeout_ns ||
+                                    e->pending.len > PENDING_MAX);
+        if (stuck && c->http) {
+            VLMD_REQ_WARN(e->req_id, "the client stopped reading: cut off (--send-timeout-s)");
+            http_server_cut(c->http, e->req); /* h2o disposes it: cancelled as a client gone */
+        } else if (now - e->start_ns > c->request_timeout_ns) {
+            VLMD_REQ_WARN(e->req_id, "timed out (--request-timeout-s)");
+            time_out(c, e);
+        }
+    }
 }

@@ -5,7 +5,10 @@
  * matched across token boundaries (text that could start one is held back)
  * and never sent. A chat request's images are resolved here (data: URIs
  * decoded, allowed URLs fetched off the loop thread), measured from their
- * headers and sent with the prompt; the router has them encoded. */
+ * headers and sent with the prompt; the router has them encoded. A request
+ * that takes longer than --request-timeout-s ends with 504 (or an error
+ * event) and is cancelled; a client that does not read its stream for
+ * --send-timeout-s is cut off and its request cancelled. */
 #ifndef VLMD_COMPLETIONS_H
 #define VLMD_COMPLETIONS_H
 
@@ -32,10 +35,17 @@ typedef struct completions {
     uint32_t n_stop;
     inflight table;
     frontend_metrics metrics;
+    struct http_server *http;   /* borrowed: to cut clients that stop reading */
+    uint64_t request_timeout_ns;/* --request-timeout-s */
+    uint64_t send_timeout_ns;   /* --send-timeout-s */
+    uv_timer_t sweep;           /* applies the two timeouts */
+    bool draining;              /* SIGTERM: new requests get 503 */
 } completions;
 
 void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok,
                       const api_limits *limits, const image_limits *images);
+/* Closes the sweep timer (before the loop ends); completions_free after the loop. */
+void completions_stop(completions *c);
 void completions_free(completions *c);
 /* Route handlers (ud is the completions). */
 void completions_handle_text(h2o_req_t *req, void *ud);

@@ -354,12 +354,18 @@ static void on_close_poll(uv_timer_t *t)
     uv_close((uv_handle_t *)t, on_close_timer_closed);
 }
 
+void http_server_stop_accepting(http_server *s)
+{
+    if (!uv_is_closing((uv_handle_t *)&s->listener))
+        uv_close((uv_handle_t *)&s->listener, NULL);
+}
+
 void http_server_close(http_server *s, uint64_t grace_ms, void (*done)(void *ud), void *ud)
 {
     s->done = done;
     s->done_ud = ud;
     s->close_deadline = uv_now(s->loop) + grace_ms;
-    uv_close((uv_handle_t *)&s->listener, NULL);
+    http_server_stop_accepting(s);
     h2o_context_request_shutdown(&s->ctx);
     uv_timer_start(&s->close_timer, on_close_poll, 0, CLOSE_POLL_MS);
 }

@@ -62,6 +62,8 @@ void http_server_cut(http_server *s, h2o_req_t *req);
 int http_server_port(const http_server *s);
 /* "http://HOST:PORT" with the bound port (IPv6 hosts in brackets). */
 const char *http_server_url(const http_server *s);
+/* Stops accepting connections (those open stay). */
+void http_server_stop_accepting(http_server *s);
 /* Stops accepting, lets open connections finish for up to grace_ms, then
  * frees everything and calls done (on the loop). */
 void http_server_close(http_server *s, uint64_t grace_ms, void (*done)(void *ud), void *ud);

@@ -43,6 +43,7 @@ typedef struct inflight_entry {
     vlmd_buf pending;           /* stream bytes not handed to h2o yet */
     uint64_t start_ns;          /* arrival, for the latency metrics */
     uint64_t last_token_ns;     /* 0 until the first token */
+    uint64_t send_started_ns;   /* when the h2o_send in flight began */
     uint32_t capped;            /* the router capped max_tokens to this (0: not) */
     char session[65];           /* X-Session-ID, "" when none */
     token_logprobs *lps;        /* non-streamed logprobs: one per generated token */

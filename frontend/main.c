@@ -30,6 +30,8 @@ typedef struct frontend {
     vlmd_tokenizer *tok;
     vlmd_vision_params vision;  /* the model's image processing (VL models) */
     auth auth;                  /* API keys (digests) */
+    uv_timer_t drain_timer;
+    uint64_t drain_deadline_ms;
     completions completions;
     vlmd_msg snapshot;          /* latest STATS_SNAPSHOT, deep copy (owned); type 0 when none */
     uint64_t snapshot_at_ms;
@@ -164,10 +166,37 @@ static void on_http_closed(void *ud)
     fe->http = NULL;
 }
 
+/* Draining (SIGTERM): no new connections, new requests get 503, and the
+ * service stops once nothing is in flight or --drain-timeout-s has passed. */
+static void on_drain_tick(uv_timer_t *t)
+{
+    frontend *fe = t->data;
+    if (fe->completions.table.count && vlmd_now_ms() < fe->drain_deadline_ms)
+        return;
+    if (fe->completions.table.count)
+        VLMD_WARN("%zu request(s) still running after --drain-timeout-s: stopping",
+                  fe->completions.table.count);
+    uv_close((uv_handle_t *)t, NULL);
+    vlmd_service_stop(&fe->svc, "drained");
+}
+
+static void on_drain(vlmd_service *svc, void *ud)
+{
+    frontend *fe = ud;
+    fe->completions.draining = true;
+    if (fe->http)
+        http_server_stop_accepting(fe->http);
+    fe->drain_deadline_ms = vlmd_now_ms() + (uint64_t)svc->cfg.drain_timeout_s * 1000;
+    uv_timer_init(&svc->loop, &fe->drain_timer);
+    fe->drain_timer.data = fe;
+    uv_timer_start(&fe->drain_timer, on_drain_tick, 0, 50);
+}
+
 static void on_stop(vlmd_service *svc, void *ud)
 {
     (void)svc;
     frontend *fe = ud;
+    completions_stop(&fe->completions);
     fe->completions.peer = NULL; /* the peer goes away with the service */
     if (fe->http)
         http_server_close(fe->http, FRONTEND_CLOSE_GRACE_MS, on_http_closed, fe);
@@ -193,7 +222,10 @@ int main(int argc, char **argv)
     api_limits limits = {.model_name = fe.model_name, .max_model_len = max_len,
                          .max_images = (uint32_t)cfg->max_images_per_request,
                          .image_token_id = fe.svc.model.has_vision ? fe.svc.model.image_token_id
-                                                                   : -1};
+                                                                   : -1,
+                         .max_messages = (uint32_t)cfg->max_messages,
+                         .max_prompt_bytes = (uint64_t)cfg->max_prompt_bytes,
+                         .max_output_tokens = (uint32_t)cfg->max_output_tokens};
     api_sampling_defaults(cfg->model, &limits.defaults);
     image_limits images = {.max_pixels = (uint64_t)cfg->max_image_pixels,
                            .max_bytes = (uint64_t)cfg->max_image_bytes,
@@ -228,7 +260,11 @@ int main(int argc, char **argv)
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }
+    fe.completions.http = fe.http;
+    fe.completions.request_timeout_ns = (uint64_t)cfg->request_timeout_s * 1000000000ull;
+    fe.completions.send_timeout_ns = (uint64_t)cfg->send_timeout_s * 1000000000ull;
     vlmd_service_start(&fe.svc, on_message, on_stop, &fe);
+    fe.svc.on_drain = on_drain;
     fe.completions.peer = fe.svc.peer;
     int rc = vlmd_service_run(&fe.svc);
     completions_free(&fe.completions);

@@ -30,7 +30,7 @@ void tokenize_handle(h2o_req_t *req, void *ud)
     vlmd_tokens ids = {0};
     api_error e = {0};
     bool chat = json_object_get(body, "messages") != NULL;
-    if (api_prompt_tokens(body, chat, c->tok, &ids, NULL, NULL, 0, &e)) {
+    if (api_prompt_tokens(body, chat, c->tok, &c->limits, &ids, NULL, NULL, &e)) {
         json_t *tokens = json_array();
         for (size_t i = 0; i < ids.n; i++)
             json_array_append_new(tokens, json_integer(ids.ids[i]));

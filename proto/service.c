@@ -12,6 +12,12 @@
 static void on_signal(uv_signal_t *h, int signum)
 {
     vlmd_service *svc = h->data;
+    if (svc->on_drain && !svc->draining && !svc->stopping) {
+        svc->draining = true; /* a second signal stops at once */
+        VLMD_INFO("%s: draining", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+        svc->on_drain(svc, svc->ud);
+        return;
+    }
     vlmd_service_stop(svc, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 

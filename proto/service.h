@@ -18,6 +18,9 @@ typedef struct vlmd_service vlmd_service;
 
 typedef void (*vlmd_service_msg_fn)(vlmd_service *svc, const vlmd_msg *msg, void *ud);
 typedef void (*vlmd_service_stop_fn)(vlmd_service *svc, void *ud);
+/* SIGTERM/SIGINT for a process that drains first: it stops taking work and
+ * calls vlmd_service_stop itself once its work is done. */
+typedef void (*vlmd_service_drain_fn)(vlmd_service *svc, void *ud);
 
 struct vlmd_service {
     vlmd_config cfg;
@@ -29,8 +32,9 @@ struct vlmd_service {
     uv_signal_t sigterm, sigint;
     vlmd_service_msg_fn on_message;
     vlmd_service_stop_fn on_stop;
+    vlmd_service_drain_fn on_drain;     /* NULL: a signal stops at once */
     void *ud;
-    bool stopping;
+    bool stopping, draining;
 };
 
 /* Parses flags (exits 2 on bad ones, 0 after --help), starts logging, reads

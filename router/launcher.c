@@ -94,6 +94,15 @@ static void on_router_message(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
         const vlmd_worker_info *w = &s->workers[i];
         if (w->state == VLMD_WORKER_READY)
             supervisor_mark_ready(&l->sup, (vlmd_role)w->role, w->rank, w->pid);
+        /* down to the router but still running: hung (it missed its heartbeats);
+         * killed, so that the supervisor starts a working one */
+        child *c = supervisor_find(&l->sup, (vlmd_role)w->role, w->rank);
+        if (w->state == VLMD_WORKER_DOWN && !l->stopping && c && c->spawn && c->pid &&
+            c->pid == w->pid) {
+            VLMD_WARN("%s (pid %lld) stopped answering: killing it to restart it",
+                      vlmd_role_process_name(c->role), (long long)c->pid);
+            kill((pid_t)c->pid, SIGKILL);
+        }
     }
     if (!l->announced && !l->stopping && all_ready(s)) {
         l->announced = true;

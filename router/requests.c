@@ -243,6 +243,24 @@ void router_on_cancel(router *rt, const void *id, size_t id_len, const vlmd_msg 
     router_forget_request(rt, q);
 }
 
+void router_cancel_from(router *rt, const void *id, size_t id_len)
+{
+    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
+    for (size_t i = 0; i < rt->n_requests;) {
+        router_request *q = &rt->requests[i];
+        if (q->id_len != id_len || memcmp(q->identity, id, id_len) != 0) {
+            i++;
+            continue;
+        }
+        if (llm && q->stage == STAGE_ENGINE) {
+            vlmd_msg m = {.type = VLMD_MSG_REQUEST_CANCEL};
+            m.u.request_cancel = (vlmd_msg_request_cancel){q->req_id, VLMD_FINISH_CANCELLED};
+            router_send(rt, llm, &m);
+        }
+        router_forget_request(rt, q); /* the last request moved into slot i */
+    }
+}
+
 void router_on_chunk(router *rt, vlmd_msg *msg)
 {
     vlmd_msg_token_chunk *c = &msg->u.token_chunk;

@@ -213,6 +213,8 @@ static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd
         router_fail_all(rt, "the LLM engine stopped");
     if (e->role == VLMD_ROLE_VISUAL)
         router_images_visual_down(rt);
+    if (e->role == VLMD_ROLE_FRONTEND) /* its clients are gone with it */
+        router_cancel_from(rt, e->identity, e->id_len);
     publish_snapshot(rt);
 }
 

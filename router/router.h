@@ -102,6 +102,9 @@ registry_entry *router_ready_worker(router *rt, vlmd_role role);
 void router_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg);
 void router_on_cancel(router *rt, const void *id, size_t id_len, const vlmd_msg *msg);
 void router_on_chunk(router *rt, vlmd_msg *msg);
+/* Forgets every request of the frontend with this routing id (it went
+ * away), cancelling those at the engine. */
+void router_cancel_from(router *rt, const void *id, size_t id_len);
 /* Every request ends with a 503 naming why (the engine went away). */
 void router_fail_all(router *rt, const char *why);
 /* A request whose images are ready goes to the admission queue. */

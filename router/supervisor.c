@@ -18,6 +18,8 @@
 #include "log.h"
 #include "process.h"
 
+static void stop_next_stage(supervisor *sup);
+
 extern char **environ;
 
 typedef struct child_spawn {
@@ -196,14 +198,7 @@ static void on_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
     if (sup->on_exit)
         sup->on_exit(sup, c, pid, exit_status, term_signal);
     if (sup->stopping) {
-        /* The router goes last: the others may still talk to it while they stop. */
-        child *router = supervisor_find(sup, VLMD_ROLE_ROUTER, 0);
-        bool others_left = false;
-        for (int i = 0; i < sup->n_children; i++)
-            if (sup->children[i].spawn && &sup->children[i] != router)
-                others_left = true;
-        if (!others_left && router && router->spawn && router->pid)
-            kill((pid_t)router->pid, SIGTERM);
+        stop_next_stage(sup);
         if (all_exited(sup) && sup->on_stopped) {
             uv_timer_stop(&sup->kill_timer);
             sup->on_stopped(sup);
@@ -288,6 +283,7 @@ static void spawn_child(child *c)
     s->open_handles = 2;
     c->spawn = s;
     c->pid = s->proc.pid;
+    c->term_sent = false;
     c->ready_since_start = false;
     uv_read_start((uv_stream_t *)&s->err_pipe, on_alloc, on_read);
     VLMD_INFO("started %s (pid %lld)", vlmd_role_process_name(c->role), (long long)c->pid);
@@ -348,6 +344,29 @@ void supervisor_mark_ready(supervisor *sup, vlmd_role role, uint32_t rank, int64
     }
 }
 
+/* The stop goes in stages, each once the one before has exited: the
+ * frontends (they drain: their running requests finish first), then the
+ * workers, then the router (the others talk to it while they stop). */
+static void stop_next_stage(supervisor *sup)
+{
+    static const int stage_of[VLMD_ROLE_COUNT] = {[VLMD_ROLE_FRONTEND] = 0, [VLMD_ROLE_VISUAL] = 1,
+                                                  [VLMD_ROLE_LLM] = 1, [VLMD_ROLE_ROUTER] = 2};
+    for (int stage = 0; stage < 3; stage++) {
+        bool alive = false;
+        for (int i = 0; i < sup->n_children; i++) {
+            child *c = &sup->children[i];
+            if (c->spawn && c->pid && stage_of[c->role] == stage) {
+                if (!c->term_sent)
+                    kill((pid_t)c->pid, SIGTERM);
+                c->term_sent = true;
+                alive = true;
+            }
+        }
+        if (alive)
+            return;
+    }
+}
+
 static void on_kill_timer(uv_timer_t *t)
 {
     supervisor *sup = t->data;
@@ -367,24 +386,19 @@ void supervisor_stop(supervisor *sup)
     if (sup->stopping)
         return;
     sup->stopping = true;
-    child *router = supervisor_find(sup, VLMD_ROLE_ROUTER, 0);
-    bool others = false;
-    for (int i = 0; i < sup->n_children; i++) {
-        child *c = &sup->children[i];
-        uv_timer_stop(&c->restart_timer);
-        if (c->spawn && c->pid && c != router) {
-            kill((pid_t)c->pid, SIGTERM);
-            others = true;
-        }
-    }
-    if (!others && router && router->spawn && router->pid)
-        kill((pid_t)router->pid, SIGTERM);
+    for (int i = 0; i < sup->n_children; i++)
+        uv_timer_stop(&sup->children[i].restart_timer);
+    stop_next_stage(sup);
     if (all_exited(sup)) {
         if (sup->on_stopped)
             sup->on_stopped(sup);
         return;
     }
-    uv_timer_start(&sup->kill_timer, on_kill_timer, (uint64_t)sup->cfg->shutdown_timeout_ms, 0);
+    /* the frontend's drain comes on top of the time every process has to stop */
+    uv_timer_start(&sup->kill_timer, on_kill_timer,
+                   (uint64_t)sup->cfg->shutdown_timeout_ms +
+                       (uint64_t)sup->cfg->drain_timeout_s * 1000,
+                   0);
 }
 
 void supervisor_free(supervisor *sup)

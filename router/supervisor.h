@@ -34,6 +34,7 @@ typedef struct child {
     struct child_spawn *spawn;      /* the running incarnation, NULL when none */
     int64_t pid;                    /* of the running incarnation, 0 when none */
     bool ready_since_start;         /* reported ready since its last spawn */
+    bool term_sent;                 /* stopping: SIGTERM sent to the running incarnation */
     int fails_in_a_row;             /* exits before becoming ready */
     uint32_t restarts;
     uint64_t restart_times_ms[SUPERVISOR_MAX_RESTART_WINDOW]; /* ring of recent restarts */

@@ -80,3 +80,49 @@ Test(api_request, greedy_when_do_sample_is_false_and_neutral_without_a_file, .fi
     cr_expect_eq(s.top_k, -1);
     cr_expect_float_eq(s.repetition_penalty, 1.0, 0);
 }
+
+/* Parses body (a JSON text) for chat; returns whether it passed (e filled when not). */
+static bool parse_chat(const api_limits *lim, const char *text, api_error *e)
+{
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("qwen2/tokenizer.json"), &tok, NULL), VLMD_OK);
+    json_t *body = json_loads(text, 0, NULL);
+    cr_assert_not_null(body, "%s", text);
+    api_request r;
+    bool ok = api_request_parse(body, true, lim, tok, &r, e);
+    if (ok)
+        api_request_free(&r);
+    json_decref(body);
+    vlmd_tokenizer_free(tok);
+    return ok;
+}
+
+/* Each limit: at it passes, one over gets a 400 naming the field. */
+Test(api_request, message_text_and_output_limits)
+{
+    api_limits lim = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
+                      .max_messages = 2, .max_prompt_bytes = 10, .max_output_tokens = 5,
+                      .image_token_id = -1};
+    api_error e;
+    cr_expect(parse_chat(&lim, "{\"messages\": [{\"role\": \"user\", \"content\": \"12345\"}, "
+                               "{\"role\": \"user\", \"content\": \"12345\"}]}", &e),
+              "two messages, ten bytes: %s", e.message);
+    cr_expect_not(parse_chat(&lim, "{\"messages\": [{\"role\": \"user\", \"content\": \"1\"}, "
+                                   "{\"role\": \"user\", \"content\": \"1\"}, {\"role\": \"user\","
+                                   " \"content\": \"1\"}]}", &e));
+    cr_expect_eq(e.status, 400);
+    cr_expect_str_eq(e.code, "too_many_messages");
+    cr_expect_str_eq(e.param, "messages");
+    cr_expect_not(parse_chat(&lim, "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+                                   "\"text\", \"text\": \"123456\"}, {\"type\": \"text\", "
+                                   "\"text\": \"12345\"}]}]}", &e),
+                  "eleven bytes over two parts");
+    cr_expect_str_eq(e.code, "prompt_too_large");
+    cr_expect(strstr(e.message, "--max-prompt-bytes"), "%s", e.message);
+    cr_expect(parse_chat(&lim, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                               "\"max_tokens\": 5}", &e), "%s", e.message);
+    cr_expect_not(parse_chat(&lim, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], "
+                                   "\"max_completion_tokens\": 6}", &e));
+    cr_expect_str_eq(e.param, "max_completion_tokens");
+    cr_expect(strstr(e.message, "--max-output-tokens"), "%s", e.message);
+}
