@@ -19,6 +19,7 @@
 typedef struct mapped_file {
     void *base;
     size_t size;
+    bool borrowed;      /* the caller's memory: not unmapped */
 } mapped_file;
 
 struct vlmd_safetensors {
@@ -300,6 +301,34 @@ static vlmd_status finish(vlmd_safetensors *st, vlmd_error *err)
     return VLMD_OK;
 }
 
+vlmd_status vlmd_safetensors_open_memory(const void *data, size_t len, vlmd_safetensors **out,
+                                         vlmd_error *err)
+{
+    *out = NULL;
+    if (len < 8)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%zu bytes is too short for a safetensors header",
+                           len);
+    vlmd_safetensors *st = calloc(1, sizeof *st);
+    mapped_file *mf = calloc(1, sizeof *mf);
+    if (!st || !mf) {
+        free(st);
+        free(mf);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    }
+    *mf = (mapped_file){.base = (void *)data, .size = len, .borrowed = true};
+    st->files = mf;
+    st->n_files = 1;
+    vlmd_status s = load_header(st, "(memory)", mf, err);
+    if (s == VLMD_OK)
+        s = finish(st, err);
+    if (s != VLMD_OK) {
+        vlmd_safetensors_close(st);
+        return s;
+    }
+    *out = st;
+    return VLMD_OK;
+}
+
 vlmd_status vlmd_safetensors_open_file(const char *path, vlmd_safetensors **out, vlmd_error *err)
 {
     *out = NULL;
@@ -395,7 +424,8 @@ void vlmd_safetensors_close(vlmd_safetensors *st)
     for (size_t i = 0; i < st->n_tensors; i++)
         free((char *)st->tensors[i].name);
     for (size_t i = 0; i < st->n_files; i++)
-        munmap(st->files[i].base, st->files[i].size);
+        if (!st->files[i].borrowed)
+            munmap(st->files[i].base, st->files[i].size);
     free(st->tensors);
     free(st->files);
     free(st);

@@ -43,6 +43,10 @@ typedef struct vlmd_safetensors vlmd_safetensors;
 
 /* Opens one file. */
 vlmd_status vlmd_safetensors_open_file(const char *path, vlmd_safetensors **out, vlmd_error *err);
+/* Reads a safetensors image already in memory (borrowed: it must outlive
+ * the result), with the same checks. */
+vlmd_status vlmd_safetensors_open_memory(const void *data, size_t len, vlmd_safetensors **out,
+                                         vlmd_error *err);
 /* Opens DIR/model.safetensors, or the shards of DIR/model.safetensors.index.json. */
 vlmd_status vlmd_safetensors_open_dir(const char *dir, vlmd_safetensors **out, vlmd_error *err);
 void vlmd_safetensors_close(vlmd_safetensors *st); /* accepts NULL */

@@ -725,3 +725,15 @@ static void on_sweep(uv_timer_t *t)
         }
     }
 }
+
+void completions_fail_all(completions *c, const char *why)
+{
+    for (inflight_entry *e = c->table.head, *next; e; e = next) {
+        next = e->next;
+        if (!e->req)
+            continue;
+        vlmd_msg_token_chunk m = {.req_id = e->req_id, .finish = VLMD_FINISH_ERROR,
+                                  .status = VLMD_ERR_UNAVAILABLE, .message = (char *)why};
+        completions_on_chunk(c, &m);
+    }
+}

@@ -50,6 +50,9 @@ void completions_free(completions *c);
 /* Route handlers (ud is the completions). */
 void completions_handle_text(h2o_req_t *req, void *ud);
 void completions_handle_chat(h2o_req_t *req, void *ud);
+/* Ends every request in flight with a 503 (or an error event) saying why:
+ * the router that knew them is gone. */
+void completions_fail_all(completions *c, const char *why);
 /* A TOKEN_CHUNK from the router. */
 void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m);
 

@@ -226,6 +226,7 @@ void http_server_cut(http_server *s, h2o_req_t *req)
             return;
         }
     }
+    VLMD_WARN("no connection found to cut");
 }
 
 static vlmd_status bind_listener(http_server *s, vlmd_error *err)

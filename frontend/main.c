@@ -31,6 +31,7 @@ typedef struct frontend {
     vlmd_vision_params vision;  /* the model's image processing (VL models) */
     auth auth;                  /* API keys (digests) */
     uv_timer_t drain_timer;
+    bool welcomed;              /* registered with a router at least once */
     uint64_t drain_deadline_ms;
     completions completions;
     vlmd_msg snapshot;          /* latest STATS_SNAPSHOT, deep copy (owned); type 0 when none */
@@ -141,8 +142,13 @@ static bool engine_ready(const vlmd_msg_stats_snapshot *s)
 static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
 {
     frontend *fe = ud;
-    if (msg->type == VLMD_MSG_WELCOME)
+    if (msg->type == VLMD_MSG_WELCOME) {
+        /* a welcome after the first: a new router, which never saw our requests */
+        if (fe->welcomed)
+            completions_fail_all(&fe->completions, "the router restarted; try again");
+        fe->welcomed = true;
         return;
+    }
     if (msg->type == VLMD_MSG_TOKEN_CHUNK) {
         completions_on_chunk(&fe->completions, &msg->u.token_chunk);
         return;

@@ -461,7 +461,7 @@ static vlmd_status field_encode(const char *where, const field_desc *f, const vo
                                 msgpack_packer *pk, vlmd_error *err)
 {
     uint32_t n = field_count(f, s);
-    const void *ptr = kind_is_pointer(f->kind) ? *CAT(s, f->offset, const void *) : NULL;
+    const void *ptr = kind_is_pointer(f->kind) ? *CAT(s, f->offset, void *) : NULL;
     if (f->count_offset && n > f->limit)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s.%s: %u elements, more than %llu",
                            where, f->key, n, (unsigned long long)f->limit);

@@ -94,6 +94,12 @@ static void on_router_message(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
         const vlmd_worker_info *w = &s->workers[i];
         if (w->state == VLMD_WORKER_READY)
             supervisor_mark_ready(&l->sup, (vlmd_role)w->role, w->rank, w->pid);
+        /* --port 0: a restarted frontend takes the port the first one was given */
+        const char *colon = w->role == VLMD_ROLE_FRONTEND && w->state == VLMD_WORKER_READY
+                                ? strrchr(w->listen_url, ':')
+                                : NULL;
+        if (colon && l->cfg.port == 0)
+            l->cfg.port = strtol(colon + 1, NULL, 10);
         /* down to the router but still running: hung (it missed its heartbeats);
          * killed, so that the supervisor starts a working one */
         child *c = supervisor_find(&l->sup, (vlmd_role)w->role, w->rank);

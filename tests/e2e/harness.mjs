@@ -36,8 +36,10 @@ export function pidAlive(pid) {
 }
 
 // Starts the launcher; resolves once it prints its ready line, with the URL.
-export async function startServer(args, { readyTimeoutMs = 30000 } = {}) {
-  const child = spawn(`${BIN}/vlmd`, ['serve', ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+// env adds variables to the launcher's environment (its children inherit them).
+export async function startServer(args, { readyTimeoutMs = 30000, env = {} } = {}) {
+  const child = spawn(`${BIN}/vlmd`, ['serve', ...args],
+    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   const server = { child, stdout: '', stderr: '', url: null, exited: null };
   child.stdout.on('data', (d) => { server.stdout += d; });
   child.stderr.on('data', (d) => { server.stderr += d; });
@@ -73,10 +75,11 @@ export async function runToExit(args, timeoutMs = 20000) {
 
 // One request on its own connection, closed afterwards (no keep-alive pool),
 // so a server stopping after it has no connection left open.
-export function getJson(url, { method = 'GET', timeoutMs = 5000, body } = {}) {
+// headers adds request headers; raw (a string) is sent as the body as it is.
+export function getJson(url, { method = 'GET', timeoutMs = 5000, body, headers: extra = {}, raw } = {}) {
   return new Promise((resolve, reject) => {
-    const headers = { connection: 'close' };
-    if (body !== undefined) headers['content-type'] = 'application/json';
+    const headers = { connection: 'close', ...extra };
+    if (body !== undefined || raw !== undefined) headers['content-type'] = 'application/json';
     const req = http.request(url, { method, agent: false, headers, timeout: timeoutMs }, (res) => {
       let text = '';
       res.setEncoding('utf8');
@@ -91,7 +94,7 @@ export function getJson(url, { method = 'GET', timeoutMs = 5000, body } = {}) {
     });
     req.on('timeout', () => req.destroy(new Error(`${method} ${url} timed out`)));
     req.on('error', reject);
-    req.end(body === undefined ? undefined : JSON.stringify(body));
+    req.end(raw !== undefined ? raw : body === undefined ? undefined : JSON.stringify(body));
   });
 }
 

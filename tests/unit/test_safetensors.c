@@ -196,3 +196,32 @@ Test(safetensors, sharded_directories, .init = setup_dir, .fini = teardown_dir)
     cr_expect_eq(vlmd_safetensors_open_dir(tmpdir, &st, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "bad file name"), "%s", err.msg);
 }
+
+/* The same checks on an image in memory (what the fuzz target drives). */
+Test(safetensors, an_image_in_memory)
+{
+    FILE *f = fopen(test_fixture("qwen2/model.safetensors"), "rb");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    size_t n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *bytes = malloc(n);
+    cr_assert_eq(fread(bytes, 1, n, f), n);
+    fclose(f);
+    vlmd_safetensors *mem = NULL, *file = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_safetensors_open_memory(bytes, n, &mem, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(vlmd_safetensors_open_file(test_fixture("qwen2/model.safetensors"), &file, &err),
+                 VLMD_OK);
+    cr_expect_eq(vlmd_safetensors_count(mem), vlmd_safetensors_count(file));
+    const vlmd_tensor_view *a = vlmd_safetensors_at(mem, 0), *b = vlmd_safetensors_at(file, 0);
+    cr_expect_str_eq(a->name, b->name);
+    cr_expect_eq(memcmp(a->data, b->data, a->nbytes), 0);
+    vlmd_safetensors_close(mem);
+    vlmd_safetensors_close(file);
+    cr_expect_eq(vlmd_safetensors_open_memory(bytes, n / 2, &mem, &err), VLMD_ERR_MODEL,
+                 "a truncated image");
+    cr_expect_null(mem);
+    cr_expect_eq(vlmd_safetensors_open_memory(bytes, 7, &mem, &err), VLMD_ERR_MODEL);
+    free(bytes);
+}

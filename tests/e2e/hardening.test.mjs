@@ -1,0 +1,216 @@
+// hardening.test.mjs - the server under bad clients and faults: API keys,
+// every request limit at and one past its value, timeouts that cut off slow
+// and stuck clients while others are served, workers killed during a load,
+// and a SIGTERM that lets running requests finish.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, writeFileSync, chmodSync, existsSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import http2 from 'node:http2';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import OpenAI from 'openai';
+import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor, sleep, pidAlive } from './harness.mjs';
+
+const MODEL = `${FIXTURES}/qwen2`;
+const chat = (content, extra = {}) => ({ messages: [{ role: 'user', content }], max_tokens: 2, ...extra });
+
+// Sends text on a raw connection; resolves with what came back and how long until the server closed it.
+function raw(url, write, { waitMs = 5000 } = {}) {
+  const { hostname, port } = new URL(url);
+  return new Promise((resolve) => {
+    const t0 = Date.now();
+    let data = '';
+    const sock = net.connect(Number(port), hostname, () => write(sock));
+    sock.setEncoding('utf8');
+    sock.on('data', (d) => { data += d; });
+    const done = (closed) => { clearTimeout(timer); sock.destroy(); resolve({ data, closed, ms: Date.now() - t0 }); };
+    sock.on('close', () => done(true));
+    sock.on('error', () => done(true));
+    const timer = setTimeout(() => done(false), waitMs);
+  });
+}
+
+test('API keys: missing, wrong and right; from a file and the environment; never shown', async () => {
+  const dir = mkdtempSync(`${tmpdir()}/vlmd-keys-`);
+  writeFileSync(`${dir}/keys`, '# test keys\nsk-file-key-123\n');
+  chmodSync(`${dir}/keys`, 0o600);
+  const server = await startServer(['--model', MODEL, '--port', '0', '--api-key-file', `${dir}/keys`,
+    '--metrics-need-key', 'yes'], { env: { VLMD_API_KEY: 'sk-env-key-456' } });
+  try {
+    const url = `${server.url}/v1/chat/completions`;
+    const none = await postJson(url, chat('hi'));
+    assert.equal(none.status, 401);
+    assert.equal(none.body.error.type, 'authentication_error');
+    assert.equal(none.body.error.code, 'invalid_api_key');
+    const wrong = await postJson(url, chat('hi'), { headers: { authorization: 'Bearer sk-file-key-12' } });
+    assert.equal(wrong.status, 401, 'a prefix of a key is not a key');
+    for (const key of ['sk-file-key-123', 'sk-env-key-456']) {
+      const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: key, maxRetries: 0 });
+      const r = await client.chat.completions.create(chat('hi'));
+      assert.equal(r.choices.length, 1, `${key} works`);
+    }
+    assert.equal((await getJson(`${server.url}/v1/models`)).status, 401);
+    assert.equal((await getJson(`${server.url}/health`)).status, 200, '/health stays open');
+    assert.equal((await getJson(`${server.url}/memory_stats`)).status, 401, '--metrics-need-key yes');
+    assert.equal((await getJson(`${server.url}/memory_stats`, { headers: { authorization: 'Bearer sk-env-key-456' } })).status, 200);
+    const health = JSON.stringify((await getJson(`${server.url}/health`)).body);
+    for (const key of ['sk-file-key-123', 'sk-env-key-456']) {
+      assert.ok(!health.includes(key), '/health never shows a key');
+      assert.ok(!server.stderr.includes(key) && !server.stdout.includes(key), 'the logs never show a key');
+    }
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+test('every request limit: at the limit passes, one past gets its status', async () => {
+  const server = await startServer(['--model', MODEL, '--port', '0', '--max-body-bytes', '4096',
+    '--max-header-bytes', '2048', '--max-messages', '3', '--max-prompt-bytes', '100',
+    '--max-output-tokens', '8', '--max-connections', '8']);
+  try {
+    const url = `${server.url}/v1/chat/completions`;
+    const sized = (n) => { const s = JSON.stringify(chat('x')); return s.slice(0, -1) + ' '.repeat(n - s.length) + '}'; };
+    assert.equal((await postJson(url, undefined, { raw: sized(4096) })).status, 200, 'a body of exactly --max-body-bytes');
+    const over = await postJson(url, undefined, { raw: sized(4097) });
+    assert.equal(over.status, 413);
+    assert.equal(over.body.error.code, 'request_too_large');
+
+    assert.equal((await postJson(url, chat('x'), { headers: { 'x-pad': 'p'.repeat(1800) } })).status, 200);
+    const big = await postJson(url, chat('x'), { headers: { 'x-pad': 'p'.repeat(2100) } });
+    assert.equal(big.status, 431);
+
+    const msgs = (n) => ({ messages: Array.from({ length: n }, () => ({ role: 'user', content: 'x' })), max_tokens: 2 });
+    assert.equal((await postJson(url, msgs(3))).status, 200);
+    const four = await postJson(url, msgs(4));
+    assert.equal(four.status, 400);
+    assert.equal(four.body.error.param, 'messages');
+    assert.equal(four.body.error.code, 'too_many_messages');
+
+    assert.equal((await postJson(url, chat('a'.repeat(100)))).status, 200);
+    const text = await postJson(url, chat('a'.repeat(101)));
+    assert.equal(text.status, 400);
+    assert.equal(text.body.error.code, 'prompt_too_large');
+
+    assert.equal((await postJson(url, chat('x', { max_tokens: 8 }))).status, 200);
+    const tokens = await postJson(url, chat('x', { max_tokens: 9 }));
+    assert.equal(tokens.status, 400);
+    assert.equal(tokens.body.error.param, 'max_tokens');
+
+    // eight idle connections fill --max-connections: a ninth is closed at once
+    const { port } = new URL(server.url);
+    const idle = await Promise.all(Array.from({ length: 8 }, () => new Promise((r) => {
+      const s = net.connect(Number(port), '127.0.0.1', () => r(s));
+    })));
+    await sleep(100);
+    await assert.rejects(postJson(url, chat('x')), 'the ninth connection is closed');
+    idle.forEach((s) => s.destroy());
+    await waitFor('a connection again', async () => (await postJson(url, chat('x'))).status === 200);
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+test('timeouts cut off slow, stuck and silent clients while others are served', async () => {
+  // the engine is paused below: a long heartbeat timeout keeps the router from declaring it down
+  const server = await startServer(['--model', MODEL, '--port', '0', '--keepalive-timeout-s', '1',
+    '--request-timeout-s', '1', '--send-timeout-s', '1', '--heartbeat-timeout-ms', '60000']);
+  try {
+    const trickle = raw(server.url, (s) => {
+      const text = 'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Slow: ' + 'a'.repeat(100);
+      let i = 0;
+      const t = setInterval(() => { if (i < text.length && !s.destroyed) s.write(text[i++]); else clearInterval(t); }, 50);
+    });
+    const unfinished = raw(server.url, (s) => s.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n'
+      + 'Content-Length: 1000\r\n\r\n{"messa'));
+    const idle = raw(server.url, () => {});
+    const normal = await postJson(`${server.url}/v1/chat/completions`, chat('hello'));
+    assert.equal(normal.status, 200, 'a normal client is served meanwhile');
+    for (const [what, p] of [['headers trickled', trickle], ['a body never finished', unfinished], ['an idle connection', idle]]) {
+      const r = await p;
+      assert.ok(r.closed && r.ms < 3000, `${what}: closed after ${r.ms} ms`);
+    }
+
+    // a request the engine does not answer within --request-timeout-s: 504
+    const llm = (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === 'llm');
+    process.kill(llm.pid, 'SIGSTOP');
+    let timedOut;
+    try {
+      timedOut = await postJson(`${server.url}/v1/chat/completions`, chat('hello'), { timeoutMs: 5000 });
+    } finally {
+      process.kill(llm.pid, 'SIGCONT');
+    }
+    assert.equal(timedOut.status, 504, JSON.stringify(timedOut.body));
+    assert.match(timedOut.body.error.message, /--request-timeout-s/);
+
+    // a stream nobody reads (HTTP/2: no window updates, so the server's sends
+    // stall at once, whatever the kernel's buffers): its connection is cut and
+    // its request cancelled
+    const body = JSON.stringify({ messages: [{ role: 'user', content: 'go on' }], max_tokens: 4000, stream: true,
+      logprobs: true, top_logprobs: 20, temperature: 1, seed: 5 });
+    const session = http2.connect(server.url);
+    session.on('error', () => {});
+    const stream = session.request({ ':method': 'POST', ':path': '/v1/chat/completions', 'content-type': 'application/json' });
+    stream.on('error', () => {});
+    stream.on('response', () => stream.pause()); // never read
+    stream.end(body);
+    const cut = await new Promise((r) => {
+      const t = setTimeout(() => r(false), 15000);
+      session.on('close', () => { clearTimeout(t); r(true); });
+    });
+    assert.ok(cut, 'the stuck stream was cut off');
+    await waitFor('the cancelled request to leave the engine', async () => {
+      const m = await fetch(`${server.url}/metrics`).then((r) => r.text());
+      return /vlmd_llm_running\{rank="0"\} 0/.test(m) && /finished_reason="cancelled"\} [1-9]/.test(m);
+    }, 10000);
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+test('workers killed during a 32-request load: each request completes or gets a 503, and service comes back', async () => {
+  const server = await startServer(['--model', `${FIXTURES}/qwen2_vl`, '--port', '0', '--restart-backoff-ms', '50',
+    '--heartbeat-ms', '100', '--heartbeat-timeout-ms', '1000']);
+  const runtimeDir = (await getJson(`${server.url}/health`)).body.processes
+    .find((p) => p.role === 'router').listen_url.replace('ipc://', '').replace(/\/router\.sock$/, '');
+  try {
+    for (const role of ['visual', 'llm', 'router', 'frontend']) {
+      const pid = (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === role).pid;
+      const load = Array.from({ length: 32 }, (_, i) => postJson(`${server.url}/v1/completions`,
+        { prompt: `load ${i}`, max_tokens: 24, temperature: 0 }, { timeoutMs: 20000 })
+        .then((r) => r.status, (e) => (role === 'frontend' ? 'connection lost' : Promise.reject(e))));
+      await sleep(30);
+      process.kill(pid, 'SIGKILL');
+      const statuses = await Promise.all(load);
+      for (const s of statuses)
+        assert.ok(s === 200 || s === 503 || s === 'connection lost', `after killing ${role}: ${s}`);
+      const t0 = Date.now();
+      await waitFor(`service after killing ${role}`, async () => {
+        const h = await getJson(`${server.url}/health`);
+        if (h.status !== 200) return false;
+        return (await postJson(`${server.url}/v1/completions`, { prompt: 'again', max_tokens: 2 })).status === 200;
+      }, 10000);
+      assert.ok(Date.now() - t0 < 10000, `${role}: serving again within 10 s`);
+      const zombies = execFileSync('ps', ['-o', 'stat=', '--ppid', String(server.child.pid)]).toString()
+        .split('\n').filter((s) => s.startsWith('Z'));
+      assert.equal(zombies.length, 0, `no zombie after killing ${role}`);
+    }
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+  assert.ok(!existsSync(runtimeDir), `the runtime directory (sockets, embedding arena) is gone: ${runtimeDir}`);
+});
+
+test('SIGTERM drains: running requests finish, new ones are refused, then everything stops', async () => {
+  const server = await startServer(['--model', MODEL, '--port', '0', '--drain-timeout-s', '20']);
+  const pids = (await getJson(`${server.url}/health`)).body.processes.map((p) => p.pid);
+  const running = postJson(`${server.url}/v1/completions`, { prompt: 'drain', max_tokens: 400, temperature: 0 },
+    { timeoutMs: 30000 });
+  await sleep(100);
+  server.child.kill('SIGTERM');
+  const r = await running;
+  assert.equal(r.status, 200, 'the running request finished');
+  assert.equal(r.body.usage.completion_tokens, 400);
+  assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  for (const pid of pids) assert.ok(!pidAlive(pid), `process ${pid} is gone`);
+});

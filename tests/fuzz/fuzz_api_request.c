@@ -1,0 +1,48 @@
+/* fuzz_api_request.c - libFuzzer target: any bytes as the body of
+ * /v1/chat/completions and /v1/completions, through the JSON parser, the
+ * validator, the chat template and the tokenizer (the qwen2 fixture's),
+ * with the server's default limits. Bad input must only ever be a 4xx. */
+#include <jansson.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "api_request.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+static vlmd_tokenizer *tok;
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    if (vlmd_tokenizer_load(VLMD_FIXTURES_DIR "/qwen2/tokenizer.json", &tok, NULL) != VLMD_OK)
+        abort();
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    json_t *body = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES, NULL);
+    if (!body)
+        return 0;
+    api_limits lim = {.model_name = "qwen2", .max_model_len = 4096, .max_images = 8,
+                      .image_token_id = -1, .max_messages = 1024, .max_prompt_bytes = 1 << 20,
+                      .defaults = {.temperature = 1, .top_p = 1, .top_k = -1,
+                                   .repetition_penalty = 1}};
+    for (int chat = 0; chat < 2; chat++) {
+        api_request r;
+        api_error e;
+        if (api_request_parse(body, chat, &lim, tok, &r, &e)) {
+            /* an accepted request has a prompt and, once its images are measured
+             * (not here: no image is fetched), room to answer */
+            if (r.prompt.n == 0 || (!r.n_images && (r.prompt.n >= 4096 || r.max_tokens == 0)))
+                abort();
+            api_request_free(&r);
+        } else if (e.status < 400 || (e.status >= 500 && e.status != 500)) {
+            abort(); /* refused input is the client's error (500 only for out of memory) */
+        }
+    }
+    json_decref(body);
+    return 0;
+}
