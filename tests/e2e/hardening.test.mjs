@@ -175,7 +175,8 @@ test('workers killed during a 32-request load: each request completes or gets a 
     .find((p) => p.role === 'router').listen_url.replace('ipc://', '').replace(/\/router\.sock$/, '');
   try {
     for (const role of ['visual', 'llm', 'router', 'frontend']) {
-      const pid = (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === role).pid;
+      const before = (await getJson(`${server.url}/health`)).body.processes;
+      const pid = before.find((p) => p.role === role).pid;
       const load = Array.from({ length: 32 }, (_, i) => postJson(`${server.url}/v1/completions`,
         { prompt: `load ${i}`, max_tokens: 24, temperature: 0 }, { timeoutMs: 20000 })
         .then((r) => r.status, (e) => (role === 'frontend' ? 'connection lost' : Promise.reject(e))));
@@ -191,6 +192,10 @@ test('workers killed during a 32-request load: each request completes or gets a 
         return (await postJson(`${server.url}/v1/completions`, { prompt: 'again', max_tokens: 2 })).status === 200;
       }, 10000);
       assert.ok(Date.now() - t0 < 10000, `${role}: serving again within 10 s`);
+      const after = (await getJson(`${server.url}/health`)).body.processes;
+      for (const other of ['llm', 'visual'].filter((r) => r !== role && role !== 'router'))
+        assert.equal(after.find((p) => p.role === other).pid, before.find((p) => p.role === other).pid,
+          `killing ${role} left ${other} running`);
       const zombies = execFileSync('ps', ['-o', 'stat=', '--ppid', String(server.child.pid)]).toString()
         .split('\n').filter((s) => s.startsWith('Z'));
       assert.equal(zombies.length, 0, `no zombie after killing ${role}`);
@@ -199,6 +204,26 @@ test('workers killed during a 32-request load: each request completes or gets a 
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   }
   assert.ok(!existsSync(runtimeDir), `the runtime directory (sockets, embedding arena) is gone: ${runtimeDir}`);
+});
+
+test('a worker that hangs (missed heartbeats) is killed and restarted', async () => {
+  const server = await startServer(['--model', MODEL, '--port', '0', '--restart-backoff-ms', '50',
+    '--heartbeat-ms', '100', '--heartbeat-timeout-ms', '500']);
+  try {
+    const llm = (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === 'llm');
+    process.kill(llm.pid, 'SIGSTOP');
+    const hung = await postJson(`${server.url}/v1/completions`, { prompt: 'hi', max_tokens: 4 }, { timeoutMs: 10000 });
+    assert.equal(hung.status, 503, 'a hung engine answers nothing: the request fails, not waits');
+    assert.match(hung.body.error.message, /engine/);
+    await waitFor('a new engine', async () => {
+      const h = await getJson(`${server.url}/health`);
+      return h.status === 200 && h.body.processes.find((p) => p.role === 'llm').pid !== llm.pid;
+    }, 15000);
+    assert.ok(!pidAlive(llm.pid), 'the hung one was killed');
+    assert.equal((await postJson(`${server.url}/v1/completions`, { prompt: 'hi', max_tokens: 4 })).status, 200);
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
 });
 
 test('SIGTERM drains: running requests finish, new ones are refused, then everything stops', async () => {
