@@ -26,8 +26,8 @@ static bool get_number(const json_t *body, const char *key, double min, double m
         return api_fail(e, 400, key, "invalid_type", "'%s' must be a number", key);
     double x = json_number_value(v);
     if (!isfinite(x) || x > max || (min_open ? x <= min : x < min))
-        return api_fail(e, 400, key, "invalid_value", "'%s' is %g; it must be in %s%g, %g]", key, x,
-                    min_open ? "(" : "[", min, max);
+        return api_fail(e, 400, key, "invalid_value", "'%s' is %g; it must be in %s%g, %g]",
+                        key, x, min_open ? "(" : "[", min, max);
     *out = x;
     return true;
 }
@@ -44,8 +44,8 @@ static bool get_integer(const json_t *body, const char *key, int64_t min, int64_
         return api_fail(e, 400, key, "invalid_type", "'%s' must be an integer", key);
     json_int_t x = json_integer_value(v);
     if (x < min || x > max)
-        return api_fail(e, 400, key, "invalid_value", "'%s' is %lld; it must be in [%lld, %lld]", key,
-                    (long long)x, (long long)min, (long long)max);
+        return api_fail(e, 400, key, "invalid_value", "'%s' is %lld; it must be in [%lld, %lld]",
+                        key, (long long)x, (long long)min, (long long)max);
     *out = x;
     return true;
 }
@@ -69,17 +69,18 @@ static bool parse_stops(const json_t *body, api_request *r, api_error *e)
     const json_t *one[1] = {v};
     size_t n = json_is_array(v) ? json_array_size(v) : 1;
     if (!json_is_array(v) && !json_is_string(v))
-        return api_fail(e, 400, "stop", "invalid_type", "'stop' must be a string or a list of strings");
+        return api_fail(e, 400, "stop", "invalid_type",
+                        "'stop' must be a string or a list of strings");
     if (n > API_MAX_STOPS)
         return api_fail(e, 400, "stop", "invalid_value", "'stop' has %zu strings; at most %d", n,
-                    API_MAX_STOPS);
+                        API_MAX_STOPS);
     for (size_t i = 0; i < n; i++) {
         const json_t *s = json_is_array(v) ? json_array_get(v, i) : one[0];
         if (!json_is_string(s) || json_string_length(s) == 0 ||
             json_string_length(s) > API_MAX_STOP_LEN)
             return api_fail(e, 400, "stop", "invalid_value",
-                        "'stop' entries must be non-empty strings of at most %d bytes",
-                        API_MAX_STOP_LEN);
+                            "'stop' entries must be non-empty strings of at most %d bytes",
+                            API_MAX_STOP_LEN);
         r->stops[r->n_stops] = strdup(json_string_value(s));
         if (!r->stops[r->n_stops])
             return api_fail(e, 500, NULL, NULL, "out of memory");
@@ -138,7 +139,7 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
     const json_t *msgs = json_object_get(body, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return api_fail(e, 400, "messages", json_is_array(msgs) ? "invalid_value" : "invalid_type",
-                    "'messages' must be a non-empty list of messages");
+                        "'messages' must be a non-empty list of messages");
     size_t n = json_array_size(msgs), total_parts = 0, text_bytes = 0;
     if (lim->max_messages && n > lim->max_messages)
         return api_fail(e, 400, "messages", "too_many_messages", "%zu messages; at most %u "
@@ -181,7 +182,7 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
         }
         if (!json_is_array(content)) {
             ok = api_fail(e, 400, param, "invalid_type", "'%s' must be a string or a list of parts",
-                      param);
+                          param);
             break;
         }
         for (size_t j = 0; ok && j < json_array_size(content); j++) {
@@ -201,8 +202,8 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
                 cm[i].n_parts++;
             } else {
                 ok = api_fail(e, 400, param, "invalid_type",
-                          "a content part must be {\"type\": \"text\", \"text\": ...} or an "
-                          "image_url part");
+                              "a content part must be {\"type\": \"text\", \"text\": ...} or an "
+                              "image_url part");
             }
         }
     }
@@ -242,7 +243,7 @@ static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, const
             if (!json_is_integer(id) || json_integer_value(id) < 0 ||
                 json_integer_value(id) >= vocab)
                 return api_fail(e, 400, "prompt", "invalid_value",
-                            "prompt[%zu] is not a token id below %u", i, vocab);
+                                "prompt[%zu] is not a token id below %u", i, vocab);
             if (vlmd_tokens_push(prompt, (uint32_t)json_integer_value(id)) != VLMD_OK)
                 return api_fail(e, 500, NULL, NULL, "out of memory");
         }
@@ -250,9 +251,9 @@ static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, const
     }
     if (json_is_array(p) && json_array_size(p) > 1)
         return api_fail(e, 400, "prompt", "invalid_value",
-                    "one prompt per request: send a string or a list of token ids");
+                        "one prompt per request: send a string or a list of token ids");
     return api_fail(e, 400, "prompt", "invalid_type",
-                "'prompt' must be a string or a list of token ids");
+                    "'prompt' must be a string or a list of token ids");
 }
 
 bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
@@ -301,8 +302,8 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     const json_t *model = opt(body, "model");
     if (model && (!json_is_string(model) || strcmp(json_string_value(model), lim->model_name)))
         return api_fail(e, 404, "model", "model_not_found", "the model '%s' does not exist; this "
-                    "server serves '%s'", json_is_string(model) ? json_string_value(model) : "?",
-                    lim->model_name);
+                        "server serves '%s'", json_is_string(model) ? json_string_value(model) : "?",
+                        lim->model_name);
 
     int64_t n = 1, max_tokens = 0, max_completion = 0, top_k = r->sampling.top_k, seed = 0;
     bool max_given = false, completion_given = false, seed_given = false, logprobs = false;
@@ -332,10 +333,11 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     const json_t *so = opt(body, "stream_options");
     if (ok && so) {
         if (!json_is_object(so))
-            ok = api_fail(e, 400, "stream_options", "invalid_type", "'stream_options' must be an object");
+            ok = api_fail(e, 400, "stream_options", "invalid_type",
+                          "'stream_options' must be an object");
         else if (!r->stream)
             ok = api_fail(e, 400, "stream_options", "invalid_value",
-                      "'stream_options' is only allowed with \"stream\": true");
+                          "'stream_options' is only allowed with \"stream\": true");
         else
             ok = get_bool(so, "include_usage", &r->include_usage, e);
         if (!ok && strcmp(e->param, "include_usage") == 0)
@@ -343,10 +345,10 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     }
     if (ok && n != 1)
         ok = api_fail(e, 400, "n", "invalid_value", "n = %lld: vlmd generates one choice per request "
-                  "(n must be 1)", (long long)n);
+                      "(n must be 1)", (long long)n);
     if (ok && chat && top_logprobs && !logprobs)
         ok = api_fail(e, 400, "top_logprobs", "invalid_value",
-                  "'top_logprobs' needs \"logprobs\": true");
+                      "'top_logprobs' needs \"logprobs\": true");
     r->logprobs = chat ? logprobs : opt(body, "logprobs") != NULL;
     r->top_logprobs = (uint32_t)(chat ? top_logprobs : completion_logprobs);
     if (!ok) {
@@ -362,7 +364,10 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
         ok = api_fail(e, 400, chat ? "messages" : "prompt", "invalid_value", "the prompt is empty");
     /* max_completion_tokens wins over the older max_tokens; neither: chat gets the room
      * left, completions OpenAI's 16 */
-    r->asked_max_tokens = completion_given ? max_completion : max_given ? max_tokens : chat ? 0 : 16;
+    r->asked_max_tokens = completion_given ? max_completion
+                          : max_given      ? max_tokens
+                          : chat           ? 0
+                                           : 16;
     if (ok && lim->max_output_tokens && r->asked_max_tokens > lim->max_output_tokens)
         ok = api_fail(e, 400, completion_given ? "max_completion_tokens" : "max_tokens",
                       "invalid_value", "%lld tokens asked; at most %u (--max-output-tokens)",

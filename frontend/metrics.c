@@ -77,14 +77,16 @@ void metrics_render(const frontend_metrics *m, const vlmd_msg_stats_snapshot *sn
                     (unsigned long long)m->completion_tokens);
     static const char *const outcomes[4] = {"stop", "length", "error", "cancelled"};
     for (int i = 0; i < 4; i++)
-        vlmd_buf_printf(out, "vlmd_requests_finished_total{model=\"%s\",finished_reason=\"%s\"} %llu\n",
+        vlmd_buf_printf(out,
+                        "vlmd_requests_finished_total{model=\"%s\",finished_reason=\"%s\"} %llu\n",
                         model, outcomes[i], (unsigned long long)m->finished[i]);
     for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
         const vlmd_worker_info *w = &snap->workers[i];
         const char *role = vlmd_role_str((vlmd_role)w->role);
         vlmd_buf_printf(out, "# TYPE vlmd_%s_up gauge\nvlmd_%s_up{rank=\"%u\"} %d\n", role, role,
                         w->rank, w->state == VLMD_WORKER_READY);
-        vlmd_buf_printf(out, "# TYPE vlmd_%s_restarts_total counter\nvlmd_%s_restarts_total{rank=\"%u\"} %u\n",
+        vlmd_buf_printf(out, "# TYPE vlmd_%s_restarts_total counter\n"
+                             "vlmd_%s_restarts_total{rank=\"%u\"} %u\n",
                         role, role, w->rank, w->restarts);
         if (w->role == VLMD_ROLE_LLM && w->kv_capacity_tokens)
             vlmd_buf_printf(out, "# TYPE vlmd_kv_cache_usage_ratio gauge\n"
@@ -129,12 +131,13 @@ json_t *metrics_memory_stats(const vlmd_msg_stats_snapshot *snap)
                               w->device ? w->device : "", "reserved_bytes",
                               (json_int_t)w->reserved_bytes);
         if (w->role == VLMD_ROLE_LLM) {
-            json_object_set_new(p, "kv_capacity_tokens", json_integer((json_int_t)w->kv_capacity_tokens));
-            json_object_set_new(p, "kv_used_tokens", json_integer((json_int_t)w->kv_used_tokens));
             const char *bpt = kv_get(w->memory, w->n_memory, "kv_bytes_per_token");
-            if (bpt)
-                json_object_set_new(p, "kv_used_bytes",
-                                    json_integer((json_int_t)(w->kv_used_tokens * strtoull(bpt, NULL, 10))));
+            uint64_t per_token = bpt ? strtoull(bpt, NULL, 10) : 0;
+            json_object_set_new(p, "kv_capacity_tokens",
+                                json_integer((json_int_t)w->kv_capacity_tokens));
+            json_object_set_new(p, "kv_used_tokens", json_integer((json_int_t)w->kv_used_tokens));
+            json_object_set_new(p, "kv_used_bytes",
+                                json_integer((json_int_t)(w->kv_used_tokens * per_token)));
         }
         json_object_set_new(p, "memory", numbers(w->memory, w->n_memory));
         json_object_set_new(p, "counters", numbers(w->counters, w->n_counters));

@@ -97,7 +97,8 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     e->scratch = malloc(sampler_scratch_bytes(V));
     e->raw = malloc((size_t)V * sizeof *e->raw);
     if (s == VLMD_OK && (!e->ids || !e->positions || !e->step_slots || !e->logit_rows ||
-                         !e->seqs || !e->embeds || !e->in_step || !e->running || !e->seq_req || !e->logits || !e->scratch || !e->raw))
+                         !e->seqs || !e->embeds || !e->in_step || !e->running || !e->seq_req ||
+                         !e->logits || !e->scratch || !e->raw))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the engine's batch");
     if (s != VLMD_OK) {
         engine_free(e);

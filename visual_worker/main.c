@@ -101,8 +101,8 @@ static void start_batch(visual_worker *w)
 {
     if (w->busy || w->stopping || !w->n_queue)
         return;
-    uint32_t max_images = image_encoder_batch_images(w->enc), budget =
-                                                                   image_encoder_batch_tokens(w->enc);
+    uint32_t max_images = image_encoder_batch_images(w->enc);
+    uint32_t budget = image_encoder_batch_tokens(w->enc);
     size_t n = 0;
     uint32_t tokens = 0;
     while (n < w->n_queue && n < max_images && tokens + w->queue[n].tokens <= budget)
@@ -154,7 +154,8 @@ static bool accept_job(visual_worker *w, const vlmd_msg_image_job *m, job *j)
         return false;
     }
     uint64_t bytes = (uint64_t)tokens * image_encoder_out_dim(w->enc) * sizeof(float);
-    if (m->arena_offset % sizeof(float) || !vlmd_shm_arena_holds(&w->arena, m->arena_offset, bytes)) {
+    if (m->arena_offset % sizeof(float) ||
+        !vlmd_shm_arena_holds(&w->arena, m->arena_offset, bytes)) {
         snprintf(why, sizeof why, "offset %llu + %llu bytes is outside the embedding arena",
                  (unsigned long long)m->arena_offset, (unsigned long long)bytes);
         send_result(w, j, VLMD_ERR_INTERNAL, why);
