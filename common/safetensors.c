@@ -283,6 +283,7 @@ static vlmd_status add_file(vlmd_safetensors *st, const char *path, vlmd_error *
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     st->files = grown;
     mapped_file *mf = &st->files[st->n_files];
+    *mf = (mapped_file){0};
     vlmd_status s = map_file(path, mf, err);
     if (s != VLMD_OK)
         return s;
