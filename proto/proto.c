@@ -747,8 +747,9 @@ static bool key_is(const msgpack_object *k, const char *key)
 
 static bool same_str(const msgpack_object *a, const msgpack_object *b)
 {
+    /* (an empty string's pointer may be NULL, which memcmp may not be given) */
     return a->via.str.size == b->via.str.size &&
-           memcmp(a->via.str.ptr, b->via.str.ptr, a->via.str.size) == 0;
+           (a->via.str.size == 0 || memcmp(a->via.str.ptr, b->via.str.ptr, a->via.str.size) == 0);
 }
 
 /* Checks that map o has at most max_entries entries (else VLMD_ERR_TOO_LARGE)

@@ -132,6 +132,30 @@ test('bad images get a 400 naming the image; the server keeps serving', async ()
   }
 });
 
+test('image limits: at the limit passes, one past gets a 400 naming the image', async () => {
+  const dir = `${FIXTURES}/qwen2_vl`;
+  const png = readFileSync(`${dir}/image_84x56.png`);
+  const ask = (server, urls) => postJson(`${server.url}/v1/chat/completions`, { max_tokens: 2, messages: [{
+    role: 'user', content: urls.map((url) => ({ type: 'image_url', image_url: { url } })) }] }, { timeoutMs: 20000 });
+  for (const [flags, good, bad, code] of [
+    [['--max-image-bytes', String(png.length)], [dataUri(png)], [dataUri(Buffer.concat([png, Buffer.from([0])]))], 'image_too_large'],
+    [['--max-image-pixels', String(84 * 56)], [dataUri(png)], [dataUri(pngHeader(85, 56))], 'image_too_large'],
+    [['--max-images-per-request', '2'], [dataUri(png), dataUri(png)], [dataUri(png), dataUri(png), dataUri(png)], 'too_many_images'],
+  ]) {
+    const server = await startServer(['--model', dir, '--port', '0', ...flags]);
+    try {
+      const ok = await ask(server, good);
+      assert.equal(ok.status, 200, `${flags.join(' ')}: at the limit: ${JSON.stringify(ok.body)}`);
+      const over = await ask(server, bad);
+      assert.equal(over.status, 400, `${flags.join(' ')}: one past: ${JSON.stringify(over.body)}`);
+      assert.equal(over.body.error.code, code);
+      assert.match(over.body.error.param, /^messages\[0\]\.content\[\d\]\.image_url$/);
+    } finally {
+      assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+    }
+  }
+});
+
 test('image URLs: fetched from allowed hosts only, within the limits', async () => {
   const dir = `${FIXTURES}/qwen2_vl`;
   const reference = JSON.parse(readFileSync(`${dir}/reference.json`, 'utf8'));

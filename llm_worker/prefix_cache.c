@@ -1,0 +1,280 @@
+/* prefix_cache.c - the radix tree of cached prefixes (see prefix_cache.h).
+ *
+ * Invariants: a node's children start with different keys; a node's refs
+ * is the number of locked paths through it (so a parent's refs is at least
+ * each child's); `tokens` is the sum of every node's length and `locked`
+ * the sum over nodes with refs > 0. */
+#include "prefix_cache.h"
+
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct pc_node {
+    pc_node *parent;
+    pc_node **children;
+    int32_t n_children, cap_children;
+    uint32_t *key;              /* len keys */
+    int32_t *slots;             /* their KV slots, owned by the cache */
+    int32_t len;
+    int32_t refs;               /* locked paths through this node */
+    uint64_t last;              /* the cache's clock when last used */
+};
+
+struct prefix_cache {
+    kv_slots *alloc;            /* borrowed */
+    pc_node root;               /* no keys */
+    int32_t tokens, locked;
+    uint64_t clock;
+};
+
+vlmd_status prefix_cache_create(kv_slots *slots, prefix_cache **out, vlmd_error *err)
+{
+    *out = calloc(1, sizeof **out);
+    if (!*out)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the prefix cache");
+    (*out)->alloc = slots;
+    return VLMD_OK;
+}
+
+static void node_free(prefix_cache *c, pc_node *n)
+{
+    for (int32_t i = 0; i < n->n_children; i++)
+        node_free(c, n->children[i]);
+    if (n->len)
+        kv_slots_give(c->alloc, n->slots, n->len);
+    free(n->children);
+    free(n->key);
+    free(n->slots);
+    if (n != &c->root)
+        free(n);
+}
+
+void prefix_cache_free(prefix_cache *c)
+{
+    if (!c)
+        return;
+    node_free(c, &c->root);
+    free(c);
+}
+
+static pc_node *find_child(const pc_node *n, uint32_t key)
+{
+    for (int32_t i = 0; i < n->n_children; i++)
+        if (n->children[i]->key[0] == key)
+            return n->children[i];
+    return NULL;
+}
+
+static bool add_child(pc_node *parent, pc_node *child)
+{
+    if (parent->n_children == parent->cap_children) {
+        int32_t cap = parent->cap_children ? 2 * parent->cap_children : 4;
+        pc_node **grown = realloc(parent->children, (size_t)cap * sizeof *grown);
+        if (!grown)
+            return false;
+        parent->children = grown;
+        parent->cap_children = cap;
+    }
+    parent->children[parent->n_children++] = child;
+    child->parent = parent;
+    return true;
+}
+
+static void remove_child(pc_node *parent, const pc_node *child)
+{
+    for (int32_t i = 0; i < parent->n_children; i++)
+        if (parent->children[i] == child) {
+            parent->children[i] = parent->children[--parent->n_children];
+            return;
+        }
+}
+
+static int32_t common_prefix(const uint32_t *a, int32_t na, const uint32_t *b, int32_t nb)
+{
+    int32_t k = 0;
+    while (k < na && k < nb && a[k] == b[k])
+        k++;
+    return k;
+}
+
+/* Splits x after its first k keys (0 < k < len): a new node takes those,
+ * with x's locks, between x and its parent. NULL when out of memory. */
+static pc_node *split(pc_node *x, int32_t k)
+{
+    pc_node *p = calloc(1, sizeof *p);
+    uint32_t *key = p ? malloc((size_t)k * sizeof *key) : NULL;
+    int32_t *slots = key ? malloc((size_t)k * sizeof *slots) : NULL;
+    pc_node **children = slots ? malloc(4 * sizeof *children) : NULL;
+    if (!children) {
+        free(p), free(key), free(slots);
+        return NULL;
+    }
+    memcpy(key, x->key, (size_t)k * sizeof *key);
+    memcpy(slots, x->slots, (size_t)k * sizeof *slots);
+    *p = (pc_node){.parent = x->parent, .children = children, .n_children = 1, .cap_children = 4,
+                   .key = key, .slots = slots, .len = k, .refs = x->refs, .last = x->last};
+    children[0] = x;
+    for (int32_t i = 0; i < x->parent->n_children; i++)
+        if (x->parent->children[i] == x)
+            x->parent->children[i] = p;
+    x->parent = p;
+    memmove(x->key, x->key + k, (size_t)(x->len - k) * sizeof *x->key);
+    memmove(x->slots, x->slots + k, (size_t)(x->len - k) * sizeof *x->slots);
+    x->len -= k;
+    return p;
+}
+
+static void lock_path(prefix_cache *c, pc_node *n, int32_t delta)
+{
+    for (; n && n != &c->root; n = n->parent) {
+        if (n->refs == 0 && delta > 0)
+            c->locked += n->len;
+        n->refs += delta;
+        if (n->refs == 0 && delta < 0)
+            c->locked -= n->len;
+    }
+}
+
+int32_t prefix_cache_match(prefix_cache *c, const uint32_t *key, int32_t n, int32_t *slots_out,
+                           pc_node **locked)
+{
+    pc_node *node = &c->root;
+    int32_t i = 0;
+    c->clock++;
+    while (i < n) {
+        pc_node *child = find_child(node, key[i]);
+        if (!child)
+            break;
+        int32_t k = common_prefix(child->key, child->len, key + i, n - i);
+        child->last = c->clock;
+        if (k < child->len) {
+            pc_node *p = split(child, k);
+            if (p) { /* without memory, the match stops before this node */
+                memcpy(slots_out + i, p->slots, (size_t)k * sizeof *slots_out);
+                i += k;
+                node = p;
+            }
+            break;
+        }
+        memcpy(slots_out + i, child->slots, (size_t)k * sizeof *slots_out);
+        i += k;
+        node = child;
+    }
+    lock_path(c, node, 1);
+    *locked = node == &c->root ? NULL : node;
+    return i;
+}
+
+void prefix_cache_unlock(prefix_cache *c, pc_node *locked)
+{
+    lock_path(c, locked, -1);
+}
+
+vlmd_status prefix_cache_insert(prefix_cache *c, const uint32_t *key, const int32_t *slots,
+                                int32_t n)
+{
+    pc_node *node = &c->root;
+    int32_t i = 0;
+    c->clock++;
+    while (i < n) {
+        pc_node *child = find_child(node, key[i]);
+        if (!child) {
+            pc_node *leaf = calloc(1, sizeof *leaf);
+            uint32_t *k = leaf ? malloc((size_t)(n - i) * sizeof *k) : NULL;
+            int32_t *s = k ? malloc((size_t)(n - i) * sizeof *s) : NULL;
+            if (!s || !add_child(node, leaf)) {
+                free(leaf), free(k), free(s);
+                kv_slots_give(c->alloc, slots + i, n - i);
+                return VLMD_ERR_NOMEM;
+            }
+            memcpy(k, key + i, (size_t)(n - i) * sizeof *k);
+            memcpy(s, slots + i, (size_t)(n - i) * sizeof *s);
+            leaf->key = k;
+            leaf->slots = s;
+            leaf->len = n - i;
+            leaf->last = c->clock;
+            c->tokens += n - i;
+            return VLMD_OK;
+        }
+        int32_t k = common_prefix(child->key, child->len, key + i, n - i);
+        for (int32_t j = 0; j < k; j++) /* held already: a different slot is a duplicate */
+            if (child->slots[j] != slots[i + j])
+                kv_slots_give(c->alloc, slots + i + j, 1);
+        child->last = c->clock;
+        i += k;
+        if (k < child->len && i < n) {
+            pc_node *p = split(child, k);
+            if (!p) {
+                kv_slots_give(c->alloc, slots + i, n - i);
+                return VLMD_ERR_NOMEM;
+            }
+            node = p;
+        } else {
+            node = child;
+        }
+    }
+    return VLMD_OK;
+}
+
+static int by_last(const void *a, const void *b)
+{
+    uint64_t x = (*(pc_node *const *)a)->last, y = (*(pc_node *const *)b)->last;
+    return x < y ? -1 : x > y;
+}
+
+/* Appends the unlocked leaves under n to out. */
+static void collect_leaves(pc_node *n, pc_node **out, int32_t *count)
+{
+    for (int32_t i = 0; i < n->n_children; i++) {
+        pc_node *ch = n->children[i];
+        if (ch->n_children)
+            collect_leaves(ch, out, count);
+        else if (ch->refs == 0)
+            out[(*count)++] = ch;
+    }
+}
+
+/* Nodes in the tree (the bound of an array of leaves). */
+static int32_t count_nodes(const pc_node *n)
+{
+    int32_t k = n->n_children;
+    for (int32_t i = 0; i < n->n_children; i++)
+        k += count_nodes(n->children[i]);
+    return k;
+}
+
+int32_t prefix_cache_evict(prefix_cache *c, int32_t want)
+{
+    int32_t freed = 0;
+    while (freed < want && c->tokens > c->locked) {
+        pc_node **leaves = malloc((size_t)(count_nodes(&c->root) + 1) * sizeof *leaves);
+        int32_t n = 0;
+        if (!leaves)
+            break;
+        collect_leaves(&c->root, leaves, &n);
+        qsort(leaves, (size_t)n, sizeof *leaves, by_last);
+        for (int32_t i = 0; i < n && freed < want; i++) {
+            pc_node *leaf = leaves[i];
+            kv_slots_give(c->alloc, leaf->slots, leaf->len);
+            freed += leaf->len;
+            c->tokens -= leaf->len;
+            remove_child(leaf->parent, leaf);
+            free(leaf->children), free(leaf->key), free(leaf->slots), free(leaf);
+        }
+        free(leaves);
+        if (n == 0)
+            break; /* (unlocked tokens sit only above locked nodes) */
+    }
+    return freed;
+}
+
+int32_t prefix_cache_tokens(const prefix_cache *c)
+{
+    return c->tokens;
+}
+
+int32_t prefix_cache_evictable(const prefix_cache *c)
+{
+    return c->tokens - c->locked;
+}
