@@ -177,6 +177,14 @@ const vlmd_flag vlmd_flags[] = {
      R(LAUNCHER) | R(FRONTEND),
      "On SIGTERM, time running requests have to finish (no new ones are accepted) before the "
      "server stops"},
+    {"disable-prefix-cache", VLMD_FLAG_BOOL, OFF(disable_prefix_cache), "false", 0, 0, NULL,
+     R(LAUNCHER) | R(LLM),
+     "Compute every prompt in full instead of reusing the KV of prefixes computed before"},
+    {"chunked-prefill-size", VLMD_FLAG_INT, OFF(chunked_prefill_size), "4096", 1, 1 << 24, NULL,
+     R(LAUNCHER) | R(LLM),
+     "Most prompt tokens of one request per engine step: a longer prompt is prefilled over "
+     "several steps, between the decode steps of the others (the step's budget is "
+     "--batch-max-tokens)"},
     {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, 0},
 };
 
@@ -204,6 +212,11 @@ static int64_t *field_int(vlmd_config *cfg, const vlmd_flag *f)
 static double *field_double(vlmd_config *cfg, const vlmd_flag *f)
 {
     return (double *)((char *)cfg + f->offset);
+}
+
+static bool *field_bool(vlmd_config *cfg, const vlmd_flag *f)
+{
+    return (bool *)((char *)cfg + f->offset);
 }
 
 static bool choice_allowed(const char *choices, const char *v)
@@ -245,6 +258,12 @@ static vlmd_status flag_set(vlmd_config *cfg, const vlmd_flag *f, const char *v,
         *field_int(cfg, f) = x;
         return VLMD_OK;
     }
+    case VLMD_FLAG_BOOL:
+        if (strcmp(v, "true") != 0 && strcmp(v, "false") != 0)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--%s: '%s' is not true or false",
+                               f->name, v);
+        *field_bool(cfg, f) = strcmp(v, "true") == 0;
+        return VLMD_OK;
     case VLMD_FLAG_FLOAT: {
         double x;
         if (vlmd_parse_double(v, f->fmin, f->fmax, &x) != VLMD_OK)
@@ -312,6 +331,8 @@ vlmd_status vlmd_config_parse(vlmd_config *cfg, vlmd_role role, int argc, char *
         const char *value;
         if (eq) {
             value = eq + 1;
+        } else if (f->type == VLMD_FLAG_BOOL) {
+            value = "true"; /* a switch: its presence says it */
         } else {
             if (i + 1 >= argc)
                 return vlmd_errorf(err, VLMD_ERR_USAGE, "flag '--%s' needs a value", name);
@@ -366,6 +387,8 @@ void vlmd_config_value_str(const vlmd_config *cfg, const vlmd_flag *f, char *out
         snprintf(out, outsz, "%lld", (long long)*field_int(c, f));
     else if (f->type == VLMD_FLAG_FLOAT)
         snprintf(out, outsz, "%g", *field_double(c, f));
+    else if (f->type == VLMD_FLAG_BOOL)
+        vlmd_strlcpy(out, *field_bool(c, f) ? "true" : "false", outsz);
     else
         vlmd_strlcpy(out, *field_str(c, f) ? *field_str(c, f) : "", outsz);
 }

@@ -71,6 +71,8 @@ typedef struct vlmd_config {
     int64_t keepalive_timeout_s;    /* --keepalive-timeout-s */
     int64_t send_timeout_s;         /* --send-timeout-s: a client that stops reading */
     int64_t drain_timeout_s;        /* --drain-timeout-s: SIGTERM lets requests finish */
+    bool disable_prefix_cache;      /* --disable-prefix-cache */
+    int64_t chunked_prefill_size;   /* --chunked-prefill-size: prompt tokens per request per step */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {
@@ -78,6 +80,7 @@ typedef enum vlmd_flag_type {
     VLMD_FLAG_INT,
     VLMD_FLAG_CHOICE,   /* a string limited to `choices` ("auto|cpu|cuda") */
     VLMD_FLAG_FLOAT,    /* a double in [fmin, fmax] */
+    VLMD_FLAG_BOOL,     /* "--name" alone is true; "--name=true|false" */
 } vlmd_flag_type;
 
 typedef struct vlmd_flag {

@@ -239,9 +239,10 @@ static void response_id(const inflight_entry *e, char *out, size_t outsz)
 
 static json_t *usage_json(const inflight_entry *e)
 {
-    return json_pack("{s:i, s:i, s:i}", "prompt_tokens", (int)e->api.prompt.n,
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)e->api.prompt.n,
                      "completion_tokens", (int)e->completion_tokens, "total_tokens",
-                     (int)(e->api.prompt.n + e->completion_tokens));
+                     (int)(e->api.prompt.n + e->completion_tokens), "prompt_tokens_details",
+                     "cached_tokens", (int)e->cached_tokens);
 }
 
 /* One streamed chunk: a piece of text (or, with finish, the end). */
@@ -624,6 +625,7 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
     }
     if (m->max_tokens_capped)
         e->capped = m->max_tokens_capped;
+    e->cached_tokens = m->cached_tokens;
     if (m->n_tokens) {
         uint64_t now = vlmd_now_ns();
         if (!e->last_token_ns)

@@ -45,6 +45,7 @@ typedef struct inflight_entry {
     uint64_t last_token_ns;     /* 0 until the first token */
     uint64_t send_started_ns;   /* when the h2o_send in flight began */
     uint32_t capped;            /* the router capped max_tokens to this (0: not) */
+    uint32_t cached_tokens;     /* prompt tokens the engine's prefix cache gave */
     char session[65];           /* X-Session-ID, "" when none */
     token_logprobs *lps;        /* non-streamed logprobs: one per generated token */
     size_t n_lps, cap_lps;

@@ -8,6 +8,7 @@
 #include "kv_slots.h"
 #include "log.h"
 #include "mrope.h"
+#include "prefix_cache.h"
 #include "sampler.h"
 
 typedef enum req_state { REQ_WAITING, REQ_RUNNING } req_state;
@@ -20,6 +21,10 @@ typedef struct req_image {
     const float *data;          /* count x hidden, in the arena (borrowed) */
 } req_image;
 
+/* Prefix-cache keys of an image's tokens: pseudo ids from its content hash,
+ * above every vocabulary id, so that only the same image matches. */
+#define IMAGE_KEY_BIT 0x80000000u
+
 typedef struct request {
     uint64_t id;
     req_state state;
@@ -27,6 +32,11 @@ typedef struct request {
     int32_t n_prompt, n_tokens;
     int32_t *slots;             /* the request -> token table: slot of each cached token */
     int32_t n_cached;
+    uint32_t *keys;             /* the prefix cache's key of each token (ids; images: pseudo ids) */
+    int32_t n_shared;           /* slots[0..n_shared) belong to the prefix cache (locked) */
+    pc_node *lock;              /* the cached prefix it locked, or NULL */
+    uint32_t cached_tokens;     /* prompt tokens the cache gave at its first admission */
+    bool admitted;              /* admitted at least once (preemption re-admits) */
     int32_t max_tokens;
     vlmd_sampling sampling;
     bool logprobs;
@@ -49,9 +59,11 @@ struct engine {
     qwen2_kv *kv;
     qwen2_workspace *ws;
     kv_slots slots;
+    prefix_cache *cache;        /* NULL when disabled */
     request *head, *tail;
     int32_t n_running, n_active;
     uint64_t preemptions;
+    uint64_t prompt_tokens, cached_tokens; /* over first admissions: the cache's hit rate */
     request **running;          /* one step's running requests, oldest first [max_running] */
     request **seq_req;          /* the request of each attention sequence of the step */
     /* one step's batch, sized for max_batch_tokens */
@@ -80,10 +92,14 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     e->ud = ud;
     int32_t n = cfg->max_batch_tokens, r = cfg->max_running, V = (int32_t)qwen2_vocab_size(m);
     vlmd_status s = kv_slots_init(&e->slots, cfg->kv_slots, err);
+    if (s == VLMD_OK && cfg->prefix_cache)
+        s = prefix_cache_create(&e->slots, &e->cache, err);
     if (s == VLMD_OK)
         s = qwen2_kv_create(m, cfg->kv_slots, &e->kv, err);
     if (s == VLMD_OK)
-        s = qwen2_workspace_create(m, n, r, &e->ws, err);
+        s = qwen2_workspace_create(m, n, r, cfg->max_model_len < cfg->kv_slots
+                                                ? cfg->max_model_len : cfg->kv_slots,
+                                   &e->ws, err); /* a sequence is never longer than either */
     e->ids = malloc((size_t)n * sizeof *e->ids);
     e->positions = malloc(3 * (size_t)n * sizeof *e->positions);
     e->step_slots = malloc((size_t)n * sizeof *e->step_slots);
@@ -112,6 +128,7 @@ static void request_free(request *q)
 {
     free(q->tokens);
     free(q->slots);
+    free(q->keys);
     free(q->images);
     free(q->mrope);
     free(q);
@@ -127,6 +144,7 @@ void engine_free(engine *e)
     }
     qwen2_workspace_free(e->m, e->ws);
     qwen2_kv_free(e->m, e->kv);
+    prefix_cache_free(e->cache);
     kv_slots_free(&e->slots);
     free(e->ids);
     free(e->positions);
@@ -166,6 +184,31 @@ int32_t engine_running(const engine *e)
 uint64_t engine_preemptions(const engine *e)
 {
     return e->preemptions;
+}
+
+void engine_cache_stats(const engine *e, engine_cache_info *out)
+{
+    *out = (engine_cache_info){e->prompt_tokens, e->cached_tokens,
+                               e->cache ? prefix_cache_tokens(e->cache) : 0,
+                               e->cache ? prefix_cache_evictable(e->cache) : 0};
+}
+
+int32_t engine_kv_in_use(const engine *e)
+{
+    return e->slots.capacity - e->slots.n_free -
+           (e->cache ? prefix_cache_evictable(e->cache) : 0);
+}
+
+bool engine_kv_balanced(const engine *e)
+{
+    int64_t held = 0;
+    for (const request *q = e->head; q; q = q->next) {
+        if (q->state != REQ_RUNNING && (q->n_cached || q->lock))
+            return false; /* a waiting request holds nothing */
+        held += q->n_cached - q->n_shared;
+    }
+    return held + e->slots.n_free + (e->cache ? prefix_cache_tokens(e->cache) : 0) ==
+           e->slots.capacity;
 }
 
 vlmd_status engine_stress(engine *e, vlmd_error *err)
@@ -312,8 +355,9 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     if (q) {
         q->tokens = malloc((size_t)total * sizeof *q->tokens);
         q->slots = malloc((size_t)total * sizeof *q->slots);
+        q->keys = malloc((size_t)total * sizeof *q->keys);
     }
-    if (!q || !q->tokens || !q->slots) {
+    if (!q || !q->tokens || !q->slots || !q->keys) {
         if (q)
             request_free(q);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for request %llu",
@@ -329,7 +373,14 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
         }
     }
     for (uint32_t i = 0; i < r->n_tokens; i++)
-        q->tokens[i] = (int32_t)r->tokens[i];
+        q->keys[i] = q->tokens[i] = (int32_t)r->tokens[i];
+    for (uint32_t i = 0; i < r->n_images; i++) {
+        const uint8_t *h = r->images[i].hash;
+        uint32_t base = (uint32_t)h[0] | (uint32_t)h[1] << 8 | (uint32_t)h[2] << 16 |
+                        (uint32_t)h[3] << 24;
+        for (int32_t k = 0; k < q->images[i].count; k++)
+            q->keys[q->images[i].start + k] = IMAGE_KEY_BIT | ((base + (uint32_t)k) & ~IMAGE_KEY_BIT);
+    }
     q->n_prompt = q->n_tokens = (int32_t)r->n_tokens;
     q->max_tokens = (int32_t)r->max_tokens;
     q->sampling = r->sampling;
@@ -349,10 +400,24 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     return VLMD_OK;
 }
 
+/* A request's KV slots go back: into the prefix cache (which keeps them
+ * until it needs room, and returns the duplicates), or to the free list. */
+static void release_kv(engine *e, request *q)
+{
+    if (e->cache) {
+        prefix_cache_insert(e->cache, q->keys, q->slots, q->n_cached); /* NOMEM: all freed */
+        prefix_cache_unlock(e->cache, q->lock);
+    } else {
+        kv_slots_give(&e->slots, q->slots, q->n_cached);
+    }
+    q->n_cached = q->n_shared = 0;
+    q->lock = NULL;
+}
+
 static void remove_request(engine *e, request *q, request *prev)
 {
     if (q->state == REQ_RUNNING) {
-        kv_slots_give(&e->slots, q->slots, q->n_cached);
+        release_kv(e, q);
         e->n_running--;
     }
     if (prev)
@@ -382,8 +447,7 @@ bool engine_cancel(engine *e, uint64_t req_id)
  * with the tokens it would have produced. */
 static void preempt(engine *e, request *q)
 {
-    kv_slots_give(&e->slots, q->slots, q->n_cached);
-    q->n_cached = 0;
+    release_kv(e, q); /* the prefix cache keeps what it can: the recomputation may reuse it */
     q->state = REQ_WAITING;
     e->n_running--;
     e->preemptions++;
@@ -432,11 +496,47 @@ static void add_chunk(engine *e, request *q, int32_t count, step_plan *p)
 
 static void emit_finish(engine *e, request *q, vlmd_finish_reason why);
 
+/* True when n slots are free, taking unlocked cached prefixes back first. */
+static bool make_room(engine *e, int32_t n)
+{
+    if (e->slots.n_free < n && e->cache)
+        prefix_cache_evict(e->cache, n - e->slots.n_free);
+    return e->slots.n_free >= n;
+}
+
+/* The tokens of q this step takes: all it has uncached (a decode: one),
+ * within the step's budget and --chunked-prefill-size. */
+static int32_t chunk_of(const engine *e, const request *q, const step_plan *p)
+{
+    int32_t want = q->n_tokens - q->n_cached, limit = p->budget;
+    if (e->cfg.chunk_tokens > 0 && e->cfg.chunk_tokens < limit)
+        limit = e->cfg.chunk_tokens;
+    return want < limit ? want : limit;
+}
+
+/* Takes the longest cached prefix of a waiting request (all but its last
+ * token: that one must be computed for its logits). */
+static void reuse_prefix(engine *e, request *q)
+{
+    if (e->cache)
+        q->n_cached = q->n_shared =
+            prefix_cache_match(e->cache, q->keys, q->n_tokens - 1, q->slots, &q->lock);
+}
+
+static void forget_prefix(engine *e, request *q)
+{
+    if (e->cache)
+        prefix_cache_unlock(e->cache, q->lock);
+    q->n_cached = q->n_shared = 0;
+    q->lock = NULL;
+}
+
 /* The step's batch: the running requests first, oldest first (a decode token
- * each, or the next chunk of a prompt being prefilled), taking the slots of
- * the newest running requests when the cache is short; then waiting requests
- * (paused ones first: they are older) while the budget, the sequence limit
- * and the free slots allow, first come first served. */
+ * each, or the next chunk of a prompt being prefilled), taking unused cached
+ * prefixes, then the slots of the newest running requests, when the cache is
+ * short; then waiting requests (paused ones first: they are older), each from
+ * its longest cached prefix, while the budget, the sequence limit and the
+ * slots allow, first come first served. */
 static void schedule(engine *e, step_plan *p)
 {
     int32_t nr = 0;
@@ -447,14 +547,14 @@ static void schedule(engine *e, step_plan *p)
         request *q = e->running[i];
         if (q->state != REQ_RUNNING)
             continue; /* paused for an older one in this loop */
-        int32_t want = q->n_tokens - q->n_cached;
-        want = want < p->budget ? want : p->budget;
-        for (int32_t j = nr - 1; j > i && e->slots.n_free < want; j--)
+        int32_t want = chunk_of(e, q, p);
+        /* cached prefixes no one uses go first, then the newest running requests */
+        for (int32_t j = nr - 1; j > i && !make_room(e, want); j--)
             if (e->running[j]->state == REQ_RUNNING)
                 preempt(e, e->running[j]);
-        if (e->slots.n_free < want && e->slots.n_free > 0 && want > 1) {
+        if (!make_room(e, want) && e->slots.n_free > 0 && want > 1) {
             want = e->slots.n_free; /* a shorter chunk of its prompt */
-        } else if (e->slots.n_free < want) {
+        } else if (!make_room(e, want)) {
             if (e->n_running == 1) { /* alone and still no room: never preempted for itself */
                 emit_finish(e, q, VLMD_FINISH_LENGTH);
                 continue;
@@ -468,12 +568,26 @@ static void schedule(engine *e, step_plan *p)
     for (request *q = e->head; q && p->budget > 0; q = q->next) {
         if (q->state != REQ_WAITING)
             continue;
-        int32_t need = q->n_tokens; /* nothing cached while waiting */
-        if (e->n_running == e->cfg.max_running || e->slots.n_free < need + decoding)
+        if (e->n_running == e->cfg.max_running)
+            break;
+        reuse_prefix(e, q);
+        int32_t need = q->n_tokens - q->n_cached;
+        int32_t room = e->slots.n_free + (e->cache ? prefix_cache_evictable(e->cache) : 0);
+        if (room < need + decoding) {
+            forget_prefix(e, q);
             break; /* no overtaking: what does not fit now waits, and so does what came after */
+        }
+        if (!q->admitted) { /* (a recomputation after preemption is not a cache hit) */
+            q->admitted = true;
+            q->cached_tokens = (uint32_t)q->n_cached;
+            e->prompt_tokens += (uint64_t)q->n_prompt;
+            e->cached_tokens += (uint64_t)q->n_cached;
+        }
         q->state = REQ_RUNNING;
         e->n_running++;
-        add_chunk(e, q, need < p->budget ? need : p->budget, p);
+        int32_t chunk = chunk_of(e, q, p);
+        VLMD_ASSERT(make_room(e, chunk)); /* room >= need >= chunk */
+        add_chunk(e, q, chunk, p);
     }
 }
 
@@ -519,8 +633,9 @@ static void compute_logprobs(const float *raw, int32_t V, int32_t tok, uint32_t 
 /* Ends a request now with no more tokens (its KV could not grow). */
 static void emit_finish(engine *e, request *q, vlmd_finish_reason why)
 {
-    e->emit(q->id, NULL, 0, why, (uint32_t)q->n_prompt, (uint32_t)(q->n_tokens - q->n_prompt),
-            NULL, e->ud);
+    engine_output o = {q->id, NULL, 0, why, (uint32_t)q->n_prompt,
+                       (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens, NULL};
+    e->emit(&o, e->ud);
     request *prev = NULL;
     find(e, q->id, &prev);
     remove_request(e, q, prev);
@@ -566,15 +681,21 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
         engine_logprobs lp;
         if (q->logprobs)
             compute_logprobs(e->raw, V, tok, q->top_logprobs, &lp);
+        q->keys[q->n_tokens] = (uint32_t)tok;
         q->tokens[q->n_tokens++] = tok;
         vlmd_finish_reason fin = finished(e, q, tok);
-        e->emit(q->id, &tok, 1, fin, (uint32_t)q->n_prompt, (uint32_t)(q->n_tokens - q->n_prompt),
-                q->logprobs ? &lp : NULL, e->ud);
+        engine_output o = {q->id, &tok, 1, fin, (uint32_t)q->n_prompt,
+                           (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens,
+                           q->logprobs ? &lp : NULL};
+        e->emit(&o, e->ud);
         if (fin != VLMD_FINISH_NONE) {
             request *prev = NULL;
             find(e, q->id, &prev);
             remove_request(e, q, prev);
         }
     }
+#ifndef NDEBUG
+    VLMD_ASSERT(engine_kv_balanced(e)); /* debug builds check the books after every step */
+#endif
     return VLMD_OK;
 }

@@ -20,7 +20,12 @@
  * where they come before everything that arrived after them; recomputing
  * their tokens gives the tokens they would have produced. A request running
  * alone that still finds no slot ends with "length". A prompt longer than
- * what a step takes is prefilled in chunks over several steps. */
+ * what a step takes (or --chunked-prefill-size) is prefilled in chunks over
+ * several steps, each attending to the chunks before it in the cache. With
+ * the prefix cache a request starts from the longest cached prefix of its
+ * tokens; finished and paused requests leave their KV to the cache, whose
+ * unused entries are evicted, least recently used first, when slots run
+ * short. */
 #ifndef VLMD_ENGINE_H
 #define VLMD_ENGINE_H
 
@@ -45,6 +50,8 @@ typedef struct engine_config {
     int32_t image_token_id;     /* -1: the model takes no images */
     int32_t merge_size;
     const vlmd_shm_arena *arena;
+    bool prefix_cache;          /* reuse the KV of cached prefixes (prefix_cache.h) */
+    int32_t chunk_tokens;       /* most prompt tokens of one request per step; 0: the budget */
 } engine_config;
 
 #define ENGINE_MAX_TOP_LOGPROBS 20
@@ -59,11 +66,20 @@ typedef struct engine_logprobs {
     float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
 } engine_logprobs;
 
-/* Called after every step for each request that produced tokens (or ended);
- * lp is NULL unless the request asked for logprobs. */
-typedef void (*engine_emit_fn)(uint64_t req_id, const int32_t *tokens, int32_t n,
-                               vlmd_finish_reason finish, uint32_t prompt_tokens,
-                               uint32_t completion_tokens, const engine_logprobs *lp, void *ud);
+/* What a step gives one request: its token (or none, when it ended for want
+ * of KV room), how it finished, its counts. */
+typedef struct engine_output {
+    uint64_t req_id;
+    const int32_t *tokens;
+    int32_t n_tokens;
+    vlmd_finish_reason finish;
+    uint32_t prompt_tokens, completion_tokens;
+    uint32_t cached_tokens;             /* prompt tokens the prefix cache gave it */
+    const engine_logprobs *logprobs;    /* one per token; NULL unless asked */
+} engine_output;
+
+/* Called after every step for each request that produced tokens (or ended). */
+typedef void (*engine_emit_fn)(const engine_output *out, void *ud);
 
 /* Borrows the model; allocates the KV cache and the step workspace. */
 vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,
@@ -96,5 +112,18 @@ int32_t engine_capacity(const engine *e);  /* KV slots in all */
 int32_t engine_active(const engine *e); /* waiting + running */
 int32_t engine_running(const engine *e);
 uint64_t engine_preemptions(const engine *e); /* requests paused for KV room so far */
+/* KV slots requests hold now (the prefix cache's unused entries not counted). */
+int32_t engine_kv_in_use(const engine *e);
+
+typedef struct engine_cache_info {
+    uint64_t prompt_tokens, cached_tokens;  /* of admitted prompts so far: the hit rate */
+    int32_t tokens, evictable;              /* the cache now */
+} engine_cache_info;
+void engine_cache_stats(const engine *e, engine_cache_info *out);
+
+/* The KV books: slots the prefix cache holds, plus the free ones, plus
+ * those requests hold privately, make the capacity (and a waiting request
+ * holds none). Checked after every step in debug builds. */
+bool engine_kv_balanced(const engine *e);
 
 #endif

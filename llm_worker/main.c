@@ -33,7 +33,7 @@ typedef struct emitted {
     int32_t token;
     bool has_token;             /* false: the request ended without one (no KV room) */
     vlmd_finish_reason finish;
-    uint32_t prompt_tokens, completion_tokens;
+    uint32_t prompt_tokens, completion_tokens, cached_tokens;
     bool has_logprobs;
     engine_logprobs lp;
 } emitted;
@@ -65,11 +65,10 @@ typedef struct llm_worker {
 
 /* ---- engine output (on the pool thread during a step) --------------------------- */
 
-static void emit(uint64_t req_id, const int32_t *tokens, int32_t n, vlmd_finish_reason finish,
-                 uint32_t prompt_tokens, uint32_t completion_tokens, const engine_logprobs *lp,
-                 void *ud)
+static void emit(const engine_output *eo, void *ud)
 {
     llm_worker *w = ud;
+    int32_t n = eo->n_tokens;
     for (int32_t i = 0; i < (n ? n : 1); i++) {
         if (w->n_out == w->cap_out) {
             size_t cap = w->cap_out ? w->cap_out * 2 : 256;
@@ -81,14 +80,17 @@ static void emit(uint64_t req_id, const int32_t *tokens, int32_t n, vlmd_finish_
         }
         emitted *o = &w->out[w->n_out++];
         if (n == 0) {
-            *o = (emitted){.req_id = req_id, .finish = finish, .prompt_tokens = prompt_tokens,
-                           .completion_tokens = completion_tokens};
+            *o = (emitted){.req_id = eo->req_id, .finish = eo->finish,
+                           .prompt_tokens = eo->prompt_tokens,
+                           .completion_tokens = eo->completion_tokens,
+                           .cached_tokens = eo->cached_tokens};
             break;
         }
-        *o = (emitted){req_id, tokens[i], true, i + 1 == n ? finish : VLMD_FINISH_NONE,
-                       prompt_tokens, completion_tokens - (uint32_t)(n - 1 - i), lp != NULL};
-        if (lp)
-            o->lp = lp[i];
+        *o = (emitted){eo->req_id, eo->tokens[i], true, i + 1 == n ? eo->finish : VLMD_FINISH_NONE,
+                       eo->prompt_tokens, eo->completion_tokens - (uint32_t)(n - 1 - i),
+                       eo->cached_tokens, eo->logprobs != NULL};
+        if (eo->logprobs)
+            o->lp = eo->logprobs[i];
     }
 }
 
@@ -103,7 +105,12 @@ static void refuse(llm_worker *w, uint64_t req_id, vlmd_status st, const char *w
 static void report_kv(llm_worker *w)
 {
     vlmd_peer *p = w->svc.peer;
-    vlmd_peer_set_kv_used(p, (uint64_t)(engine_capacity(w->engine) - engine_free_slots(w->engine)));
+    engine_cache_info cache;
+    engine_cache_stats(w->engine, &cache);
+    vlmd_peer_set_kv_used(p, (uint64_t)engine_kv_in_use(w->engine));
+    vlmd_peer_set_counter(p, "prefix_cache_tokens", (uint64_t)cache.tokens);
+    vlmd_peer_set_counter(p, "prefix_cache_query_tokens_total", cache.prompt_tokens);
+    vlmd_peer_set_counter(p, "prefix_cache_hit_tokens_total", cache.cached_tokens);
     vlmd_peer_set_counter(p, "device_allocations_since_ready",
                           vlmd_backend_alloc_count(w->backend) - w->allocs_at_ready);
     vlmd_peer_set_counter(p, "preemptions_total", engine_preemptions(w->engine));
@@ -154,7 +161,7 @@ static void on_step_done(uv_work_t *req, int status)
         m.u.token_chunk = (vlmd_msg_token_chunk){
             .req_id = o->req_id, .tokens = (uint32_t *)&o->token, .n_tokens = o->has_token,
             .finish = o->finish, .message = "", .prompt_tokens = o->prompt_tokens,
-            .completion_tokens = o->completion_tokens};
+            .completion_tokens = o->completion_tokens, .cached_tokens = o->cached_tokens};
         if (o->has_logprobs) {
             vlmd_msg_token_chunk *c = &m.u.token_chunk;
             c->logprobs = (float *)&o->lp.logprob;
@@ -252,6 +259,8 @@ static engine_config engine_base(llm_worker *w)
         .image_token_id = w->svc.model.has_vision ? (int32_t)w->svc.model.image_token_id : -1,
         .merge_size = (int32_t)w->svc.model.vision.spatial_merge_size,
         .arena = &w->arena,
+        .prefix_cache = !cfg->disable_prefix_cache,
+        .chunk_tokens = (int32_t)cfg->chunked_prefill_size,
     };
 }
 

@@ -47,8 +47,6 @@ struct qwen2_model {
 struct qwen2_kv {
     int32_t n_slots;
     void **k, **v;              /* per layer: [n_slots, nkv * hd] */
-    int32_t *slot_table;        /* backend: one step's sequences' slots, packed [n_slots] */
-    int32_t *slot_table_host;   /* its host staging */
 };
 
 struct qwen2_workspace {
@@ -61,7 +59,11 @@ struct qwen2_workspace {
     int32_t *ids, *positions, *slots, *logit_rows; /* backend copies of the batch */
     vlmd_attn_seq *seqs;        /* backend copy of the attention batch [max_logits] */
     vlmd_attn_seq *seqs_host;   /* its host staging */
-    allocation allocs[16];
+    /* every sequence's slots, packed: [max_logits x max_kv_len] (sequences that share a
+     * cached prefix list the same slots, so the sum is not bounded by the cache) */
+    int32_t *slot_table, *slot_table_host;
+    size_t table_len;
+    allocation allocs[20];
     int n_allocs;
 };
 
@@ -290,15 +292,6 @@ vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlm
             return vlmd_error_prefix(err, "KV cache of %d slots", n_slots);
         }
     }
-    void *table = NULL;
-    kv->slot_table_host = malloc((size_t)n_slots * sizeof(int32_t));
-    if (!kv->slot_table_host ||
-        vlmd_backend_alloc(m->b, (size_t)n_slots * sizeof(int32_t), &table, err) != VLMD_OK) {
-        qwen2_kv_free(m, kv);
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no memory for the slot table of %d slots",
-                           n_slots);
-    }
-    kv->slot_table = table;
     *out = kv;
     return VLMD_OK;
 }
@@ -313,8 +306,6 @@ void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv)
         vlmd_backend_free(m->b, kv->k[l], bytes);
         vlmd_backend_free(m->b, kv->v[l], bytes);
     }
-    vlmd_backend_free(m->b, kv->slot_table, (size_t)kv->n_slots * sizeof(int32_t));
-    free(kv->slot_table_host);
     free(kv->k);
     free(kv->v);
     free(kv);
@@ -331,7 +322,7 @@ static vlmd_status ws_alloc(qwen2_model *m, qwen2_workspace *ws, size_t bytes, v
 }
 
 vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
-                                   qwen2_workspace **out, vlmd_error *err)
+                                   int32_t max_kv_len, qwen2_workspace **out, vlmd_error *err)
 {
     *out = NULL;
     qwen2_workspace *ws = calloc(1, sizeof *ws);
@@ -362,9 +353,12 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     WS(slots, n * i32)
     WS(logit_rows, (size_t)max_logits * i32)
     WS(seqs, (size_t)max_logits * sizeof(vlmd_attn_seq))
+    ws->table_len = (size_t)max_logits * (size_t)max_kv_len;
+    WS(slot_table, ws->table_len * i32)
 #undef WS
     ws->seqs_host = malloc((size_t)max_logits * sizeof *ws->seqs_host);
-    if (s == VLMD_OK && !ws->seqs_host)
+    ws->slot_table_host = malloc(ws->table_len * i32);
+    if (s == VLMD_OK && (!ws->seqs_host || !ws->slot_table_host))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     if (s != VLMD_OK) {
         qwen2_workspace_free(m, ws);
@@ -381,6 +375,7 @@ void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
     for (int i = 0; i < ws->n_allocs; i++)
         vlmd_backend_free(m->b, ws->allocs[i].ptr, ws->allocs[i].bytes);
     free(ws->seqs_host);
+    free(ws->slot_table_host);
     free(ws);
 }
 
@@ -422,16 +417,17 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
     size_t packed = 0;
     for (int q = 0; s == VLMD_OK && q < bt->n_seqs; q++) {
         const vlmd_attn_seq *sq = &bt->seqs[q];
-        if (sq->kv_len < sq->q_len || packed + (size_t)sq->kv_len > (size_t)kv->n_slots)
+        if (sq->kv_len < sq->q_len || sq->kv_len > kv->n_slots ||
+            packed + (size_t)sq->kv_len > ws->table_len)
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "sequence %d: %d cached tokens do not "
-                               "fit the cache", q, sq->kv_len);
-        memcpy(kv->slot_table_host + packed, sq->slots, (size_t)sq->kv_len * i32);
+                               "fit the cache or the step's slot table", q, sq->kv_len);
+        memcpy(ws->slot_table_host + packed, sq->slots, (size_t)sq->kv_len * i32);
         ws->seqs_host[q] = (vlmd_attn_seq){sq->q_start, sq->q_len, sq->kv_len,
-                                           kv->slot_table + packed};
+                                           ws->slot_table + packed};
         packed += (size_t)sq->kv_len;
     }
     if (s == VLMD_OK)
-        s = vlmd_backend_copy_to_device(b, kv->slot_table, kv->slot_table_host, packed * i32,
+        s = vlmd_backend_copy_to_device(b, ws->slot_table, ws->slot_table_host, packed * i32,
                                         err);
     if (s == VLMD_OK)
         s = vlmd_backend_copy_to_device(b, ws->seqs, ws->seqs_host,

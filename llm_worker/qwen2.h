@@ -44,8 +44,10 @@ bool qwen2_uses_mrope(const qwen2_model *m);
 vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err);
 void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv);
 
+/* For steps of up to max_tokens tokens, max_logits sequences (and logit
+ * rows) of up to max_kv_len cached tokens each. */
 vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
-                                   qwen2_workspace **out, vlmd_error *err);
+                                   int32_t max_kv_len, qwen2_workspace **out, vlmd_error *err);
 void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws);
 
 /* Consecutive rows of a batch whose input is given as embeddings (an

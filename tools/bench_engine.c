@@ -15,11 +15,10 @@
 
 static int32_t finished;
 
-static void on_emit(uint64_t id, const int32_t *t, int32_t n, vlmd_finish_reason fin, uint32_t p,
-                    uint32_t c, const engine_logprobs *lp, void *ud)
+static void on_emit(const engine_output *o, void *ud)
 {
-    (void)id, (void)t, (void)n, (void)p, (void)c, (void)lp, (void)ud;
-    if (fin != VLMD_FINISH_NONE)
+    (void)ud;
+    if (o->finish != VLMD_FINISH_NONE)
         finished++;
 }
 

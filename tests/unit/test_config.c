@@ -168,6 +168,8 @@ static void set_all_non_default(vlmd_config *cfg)
         if (f->type == VLMD_FLAG_INT) {
             long long v = f->min + 17 <= f->max ? f->min + 17 : f->max;
             snprintf(arg, sizeof arg, "--%s=%lld", f->name, v);
+        } else if (f->type == VLMD_FLAG_BOOL) {
+            snprintf(arg, sizeof arg, "--%s", f->name); /* a switch: true */
         } else if (f->type == VLMD_FLAG_FLOAT) {
             snprintf(arg, sizeof arg, "--%s=%g", f->name, (f->fmin + f->fmax) / 3);
         } else if (f->type == VLMD_FLAG_CHOICE) {
@@ -233,5 +235,24 @@ Test(config, foreach_visits_exactly_the_flags_a_role_reads)
             want += (f->roles & VLMD_ROLE_BIT(r)) != 0;
         cr_expect_eq(n, want, "%s", vlmd_role_process_name(r));
     }
+    vlmd_config_free(&cfg);
+}
+
+Test(config, switches)
+{
+    vlmd_config cfg;
+    vlmd_error err = {0};
+    char *on[] = {"--disable-prefix-cache", "--port", "9000"};
+    cr_assert_eq(parse(&cfg, VLMD_ROLE_LAUNCHER, &err, 3, on), VLMD_OK, "%s", err.msg);
+    cr_expect(cfg.disable_prefix_cache, "present: true");
+    cr_expect_eq(cfg.port, 9000, "a switch takes no value: the next flag is read as one");
+    vlmd_config_free(&cfg);
+    char *off[] = {"--disable-prefix-cache=false"};
+    cr_assert_eq(parse(&cfg, VLMD_ROLE_LLM, &err, 1, off), VLMD_OK, "%s", err.msg);
+    cr_expect_not(cfg.disable_prefix_cache);
+    vlmd_config_free(&cfg);
+    char *bad[] = {"--disable-prefix-cache=maybe"};
+    cr_expect_eq(parse(&cfg, VLMD_ROLE_LLM, &err, 1, bad), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "'maybe' is not true or false"), "%s", err.msg);
     vlmd_config_free(&cfg);
 }

@@ -597,7 +597,7 @@ Test(demo_model, vlmd_forward_runs_on_the_text_weights)
     qwen2_kv *kv = NULL;
     qwen2_workspace *ws = NULL;
     cr_assert_eq(qwen2_kv_create(m, N, &kv, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(qwen2_workspace_create(m, N, N, &ws, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(qwen2_workspace_create(m, N, N, N, &ws, &err), VLMD_OK, "%s", err.msg);
     int32_t ids[N] = {(int32_t)mc.text.bos_token_id, 260, 300, 12, 500, 700};
     int32_t pos[3 * N], slots[N], rows[N];
     for (int i = 0; i < N; i++) {

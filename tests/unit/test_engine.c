@@ -16,23 +16,22 @@ typedef struct outputs {
     int32_t tokens[N_REQ][MAX_OUT];
     int32_t n[N_REQ];
     vlmd_finish_reason finish[N_REQ];
+    uint32_t cached[N_REQ];
     int emits;
 } outputs;
 
-static void on_emit(uint64_t id, const int32_t *tokens, int32_t n, vlmd_finish_reason finish,
-                    uint32_t prompt_tokens, uint32_t completion_tokens, const engine_logprobs *lp,
-                    void *ud)
+static void on_emit(const engine_output *eo, void *ud)
 {
-    (void)prompt_tokens;
-    (void)lp;
     outputs *o = ud;
+    uint64_t id = eo->req_id;
     cr_assert_lt(id, N_REQ);
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t i = 0; i < eo->n_tokens; i++) {
         cr_assert_lt(o->n[id], MAX_OUT);
-        o->tokens[id][o->n[id]++] = tokens[i];
+        o->tokens[id][o->n[id]++] = eo->tokens[i];
     }
-    cr_expect_eq(completion_tokens, (uint32_t)o->n[id]);
-    o->finish[id] = finish;
+    cr_expect_eq(eo->completion_tokens, (uint32_t)o->n[id]);
+    o->finish[id] = eo->finish;
+    o->cached[id] = eo->cached_tokens;
     o->emits++;
 }
 
@@ -72,14 +71,20 @@ static void close_model(fixture *f)
     vlmd_backend_destroy(f->b);
 }
 
-static engine *make_engine(fixture *f, outputs *o, int32_t slots)
+static engine *make_engine_with(fixture *f, outputs *o, int32_t slots, bool cache)
 {
     engine_config cfg = {.kv_slots = slots, .max_batch_tokens = 256, .max_running = 16,
-                         .eos_id = -1, .max_model_len = 4096};
+                         .eos_id = -1, .max_model_len = 4096, .image_token_id = -1,
+                         .prefix_cache = cache};
     engine *e = NULL;
     vlmd_error err = {0};
     cr_assert_eq(engine_create(f->m, &cfg, on_emit, o, &e, &err), VLMD_OK, "%s", err.msg);
     return e;
+}
+
+static engine *make_engine(fixture *f, outputs *o, int32_t slots)
+{
+    return make_engine_with(f, o, slots, false);
 }
 
 /* Request i: its own prompt length, output length and sampling. */
@@ -111,6 +116,7 @@ static void run_until_idle(engine *e, int max_steps)
         bool worked = false;
         vlmd_error err = {0};
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        cr_assert(engine_kv_balanced(e), "the KV books balance after step %d", i);
         if (!worked)
             return;
     }
@@ -286,6 +292,106 @@ Test(engine, stop_tokens_eos_and_cancel)
     prompt[0] = 999999;
     cr_expect_eq(engine_submit(e, &bad, &err), VLMD_ERR_INVALID_ARG);
     cr_expect(strstr(err.msg, "999999"), "%s", err.msg);
+    engine_free(e);
+    close_model(&f);
+}
+
+/* Greedy requests of a shared system prompt and of a multi-turn chat, with the
+ * prefix cache on and off: the same tokens, and the later ones start from the
+ * cached prefix. */
+static void cached_run(fixture *f, bool cache, int32_t slots, outputs *o, engine_cache_info *info)
+{
+    uint32_t system[48], prompt[64], turn2[160];
+    for (uint32_t k = 0; k < 48; k++)
+        system[k] = 100 + k * 7 % 300; /* the shared part */
+    engine *e = make_engine_with(f, o, slots, cache);
+    vlmd_error err = {0};
+    for (uint32_t i = 0; i < 4; i++) { /* one after the other: each can reuse the one before */
+        memcpy(prompt, system, sizeof system);
+        for (uint32_t k = 0; k < 6; k++)
+            prompt[48 + k] = 500 + i * 13 + k;
+        vlmd_msg_request_submit r = {.req_id = i, .tokens = prompt, .n_tokens = 54,
+                                     .max_tokens = 10,
+                                     .sampling = {.top_p = 1, .top_k = -1,
+                                                  .repetition_penalty = 1}};
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+        run_until_idle(e, 100);
+    }
+    /* the chat's second turn: the first request, its answer, more text */
+    memcpy(turn2, system, sizeof system);
+    for (uint32_t k = 0; k < 6; k++)
+        turn2[48 + k] = 500 + k;
+    for (int32_t k = 0; k < 10; k++)
+        turn2[54 + k] = (uint32_t)o->tokens[0][k];
+    for (uint32_t k = 0; k < 8; k++)
+        turn2[64 + k] = 700 + k;
+    vlmd_msg_request_submit r = {.req_id = 4, .tokens = turn2, .n_tokens = 72, .max_tokens = 10,
+                                 .sampling = {.top_p = 1, .top_k = -1, .repetition_penalty = 1}};
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(e, 100);
+    engine_cache_stats(e, info);
+    engine_free(e);
+}
+
+Test(engine, the_prefix_cache_gives_the_same_tokens_from_fewer_computed)
+{
+    fixture f;
+    open_model(&f);
+    static outputs off, on;
+    engine_cache_info info_off, info_on;
+    cached_run(&f, false, 1024, &off, &info_off);
+    cached_run(&f, true, 1024, &on, &info_on);
+    for (int i = 0; i < 5; i++) {
+        cr_expect_eq(on.n[i], off.n[i]);
+        cr_expect_arr_eq(on.tokens[i], off.tokens[i], (size_t)off.n[i] * 4, "request %d", i);
+    }
+    cr_expect_eq(info_off.cached_tokens, 0);
+    cr_expect_eq(on.cached[0], 0, "nothing cached yet");
+    for (int i = 1; i < 4; i++)
+        cr_expect_eq(on.cached[i], 48, "request %d starts after the shared system prompt", i);
+    cr_expect_eq(on.cached[4], 54 + 9, "turn 2 reuses turn 1's prompt and answer (all but its "
+                                       "last token, which had no KV)");
+    cr_expect_eq(info_on.prompt_tokens, 4 * 54 + 72);
+    cr_expect_eq(info_on.cached_tokens, 3 * 48 + 63);
+
+    /* a cache too small for all of it: entries are evicted, tokens unchanged */
+    static outputs tight;
+    engine_cache_info info_tight;
+    cached_run(&f, true, 96, &tight, &info_tight);
+    for (int i = 0; i < 5; i++)
+        cr_expect_arr_eq(tight.tokens[i], off.tokens[i], (size_t)off.n[i] * 4, "request %d", i);
+    cr_expect_leq(info_tight.tokens, 96);
+    cr_expect_lt(info_tight.cached_tokens, info_on.cached_tokens, "some prefixes were evicted");
+    close_model(&f);
+}
+
+/* Preemption with the cache on: paused requests leave their KV to the cache,
+ * and still finish with their solo tokens; the books balance at every step. */
+Test(engine, preemption_with_the_prefix_cache)
+{
+    fixture f;
+    open_model(&f);
+    static outputs alone, together;
+    uint32_t prompts[N_REQ][64];
+    vlmd_error err = {0};
+    engine *e = make_engine(&f, &alone, 4096);
+    for (uint32_t i = 0; i < 8; i++) {
+        vlmd_msg_request_submit r = request(i, prompts[i]);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK);
+        run_until_idle(e, 200);
+    }
+    engine_free(e);
+    e = make_engine_with(&f, &together, 72, true);
+    for (uint32_t i = 0; i < 8; i++) {
+        vlmd_msg_request_submit r = request(i, prompts[i]);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK);
+    }
+    run_until_idle(e, 2000);
+    cr_expect_gt(engine_preemptions(e), 0);
+    for (uint32_t i = 0; i < 8; i++)
+        cr_expect_arr_eq(together.tokens[i], alone.tokens[i], (size_t)alone.n[i] * 4,
+                         "request %u", i);
+    cr_expect_eq(engine_kv_in_use(e), 0, "nothing held once idle");
     engine_free(e);
     close_model(&f);
 }

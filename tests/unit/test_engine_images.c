@@ -18,17 +18,17 @@
 typedef struct outputs {
     int32_t tokens[8][MAX_OUT];
     int32_t n[8];
+    uint32_t cached[8];
 } outputs;
 
-static void on_emit(uint64_t id, const int32_t *tokens, int32_t n, vlmd_finish_reason finish,
-                    uint32_t prompt_tokens, uint32_t completion_tokens, const engine_logprobs *lp,
-                    void *ud)
+static void on_emit(const engine_output *eo, void *ud)
 {
-    (void)finish, (void)prompt_tokens, (void)completion_tokens, (void)lp;
     outputs *o = ud;
+    uint64_t id = eo->req_id;
     cr_assert_lt(id, 8);
-    for (int32_t i = 0; i < n && o->n[id] < MAX_OUT; i++)
-        o->tokens[id][o->n[id]++] = tokens[i];
+    for (int32_t i = 0; i < eo->n_tokens && o->n[id] < MAX_OUT; i++)
+        o->tokens[id][o->n[id]++] = eo->tokens[i];
+    o->cached[id] = eo->cached_tokens;
 }
 
 typedef struct fixture {
@@ -107,17 +107,22 @@ static void close_fixture(fixture *f)
     vlmd_backend_destroy(f->b);
 }
 
-static engine *make_engine(fixture *f, outputs *o)
+static engine *make_engine_with(fixture *f, outputs *o, bool cache)
 {
     engine_config cfg = {.kv_slots = 1024, .max_batch_tokens = 512, .max_running = 8,
                          .eos_id = -1, .max_model_len = 1024,
                          .image_token_id = (int32_t)f->mc.image_token_id,
                          .merge_size = (int32_t)f->mc.vision.spatial_merge_size,
-                         .arena = &f->arena};
+                         .arena = &f->arena, .prefix_cache = cache};
     engine *e = NULL;
     vlmd_error err = {0};
     cr_assert_eq(engine_create(f->m, &cfg, on_emit, o, &e, &err), VLMD_OK, "%s", err.msg);
     return e;
+}
+
+static engine *make_engine(fixture *f, outputs *o)
+{
+    return make_engine_with(f, o, false);
 }
 
 static vlmd_msg_request_submit case_request(fixture *f, int c, uint64_t id)
@@ -139,6 +144,7 @@ static void run_until_idle(engine *e)
         bool worked = false;
         vlmd_error err = {0};
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        cr_assert(engine_kv_balanced(e));
         if (!worked)
             return;
     }
@@ -220,5 +226,53 @@ Test(engine_images, mismatched_images_are_refused)
     cr_expect_eq(engine_submit(e, &r, &err), VLMD_ERR_INVALID_ARG);
     cr_expect(strstr(err.msg, "takes none"), "%s", err.msg);
     engine_free(e);
+    close_fixture(&f);
+}
+
+/* Requests that share an image: the second one reuses the image's KV from the
+ * prefix cache and gives the tokens it gives without the cache; the same
+ * prompt with another image (another hash) reuses only the text before it. */
+static void shared_image_run(fixture *f, bool cache, outputs *o)
+{
+    engine *e = make_engine_with(f, o, cache);
+    vlmd_error err = {0};
+    vlmd_msg_request_submit a = case_request(f, 2, 0);
+    cr_assert_eq(engine_submit(e, &a, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(e);
+    /* the same image, another question: the last text tokens differ */
+    uint32_t other[128];
+    memcpy(other, f->ids[2], f->n_ids[2] * sizeof *other);
+    for (uint32_t k = f->n_ids[2] - 8; k < f->n_ids[2] - 5; k++)
+        other[k] = 300 + k;
+    vlmd_msg_request_submit b = a;
+    b.req_id = 1;
+    b.tokens = other;
+    cr_assert_eq(engine_submit(e, &b, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(e);
+    /* another image (its hash differs; same pixels: only the key tells them apart) */
+    vlmd_image_ref im = f->image[2];
+    im.hash[0] ^= 0xff;
+    vlmd_msg_request_submit c = a;
+    c.req_id = 2;
+    c.images = &im;
+    cr_assert_eq(engine_submit(e, &c, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(e);
+    engine_free(e);
+}
+
+Test(engine_images, requests_sharing_an_image_share_its_kv)
+{
+    fixture f;
+    open_fixture(&f, "qwen2_vl");
+    static outputs off, on;
+    shared_image_run(&f, false, &off);
+    shared_image_run(&f, true, &on);
+    for (int i = 0; i < 3; i++)
+        cr_expect_arr_eq(on.tokens[i], off.tokens[i], (size_t)off.n[i] * 4, "request %d", i);
+    uint32_t image_end = f.image[2].token_offset + f.image[2].token_count;
+    cr_expect_eq(on.cached[0], 0);
+    cr_expect_eq(on.cached[1], f.n_ids[2] - 8, "up to where the question differs (past the image "
+                                               "that ends at %u)", image_end);
+    cr_expect_eq(on.cached[2], f.image[2].token_offset, "another image: only the text before it");
     close_fixture(&f);
 }

@@ -21,10 +21,9 @@ typedef struct fixture {
     profile_config pc;
 } fixture;
 
-static void on_emit(uint64_t id, const int32_t *t, int32_t n, vlmd_finish_reason f, uint32_t p,
-                    uint32_t c, const engine_logprobs *lp, void *ud)
+static void on_emit(const engine_output *o, void *ud)
 {
-    (void)id, (void)t, (void)n, (void)f, (void)p, (void)c, (void)lp, (void)ud;
+    (void)o, (void)ud;
 }
 
 static void open_fixture(fixture *f)
