@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bench_text_model.h"
 #include "buf.h"
 #include "clock.h"
 #include "engine.h"
@@ -51,21 +52,12 @@ int main(int argc, char **argv)
         return 2;
     }
     vlmd_error err = {0};
-    vlmd_model_config mc;
-    vlmd_backend *b = NULL;
-    vlmd_safetensors *st = NULL;
-    qwen2_model *m = NULL;
-    uint64_t t0 = vlmd_now_ns();
-    if (vlmd_model_config_load(dir, &mc, &err) != VLMD_OK ||
-        vlmd_backend_create(device, &b, &err) != VLMD_OK ||
-        vlmd_safetensors_open_dir(dir, &st, &err) != VLMD_OK ||
-        qwen2_load(b, &mc, st, &m, &err) != VLMD_OK) {
+    bench_text_model t;
+    if (bench_text_model_load(dir, device, &t, &err) != VLMD_OK) {
         fprintf(stderr, "vlmd-bench-engine: %s\n", err.msg);
         return 1;
     }
-    vlmd_safetensors_close(st);
-    double load_s = (double)(vlmd_now_ns() - t0) / 1e9;
-    uint64_t weight_bytes = vlmd_backend_allocated_bytes(b);
+    const vlmd_model_config mc = t.mc;
     engine_config ec = {.kv_slots = (int32_t)(batch * (prompt + gen) + 16),
                         .max_batch_tokens = (int32_t)(prompt * batch > 8192 ? 8192 : prompt * batch),
                         .max_running = (int32_t)batch, .eos_id = -1,
@@ -73,17 +65,14 @@ int main(int argc, char **argv)
     if (ec.max_batch_tokens < prompt)
         ec.max_batch_tokens = (int32_t)prompt;
     engine *e = NULL;
-    if (engine_create(m, &ec, on_emit, NULL, &e, &err) != VLMD_OK) {
+    if (engine_create(t.model, &ec, on_emit, NULL, &e, &err) != VLMD_OK) {
         fprintf(stderr, "vlmd-bench-engine: %s\n", err.msg);
         return 1;
     }
     uint32_t *ids = malloc((size_t)prompt * sizeof *ids);
-    uint64_t s = 42;
+    uint64_t rng = 42;
     for (long long r = 0; r < batch; r++) {
-        for (long long i = 0; i < prompt; i++) {
-            s = s * 6364136223846793005ull + 1442695040888963407ull;
-            ids[i] = (uint32_t)((s >> 33) % (uint64_t)mc.text.vocab_size);
-        }
+        bench_random_ids(&rng, ids, prompt, (uint32_t)mc.text.vocab_size);
         vlmd_msg_request_submit req = {.req_id = (uint64_t)r + 1, .tokens = ids,
                                        .n_tokens = (uint32_t)prompt, .max_tokens = (uint32_t)gen,
                                        .sampling = {.top_p = 1, .top_k = -1,
@@ -112,19 +101,18 @@ int main(int argc, char **argv)
     double prefill_s = (double)(td - tp) / 1e9, decode_s = (double)(tend - td) / 1e9;
     double decode_tok = (double)decode_steps * (double)batch;
     printf("model %s on %s: %.2f GB of weights, loaded in %.1f s\n", mc.architecture,
-           vlmd_backend_info(b)->name, (double)weight_bytes / 1e9, load_s);
+           vlmd_backend_info(t.backend)->name, (double)t.weight_bytes / 1e9, t.load_s);
     printf("batch %lld, prompt %lld, gen %lld: prefill %.3f s (%.0f tokens/s); decode %lld steps "
            "%.3f s: %.2f ms/step, %.1f tokens/s\n",
            batch, prompt, gen, prefill_s, (double)(prompt * batch) / prefill_s, decode_steps,
            decode_s, decode_s * 1e3 / (double)decode_steps, decode_tok / decode_s);
     if (bandwidth_gbs > 0) {
-        double floor_ms = (double)weight_bytes / (bandwidth_gbs * 1e9) * 1e3;
+        double floor_ms = (double)t.weight_bytes / (bandwidth_gbs * 1e9) * 1e3;
         printf("weight-streaming floor %.2f ms/step at %.0f GB/s: %.1f%% of the ceiling\n",
                floor_ms, bandwidth_gbs, 100.0 * floor_ms / (decode_s * 1e3 / (double)decode_steps));
     }
     engine_free(e);
-    qwen2_free(m);
-    vlmd_backend_destroy(b);
+    bench_text_model_free(&t);
     free(ids);
     return 0;
 }
