@@ -302,6 +302,21 @@ static vlmd_status finish(vlmd_safetensors *st, vlmd_error *err)
     return VLMD_OK;
 }
 
+/* Where an opening ends: the checked table handed out on success (s so
+ * far), everything closed on failure. */
+static vlmd_status finish_into(vlmd_safetensors *st, vlmd_status s, vlmd_safetensors **out,
+                               vlmd_error *err)
+{
+    if (s == VLMD_OK)
+        s = finish(st, err);
+    if (s != VLMD_OK) {
+        vlmd_safetensors_close(st);
+        return s;
+    }
+    *out = st;
+    return VLMD_OK;
+}
+
 vlmd_status vlmd_safetensors_open_memory(const void *data, size_t len, vlmd_safetensors **out,
                                          vlmd_error *err)
 {
@@ -320,14 +335,7 @@ vlmd_status vlmd_safetensors_open_memory(const void *data, size_t len, vlmd_safe
     st->files = mf;
     st->n_files = 1;
     vlmd_status s = load_header(st, "(memory)", mf, err);
-    if (s == VLMD_OK)
-        s = finish(st, err);
-    if (s != VLMD_OK) {
-        vlmd_safetensors_close(st);
-        return s;
-    }
-    *out = st;
-    return VLMD_OK;
+    return finish_into(st, s, out, err);
 }
 
 vlmd_status vlmd_safetensors_open_file(const char *path, vlmd_safetensors **out, vlmd_error *err)
@@ -337,14 +345,7 @@ vlmd_status vlmd_safetensors_open_file(const char *path, vlmd_safetensors **out,
     if (!st)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     vlmd_status s = add_file(st, path, err);
-    if (s == VLMD_OK)
-        s = finish(st, err);
-    if (s != VLMD_OK) {
-        vlmd_safetensors_close(st);
-        return s;
-    }
-    *out = st;
-    return VLMD_OK;
+    return finish_into(st, s, out, err);
 }
 
 /* Opens the shards named by DIR/model.safetensors.index.json's weight_map

@@ -320,7 +320,8 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
          get_number(body, "frequency_penalty", -2, 2, false, &r->sampling.frequency_penalty, e) &&
          get_number(body, "repetition_penalty", 0, 2, true, &r->sampling.repetition_penalty, e) &&
          get_integer(body, "seed", INT64_MIN, INT64_MAX, &seed, &seed_given, e) &&
-         get_bool(body, "stream", &r->stream, e) && parse_stops(body, r, e);
+         get_bool(body, "stream", &r->stream, e) &&
+         get_bool(body, "ignore_eos", &r->ignore_eos, e) && parse_stops(body, r, e);
     if (ok && chat)
         ok = get_bool(body, "logprobs", &logprobs, e) &&
              get_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e);

@@ -35,6 +35,7 @@ typedef struct api_limits {
 typedef struct api_request {
     bool chat;
     bool stream, include_usage, echo;
+    bool ignore_eos;                /* generate past end-of-sequence (benchmarks; vLLM's extension) */
     vlmd_tokens prompt;             /* owned */
     uint32_t max_tokens;            /* after shrinking to the room left */
     bool max_tokens_shrunk;

@@ -40,6 +40,7 @@ typedef struct request {
     int32_t max_tokens;
     vlmd_sampling sampling;
     bool logprobs;
+    bool ignore_eos;            /* eos_id does not end it */
     uint32_t top_logprobs;
     uint32_t stop[VLMD_PROTO_MAX_STOPS];
     uint32_t n_stop;
@@ -385,6 +386,7 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     q->max_tokens = (int32_t)r->max_tokens;
     q->sampling = r->sampling;
     q->logprobs = r->logprobs;
+    q->ignore_eos = r->ignore_eos;
     q->top_logprobs = r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS ? ENGINE_MAX_TOP_LOGPROBS
                                                                 : r->top_logprobs;
     q->n_stop = r->n_stop_tokens;
@@ -593,7 +595,7 @@ static void schedule(engine *e, step_plan *p)
 
 static vlmd_finish_reason finished(const engine *e, const request *q, int32_t tok)
 {
-    if (tok == e->cfg.eos_id)
+    if (tok == e->cfg.eos_id && !q->ignore_eos)
         return VLMD_FINISH_STOP;
     for (uint32_t i = 0; i < q->n_stop; i++)
         if ((uint32_t)tok == q->stop[i])

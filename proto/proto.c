@@ -27,7 +27,9 @@
  *   memory                   ready, worker               none (NULL, 0)
  *   counters                 heartbeat, worker           none (NULL, 0)
  *   session                  request_submit              ""
+ *   ignore_eos               request_submit              false
  *   max_tokens_capped        token_chunk                 0
+ *   cached_tokens            token_chunk                 0
  *   arena_offset, token_count image_job                  0
  *
  * sampling.seed stays required: has_seed travels beside it since version 1,
@@ -253,6 +255,7 @@ static const field_desc request_submit_fields[] = {
     FLD(vlmd_msg_request_submit, logprobs, F_BOOL),
     SUB_ARR(vlmd_msg_request_submit, images, n_images, image_ref_desc, VLMD_PROTO_MAX_IMAGES),
     OPT(vlmd_msg_request_submit, session, F_STR),
+    OPT(vlmd_msg_request_submit, ignore_eos, F_BOOL),
 };
 static const field_desc request_cancel_fields[] = {
     FLD(vlmd_msg_request_cancel, req_id, F_U64),
@@ -267,7 +270,7 @@ static const field_desc token_chunk_fields[] = {
     OPT(vlmd_msg_token_chunk, message, F_STR),
     U32(vlmd_msg_token_chunk, prompt_tokens),
     U32(vlmd_msg_token_chunk, completion_tokens),
-    U32(vlmd_msg_token_chunk, cached_tokens),
+    U32_MAX(vlmd_msg_token_chunk, cached_tokens, UINT32_MAX, true),
     U32_MAX(vlmd_msg_token_chunk, top_n, PROTO_MAX_TOP_N, true),
     OPT_ARR(vlmd_msg_token_chunk, top_ids, n_top_ids, F_U32_ARRAY, VLMD_PROTO_MAX_TOKENS),
     OPT_ARR(vlmd_msg_token_chunk, top_logprobs, n_top_logprobs, F_F32_ARRAY,

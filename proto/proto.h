@@ -201,6 +201,7 @@ typedef struct vlmd_msg_request_submit {
     vlmd_image_ref *images;
     uint32_t n_images;
     char *session;                  /* X-Session-ID, "" when none (optional) */
+    bool ignore_eos;                /* the model's end-of-sequence token does not end it (optional) */
 } vlmd_msg_request_submit;
 
 typedef struct vlmd_msg_request_cancel {

@@ -142,6 +142,7 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     [{ top_logprobs: 2 }, 400, 'top_logprobs'],
     [{ logprobs: true, top_logprobs: 21 }, 400, 'top_logprobs'],
     [{ logprobs: 'yes' }, 400, 'logprobs'],
+    [{ ignore_eos: 1 }, 400, 'ignore_eos'],
   ];
   for (const [patch, status, param] of cases) {
     const r = await postJson(url, { ...ok, ...patch });

@@ -196,12 +196,15 @@ Test(engine, a_prompt_the_cache_cannot_hold_is_refused_and_a_lone_request_ends_w
 }
 
 /* More demand than the cache: requests are paused and recomputed, and every
- * one ends with exactly the tokens it produces alone (greedy and seeded). */
-Test(engine, preempted_requests_finish_with_the_tokens_they_produce_alone)
+ * one ends with exactly the tokens it produces alone (greedy and seeded).
+ * With the prefix cache, paused requests leave their KV to it. */
+static void preempted_requests_finish_as_alone(bool cache)
 {
     fixture f;
     open_model(&f);
     static outputs alone, together;
+    memset(&alone, 0, sizeof alone);
+    memset(&together, 0, sizeof together);
     uint32_t prompts[N_REQ][64];
     vlmd_error err = {0};
     engine *e = make_engine(&f, &alone, 4096);
@@ -212,7 +215,7 @@ Test(engine, preempted_requests_finish_with_the_tokens_they_produce_alone)
     }
     engine_free(e);
 
-    e = make_engine(&f, &together, 72); /* the eight need about 250 slots */
+    e = make_engine_with(&f, &together, 72, cache); /* the eight need about 250 slots */
     for (uint32_t i = 0; i < 8; i++) {
         vlmd_msg_request_submit r = request(i, prompts[i]);
         cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
@@ -225,10 +228,22 @@ Test(engine, preempted_requests_finish_with_the_tokens_they_produce_alone)
                          "request %u: the same tokens", i);
         cr_expect_eq(together.finish[i], alone.finish[i]);
     }
-    cr_expect_eq(engine_free_slots(e), 72, "every slot back");
+    cr_expect_eq(engine_kv_in_use(e), 0, "nothing held once idle");
+    if (!cache)
+        cr_expect_eq(engine_free_slots(e), 72, "every slot back");
     cr_expect_eq(engine_active(e), 0);
     engine_free(e);
     close_model(&f);
+}
+
+Test(engine, preempted_requests_finish_with_the_tokens_they_produce_alone)
+{
+    preempted_requests_finish_as_alone(false);
+}
+
+Test(engine, preemption_with_the_prefix_cache)
+{
+    preempted_requests_finish_as_alone(true);
 }
 
 /* A prompt longer than a step takes is prefilled in chunks: the same tokens. */
@@ -292,6 +307,43 @@ Test(engine, stop_tokens_eos_and_cancel)
     prompt[0] = 999999;
     cr_expect_eq(engine_submit(e, &bad, &err), VLMD_ERR_INVALID_ARG);
     cr_expect(strstr(err.msg, "999999"), "%s", err.msg);
+    engine_free(e);
+    close_model(&f);
+}
+
+/* The model's EOS ends a request where it is sampled, unless the request
+ * ignores it: then it runs to max_tokens with the tokens it would make anyway. */
+Test(engine, eos_ends_a_request_unless_it_ignores_eos)
+{
+    fixture f;
+    open_model(&f);
+    static outputs probe, o;
+    uint32_t prompt[64];
+    vlmd_error err = {0};
+    engine *e = make_engine(&f, &probe, 256);
+    vlmd_msg_request_submit r = request(0, prompt);
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK);
+    run_until_idle(e, 100);
+    engine_free(e);
+    cr_assert_gt(probe.n[0], 3);
+
+    int32_t eos = probe.tokens[0][2], first = 0;
+    while (probe.tokens[0][first] != eos)
+        first++;
+    engine_config cfg = {.kv_slots = 256, .max_batch_tokens = 256, .max_running = 16,
+                         .eos_id = eos, .max_model_len = 4096, .image_token_id = -1};
+    cr_assert_eq(engine_create(f.m, &cfg, on_emit, &o, &e, &err), VLMD_OK, "%s", err.msg);
+    vlmd_msg_request_submit ignoring = r; /* the same request, another id */
+    ignoring.req_id = 1;
+    ignoring.ignore_eos = true;
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK);
+    cr_assert_eq(engine_submit(e, &ignoring, &err), VLMD_OK);
+    run_until_idle(e, 100);
+    cr_expect_eq(o.finish[0], VLMD_FINISH_STOP);
+    cr_expect_eq(o.n[0], first + 1, "EOS ends it");
+    cr_expect_eq(o.finish[1], VLMD_FINISH_LENGTH);
+    cr_expect_eq(o.n[1], probe.n[0], "it ran to max_tokens");
+    cr_expect_arr_eq(o.tokens[1], probe.tokens[0], (size_t)probe.n[0] * 4);
     engine_free(e);
     close_model(&f);
 }
@@ -365,33 +417,3 @@ Test(engine, the_prefix_cache_gives_the_same_tokens_from_fewer_computed)
     close_model(&f);
 }
 
-/* Preemption with the cache on: paused requests leave their KV to the cache,
- * and still finish with their solo tokens; the books balance at every step. */
-Test(engine, preemption_with_the_prefix_cache)
-{
-    fixture f;
-    open_model(&f);
-    static outputs alone, together;
-    uint32_t prompts[N_REQ][64];
-    vlmd_error err = {0};
-    engine *e = make_engine(&f, &alone, 4096);
-    for (uint32_t i = 0; i < 8; i++) {
-        vlmd_msg_request_submit r = request(i, prompts[i]);
-        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK);
-        run_until_idle(e, 200);
-    }
-    engine_free(e);
-    e = make_engine_with(&f, &together, 72, true);
-    for (uint32_t i = 0; i < 8; i++) {
-        vlmd_msg_request_submit r = request(i, prompts[i]);
-        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK);
-    }
-    run_until_idle(e, 2000);
-    cr_expect_gt(engine_preemptions(e), 0);
-    for (uint32_t i = 0; i < 8; i++)
-        cr_expect_arr_eq(together.tokens[i], alone.tokens[i], (size_t)alone.n[i] * 4,
-                         "request %u", i);
-    cr_expect_eq(engine_kv_in_use(e), 0, "nothing held once idle");
-    engine_free(e);
-    close_model(&f);
-}

@@ -4,7 +4,6 @@
  * grid_thw and token counts identical; bad images refused with a reason. */
 #include <criterion/criterion.h>
 #include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,13 +61,7 @@ static void check_case(const char *model, int case_index, const char *image, dou
     cr_assert_not_null(t);
     cr_assert_eq(t->shape[0], pv.n_patches);
     cr_assert_eq(t->shape[1], pv.patch_dim);
-    const float *want = t->data;
-    double diff = 0, norm = 0;
-    for (size_t k = 0; k < (size_t)pv.n_patches * pv.patch_dim; k++) {
-        diff += ((double)pv.values[k] - want[k]) * ((double)pv.values[k] - want[k]);
-        norm += (double)want[k] * want[k];
-    }
-    double rel_err = sqrt(diff / norm);
+    double rel_err = test_rel_error(pv.values, t->data, (size_t)pv.n_patches * pv.patch_dim);
     cr_expect_lt(rel_err, tol, "%s: pixel_values relative error %.3g", image, rel_err);
     vlmd_safetensors_close(st);
     json_decref(ref);

@@ -92,7 +92,8 @@ static vlmd_msg sample(vlmd_msg_type t)
             .req_id = 1ull << 50, .tokens = sample_tokens, .n_tokens = 5, .max_tokens = 128,
             .sampling = {0.7, 0.9, 40, 0.05, 0.5, -0.5, 1.1, UINT64_MAX - 1, true},
             .stop_tokens = sample_stops, .n_stop_tokens = 3, .top_logprobs = 20,
-            .logprobs = true, .images = sample_images, .n_images = 3, .session = "user-42"};
+            .logprobs = true, .images = sample_images, .n_images = 3, .session = "user-42",
+            .ignore_eos = true};
         break;
     case VLMD_MSG_REQUEST_CANCEL:
         m.u.request_cancel = (vlmd_msg_request_cancel){8, VLMD_FINISH_CANCELLED};
@@ -235,7 +236,7 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
     case VLMD_MSG_REQUEST_SUBMIT: {
         const vlmd_msg_request_submit *a = &x->u.request_submit, *b = &y->u.request_submit;
         EQ(req_id); ARR(tokens, n_tokens); EQ(max_tokens); ARR(stop_tokens, n_stop_tokens);
-        EQ(top_logprobs); EQ(logprobs); EQ(n_images); STR(session);
+        EQ(top_logprobs); EQ(logprobs); EQ(n_images); STR(session); EQ(ignore_eos);
         EQ(sampling.temperature); EQ(sampling.top_p); EQ(sampling.top_k); EQ(sampling.min_p);
         EQ(sampling.presence_penalty); EQ(sampling.frequency_penalty);
         EQ(sampling.repetition_penalty); EQ(sampling.seed); EQ(sampling.has_seed);
@@ -1166,6 +1167,7 @@ static const field_ref optional_fields[] = {
     {VLMD_MSG_STATS_SNAPSHOT, "workers.memory"},
     {VLMD_MSG_STATS_SNAPSHOT, "workers.counters"},
     {VLMD_MSG_REQUEST_SUBMIT, "session"},   {VLMD_MSG_TOKEN_CHUNK, "max_tokens_capped"},
+    {VLMD_MSG_REQUEST_SUBMIT, "ignore_eos"}, {VLMD_MSG_TOKEN_CHUNK, "cached_tokens"},
 };
 /* Optional too, but they travel together: dropping one alone is a shape mismatch. */
 static const field_ref coupled_fields[] = {

@@ -8,7 +8,6 @@
  * cases take the reference vision embeddings at their pad tokens. */
 #include <criterion/criterion.h>
 #include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -141,12 +140,7 @@ static void check_model_on(const char *device, const char *model, const char *we
         cr_assert_not_null(lt);
         cr_assert_eq(vlmd_tensor_numel(lt), (int64_t)n * V);
         const float *ref = lt->data;
-        double diff = 0, norm = 0;
-        for (size_t i = 0; i < (size_t)n * V; i++) {
-            diff += ((double)logits[i] - ref[i]) * ((double)logits[i] - ref[i]);
-            norm += (double)ref[i] * ref[i];
-        }
-        double rel = sqrt(diff / norm);
+        double rel = test_rel_error(logits, ref, (size_t)n * V);
         if (strcmp(device, "cpu") != 0) /* the number the CUDA issue reports */
             fprintf(stderr, "%s %s %s case %zu: logits relative error %.4g\n", device, model,
                     weights, ci, rel);
@@ -273,12 +267,7 @@ Test(qwen2, chunked_prefill_matches_one_shot)
                 cr_assert_eq(qwen2_forward(f.m, kv, ws, &bt, logits + (size_t)start * V, &err),
                              VLMD_OK, "%s", err.msg);
             }
-            double diff = 0, norm = 0;
-            for (size_t i = 0; i < (size_t)n * V; i++) {
-                diff += ((double)logits[i] - ref[i]) * ((double)logits[i] - ref[i]);
-                norm += (double)ref[i] * ref[i];
-            }
-            double rel = sqrt(diff / norm);
+            double rel = test_rel_error(logits, ref, (size_t)n * V);
             cr_expect_lt(rel, 1e-4, "%s, chunks of %d: relative error %.3g", models[mi],
                          chunks[c], rel);
         }

@@ -4,7 +4,6 @@
  * images of different sizes are encoded in one variable-length batch. */
 #include <criterion/criterion.h>
 #include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,13 +73,7 @@ static double rel_error(fixture *f, int c, const float *got)
     snprintf(name, sizeof name, "case%d.vision_embeds", c);
     const vlmd_tensor_view *t = vlmd_safetensors_find(f->ref, name);
     cr_assert_not_null(t);
-    const float *want = t->data;
-    double diff = 0, norm = 0;
-    for (int64_t i = 0; i < vlmd_tensor_numel(t); i++) {
-        diff += ((double)got[i] - want[i]) * ((double)got[i] - want[i]);
-        norm += (double)want[i] * want[i];
-    }
-    return sqrt(diff / norm);
+    return test_rel_error(got, t->data, (size_t)vlmd_tensor_numel(t));
 }
 
 static void check_on(const char *model, const char *device, double tol)

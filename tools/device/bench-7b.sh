@@ -3,11 +3,7 @@
 # Qwen2.5-7B-shaped checkpoint, measures copy bandwidth, and runs
 # vlmd-bench-engine at batch 1 and 32. Prints the results last.
 set -euo pipefail
-bundle=/tmp/vlmd-bundle
-rm -rf "$bundle" && mkdir -p "$bundle" && tar -C "$bundle" -xJf "$1"
-out=${2:-/tmp/vlmd-bench}
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/unpack.sh" "$1" "${2:-/tmp/vlmd-bench}"
 python3 "$(dirname "$0")/make_random_qwen.py" /tmp/q7b | tee "$out/make.log"
 bw=$(awk '/BANDWIDTH_GBS/ {print $2}' "$out/make.log")
 for b in 1 32; do

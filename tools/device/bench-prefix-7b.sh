@@ -6,11 +6,7 @@
 # a 32k-token prompt is prefilled in one step and in 4096-token chunks
 # (docs/PERFORMANCE.md). LONG_PROMPT=N overrides the 32768. Prints the results last.
 set -euo pipefail
-bundle=/tmp/vlmd-bundle
-rm -rf "$bundle" && mkdir -p "$bundle" && tar -C "$bundle" -xJf "$1"
-out=${2:-/tmp/vlmd-bench}
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/unpack.sh" "$1" "${2:-/tmp/vlmd-bench}"
 [ -f /tmp/q7b/config.json ] || python3 "$(dirname "$0")/make_random_qwen.py" /tmp/q7b | tee "$out/make.log"
 "$bundle/bin/vlmd-bench-prefix" /tmp/q7b --device cuda --turns 10 --turn-tokens 500 --gen 32 \
   --streams 16 --long-prompt "${LONG_PROMPT:-32768}" --chunk 4096 | tee "$out/bench-prefix.log"

@@ -3,11 +3,7 @@
 # Qwen2.5-VL-7B-shaped vision tower, times Hugging Face's tower on a 1036x1036
 # image, then vlmd-bench-vision on the same shape (bf16 on CUDA). Prints both last.
 set -euo pipefail
-bundle=/tmp/vlmd-bundle
-rm -rf "$bundle" && mkdir -p "$bundle" && tar -C "$bundle" -xJf "$1"
-out=${2:-/tmp/vlmd-bench}
-mkdir -p "$out"
-export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/unpack.sh" "$1" "${2:-/tmp/vlmd-bench}"
 python3 "$(dirname "$0")/make_random_qwen_vl.py" /tmp/qvl7b | tee "$out/hf-vision.log"
 "$bundle/bin/vlmd-bench-vision" /tmp/qvl7b --device cuda --width 1036 --height 1036 --iters 10 \
   | tee "$out/vlmd-vision.log"

@@ -4,12 +4,9 @@
 # through its HTTP API (serve_check.py). Prints a short table last.
 # usage: tools/device/gpu-check.sh BUNDLE.tar.xz MODEL_DIR [LOG_DIR]
 set -uo pipefail
-bundle=/tmp/vlmd-bundle
-rm -rf "$bundle" && mkdir -p "$bundle" && tar -C "$bundle" -xJf "$1" || exit 1
+source "$(dirname "$0")/unpack.sh" "$1" "${3:-/tmp/vlmd-gpu-check}"
 model=$2
-logs=${3:-/tmp/vlmd-gpu-check}
-mkdir -p "$logs"
-export LD_LIBRARY_PATH="$bundle/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+logs=$out
 export VLMD_FIXTURES_DIR="$(cd "$(dirname "$0")/../.." && pwd)/tests/fixtures"
 export VLMD_BIN_DIR="$bundle/bin" # tests that run the executables find them here
 nvidia-smi -L || true
