@@ -24,9 +24,13 @@ build: deps
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
-# The e2e suite's npm packages, exactly as package-lock.json pins them.
+# The e2e suite's npm packages, exactly as package-lock.json pins them. npm
+# can stall on a registry request forever: each try is bounded, three tries.
 e2e-deps: deps
-	@cd tests/e2e && npm ci --no-audit --no-fund --loglevel=error
+	@cd tests/e2e && for try in 1 2 3; do \
+		timeout 180 npm ci --no-audit --no-fund --loglevel=error && exit 0; \
+		echo "npm ci failed or stalled (try $$try of 3)" >&2; sleep 5; \
+	done; exit 1
 
 test: build e2e-deps
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

@@ -1,14 +1,15 @@
 // bench.test.mjs - vlmd-bench against a real server on loopback: the random
 // dataset on both endpoints and a ShareGPT file give every request back with
 // exactly its tokens (ignore_eos), metrics that hold together, and counts
-// that agree with the server's own /metrics; failed requests make it exit 1.
+// that agree with the server's own /metrics; chat prompts with random images
+// reach a vision model's visual worker; failed requests make it exit 1.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { execFile } from 'node:child_process';
 import { promisify } from 'node:util';
 import { tmpdir } from 'node:os';
-import { BIN, FIXTURES, startServer, stopServer } from './harness.mjs';
+import { BIN, FIXTURES, startServer, stopServer, waitFor } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
 const dir = mkdtempSync(`${tmpdir()}/vlmd-bench-`);
@@ -19,10 +20,10 @@ after(async () => {
   assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
 });
 
-async function bench(name, flags) {
+async function bench(name, flags, { url = server.url, model = MODEL } = {}) {
   const json = `${dir}/${name}.json`;
-  const run = await promisify(execFile)(`${BIN}/vlmd-bench`, ['--base-url', server.url,
-    '--tokenizer', `${MODEL}/tokenizer.json`, '--result-json', json, ...flags], { timeout: 120000 })
+  const run = await promisify(execFile)(`${BIN}/vlmd-bench`, ['--base-url', url,
+    '--tokenizer', `${model}/tokenizer.json`, '--result-json', json, ...flags], { timeout: 120000 })
     .catch((e) => e);
   return { code: run.code ?? 0, stdout: run.stdout, stderr: run.stderr,
     result: run.code ? null : JSON.parse(readFileSync(json, 'utf8')) };
@@ -86,4 +87,26 @@ test('refused requests are counted as failures and the exit code says so', async
   assert.equal(code, 1);
   assert.match(stderr, /request 0 failed: HTTP 400/);
   assert.match(stdout, /Failed requests:\s+2/);
+});
+
+test('chat prompts with random images: each image is encoded by the visual worker', async () => {
+  const model = `${FIXTURES}/qwen2_vl`;
+  const vl = await startServer(['--model', model, '--port', '0']);
+  try {
+    const { code, stderr, result: r } = await bench('images', ['--endpoint', 'chat',
+      '--num-prompts', '12', '--random-input-len', '16', '--random-output-len', '4',
+      '--image-ratio', '0.5', '--image-size', '56x56', '--max-concurrency', '4', '--seed', '5'],
+    { url: vl.url, model });
+    assert.equal(code, 0, stderr);
+    holdsTogether(r, 12);
+    const encoded = await waitFor('the visual counters', async () => {
+      const text = await fetch(`${vl.url}/metrics`).then((res) => res.text());
+      const n = Number(text.match(/vlmd_visual_images_encoded\{[^}]*\} (\d+)/)?.[1]);
+      return n === r.num_images ? n : false;
+    }, 5000);
+    assert.ok(r.num_images >= 2 && r.num_images <= 10, `12 prompts, half with an image: ${r.num_images}`);
+    assert.equal(encoded, r.num_images, 'every image was new, so every one was encoded');
+  } finally {
+    assert.deepEqual(await stopServer(vl), { code: 0, signal: null }, vl.stderr.slice(-3000));
+  }
 });

@@ -5,6 +5,7 @@
  * against a server.) */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <openssl/evp.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -13,6 +14,8 @@
 
 #include "client.h"
 #include "dataset.h"
+#include "image.h"
+#include "random_image.h"
 #include "schedule.h"
 #include "sse.h"
 #include "stats.h"
@@ -265,4 +268,63 @@ Test(vlmd_bench, request_bodies)
     cr_expect(json_is_false(json_object_get(b, "ignore_eos")));
     json_decref(b);
     free(text);
+}
+
+/* The PNG inside a data: URI, decoded. */
+static vlmd_image decode_uri(const char *uri)
+{
+    const char *b64 = strchr(uri, ',') + 1;
+    size_t n = strlen(b64);
+    unsigned char *png = malloc(n);
+    int len = EVP_DecodeBlock(png, (const unsigned char *)b64, (int)n);
+    cr_assert_gt(len, 0);
+    while (n && b64[n - 1] == '=') /* DecodeBlock counts the padding as bytes */
+        n--, len--;
+    vlmd_image img;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_image_decode(png, (size_t)len, 1 << 24, &img, &err), VLMD_OK, "%s", err.msg);
+    free(png);
+    return img;
+}
+
+Test(vlmd_bench, random_images_are_pngs_of_the_size_and_all_different)
+{
+    uint64_t rng = 1;
+    char *a = bench_random_image_uri(60, 30, &rng), *b = bench_random_image_uri(60, 30, &rng);
+    cr_assert(strncmp(a, "data:image/png;base64,", 22) == 0);
+    cr_expect_str_neq(a, b, "a new image each time");
+    vlmd_image img = decode_uri(a);
+    cr_expect_eq(img.width, 60);
+    cr_expect_eq(img.height, 30);
+    cr_expect_arr_eq(img.rgb, img.rgb + 13 * 3, 3, "14 x 14 blocks of one color");
+    vlmd_image_free(&img);
+    free(a);
+    free(b);
+
+    vlmd_tokenizer *tok = load_tokenizer();
+    bench_dataset d;
+    vlmd_error err = {0};
+    cr_assert_eq(bench_random_dataset(tok, 200, 8, 4, 0, 1, &d, &err), VLMD_OK);
+    cr_assert_eq(bench_attach_images(&d, 0.5, 28, 28, 1, &err), VLMD_OK);
+    size_t with = 0;
+    for (size_t i = 0; i < d.n; i++)
+        with += d.prompts[i].image != NULL;
+    cr_expect(with > 70 && with < 130, "about half have one: %zu", with);
+    bench_client_config c = {.chat = true};
+    size_t i = 0;
+    while (!d.prompts[i].image)
+        i++;
+    char *text = bench_request_body(&c, &d.prompts[i]);
+    json_t *body = json_loads(text, 0, NULL);
+    json_t *content = json_object_get(json_array_get(json_object_get(body, "messages"), 0), "content");
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(content, 0), "type")), "image_url");
+    cr_expect_str_eq(json_string_value(json_object_get(
+                         json_object_get(json_array_get(content, 0), "image_url"), "url")),
+                     d.prompts[i].image);
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(content, 1), "text")),
+                     d.prompts[i].text);
+    json_decref(body);
+    free(text);
+    bench_dataset_free(&d);
+    vlmd_tokenizer_free(tok);
 }

@@ -20,7 +20,12 @@ char *bench_request_body(const bench_client_config *c, const bench_prompt *p)
         return NULL;
     if (c->model)
         json_object_set_new(body, "model", json_string(c->model));
-    if (c->chat) {
+    if (c->chat && p->image) {
+        json_object_set_new(body, "messages",
+                            json_pack("[{s:s, s:[{s:s, s:{s:s}}, {s:s, s:s}]}]", "role", "user",
+                                      "content", "type", "image_url", "image_url", "url",
+                                      p->image, "type", "text", "text", p->text));
+    } else if (c->chat) {
         json_object_set_new(body, "messages",
                             json_pack("[{s:s, s:s}]", "role", "user", "content", p->text));
     } else if (p->ids) { /* exactly these tokens: no re-tokenization on the server */

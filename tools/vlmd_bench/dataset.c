@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "random_image.h"
 
 double bench_uniform(uint64_t *state)
 {
@@ -19,6 +20,7 @@ void bench_dataset_free(bench_dataset *d)
     for (size_t i = 0; i < d->n; i++) {
         free(d->prompts[i].text);
         free(d->prompts[i].ids);
+        free(d->prompts[i].image);
     }
     free(d->prompts);
     *d = (bench_dataset){0};
@@ -157,4 +159,17 @@ vlmd_status bench_sharegpt_dataset(const vlmd_tokenizer *tok, const char *path, 
     if (s != VLMD_OK)
         bench_dataset_free(out);
     return s;
+}
+
+vlmd_status bench_attach_images(bench_dataset *d, double ratio, int width, int height,
+                                uint64_t seed, vlmd_error *err)
+{
+    uint64_t rng = seed ^ 0x5bd1e995ull; /* not the prompts' stream */
+    for (size_t i = 0; i < d->n; i++) {
+        if (bench_uniform(&rng) >= ratio)
+            continue;
+        if (!(d->prompts[i].image = bench_random_image_uri(width, height, &rng)))
+            return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for image %zu", i);
+    }
+    return VLMD_OK;
 }

@@ -16,6 +16,7 @@ typedef struct bench_prompt {
     size_t n_ids;
     int32_t prompt_len;         /* tokens, by the tokenizer */
     int32_t output_len;         /* max_tokens */
+    char *image;                /* a data: URI sent before the text (chat only), or NULL */
 } bench_prompt;
 
 typedef struct bench_dataset {
@@ -38,6 +39,11 @@ vlmd_status bench_random_dataset(const vlmd_tokenizer *tok, size_t n, int32_t in
 vlmd_status bench_sharegpt_dataset(const vlmd_tokenizer *tok, const char *path, size_t n,
                                    int32_t fixed_output_len, uint64_t seed, bench_dataset *out,
                                    vlmd_error *err);
+
+/* Gives each prompt, with probability ratio (seeded), a new random
+ * width x height image (random_image.h). */
+vlmd_status bench_attach_images(bench_dataset *d, double ratio, int width, int height,
+                                uint64_t seed, vlmd_error *err);
 
 void bench_dataset_free(bench_dataset *d);
 

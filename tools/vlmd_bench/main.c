@@ -24,6 +24,8 @@ static const char usage[] =
     "  --random-output-len N            (default 128)\n"
     "  --random-range-ratio X           lengths uniform within +-X of those (default 0)\n"
     "  --sharegpt-output-len N          max_tokens for every ShareGPT prompt (default: the reply's)\n"
+    "  --image-ratio X                  share of chat prompts with a random image (default 0)\n"
+    "  --image-size WxH                 its size (default 448x448)\n"
     "  --request-rate R                 requests/s as a Poisson process (default inf: all at once)\n"
     "  --max-concurrency N              requests in flight at most (default: no limit)\n"
     "  --ignore-eos true|false          generate exactly max_tokens (default: true for random)\n"
@@ -37,7 +39,8 @@ typedef struct options {
     const char *tokenizer, *dataset, *dataset_path, *result_json, *ignore_eos;
     long long num_prompts, input_len, output_len, sharegpt_output_len, seed, timeout_s,
         concurrency;
-    double range_ratio, rate;
+    double range_ratio, rate, image_ratio;
+    int image_width, image_height;
 } options;
 
 static int misuse(const char *what, const char *value)
@@ -80,6 +83,12 @@ static int parse(int argc, char **argv, options *o)
             ok = vlmd_parse_double(v, 0, 0.999, &o->range_ratio) == VLMD_OK;
         else if (!strcmp(a, "--sharegpt-output-len"))
             ok = vlmd_parse_i64(v, 1, 1 << 24, &o->sharegpt_output_len) == VLMD_OK;
+        else if (!strcmp(a, "--image-ratio"))
+            ok = vlmd_parse_double(v, 0, 1, &o->image_ratio) == VLMD_OK;
+        else if (!strcmp(a, "--image-size"))
+            ok = sscanf(v, "%dx%d", &o->image_width, &o->image_height) == 2 &&
+                 o->image_width > 0 && o->image_height > 0 && o->image_width <= 8192 &&
+                 o->image_height <= 8192;
         else if (!strcmp(a, "--request-rate"))
             ok = !strcmp(v, "inf") ? (o->rate = INFINITY, true)
                                    : vlmd_parse_double(v, 1e-6, 1e9, &o->rate) == VLMD_OK;
@@ -104,6 +113,8 @@ static int parse(int argc, char **argv, options *o)
         return misuse("--base-url and --tokenizer are required", NULL);
     if (!strcmp(o->dataset, "sharegpt") && !o->dataset_path)
         return misuse("--dataset sharegpt needs --dataset-path", NULL);
+    if (o->image_ratio > 0 && !o->client.chat)
+        return misuse("--image-ratio needs --endpoint chat", NULL);
     o->client.ignore_eos = o->ignore_eos ? !strcmp(o->ignore_eos, "true")
                                          : !strcmp(o->dataset, "random");
     o->client.max_concurrency = (int)o->concurrency;
@@ -111,13 +122,23 @@ static int parse(int argc, char **argv, options *o)
     return 0;
 }
 
-static int write_json(const char *path, const options *o, const bench_summary *s)
+static size_t images_in(const bench_dataset *d)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < d->n; i++)
+        n += d->prompts[i].image != NULL;
+    return n;
+}
+
+static int write_json(const char *path, const options *o, const bench_dataset *d,
+                      const bench_summary *s)
 {
     json_t *j = bench_summary_json(s);
     if (!j)
         return 1;
     json_object_set_new(j, "dataset", json_string(o->dataset));
     json_object_set_new(j, "num_prompts", json_integer(o->num_prompts));
+    json_object_set_new(j, "num_images", json_integer((json_int_t)images_in(d)));
     json_object_set_new(j, "request_rate", isfinite(o->rate) ? json_real(o->rate)
                                                              : json_string("inf"));
     json_object_set_new(j, "max_concurrency", o->concurrency ? json_integer(o->concurrency)
@@ -132,7 +153,8 @@ static int write_json(const char *path, const options *o, const bench_summary *s
 int main(int argc, char **argv)
 {
     options o = {.dataset = "random", .num_prompts = 1000, .input_len = 1024,
-                 .output_len = 128, .timeout_s = 600, .rate = INFINITY};
+                 .output_len = 128, .timeout_s = 600, .rate = INFINITY, .image_width = 448,
+                 .image_height = 448};
     int rc = parse(argc, argv, &o);
     if (rc)
         return rc;
@@ -146,9 +168,12 @@ int main(int argc, char **argv)
                                     &err)
              : bench_sharegpt_dataset(tok, o.dataset_path, (size_t)o.num_prompts,
                                       (int32_t)o.sharegpt_output_len, (uint64_t)o.seed, &d,
-                                      &err)) != VLMD_OK) {
+                                      &err)) != VLMD_OK ||
+        bench_attach_images(&d, o.image_ratio, o.image_width, o.image_height, (uint64_t)o.seed,
+                            &err) != VLMD_OK) {
         fprintf(stderr, "vlmd-bench: %s\n", err.msg);
         vlmd_tokenizer_free(tok);
+        bench_dataset_free(&d);
         return 1;
     }
     double *arrivals = malloc(d.n * sizeof *arrivals);
@@ -162,9 +187,9 @@ int main(int argc, char **argv)
     char concurrency[32] = "no limit";
     if (o.concurrency)
         snprintf(concurrency, sizeof concurrency, "%lld", o.concurrency);
-    printf("vlmd-bench: %zu %s prompts to %s/v1/%s, request rate %g/s, max concurrency %s\n",
-           d.n, o.dataset, o.client.base_url, o.client.chat ? "chat/completions" : "completions",
-           o.rate, concurrency);
+    printf("vlmd-bench: %zu %s prompts (%zu with an image) to %s/v1/%s, request rate %g/s, "
+           "max concurrency %s\n", d.n, o.dataset, images_in(&d), o.client.base_url,
+           o.client.chat ? "chat/completions" : "completions", o.rate, concurrency);
     if (bench_run(&o.client, &d, arrivals, results, &duration, &err) != VLMD_OK) {
         fprintf(stderr, "vlmd-bench: %s\n", err.msg);
         return 1;
@@ -178,7 +203,7 @@ int main(int argc, char **argv)
         return 1;
     }
     bench_print_table(stdout, &s);
-    rc = o.result_json ? write_json(o.result_json, &o, &s) : 0;
+    rc = o.result_json ? write_json(o.result_json, &o, &d, &s) : 0;
     for (size_t i = 0; i < d.n; i++)
         bench_result_free(&results[i]);
     free(results);
