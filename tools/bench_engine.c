@@ -1,10 +1,13 @@
 /* bench_engine.c - `vlmd-bench-engine MODEL_DIR [--device D] [--prompt N] [--gen N]
- * [--batch B] [--bandwidth-gbs X]`: the engine alone, in this process, on
- * random prompts: time of the prefill step(s), then decode steps until every
- * request has its --gen tokens (end-of-sequence ignored). Prints tokens/s
- * and, for batch-1 decode, the fraction of the weight-streaming ceiling
- * (weight bytes / --bandwidth-gbs, measured on the machine). A benchmark,
- * not a test; the serving benchmark through HTTP is vlmd-bench's job. */
+ * [--batch B] [--bandwidth-gbs X] [--gemm-tflops Y]`: the engine alone, in
+ * this process, on random prompts: time of the prefill step(s), then decode
+ * steps until every request has its --gen tokens (end-of-sequence ignored).
+ * Prints tokens/s; for decode, the fraction of the weight-streaming ceiling
+ * (weight bytes / --bandwidth-gbs, measured on the machine); for prefill, the
+ * achieved TFLOP/s (the linear layers' 2 FLOPs per weight per token, plus
+ * causal attention's 2 n^2 per query dimension and layer) against --gemm-tflops
+ * (the bf16 GEMM rate measured on the machine). A benchmark, not a test; the
+ * serving benchmark through HTTP is vlmd-bench's job. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,7 +30,7 @@ int main(int argc, char **argv)
 {
     const char *dir = NULL, *device = "auto";
     long long prompt = 512, gen = 256, batch = 1;
-    double bandwidth_gbs = 0;
+    double bandwidth_gbs = 0, gemm_tflops = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = argv[++i];
@@ -39,11 +42,14 @@ int main(int argc, char **argv)
             vlmd_parse_i64(argv[++i], 1, 4096, &batch);
         else if (strcmp(argv[i], "--bandwidth-gbs") == 0 && i + 1 < argc)
             vlmd_parse_double(argv[++i], 0, 1e6, &bandwidth_gbs);
+        else if (strcmp(argv[i], "--gemm-tflops") == 0 && i + 1 < argc)
+            vlmd_parse_double(argv[++i], 0, 1e6, &gemm_tflops);
         else if (!dir && argv[i][0] != '-')
             dir = argv[i];
         else {
             fprintf(stderr, "usage: vlmd-bench-engine MODEL_DIR [--device auto|cpu|cuda] "
-                            "[--prompt N] [--gen N] [--batch B] [--bandwidth-gbs X]\n");
+                            "[--prompt N] [--gen N] [--batch B] [--bandwidth-gbs X] "
+                            "[--gemm-tflops Y]\n");
             return 2;
         }
     }
@@ -102,11 +108,24 @@ int main(int argc, char **argv)
     double decode_tok = (double)decode_steps * (double)batch;
     printf("model %s on %s: %.2f GB of weights, loaded in %.1f s\n", mc.architecture,
            vlmd_backend_info(t.backend)->name, (double)t.weight_bytes / 1e9, t.load_s);
-    printf("batch %lld, prompt %lld, gen %lld: prefill %.3f s (%.0f tokens/s); decode %lld steps "
-           "%.3f s: %.2f ms/step, %.1f tokens/s\n",
-           batch, prompt, gen, prefill_s, (double)(prompt * batch) / prefill_s, decode_steps,
-           decode_s, decode_s * 1e3 / (double)decode_steps, decode_tok / decode_s);
-    if (bandwidth_gbs > 0) {
+    printf("batch %lld, prompt %lld, gen %lld: prefill %.3f s (%.0f tokens/s)", batch, prompt, gen,
+           prefill_s, (double)(prompt * batch) / prefill_s);
+    if (decode_steps)
+        printf("; decode %lld steps %.3f s: %.2f ms/step, %.1f tokens/s", decode_steps, decode_s,
+               decode_s * 1e3 / (double)decode_steps, decode_tok / decode_s);
+    printf("\n");
+    if (gemm_tflops > 0) {
+        const vlmd_text_config *tc = &mc.text;
+        double q = (double)(tc->num_heads * tc->head_dim), kv = (double)(tc->num_kv_heads * tc->head_dim);
+        double h = (double)tc->hidden_size, inter = (double)tc->intermediate_size;
+        double linear = (double)tc->num_layers * (h * q + 2 * h * kv + q * h + 3 * h * inter);
+        double n = (double)prompt, flops = (double)batch * ((2 * linear * n) +
+                                                           (double)tc->num_layers * 2 * n * n * q);
+        double tflops = flops / prefill_s / 1e12;
+        printf("prefill: %.1f TFLOP/s, %.1f%% of the %.0f TFLOP/s bf16 GEMM rate\n", tflops,
+               100.0 * tflops / gemm_tflops, gemm_tflops);
+    }
+    if (bandwidth_gbs > 0 && decode_steps) {
         double floor_ms = (double)t.weight_bytes / (bandwidth_gbs * 1e9) * 1e3;
         printf("weight-streaming floor %.2f ms/step at %.0f GB/s: %.1f%% of the ceiling\n",
                floor_ms, bandwidth_gbs, 100.0 * floor_ms / (decode_s * 1e3 / (double)decode_steps));

@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
 # bench-7b.sh BUNDLE.tar.xz [OUT_DIR]: on a GPU machine, writes a random
-# Qwen2.5-7B-shaped checkpoint, measures copy bandwidth, and runs
-# vlmd-bench-engine at batch 1 and 32. Prints the results last.
+# Qwen2.5-7B-shaped checkpoint (unless /tmp/q7b has one), measures the copy
+# bandwidth and the bf16 GEMM rate (ceilings.py), and runs what docs/PERFORMANCE.md records:
+# vlmd-bench-engine decode at batch 1, 32 and 128 (512 in, 256 out) and the
+# prefill of one 8192-token prompt, then the same with Hugging Face
+# transformers (bench_hf.py) in the same run. Prints the results last.
 set -euo pipefail
-source "$(dirname "$0")/unpack.sh" "$1" "${2:-/tmp/vlmd-bench}"
-python3 "$(dirname "$0")/make_random_qwen.py" /tmp/q7b | tee "$out/make.log"
-bw=$(awk '/BANDWIDTH_GBS/ {print $2}' "$out/make.log")
-for b in 1 32; do
-  "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 64 --batch "$b" \
+here=$(cd "$(dirname "$0")" && pwd)
+source "$here/unpack.sh" "$1" "${2:-/tmp/vlmd-bench}"
+[ -f /tmp/q7b/config.json ] || python3 "$here/make_random_qwen.py" /tmp/q7b | tee "$out/make.log"
+python3 "$here/ceilings.py" | tee "$out/ceilings.log"
+bw=$(awk '/BANDWIDTH_GBS/ {print $2}' "$out/ceilings.log")
+tf=$(awk '/GEMM_TFLOPS/ {print $2}' "$out/ceilings.log")
+: >"$out/bench.log"
+for b in 1 32 128; do
+  "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch "$b" \
     --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
 done
-echo; echo "copy bandwidth (torch, D2D, read+write): $bw GB/s"; cat "$out/bench.log"
+"$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 8192 --gen 1 --batch 1 \
+  --gemm-tflops "$tf" | tee -a "$out/bench.log"
+python3 "$here/bench_hf.py" /tmp/q7b 2>"$out/hf.err" | tee "$out/hf.log" || tail -5 "$out/hf.err"
+echo; echo "copy bandwidth (torch, D2D, read+write): $bw GB/s; bf16 GEMM: $tf TFLOP/s"
+cat "$out/bench.log" "$out/hf.log"

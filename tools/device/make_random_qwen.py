@@ -1,10 +1,9 @@
 #!/usr/bin/env python3
 """make_random_qwen.py OUT_DIR [--shape qwen2.5-7b]: writes a random-weight
 Qwen2 checkpoint (bf16 safetensors + config.json) of a real model's shape with
-transformers, on a GPU machine (nothing is downloaded), and prints the
-device-to-device copy bandwidth measured with torch (bytes read + written),
-the ceiling the decode benchmark is compared with."""
-import json, sys, time
+transformers, on a GPU machine (nothing is downloaded). The ceilings the
+benchmarks are compared with are ceilings.py's."""
+import sys, time
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -24,17 +23,3 @@ with torch.device("cuda"):
     model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
 model.save_pretrained(out, safe_serialization=True, max_shard_size="5GB")
 print(f"wrote {shape} to {out} in {time.time() - t0:.1f} s", flush=True)
-
-x = torch.empty(1 << 30, dtype=torch.float32, device="cuda")  # 4 GiB
-y = torch.empty_like(x)
-for _ in range(3):
-    y.copy_(x)
-torch.cuda.synchronize()
-start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-times = []
-for _ in range(10):
-    start.record(); y.copy_(x); end.record(); torch.cuda.synchronize()
-    times.append(start.elapsed_time(end) / 1e3)
-times.sort()
-gbs = 2 * x.numel() * 4 / times[len(times) // 2] / 1e9
-print(f"BANDWIDTH_GBS {gbs:.0f}")

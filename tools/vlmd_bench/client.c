@@ -114,7 +114,7 @@ static size_t on_bytes(char *p, size_t size, size_t n, void *ud)
         curl_easy_getinfo(f->h, CURLINFO_RESPONSE_CODE, &f->status);
     if (f->status != 200) {
         if (f->raw.len < 4096)
-            vlmd_buf_append(&f->raw, p, n);
+            vlmd_buf_append(&f->raw, p, n * size);
         return n * size;
     }
     if (!sse_feed(&f->sse, p, n * size, on_event, f))
