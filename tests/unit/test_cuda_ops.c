@@ -243,3 +243,77 @@ Test(cuda_ops, kv_write_and_attention_over_varied_sequences)
     }
     close_pair(&p);
 }
+
+/* The vision tower's ops: layernorm with bias (in place too), GELU in both
+ * forms, the residual add, the 2-D rotary embedding, and non-causal
+ * attention over whole images (head dims 80, as the Qwen2-VL towers have,
+ * and 64). */
+Test(cuda_ops, vision_ops)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    int n = 13, dim = 160;
+    size_t count = (size_t)n * dim;
+    float *x = random_floats(count, 2), *w = random_floats((size_t)dim, 1);
+    float *bias = random_floats((size_t)dim, 0.5f), *y = random_floats(count, 1);
+    void *ln[2], *ln_in_place[2], *gelu[2], *quick[2];
+    vlmd_backend *bs[2] = {p.cpu, p.gpu};
+    for (int b = 0; b < 2; b++) {
+        const vlmd_op_table *op = vlmd_backend_ops(bs[b]);
+        void *dx = on(bs[b], x, count), *dw = on(bs[b], w, dim), *db = on(bs[b], bias, dim);
+        ln[b] = on(bs[b], NULL, count);
+        op->layernorm(bs[b], ln[b], dx, dw, db, n, dim, 1e-6f);
+        ln_in_place[b] = on(bs[b], x, count);
+        op->layernorm(bs[b], ln_in_place[b], ln_in_place[b], dw, db, n, dim, 1e-6f);
+        gelu[b] = on(bs[b], NULL, count);
+        op->gelu(bs[b], gelu[b], dx, count, false);
+        quick[b] = on(bs[b], NULL, count);
+        op->gelu(bs[b], quick[b], dx, count, true);
+        op->add(bs[b], quick[b], on(bs[b], y, count), count);
+    }
+    expect_close("layernorm", p.cpu, ln[0], p.gpu, ln[1], count, 1e-2);
+    expect_close("layernorm in place", p.cpu, ln_in_place[0], p.gpu, ln_in_place[1], count, 1e-2);
+    expect_close("gelu", p.cpu, gelu[0], p.gpu, gelu[1], count, 1e-2);
+    expect_close("quick_gelu + add", p.cpu, quick[0], p.gpu, quick[1], count, 1e-2);
+    free(x), free(w), free(bias), free(y);
+
+    for (int hd = 64; hd <= 80; hd += 16) {
+        int nh = 4, len[2] = {16, 45}, rows = 61;
+        int32_t hpos[61], wpos[61], slots[61];
+        for (int i = 0; i < rows; i++) {
+            hpos[i] = (i / 7) % 9; /* a patch grid's row and column */
+            wpos[i] = i % 7;
+            slots[i] = i;
+        }
+        size_t qn = (size_t)rows * nh * hd;
+        float *q = random_floats(qn, 1), *k = random_floats(qn, 1), *v = random_floats(qn, 1);
+        void *dq[2], *dk[2], *out[2];
+        for (int b = 0; b < 2; b++) {
+            const vlmd_op_table *op = vlmd_backend_ops(bs[b]);
+            dq[b] = on(bs[b], q, qn);
+            dk[b] = on(bs[b], k, qn);
+            op->vision_rope(bs[b], dq[b], dk[b], ints_on(bs[b], hpos, rows),
+                            ints_on(bs[b], wpos, rows), rows, nh, hd, 10000.0f);
+            int32_t *dslots = ints_on(bs[b], slots, rows);
+            vlmd_attn_seq seqs[2] = {{0, len[0], len[0], dslots},
+                                     {len[0], len[1], len[1], dslots + len[0]}};
+            void *dseqs = NULL;
+            cr_assert_eq(vlmd_backend_alloc(bs[b], sizeof seqs, &dseqs, NULL), VLMD_OK);
+            vlmd_backend_copy_to_device(bs[b], dseqs, seqs, sizeof seqs, NULL);
+            out[b] = on(bs[b], NULL, qn);
+            /* the tower's attention reads K and V straight from its rows: slot i is row i */
+            op->attention(bs[b], out[b], dq[b], dk[b], on(bs[b], v, qn), dseqs, 2, rows, nh, nh,
+                          hd, false);
+        }
+        char what[48];
+        snprintf(what, sizeof what, "vision_rope q hd=%d", hd);
+        expect_close(what, p.cpu, dq[0], p.gpu, dq[1], qn, 1e-2);
+        snprintf(what, sizeof what, "vision_rope k hd=%d", hd);
+        expect_close(what, p.cpu, dk[0], p.gpu, dk[1], qn, 1e-2);
+        snprintf(what, sizeof what, "non-causal attention hd=%d", hd);
+        expect_close(what, p.cpu, out[0], p.gpu, out[1], qn, 1e-2);
+        free(q), free(k), free(v);
+    }
+    close_pair(&p);
+}
