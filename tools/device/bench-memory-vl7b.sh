@@ -13,17 +13,7 @@ model=${MODEL:-/tmp/qvl7b-full}
 [ -f "$model/config.json" ] || python3 "$here/make_random_qwen_vl_model.py" "$model" | tee "$out/make.log"
 "$bundle/bin/vlmd" serve --model "$model" --device "${DEVICE:-cuda}" --port 18080 >"$out/serve.log" 2>&1 &
 server=$!
-python3 - <<'PY'
-import time, urllib.request
-for _ in range(1200):
-    try:
-        if urllib.request.urlopen("http://127.0.0.1:18080/health", timeout=2).status == 200:
-            break
-    except Exception:
-        time.sleep(0.5)
-else:
-    raise SystemExit("the server did not become ready in 600 s")
-PY
+wait_ready http://127.0.0.1:18080 600
 bench_rc=0
 "$bundle/bin/vlmd-bench" --base-url http://127.0.0.1:18080 --tokenizer "$model/tokenizer.json" \
   --endpoint chat --num-prompts "${NUM_PROMPTS:-200}" --max-concurrency 64 --image-ratio 0.5 \

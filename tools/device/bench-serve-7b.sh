@@ -14,17 +14,7 @@ source "$here/unpack.sh" "$1" "${2:-/tmp/vlmd-bench}"
 cp "$here/../../tests/fixtures/qwen2/tokenizer.json" "$here/../../tests/fixtures/qwen2/tokenizer_config.json" /tmp/q7b/
 "$bundle/bin/vlmd" serve --model /tmp/q7b --device "${DEVICE:-cuda}" --port 18080 >"$out/serve.log" 2>&1 &
 server=$!
-python3 - <<'PY'
-import time, urllib.request
-for _ in range(600):
-    try:
-        if urllib.request.urlopen("http://127.0.0.1:18080/health", timeout=2).status == 200:
-            break
-    except Exception:
-        time.sleep(0.5)
-else:
-    raise SystemExit("the server did not become ready in 300 s")
-PY
+wait_ready http://127.0.0.1:18080 300
 "$bundle/bin/vlmd-bench" --base-url http://127.0.0.1:18080 --tokenizer /tmp/q7b/tokenizer.json \
   --num-prompts "${NUM_PROMPTS:-256}" --random-input-len 512 --random-output-len 256 --max-concurrency 64 \
   --result-json "$out/serve.json" | tee "$out/bench-serve.log"

@@ -10,17 +10,14 @@ real preprocessor config."""
 import json, os, shutil, sys, time
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+from qwen_vl_7b import VISION, write_preprocessor_config
 
 out = sys.argv[1]
 fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/fixtures/qwen2_5_vl")
 os.makedirs(out, exist_ok=True)
 ids = {k: v for k, v in json.load(open(os.path.join(fixture, "config.json"))).items()
        if k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
-vision = dict(depth=32, hidden_size=1280, num_heads=16, intermediate_size=3420,
-              out_hidden_size=3584, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
-              patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
-              hidden_act="silu", tokens_per_second=2)
-cfg = Qwen2_5_VLConfig(vision_config=vision, **ids)  # the text config defaults to the 7B shape
+cfg = Qwen2_5_VLConfig(vision_config=VISION, **ids)  # the text config defaults to the 7B shape
 torch.manual_seed(0)
 t0 = time.time()
 with torch.device("cuda"):
@@ -28,11 +25,5 @@ with torch.device("cuda"):
 model.save_pretrained(out, safe_serialization=True, max_shard_size="5GB")
 for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
     shutil.copy(os.path.join(fixture, name), out)
-pre = dict(min_pixels=3136, max_pixels=12845056, patch_size=14, merge_size=2,
-           temporal_patch_size=2, image_mean=[0.48145466, 0.4578275, 0.40821073],
-           image_std=[0.26862954, 0.26130258, 0.27577711], rescale_factor=1 / 255,
-           do_resize=True, do_rescale=True, do_normalize=True, do_convert_rgb=True, resample=3,
-           image_processor_type="Qwen2VLImageProcessor")
-with open(os.path.join(out, "preprocessor_config.json"), "w") as f:
-    json.dump(pre, f, indent=2)
+write_preprocessor_config(out)
 print(f"wrote a random Qwen2.5-VL-7B to {out} in {time.time() - t0:.1f} s", flush=True)
