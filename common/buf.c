@@ -13,6 +13,19 @@
 
 #include "log.h"
 
+void *vlmd_grow(void *items, size_t n, size_t *cap, size_t elem, size_t first_cap)
+{
+    if (n < *cap)
+        return items;
+    if (*cap > SIZE_MAX / 2 / elem || first_cap > SIZE_MAX / elem)
+        return NULL; /* the doubled size would not fit a size_t */
+    size_t want = *cap ? *cap * 2 : first_cap;
+    void *p = realloc(items, want * elem);
+    if (p)
+        *cap = want;
+    return p;
+}
+
 vlmd_status vlmd_buf_reserve(vlmd_buf *b, size_t extra)
 {
     if (extra > SIZE_MAX - b->len - 1)

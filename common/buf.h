@@ -27,6 +27,12 @@ vlmd_status vlmd_buf_vprintf(vlmd_buf *b, const char *fmt, va_list ap);
 void vlmd_buf_clear(vlmd_buf *b);       /* keeps the allocation */
 void vlmd_buf_free(vlmd_buf *b);        /* accepts an empty buffer */
 
+/* Room for element n of a realloc'd array of *cap elements of elem bytes:
+ * items itself while n < *cap, else the array moved to twice the capacity
+ * (first_cap at first) with *cap updated. NULL when out of memory (items
+ * and *cap unchanged, still the caller's). */
+void *vlmd_grow(void *items, size_t n, size_t *cap, size_t elem, size_t first_cap);
+
 /* Copies src into dst of size dstsz, always NUL-terminating (dstsz > 0).
  * Returns the length of src, so a result >= dstsz means it was truncated. */
 size_t vlmd_strlcpy(char *dst, const char *src, size_t dstsz);

@@ -12,6 +12,7 @@
 #include <pcre2.h>
 #include <uninorm.h>
 
+#include "buf.h"
 #include "log.h"
 
 /* GPT-2's default pre-tokenizer, for a ByteLevel pre-tokenizer with use_regex. */
@@ -66,14 +67,10 @@ struct vlmd_tokenizer {
 
 vlmd_status vlmd_tokens_push(vlmd_tokens *t, uint32_t id)
 {
-    if (t->n == t->cap) {
-        size_t cap = t->cap ? t->cap * 2 : 64;
-        uint32_t *p = realloc(t->ids, cap * sizeof *p);
-        if (!p)
-            return VLMD_ERR_NOMEM;
-        t->ids = p;
-        t->cap = cap;
-    }
+    uint32_t *ids = vlmd_grow(t->ids, t->n, &t->cap, sizeof *ids, 64);
+    if (!ids)
+        return VLMD_ERR_NOMEM;
+    t->ids = ids;
     t->ids[t->n++] = id;
     return VLMD_OK;
 }

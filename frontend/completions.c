@@ -14,6 +14,7 @@
 
 #include <jansson.h>
 
+#include "buf.h"
 #include "clock.h"
 #include "h2o_include.h"
 #include "http_server.h"
@@ -588,13 +589,10 @@ static void finish(completions *c, inflight_entry *e, const char *reason)
 
 static bool grow_lps(inflight_entry *e)
 {
-    size_t cap = e->cap_lps ? e->cap_lps * 2 : 64;
-    token_logprobs *p = realloc(e->lps, cap * sizeof *p);
-    if (!p)
-        return false;
-    e->lps = p;
-    e->cap_lps = cap;
-    return true;
+    token_logprobs *p = vlmd_grow(e->lps, e->n_lps, &e->cap_lps, sizeof *p, 64);
+    if (p)
+        e->lps = p;
+    return p != NULL;
 }
 
 void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
@@ -652,7 +650,7 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         if (e->api.stream) {
             if (n_chunk_lps < sizeof chunk_lps / sizeof chunk_lps[0])
                 chunk_lps[n_chunk_lps++] = t;
-        } else if (e->n_lps < e->cap_lps || grow_lps(e)) {
+        } else if (grow_lps(e)) {
             e->lps[e->n_lps++] = t;
         }
     }

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "buf.h"
 #include "clock.h"
 #include "engine.h"
 #include "log.h"
@@ -70,14 +71,10 @@ static void emit(const engine_output *eo, void *ud)
     llm_worker *w = ud;
     int32_t n = eo->n_tokens;
     for (int32_t i = 0; i < (n ? n : 1); i++) {
-        if (w->n_out == w->cap_out) {
-            size_t cap = w->cap_out ? w->cap_out * 2 : 256;
-            emitted *grown = realloc(w->out, cap * sizeof *grown);
-            if (!grown)
-                VLMD_FATAL("out of memory queueing tokens");
-            w->out = grown;
-            w->cap_out = cap;
-        }
+        emitted *grown = vlmd_grow(w->out, w->n_out, &w->cap_out, sizeof *grown, 256);
+        if (!grown)
+            VLMD_FATAL("out of memory queueing tokens");
+        w->out = grown;
         emitted *o = &w->out[w->n_out++];
         if (n == 0) {
             *o = (emitted){.req_id = eo->req_id, .finish = eo->finish,
@@ -205,14 +202,10 @@ static void submit_or_defer(llm_worker *w, const vlmd_msg *msg)
         start_step(w);
         return;
     }
-    if (w->n_deferred == w->cap_deferred) {
-        size_t cap = w->cap_deferred ? w->cap_deferred * 2 : 64;
-        vlmd_buf *grown = realloc(w->deferred, cap * sizeof *grown);
-        if (!grown)
-            VLMD_FATAL("out of memory deferring a request");
-        w->deferred = grown;
-        w->cap_deferred = cap;
-    }
+    vlmd_buf *grown = vlmd_grow(w->deferred, w->n_deferred, &w->cap_deferred, sizeof *grown, 64);
+    if (!grown)
+        VLMD_FATAL("out of memory deferring a request");
+    w->deferred = grown;
     vlmd_buf *b = &w->deferred[w->n_deferred++];
     *b = (vlmd_buf)VLMD_BUF_INIT;
     if (vlmd_msg_encode(msg, b, NULL) != VLMD_OK)

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
 #include "log.h"
 
 typedef struct qwen2_layer {
@@ -71,16 +72,12 @@ struct qwen2_workspace {
 
 static vlmd_status track(qwen2_model *m, void *p, size_t bytes, vlmd_error *err)
 {
-    if (m->n_allocs == m->cap_allocs) {
-        size_t cap = m->cap_allocs ? m->cap_allocs * 2 : 64;
-        allocation *a = realloc(m->allocs, cap * sizeof *a);
-        if (!a) {
-            vlmd_backend_free(m->b, p, bytes);
-            return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of host memory");
-        }
-        m->allocs = a;
-        m->cap_allocs = cap;
+    allocation *a = vlmd_grow(m->allocs, m->n_allocs, &m->cap_allocs, sizeof *a, 64);
+    if (!a) {
+        vlmd_backend_free(m->b, p, bytes);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of host memory");
     }
+    m->allocs = a;
     m->allocs[m->n_allocs++] = (allocation){p, bytes};
     return VLMD_OK;
 }

@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
+
 void embed_cache_init(embed_cache *c, uint64_t capacity)
 {
     memset(c, 0, sizeof *c);
@@ -89,14 +91,10 @@ embed_acquire_result embed_cache_acquire(embed_cache *c, const uint8_t hash[32],
     }
     if (bytes > c->capacity)
         return EMBED_NEVER_FITS;
-    if (c->n == c->cap) {
-        size_t cap = c->cap ? c->cap * 2 : 32;
-        embed_entry *grown = realloc(c->entries, cap * sizeof *grown);
-        if (!grown)
-            return EMBED_NO_ROOM;
-        c->entries = grown;
-        c->cap = cap;
-    }
+    embed_entry *grown = vlmd_grow(c->entries, c->n, &c->cap, sizeof *grown, 32);
+    if (!grown)
+        return EMBED_NO_ROOM;
+    c->entries = grown;
     uint64_t at_offset = 0;
     size_t at = 0;
     while (!first_fit(c, bytes, &at_offset, &at))

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "admission.h"
+#include "buf.h"
 #include "clock.h"
 #include "log.h"
 #include "router.h"
@@ -114,20 +115,17 @@ void router_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
         fail_unregistered(rt, id, id_len, r->req_id, err.status, err.msg);
         return;
     }
-    if (rt->n_requests == rt->cap_requests) {
-        size_t cap = rt->cap_requests ? rt->cap_requests * 2 : 64;
-        router_request *grown = realloc(rt->requests, cap * sizeof *grown);
-        if (!grown) {
-            if (r->session[0])
-                sessions_release(&rt->sessions, r->session,
-                                 (uint64_t)r->n_tokens + r->max_tokens, vlmd_now_ms());
-            fail_unregistered(rt, id, id_len, r->req_id, VLMD_ERR_NOMEM,
-                              "the router is out of memory");
-            return;
-        }
-        rt->requests = grown;
-        rt->cap_requests = cap;
+    router_request *grown =
+        vlmd_grow(rt->requests, rt->n_requests, &rt->cap_requests, sizeof *grown, 64);
+    if (!grown) {
+        if (r->session[0])
+            sessions_release(&rt->sessions, r->session, (uint64_t)r->n_tokens + r->max_tokens,
+                             vlmd_now_ms());
+        fail_unregistered(rt, id, id_len, r->req_id, VLMD_ERR_NOMEM,
+                          "the router is out of memory");
+        return;
     }
+    rt->requests = grown;
     router_request *q = &rt->requests[rt->n_requests++];
     *q = (router_request){.req_id = r->req_id, .id_len = id_len, .seq = ++rt->next_seq,
                           .prompt_tokens = r->n_tokens, .max_tokens = r->max_tokens};

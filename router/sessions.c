@@ -32,14 +32,10 @@ static session *find(session_table *t, const char *id)
 static session *make_room(session_table *t)
 {
     if (t->n < t->lim.max_sessions) {
-        if (t->n == t->cap) {
-            size_t cap = t->cap ? t->cap * 2 : 64;
-            session *grown = realloc(t->s, cap * sizeof *grown);
-            if (!grown)
-                return NULL;
-            t->s = grown;
-            t->cap = cap;
-        }
+        session *grown = vlmd_grow(t->s, t->n, &t->cap, sizeof *grown, 64);
+        if (!grown)
+            return NULL;
+        t->s = grown;
         return &t->s[t->n++];
     }
     session *lru = NULL;

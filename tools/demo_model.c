@@ -526,17 +526,14 @@ typedef struct tensor_spec {
 
 typedef struct tensor_list {
     tensor_spec *t;     /* owned */
-    int n, cap;
+    size_t n, cap;
 } tensor_list;
 
 static void add_tensor(tensor_list *l, tensor_init init, const char *name, int ndim, int64_t d0,
                        int64_t d1, int64_t d2, int64_t d3, int64_t d4)
 {
-    if (l->n == l->cap) {
-        l->cap = l->cap ? l->cap * 2 : 64;
-        l->t = realloc(l->t, (size_t)l->cap * sizeof *l->t);
-        VLMD_ASSERT(l->t);
-    }
+    l->t = vlmd_grow(l->t, l->n, &l->cap, sizeof *l->t, 64);
+    VLMD_ASSERT(l->t);
     tensor_spec *t = &l->t[l->n++];
     snprintf(t->name, sizeof t->name, "%s", name);
     t->ndim = ndim;
@@ -664,7 +661,7 @@ static char *safetensors_header(const tensor_list *l, uint64_t *data_bytes)
 {
     json_t *header = json_pack("{s:{s:s}}", "__metadata__", "format", "pt");
     uint64_t offset = 0;
-    for (int i = 0; i < l->n; i++) {
+    for (size_t i = 0; i < l->n; i++) {
         json_t *shape = json_array();
         for (int d = 0; d < l->t[i].ndim; d++)
             json_array_append_new(shape, json_integer(l->t[i].shape[d]));
@@ -688,7 +685,7 @@ static vlmd_status write_weights(const char *dir, int vocab_size, uint64_t seed,
 {
     tensor_list l = {0};
     list_tensors(&l, vocab_size);
-    qsort(l.t, (size_t)l.n, sizeof *l.t, compare_names);
+    qsort(l.t, l.n, sizeof *l.t, compare_names);
     uint64_t data_bytes;
     char *header = safetensors_header(&l, &data_bytes);
     size_t hlen = strlen(header), padded = (hlen + 7) / 8 * 8;
@@ -705,7 +702,7 @@ static vlmd_status write_weights(const char *dir, int vocab_size, uint64_t seed,
     memset(file + 8 + hlen, ' ', padded - hlen);
     uint8_t *p = file + 8 + padded;
     demo_rng rng = {seed, 0.0, false};
-    for (int i = 0; i < l.n; i++) {
+    for (size_t i = 0; i < l.n; i++) {
         const tensor_spec *t = &l.t[i];
         for (int64_t k = numel(t); k > 0; k--) {
             float v = t->init == INIT_ONES    ? 1.0f

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "buf.h"
 #include "encoder.h"
 #include "log.h"
 #include "process.h"
@@ -175,17 +176,13 @@ static void on_job(visual_worker *w, const vlmd_msg_image_job *m)
     job j;
     if (!accept_job(w, m, &j))
         return;
-    if (w->n_queue == w->cap_queue) {
-        size_t cap = w->cap_queue ? w->cap_queue * 2 : 16;
-        job *grown = realloc(w->queue, cap * sizeof *grown);
-        if (!grown) {
-            send_result(w, &j, VLMD_ERR_NOMEM, "the visual worker is out of memory");
-            free(j.data);
-            return;
-        }
-        w->queue = grown;
-        w->cap_queue = cap;
+    job *grown = vlmd_grow(w->queue, w->n_queue, &w->cap_queue, sizeof *grown, 16);
+    if (!grown) {
+        send_result(w, &j, VLMD_ERR_NOMEM, "the visual worker is out of memory");
+        free(j.data);
+        return;
     }
+    w->queue = grown;
     w->queue[w->n_queue++] = j;
     start_batch(w);
 }

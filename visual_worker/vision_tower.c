@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
 #include "log.h"
 #include "ops.h"
 
@@ -58,16 +59,12 @@ struct vision_tower {
 
 static vlmd_status keep(vision_tower *vt, void *p, size_t bytes, vlmd_error *err)
 {
-    if (vt->n_weights == vt->cap_weights) {
-        size_t cap = vt->cap_weights ? vt->cap_weights * 2 : 64;
-        buffer *g = realloc(vt->weights, cap * sizeof *g);
-        if (!g) {
-            vlmd_backend_free(vt->b, p, bytes);
-            return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
-        }
-        vt->weights = g;
-        vt->cap_weights = cap;
+    buffer *g = vlmd_grow(vt->weights, vt->n_weights, &vt->cap_weights, sizeof *g, 64);
+    if (!g) {
+        vlmd_backend_free(vt->b, p, bytes);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
+    vt->weights = g;
     vt->weights[vt->n_weights++] = (buffer){p, bytes};
     return VLMD_OK;
 }

@@ -1,5 +1,7 @@
 /* test_buf.c - the growable buffer and strict number parsing. */
 #include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "buf.h"
@@ -33,4 +35,25 @@ Test(buf, printf_and_parse)
     char small[4];
     cr_expect_eq(vlmd_strlcpy(small, "hello", sizeof small), 5u, "the length it wanted");
     cr_expect_str_eq(small, "hel");
+}
+
+Test(buf, grow_doubles_only_when_full_and_fails_cleanly)
+{
+    int *a = NULL;
+    size_t cap = 0;
+    for (size_t n = 0; n < 20; n++) {
+        int *p = vlmd_grow(a, n, &cap, sizeof *a, 4);
+        cr_assert_not_null(p);
+        a = p;
+        a[n] = (int)n;
+        cr_expect_eq(cap, n < 4 ? 4u : n < 8 ? 8u : n < 16 ? 16u : 32u, "n %zu: cap %zu", n, cap);
+    }
+    for (int i = 0; i < 20; i++)
+        cr_expect_eq(a[i], i, "the elements moved with the array");
+    cr_expect_eq(vlmd_grow(a, 5, &cap, sizeof *a, 4), a, "room left: the same array");
+    size_t huge = SIZE_MAX / 2 + 1;
+    cr_expect_null(vlmd_grow(a, huge, &huge, sizeof *a, 4), "a size that overflows");
+    cr_expect_eq(huge, SIZE_MAX / 2 + 1, "the capacity is unchanged");
+    cr_expect_eq(a[19], 19, "the array is still the caller's");
+    free(a);
 }

@@ -3,6 +3,8 @@
 
 #include <stdlib.h>
 
+#include "buf.h"
+
 double bench_percentile(const double *sorted, size_t n, double p)
 {
     if (n == 0)
@@ -136,14 +138,10 @@ json_t *bench_summary_json(const bench_summary *s)
 
 bool bench_result_add_itl(bench_result *r, double gap_s)
 {
-    if (r->n_itl == r->cap_itl) {
-        size_t cap = r->cap_itl ? r->cap_itl * 2 : 64;
-        double *p = realloc(r->itl_s, cap * sizeof *p);
-        if (!p)
-            return false;
-        r->itl_s = p;
-        r->cap_itl = cap;
-    }
+    double *p = vlmd_grow(r->itl_s, r->n_itl, &r->cap_itl, sizeof *p, 64);
+    if (!p)
+        return false;
+    r->itl_s = p;
     r->itl_s[r->n_itl++] = gap_s;
     return true;
 }
