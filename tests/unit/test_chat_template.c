@@ -8,21 +8,11 @@
 #include "chat_template.h"
 #include "test_support.h"
 
-static json_t *reference(const char *model)
-{
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/reference.json", model);
-    const char *path = test_fixture(rel);
-    json_t *r = json_load_file(path, 0, NULL);
-    cr_assert_not_null(r, "%s", path);
-    return r;
-}
-
 Test(chat_template, fixture_text_prompts)
 {
     const char *models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
     for (int m = 0; m < 3; m++) {
-        json_t *ref = reference(models[m]);
+        json_t *ref = test_reference_json(models[m]);
         size_t i;
         json_t *c;
         json_array_foreach(json_object_get(ref, "cases"), i, c)
@@ -53,7 +43,7 @@ Test(chat_template, fixture_text_prompts)
 
 Test(chat_template, image_prompt_of_the_vl_fixtures)
 {
-    json_t *ref = reference("qwen2_vl");
+    json_t *ref = test_reference_json("qwen2_vl");
     json_t *c = json_array_get(json_object_get(ref, "cases"), 2);
     vlmd_chat_part parts[] = {{VLMD_CHAT_IMAGE, NULL}, {VLMD_CHAT_TEXT, "What is in this image?"}};
     vlmd_chat_message msg = {"user", parts, 2};

@@ -34,7 +34,6 @@ static void *read_file(const char *path, size_t *len)
 static void open_fixture(fixture *f, const char *model, uint32_t batch, uint64_t max_pixels)
 {
     memset(f, 0, sizeof *f);
-    char path[256];
     vlmd_error err = {0};
     vlmd_model_config mc;
     vlmd_vision_params p;
@@ -42,20 +41,17 @@ static void open_fixture(fixture *f, const char *model, uint32_t batch, uint64_t
     cr_assert_eq(vlmd_vision_params_configure(test_fixture(model), 0, 0, &p, &err), VLMD_OK,
                  "%s", err.msg);
     cr_assert_eq(vlmd_backend_create("cpu", &f->b, &err), VLMD_OK);
-    snprintf(path, sizeof path, "%s/model.safetensors", model);
     vlmd_safetensors *st = NULL;
-    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(path), &st, &err), VLMD_OK);
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, "model.safetensors"), &st,
+                                            &err), VLMD_OK, "%s", err.msg);
     encoder_config cfg = {batch, max_pixels};
     cr_assert_eq(image_encoder_create(f->b, &mc, st, &p, &cfg, &f->enc, &err), VLMD_OK, "%s",
                  err.msg);
     vlmd_safetensors_close(st);
-    snprintf(path, sizeof path, "%s/reference.safetensors", model);
-    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(path), &f->ref, &err), VLMD_OK);
+    f->ref = test_reference_tensors(model);
     const char *names[2] = {"image_84x56.png", "image_150x100.png"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(path, sizeof path, "%s/%s", model, names[i]);
-        f->png[i] = read_file(test_fixture(path), &f->png_len[i]);
-    }
+    for (int i = 0; i < 2; i++)
+        f->png[i] = read_file(test_model_file(model, names[i]), &f->png_len[i]);
 }
 
 static void close_fixture(fixture *f)

@@ -270,6 +270,24 @@ Test(engine, long_prompts_are_prefilled_in_chunks)
     close_model(&f);
 }
 
+/* Request 0 (greedy) run alone: its tokens go to probe. The stop and EOS
+ * tests then end it on its third token, which first appears at *first. */
+static vlmd_msg_request_submit greedy_alone(fixture *f, outputs *probe, uint32_t *prompt,
+                                            int32_t *third, int32_t *first)
+{
+    vlmd_error err = {0};
+    engine *e = make_engine(f, probe, 256);
+    vlmd_msg_request_submit r = request(0, prompt);
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(e, 100);
+    engine_free(e);
+    cr_assert_gt(probe->n[0], 3);
+    *third = probe->tokens[0][2];
+    for (*first = 0; probe->tokens[0][*first] != *third;)
+        ++*first;
+    return r;
+}
+
 Test(engine, stop_tokens_eos_and_cancel)
 {
     fixture f;
@@ -277,21 +295,13 @@ Test(engine, stop_tokens_eos_and_cancel)
     static outputs o, probe;
     uint32_t prompt[64];
     vlmd_error err = {0};
-    /* learn the greedy output, then stop on its third token */
-    engine *e = make_engine(&f, &probe, 256);
-    vlmd_msg_request_submit r = request(0, prompt);
-    engine_submit(e, &r, &err);
-    run_until_idle(e, 100);
-    engine_free(e);
-
-    e = make_engine(&f, &o, 256);
-    uint32_t stop = (uint32_t)probe.tokens[0][2];
+    int32_t third, first_stop;
+    vlmd_msg_request_submit r = greedy_alone(&f, &probe, prompt, &third, &first_stop);
+    engine *e = make_engine(&f, &o, 256);
+    uint32_t stop = (uint32_t)third;
     r.stop_tokens = &stop;
     r.n_stop_tokens = 1;
     cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK);
-    int32_t first_stop = 0;
-    while (probe.tokens[0][first_stop] != (int32_t)stop)
-        first_stop++;
     vlmd_msg_request_submit r3 = request(3, prompt);
     cr_assert_eq(engine_submit(e, &r3, &err), VLMD_OK);
     bool worked;
@@ -320,16 +330,9 @@ Test(engine, eos_ends_a_request_unless_it_ignores_eos)
     static outputs probe, o;
     uint32_t prompt[64];
     vlmd_error err = {0};
-    engine *e = make_engine(&f, &probe, 256);
-    vlmd_msg_request_submit r = request(0, prompt);
-    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK);
-    run_until_idle(e, 100);
-    engine_free(e);
-    cr_assert_gt(probe.n[0], 3);
-
-    int32_t eos = probe.tokens[0][2], first = 0;
-    while (probe.tokens[0][first] != eos)
-        first++;
+    int32_t eos, first;
+    vlmd_msg_request_submit r = greedy_alone(&f, &probe, prompt, &eos, &first);
+    engine *e = NULL;
     engine_config cfg = {.kv_slots = 256, .max_batch_tokens = 256, .max_running = 16,
                          .eos_id = eos, .max_model_len = 4096, .image_token_id = -1};
     cr_assert_eq(engine_create(f.m, &cfg, on_emit, &o, &e, &err), VLMD_OK, "%s", err.msg);

@@ -53,16 +53,13 @@ static void open_fixture(fixture *f, const char *model)
     vlmd_error err = {0};
     cr_assert_eq(vlmd_model_config_load(test_fixture(model), &f->mc, &err), VLMD_OK);
     cr_assert_eq(vlmd_backend_create("cpu", &f->b, &err), VLMD_OK);
-    snprintf(path, sizeof path, "%s/model.safetensors", model);
     vlmd_safetensors *st = NULL;
-    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(path), &st, &err), VLMD_OK);
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, "model.safetensors"), &st,
+                                            &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(qwen2_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
-    snprintf(path, sizeof path, "%s/reference.safetensors", model);
-    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(path), &f->ref, &err), VLMD_OK);
-    snprintf(path, sizeof path, "%s/reference.json", model);
-    f->json = json_load_file(test_fixture(path), 0, NULL);
-    cr_assert_not_null(f->json);
+    f->ref = test_reference_tensors(model);
+    f->json = test_reference_json(model);
 
     snprintf(f->arena_path, sizeof f->arena_path, "/tmp/vlmd-test-arena-%d", (int)getpid());
     cr_assert_eq(vlmd_shm_arena_create(f->arena_path, 1 << 20, &err), VLMD_OK, "%s", err.msg);

@@ -16,10 +16,7 @@
 
 static void check(const char *model, int case_index)
 {
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/reference.json", model);
-    json_t *ref = json_load_file(test_fixture(rel), 0, NULL);
-    cr_assert_not_null(ref);
+    json_t *ref = test_reference_json(model);
     json_t *c = json_array_get(json_object_get(ref, "cases"), (size_t)case_index);
     json_t *thw = json_array_get(json_object_get(c, "image_grid_thw"), 0);
     vlmd_image_grid grid = {(uint32_t)json_integer_value(json_array_get(thw, 0)),
@@ -34,9 +31,9 @@ static void check(const char *model, int case_index)
     vlmd_chat_message msg = {"user", parts, 2};
     vlmd_buf text = VLMD_BUF_INIT;
     cr_assert_eq(vlmd_chat_render(&msg, 1, true, &text, NULL), VLMD_OK);
-    snprintf(rel, sizeof rel, "%s/tokenizer.json", model);
     vlmd_tokenizer *tok = NULL;
-    cr_assert_eq(vlmd_tokenizer_load(test_fixture(rel), &tok, NULL), VLMD_OK);
+    cr_assert_eq(vlmd_tokenizer_load(test_model_file(model, "tokenizer.json"), &tok, NULL),
+                 VLMD_OK);
     vlmd_tokens ids = {0};
     vlmd_tokenizer_encode(tok, text.data, text.len, true, &ids);
     uint32_t pad = (uint32_t)vlmd_tokenizer_find(tok, "<|image_pad|>");
@@ -54,9 +51,7 @@ static void check(const char *model, int case_index)
     int32_t *pos = malloc(3 * n * sizeof *pos), next = 0;
     cr_assert_eq(vlmd_mrope_positions(full, n, pad, &grid, 1, vp.merge_size, pos, &next, &err),
                  VLMD_OK, "%s", err.msg);
-    snprintf(rel, sizeof rel, "%s/reference.safetensors", model);
-    vlmd_safetensors *st = NULL;
-    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(rel), &st, NULL), VLMD_OK);
+    vlmd_safetensors *st = test_reference_tensors(model);
     char name[64];
     snprintf(name, sizeof name, "case%d.position_ids", case_index);
     const vlmd_tensor_view *t = vlmd_safetensors_find(st, name);

@@ -15,29 +15,27 @@
 #include "safetensors.h"
 #include "test_support.h"
 
-static vlmd_buf read_fixture(const char *rel)
+static vlmd_buf read_fixture(const char *model, const char *file)
 {
     vlmd_buf b = VLMD_BUF_INIT;
-    cr_assert_eq(vlmd_read_file(test_fixture(rel), 1 << 26, &b, NULL), VLMD_OK, "%s", rel);
+    cr_assert_eq(vlmd_read_file(test_model_file(model, file), 1 << 26, &b, NULL), VLMD_OK,
+                 "%s/%s", model, file);
     return b;
 }
 
 static void check_case(const char *model, int case_index, const char *image, double tol)
 {
-    char rel[256];
     vlmd_vision_params p;
     vlmd_error err = {0};
     cr_assert_eq(vlmd_vision_params_load(test_fixture(model), &p, &err), VLMD_OK, "%s", err.msg);
-    snprintf(rel, sizeof rel, "%s/%s", model, image);
-    vlmd_buf png = read_fixture(rel);
+    vlmd_buf png = read_fixture(model, image);
     vlmd_image img;
     cr_assert_eq(vlmd_image_decode(png.data, png.len, 1 << 24, &img, &err), VLMD_OK, "%s",
                  err.msg);
     vlmd_pixel_values pv;
     cr_assert_eq(vlmd_preprocess(&p, &img, &pv, &err), VLMD_OK, "%s", err.msg);
 
-    snprintf(rel, sizeof rel, "%s/reference.json", model);
-    json_t *ref = json_load_file(test_fixture(rel), 0, NULL);
+    json_t *ref = test_reference_json(model);
     json_t *c = json_array_get(json_object_get(ref, "cases"), (size_t)case_index);
     json_t *thw = json_array_get(json_object_get(c, "image_grid_thw"), 0);
     cr_expect_eq(pv.grid_t, json_integer_value(json_array_get(thw, 0)));
@@ -52,9 +50,7 @@ static void check_case(const char *model, int case_index, const char *image, dou
     cr_expect_eq(tokens, pads, "%s: %u tokens, the reference prompt has %u pads", image, tokens,
                  pads);
 
-    snprintf(rel, sizeof rel, "%s/reference.safetensors", model);
-    vlmd_safetensors *st = NULL;
-    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(rel), &st, NULL), VLMD_OK);
+    vlmd_safetensors *st = test_reference_tensors(model);
     char name[64];
     snprintf(name, sizeof name, "case%d.pixel_values", case_index);
     const vlmd_tensor_view *t = vlmd_safetensors_find(st, name);
@@ -101,7 +97,7 @@ Test(preprocess, smart_resize_limits)
 
 Test(preprocess, webp_lossless_round_trip)
 {
-    vlmd_buf png = read_fixture("qwen2_vl/image_84x56.png");
+    vlmd_buf png = read_fixture("qwen2_vl", "image_84x56.png");
     vlmd_image a, b;
     cr_assert_eq(vlmd_image_decode(png.data, png.len, 1 << 24, &a, NULL), VLMD_OK);
     uint8_t *webp = NULL;
@@ -128,7 +124,7 @@ Test(preprocess, bad_images_are_refused_with_a_reason)
     const char gif[] = "GIF89a\x01\x00\x01\x00\x00\x00\x00";
     cr_expect_eq(vlmd_image_decode(gif, sizeof gif, 1 << 24, &img, &err), VLMD_ERR_INVALID_ARG);
 
-    vlmd_buf png = read_fixture("qwen2_vl/image_84x56.png");
+    vlmd_buf png = read_fixture("qwen2_vl", "image_84x56.png");
     cr_expect_eq(vlmd_image_decode(png.data, png.len / 2, 1 << 24, &img, &err),
                  VLMD_ERR_INVALID_ARG, "truncated");
     cr_expect(strstr(err.msg, "PNG"), "%s", err.msg);

@@ -15,13 +15,6 @@
 #include "qwen2.h"
 #include "test_support.h"
 
-static const char *path_of(const char *model, const char *file)
-{
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/%s", model, file);
-    return test_fixture(rel);
-}
-
 typedef struct fixture {
     vlmd_model_config mc;
     vlmd_backend *b;
@@ -35,23 +28,19 @@ static bool open_fixture_on(fixture *f, const char *model, const char *weights, 
 {
     memset(f, 0, sizeof *f);
     vlmd_error err = {0};
-    char dir[4096];
-    snprintf(dir, sizeof dir, "%s", path_of(model, ""));
-    cr_assert_eq(vlmd_model_config_load(dir, &f->mc, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(vlmd_model_config_load(test_fixture(model), &f->mc, &err), VLMD_OK, "%s", err.msg);
     if (vlmd_backend_create(device, &f->b, &err) != VLMD_OK) {
         cr_assert_str_eq(device, "cuda", "%s", err.msg);
         cr_expect(strstr(err.msg, "--device cuda"), "a clear refusal: %s", err.msg);
         return false;
     }
     vlmd_safetensors *st = NULL;
-    cr_assert_eq(vlmd_safetensors_open_file(path_of(model, weights), &st, &err), VLMD_OK, "%s",
-                 err.msg);
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, weights), &st, &err), VLMD_OK,
+                 "%s", err.msg);
     cr_assert_eq(qwen2_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st); /* the model holds its own copy */
-    cr_assert_eq(vlmd_safetensors_open_file(path_of(model, "reference.safetensors"), &f->ref,
-                                            &err), VLMD_OK, "%s", err.msg);
-    f->json = json_load_file(path_of(model, "reference.json"), 0, NULL);
-    cr_assert_not_null(f->json);
+    f->ref = test_reference_tensors(model);
+    f->json = test_reference_json(model);
     return true;
 }
 
@@ -208,8 +197,8 @@ Test(qwen2, missing_and_misshaped_tensors_are_named)
     vlmd_model_config wrong = f.mc;
     wrong.text.intermediate_size += 1;
     vlmd_safetensors *st = NULL;
-    cr_assert_eq(vlmd_safetensors_open_file(path_of("qwen2", "model.safetensors"), &st, NULL),
-                 VLMD_OK);
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file("qwen2", "model.safetensors"), &st,
+                                            NULL), VLMD_OK);
     qwen2_model *m = NULL;
     vlmd_error err = {0};
     cr_expect_eq(qwen2_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);

@@ -2,10 +2,14 @@
 #ifndef VLMD_TEST_SUPPORT_H
 #define VLMD_TEST_SUPPORT_H
 
+#include <criterion/criterion.h>
+#include <jansson.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#include "safetensors.h"
 
 /* tests/fixtures/REL: under $VLMD_FIXTURES_DIR when set (a bundle run on
  * another machine), else in the source tree. Returns a static buffer. */
@@ -15,6 +19,33 @@ static inline const char *test_fixture(const char *rel)
     const char *dir = getenv("VLMD_FIXTURES_DIR");
     snprintf(path, sizeof path, "%s/%s", dir && *dir ? dir : VLMD_FIXTURES_DIR, rel);
     return path;
+}
+
+/* tests/fixtures/MODEL/FILE (the same static buffer). */
+static inline const char *test_model_file(const char *model, const char *file)
+{
+    char rel[512];
+    snprintf(rel, sizeof rel, "%s/%s", model, file);
+    return test_fixture(rel);
+}
+
+/* A fixture model's reference.json (the caller decrefs it). */
+static inline json_t *test_reference_json(const char *model)
+{
+    json_error_t je;
+    json_t *r = json_load_file(test_model_file(model, "reference.json"), 0, &je);
+    cr_assert_not_null(r, "%s/reference.json: %s", model, je.text);
+    return r;
+}
+
+/* A fixture model's reference.safetensors (the caller closes it). */
+static inline vlmd_safetensors *test_reference_tensors(const char *model)
+{
+    vlmd_safetensors *st = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, "reference.safetensors"), &st,
+                                            &err), VLMD_OK, "%s", err.msg);
+    return st;
 }
 
 /* ||got - want|| / ||want|| over n floats: how the tests compare with the

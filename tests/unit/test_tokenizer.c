@@ -13,28 +13,13 @@
 
 static const char *models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
 
-static const char *fixture(const char *model, const char *file)
-{
-    char rel[256];
-    snprintf(rel, sizeof rel, "%s/%s", model, file);
-    return test_fixture(rel);
-}
-
 static vlmd_tokenizer *load(const char *model)
 {
     vlmd_tokenizer *tok = NULL;
     vlmd_error err = {0};
-    cr_assert_eq(vlmd_tokenizer_load(fixture(model, "tokenizer.json"), &tok, &err), VLMD_OK, "%s",
-                 err.msg);
+    cr_assert_eq(vlmd_tokenizer_load(test_model_file(model, "tokenizer.json"), &tok, &err),
+                 VLMD_OK, "%s", err.msg);
     return tok;
-}
-
-static json_t *reference(const char *model)
-{
-    json_error_t e;
-    json_t *r = json_load_file(fixture(model, "reference.json"), 0, &e);
-    cr_assert_not_null(r, "%s", e.text);
-    return r;
 }
 
 static void expect_ids(const vlmd_tokens *got, json_t *want, const char *what)
@@ -73,7 +58,7 @@ Test(tokenizer, every_fixture_case_encodes_and_decodes_exactly)
 {
     for (int m = 0; m < 3; m++) {
         vlmd_tokenizer *tok = load(models[m]);
-        json_t *ref = reference(models[m]);
+        json_t *ref = test_reference_json(models[m]);
         size_t i;
         json_t *c;
         json_array_foreach(json_object_get(ref, "tokenizer_cases"), i, c)
@@ -117,7 +102,7 @@ Test(tokenizer, text_case_prompts_give_the_reference_input_ids)
 {
     for (int m = 0; m < 3; m++) {
         vlmd_tokenizer *tok = load(models[m]);
-        json_t *ref = reference(models[m]);
+        json_t *ref = test_reference_json(models[m]);
         size_t i;
         json_t *c;
         json_array_foreach(json_object_get(ref, "cases"), i, c)

@@ -22,7 +22,6 @@ static bool open_on(fixture *f, const char *model, const char *device)
 {
     vlmd_error err = {0};
     vlmd_model_config mc;
-    char path[256];
     cr_assert_eq(vlmd_model_config_load(test_fixture(model), &mc, &err), VLMD_OK);
     if (vlmd_backend_create(device, &f->b, &err) != VLMD_OK) {
         cr_assert_str_eq(device, "cuda", "%s", err.msg);
@@ -30,15 +29,12 @@ static bool open_on(fixture *f, const char *model, const char *device)
         return false;
     }
     vlmd_safetensors *st = NULL;
-    snprintf(path, sizeof path, "%s/model.safetensors", model);
-    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(path), &st, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, "model.safetensors"), &st,
+                                            &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(vision_tower_load(f->b, &mc, st, &f->vt, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
-    snprintf(path, sizeof path, "%s/reference.safetensors", model);
-    cr_assert_eq(vlmd_safetensors_open_file(test_fixture(path), &f->ref, &err), VLMD_OK);
-    snprintf(path, sizeof path, "%s/reference.json", model);
-    f->json = json_load_file(test_fixture(path), 0, NULL);
-    cr_assert_not_null(f->json);
+    f->ref = test_reference_tensors(model);
+    f->json = test_reference_json(model);
     return true;
 }
 
