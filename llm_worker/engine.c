@@ -554,9 +554,10 @@ static void schedule(engine *e, step_plan *p)
         for (int32_t j = nr - 1; j > i && !make_room(e, want); j--)
             if (e->running[j]->state == REQ_RUNNING)
                 preempt(e, e->running[j]);
-        if (!make_room(e, want) && e->slots.n_free > 0 && want > 1) {
+        bool room = make_room(e, want);
+        if (!room && e->slots.n_free > 0 && want > 1) {
             want = e->slots.n_free; /* a shorter chunk of its prompt */
-        } else if (!make_room(e, want)) {
+        } else if (!room) {
             if (e->n_running == 1) { /* alone and still no room: never preempted for itself */
                 emit_finish(e, q, VLMD_FINISH_LENGTH);
                 continue;
