@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "safetensors.h"
+
 bool vlmd_backend_cuda_built(void)
 {
 #ifdef VLMD_HAVE_CUDA
@@ -144,9 +146,20 @@ vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *sr
     return b->ops->copy_to_host(b, dst, src, n, err);
 }
 
-bool vlmd_backend_is_native(const vlmd_backend *b, int dtype)
+vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst, const vlmd_tensor_view *t,
+                                       vlmd_error *err)
 {
-    return b->native_dtype == dtype;
+    size_t n = (size_t)vlmd_tensor_numel(t);
+    if ((int)t->dtype == b->native_dtype) /* straight from the mapped file */
+        return vlmd_backend_copy_to_device(b, dst, t->data, n * b->elem_size, err);
+    float *host = malloc(n ? n * sizeof *host : 1);
+    if (!host)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory to widen %s", t->name);
+    vlmd_status s = vlmd_tensor_to_f32(t, host, err);
+    if (s == VLMD_OK)
+        s = vlmd_backend_upload_f32(b, dst, host, n, err);
+    free(host);
+    return s;
 }
 
 size_t vlmd_backend_elem_size(const vlmd_backend *b)
@@ -164,6 +177,29 @@ vlmd_status vlmd_backend_download_f32(vlmd_backend *b, float *dst, const void *s
                                       vlmd_error *err)
 {
     return b->ops->download_f32(b, dst, src, n, err);
+}
+
+vlmd_status vlmd_backend_graph_capture(vlmd_backend *b, vlmd_graph_fn fn, void *ctx,
+                                       vlmd_graph **out, vlmd_error *err)
+{
+    *out = NULL;
+    return b->ops->graph_capture(b, fn, ctx, out, err);
+}
+
+vlmd_status vlmd_backend_graph_launch(vlmd_backend *b, vlmd_graph *g, vlmd_error *err)
+{
+    return b->ops->graph_launch(b, g, err);
+}
+
+void vlmd_backend_graph_free(vlmd_backend *b, vlmd_graph *g)
+{
+    if (g)
+        b->ops->graph_free(b, g);
+}
+
+bool vlmd_backend_graphs_native(const vlmd_backend *b)
+{
+    return b->ops->graphs_native;
 }
 
 const vlmd_op_table *vlmd_backend_ops(const vlmd_backend *b)

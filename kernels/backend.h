@@ -57,9 +57,12 @@ vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *sr
 /* Bytes of one weight or activation element: 4 (fp32) on the CPU backend,
  * 2 (bf16) on the CUDA backend. The model sizes every buffer with it. */
 size_t vlmd_backend_elem_size(const vlmd_backend *b);
-/* True when a checkpoint tensor of this safetensors dtype (vlmd_dtype) is
- * already in the backend's element type, so it can be copied as it is. */
-bool vlmd_backend_is_native(const vlmd_backend *b, int dtype);
+/* Copies a checkpoint tensor to device memory at dst (room for its elements
+ * in the backend's type): as it is when its dtype already is that type, else
+ * widened to fp32 on the host and converted. */
+struct vlmd_tensor_view;
+vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst,
+                                       const struct vlmd_tensor_view *t, vlmd_error *err);
 /* Copies n floats to device memory in the backend's element type (rounding
  * to bf16 to nearest even where that is the type). */
 vlmd_status vlmd_backend_upload_f32(vlmd_backend *b, void *dst, const float *src, size_t n,
@@ -85,6 +88,25 @@ void vlmd_backend_limit(vlmd_backend *b, uint64_t bytes);
  * as a driver, cuBLAS or another process would: mem_info's free bytes drop,
  * the allocator's count does not. For tests of the simulated device. */
 void vlmd_backend_take_hidden(vlmd_backend *b, int64_t delta);
+
+/* A recorded run of ops, replayed as one launch: a CUDA graph on the GPU
+ * (one launch instead of hundreds, no host work between kernels). */
+typedef struct vlmd_graph vlmd_graph;
+typedef void (*vlmd_graph_fn)(void *ctx);
+/* Records what fn(ctx) launches, without running it. fn may only launch ops on backend memory
+ * whose addresses and scalar arguments stay the same at every replay; what
+ * changes goes in through device buffers written before each launch. On CUDA
+ * the ops are captured from the backend's stream and the graph instantiated
+ * (the driver takes its memory outside the allocator: the profile sees it in
+ * the free bytes); on the CPU the call itself is kept and replayed, so the
+ * code paths that use graphs run in CI. ctx must outlive the graph. */
+vlmd_status vlmd_backend_graph_capture(vlmd_backend *b, vlmd_graph_fn fn, void *ctx,
+                                       vlmd_graph **out, vlmd_error *err);
+vlmd_status vlmd_backend_graph_launch(vlmd_backend *b, vlmd_graph *g, vlmd_error *err);
+void vlmd_backend_graph_free(vlmd_backend *b, vlmd_graph *g);      /* accepts NULL */
+/* True when graphs are real (CUDA): replaying saves launches. On the CPU
+ * they only replay the call, so servers leave them off there. */
+bool vlmd_backend_graphs_native(const vlmd_backend *b);
 
 /* True when this build contains the CUDA backend. */
 bool vlmd_backend_cuda_built(void);

@@ -22,6 +22,11 @@ typedef struct vlmd_device_vtable {
                               vlmd_error *err);
     vlmd_status (*download_f32)(vlmd_backend *b, float *dst, const void *src, size_t n,
                                 vlmd_error *err);
+    vlmd_status (*graph_capture)(vlmd_backend *b, vlmd_graph_fn fn, void *ctx, vlmd_graph **out,
+                                 vlmd_error *err);
+    vlmd_status (*graph_launch)(vlmd_backend *b, vlmd_graph *g, vlmd_error *err);
+    void (*graph_free)(vlmd_backend *b, vlmd_graph *g);
+    bool graphs_native;
     void (*destroy)(vlmd_backend *b);
 } vlmd_device_vtable;
 

@@ -38,23 +38,26 @@ typedef struct vlmd_op_table {
     /* out[n,o] = x[n,i] . W[o,i]^T (+ bias[o]) */
     void (*linear)(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
                    int n, int in, int out_dim);
-    /* Rotary embedding (rotate-half form) on q[n,nh,hd] and k[n,nkv,hd] in place.
+    /* One layer's attention input, fused: qkv[n, (nh + 2 nkv) hd] holds each
+     * token's q heads, then k heads, then v heads (one GEMM made them). Rotary
+     * embedding (rotate-half form) on q in place and on k, then k and v go to
+     * cache row slots[i] (rows of nkv * hd); qkv's k part is left unspecified.
      * positions[3][n]: rows t, h, w; with sections (M-RoPE) frequency i uses
      * row 0 for i < s0, row 1 for i < s0+s1, else row 2; without, row 0. */
-    void (*rope)(vlmd_backend *b, void *q, void *k, const int32_t *positions, int n, int nh,
-                 int nkv, int hd, float theta, const int *sections);
-    /* cache[slots[i], :] = new[i, :] for K and V; kv_dim = nkv * hd */
-    void (*kv_write)(vlmd_backend *b, void *k_cache, void *v_cache, const void *k, const void *v,
-                     const int32_t *slots, int n, int kv_dim);
+    void (*rope_kv_write)(vlmd_backend *b, void *qkv, void *k_cache, void *v_cache,
+                          const int32_t *positions, const int32_t *slots, int n, int nh, int nkv,
+                          int hd, float theta, const int *sections);
     /* Attention of each sequence's queries over its cached tokens (GQA); causal
      * (each query sees itself and before) or not (each sees the whole
-     * sequence: the vision tower's per-image attention). seqs (and their
-     * slots) in backend memory; n_rows = rows of q (all queries). */
-    void (*attention)(vlmd_backend *b, void *out, const void *q, const void *k_cache,
-                      const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
-                      int nh, int nkv, int hd, bool causal);
-    /* out[n,d] = silu(gate) * up */
-    void (*silu_mul)(vlmd_backend *b, void *out, const void *gate, const void *up, int n, int d);
+     * sequence: the vision tower's per-image attention). Row r of q starts at
+     * q + r * q_stride (the fused qkv rows); out is packed [n_rows, nh * hd].
+     * seqs (and their slots) in backend memory; n_rows = rows of q. */
+    void (*attention)(vlmd_backend *b, void *out, const void *q, int q_stride,
+                      const void *k_cache, const void *v_cache, const vlmd_attn_seq *seqs,
+                      int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal);
+    /* out[n,d] = silu(gate) * up, from gate_up[n, 2d]: each row's gate, then its up
+     * (one GEMM made both; out must not overlap it) */
+    void (*silu_mul)(vlmd_backend *b, void *out, const void *gate_up, int n, int d);
     /* out[n,dim] = layernorm(x) * w + bias (out may be x) */
     void (*layernorm)(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
                       int n, int dim, float eps);

@@ -2,9 +2,12 @@
  *
  *   residual = embed(ids)
  *   per layer:  h = rmsnorm(residual += x)           (fused add; layer 0: no x yet)
- *               q,k,v = h.Wq+bq, h.Wk+bk, h.Wv+bv;  rope(q, k);  cache <- k, v
+ *               qkv = h.Wqkv + bqkv;  rope(q, k), cache <- k, v   (one fused op)
  *               x = attention(q, cache).Wo
- *               h = rmsnorm(x + residual);  x = (silu(h.Wg) * h.Wu).Wd
+ *               gate_up = rmsnorm(residual += x).Wgu;  x = (silu(gate) * up).Wd
+ *
+ * The q, k and v projections are stacked into one weight at load, and so are
+ * gate and up: one GEMM each instead of three and two.
  *   logits = rmsnorm(x + residual)[rows] . lm_head
  *
  * Owns every backend allocation it makes (weights, cache, workspace) and
@@ -19,8 +22,8 @@
 #include "log.h"
 
 typedef struct qwen2_layer {
-    void *ln_in, *wq, *bq, *wk, *bk, *wv, *bv, *wo;     /* attention */
-    void *ln_post, *w_gate, *w_up, *w_down;              /* MLP */
+    void *ln_in, *w_qkv, *b_qkv, *wo;       /* attention: [Q + 2 KV, H], [Q + 2 KV], [H, Q] */
+    void *ln_post, *w_gate_up, *w_down;     /* MLP: [2 I, H] (gate rows, then up), [H, I] */
 } qwen2_layer;
 
 typedef struct allocation {
@@ -53,9 +56,10 @@ struct qwen2_kv {
 struct qwen2_workspace {
     int32_t max_tokens, max_logits;
     void *x, *h, *residual;     /* [n, H] */
-    void *q, *attn;             /* [n, nh * hd] */
-    void *k, *v;                /* [n, nkv * hd] */
-    void *gate, *up;            /* [n, I] */
+    void *qkv;                  /* [n, (nh + 2 nkv) * hd] */
+    void *attn;                 /* [n, nh * hd] */
+    void *gate_up;              /* [n, 2 I] */
+    void *act;                  /* [n, I] */
     void *rows, *logits;        /* [n_logits, H], [n_logits, V] */
     int32_t *ids, *positions, *slots, *logit_rows; /* backend copies of the batch */
     vlmd_attn_seq *seqs;        /* backend copy of the attention batch [max_logits] */
@@ -82,17 +86,23 @@ static vlmd_status track(qwen2_model *m, void *p, size_t bytes, vlmd_error *err)
     return VLMD_OK;
 }
 
-/* Loads one tensor of this exact shape into backend memory in the backend's
- * element type: copied as it is when the checkpoint already has that type,
- * else widened to fp32 on the host and converted. */
-static vlmd_status load_tensor(qwen2_model *m, const vlmd_safetensors *st, const char *name,
-                               int ndim, const int64_t *shape, void **out, vlmd_error *err)
+/* Loads tensors of these exact shapes, stacked along their first dimension,
+ * into one backend allocation in the backend's element type. Parts with
+ * cols = 0 are vectors (biases, norms). */
+static vlmd_status load_stacked(qwen2_model *m, const vlmd_safetensors *st, int n_parts,
+                                char names[][256], const int64_t *part_rows, int64_t cols,
+                                void **out, vlmd_error *err)
 {
-    const vlmd_tensor_view *t;
-    vlmd_status s = vlmd_safetensors_get(st, name, ndim, shape, &t, err);
-    if (s != VLMD_OK)
-        return s;
-    size_t n = (size_t)vlmd_tensor_numel(t), bytes = n * vlmd_backend_elem_size(m->b);
+    const vlmd_tensor_view *t[3];
+    size_t es = vlmd_backend_elem_size(m->b), bytes = 0;
+    vlmd_status s;
+    VLMD_ASSERT(n_parts <= 3);
+    for (int i = 0; i < n_parts; i++) {
+        int64_t shape[2] = {part_rows[i], cols};
+        if ((s = vlmd_safetensors_get(st, names[i], cols ? 2 : 1, shape, &t[i], err)) != VLMD_OK)
+            return s;
+        bytes += (size_t)vlmd_tensor_numel(t[i]) * es;
+    }
     if (m->dry) {
         m->dry_bytes += bytes;
         *out = NULL;
@@ -101,16 +111,10 @@ static vlmd_status load_tensor(qwen2_model *m, const vlmd_safetensors *st, const
     void *dev = NULL;
     if ((s = vlmd_backend_alloc(m->b, bytes, &dev, err)) != VLMD_OK)
         return s;
-    if (vlmd_backend_is_native(m->b, t->dtype)) {
-        /* already the backend's type: straight from the mapped file */
-        s = vlmd_backend_copy_to_device(m->b, dev, t->data, bytes, err);
-    } else {
-        float *host = malloc(n ? n * sizeof(float) : 1);
-        if (!host)
-            s = vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory to widen %s", name);
-        else if ((s = vlmd_tensor_to_f32(t, host, err)) == VLMD_OK)
-            s = vlmd_backend_upload_f32(m->b, dev, host, n, err);
-        free(host);
+    char *dst = dev;
+    for (int i = 0; s == VLMD_OK && i < n_parts; i++) {
+        s = vlmd_backend_upload_tensor(m->b, dst, t[i], err);
+        dst += (size_t)vlmd_tensor_numel(t[i]) * es;
     }
     if (s == VLMD_OK)
         s = track(m, dev, bytes, err);
@@ -159,51 +163,51 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
     const int64_t H = m->H, I = m->I, Q = (int64_t)m->nh * m->hd, KV = (int64_t)m->nkv * m->hd,
                   V = m->V;
     const char *pre = text_prefix(st);
-    char name[256];
+    char names[3][256], at[200];
     vlmd_status s;
-#define LOAD(field, ndim, ...)                                                                 \
-    if ((s = load_tensor(m, st, name, ndim, (int64_t[]){__VA_ARGS__}, &field, err)) != VLMD_OK) \
+    /* NAME(i, "x") names part i "<at>x"; LOAD(field, parts, cols, rows...) loads the
+     * named parts stacked (cols 0: vectors) */
+#define NAME(i, suffix) snprintf(names[i], sizeof names[i], "%s%s", at, suffix)
+#define LOAD(field, n_parts, cols, ...)                                                       \
+    if ((s = load_stacked(m, st, n_parts, names, (int64_t[]){__VA_ARGS__}, cols, &field,      \
+                          err)) != VLMD_OK)                                                   \
         goto fail;
-#define NAME(...) snprintf(name, sizeof name, __VA_ARGS__)
-    NAME("%sembed_tokens.weight", pre);
-    LOAD(m->embed, 2, V, H)
-    NAME("%snorm.weight", pre);
-    LOAD(m->final_norm, 1, H)
+    snprintf(at, sizeof at, "%s", pre);
+    NAME(0, "embed_tokens.weight");
+    LOAD(m->embed, 1, H, V)
+    NAME(0, "norm.weight");
+    LOAD(m->final_norm, 1, 0, H)
     if (vlmd_safetensors_find(st, "lm_head.weight")) {
-        NAME("lm_head.weight");
-        LOAD(m->lm_head, 2, V, H)
+        snprintf(names[0], sizeof names[0], "lm_head.weight");
+        LOAD(m->lm_head, 1, H, V)
     } else {
         m->lm_head = m->embed; /* tied embeddings */
     }
     for (int l = 0; l < m->L; l++) {
         qwen2_layer *y = &m->layers[l];
-        NAME("%slayers.%d.input_layernorm.weight", pre, l);
-        LOAD(y->ln_in, 1, H)
-        NAME("%slayers.%d.self_attn.q_proj.weight", pre, l);
-        LOAD(y->wq, 2, Q, H)
-        NAME("%slayers.%d.self_attn.q_proj.bias", pre, l);
-        LOAD(y->bq, 1, Q)
-        NAME("%slayers.%d.self_attn.k_proj.weight", pre, l);
-        LOAD(y->wk, 2, KV, H)
-        NAME("%slayers.%d.self_attn.k_proj.bias", pre, l);
-        LOAD(y->bk, 1, KV)
-        NAME("%slayers.%d.self_attn.v_proj.weight", pre, l);
-        LOAD(y->wv, 2, KV, H)
-        NAME("%slayers.%d.self_attn.v_proj.bias", pre, l);
-        LOAD(y->bv, 1, KV)
-        NAME("%slayers.%d.self_attn.o_proj.weight", pre, l);
-        LOAD(y->wo, 2, H, Q)
-        NAME("%slayers.%d.post_attention_layernorm.weight", pre, l);
-        LOAD(y->ln_post, 1, H)
-        NAME("%slayers.%d.mlp.gate_proj.weight", pre, l);
-        LOAD(y->w_gate, 2, I, H)
-        NAME("%slayers.%d.mlp.up_proj.weight", pre, l);
-        LOAD(y->w_up, 2, I, H)
-        NAME("%slayers.%d.mlp.down_proj.weight", pre, l);
-        LOAD(y->w_down, 2, H, I)
+        snprintf(at, sizeof at, "%slayers.%d.", pre, l);
+        NAME(0, "input_layernorm.weight");
+        LOAD(y->ln_in, 1, 0, H)
+        NAME(0, "self_attn.q_proj.weight");
+        NAME(1, "self_attn.k_proj.weight");
+        NAME(2, "self_attn.v_proj.weight");
+        LOAD(y->w_qkv, 3, H, Q, KV, KV)
+        NAME(0, "self_attn.q_proj.bias");
+        NAME(1, "self_attn.k_proj.bias");
+        NAME(2, "self_attn.v_proj.bias");
+        LOAD(y->b_qkv, 3, 0, Q, KV, KV)
+        NAME(0, "self_attn.o_proj.weight");
+        LOAD(y->wo, 1, Q, H)
+        NAME(0, "post_attention_layernorm.weight");
+        LOAD(y->ln_post, 1, 0, H)
+        NAME(0, "mlp.gate_proj.weight");
+        NAME(1, "mlp.up_proj.weight");
+        LOAD(y->w_gate_up, 2, H, I, I)
+        NAME(0, "mlp.down_proj.weight");
+        LOAD(y->w_down, 1, I, H)
     }
-#undef LOAD
 #undef NAME
+#undef LOAD
     *out = m;
     return VLMD_OK;
 fail:
@@ -337,12 +341,10 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     WS(x, n * m->H * f)
     WS(h, n * m->H * f)
     WS(residual, n * m->H * f)
-    WS(q, n * Q * f)
+    WS(qkv, n * (Q + 2 * KV) * f)
     WS(attn, n * Q * f)
-    WS(k, n * KV * f)
-    WS(v, n * KV * f)
-    WS(gate, n * m->I * f)
-    WS(up, n * m->I * f)
+    WS(gate_up, n * 2 * m->I * f)
+    WS(act, n * m->I * f)
     WS(rows, (size_t)max_logits * m->H * f)
     WS(logits, (size_t)max_logits * m->V * f)
     WS(ids, n * i32)
@@ -431,7 +433,7 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
                                         (size_t)bt->n_seqs * sizeof *ws->seqs, err);
     if (s != VLMD_OK)
         return s;
-    const int H = m->H, Q = m->nh * m->hd, KV = m->nkv * m->hd;
+    const int H = m->H, Q = m->nh * m->hd, QKV = Q + 2 * m->nkv * m->hd;
 
     /* The residual stream starts as the embeddings (an image's rows as the
      * vision tower made them); each block's output is added to it by the next
@@ -449,21 +451,17 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
             op->rmsnorm(b, ws->h, ws->residual, NULL, y->ln_in, n, H, m->eps);
         else
             op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_in, n, H, m->eps);
-        op->linear(b, ws->q, ws->h, y->wq, y->bq, n, H, Q);
-        op->linear(b, ws->k, ws->h, y->wk, y->bk, n, H, KV);
-        op->linear(b, ws->v, ws->h, y->wv, y->bv, n, H, KV);
-        op->rope(b, ws->q, ws->k, ws->positions, n, m->nh, m->nkv, m->hd, m->theta,
-                 m->mrope ? m->sections : NULL);
-        op->kv_write(b, kv->k[l], kv->v[l], ws->k, ws->v, ws->slots, n, KV);
-        op->attention(b, ws->attn, ws->q, kv->k[l], kv->v[l], ws->seqs, bt->n_seqs, n, m->nh,
-                      m->nkv, m->hd, true);
+        op->linear(b, ws->qkv, ws->h, y->w_qkv, y->b_qkv, n, H, QKV);
+        op->rope_kv_write(b, ws->qkv, kv->k[l], kv->v[l], ws->positions, ws->slots, n, m->nh,
+                          m->nkv, m->hd, m->theta, m->mrope ? m->sections : NULL);
+        op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], ws->seqs, bt->n_seqs, n,
+                      m->nh, m->nkv, m->hd, true);
         op->linear(b, ws->x, ws->attn, y->wo, NULL, n, Q, H);
         /* MLP block */
         op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, m->eps);
-        op->linear(b, ws->gate, ws->h, y->w_gate, NULL, n, H, m->I);
-        op->linear(b, ws->up, ws->h, y->w_up, NULL, n, H, m->I);
-        op->silu_mul(b, ws->gate, ws->gate, ws->up, n, m->I);
-        op->linear(b, ws->x, ws->gate, y->w_down, NULL, n, m->I, H);
+        op->linear(b, ws->gate_up, ws->h, y->w_gate_up, NULL, n, H, 2 * m->I);
+        op->silu_mul(b, ws->act, ws->gate_up, n, m->I);
+        op->linear(b, ws->x, ws->act, y->w_down, NULL, n, m->I, H);
     }
     if (!bt->n_logits)
         return VLMD_OK;

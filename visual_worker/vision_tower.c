@@ -15,7 +15,7 @@
 typedef struct vt_block {
     void *n1w, *n1b, *n2w, *n2b, *qkv_w, *qkv_b, *proj_w, *proj_b;
     void *fc1_w, *fc1_b, *fc2_w, *fc2_b;                    /* Qwen2-VL: QuickGELU MLP */
-    void *gate_w, *gate_b, *up_w, *up_b, *down_w, *down_b;  /* Qwen2.5-VL: SwiGLU MLP */
+    void *gate_up_w, *gate_up_b, *down_w, *down_b;  /* Qwen2.5-VL: SwiGLU MLP (gate, up stacked) */
     bool full;                                              /* Qwen2.5-VL: full, not window, attention */
 } vt_block;
 
@@ -28,7 +28,7 @@ typedef struct buffer {
  * largest batch (max_images images, max_patches patches in all). */
 typedef struct workspace {
     size_t max_images, max_patches;
-    /* device: activations [N, E] (x, h, q, k, v, a), MLP [N, max(2M, E*g)],
+    /* device: activations [N, E] (x, h, q, k, v, a), MLP [N, max(3M, E*g)] (gate_up, act),
      * patches [N, K], positions and ids [N], the unit permutation [U],
      * attention sequences [images + U], merger output [U, out] twice */
     void *x, *h, *q, *k, *v, *a, *f, *pk, *y, *y2;
@@ -69,26 +69,29 @@ static vlmd_status keep(vision_tower *vt, void *p, size_t bytes, vlmd_error *err
     return VLMD_OK;
 }
 
-/* One tensor of exactly this shape, into backend memory in its element type. */
-static vlmd_status load(vision_tower *vt, const vlmd_safetensors *st, const char *name, int ndim,
-                        const int64_t *shape, void **out, vlmd_error *err)
+/* Tensors of exactly these shapes (all ndim-dimensional; the first
+ * dimension may differ), stacked along the first into one backend
+ * allocation in its element type. */
+static vlmd_status load_stacked(vision_tower *vt, const vlmd_safetensors *st, int n_parts,
+                                char names[][128], int ndim, const int64_t *shapes, void **out,
+                                vlmd_error *err)
 {
-    const vlmd_tensor_view *t;
-    vlmd_status s = vlmd_safetensors_get(st, name, ndim, shape, &t, err);
-    if (s != VLMD_OK)
-        return s;
-    size_t n = (size_t)vlmd_tensor_numel(t), bytes = n * vlmd_backend_elem_size(vt->b);
+    const vlmd_tensor_view *t[2];
+    size_t es = vlmd_backend_elem_size(vt->b), bytes = 0;
+    vlmd_status s;
+    VLMD_ASSERT(n_parts <= 2);
+    for (int i = 0; i < n_parts; i++) {
+        if ((s = vlmd_safetensors_get(st, names[i], ndim, shapes + i * ndim, &t[i], err)) !=
+            VLMD_OK)
+            return s;
+        bytes += (size_t)vlmd_tensor_numel(t[i]) * es;
+    }
     if ((s = vlmd_backend_alloc(vt->b, bytes, out, err)) != VLMD_OK)
         return s;
-    if (vlmd_backend_is_native(vt->b, t->dtype)) {
-        s = vlmd_backend_copy_to_device(vt->b, *out, t->data, bytes, err);
-    } else {
-        float *host = malloc(n * sizeof *host);
-        s = host ? vlmd_tensor_to_f32(t, host, err)
-                 : vlmd_errorf(err, VLMD_ERR_NOMEM, "no memory to widen %s", name);
-        if (s == VLMD_OK)
-            s = vlmd_backend_upload_f32(vt->b, *out, host, n, err);
-        free(host);
+    char *dst = *out;
+    for (int i = 0; s == VLMD_OK && i < n_parts; i++) {
+        s = vlmd_backend_upload_tensor(vt->b, dst, t[i], err);
+        dst += (size_t)vlmd_tensor_numel(t[i]) * es;
     }
     if (s != VLMD_OK) {
         vlmd_backend_free(vt->b, *out, bytes);
@@ -126,12 +129,17 @@ vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
     for (int i = 0; i < v->n_fullatt_blocks; i++)
         vt->blocks[v->fullatt_block_indexes[i]].full = true;
     const int64_t E = vt->E, M = vt->M, MM = (int64_t)vt->E * vt->merge * vt->merge;
-    char name[128];
+    char names[2][128];
     vlmd_status s;
-#define LOAD(field, ndim, ...)                                                                 \
-    if ((s = load(vt, st, name, ndim, (int64_t[]){__VA_ARGS__}, &field, err)) != VLMD_OK)      \
+    /* LOAD loads names[0]; LOAD2 stacks names[0] and names[1] (their shapes one after the other) */
+#define LOAD_PARTS(field, n_parts, ndim, ...)                                                  \
+    if ((s = load_stacked(vt, st, n_parts, names, ndim, (int64_t[]){__VA_ARGS__}, &field,      \
+                          err)) != VLMD_OK)                                                    \
         goto fail;
-#define NAME(...) snprintf(name, sizeof name, __VA_ARGS__)
+#define LOAD(field, ndim, ...) LOAD_PARTS(field, 1, ndim, __VA_ARGS__)
+#define LOAD2(field, ndim, ...) LOAD_PARTS(field, 2, ndim, __VA_ARGS__)
+#define NAME(...) snprintf(names[0], sizeof names[0], __VA_ARGS__)
+#define NAME2(...) snprintf(names[1], sizeof names[1], __VA_ARGS__)
     NAME("visual.patch_embed.proj.weight");
     LOAD(vt->patch_w, 5, E, v->in_channels, v->temporal_patch_size, v->patch_size, v->patch_size)
     for (int l = 0; l < vt->depth; l++) {
@@ -150,13 +158,11 @@ vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
         LOAD(k->proj_b, 1, E)
         if (vt->qwen25) {
             NAME("visual.blocks.%d.mlp.gate_proj.weight", l);
-            LOAD(k->gate_w, 2, M, E)
+            NAME2("visual.blocks.%d.mlp.up_proj.weight", l);
+            LOAD2(k->gate_up_w, 2, M, E, M, E)
             NAME("visual.blocks.%d.mlp.gate_proj.bias", l);
-            LOAD(k->gate_b, 1, M)
-            NAME("visual.blocks.%d.mlp.up_proj.weight", l);
-            LOAD(k->up_w, 2, M, E)
-            NAME("visual.blocks.%d.mlp.up_proj.bias", l);
-            LOAD(k->up_b, 1, M)
+            NAME2("visual.blocks.%d.mlp.up_proj.bias", l);
+            LOAD2(k->gate_up_b, 1, M, M)
             NAME("visual.blocks.%d.mlp.down_proj.weight", l);
             LOAD(k->down_w, 2, E, M)
             NAME("visual.blocks.%d.mlp.down_proj.bias", l);
@@ -190,8 +196,11 @@ vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
     LOAD(vt->mlp2_w, 2, vt->out_dim, MM)
     NAME("visual.merger.mlp.2.bias");
     LOAD(vt->mlp2_b, 1, vt->out_dim)
+#undef LOAD_PARTS
 #undef LOAD
+#undef LOAD2
 #undef NAME
+#undef NAME2
     *out = vt;
     return VLMD_OK;
 fail:
@@ -306,7 +315,7 @@ vlmd_status vision_tower_reserve(vision_tower *vt, uint32_t max_images, uint32_t
     workspace *w = &vt->ws;
     const size_t N = max_patches, U = N / g, n = max_images, K = (size_t)vt->K;
     const size_t E = (size_t)vt->E, M = (size_t)vt->M, es = vlmd_backend_elem_size(vt->b);
-    const size_t i32 = sizeof(int32_t), wide = 2 * M > E * g ? 2 * M : E * g;
+    const size_t i32 = sizeof(int32_t), wide = 3 * M > E * g ? 3 * M : E * g;
     vlmd_status s = VLMD_OK;
     w->x = ws_get(vt, N * E * es, &s, err);
     w->h = ws_get(vt, N * E * es, &s, err);
@@ -438,17 +447,16 @@ vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *image
         op->linear(b, k, h, rows(vt, bl->qkv_w, E * E), rows(vt, bl->qkv_b, E), Ni, Ei, Ei);
         op->linear(b, v, h, rows(vt, bl->qkv_w, 2 * E * E), rows(vt, bl->qkv_b, 2 * E), Ni, Ei, Ei);
         op->vision_rope(b, q, k, w->d_hpos, w->d_wpos, Ni, vt->nh, vt->hd, 10000.0f);
-        op->attention(b, a, q, k, v, windowed ? w->d_seqs + n : w->d_seqs,
+        op->attention(b, a, q, Ei, k, v, windowed ? w->d_seqs + n : w->d_seqs,
                       windowed ? (int)n_windows : n, Ni, vt->nh, vt->nh, vt->hd, false);
         op->linear(b, h, a, bl->proj_w, bl->proj_b, Ni, Ei, Ei);
         op->add(b, x, h, N * E);
         if (vt->qwen25) {
-            void *up = rows(vt, f, N * M);
+            void *act = rows(vt, f, 2 * N * M);
             op->rmsnorm(b, h, x, NULL, bl->n2w, Ni, Ei, 1e-6f);
-            op->linear(b, f, h, bl->gate_w, bl->gate_b, Ni, Ei, Mi);
-            op->linear(b, up, h, bl->up_w, bl->up_b, Ni, Ei, Mi);
-            op->silu_mul(b, f, f, up, Ni, Mi);
-            op->linear(b, h, f, bl->down_w, bl->down_b, Ni, Mi, Ei);
+            op->linear(b, f, h, bl->gate_up_w, bl->gate_up_b, Ni, Ei, 2 * Mi);
+            op->silu_mul(b, act, f, Ni, Mi);
+            op->linear(b, h, act, bl->down_w, bl->down_b, Ni, Mi, Ei);
         } else {
             op->layernorm(b, h, x, bl->n2w, bl->n2b, Ni, Ei, 1e-6f);
             op->linear(b, f, h, bl->fc1_w, bl->fc1_b, Ni, Ei, Mi);

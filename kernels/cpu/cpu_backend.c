@@ -60,6 +60,38 @@ static vlmd_status cpu_download_f32(vlmd_backend *b, float *dst, const void *src
     return cpu_copy(b, dst, src, n * sizeof(float), err);
 }
 
+/* A CPU "graph" is the recorded call: a replay runs it again. */
+struct vlmd_graph {
+    vlmd_graph_fn fn;
+    void *ctx;
+};
+
+static vlmd_status cpu_graph_capture(vlmd_backend *b, vlmd_graph_fn fn, void *ctx,
+                                     vlmd_graph **out, vlmd_error *err)
+{
+    (void)b;
+    vlmd_graph *g = malloc(sizeof *g);
+    if (!g)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for a graph");
+    *g = (vlmd_graph){fn, ctx}; /* as on a GPU, capturing runs nothing */
+    *out = g;
+    return VLMD_OK;
+}
+
+static vlmd_status cpu_graph_launch(vlmd_backend *b, vlmd_graph *g, vlmd_error *err)
+{
+    (void)b;
+    (void)err;
+    g->fn(g->ctx);
+    return VLMD_OK;
+}
+
+static void cpu_graph_free(vlmd_backend *b, vlmd_graph *g)
+{
+    (void)b;
+    free(g);
+}
+
 static void cpu_destroy(vlmd_backend *b)
 {
     (void)b;
@@ -73,6 +105,10 @@ static const vlmd_device_vtable cpu_ops = {
     .copy_to_host = cpu_copy,
     .upload_f32 = cpu_upload_f32,
     .download_f32 = cpu_download_f32,
+    .graph_capture = cpu_graph_capture,
+    .graph_launch = cpu_graph_launch,
+    .graph_free = cpu_graph_free,
+    .graphs_native = false,
     .destroy = cpu_destroy,
 };
 

@@ -66,12 +66,14 @@ static void rotate(float *v, int hd, const float *cosv, const float *sinv)
     }
 }
 
-static void cpu_rope(vlmd_backend *b, void *q_, void *k_, const int32_t *positions, int n,
-                     int nh, int nkv, int hd, float theta, const int *sections)
+static void cpu_rope_kv_write(vlmd_backend *b, void *qkv_, void *k_cache, void *v_cache,
+                              const int32_t *positions, const int32_t *slots, int n, int nh,
+                              int nkv, int hd, float theta, const int *sections)
 {
     (void)b;
-    float *q = q_, *k = k_;
-    int half = hd / 2;
+    float *qkv = qkv_;
+    int half = hd / 2, kv_dim = nkv * hd;
+    size_t stride = (size_t)(nh + 2 * nkv) * hd;
     float *cosv = malloc((size_t)half * sizeof *cosv), *sinv = malloc((size_t)half * sizeof *sinv);
     VLMD_ASSERT(cosv && sinv);
     for (int t = 0; t < n; t++) {
@@ -85,30 +87,19 @@ static void cpu_rope(vlmd_backend *b, void *q_, void *k_, const int32_t *positio
             cosv[i] = cosf(angle);
             sinv[i] = sinf(angle);
         }
-        for (int h = 0; h < nh; h++)
-            rotate(q + ((size_t)t * nh + h) * hd, hd, cosv, sinv);
-        for (int h = 0; h < nkv; h++)
-            rotate(k + ((size_t)t * nkv + h) * hd, hd, cosv, sinv);
+        float *q = qkv + (size_t)t * stride, *k = q + (size_t)nh * hd, *v = k + kv_dim;
+        for (int h = 0; h < nh + nkv; h++) /* the k heads follow the q heads */
+            rotate(q + (size_t)h * hd, hd, cosv, sinv);
+        memcpy((float *)k_cache + (size_t)slots[t] * kv_dim, k, (size_t)kv_dim * sizeof(float));
+        memcpy((float *)v_cache + (size_t)slots[t] * kv_dim, v, (size_t)kv_dim * sizeof(float));
     }
     free(cosv);
     free(sinv);
 }
 
-static void cpu_kv_write(vlmd_backend *b, void *k_cache, void *v_cache, const void *k,
-                         const void *v, const int32_t *slots, int n, int kv_dim)
-{
-    (void)b;
-    for (int i = 0; i < n; i++) {
-        memcpy((float *)k_cache + (size_t)slots[i] * kv_dim, (const float *)k + (size_t)i * kv_dim,
-               (size_t)kv_dim * sizeof(float));
-        memcpy((float *)v_cache + (size_t)slots[i] * kv_dim, (const float *)v + (size_t)i * kv_dim,
-               (size_t)kv_dim * sizeof(float));
-    }
-}
-
-static void cpu_attention(vlmd_backend *b, void *out_, const void *q_, const void *k_cache,
-                          const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
-                          int nh, int nkv, int hd, bool causal)
+static void cpu_attention(vlmd_backend *b, void *out_, const void *q_, int q_stride,
+                          const void *k_cache, const void *v_cache, const vlmd_attn_seq *seqs,
+                          int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal)
 {
     (void)b;
     (void)n_rows;
@@ -127,7 +118,7 @@ static void cpu_attention(vlmd_backend *b, void *out_, const void *q_, const voi
             int row = sq->q_start + i;
             int visible = causal ? sq->kv_len - sq->q_len + i + 1 : sq->kv_len;
             for (int h = 0; h < nh; h++) {
-                const float *qv = q + ((size_t)row * nh + h) * hd;
+                const float *qv = q + (size_t)row * q_stride + (size_t)h * hd;
                 int kvh = h / group;
                 float mx = -INFINITY;
                 for (int j = 0; j < visible; j++) {
@@ -157,14 +148,16 @@ static void cpu_attention(vlmd_backend *b, void *out_, const void *q_, const voi
     free(score);
 }
 
-static void cpu_silu_mul(vlmd_backend *b, void *out_, const void *gate_, const void *up_, int n,
-                         int d)
+static void cpu_silu_mul(vlmd_backend *b, void *out_, const void *gate_up_, int n, int d)
 {
     (void)b;
     float *out = out_;
-    const float *gate = gate_, *up = up_;
-    for (size_t i = 0; i < (size_t)n * d; i++)
-        out[i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    const float *gate_up = gate_up_;
+    for (int t = 0; t < n; t++) {
+        const float *gate = gate_up + (size_t)t * 2 * d, *up = gate + d;
+        for (int i = 0; i < d; i++)
+            out[(size_t)t * d + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
+    }
 }
 
 static void cpu_layernorm(vlmd_backend *b, void *out_, const void *x_, const void *w_,
@@ -236,8 +229,7 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .embedding = cpu_embedding,
     .rmsnorm = cpu_rmsnorm,
     .linear = cpu_linear,
-    .rope = cpu_rope,
-    .kv_write = cpu_kv_write,
+    .rope_kv_write = cpu_rope_kv_write,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
     .layernorm = cpu_layernorm,

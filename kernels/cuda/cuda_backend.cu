@@ -1,4 +1,12 @@
-/* cuda_backend.cu - the CUDA backend: device selection, properties, memory.
+/* cuda_backend.cu - the CUDA backend: device selection, properties, memory,
+ * copies and graphs. Everything runs on one non-blocking stream (graphs can
+ * capture it; the legacy default stream cannot be captured).
+ *
+ * Host-to-device copies go through two pinned staging buffers, alternately:
+ * while the DMA engine copies one chunk, the CPU fills the other from the
+ * source (for weights, the mmapped checkpoint: the page faults that read the
+ * disk overlap the transfer), so loading is bound by the disk, not the copy.
+ *
  * Every CUDA call is checked; an error on an allocation or a copy becomes a
  * status (the caller decides), anything else is fatal with file:line. */
 #include <cublas_v2.h>
@@ -14,21 +22,34 @@
 #include "safetensors.h"
 
 #define CUBLAS_WORKSPACE_BYTES (32u << 20)
+#define STAGING_BYTES (32u << 20)    /* each of the two pinned staging buffers */
 #define CUBLAS_CHECK_DESTROY(stmt)                                                        \
     do {                                                                                  \
         if ((stmt) != CUBLAS_STATUS_SUCCESS)                                              \
             VLMD_FATAL("cuBLAS error: %s", #stmt);                                        \
     } while (0)
 
-/* The backend's private state: the cuBLAS handle and its workspace. */
+/* The backend's private state. */
 typedef struct cuda_state {
     cublasHandle_t cublas;
-    void *workspace;
+    void *workspace;            /* cuBLAS's, set once: it never allocates on its own */
+    cudaStream_t stream;
+    void *staging[2];           /* pinned host memory, STAGING_BYTES each */
+    cudaEvent_t staged[2];      /* recorded after the copy out of staging[i] */
 } cuda_state;
+
+/* Set while a graph is being captured: debug builds then skip the
+ * synchronize after each launch (it would end the capture). */
+bool vlmd_cuda_capturing = false;
 
 cublasHandle_t vlmd_cuda_cublas(vlmd_backend *b)
 {
     return ((cuda_state *)b->impl)->cublas;
+}
+
+cudaStream_t vlmd_cuda_stream(vlmd_backend *b)
+{
+    return ((cuda_state *)b->impl)->stream;
 }
 
 static vlmd_status cuda_mem_info(vlmd_backend *b, uint64_t *free_bytes, uint64_t *total_bytes,
@@ -61,42 +82,71 @@ static void cuda_free(vlmd_backend *b, void *ptr)
     CUDA_CHECK(cudaFree(ptr));
 }
 
-static vlmd_status cuda_copy(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
-                             vlmd_error *err)
+static vlmd_status copy_failed(vlmd_error *err, size_t n, cudaError_t e)
 {
-    cudaError_t e = cudaMemcpy(dst, src, n, kind);
-    if (e != cudaSuccess)
-        return vlmd_errorf(err, VLMD_ERR_IO, "cudaMemcpy of %zu bytes: %s", n,
-                           cudaGetErrorString(e));
-    return VLMD_OK;
+    return vlmd_errorf(err, VLMD_ERR_IO, "copy of %zu bytes: %s", n, cudaGetErrorString(e));
+}
+
+/* Fills n bytes of staging memory with source bytes [offset, offset + n). */
+typedef void (*stage_fn)(void *staging, size_t offset, size_t n, const void *src);
+
+static void stage_bytes(void *staging, size_t offset, size_t n, const void *src)
+{
+    memcpy(staging, (const char *)src + offset, n);
+}
+
+/* bf16 bytes from fp32 values, rounded to nearest even */
+static void stage_bf16(void *staging, size_t offset, size_t n, const void *src)
+{
+    const float *f = (const float *)src + offset / sizeof(__nv_bfloat16);
+    __nv_bfloat16 *out = (__nv_bfloat16 *)staging;
+    for (size_t i = 0; i < n / sizeof(__nv_bfloat16); i++)
+        out[i] = __float2bfloat16(f[i]);
+}
+
+/* n bytes to dst, produced chunk by chunk by fill, through the two staging
+ * buffers in turn; waits for the last copy. */
+static vlmd_status staged_upload(vlmd_backend *b, void *dst, size_t n, stage_fn fill,
+                                 const void *src, vlmd_error *err)
+{
+    cuda_state *cs = (cuda_state *)b->impl;
+    cudaError_t e = cudaSuccess;
+    for (size_t off = 0, i = 0; off < n && e == cudaSuccess; off += STAGING_BYTES, i ^= 1) {
+        size_t len = n - off < STAGING_BYTES ? n - off : STAGING_BYTES;
+        e = cudaEventSynchronize(cs->staged[i]); /* its previous chunk has left */
+        if (e != cudaSuccess)
+            break;
+        fill(cs->staging[i], off, len, src);
+        e = cudaMemcpyAsync((char *)dst + off, cs->staging[i], len, cudaMemcpyHostToDevice,
+                            cs->stream);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(cs->staged[i], cs->stream);
+    }
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(cs->stream);
+    return e == cudaSuccess ? VLMD_OK : copy_failed(err, n, e);
 }
 
 static vlmd_status cuda_copy_to_device(vlmd_backend *b, void *dst, const void *src, size_t n,
                                        vlmd_error *err)
 {
-    (void)b;
-    return cuda_copy(dst, src, n, cudaMemcpyHostToDevice, err);
+    return staged_upload(b, dst, n, stage_bytes, src, err);
 }
 
 static vlmd_status cuda_copy_to_host(vlmd_backend *b, void *dst, const void *src, size_t n,
                                      vlmd_error *err)
 {
-    (void)b;
-    return cuda_copy(dst, src, n, cudaMemcpyDeviceToHost, err);
+    cudaStream_t stream = vlmd_cuda_stream(b);
+    cudaError_t e = cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(stream);
+    return e == cudaSuccess ? VLMD_OK : copy_failed(err, n, e);
 }
 
-/* fp32 <-> bf16 on the host, through a temporary staging buffer. */
 static vlmd_status cuda_upload_f32(vlmd_backend *b, void *dst, const float *src, size_t n,
                                    vlmd_error *err)
 {
-    __nv_bfloat16 *tmp = (__nv_bfloat16 *)malloc(n ? n * sizeof *tmp : 1);
-    if (!tmp)
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory to convert %zu values", n);
-    for (size_t i = 0; i < n; i++)
-        tmp[i] = __float2bfloat16(src[i]); /* round to nearest even */
-    vlmd_status st = cuda_copy_to_device(b, dst, tmp, n * sizeof *tmp, err);
-    free(tmp);
-    return st;
+    return staged_upload(b, dst, n * sizeof(__nv_bfloat16), stage_bf16, src, err);
 }
 
 static vlmd_status cuda_download_f32(vlmd_backend *b, float *dst, const void *src, size_t n,
@@ -112,20 +162,95 @@ static vlmd_status cuda_download_f32(vlmd_backend *b, float *dst, const void *sr
     return st;
 }
 
+/* ---- graphs --------------------------------------------------------------------- */
+
+struct vlmd_graph {
+    cudaGraphExec_t exec;
+};
+
+static vlmd_status cuda_graph_capture(vlmd_backend *b, vlmd_graph_fn fn, void *ctx,
+                                      vlmd_graph **out, vlmd_error *err)
+{
+    cudaStream_t stream = vlmd_cuda_stream(b);
+    cudaGraph_t graph = NULL;
+    vlmd_graph *g = (vlmd_graph *)calloc(1, sizeof *g);
+    if (!g)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for a graph");
+    /* thread-local mode: another thread's CUDA calls do not break this capture */
+    cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal);
+    if (e == cudaSuccess) {
+        vlmd_cuda_capturing = true;
+        fn(ctx);
+        vlmd_cuda_capturing = false;
+        e = cudaStreamEndCapture(stream, &graph);
+    }
+    if (e == cudaSuccess)
+        e = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        free(g);
+        cudaGetLastError();
+        return vlmd_errorf(err, e == cudaErrorMemoryAllocation ? VLMD_ERR_NOMEM : VLMD_ERR_IO,
+                           "capturing a CUDA graph: %s", cudaGetErrorString(e));
+    }
+    *out = g;
+    return VLMD_OK;
+}
+
+static vlmd_status cuda_graph_launch(vlmd_backend *b, vlmd_graph *g, vlmd_error *err)
+{
+    cudaError_t e = cudaGraphLaunch(g->exec, vlmd_cuda_stream(b));
+    if (e != cudaSuccess)
+        return vlmd_errorf(err, VLMD_ERR_IO, "launching a CUDA graph: %s", cudaGetErrorString(e));
+    return VLMD_OK;
+}
+
+static void cuda_graph_free(vlmd_backend *b, vlmd_graph *g)
+{
+    (void)b;
+    CUDA_CHECK(cudaGraphExecDestroy(g->exec));
+    free(g);
+}
+
+/* Frees what exists of cs (a half-made state included). */
+static void cuda_teardown(cuda_state *cs)
+{
+    if (cs->cublas)
+        CUBLAS_CHECK_DESTROY(cublasDestroy(cs->cublas));
+    if (cs->workspace)
+        CUDA_CHECK(cudaFree(cs->workspace));
+    for (int i = 0; i < 2; i++) {
+        if (cs->staging[i])
+            CUDA_CHECK(cudaFreeHost(cs->staging[i]));
+        if (cs->staged[i])
+            CUDA_CHECK(cudaEventDestroy(cs->staged[i]));
+    }
+    if (cs->stream)
+        CUDA_CHECK(cudaStreamDestroy(cs->stream));
+    free(cs);
+}
+
 static void cuda_destroy(vlmd_backend *b)
 {
-    cuda_state *cs = (cuda_state *)b->impl;
-    if (!cs)
-        return;
-    CUBLAS_CHECK_DESTROY(cublasDestroy(cs->cublas));
-    CUDA_CHECK(cudaFree(cs->workspace));
-    free(cs);
+    if (b->impl)
+        cuda_teardown((cuda_state *)b->impl);
     b->impl = NULL;
 }
 
 static const vlmd_device_vtable cuda_ops = {
-    cuda_mem_info, cuda_alloc, cuda_free, cuda_copy_to_device, cuda_copy_to_host,
-    cuda_upload_f32, cuda_download_f32, cuda_destroy,
+    .mem_info = cuda_mem_info,
+    .alloc = cuda_alloc,
+    .free = cuda_free,
+    .copy_to_device = cuda_copy_to_device,
+    .copy_to_host = cuda_copy_to_host,
+    .upload_f32 = cuda_upload_f32,
+    .download_f32 = cuda_download_f32,
+    .graph_capture = cuda_graph_capture,
+    .graph_launch = cuda_graph_launch,
+    .graph_free = cuda_graph_free,
+    .graphs_native = true,
+    .destroy = cuda_destroy,
 };
 
 extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd_error *err)
@@ -144,23 +269,27 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
     cuda_state *cs = (cuda_state *)calloc(1, sizeof *cs);
     if (!cs)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
-    if (cublasCreate(&cs->cublas) != CUBLAS_STATUS_SUCCESS) {
-        free(cs);
-        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "cuBLAS could not start on device %d",
-                           ordinal);
-    }
-    /* one workspace, set explicitly: cuBLAS never allocates on its own */
-    if (cudaMalloc(&cs->workspace, CUBLAS_WORKSPACE_BYTES) != cudaSuccess ||
-        cublasSetWorkspace(cs->cublas, cs->workspace, CUBLAS_WORKSPACE_BYTES) !=
-            CUBLAS_STATUS_SUCCESS) {
-        cublasDestroy(cs->cublas);
-        cudaFree(cs->workspace);
-        free(cs);
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no room for the cuBLAS workspace");
-    }
     b->impl = cs;
-    b->alloc_count++; /* the workspace is a device allocation like any other */
     b->ops = &cuda_ops;
+    bool made = cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking) == cudaSuccess;
+    for (int i = 0; made && i < 2; i++)
+        made = cudaHostAlloc(&cs->staging[i], STAGING_BYTES, cudaHostAllocDefault) ==
+                   cudaSuccess &&
+               cudaEventCreateWithFlags(&cs->staged[i], cudaEventDisableTiming) == cudaSuccess;
+    made = made && cublasCreate(&cs->cublas) == CUBLAS_STATUS_SUCCESS;
+    /* one workspace, set explicitly: cuBLAS never allocates on its own */
+    made = made && cudaMalloc(&cs->workspace, CUBLAS_WORKSPACE_BYTES) == cudaSuccess &&
+           cublasSetWorkspace(cs->cublas, cs->workspace, CUBLAS_WORKSPACE_BYTES) ==
+               CUBLAS_STATUS_SUCCESS &&
+           cublasSetStream(cs->cublas, cs->stream) == CUBLAS_STATUS_SUCCESS;
+    if (!made) {
+        cudaGetLastError();
+        cuda_teardown(cs);
+        b->impl = NULL;
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "device %d: no room for the stream, the "
+                           "pinned staging buffers or cuBLAS and its workspace", ordinal);
+    }
+    b->alloc_count++; /* the workspace is a device allocation like any other */
     b->op_table = &vlmd_cuda_op_table;
     b->elem_size = sizeof(__nv_bfloat16);
     b->native_dtype = VLMD_DTYPE_BF16;

@@ -41,8 +41,7 @@ __global__ void k_embedding(bf16 *out, const bf16 *table, const int32_t *ids, in
 static void cuda_embedding(vlmd_backend *b, void *out, const void *table, const int32_t *ids,
                            int n, int hidden)
 {
-    (void)b;
-    k_embedding<<<n, 256>>>((bf16 *)out, (const bf16 *)table, ids, hidden);
+    k_embedding<<<n, 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)table, ids, hidden);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -86,8 +85,7 @@ __global__ void k_rmsnorm(bf16 *out, const bf16 *x, bf16 *residual, const bf16 *
 static void cuda_rmsnorm(vlmd_backend *b, void *out, const void *x, void *residual, const void *w,
                          int n, int hidden, float eps)
 {
-    (void)b;
-    k_rmsnorm<<<n, 256>>>((bf16 *)out, (const bf16 *)x, (bf16 *)residual, (const bf16 *)w,
+    k_rmsnorm<<<n, 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)x, (bf16 *)residual, (const bf16 *)w,
                           hidden, eps);
     CUDA_CHECK_LAUNCH();
 }
@@ -112,59 +110,53 @@ static void cuda_linear(vlmd_backend *b, void *out, const void *x, const void *w
                               out_dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (bias) {
         size_t total = (size_t)n * out_dim;
-        k_add_bias<<<blocks_for(total, 256), 256>>>((bf16 *)out, (const bf16 *)bias, out_dim,
+        k_add_bias<<<blocks_for(total, 256), 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)bias, out_dim,
                                                     total);
         CUDA_CHECK_LAUNCH();
     }
 }
 
-/* ---- rope ------------------------------------------------------------------ */
+/* ---- rope fused with the KV-cache write ---------------------------------------- */
 
-__global__ void k_rope(bf16 *q, bf16 *k, const int32_t *positions, int n, int nh, int nkv, int hd,
-                       float theta, int s0, int s1, bool mrope)
+/* One block per token: rotates its q heads in place and its k heads on the
+ * way into the cache; v is copied. The k heads follow the q heads in a row. */
+__global__ void k_rope_kv_write(bf16 *qkv, bf16 *k_cache, bf16 *v_cache,
+                                const int32_t *positions, const int32_t *slots, int n, int nh,
+                                int nkv, int hd, float theta, int s0, int s1, bool mrope)
 {
-    int t = blockIdx.x, half = hd / 2;
+    int t = blockIdx.x, half = hd / 2, kv_dim = nkv * hd;
+    bf16 *row = qkv + (size_t)t * (nh + 2 * nkv) * hd;
+    size_t slot = (size_t)slots[t] * kv_dim;
     for (int idx = threadIdx.x; idx < (nh + nkv) * half; idx += blockDim.x) {
         int head = idx / half, i = idx % half;
-        int row = !mrope ? 0 : i < s0 ? 0 : i < s0 + s1 ? 1 : 2;
+        int prow = !mrope ? 0 : i < s0 ? 0 : i < s0 + s1 ? 1 : 2;
         double inv_freq = 1.0 / pow((double)theta, (double)(2 * i) / hd);
-        float angle = (float)positions[(size_t)row * n + t] * (float)inv_freq;
+        float angle = (float)positions[(size_t)prow * n + t] * (float)inv_freq;
         float c = cosf(angle), s = sinf(angle);
-        bf16 *v = head < nh ? q + ((size_t)t * nh + head) * hd
-                            : k + ((size_t)t * nkv + (head - nh)) * hd;
+        bf16 *v = row + (size_t)head * hd;
         float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
-        v[i] = __float2bfloat16(x1 * c - x2 * s);
-        v[i + half] = __float2bfloat16(x2 * c + x1 * s);
+        bf16 y1 = __float2bfloat16(x1 * c - x2 * s), y2 = __float2bfloat16(x2 * c + x1 * s);
+        if (head < nh) {
+            v[i] = y1;
+            v[i + half] = y2;
+        } else {
+            bf16 *dst = k_cache + slot + (size_t)(head - nh) * hd;
+            dst[i] = y1;
+            dst[i + half] = y2;
+        }
     }
+    const bf16 *vsrc = row + (size_t)(nh + nkv) * hd;
+    for (int j = threadIdx.x; j < kv_dim; j += blockDim.x)
+        v_cache[slot + j] = vsrc[j];
 }
 
-static void cuda_rope(vlmd_backend *b, void *q, void *k, const int32_t *positions, int n, int nh,
-                      int nkv, int hd, float theta, const int *sections)
+static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, void *k_cache, void *v_cache,
+                               const int32_t *positions, const int32_t *slots, int n, int nh,
+                               int nkv, int hd, float theta, const int *sections)
 {
-    (void)b;
-    k_rope<<<n, 128>>>((bf16 *)q, (bf16 *)k, positions, n, nh, nkv, hd, theta,
-                       sections ? sections[0] : 0, sections ? sections[1] : 0, sections != NULL);
-    CUDA_CHECK_LAUNCH();
-}
-
-/* ---- KV cache write ---------------------------------------------------------- */
-
-__global__ void k_kv_write(bf16 *k_cache, bf16 *v_cache, const bf16 *k, const bf16 *v,
-                           const int32_t *slots, int kv_dim)
-{
-    size_t dst = (size_t)slots[blockIdx.x] * kv_dim, src = (size_t)blockIdx.x * kv_dim;
-    for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
-        k_cache[dst + j] = k[src + j];
-        v_cache[dst + j] = v[src + j];
-    }
-}
-
-static void cuda_kv_write(vlmd_backend *b, void *k_cache, void *v_cache, const void *k,
-                          const void *v, const int32_t *slots, int n, int kv_dim)
-{
-    (void)b;
-    k_kv_write<<<n, 256>>>((bf16 *)k_cache, (bf16 *)v_cache, (const bf16 *)k, (const bf16 *)v,
-                           slots, kv_dim);
+    k_rope_kv_write<<<n, 128, 0, vlmd_cuda_stream(b)>>>(
+        (bf16 *)qkv, (bf16 *)k_cache, (bf16 *)v_cache, positions, slots, n, nh, nkv, hd, theta,
+        sections ? sections[0] : 0, sections ? sections[1] : 0, sections != NULL);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -177,7 +169,8 @@ static void cuda_kv_write(vlmd_backend *b, void *k_cache, void *v_cache, const v
  * contiguous ranges (so a single decode query still fills the GPU), each warp
  * keeps an online softmax (running max, sum, weighted values; lanes split the
  * head dimension), and the partials are merged in shared memory at the end. */
-__global__ void k_attention(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache,
+__global__ void k_attention(bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
+                            const bf16 *v_cache,
                             const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv, int hd,
                             float scale, bool causal)
 {
@@ -198,7 +191,7 @@ __global__ void k_attention(bf16 *out, const bf16 *q, const bf16 *k_cache, const
     int per = (hd + 31) / 32;
     for (int d = 0; d < per; d++) {
         int dim = lane + 32 * d;
-        qv[d] = dim < hd ? __bfloat162float(q[((size_t)row * nh + h) * hd + dim]) : 0;
+        qv[d] = dim < hd ? __bfloat162float(q[(size_t)row * q_stride + h * hd + dim]) : 0;
         acc[d] = 0;
     }
     float m = -INFINITY, sum = 0;
@@ -244,38 +237,36 @@ __global__ void k_attention(bf16 *out, const bf16 *q, const bf16 *k_cache, const
     }
 }
 
-static void cuda_attention(vlmd_backend *b, void *out, const void *q, const void *k_cache,
-                           const void *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
-                           int nh, int nkv, int hd, bool causal)
+static void cuda_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
+                           const void *k_cache, const void *v_cache, const vlmd_attn_seq *seqs,
+                           int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal)
 {
-    (void)b;
     if (hd > ATTN_MAX_HD)
         VLMD_FATAL("head dimension %d is over the %d this kernel handles", hd, ATTN_MAX_HD);
-    k_attention<<<n_rows * nh, ATTN_WARPS * 32>>>((bf16 *)out, (const bf16 *)q,
-                                                  (const bf16 *)k_cache, (const bf16 *)v_cache,
-                                                  seqs, n_seqs, nh, nkv, hd,
-                                                  1.0f / sqrtf((float)hd), causal);
+    k_attention<<<n_rows * nh, ATTN_WARPS * 32, 0, vlmd_cuda_stream(b)>>>(
+        (bf16 *)out, (const bf16 *)q, q_stride, (const bf16 *)k_cache, (const bf16 *)v_cache,
+        seqs, n_seqs, nh, nkv, hd, 1.0f / sqrtf((float)hd), causal);
     CUDA_CHECK_LAUNCH();
 }
 
 /* ---- SiLU and multiply ------------------------------------------------------------ */
 
-__global__ void k_silu_mul(bf16 *out, const bf16 *gate, const bf16 *up, size_t total)
+__global__ void k_silu_mul(bf16 *out, const bf16 *gate_up, int d, size_t total)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) {
-        float g = __bfloat162float(gate[i]);
-        out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(up[i]));
+        size_t t = i / (size_t)d, j = i % (size_t)d;
+        const bf16 *gate = gate_up + t * 2 * (size_t)d;
+        float g = __bfloat162float(gate[j]);
+        out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(gate[d + j]));
     }
 }
 
-static void cuda_silu_mul(vlmd_backend *b, void *out, const void *gate, const void *up, int n,
-                          int d)
+static void cuda_silu_mul(vlmd_backend *b, void *out, const void *gate_up, int n, int d)
 {
-    (void)b;
     size_t total = (size_t)n * d;
-    k_silu_mul<<<blocks_for(total, 256), 256>>>((bf16 *)out, (const bf16 *)gate,
-                                                (const bf16 *)up, total);
+    k_silu_mul<<<blocks_for(total, 256), 256, 0, vlmd_cuda_stream(b)>>>(
+        (bf16 *)out, (const bf16 *)gate_up, d, total);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -322,8 +313,7 @@ __global__ void k_layernorm(bf16 *out, const bf16 *x, const bf16 *w, const bf16 
 static void cuda_layernorm(vlmd_backend *b, void *out, const void *x, const void *w,
                            const void *bias, int n, int dim, float eps)
 {
-    (void)b;
-    k_layernorm<<<n, 256>>>((bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)bias,
+    k_layernorm<<<n, 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)bias,
                             dim, eps);
     CUDA_CHECK_LAUNCH();
 }
@@ -340,8 +330,7 @@ __global__ void k_gelu(bf16 *out, const bf16 *x, size_t count, bool quick)
 
 static void cuda_gelu(vlmd_backend *b, void *out, const void *x, size_t count, bool quick)
 {
-    (void)b;
-    k_gelu<<<blocks_for(count, 256), 256>>>((bf16 *)out, (const bf16 *)x, count, quick);
+    k_gelu<<<blocks_for(count, 256), 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)x, count, quick);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -354,8 +343,7 @@ __global__ void k_add(bf16 *out, const bf16 *x, size_t count)
 
 static void cuda_add(vlmd_backend *b, void *out, const void *x, size_t count)
 {
-    (void)b;
-    k_add<<<blocks_for(count, 256), 256>>>((bf16 *)out, (const bf16 *)x, count);
+    k_add<<<blocks_for(count, 256), 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)x, count);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -379,12 +367,19 @@ __global__ void k_vision_rope(bf16 *q, bf16 *k, const int32_t *hpos, const int32
 static void cuda_vision_rope(vlmd_backend *b, void *q, void *k, const int32_t *hpos,
                              const int32_t *wpos, int n, int nh, int hd, float theta)
 {
-    (void)b;
-    k_vision_rope<<<n, 128>>>((bf16 *)q, (bf16 *)k, hpos, wpos, nh, hd, theta);
+    k_vision_rope<<<n, 128, 0, vlmd_cuda_stream(b)>>>((bf16 *)q, (bf16 *)k, hpos, wpos, nh, hd, theta);
     CUDA_CHECK_LAUNCH();
 }
 
 extern "C" const vlmd_op_table vlmd_cuda_op_table = {
-    cuda_embedding, cuda_rmsnorm, cuda_linear, cuda_rope, cuda_kv_write, cuda_attention,
-    cuda_silu_mul, cuda_layernorm, cuda_gelu, cuda_add, cuda_vision_rope,
+    .embedding = cuda_embedding,
+    .rmsnorm = cuda_rmsnorm,
+    .linear = cuda_linear,
+    .rope_kv_write = cuda_rope_kv_write,
+    .attention = cuda_attention,
+    .silu_mul = cuda_silu_mul,
+    .layernorm = cuda_layernorm,
+    .gelu = cuda_gelu,
+    .add = cuda_add,
+    .vision_rope = cuda_vision_rope,
 };

@@ -116,22 +116,24 @@ Test(cuda_ops, embedding_rmsnorm_silu)
     float *x = random_floats((size_t)n * H, 2), *r = random_floats((size_t)n * H, 2);
     int32_t ids[7] = {0, 5, 99, 5, 42, 17, 63};
     vlmd_backend *bs[2] = {p.cpu, p.gpu};
-    void *out[2], *res[2], *gate[2];
+    float *gu = random_floats((size_t)n * 2 * H, 3);
+    void *out[2], *res[2], *gate[2], *dxs[2];
     for (int k = 0; k < 2; k++) {
         const vlmd_op_table *op = vlmd_backend_ops(bs[k]);
         void *dt = on(bs[k], table, (size_t)V * H), *dw = on(bs[k], w, H);
-        void *dx = on(bs[k], x, (size_t)n * H), *di = ints_on(bs[k], ids, n);
+        void *dx = dxs[k] = on(bs[k], x, (size_t)n * H), *di = ints_on(bs[k], ids, n);
         out[k] = on(bs[k], NULL, (size_t)n * H);
         res[k] = on(bs[k], r, (size_t)n * H);
         gate[k] = on(bs[k], NULL, (size_t)n * H);
         op->embedding(bs[k], out[k], dt, di, n, H);
         op->rmsnorm(bs[k], dx, dx, res[k], dw, n, H, 1e-6f); /* fused add, in place */
-        op->silu_mul(bs[k], gate[k], dx, out[k], n, H);
+        op->silu_mul(bs[k], gate[k], on(bs[k], gu, (size_t)n * 2 * H), n, H);
     }
     expect_close("embedding", p.cpu, out[0], p.gpu, out[1], (size_t)n * H, 1e-6);
     expect_close("residual", p.cpu, res[0], p.gpu, res[1], (size_t)n * H, 1e-2);
-    expect_close("silu_mul(rmsnorm)", p.cpu, gate[0], p.gpu, gate[1], (size_t)n * H, 1e-2);
-    free(table), free(w), free(x), free(r);
+    expect_close("rmsnorm", p.cpu, dxs[0], p.gpu, dxs[1], (size_t)n * H, 1e-2);
+    expect_close("silu_mul", p.cpu, gate[0], p.gpu, gate[1], (size_t)n * H, 1e-2);
+    free(table), free(w), free(x), free(r), free(gu);
     close_pair(&p);
 }
 
@@ -161,86 +163,109 @@ Test(cuda_ops, linear_at_several_shapes)
     close_pair(&p);
 }
 
-Test(cuda_ops, rope_and_mrope)
+/* The columns [0, cols) of each of rows rows (row stride `stride`) of two results. */
+static void expect_close_cols(const char *what, pair *p, const void *dc, const void *dg,
+                              size_t rows, size_t cols, size_t stride, double tol)
+{
+    float *c = back(p->cpu, dc, rows * stride), *g = back(p->gpu, dg, rows * stride);
+    double diff = 0, norm = 0;
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < cols; j++) {
+            double d = (double)c[r * stride + j] - g[r * stride + j];
+            diff += isfinite(d) ? d * d : INFINITY;
+            norm += (double)c[r * stride + j] * c[r * stride + j];
+        }
+    double rel = sqrt(diff / (norm > 0 ? norm : 1));
+    cr_expect_lt(rel, tol, "%s: relative error %.3g", what, rel);
+    free(c);
+    free(g);
+}
+
+/* Rotary embedding (plain and M-RoPE) on the fused qkv rows, and the K/V
+ * write into scattered cache slots. */
+Test(cuda_ops, rope_kv_write)
 {
     pair p;
     if (!open_pair(&p))
         return;
-    int n = 9, nh = 4, nkv = 2, hd = 32;
-    int sections[3] = {4, 6, 6};
-    int32_t pos[27];
+    int n = 9, nh = 4, nkv = 2, hd = 32, n_slots = 40, stride = (nh + 2 * nkv) * hd;
+    int kv_dim = nkv * hd, sections[3] = {4, 6, 6};
+    int32_t pos[27], slots[9];
     for (int i = 0; i < 27; i++)
-        pos[i] = (i * 37) % 101;
+        pos[i] = (i * 3701) % 30011; /* long-context positions: the angle's precision shows */
+    for (int i = 0; i < n; i++)
+        slots[i] = (i * 13 + 5) % n_slots;
     for (int mrope = 0; mrope < 2; mrope++) {
-        float *q = random_floats((size_t)n * nh * hd, 1), *k = random_floats((size_t)n * nkv * hd, 1);
-        void *dq[2], *dk[2];
+        float *qkv = random_floats((size_t)n * stride, 1);
+        float *kc = random_floats((size_t)n_slots * kv_dim, 1);
+        float *vc = random_floats((size_t)n_slots * kv_dim, 1);
+        void *dqkv[2], *dk[2], *dv[2];
         vlmd_backend *bs[2] = {p.cpu, p.gpu};
         for (int b = 0; b < 2; b++) {
-            dq[b] = on(bs[b], q, (size_t)n * nh * hd);
-            dk[b] = on(bs[b], k, (size_t)n * nkv * hd);
-            vlmd_backend_ops(bs[b])->rope(bs[b], dq[b], dk[b], ints_on(bs[b], pos, 27), n, nh,
-                                          nkv, hd, 1e6f, mrope ? sections : NULL);
+            dqkv[b] = on(bs[b], qkv, (size_t)n * stride);
+            dk[b] = on(bs[b], kc, (size_t)n_slots * kv_dim);
+            dv[b] = on(bs[b], vc, (size_t)n_slots * kv_dim);
+            vlmd_backend_ops(bs[b])->rope_kv_write(bs[b], dqkv[b], dk[b], dv[b],
+                                                   ints_on(bs[b], pos, 27),
+                                                   ints_on(bs[b], slots, n), n, nh, nkv, hd,
+                                                   1e6f, mrope ? sections : NULL);
         }
-        expect_close("rope q", p.cpu, dq[0], p.gpu, dq[1], (size_t)n * nh * hd, 1e-2);
-        expect_close("rope k", p.cpu, dk[0], p.gpu, dk[1], (size_t)n * nkv * hd, 1e-2);
-        free(q), free(k);
+        expect_close_cols("rope q", &p, dqkv[0], dqkv[1], n, (size_t)nh * hd, stride, 1e-2);
+        expect_close("k cache", p.cpu, dk[0], p.gpu, dk[1], (size_t)n_slots * kv_dim, 1e-2);
+        expect_close("v cache", p.cpu, dv[0], p.gpu, dv[1], (size_t)n_slots * kv_dim, 1e-6);
+        free(qkv), free(kc), free(vc);
     }
     close_pair(&p);
 }
 
-Test(cuda_ops, kv_write_and_attention_over_varied_sequences)
+/* Causal attention over a batch that mixes every case the kernels split on:
+ * a fresh prefill longer than a tile, a chunk after a cached prefix, short
+ * decodes, and decodes long enough to be split along the sequence; GQA
+ * groups of 1, 4 and 7 (Qwen2.5-7B); q read from fused qkv rows. */
+Test(cuda_ops, attention_over_varied_sequences)
 {
     pair p;
     if (!open_pair(&p))
         return;
-    for (int hd = 32; hd <= 128; hd *= 4) {
-        int nh = 8, nkv = 2, kv_dim = nkv * hd, n_slots = 64;
-        /* three sequences: a prefill of 5, a chunk of 3 after 9 cached, a decode after 40 */
-        int q_len[3] = {5, 3, 1}, kv_len[3] = {5, 12, 41}, n_rows = 9;
-        int32_t slots[58], step_slots[9];
-        for (int i = 0; i < 58; i++)
-            slots[i] = (i * 7 + 3) % n_slots; /* distinct, scattered */
+    int shapes[][3] = {{8, 2, 32}, {28, 4, 128}, {16, 16, 64}, {12, 3, 80}};
+    enum { N_SEQ = 6 };
+    int q_len[N_SEQ] = {130, 70, 1, 1, 1, 5}, kv_len[N_SEQ] = {130, 370, 41, 1, 5000, 5};
+    int n_rows = 0, total = 0;
+    for (int s = 0; s < N_SEQ; s++)
+        n_rows += q_len[s], total += kv_len[s];
+    int n_slots = total + 7;
+    int32_t *slots = malloc((size_t)total * sizeof *slots);
+    for (int i = 0; i < total; i++)
+        slots[i] = (int32_t)(((int64_t)i * 7919 + 3) % n_slots); /* distinct, scattered */
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
+        int nh = shapes[sh][0], nkv = shapes[sh][1], hd = shapes[sh][2], kv_dim = nkv * hd;
+        int stride = (nh + 2 * nkv) * hd;
         float *cache_k = random_floats((size_t)n_slots * kv_dim, 1);
         float *cache_v = random_floats((size_t)n_slots * kv_dim, 1);
-        float *q = random_floats((size_t)n_rows * nh * hd, 1);
-        float *k = random_floats((size_t)n_rows * kv_dim, 1), *v = random_floats((size_t)n_rows * kv_dim, 1);
-        vlmd_attn_seq host[3];
-        int off = 0, row = 0;
-        for (int s = 0; s < 3; s++) {
-            for (int i = 0; i < q_len[s]; i++)
-                step_slots[row + i] = slots[off + kv_len[s] - q_len[s] + i];
-            host[s] = (vlmd_attn_seq){row, q_len[s], kv_len[s], NULL};
-            row += q_len[s];
-            off += kv_len[s];
-        }
-        void *out[2], *kc[2], *vc[2];
+        float *qkv = random_floats((size_t)n_rows * stride, 1);
+        void *out[2];
         vlmd_backend *bs[2] = {p.cpu, p.gpu};
         for (int b = 0; b < 2; b++) {
-            const vlmd_op_table *op = vlmd_backend_ops(bs[b]);
-            int32_t *dslots = ints_on(bs[b], slots, 58);
-            vlmd_attn_seq seqs[3];
-            for (int s = 0, o2 = 0; s < 3; o2 += kv_len[s], s++) {
-                seqs[s] = host[s];
-                seqs[s].slots = dslots + o2;
-            }
+            int32_t *dslots = ints_on(bs[b], slots, (size_t)total);
+            vlmd_attn_seq seqs[N_SEQ];
+            for (int s = 0, row = 0, o = 0; s < N_SEQ; row += q_len[s], o += kv_len[s], s++)
+                seqs[s] = (vlmd_attn_seq){row, q_len[s], kv_len[s], dslots + o};
             void *dseqs = NULL;
             cr_assert_eq(vlmd_backend_alloc(bs[b], sizeof seqs, &dseqs, NULL), VLMD_OK);
             vlmd_backend_copy_to_device(bs[b], dseqs, seqs, sizeof seqs, NULL);
-            kc[b] = on(bs[b], cache_k, (size_t)n_slots * kv_dim);
-            vc[b] = on(bs[b], cache_v, (size_t)n_slots * kv_dim);
             out[b] = on(bs[b], NULL, (size_t)n_rows * nh * hd);
-            op->kv_write(bs[b], kc[b], vc[b], on(bs[b], k, (size_t)n_rows * kv_dim),
-                         on(bs[b], v, (size_t)n_rows * kv_dim), ints_on(bs[b], step_slots, 9),
-                         n_rows, kv_dim);
-            op->attention(bs[b], out[b], on(bs[b], q, (size_t)n_rows * nh * hd), kc[b], vc[b],
-                          dseqs, 3, n_rows, nh, nkv, hd, true);
+            vlmd_backend_ops(bs[b])->attention(
+                bs[b], out[b], on(bs[b], qkv, (size_t)n_rows * stride), stride,
+                on(bs[b], cache_k, (size_t)n_slots * kv_dim),
+                on(bs[b], cache_v, (size_t)n_slots * kv_dim), dseqs, N_SEQ, n_rows, nh, nkv, hd,
+                true);
         }
-        expect_close("kv cache", p.cpu, kc[0], p.gpu, kc[1], (size_t)n_slots * kv_dim, 1e-6);
-        char what[32];
-        snprintf(what, sizeof what, "attention hd=%d", hd);
+        char what[64];
+        snprintf(what, sizeof what, "attention nh=%d nkv=%d hd=%d", nh, nkv, hd);
         expect_close(what, p.cpu, out[0], p.gpu, out[1], (size_t)n_rows * nh * hd, 1e-2);
-        free(cache_k), free(cache_v), free(q), free(k), free(v);
+        free(cache_k), free(cache_v), free(qkv);
     }
+    free(slots);
     close_pair(&p);
 }
 
@@ -303,8 +328,8 @@ Test(cuda_ops, vision_ops)
             vlmd_backend_copy_to_device(bs[b], dseqs, seqs, sizeof seqs, NULL);
             out[b] = on(bs[b], NULL, qn);
             /* the tower's attention reads K and V straight from its rows: slot i is row i */
-            op->attention(bs[b], out[b], dq[b], dk[b], on(bs[b], v, qn), dseqs, 2, rows, nh, nh,
-                          hd, false);
+            op->attention(bs[b], out[b], dq[b], nh * hd, dk[b], on(bs[b], v, qn), dseqs, 2, rows,
+                          nh, nh, hd, false);
         }
         char what[48];
         snprintf(what, sizeof what, "vision_rope q hd=%d", hd);
