@@ -185,6 +185,10 @@ const vlmd_flag vlmd_flags[] = {
      "Most prompt tokens of one request per engine step: a longer prompt is prefilled over "
      "several steps, between the decode steps of the others (the step's budget is "
      "--batch-max-tokens)"},
+    {"enforce-eager", VLMD_FLAG_BOOL, OFF(enforce_eager), "false", 0, 0, NULL,
+     R(LAUNCHER) | R(LLM),
+     "Launch every kernel of a decode step one by one instead of replaying the CUDA graphs "
+     "captured at start-up (slower; for debugging). /health shows the effective setting"},
     {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, 0},
 };
 

@@ -73,6 +73,7 @@ typedef struct vlmd_config {
     int64_t drain_timeout_s;        /* --drain-timeout-s: SIGTERM lets requests finish */
     bool disable_prefix_cache;      /* --disable-prefix-cache */
     int64_t chunked_prefill_size;   /* --chunked-prefill-size: prompt tokens per request per step */
+    bool enforce_eager;             /* --enforce-eager: no CUDA graphs for decode steps */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {

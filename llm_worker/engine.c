@@ -101,6 +101,8 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
         s = qwen2_workspace_create(m, n, r, cfg->max_model_len < cfg->kv_slots
                                                 ? cfg->max_model_len : cfg->kv_slots,
                                    &e->ws, err); /* a sequence is never longer than either */
+    if (s == VLMD_OK && cfg->decode_graphs)
+        s = qwen2_capture_decode(m, e->kv, e->ws, err);
     e->ids = malloc((size_t)n * sizeof *e->ids);
     e->positions = malloc(3 * (size_t)n * sizeof *e->positions);
     e->step_slots = malloc((size_t)n * sizeof *e->step_slots);
@@ -165,6 +167,21 @@ void engine_free(engine *e)
 int32_t engine_free_slots(const engine *e)
 {
     return e->slots.n_free;
+}
+
+int32_t engine_graph_count(const engine *e)
+{
+    return qwen2_decode_graph_count(e->ws);
+}
+
+uint64_t engine_graph_steps(const engine *e)
+{
+    return qwen2_decode_graph_steps(e->ws);
+}
+
+int32_t engine_graph_max_batch(const engine *e)
+{
+    return qwen2_decode_graph_max(e->ws);
 }
 
 int32_t engine_capacity(const engine *e)

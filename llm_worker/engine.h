@@ -52,6 +52,7 @@ typedef struct engine_config {
     const vlmd_shm_arena *arena;
     bool prefix_cache;          /* reuse the KV of cached prefixes (prefix_cache.h) */
     int32_t chunk_tokens;       /* most prompt tokens of one request per step; 0: the budget */
+    bool decode_graphs;         /* decode steps through captured graphs (qwen2_capture_decode) */
 } engine_config;
 
 #define ENGINE_MAX_TOP_LOGPROBS 20
@@ -108,6 +109,11 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err);
 vlmd_status engine_stress(engine *e, vlmd_error *err);
 
 int32_t engine_free_slots(const engine *e);
+/* Decode graphs captured, the largest batch they cover (0, 0 when eager),
+ * and the steps that ran through one. */
+int32_t engine_graph_count(const engine *e);
+int32_t engine_graph_max_batch(const engine *e);
+uint64_t engine_graph_steps(const engine *e);
 int32_t engine_capacity(const engine *e);  /* KV slots in all */
 int32_t engine_active(const engine *e); /* waiting + running */
 int32_t engine_running(const engine *e);

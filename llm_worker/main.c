@@ -111,6 +111,7 @@ static void report_kv(llm_worker *w)
     vlmd_peer_set_counter(p, "device_allocations_since_ready",
                           vlmd_backend_alloc_count(w->backend) - w->allocs_at_ready);
     vlmd_peer_set_counter(p, "preemptions_total", engine_preemptions(w->engine));
+    vlmd_peer_set_counter(p, "decode_graph_steps_total", engine_graph_steps(w->engine));
     vlmd_peer_set_counter(p, "running", (uint64_t)engine_running(w->engine));
     vlmd_peer_set_counter(p, "waiting",
                           (uint64_t)(engine_active(w->engine) - engine_running(w->engine)));
@@ -254,7 +255,22 @@ static engine_config engine_base(llm_worker *w)
         .arena = &w->arena,
         .prefix_cache = !cfg->disable_prefix_cache,
         .chunk_tokens = (int32_t)cfg->chunked_prefill_size,
+        /* on the CPU a "graph" only replays the same calls: nothing to gain there */
+        .decode_graphs = !cfg->enforce_eager && vlmd_backend_graphs_native(w->backend),
     };
+}
+
+/* /health's word on decode graphs: what was captured, or why none were. */
+static void describe_graphs(llm_worker *w, char *out, size_t outsz)
+{
+    if (w->svc.cfg.enforce_eager)
+        snprintf(out, outsz, "off (--enforce-eager)");
+    else if (!vlmd_backend_graphs_native(w->backend))
+        snprintf(out, outsz, "off (the %s backend has none)",
+                 vlmd_backend_info(w->backend)->kind == VLMD_DEVICE_CPU ? "cpu" : "device");
+    else
+        snprintf(out, outsz, "on (%d decode batch sizes, up to %d sequences)",
+                 engine_graph_count(w->engine), engine_graph_max_batch(w->engine));
 }
 
 /* The auto-profile, on libuv's pool: its stress steps may take seconds on a
@@ -299,12 +315,16 @@ static void on_profile_done(uv_work_t *req, int status)
     if (w->stopping)
         return;
     vlmd_kv memory[24];
-    char values[24][24];
+    char values[24][24], graphs[96];
+    describe_graphs(w, graphs, sizeof graphs);
+    vlmd_kv settings[] = {{"cuda_graphs", graphs}};
     vlmd_msg_ready ready = {.kv_capacity_tokens = (uint64_t)rep->tokens,
                             .reserved_bytes = vlmd_backend_allocated_bytes(w->backend),
                             .device = (char *)vlmd_backend_info(w->backend)->name,
                             .memory = memory,
-                            .n_memory = memory_map(rep, w->peer_bytes, memory, values)};
+                            .n_memory = memory_map(rep, w->peer_bytes, memory, values),
+                            .settings = settings,
+                            .n_settings = 1};
     w->allocs_at_ready = vlmd_backend_alloc_count(w->backend);
     report_kv(w);
     vlmd_peer_set_ready(w->svc.peer, &ready);

@@ -49,9 +49,19 @@ struct qwen2_model {
 };
 
 struct qwen2_kv {
-    int32_t n_slots;
-    void **k, **v;              /* per layer: [n_slots, nkv * hd] */
+    int32_t n_slots;            /* slots the engine hands out */
+    void **k, **v;              /* per layer: [n_slots + 1, nkv * hd]; the last row is the
+                                 * pad slot, written by a graph's padding rows, never read */
 };
+
+/* A decode step captured for `rows` sequences of one token each. */
+typedef struct decode_graph {
+    qwen2_model *m;
+    qwen2_kv *kv;
+    qwen2_workspace *ws;
+    int32_t rows;
+    vlmd_graph *graph;
+} decode_graph;
 
 struct qwen2_workspace {
     int32_t max_tokens, max_logits;
@@ -70,6 +80,13 @@ struct qwen2_workspace {
     size_t table_len;
     allocation allocs[20];
     int n_allocs;
+    /* decode graphs, smallest batch first, for one KV cache; a padded batch's host arrays */
+    decode_graph *graphs;
+    int n_graphs;
+    uint64_t graph_steps;       /* steps that ran through a graph */
+    const qwen2_kv *graph_kv;
+    int32_t *pad_ids, *pad_positions, *pad_slots, *pad_rows, pad_slot;
+    vlmd_attn_seq *pad_seqs;
 };
 
 /* ---- allocation helpers ---------------------------------------------------- */
@@ -282,7 +299,7 @@ vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlm
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
     kv->n_slots = n_slots;
-    size_t bytes = (size_t)n_slots * (size_t)m->nkv * (size_t)m->hd *
+    size_t bytes = ((size_t)n_slots + 1) * (size_t)m->nkv * (size_t)m->hd *
                    vlmd_backend_elem_size(m->b);
     for (int l = 0; l < m->L; l++) {
         vlmd_status s = vlmd_backend_alloc(m->b, bytes, &kv->k[l], err);
@@ -301,7 +318,7 @@ void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv)
 {
     if (!kv)
         return;
-    size_t bytes = (size_t)kv->n_slots * (size_t)m->nkv * (size_t)m->hd *
+    size_t bytes = ((size_t)kv->n_slots + 1) * (size_t)m->nkv * (size_t)m->hd *
                    vlmd_backend_elem_size(m->b);
     for (int l = 0; l < m->L; l++) {
         vlmd_backend_free(m->b, kv->k[l], bytes);
@@ -352,12 +369,18 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     WS(slots, n * i32)
     WS(logit_rows, (size_t)max_logits * i32)
     WS(seqs, (size_t)max_logits * sizeof(vlmd_attn_seq))
-    ws->table_len = (size_t)max_logits * (size_t)max_kv_len;
+    /* + max_logits: a padded decode batch's padding sequences list the pad slot */
+    ws->table_len = (size_t)max_logits * (size_t)max_kv_len + (size_t)max_logits;
     WS(slot_table, ws->table_len * i32)
 #undef WS
-    ws->seqs_host = malloc((size_t)max_logits * sizeof *ws->seqs_host);
+    size_t r = (size_t)max_logits;
+    ws->seqs_host = malloc(r * sizeof *ws->seqs_host);
     ws->slot_table_host = malloc(ws->table_len * i32);
-    if (s == VLMD_OK && (!ws->seqs_host || !ws->slot_table_host))
+    ws->pad_ids = malloc(r * i32), ws->pad_positions = malloc(3 * r * i32);
+    ws->pad_slots = malloc(r * i32), ws->pad_rows = malloc(r * i32);
+    ws->pad_seqs = malloc(r * sizeof *ws->pad_seqs);
+    if (s == VLMD_OK && (!ws->seqs_host || !ws->slot_table_host || !ws->pad_ids ||
+                         !ws->pad_positions || !ws->pad_slots || !ws->pad_rows || !ws->pad_seqs))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     if (s != VLMD_OK) {
         qwen2_workspace_free(m, ws);
@@ -371,17 +394,26 @@ void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
 {
     if (!ws)
         return;
+    for (int i = 0; i < ws->n_graphs; i++)
+        vlmd_backend_graph_free(m->b, ws->graphs[i].graph);
+    free(ws->graphs);
     for (int i = 0; i < ws->n_allocs; i++)
         vlmd_backend_free(m->b, ws->allocs[i].ptr, ws->allocs[i].bytes);
     free(ws->seqs_host);
     free(ws->slot_table_host);
+    free(ws->pad_ids);
+    free(ws->pad_positions);
+    free(ws->pad_slots);
+    free(ws->pad_rows);
+    free(ws->pad_seqs);
     free(ws);
 }
 
 /* ---- the forward step -------------------------------------------------------- */
 
-vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
-                          const qwen2_batch *bt, float *logits, vlmd_error *err)
+/* Checks a batch against the model, the cache and the workspace. */
+static vlmd_status check_batch(const qwen2_model *m, const qwen2_kv *kv,
+                               const qwen2_workspace *ws, const qwen2_batch *bt, vlmd_error *err)
 {
     int n = bt->n_tokens;
     if (n <= 0 || n > ws->max_tokens || bt->n_logits > ws->max_logits || bt->n_logits < 0 ||
@@ -400,26 +432,34 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "embedding run %d (rows %d + %d) is "
                                "outside the batch of %d", i, bt->embeds[i].row,
                                bt->embeds[i].n_rows, n);
+    size_t packed = 0;
+    for (int q = 0; q < bt->n_seqs; q++) {
+        const vlmd_attn_seq *sq = &bt->seqs[q];
+        packed += (size_t)sq->kv_len;
+        if (sq->kv_len < sq->q_len || sq->kv_len > kv->n_slots || packed > ws->table_len)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "sequence %d: %d cached tokens do not "
+                               "fit the cache or the step's slot table", q, sq->kv_len);
+    }
+    return VLMD_OK;
+}
+
+/* Copies the batch's ids, positions, slots, logit rows and attention
+ * sequences (their slots packed) to the workspace's backend buffers. */
+static vlmd_status upload_batch(qwen2_model *m, qwen2_workspace *ws, const qwen2_batch *bt,
+                                vlmd_error *err)
+{
     vlmd_backend *b = m->b;
-    const vlmd_op_table *op = m->op;
-    size_t i32 = sizeof(int32_t);
-    vlmd_status s = vlmd_backend_copy_to_device(b, ws->ids, bt->ids, (size_t)n * i32, err);
+    size_t i32 = sizeof(int32_t), n = (size_t)bt->n_tokens, packed = 0;
+    vlmd_status s = vlmd_backend_copy_to_device(b, ws->ids, bt->ids, n * i32, err);
     if (s == VLMD_OK)
-        s = vlmd_backend_copy_to_device(b, ws->positions, bt->positions, 3 * (size_t)n * i32,
-                                        err);
+        s = vlmd_backend_copy_to_device(b, ws->positions, bt->positions, 3 * n * i32, err);
     if (s == VLMD_OK)
-        s = vlmd_backend_copy_to_device(b, ws->slots, bt->slots, (size_t)n * i32, err);
+        s = vlmd_backend_copy_to_device(b, ws->slots, bt->slots, n * i32, err);
     if (s == VLMD_OK && bt->n_logits)
         s = vlmd_backend_copy_to_device(b, ws->logit_rows, bt->logit_rows,
                                         (size_t)bt->n_logits * i32, err);
-    /* The attention batch in backend memory: every sequence's slots packed. */
-    size_t packed = 0;
-    for (int q = 0; s == VLMD_OK && q < bt->n_seqs; q++) {
+    for (int q = 0; q < bt->n_seqs; q++) {
         const vlmd_attn_seq *sq = &bt->seqs[q];
-        if (sq->kv_len < sq->q_len || sq->kv_len > kv->n_slots ||
-            packed + (size_t)sq->kv_len > ws->table_len)
-            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "sequence %d: %d cached tokens do not "
-                               "fit the cache or the step's slot table", q, sq->kv_len);
         memcpy(ws->slot_table_host + packed, sq->slots, (size_t)sq->kv_len * i32);
         ws->seqs_host[q] = (vlmd_attn_seq){sq->q_start, sq->q_len, sq->kv_len,
                                            ws->slot_table + packed};
@@ -431,20 +471,17 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
     if (s == VLMD_OK)
         s = vlmd_backend_copy_to_device(b, ws->seqs, ws->seqs_host,
                                         (size_t)bt->n_seqs * sizeof *ws->seqs, err);
-    if (s != VLMD_OK)
-        return s;
-    const int H = m->H, Q = m->nh * m->hd, QKV = Q + 2 * m->nkv * m->hd;
+    return s;
+}
 
-    /* The residual stream starts as the embeddings (an image's rows as the
-     * vision tower made them); each block's output is added to it by the next
-     * fused rmsnorm. */
-    op->embedding(b, ws->residual, m->embed, ws->ids, n, H);
-    size_t es = vlmd_backend_elem_size(b);
-    for (int i = 0; s == VLMD_OK && i < bt->n_embeds; i++)
-        s = vlmd_backend_upload_f32(b, (char *)ws->residual + (size_t)bt->embeds[i].row * H * es,
-                                    bt->embeds[i].data, (size_t)bt->embeds[i].n_rows * H, err);
-    if (s != VLMD_OK)
-        return s;
+/* The step's ops once its inputs are in backend memory, from the residual
+ * stream's first rows (embedded before, by the caller) to the logits. */
+static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n, int n_seqs,
+                       int n_logits)
+{
+    vlmd_backend *b = m->b;
+    const vlmd_op_table *op = m->op;
+    const int H = m->H, Q = m->nh * m->hd, QKV = Q + 2 * m->nkv * m->hd;
     for (int l = 0; l < m->L; l++) {
         const qwen2_layer *y = &m->layers[l];
         if (l == 0)
@@ -454,8 +491,8 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
         op->linear(b, ws->qkv, ws->h, y->w_qkv, y->b_qkv, n, H, QKV);
         op->rope_kv_write(b, ws->qkv, kv->k[l], kv->v[l], ws->positions, ws->slots, n, m->nh,
                           m->nkv, m->hd, m->theta, m->mrope ? m->sections : NULL);
-        op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], ws->seqs, bt->n_seqs, n,
-                      m->nh, m->nkv, m->hd, true);
+        op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], ws->seqs, n_seqs, n, m->nh,
+                      m->nkv, m->hd, true);
         op->linear(b, ws->x, ws->attn, y->wo, NULL, n, Q, H);
         /* MLP block */
         op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, m->eps);
@@ -463,10 +500,140 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
         op->silu_mul(b, ws->act, ws->gate_up, n, m->I);
         op->linear(b, ws->x, ws->act, y->w_down, NULL, n, m->I, H);
     }
-    if (!bt->n_logits)
-        return VLMD_OK;
+    if (!n_logits)
+        return;
     op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, m->eps);
-    op->embedding(b, ws->rows, ws->h, ws->logit_rows, bt->n_logits, H); /* gather rows */
-    op->linear(b, ws->logits, ws->rows, m->lm_head, NULL, bt->n_logits, H, m->V);
+    op->embedding(b, ws->rows, ws->h, ws->logit_rows, n_logits, H); /* gather rows */
+    op->linear(b, ws->logits, ws->rows, m->lm_head, NULL, n_logits, H, m->V);
+}
+
+/* A captured decode step: every row is a sequence of one token and wants its logits. */
+static void decode_graph_run(void *ctx)
+{
+    decode_graph *g = ctx;
+    g->m->op->embedding(g->m->b, g->ws->residual, g->m->embed, g->ws->ids, g->rows, g->m->H);
+    run_layers(g->m, g->kv, g->ws, g->rows, g->rows, g->rows);
+}
+
+/* The smallest captured batch that holds bt, when bt is a plain decode
+ * step (one new text token per sequence, in order, each wanting logits). */
+static decode_graph *graph_for(qwen2_workspace *ws, const qwen2_kv *kv, const qwen2_batch *bt)
+{
+    if (!ws->n_graphs || ws->graph_kv != kv || bt->n_embeds || bt->n_seqs != bt->n_tokens ||
+        bt->n_logits != bt->n_tokens)
+        return NULL;
+    for (int i = 0; i < bt->n_seqs; i++)
+        if (bt->seqs[i].q_len != 1 || bt->seqs[i].q_start != i || bt->logit_rows[i] != i)
+            return NULL;
+    for (int i = 0; i < ws->n_graphs; i++)
+        if (ws->graphs[i].rows >= bt->n_tokens)
+            return &ws->graphs[i];
+    return NULL;
+}
+
+/* bt padded to `rows` rows in the workspace's host arrays: each padding row a
+ * sequence of one token (id 0, position 0) in the pad slot. */
+static qwen2_batch pad_batch(qwen2_workspace *ws, const qwen2_batch *bt, int32_t rows)
+{
+    int32_t n = bt->n_tokens;
+    for (int32_t i = 0; i < rows; i++) {
+        bool real = i < n;
+        ws->pad_ids[i] = real ? bt->ids[i] : 0;
+        ws->pad_slots[i] = real ? bt->slots[i] : ws->pad_slot;
+        ws->pad_rows[i] = i;
+        for (int r = 0; r < 3; r++)
+            ws->pad_positions[r * rows + i] = real ? bt->positions[r * n + i] : 0;
+        ws->pad_seqs[i] = real ? bt->seqs[i] : (vlmd_attn_seq){i, 1, 1, &ws->pad_slot};
+    }
+    return (qwen2_batch){rows, ws->pad_ids, ws->pad_positions, ws->pad_slots, ws->pad_seqs,
+                         rows, ws->pad_rows, rows, NULL, 0};
+}
+
+vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                          const qwen2_batch *bt, float *logits, vlmd_error *err)
+{
+    vlmd_status s = check_batch(m, kv, ws, bt, err);
+    if (s != VLMD_OK)
+        return s;
+    vlmd_backend *b = m->b;
+    decode_graph *g = graph_for(ws, kv, bt);
+    if (g) {
+        qwen2_batch padded = pad_batch(ws, bt, g->rows);
+        if ((s = upload_batch(m, ws, &padded, err)) == VLMD_OK)
+            s = vlmd_backend_graph_launch(b, g->graph, err);
+        ws->graph_steps += s == VLMD_OK;
+    } else {
+        if ((s = upload_batch(m, ws, bt, err)) != VLMD_OK)
+            return s;
+        /* The residual stream starts as the embeddings (an image's rows as the
+         * vision tower made them); each block's output is added to it by the
+         * next fused rmsnorm. */
+        int n = bt->n_tokens, H = m->H;
+        m->op->embedding(b, ws->residual, m->embed, ws->ids, n, H);
+        size_t es = vlmd_backend_elem_size(b);
+        for (int i = 0; s == VLMD_OK && i < bt->n_embeds; i++)
+            s = vlmd_backend_upload_f32(b, (char *)ws->residual +
+                                               (size_t)bt->embeds[i].row * H * es,
+                                        bt->embeds[i].data, (size_t)bt->embeds[i].n_rows * H,
+                                        err);
+        if (s == VLMD_OK)
+            run_layers(m, kv, ws, n, bt->n_seqs, bt->n_logits);
+    }
+    if (s != VLMD_OK || !bt->n_logits)
+        return s;
     return vlmd_backend_download_f32(b, logits, ws->logits, (size_t)bt->n_logits * m->V, err);
+}
+
+/* ---- decode graphs ------------------------------------------------------------- */
+
+vlmd_status qwen2_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                                 vlmd_error *err)
+{
+    VLMD_ASSERT(!ws->n_graphs);
+    int32_t max = ws->max_logits < ws->max_tokens ? ws->max_logits : ws->max_tokens;
+    int n = 0;
+    for (int32_t rows = 1; rows <= max; rows = rows < 8 ? rows * 2 : rows + 8)
+        n++;
+    bool tail = n == 0 || (max > 8 && max % 8) || (max < 8 && (max & (max - 1)));
+    ws->graphs = calloc((size_t)(n + tail), sizeof *ws->graphs);
+    if (!ws->graphs)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the decode graphs");
+    ws->pad_slot = kv->n_slots;
+    ws->graph_kv = kv;
+    vlmd_status s = VLMD_OK;
+    for (int32_t rows = 1, i = 0; s == VLMD_OK && i < n + tail;
+         rows = rows < 8 ? rows * 2 : rows + 8, i++) {
+        decode_graph *g = &ws->graphs[i];
+        *g = (decode_graph){m, kv, ws, rows > max ? max : rows, NULL};
+        /* one eager run first: libraries load their kernels and pick their
+         * algorithms outside the capture */
+        qwen2_batch none = {0};
+        qwen2_batch warm = pad_batch(ws, &none, g->rows);
+        s = upload_batch(m, ws, &warm, err);
+        if (s == VLMD_OK) {
+            decode_graph_run(g);
+            s = vlmd_backend_graph_capture(m->b, decode_graph_run, g, &g->graph, err);
+        }
+        if (s == VLMD_OK)
+            ws->n_graphs = i + 1;
+    }
+    if (s != VLMD_OK)
+        return vlmd_error_prefix(err, "capturing the decode graph for %d sequences",
+                                 ws->graphs[ws->n_graphs].rows);
+    return VLMD_OK;
+}
+
+int32_t qwen2_decode_graph_count(const qwen2_workspace *ws)
+{
+    return ws->n_graphs;
+}
+
+uint64_t qwen2_decode_graph_steps(const qwen2_workspace *ws)
+{
+    return ws->graph_steps;
+}
+
+int32_t qwen2_decode_graph_max(const qwen2_workspace *ws)
+{
+    return ws->n_graphs ? ws->graphs[ws->n_graphs - 1].rows : 0;
 }

@@ -77,4 +77,19 @@ typedef struct qwen2_batch {
 vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
                           const qwen2_batch *batch, float *logits, vlmd_error *err);
 
+/* Captures the decode step (one new text token per sequence) as graphs for
+ * this cache, one per batch size up to the workspace's logits: 1, 2, 4, 8,
+ * then every 8, and the largest itself. qwen2_forward then runs such a step
+ * through the smallest graph that holds it, padded with rows that write the
+ * cache's pad slot. Each size runs once eagerly first (libraries choose and
+ * load their kernels outside the capture). On failure the graphs made so far
+ * stay until the workspace is freed. */
+vlmd_status qwen2_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                                 vlmd_error *err);
+/* Graphs captured, the largest batch they cover (0 when none), and the
+ * steps that ran through one. */
+int32_t qwen2_decode_graph_count(const qwen2_workspace *ws);
+int32_t qwen2_decode_graph_max(const qwen2_workspace *ws);
+uint64_t qwen2_decode_graph_steps(const qwen2_workspace *ws);
+
 #endif

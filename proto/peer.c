@@ -231,12 +231,14 @@ vlmd_status vlmd_peer_set_ready(vlmd_peer *peer, const vlmd_msg_ready *ready)
     free(peer->ready_msg.device);
     free(peer->ready_msg.listen_url);
     vlmd_kv_free(peer->ready_msg.memory, peer->ready_msg.n_memory);
+    vlmd_kv_free(peer->ready_msg.settings, peer->ready_msg.n_settings);
     peer->ready_msg = *ready;
     peer->ready_msg.role = peer->role;
     peer->ready_msg.rank = peer->rank;
     peer->ready_msg.device = vlmd_xstrdup(ready->device ? ready->device : "");
     peer->ready_msg.listen_url = vlmd_xstrdup(ready->listen_url ? ready->listen_url : "");
     peer->ready_msg.memory = vlmd_kv_dup(ready->memory, ready->n_memory);
+    peer->ready_msg.settings = vlmd_kv_dup(ready->settings, ready->n_settings);
     peer->ready = true;
     if (peer->welcomed)
         peer_send_ready(peer);
@@ -291,6 +293,7 @@ void vlmd_peer_destroy(vlmd_peer *peer)
     free(peer->ready_msg.device);
     free(peer->ready_msg.listen_url);
     vlmd_kv_free(peer->ready_msg.memory, peer->ready_msg.n_memory);
+    vlmd_kv_free(peer->ready_msg.settings, peer->ready_msg.n_settings);
     uv_timer_stop(&peer->timer);
     uv_close((uv_handle_t *)&peer->timer, on_timer_closed);
 }

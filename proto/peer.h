@@ -28,7 +28,7 @@ vlmd_peer *vlmd_peer_create(uv_loop_t *loop, void *zctx, const vlmd_config *cfg,
                             uint32_t rank, vlmd_peer_msg_fn fn, void *ud, vlmd_error *err);
 
 /* Records start-up as done and tells the router (now and after every re-hello).
- * The strings and the memory map in ready are copied. */
+ * The strings, the memory map and the settings in ready are copied. */
 vlmd_status vlmd_peer_set_ready(vlmd_peer *peer, const vlmd_msg_ready *ready);
 
 /* Encodes and sends msg (borrowed). VLMD_ERR_UNAVAILABLE when the router is

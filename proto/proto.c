@@ -25,6 +25,7 @@
  *   data                     image (ref)                 none (NULL, 0)
  *   error_image              token_chunk                 0
  *   memory                   ready, worker               none (NULL, 0)
+ *   settings                 ready                       none (NULL, 0)
  *   counters                 heartbeat, worker           none (NULL, 0)
  *   session                  request_submit              ""
  *   ignore_eos               request_submit              false
@@ -171,6 +172,7 @@ static const field_desc ready_fields[] = {
     OPT(vlmd_msg_ready, device, F_STR),
     OPT(vlmd_msg_ready, listen_url, F_STR),
     OPT_ARR(vlmd_msg_ready, memory, n_memory, F_KV, VLMD_PROTO_MAX_CONFIG),
+    OPT_ARR(vlmd_msg_ready, settings, n_settings, F_KV, VLMD_PROTO_MAX_CONFIG),
 };
 static const field_desc heartbeat_fields[] = {
     ENUM(vlmd_msg_heartbeat, role, VLMD_ROLE_COUNT),

@@ -104,6 +104,10 @@ typedef struct vlmd_msg_ready {
     char *listen_url;               /* frontend: "http://127.0.0.1:8000"; "" for others */
     vlmd_kv *memory;                /* how its device memory was measured and split (optional) */
     uint32_t n_memory;
+    vlmd_kv *settings;              /* settings decided at start-up, such as whether CUDA graphs
+                                     * were captured: /health shows them beside the flags
+                                     * (optional) */
+    uint32_t n_settings;
 } vlmd_msg_ready;
 
 typedef struct vlmd_msg_heartbeat {

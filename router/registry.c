@@ -92,6 +92,20 @@ registry_entry *registry_hello(registry *r, const vlmd_msg_hello *h, const void 
     return e;
 }
 
+static void set_config(registry_entry *e, const char *key, const char *value)
+{
+    for (uint32_t j = 0; j < e->n_config; j++)
+        if (strcmp(e->config[j].key, key) == 0) {
+            free(e->config[j].value);
+            e->config[j].value = vlmd_xstrdup(value);
+            return;
+        }
+    vlmd_kv *grown = realloc(e->config, (e->n_config + 1) * sizeof *grown);
+    VLMD_ASSERT(grown);
+    e->config = grown;
+    e->config[e->n_config++] = (vlmd_kv){vlmd_xstrdup(key), vlmd_xstrdup(value)};
+}
+
 void registry_ready(registry_entry *e, const vlmd_msg_ready *m, uint64_t now_ms)
 {
     e->state = VLMD_WORKER_READY;
@@ -105,6 +119,9 @@ void registry_ready(registry_entry *e, const vlmd_msg_ready *m, uint64_t now_ms)
     vlmd_kv_free(e->memory, e->n_memory);
     e->memory = vlmd_kv_dup(m->memory, m->n_memory);
     e->n_memory = m->n_memory;
+    /* settings join the flags of its hello (a repeated READY updates them) */
+    for (uint32_t i = 0; i < m->n_settings; i++)
+        set_config(e, m->settings[i].key, m->settings[i].value);
 }
 
 void registry_heartbeat(registry_entry *e, const vlmd_msg_heartbeat *m, uint64_t now_ms)

@@ -44,7 +44,22 @@ test('greedy completions through the processes match the reference', async () =>
     const bad = await postJson(`${server.url}/v1/completions`, { prompt: ['not', 'a', 'string'] });
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.param, 'prompt');
-    assert.equal((await getJson(`${server.url}/health`)).status, 200);
+    const health = await getJson(`${server.url}/health`);
+    assert.equal(health.status, 200);
+    const llm = health.body.processes.find((p) => p.role === 'llm');
+    assert.equal(llm.config['enforce-eager'], 'false');
+    assert.equal(llm.config.cuda_graphs, 'off (the cpu backend has none)', 'the effective setting');
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+test('--enforce-eager shows in /health', async () => {
+  const server = await startServer(['--model', MODEL, '--port', '0', '--enforce-eager']);
+  try {
+    const llm = (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === 'llm');
+    assert.equal(llm.config['enforce-eager'], 'true');
+    assert.equal(llm.config.cuda_graphs, 'off (--enforce-eager)');
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   }

@@ -71,15 +71,21 @@ static void close_model(fixture *f)
     vlmd_backend_destroy(f->b);
 }
 
-static engine *make_engine_with(fixture *f, outputs *o, int32_t slots, bool cache)
+static engine *make_engine_graphs(fixture *f, outputs *o, int32_t slots, bool cache,
+                                  bool graphs)
 {
     engine_config cfg = {.kv_slots = slots, .max_batch_tokens = 256, .max_running = 16,
                          .eos_id = -1, .max_model_len = 4096, .image_token_id = -1,
-                         .prefix_cache = cache};
+                         .prefix_cache = cache, .decode_graphs = graphs};
     engine *e = NULL;
     vlmd_error err = {0};
     cr_assert_eq(engine_create(f->m, &cfg, on_emit, o, &e, &err), VLMD_OK, "%s", err.msg);
     return e;
+}
+
+static engine *make_engine_with(fixture *f, outputs *o, int32_t slots, bool cache)
+{
+    return make_engine_graphs(f, o, slots, cache, false);
 }
 
 static engine *make_engine(fixture *f, outputs *o, int32_t slots)
@@ -123,7 +129,10 @@ static void run_until_idle(engine *e, int max_steps)
     cr_assert_fail("still busy after %d steps", max_steps);
 }
 
-static void batched_equals_alone_on(const char *device)
+/* Requests run alone (eagerly) and then together, one arriving every step;
+ * together, decode steps go through the graphs when `graphs` (batches of 3,
+ * 5, 6... padded to the captured sizes). */
+static void batched_equals_alone_on(const char *device, bool graphs)
 {
     fixture f;
     if (!open_model_on(&f, device))
@@ -142,7 +151,8 @@ static void batched_equals_alone_on(const char *device)
         cr_expect_eq(alone.finish[i], VLMD_FINISH_LENGTH);
         engine_free(e);
     }
-    engine *e = make_engine(&f, &together, 1024);
+    engine *e = make_engine_graphs(&f, &together, 1024, false, graphs);
+    cr_expect_eq(engine_graph_count(e), graphs ? 5 : 0, "1, 2, 4, 8 and 16 sequences");
     int32_t start_free = engine_free_slots(e);
     for (uint32_t i = 0; i < N_REQ; i++) { /* one new request every step */
         vlmd_msg_request_submit r = request(i, prompt);
@@ -151,6 +161,8 @@ static void batched_equals_alone_on(const char *device)
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
     }
     run_until_idle(e, 200);
+    if (graphs)
+        cr_expect_gt(engine_graph_steps(e), 10, "the decode steps went through the graphs");
     for (int i = 0; i < N_REQ; i++) {
         cr_assert_eq(together.n[i], alone.n[i], "request %d length", i);
         cr_expect_arr_eq(together.tokens[i], alone.tokens[i], (size_t)alone.n[i] * sizeof(int32_t),
@@ -162,10 +174,12 @@ static void batched_equals_alone_on(const char *device)
     close_model(&f);
 }
 
-Test(engine, batched_equals_alone) { batched_equals_alone_on("cpu"); }
+Test(engine, batched_equals_alone) { batched_equals_alone_on("cpu", false); }
+Test(engine, batched_decode_graphs_equal_alone) { batched_equals_alone_on("cpu", true); }
 
 /* The same on the GPU, where a GPU is visible (elsewhere: the clear refusal). */
-Test(engine, batched_equals_alone_on_cuda) { batched_equals_alone_on("cuda"); }
+Test(engine, batched_equals_alone_on_cuda) { batched_equals_alone_on("cuda", false); }
+Test(engine, batched_decode_graphs_equal_alone_on_cuda) { batched_equals_alone_on("cuda", true); }
 
 Test(engine, a_prompt_the_cache_cannot_hold_is_refused_and_a_lone_request_ends_with_length)
 {

@@ -66,7 +66,8 @@ static vlmd_msg sample(vlmd_msg_type t)
         break;
     case VLMD_MSG_READY:
         m.u.ready = (vlmd_msg_ready){VLMD_ROLE_LLM, 2, 1ull << 33, 999, "NVIDIA H200",
-                                     "http://[::1]:8000", sample_config, 3};
+                                     "http://[::1]:8000", sample_config, 3, sample_config + 1,
+                                     2};
         break;
     case VLMD_MSG_HEARTBEAT:
         m.u.heartbeat = (vlmd_msg_heartbeat){VLMD_ROLE_FRONTEND, 1, 5, VLMD_WORKER_READY, 99,
@@ -198,9 +199,11 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
     case VLMD_MSG_READY: {
         const vlmd_msg_ready *a = &x->u.ready, *b = &y->u.ready;
         EQ(role); EQ(rank); EQ(reserved_bytes); EQ(kv_capacity_tokens); STR(device);
-        STR(listen_url); EQ(n_memory);
+        STR(listen_url); EQ(n_memory); EQ(n_settings);
         if (a->n_memory == b->n_memory)
             kv_eq(a->memory, b->memory, a->n_memory);
+        if (a->n_settings == b->n_settings)
+            kv_eq(a->settings, b->settings, a->n_settings);
         break;
     }
     case VLMD_MSG_HEARTBEAT: {
@@ -1164,6 +1167,7 @@ static const field_ref optional_fields[] = {
     {VLMD_MSG_TOKEN_CHUNK, "error_image"},  {VLMD_MSG_IMAGE_JOB, "arena_offset"},
     {VLMD_MSG_IMAGE_JOB, "token_count"},
     {VLMD_MSG_READY, "memory"},             {VLMD_MSG_HEARTBEAT, "counters"},
+    {VLMD_MSG_READY, "settings"},
     {VLMD_MSG_STATS_SNAPSHOT, "workers.memory"},
     {VLMD_MSG_STATS_SNAPSHOT, "workers.counters"},
     {VLMD_MSG_REQUEST_SUBMIT, "session"},   {VLMD_MSG_TOKEN_CHUNK, "max_tokens_capped"},
@@ -1251,7 +1255,8 @@ Test(proto, every_required_field_is_required)
                 v->via.array.ptr[0].type == MSGPACK_OBJECT_MAP)
                 v = &v->via.array.ptr[0];
             bool kv_map = !strcmp(path, "config") || !strcmp(path, "memory") ||
-                          !strcmp(path, "counters"); /* string maps, not structs */
+                          !strcmp(path, "counters") ||
+                          !strcmp(path, "settings"); /* string maps, not structs */
             if (v->type != MSGPACK_OBJECT_MAP || kv_map)
                 continue;
             for (uint32_t k = 0; k < v->via.map.size; k++) {

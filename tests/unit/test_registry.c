@@ -28,6 +28,19 @@ Test(registry, expected_then_hello_then_ready)
     cr_expect_eq(e->reserved_bytes, 7);
     cr_expect_eq(registry_find_identity(&r, "visual-0", 8), e);
     cr_expect_null(registry_find_identity(&r, "visual-1", 8));
+    /* settings decided at start-up join the hello's flags; a later READY updates them */
+    vlmd_kv settings[] = {{"cuda_graphs", "off"}, {"port", "8001"}};
+    m.settings = settings;
+    m.n_settings = 2;
+    registry_ready(e, &m, 1200);
+    cr_assert_eq(e->n_config, 2, "port replaced, cuda_graphs added");
+    cr_expect_str_eq(e->config[0].value, "8001");
+    cr_expect_str_eq(e->config[1].key, "cuda_graphs");
+    settings[0].value = "on";
+    m.n_settings = 1;
+    registry_ready(e, &m, 1300);
+    cr_expect_eq(e->n_config, 2);
+    cr_expect_str_eq(e->config[1].value, "on");
     registry_free(&r);
 }
 
