@@ -27,6 +27,38 @@ typedef struct vlmd_attn_seq {
     const int32_t *slots;   /* kv_len cache slots in position order (backend memory) */
 } vlmd_attn_seq;
 
+/* A token a request has seen, for the penalties: each distinct id once. */
+typedef struct vlmd_seen_token {
+    int32_t id;
+    int32_t output_count;       /* times in the output; 0: in the prompt only */
+    float raw;                  /* written by sample: its logit before the penalties */
+} vlmd_seen_token;
+
+#define VLMD_SAMPLE_MAX_TOP 20
+
+/* How one row of logits becomes a token. */
+typedef struct vlmd_sample_row {
+    float temperature;          /* <= 0: greedy */
+    float top_p;                /* 1: off */
+    float min_p;                /* 0: off */
+    int32_t top_k;              /* <= 0 or >= vocab: off */
+    float repetition_penalty;   /* 1: off; on every seen token */
+    float presence_penalty;     /* 0: off; on tokens with output_count > 0 */
+    float frequency_penalty;    /* 0: off; times output_count */
+    int32_t n_top;              /* -1: no logprobs; else logprobs with n_top alternatives */
+    uint64_t seed, draw;        /* the draw-th number of the request's stream (sample_rng.h) */
+    vlmd_seen_token *seen;      /* n_seen entries in backend memory */
+    int32_t n_seen;
+} vlmd_sample_row;
+
+typedef struct vlmd_sample_out {
+    int32_t token;
+    int32_t n_top;
+    float logprob;              /* of token under the raw logits' log-softmax */
+    int32_t top_ids[VLMD_SAMPLE_MAX_TOP];       /* the most likely, best first */
+    float top_logprobs[VLMD_SAMPLE_MAX_TOP];
+} vlmd_sample_out;
+
 typedef struct vlmd_op_table {
     /* out[n,H] = table[ids[i], :] */
     void (*embedding)(vlmd_backend *b, void *out, const void *table, const int32_t *ids, int n,
@@ -70,6 +102,19 @@ typedef struct vlmd_op_table {
      * it is wpos * theta^(-4(i - hd/4)/hd); rotate-half form. */
     void (*vision_rope)(vlmd_backend *b, void *q, void *k, const int32_t *hpos,
                         const int32_t *wpos, int n, int nh, int hd, float theta);
+    /* One token per row of logits[n, vocab] (modified in place). Logprobs
+     * (when n_top >= 0) come from the raw row. Then the penalties: repetition
+     * (divide a positive logit, multiply a negative one) on every seen token,
+     * presence + frequency x count on output tokens. Temperature <= 0 takes
+     * the largest logit (the lowest id among equals). Otherwise the tokens
+     * kept are those at or above a threshold that meets top-k (the k-th
+     * largest logit: equals of it stay), top-p (the fewest largest logits
+     * whose share of the top-k probability reaches p) and min-p (probability
+     * at least min_p times the largest), and one draw of the request's random
+     * stream picks among them in id order by their tempered probabilities.
+     * rows (their seen lists) and out in backend memory. */
+    void (*sample)(vlmd_backend *b, vlmd_sample_out *out, void *logits,
+                   const vlmd_sample_row *rows, int n, int vocab);
 } vlmd_op_table;
 
 /* The backend's ops, or NULL when it cannot run models yet. */

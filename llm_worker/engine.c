@@ -9,7 +9,6 @@
 #include "log.h"
 #include "mrope.h"
 #include "prefix_cache.h"
-#include "sampler.h"
 
 typedef enum req_state { REQ_WAITING, REQ_RUNNING } req_state;
 
@@ -44,7 +43,7 @@ typedef struct request {
     uint32_t top_logprobs;
     uint32_t stop[VLMD_PROTO_MAX_STOPS];
     uint32_t n_stop;
-    sampler_rng rng;
+    uint64_t seed;              /* its random stream (sample_rng.h): the seed, or its id */
     req_image *images;          /* in prompt order; NULL for text */
     uint32_t n_images;
     int32_t *mrope;             /* [3][n_prompt] positions of an image prompt; NULL for text */
@@ -73,9 +72,12 @@ struct engine {
     qwen2_embed_run *embeds;    /* image rows of the step, at most max_running x images each */
     int32_t n_embeds;
     request **in_step;
-    float *logits;
-    float *raw;                 /* a row's logits before sampling changes them */
-    void *scratch;
+    /* sampling: each logit row's parameters and result, the seen tokens of
+     * all rows, and a vocabulary-sized map (0: not listed yet) that builds them */
+    vlmd_sample_row *sample_rows;
+    vlmd_sample_out *sample_out;
+    vlmd_seen_token *seen;
+    int32_t *seen_at;
 };
 
 /* ---- lifetime ----------------------------------------------------------------- */
@@ -112,12 +114,13 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     e->in_step = malloc((size_t)r * sizeof *e->in_step);
     e->running = malloc((size_t)r * sizeof *e->running);
     e->seq_req = malloc((size_t)r * sizeof *e->seq_req);
-    e->logits = malloc((size_t)r * (size_t)V * sizeof *e->logits);
-    e->scratch = malloc(sampler_scratch_bytes(V));
-    e->raw = malloc((size_t)V * sizeof *e->raw);
+    e->sample_rows = malloc((size_t)r * sizeof *e->sample_rows);
+    e->sample_out = malloc((size_t)r * sizeof *e->sample_out);
+    e->seen = s == VLMD_OK ? malloc((size_t)qwen2_seen_capacity(e->ws) * sizeof *e->seen) : NULL;
+    e->seen_at = calloc((size_t)V, sizeof *e->seen_at);
     if (s == VLMD_OK && (!e->ids || !e->positions || !e->step_slots || !e->logit_rows ||
                          !e->seqs || !e->embeds || !e->in_step || !e->running || !e->seq_req ||
-                         !e->logits || !e->scratch || !e->raw))
+                         !e->sample_rows || !e->sample_out || !e->seen || !e->seen_at))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the engine's batch");
     if (s != VLMD_OK) {
         engine_free(e);
@@ -158,9 +161,10 @@ void engine_free(engine *e)
     free(e->in_step);
     free(e->running);
     free(e->seq_req);
-    free(e->logits);
-    free(e->raw);
-    free(e->scratch);
+    free(e->sample_rows);
+    free(e->sample_out);
+    free(e->seen);
+    free(e->seen_at);
     free(e);
 }
 
@@ -254,7 +258,7 @@ vlmd_status engine_stress(engine *e, vlmd_error *err)
     }
     qwen2_batch prefill = {n, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
                            n_seq, NULL, 0};
-    vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &prefill, e->logits, err);
+    vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &prefill, NULL, err);
     /* r sequences of one token each, every one attending to its own slot */
     for (int32_t i = 0; s == VLMD_OK && i < r; i++) {
         e->ids[i] = i % V;
@@ -267,7 +271,14 @@ vlmd_status engine_stress(engine *e, vlmd_error *err)
     qwen2_batch decode = {r, e->ids, e->positions, e->step_slots, e->seqs, r, e->logit_rows, r,
                           NULL, 0};
     if (s == VLMD_OK)
-        s = qwen2_forward(e->m, e->kv, e->ws, &decode, e->logits, err);
+        s = qwen2_forward(e->m, e->kv, e->ws, &decode, NULL, err);
+    /* and the sampler at its widest: every row with logprobs */
+    for (int32_t i = 0; i < r; i++)
+        e->sample_rows[i] = (vlmd_sample_row){.temperature = 1, .top_p = 0.9f, .top_k = 50,
+                                              .min_p = 0.01f, .repetition_penalty = 1,
+                                              .n_top = VLMD_SAMPLE_MAX_TOP, .draw = (uint64_t)i};
+    if (s == VLMD_OK)
+        s = qwen2_sample(e->m, e->ws, 0, e->sample_rows, r, e->sample_out, err);
     return s;
 }
 
@@ -409,7 +420,7 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     q->n_stop = r->n_stop_tokens;
     if (r->n_stop_tokens)
         memcpy(q->stop, r->stop_tokens, r->n_stop_tokens * sizeof *q->stop);
-    sampler_rng_seed(&q->rng, r->sampling.has_seed ? r->sampling.seed : r->req_id);
+    q->seed = r->sampling.has_seed ? r->sampling.seed : r->req_id;
     if (e->tail)
         e->tail->next = q;
     else
@@ -623,31 +634,58 @@ static vlmd_finish_reason finished(const engine *e, const request *q, int32_t to
     return VLMD_FINISH_NONE;
 }
 
-/* Fills lp for token tok from the raw row (log-softmax, top alternatives). */
-static void compute_logprobs(const float *raw, int32_t V, int32_t tok, uint32_t n_top,
-                             engine_logprobs *lp)
+/* Row i's sampling parameters, its seen tokens appended at e->seen + *n_seen. */
+static void sample_row(engine *e, const request *q, vlmd_sample_row *row, int32_t *n_seen)
 {
-    float mx = raw[0];
-    for (int32_t i = 1; i < V; i++)
-        mx = raw[i] > mx ? raw[i] : mx;
-    double sum = 0;
-    for (int32_t i = 0; i < V; i++)
-        sum += exp((double)(raw[i] - mx));
-    float lse = mx + (float)log(sum);
-    lp->logprob = raw[tok] - lse;
-    lp->n_top = 0;
-    for (uint32_t k = 0; k < n_top; k++) { /* n_top <= 20: selection by repeated scans */
-        int32_t best = -1;
-        for (int32_t i = 0; i < V; i++) {
-            bool taken = false;
-            for (uint32_t j = 0; j < lp->n_top && !taken; j++)
-                taken = lp->top_ids[j] == (uint32_t)i;
-            if (!taken && (best < 0 || raw[i] > raw[best]))
-                best = i;
+    const vlmd_sampling *sp = &q->sampling;
+    int32_t n_out = q->n_tokens - q->n_prompt;
+    *row = (vlmd_sample_row){
+        .temperature = (float)sp->temperature, .top_p = (float)sp->top_p,
+        .min_p = (float)sp->min_p, .top_k = sp->top_k,
+        .repetition_penalty = (float)sp->repetition_penalty,
+        .presence_penalty = (float)sp->presence_penalty,
+        .frequency_penalty = (float)sp->frequency_penalty,
+        .n_top = q->logprobs ? (int32_t)q->top_logprobs : -1,
+        .seed = q->seed, .draw = (uint64_t)n_out, .seen = e->seen + *n_seen,
+    };
+    /* repetition counts prompt and output; presence and frequency the output */
+    bool rep = sp->repetition_penalty != 1.0;
+    bool out = rep || sp->presence_penalty != 0.0 || sp->frequency_penalty != 0.0;
+    int32_t from = rep ? 0 : q->n_prompt, to = out ? q->n_tokens : from;
+    for (int32_t i = from; i < to; i++) {
+        int32_t id = q->tokens[i];
+        if (!e->seen_at[id]) {
+            row->seen[row->n_seen] = (vlmd_seen_token){id, 0, 0};
+            e->seen_at[id] = ++row->n_seen;
         }
-        lp->top_ids[lp->n_top] = (uint32_t)best;
-        lp->top_logprobs[lp->n_top++] = raw[best] - lse;
+        row->seen[e->seen_at[id] - 1].output_count += i >= q->n_prompt;
     }
+    for (int32_t i = 0; i < row->n_seen; i++)
+        e->seen_at[row->seen[i].id] = 0;
+    *n_seen += row->n_seen;
+}
+
+/* Samples the step's logit rows, as many at once as the seen tokens allow. */
+static vlmd_status sample_step(engine *e, int32_t n_logits, vlmd_error *err)
+{
+    int32_t cap = qwen2_seen_capacity(e->ws);
+    for (int32_t first = 0; first < n_logits;) {
+        int32_t n = 0, n_seen = 0;
+        while (first + n < n_logits) {
+            const request *q = e->in_step[first + n];
+            /* a row's seen tokens are distinct ids: at most the vocabulary, which fits alone */
+            if (n && n_seen + q->n_tokens > cap)
+                break;
+            sample_row(e, q, &e->sample_rows[first + n], &n_seen);
+            n++;
+        }
+        vlmd_status s = qwen2_sample(e->m, e->ws, first, e->sample_rows + first, n,
+                                     e->sample_out + first, err);
+        if (s != VLMD_OK)
+            return s;
+        first += n;
+    }
+    return VLMD_OK;
 }
 
 /* Ends a request now with no more tokens (its KV could not grow). */
@@ -685,22 +723,21 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
     }
     qwen2_batch bt = {n_tok, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
                       plan.n_logits, e->embeds, e->n_embeds};
-    vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &bt, e->logits, err);
+    vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &bt, NULL, err);
+    if (s == VLMD_OK)
+        s = sample_step(e, plan.n_logits, err);
     if (s != VLMD_OK)
         return s;
     *did_work = true;
-    int32_t V = (int32_t)qwen2_vocab_size(e->m);
     for (int32_t i = 0; i < plan.n_logits; i++) {
         request *q = e->in_step[i];
-        float *row = e->logits + (size_t)i * V;
-        if (q->logprobs)
-            memcpy(e->raw, row, (size_t)V * sizeof *row);
-        int32_t tok = sampler_pick(row, V, &q->sampling, q->tokens, q->n_prompt,
-                                   q->tokens + q->n_prompt, q->n_tokens - q->n_prompt, &q->rng,
-                                   e->scratch);
-        engine_logprobs lp;
-        if (q->logprobs)
-            compute_logprobs(e->raw, V, tok, q->top_logprobs, &lp);
+        const vlmd_sample_out *so = &e->sample_out[i];
+        int32_t tok = so->token;
+        engine_logprobs lp = {so->logprob, (uint32_t)so->n_top, {0}, {0}};
+        for (int32_t k = 0; k < so->n_top; k++) {
+            lp.top_ids[k] = (uint32_t)so->top_ids[k];
+            lp.top_logprobs[k] = so->top_logprobs[k];
+        }
         q->keys[q->n_tokens] = (uint32_t)tok;
         q->tokens[q->n_tokens++] = tok;
         vlmd_finish_reason fin = finished(e, q, tok);

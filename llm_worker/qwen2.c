@@ -87,6 +87,11 @@ struct qwen2_workspace {
     const qwen2_kv *graph_kv;
     int32_t *pad_ids, *pad_positions, *pad_slots, *pad_rows, pad_slot;
     vlmd_attn_seq *pad_seqs;
+    /* sampling: the rows' parameters and outputs, their seen tokens (backend), staging */
+    vlmd_sample_row *sample_rows, *sample_rows_host;
+    vlmd_sample_out *sample_out;
+    vlmd_seen_token *seen;
+    int32_t seen_capacity;
 };
 
 /* ---- allocation helpers ---------------------------------------------------- */
@@ -372,6 +377,11 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     /* + max_logits: a padded decode batch's padding sequences list the pad slot */
     ws->table_len = (size_t)max_logits * (size_t)max_kv_len + (size_t)max_logits;
     WS(slot_table, ws->table_len * i32)
+    /* seen tokens: a budget for the average row, and room for one row's whole vocabulary */
+    ws->seen_capacity = max_logits * QWEN2_SEEN_PER_ROW + m->V;
+    WS(seen, (size_t)ws->seen_capacity * sizeof(vlmd_seen_token))
+    WS(sample_rows, (size_t)max_logits * sizeof(vlmd_sample_row))
+    WS(sample_out, (size_t)max_logits * sizeof(vlmd_sample_out))
 #undef WS
     size_t r = (size_t)max_logits;
     ws->seqs_host = malloc(r * sizeof *ws->seqs_host);
@@ -379,8 +389,10 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     ws->pad_ids = malloc(r * i32), ws->pad_positions = malloc(3 * r * i32);
     ws->pad_slots = malloc(r * i32), ws->pad_rows = malloc(r * i32);
     ws->pad_seqs = malloc(r * sizeof *ws->pad_seqs);
+    ws->sample_rows_host = malloc(r * sizeof *ws->sample_rows_host);
     if (s == VLMD_OK && (!ws->seqs_host || !ws->slot_table_host || !ws->pad_ids ||
-                         !ws->pad_positions || !ws->pad_slots || !ws->pad_rows || !ws->pad_seqs))
+                         !ws->pad_positions || !ws->pad_slots || !ws->pad_rows || !ws->pad_seqs ||
+                         !ws->sample_rows_host))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     if (s != VLMD_OK) {
         qwen2_workspace_free(m, ws);
@@ -406,6 +418,7 @@ void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
     free(ws->pad_slots);
     free(ws->pad_rows);
     free(ws->pad_seqs);
+    free(ws->sample_rows_host);
     free(ws);
 }
 
@@ -579,9 +592,46 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
         if (s == VLMD_OK)
             run_layers(m, kv, ws, n, bt->n_seqs, bt->n_logits);
     }
-    if (s != VLMD_OK || !bt->n_logits)
+    if (s != VLMD_OK || !bt->n_logits || !logits)
         return s;
     return vlmd_backend_download_f32(b, logits, ws->logits, (size_t)bt->n_logits * m->V, err);
+}
+
+/* ---- sampling ------------------------------------------------------------------ */
+
+int32_t qwen2_seen_capacity(const qwen2_workspace *ws)
+{
+    return ws->seen_capacity;
+}
+
+vlmd_status qwen2_sample(qwen2_model *m, qwen2_workspace *ws, int32_t first,
+                         const vlmd_sample_row *rows, int32_t n, vlmd_sample_out *out,
+                         vlmd_error *err)
+{
+    if (first < 0 || n <= 0 || first > ws->max_logits - n)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "logit rows %d + %d are outside the "
+                           "workspace's %d", first, n, ws->max_logits);
+    vlmd_backend *b = m->b;
+    vlmd_status s = VLMD_OK;
+    int32_t packed = 0;
+    for (int32_t i = 0; s == VLMD_OK && i < n; i++) {
+        ws->sample_rows_host[i] = rows[i];
+        ws->sample_rows_host[i].seen = ws->seen + packed;
+        if (rows[i].n_seen < 0 || rows[i].n_seen > ws->seen_capacity - packed)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "seen tokens over the workspace's %d",
+                               ws->seen_capacity);
+        s = vlmd_backend_copy_to_device(b, ws->seen + packed, rows[i].seen,
+                                        (size_t)rows[i].n_seen * sizeof *rows[i].seen, err);
+        packed += rows[i].n_seen;
+    }
+    if (s == VLMD_OK)
+        s = vlmd_backend_copy_to_device(b, ws->sample_rows, ws->sample_rows_host,
+                                        (size_t)n * sizeof *ws->sample_rows, err);
+    if (s != VLMD_OK)
+        return s;
+    void *logits = (char *)ws->logits + (size_t)first * m->V * vlmd_backend_elem_size(b);
+    m->op->sample(b, ws->sample_out, logits, ws->sample_rows, n, m->V);
+    return vlmd_backend_copy_to_host(b, out, ws->sample_out, (size_t)n * sizeof *out, err);
 }
 
 /* ---- decode graphs ------------------------------------------------------------- */

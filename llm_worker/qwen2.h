@@ -72,10 +72,25 @@ typedef struct qwen2_batch {
     int32_t n_embeds;
 } qwen2_batch;
 
-/* Runs the step and writes n_logits x vocab floats to logits (host). Fails
- * (changing nothing) when the batch exceeds the workspace. */
+/* Runs the step; its n_logits rows of logits stay in the workspace for
+ * qwen2_sample and, when logits is not NULL, are also written there
+ * (n_logits x vocab floats, host). Fails (changing nothing) when the batch
+ * exceeds the workspace. */
 vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
                           const qwen2_batch *batch, float *logits, vlmd_error *err);
+
+/* Seen tokens (for penalties) the workspace holds for one qwen2_sample:
+ * QWEN2_SEEN_PER_ROW per logit row on average, and at least one vocabulary. */
+#define QWEN2_SEEN_PER_ROW 2048
+int32_t qwen2_seen_capacity(const qwen2_workspace *ws);
+
+/* Picks a token for each of the logit rows [first, first + n) of the last
+ * forward step, on the backend (ops.h's sample; the rows' logits are
+ * changed). rows and their seen lists are host memory; all seen lists
+ * together at most qwen2_seen_capacity. out: n results, host memory. */
+vlmd_status qwen2_sample(qwen2_model *m, qwen2_workspace *ws, int32_t first,
+                         const vlmd_sample_row *rows, int32_t n, vlmd_sample_out *out,
+                         vlmd_error *err);
 
 /* Captures the decode step (one new text token per sequence) as graphs for
  * this cache, one per batch size up to the workspace's logits: 1, 2, 4, 8,

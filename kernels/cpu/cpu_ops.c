@@ -225,6 +225,9 @@ static void cpu_vision_rope(vlmd_backend *b, void *q_, void *k_, const int32_t *
     free(sinv);
 }
 
+void vlmd_cpu_sample(vlmd_backend *b, vlmd_sample_out *out, void *logits,
+                     const vlmd_sample_row *rows, int n, int vocab); /* cpu_sample.c */
+
 const vlmd_op_table vlmd_cpu_op_table = {
     .embedding = cpu_embedding,
     .rmsnorm = cpu_rmsnorm,
@@ -236,4 +239,5 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .gelu = cpu_gelu,
     .add = cpu_add,
     .vision_rope = cpu_vision_rope,
+    .sample = vlmd_cpu_sample,
 };

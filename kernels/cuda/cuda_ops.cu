@@ -371,6 +371,9 @@ static void cuda_vision_rope(vlmd_backend *b, void *q, void *k, const int32_t *h
     CUDA_CHECK_LAUNCH();
 }
 
+extern "C" void vlmd_cuda_sample(vlmd_backend *b, vlmd_sample_out *out, void *logits,
+                                 const vlmd_sample_row *rows, int n, int vocab); /* cuda_sample.cu */
+
 extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .embedding = cuda_embedding,
     .rmsnorm = cuda_rmsnorm,
@@ -382,4 +385,5 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .gelu = cuda_gelu,
     .add = cuda_add,
     .vision_rope = cuda_vision_rope,
+    .sample = vlmd_cuda_sample,
 };

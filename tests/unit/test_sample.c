@@ -1,0 +1,187 @@
+/* test_sample.c - the sampling op of the CPU backend (the reference the CUDA
+ * kernel is held to; semantics in ops.h): greedy, penalties, the kept set of
+ * top-k / top-p / min-p, the draw's distribution and its seeding, logprobs. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "backend.h"
+#include "ops.h"
+#include "sample_rng.h"
+
+static vlmd_backend *cpu(void)
+{
+    vlmd_backend *b = NULL;
+    cr_assert_eq(vlmd_backend_create("cpu", &b, NULL), VLMD_OK);
+    return b;
+}
+
+static vlmd_sample_row greedy(void)
+{
+    return (vlmd_sample_row){.temperature = 0, .top_p = 1, .repetition_penalty = 1, .n_top = -1};
+}
+
+static vlmd_sample_row tempered(float t, uint64_t seed, uint64_t draw)
+{
+    return (vlmd_sample_row){.temperature = t, .top_p = 1, .repetition_penalty = 1, .n_top = -1,
+                             .seed = seed, .draw = draw};
+}
+
+/* One row: the token sample picks from a copy of logits. */
+static int32_t pick(vlmd_backend *b, const float *logits, int vocab, vlmd_sample_row r)
+{
+    float row[64];
+    memcpy(row, logits, (size_t)vocab * sizeof *row);
+    vlmd_sample_out out;
+    vlmd_backend_ops(b)->sample(b, &out, row, &r, 1, vocab);
+    return out.token;
+}
+
+Test(sample, greedy_takes_the_largest_and_the_lowest_id_among_equals)
+{
+    vlmd_backend *b = cpu();
+    float x[5] = {0.5f, 2.0f, -1.0f, 2.0f, 1.9f};
+    cr_expect_eq(pick(b, x, 5, greedy()), 1);
+    x[3] = 2.5f;
+    cr_expect_eq(pick(b, x, 5, greedy()), 3);
+    vlmd_backend_destroy(b);
+}
+
+Test(sample, penalties_change_seen_tokens_and_keep_their_raw_logits)
+{
+    vlmd_backend *b = cpu();
+    float x[4] = {3.0f, -2.0f, 2.9f, 1.0f};
+    vlmd_seen_token seen[2] = {{0, 2, 0}, {1, 0, 0}}; /* 0 twice in the output; 1 in the prompt */
+    vlmd_sample_row r = greedy();
+    r.repetition_penalty = 2.0f;
+    r.presence_penalty = 0.1f;
+    r.frequency_penalty = 0.05f;
+    r.seen = seen;
+    r.n_seen = 2;
+    vlmd_sample_out out;
+    vlmd_backend_ops(b)->sample(b, &out, x, &r, 1, 4);
+    cr_expect_float_eq(x[0], 3.0f / 2 - 0.1f - 2 * 0.05f, 1e-6, "divided, then presence + 2 x freq");
+    cr_expect_float_eq(x[1], -4.0f, 1e-6, "a negative logit is multiplied; prompt only: no presence");
+    cr_expect_float_eq(seen[0].raw, 3.0f, 1e-6);
+    cr_expect_float_eq(seen[1].raw, -2.0f, 1e-6);
+    cr_expect_eq(out.token, 2, "the penalized leader lost to token 2");
+    vlmd_backend_destroy(b);
+}
+
+/* Tokens drawn over n draws of a stream, counted per token. */
+static void histogram(vlmd_backend *b, const float *x, int vocab, vlmd_sample_row r, int n,
+                      int *count)
+{
+    memset(count, 0, (size_t)vocab * sizeof *count);
+    for (int i = 0; i < n; i++) {
+        r.draw = (uint64_t)i;
+        count[pick(b, x, vocab, r)]++;
+    }
+}
+
+Test(sample, draws_follow_the_tempered_distribution)
+{
+    vlmd_backend *b = cpu();
+    float p[4] = {0.1f, 0.2f, 0.3f, 0.4f}, x[4];
+    for (int i = 0; i < 4; i++)
+        x[i] = 2.0f * logf(p[i]); /* temperature 2 gives p back */
+    int count[4], n = 20000;
+    histogram(b, x, 4, tempered(2.0f, 7, 0), n, count);
+    for (int i = 0; i < 4; i++)
+        cr_expect(fabs((double)count[i] / n - p[i]) < 0.015, "token %d: %d of %d for p = %g", i,
+                  count[i], n, p[i]);
+    vlmd_backend_destroy(b);
+}
+
+Test(sample, top_k_top_p_and_min_p_cut_the_tail)
+{
+    vlmd_backend *b = cpu();
+    float p[5] = {0.05f, 0.4f, 0.1f, 0.3f, 0.15f}, x[5];
+    for (int i = 0; i < 5; i++)
+        x[i] = logf(p[i]);
+    int count[5], n = 4000;
+    vlmd_sample_row r = tempered(1.0f, 3, 0);
+    r.top_k = 2; /* keeps 1 and 3 */
+    histogram(b, x, 5, r, n, count);
+    cr_expect(count[1] > 0 && count[3] > 0 && count[1] + count[3] == n, "top-k 2");
+    cr_expect(fabs((double)count[1] / n - 0.4 / 0.7) < 0.03);
+    r = tempered(1.0f, 3, 0);
+    r.top_p = 0.8f; /* 0.4 + 0.3 < 0.8 <= 0.4 + 0.3 + 0.15: keeps 1, 3, 4 */
+    histogram(b, x, 5, r, n, count);
+    cr_expect(count[4] > 0 && count[1] + count[3] + count[4] == n, "top-p 0.8");
+    r.top_k = 2; /* top-p works on the top-k share: 0.8 of {0.4, 0.3} needs both */
+    histogram(b, x, 5, r, n, count);
+    cr_expect(count[1] + count[3] == n && count[3] > 0, "top-k then top-p");
+    r = tempered(1.0f, 3, 0);
+    r.min_p = 0.5f; /* at least 0.2: keeps 1 and 3 */
+    histogram(b, x, 5, r, n, count);
+    cr_expect(count[1] + count[3] == n && count[3] > 0, "min-p 0.5");
+    vlmd_backend_destroy(b);
+}
+
+Test(sample, equals_of_the_kth_logit_stay)
+{
+    vlmd_backend *b = cpu();
+    float x[4] = {1.0f, 2.0f, 2.0f, 0.0f};
+    int count[4];
+    vlmd_sample_row r = tempered(1.0f, 5, 0);
+    r.top_k = 1;
+    histogram(b, x, 4, r, 2000, count);
+    cr_expect(count[1] > 800 && count[2] > 800 && count[1] + count[2] == 2000);
+    vlmd_backend_destroy(b);
+}
+
+Test(sample, a_draw_depends_on_the_seed_and_its_index_only)
+{
+    vlmd_backend *b = cpu();
+    float x[8];
+    for (int i = 0; i < 8; i++)
+        x[i] = 0.1f * (float)i;
+    int32_t first[64];
+    int differ = 0;
+    for (int d = 0; d < 64; d++) {
+        first[d] = pick(b, x, 8, tempered(1.0f, 42, (uint64_t)d));
+        differ += first[d] != first[0];
+    }
+    for (int d = 0; d < 64; d++)
+        cr_expect_eq(pick(b, x, 8, tempered(1.0f, 42, (uint64_t)d)), first[d]);
+    cr_expect_gt(differ, 10, "the draws of a stream vary");
+    int other = 0;
+    for (int d = 0; d < 64; d++)
+        other += pick(b, x, 8, tempered(1.0f, 43, (uint64_t)d)) != first[d];
+    cr_expect_gt(other, 10, "another seed is another stream");
+    cr_expect_neq(vlmd_sample_uniform(1, 0), vlmd_sample_uniform(1, 1));
+    vlmd_backend_destroy(b);
+}
+
+Test(sample, logprobs_come_from_the_raw_row)
+{
+    vlmd_backend *b = cpu();
+    float x[4] = {1.0f, 3.0f, 2.0f, 0.0f}, raw[4];
+    memcpy(raw, x, sizeof raw);
+    double z = 0;
+    for (int i = 0; i < 4; i++)
+        z += exp(raw[i]);
+    vlmd_seen_token seen[1] = {{1, 1, 0}};
+    vlmd_sample_row r = greedy();
+    r.n_top = 3;
+    r.presence_penalty = 5; /* token 1 drops behind token 2 */
+    r.seen = seen;
+    r.n_seen = 1;
+    vlmd_sample_out out;
+    vlmd_backend_ops(b)->sample(b, &out, x, &r, 1, 4);
+    cr_expect_eq(out.token, 2);
+    cr_expect_float_eq(out.logprob, 2.0 - log(z), 1e-5);
+    cr_assert_eq(out.n_top, 3);
+    int want[3] = {1, 2, 0};
+    for (int k = 0; k < 3; k++) {
+        cr_expect_eq(out.top_ids[k], want[k], "alternative %d", k);
+        cr_expect_float_eq(out.top_logprobs[k], raw[want[k]] - log(z), 1e-5);
+    }
+    r.presence_penalty = 0.5f; /* token 1 still leads: its logprob is its raw one */
+    memcpy(x, raw, sizeof raw);
+    vlmd_backend_ops(b)->sample(b, &out, x, &r, 1, 4);
+    cr_expect_eq(out.token, 1);
+    cr_expect_float_eq(out.logprob, 3.0 - log(z), 1e-5);
+    vlmd_backend_destroy(b);
+}
