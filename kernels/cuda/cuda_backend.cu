@@ -23,6 +23,7 @@
 
 #define CUBLAS_WORKSPACE_BYTES (32u << 20)
 #define STAGING_BYTES (32u << 20)    /* each of the two pinned staging buffers */
+#define SCRATCH_BYTES (64u << 20)    /* the kernels' scratch (attention's split partials) */
 #define CUBLAS_CHECK_DESTROY(stmt)                                                        \
     do {                                                                                  \
         if ((stmt) != CUBLAS_STATUS_SUCCESS)                                              \
@@ -33,6 +34,7 @@
 typedef struct cuda_state {
     cublasHandle_t cublas;
     void *workspace;            /* cuBLAS's, set once: it never allocates on its own */
+    void *scratch;              /* SCRATCH_BYTES for kernels between launches of one op */
     cudaStream_t stream;
     void *staging[2];           /* pinned host memory, STAGING_BYTES each */
     cudaEvent_t staged[2];      /* recorded after the copy out of staging[i] */
@@ -45,6 +47,12 @@ bool vlmd_cuda_capturing = false;
 cublasHandle_t vlmd_cuda_cublas(vlmd_backend *b)
 {
     return ((cuda_state *)b->impl)->cublas;
+}
+
+void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes)
+{
+    *bytes = SCRATCH_BYTES;
+    return ((cuda_state *)b->impl)->scratch;
 }
 
 cudaStream_t vlmd_cuda_stream(vlmd_backend *b)
@@ -220,6 +228,8 @@ static void cuda_teardown(cuda_state *cs)
         CUBLAS_CHECK_DESTROY(cublasDestroy(cs->cublas));
     if (cs->workspace)
         CUDA_CHECK(cudaFree(cs->workspace));
+    if (cs->scratch)
+        CUDA_CHECK(cudaFree(cs->scratch));
     for (int i = 0; i < 2; i++) {
         if (cs->staging[i])
             CUDA_CHECK(cudaFreeHost(cs->staging[i]));
@@ -282,14 +292,16 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
            cublasSetWorkspace(cs->cublas, cs->workspace, CUBLAS_WORKSPACE_BYTES) ==
                CUBLAS_STATUS_SUCCESS &&
            cublasSetStream(cs->cublas, cs->stream) == CUBLAS_STATUS_SUCCESS;
+    made = made && cudaMalloc(&cs->scratch, SCRATCH_BYTES) == cudaSuccess;
     if (!made) {
         cudaGetLastError();
         cuda_teardown(cs);
         b->impl = NULL;
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "device %d: no room for the stream, the "
-                           "pinned staging buffers or cuBLAS and its workspace", ordinal);
+                           "pinned staging buffers, cuBLAS and its workspace or the kernels' "
+                           "scratch", ordinal);
     }
-    b->alloc_count++; /* the workspace is a device allocation like any other */
+    b->alloc_count += 2; /* the workspace and the scratch are device allocations like any other */
     b->op_table = &vlmd_cuda_op_table;
     b->elem_size = sizeof(__nv_bfloat16);
     b->native_dtype = VLMD_DTYPE_BF16;

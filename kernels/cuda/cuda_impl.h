@@ -12,6 +12,13 @@ cublasHandle_t vlmd_cuda_cublas(vlmd_backend *b);
 /* The one stream every kernel, GEMM and copy of the backend runs on (not the
  * legacy default stream, which CUDA graphs cannot capture). */
 cudaStream_t vlmd_cuda_stream(vlmd_backend *b);
+/* Device memory a kernel may use within one op (*bytes of it), allocated at open. */
+void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes);
+/* cuda_attention.cu: the tiled kernel, or false when it does not take this shape. */
+extern "C" bool vlmd_cuda_flash_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
+                                          const void *k_cache, const void *v_cache,
+                                          const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
+                                          int nh, int nkv, int hd, bool causal);
 
 extern "C" const vlmd_op_table vlmd_cuda_op_table;
 

@@ -1,10 +1,9 @@
 /* cuda_ops.cu - the op table of the CUDA backend: bf16 weights and
  * activations, fp32 arithmetic, cuBLAS (bf16 in, fp32 compute) for the
- * matmuls. These first kernels are written for correctness and checked op by
- * op against the CPU reference (tests/unit/test_cuda_ops.c); the fast ones
- * (tiled flash attention for prefill, CUDA graphs) replace them behind the
- * same table.
- * Every launch is checked (CUDA_CHECK_LAUNCH). */
+ * matmuls, the element-wise and row kernels. Attention is in
+ * cuda_attention.cu, sampling in cuda_sample.cu. Every op is checked against
+ * the CPU reference (tests/unit/test_cuda_ops.c); every launch is checked
+ * (CUDA_CHECK_LAUNCH) and goes to the backend's stream. */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -165,7 +164,8 @@ static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, void *k_cache, void *
 #define ATTN_MAX_HD 256
 #define ATTN_WARPS 8
 
-/* One block per (query row, head); its warps split the visible keys into
+/* The fallback for head dims the tiled kernel (cuda_attention.cu) does not
+ * take. One block per (query row, head); its warps split the visible keys into
  * contiguous ranges (so a single decode query still fills the GPU), each warp
  * keeps an online softmax (running max, sum, weighted values; lanes split the
  * head dimension), and the partials are merged in shared memory at the end. */
@@ -241,6 +241,9 @@ static void cuda_attention(vlmd_backend *b, void *out, const void *q, int q_stri
                            const void *k_cache, const void *v_cache, const vlmd_attn_seq *seqs,
                            int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal)
 {
+    if (vlmd_cuda_flash_attention(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows, nh,
+                                  nkv, hd, causal))
+        return;
     if (hd > ATTN_MAX_HD)
         VLMD_FATAL("head dimension %d is over the %d this kernel handles", hd, ATTN_MAX_HD);
     k_attention<<<n_rows * nh, ATTN_WARPS * 32, 0, vlmd_cuda_stream(b)>>>(

@@ -227,7 +227,8 @@ Test(cuda_ops, attention_over_varied_sequences)
     pair p;
     if (!open_pair(&p))
         return;
-    int shapes[][3] = {{8, 2, 32}, {28, 4, 128}, {16, 16, 64}, {12, 3, 80}};
+    /* (40: a head dim the tiled kernel leaves to the simple one) */
+    int shapes[][3] = {{8, 2, 32}, {28, 4, 128}, {16, 16, 64}, {12, 3, 80}, {4, 2, 40}};
     enum { N_SEQ = 6 };
     int q_len[N_SEQ] = {130, 70, 1, 1, 1, 5}, kv_len[N_SEQ] = {130, 370, 41, 1, 5000, 5};
     int n_rows = 0, total = 0;

@@ -1,0 +1,319 @@
+/* cuda_attention.cu - attention over the token-slot KV cache, flash style:
+ * one kernel for prefill, chunked prefill after a cached prefix, decode and
+ * the vision tower's per-image attention.
+ *
+ * A block takes a tile of BR "rows" of one sequence and one KV head, where a
+ * row is a (query token, query head of that KV head's group) pair: the
+ * group's heads share every K/V tile the block loads, so a decode step reads
+ * each KV head once per group (GQA), and prefill tiles hold BR / group
+ * tokens. Per tile of BC keys (gathered through the slot table into shared
+ * memory): S = Q K^T on tensor cores (WMMA, bf16 in, fp32 out), the online
+ * softmax per row in fp32, O = O * alpha + P V on tensor cores with O kept in
+ * shared memory. Long sequences are split along the keys (flash-decoding):
+ * each split writes its unnormalized O with its running max and sum, and a
+ * second kernel merges them. The split count depends only on the launch's
+ * shape, so CUDA graphs can capture it; each block finds its key range from
+ * the sequence's length at run time. Head dims that are not a multiple of
+ * 16 take the simple kernel in cuda_ops.cu. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <mma.h>
+
+#include "backend_impl.h"
+#include "cuda_check.h"
+#include "cuda_impl.h"
+
+using namespace nvcuda;
+typedef __nv_bfloat16 bf16;
+
+#define BC 64             /* keys per tile */
+#define WARPS 4
+#define MAX_SPLITS 32
+
+/* Shared memory of a block: every array starts 128-byte aligned and each
+ * leading dimension keeps WMMA's 32-byte alignment of 16-row tiles. */
+struct attn_smem {
+    int ld_h, ld_f, ld_s, ld_p; /* leading dims: bf16 [x hd], fp32 [x hd], S, P */
+    size_t q, k, v, s, p, o, m, l, alpha, total;
+};
+
+__host__ __device__ static size_t round128(size_t x)
+{
+    return (x + 127) & ~(size_t)127;
+}
+
+__host__ __device__ static attn_smem smem_layout(int br, int hd)
+{
+    attn_smem L;
+    L.ld_h = hd + 8;
+    L.ld_f = hd + 4;
+    L.ld_s = BC + 4;
+    L.ld_p = BC + 8;
+    size_t at = 0;
+    L.q = at, at += round128((size_t)br * L.ld_h * 2);
+    L.k = at, at += round128((size_t)BC * L.ld_h * 2);
+    L.v = at, at += round128((size_t)BC * L.ld_h * 2);
+    L.s = at, at += round128((size_t)br * L.ld_s * 4);
+    L.p = at, at += round128((size_t)br * L.ld_p * 2);
+    L.o = at, at += round128((size_t)br * L.ld_f * 4);
+    L.m = at, at += round128((size_t)br * 4);
+    L.l = at, at += round128((size_t)br * 4);
+    L.alpha = at, at += round128((size_t)br * 4);
+    L.total = at;
+    return L;
+}
+
+/* Which sequence and which of its row tiles block `tile` is: a warp-wide scan
+ * over the sequences' tile counts. False when the launch has fewer tiles. */
+__device__ static bool find_tile(const vlmd_attn_seq *seqs, int n_seqs, int group, int br,
+                                 int tile, int *seq, int *first_row)
+{
+    __shared__ int found_seq, found_first;
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x, base = 0;
+        if (lane == 0)
+            found_seq = -1;
+        __syncwarp();
+        for (int at = 0; at < n_seqs; at += 32) {
+            int s = at + lane;
+            int tiles = s < n_seqs ? (seqs[s].q_len * group + br - 1) / br : 0, incl = tiles;
+            for (int o = 1; o < 32; o *= 2) {
+                int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o)
+                    incl += v;
+            }
+            int start = base + incl - tiles;
+            if (s < n_seqs && tile >= start && tile < start + tiles) {
+                found_seq = s;
+                found_first = (tile - start) * br;
+            }
+            base += __shfl_sync(0xffffffffu, incl, 31);
+        }
+    }
+    __syncthreads();
+    *seq = found_seq;
+    *first_row = found_first;
+    return found_seq >= 0;
+}
+
+template <int BR>
+__global__ void __launch_bounds__(WARPS * 32)
+    k_flash_attention(bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
+                      const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv,
+                      int hd, float scale, bool causal, int splits, float *partial)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    const attn_smem L = smem_layout(BR, hd);
+    bf16 *Qs = (bf16 *)(smem + L.q), *Ks = (bf16 *)(smem + L.k), *Vs = (bf16 *)(smem + L.v);
+    float *Ss = (float *)(smem + L.s), *Os = (float *)(smem + L.o);
+    bf16 *Ps = (bf16 *)(smem + L.p);
+    float *row_m = (float *)(smem + L.m), *row_l = (float *)(smem + L.l);
+    float *row_alpha = (float *)(smem + L.alpha);
+    const int group = nh / nkv, kvh = blockIdx.y, split = blockIdx.z, kv_dim = nkv * hd;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, vec = hd / 8;
+    int si, first;
+    if (!find_tile(seqs, n_seqs, group, BR, blockIdx.x, &si, &first))
+        return;
+    const vlmd_attn_seq sq = seqs[si];
+    const int past = sq.kv_len - sq.q_len; /* cached tokens before this step's queries */
+    const int rows = min(BR, sq.q_len * group - first);
+    /* keys this tile can see, and this split's share of them */
+    int last_token = (first + rows - 1) / group;
+    int hi_all = causal ? past + last_token + 1 : sq.kv_len;
+    int chunk = ((hi_all + splits - 1) / splits + BC - 1) / BC * BC;
+    int lo = split * chunk, hi = min(hi_all, lo + chunk);
+
+    for (int c = tid; c < BR * vec; c += blockDim.x) { /* Q rows, zero past the last */
+        int r = c / vec, d8 = c % vec, i = (first + r) / group, h = kvh * group + (first + r) % group;
+        uint4 val = make_uint4(0, 0, 0, 0);
+        if (r < rows)
+            val = *(const uint4 *)(q + (size_t)(sq.q_start + i) * q_stride + (size_t)h * hd + d8 * 8);
+        *(uint4 *)(Qs + (size_t)r * L.ld_h + d8 * 8) = val;
+    }
+    for (int c = tid; c < BR * hd; c += blockDim.x)
+        Os[(c / hd) * L.ld_f + c % hd] = 0;
+    for (int r = tid; r < BR; r += blockDim.x) {
+        row_m[r] = -INFINITY;
+        row_l[r] = 0;
+    }
+    __syncthreads();
+
+    for (int t0 = lo; t0 < hi; t0 += BC) {
+        for (int c = tid; c < BC * vec; c += blockDim.x) { /* K and V through the slot table */
+            int j = c / vec, d8 = c % vec;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
+            if (t0 + j < hi) {
+                size_t at = (size_t)sq.slots[t0 + j] * kv_dim + (size_t)kvh * hd + d8 * 8;
+                kv = *(const uint4 *)(k_cache + at);
+                vv = *(const uint4 *)(v_cache + at); /* zeros, not garbage: 0 x NaN is NaN */
+            }
+            *(uint4 *)(Ks + (size_t)j * L.ld_h + d8 * 8) = kv;
+            *(uint4 *)(Vs + (size_t)j * L.ld_h + d8 * 8) = vv;
+        }
+        __syncthreads();
+        /* S = Q K^T */
+        for (int t = warp; t < (BR / 16) * (BC / 16); t += WARPS) {
+            int ti = t / (BC / 16), tj = t % (BC / 16);
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int k = 0; k < hd; k += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::col_major> bk;
+                wmma::load_matrix_sync(a, Qs + (size_t)ti * 16 * L.ld_h + k, L.ld_h);
+                wmma::load_matrix_sync(bk, Ks + (size_t)tj * 16 * L.ld_h + k, L.ld_h);
+                wmma::mma_sync(acc, a, bk, acc);
+            }
+            wmma::store_matrix_sync(Ss + (size_t)ti * 16 * L.ld_s + tj * 16, acc, L.ld_s,
+                                    wmma::mem_row_major);
+        }
+        __syncthreads();
+        /* the online softmax, a warp per row */
+        for (int r = warp; r < BR; r += WARPS) {
+            int pos = past + (first + r) / group; /* this query's place in its sequence */
+            float s[BC / 32], mx = -INFINITY;
+            for (int u = 0; u < BC / 32; u++) {
+                int j = t0 + lane + 32 * u;
+                bool ok = r < rows && j < hi && (!causal || j <= pos);
+                s[u] = ok ? Ss[(size_t)r * L.ld_s + lane + 32 * u] * scale : -INFINITY;
+                mx = fmaxf(mx, s[u]);
+            }
+            for (int o = 16; o > 0; o /= 2)
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            float m_old = row_m[r], m_new = fmaxf(m_old, mx), sum = 0;
+            for (int u = 0; u < BC / 32; u++) {
+                float p = m_new == -INFINITY ? 0.0f : expf(s[u] - m_new);
+                Ps[(size_t)r * L.ld_p + lane + 32 * u] = __float2bfloat16(p);
+                sum += p;
+            }
+            for (int o = 16; o > 0; o /= 2)
+                sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            if (lane == 0) {
+                float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
+                row_alpha[r] = alpha;
+                row_l[r] = row_l[r] * alpha + sum;
+                row_m[r] = m_new;
+            }
+        }
+        __syncthreads();
+        for (int c = tid; c < BR * hd; c += blockDim.x)
+            Os[(c / hd) * L.ld_f + c % hd] *= row_alpha[c / hd];
+        __syncthreads();
+        /* O += P V */
+        for (int t = warp; t < (BR / 16) * (hd / 16); t += WARPS) {
+            int ti = t / (hd / 16), tj = t % (hd / 16);
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            float *o = Os + (size_t)ti * 16 * L.ld_f + tj * 16;
+            wmma::load_matrix_sync(acc, o, L.ld_f, wmma::mem_row_major);
+            for (int k = 0; k < BC; k += 16) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, bf16, wmma::row_major> a;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, bf16, wmma::row_major> bv;
+                wmma::load_matrix_sync(a, Ps + (size_t)ti * 16 * L.ld_p + k, L.ld_p);
+                wmma::load_matrix_sync(bv, Vs + (size_t)k * L.ld_h + tj * 16, L.ld_h);
+                wmma::mma_sync(acc, a, bv, acc);
+            }
+            wmma::store_matrix_sync(o, acc, L.ld_f, wmma::mem_row_major);
+        }
+        __syncthreads();
+    }
+
+    if (splits == 1) {
+        for (int c = tid; c < rows * hd; c += blockDim.x) {
+            int r = c / hd, d = c % hd, i = (first + r) / group, h = kvh * group + (first + r) % group;
+            float l = row_l[r];
+            out[(size_t)(sq.q_start + i) * nh * hd + (size_t)h * hd + d] =
+                __float2bfloat16(l > 0 ? Os[(size_t)r * L.ld_f + d] / l : 0.0f);
+        }
+        return;
+    }
+    /* this split's share: [O (hd) | m | l] per row */
+    float *mine = partial + (((size_t)blockIdx.x * gridDim.y + kvh) * splits + split) * BR * (hd + 2);
+    for (int c = tid; c < rows * (hd + 2); c += blockDim.x) {
+        int r = c / (hd + 2), d = c % (hd + 2);
+        mine[c] = d < hd ? Os[(size_t)r * L.ld_f + d] : d == hd ? row_m[r] : row_l[r];
+    }
+}
+
+/* Merges the splits of each row: weights exp(m_s - M), sums l_s exp(m_s - M). */
+template <int BR>
+__global__ void k_merge_splits(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int nh,
+                               int nkv, int hd, int splits, const float *partial)
+{
+    const int group = nh / nkv, kvh = blockIdx.y;
+    int si, first;
+    if (!find_tile(seqs, n_seqs, group, BR, blockIdx.x, &si, &first))
+        return;
+    const vlmd_attn_seq sq = seqs[si];
+    const int rows = min(BR, sq.q_len * group - first);
+    const float *base = partial + ((size_t)blockIdx.x * gridDim.y + kvh) * splits * BR * (hd + 2);
+    for (int c = threadIdx.x; c < rows * hd; c += blockDim.x) {
+        int r = c / hd, d = c % hd, i = (first + r) / group, h = kvh * group + (first + r) % group;
+        float M = -INFINITY;
+        for (int s = 0; s < splits; s++)
+            M = fmaxf(M, base[((size_t)s * BR + r) * (hd + 2) + hd]);
+        float o = 0, l = 0;
+        for (int s = 0; s < splits; s++) {
+            const float *p = base + ((size_t)s * BR + r) * (hd + 2);
+            if (p[hd] == -INFINITY)
+                continue; /* a split with no key this row sees */
+            float w = expf(p[hd] - M);
+            o += p[d] * w;
+            l += p[hd + 1] * w;
+        }
+        out[(size_t)(sq.q_start + i) * nh * hd + (size_t)h * hd + d] =
+            __float2bfloat16(l > 0 ? o / l : 0.0f);
+    }
+}
+
+template <int BR>
+static void launch(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
+                   const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
+                   int nkv, int hd, bool causal)
+{
+    cudaStream_t stream = vlmd_cuda_stream(b);
+    size_t scratch_bytes = 0;
+    float *scratch = (float *)vlmd_cuda_scratch(b, &scratch_bytes);
+    const int group = nh / nkv;
+    /* an upper bound on the tiles: each sequence's rows rounded up to a tile */
+    int tiles = (n_rows * group + BR - 1) / BR + n_seqs;
+    /* enough blocks for two waves, in as many splits as the scratch holds */
+    int blocks = tiles * nkv, sms = vlmd_backend_info(b)->multiprocessors;
+    int splits = blocks >= 2 * sms ? 1 : min(MAX_SPLITS, (2 * sms + blocks - 1) / blocks);
+    size_t per_split = (size_t)blocks * BR * (hd + 2) * sizeof(float);
+    while (splits > 1 && (size_t)splits * per_split > scratch_bytes)
+        splits--;
+    attn_smem L = smem_layout(BR, hd);
+    static size_t allowed = 0; /* set once per size, outside any graph capture after the first */
+    if (L.total > allowed) {
+        CUDA_CHECK(cudaFuncSetAttribute(k_flash_attention<BR>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)L.total));
+        allowed = L.total;
+    }
+    k_flash_attention<BR><<<dim3(tiles, nkv, splits), WARPS * 32, L.total, stream>>>(
+        out, q, q_stride, k_cache, v_cache, seqs, n_seqs, nh, nkv, hd, 1.0f / sqrtf((float)hd),
+        causal, splits, scratch);
+    CUDA_CHECK_LAUNCH();
+    if (splits > 1) {
+        k_merge_splits<BR><<<dim3(tiles, nkv), 128, 0, stream>>>(out, seqs, n_seqs, nh, nkv, hd,
+                                                                 splits, scratch);
+        CUDA_CHECK_LAUNCH();
+    }
+}
+
+extern "C" bool vlmd_cuda_flash_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
+                                          const void *k_cache, const void *v_cache,
+                                          const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
+                                          int nh, int nkv, int hd, bool causal)
+{
+    if (hd % 16 || hd > 256 || nh % nkv)
+        return false;
+    /* a decode step (one query per sequence) fills a 16-row tile with its group's heads */
+    if (n_rows == n_seqs)
+        launch<16>(b, (bf16 *)out, (const bf16 *)q, q_stride, (const bf16 *)k_cache,
+                   (const bf16 *)v_cache, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
+    else
+        launch<64>(b, (bf16 *)out, (const bf16 *)q, q_stride, (const bf16 *)k_cache,
+                   (const bf16 *)v_cache, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
+    return true;
+}
