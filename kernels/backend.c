@@ -197,6 +197,11 @@ void vlmd_backend_graph_free(vlmd_backend *b, vlmd_graph *g)
         b->ops->graph_free(b, g);
 }
 
+vlmd_status vlmd_backend_synchronize(vlmd_backend *b, vlmd_error *err)
+{
+    return b->ops->synchronize(b, err);
+}
+
 bool vlmd_backend_graphs_native(const vlmd_backend *b)
 {
     return b->ops->graphs_native;

@@ -108,6 +108,9 @@ void vlmd_backend_graph_free(vlmd_backend *b, vlmd_graph *g);      /* accepts NU
  * they only replay the call, so servers leave them off there. */
 bool vlmd_backend_graphs_native(const vlmd_backend *b);
 
+/* Waits until every op launched so far has finished (a benchmark's clock). */
+vlmd_status vlmd_backend_synchronize(vlmd_backend *b, vlmd_error *err);
+
 /* True when this build contains the CUDA backend. */
 bool vlmd_backend_cuda_built(void);
 

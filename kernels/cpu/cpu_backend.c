@@ -92,6 +92,13 @@ static void cpu_graph_free(vlmd_backend *b, vlmd_graph *g)
     free(g);
 }
 
+static vlmd_status cpu_synchronize(vlmd_backend *b, vlmd_error *err)
+{
+    (void)b;
+    (void)err;
+    return VLMD_OK; /* every op has returned when it is done */
+}
+
 static void cpu_destroy(vlmd_backend *b)
 {
     (void)b;
@@ -109,6 +116,7 @@ static const vlmd_device_vtable cpu_ops = {
     .graph_launch = cpu_graph_launch,
     .graph_free = cpu_graph_free,
     .graphs_native = false,
+    .synchronize = cpu_synchronize,
     .destroy = cpu_destroy,
 };
 

@@ -214,6 +214,14 @@ static vlmd_status cuda_graph_launch(vlmd_backend *b, vlmd_graph *g, vlmd_error 
     return VLMD_OK;
 }
 
+static vlmd_status cuda_synchronize(vlmd_backend *b, vlmd_error *err)
+{
+    cudaError_t e = cudaStreamSynchronize(vlmd_cuda_stream(b));
+    if (e != cudaSuccess)
+        return vlmd_errorf(err, VLMD_ERR_IO, "synchronize: %s", cudaGetErrorString(e));
+    return VLMD_OK;
+}
+
 static void cuda_graph_free(vlmd_backend *b, vlmd_graph *g)
 {
     (void)b;
@@ -260,6 +268,7 @@ static const vlmd_device_vtable cuda_ops = {
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
     .graphs_native = true,
+    .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
 };
 

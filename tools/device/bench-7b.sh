@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench-7b.sh BUNDLE.tar.xz [OUT_DIR]: on a GPU machine, writes a random
 # Qwen2.5-7B-shaped checkpoint (unless /tmp/q7b has one), measures the copy
-# bandwidth and the bf16 GEMM rate (ceilings.py), and runs what docs/PERFORMANCE.md records:
+# bandwidth and the bf16 GEMM rate (ceilings.py), times each op alone at the
+# model's shapes (vlmd-bench-ops), and runs what docs/PERFORMANCE.md records:
 # vlmd-bench-engine decode at batch 1, 32 and 128 (512 in, 256 out) and the
 # prefill of one 8192-token prompt, then the same with Hugging Face
 # transformers (bench_hf.py) in the same run. Prints the results last.
@@ -12,6 +13,8 @@ source "$here/unpack.sh" "$1" "${2:-/tmp/vlmd-bench}"
 python3 "$here/ceilings.py" | tee "$out/ceilings.log"
 bw=$(awk '/BANDWIDTH_GBS/ {print $2}' "$out/ceilings.log")
 tf=$(awk '/GEMM_TFLOPS/ {print $2}' "$out/ceilings.log")
+"$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" --gemm-tflops "$tf" \
+  | tee "$out/ops.log"
 : >"$out/bench.log"
 for b in 1 32 128; do
   "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch "$b" \
@@ -21,4 +24,4 @@ done
   --gemm-tflops "$tf" | tee -a "$out/bench.log"
 python3 "$here/bench_hf.py" /tmp/q7b 2>"$out/hf.err" | tee "$out/hf.log" || tail -5 "$out/hf.err"
 echo; echo "copy bandwidth (torch, D2D, read+write): $bw GB/s; bf16 GEMM: $tf TFLOP/s"
-cat "$out/bench.log" "$out/hf.log"
+cat "$out/ops.log" "$out/bench.log" "$out/hf.log"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh - run on a GPU machine over a bundle made by bundle.sh: the
-# unit tests, then `vlmd serve --device auto` on a fixture model, checked
+# unit tests, the CUDA op tests under compute-sanitizer (memcheck and
+# racecheck), then `vlmd serve --device auto` on a fixture model, checked
 # through its HTTP API (serve_check.py). Prints a short table last.
 # usage: tools/device/gpu-check.sh BUNDLE.tar.xz MODEL_DIR [LOG_DIR]
 set -uo pipefail
@@ -16,6 +17,18 @@ for t in "$bundle"/tests/test_*; do
   name=$(basename "$t")
   if "$t" --jobs 4 >"$logs/$name.log" 2>&1; then result[$name]=pass; else result[$name]=FAIL; fi
   tail -1 "$logs/$name.log"
+done
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+for tool in memcheck racecheck; do
+  if [ -z "$sanitizer" ]; then
+    result[sanitizer_$tool]="FAIL (no compute-sanitizer)"
+  elif "$sanitizer" --tool "$tool" --error-exitcode 1 "$bundle/tests/test_cuda_ops" --jobs 1 \
+    >"$logs/sanitizer_$tool.log" 2>&1; then
+    result[sanitizer_$tool]=pass
+  else
+    result[sanitizer_$tool]=FAIL
+    tail -20 "$logs/sanitizer_$tool.log"
+  fi
 done
 if python3 "$(dirname "$0")/serve_check.py" "$bundle/bin" "$model" >"$logs/serve.log" 2>&1; then
   result[serve_gpu]=pass

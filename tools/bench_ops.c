@@ -1,0 +1,343 @@
+/* bench_ops.c - `vlmd-bench-ops [--device D] [--bandwidth-gbs X] [--gemm-tflops Y]
+ * [--shape 7b|tiny] [--runs N]`: each op of the backend timed alone on
+ * random inputs (STYLE.md habit 8; that each op is right is test_cuda_ops's
+ * job). Shapes: those of Qwen2.5-7B's text model (hidden 3584, 28 query and
+ * 4 KV heads of 128, intermediate 18944, vocabulary 152064), or a tiny model
+ * for a quick run on the CPU. Per op: the time of one call (the mean of
+ * --runs after a warm-up, the device synchronized around them), the bytes it
+ * must move or the FLOPs it must do, and the achieved rate as a fraction of
+ * the ceiling given (--bandwidth-gbs: the measured copy bandwidth;
+ * --gemm-tflops: the measured bf16 GEMM rate; tools/device/ceilings.py
+ * measures both). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "buf.h"
+#include "clock.h"
+#include "log.h"
+#include "ops.h"
+
+typedef struct shape {
+    const char *name;
+    int H, I, nh, nkv, hd, V;
+    int tokens[4];      /* linear rows: decode batches and a prefill */
+    int kv_lens[3];     /* decode attention context lengths */
+    int prefill;        /* causal prefill attention length */
+} shape;
+
+static const shape shapes[] = {
+    {"7b", 3584, 18944, 28, 4, 128, 152064, {1, 32, 128, 8192}, {512, 4096, 32768}, 8192},
+    {"tiny", 256, 512, 4, 2, 64, 1024, {1, 8, 32, 256}, {64, 256, 1024}, 256},
+};
+
+typedef struct bench {
+    vlmd_backend *b;
+    const vlmd_op_table *op;
+    size_t es;
+    int runs;
+    double bandwidth_gbs, gemm_tflops;
+} bench;
+
+static void *dev(bench *k, size_t bytes)
+{
+    void *p = NULL;
+    vlmd_error err = {0};
+    if (vlmd_backend_alloc(k->b, bytes ? bytes : 4, &p, &err) != VLMD_OK)
+        VLMD_FATAL("%s", err.msg);
+    return p;
+}
+
+/* n random elements in [-scale, scale) on the device */
+static void *random_dev(bench *k, size_t n, float scale)
+{
+    float *h = malloc(n * sizeof *h);
+    VLMD_ASSERT(h);
+    uint64_t s = 0x9e3779b97f4a7c15ull ^ n;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        h[i] = scale * ((float)(s >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
+    }
+    void *d = dev(k, n * k->es);
+    vlmd_error err = {0};
+    if (vlmd_backend_upload_f32(k->b, d, h, n, &err) != VLMD_OK)
+        VLMD_FATAL("%s", err.msg);
+    free(h);
+    return d;
+}
+
+static void *ints_dev(bench *k, const int32_t *h, size_t n)
+{
+    void *d = dev(k, n * sizeof *h);
+    vlmd_error err = {0};
+    if (vlmd_backend_copy_to_device(k->b, d, h, n * sizeof *h, &err) != VLMD_OK)
+        VLMD_FATAL("%s", err.msg);
+    return d;
+}
+
+typedef void (*op_call)(bench *k, void *ctx);
+
+/* Seconds per call of fn: one warm-up, then the mean of k->runs. */
+static double time_call(bench *k, op_call fn, void *ctx)
+{
+    fn(k, ctx);
+    vlmd_backend_synchronize(k->b, NULL);
+    uint64_t t0 = vlmd_now_ns();
+    for (int i = 0; i < k->runs; i++)
+        fn(k, ctx);
+    vlmd_backend_synchronize(k->b, NULL);
+    return (double)(vlmd_now_ns() - t0) / 1e9 / k->runs;
+}
+
+/* One table row: bytes moved or FLOPs done, against the matching ceiling. */
+static void report(const bench *k, const char *op, const char *what, double s, double bytes,
+                   double flops)
+{
+    char rate[48] = "", frac[24] = "";
+    if (flops > 0) {
+        snprintf(rate, sizeof rate, "%9.1f TFLOP/s", flops / s / 1e12);
+        if (k->gemm_tflops > 0)
+            snprintf(frac, sizeof frac, "%5.1f%% of GEMM", 100 * flops / s / 1e12 / k->gemm_tflops);
+    } else {
+        snprintf(rate, sizeof rate, "%9.1f GB/s", bytes / s / 1e9);
+        if (k->bandwidth_gbs > 0)
+            snprintf(frac, sizeof frac, "%5.1f%% of copy", 100 * bytes / s / 1e9 / k->bandwidth_gbs);
+    }
+    printf("%-14s %-28s %10.1f us %s  %s\n", op, what, s * 1e6, rate, frac);
+}
+
+/* ---- the ops ------------------------------------------------------------------ */
+
+typedef struct linear_ctx {
+    void *out, *x, *w;
+    int n, in, out_dim;
+} linear_ctx;
+
+static void run_linear(bench *k, void *c)
+{
+    linear_ctx *l = c;
+    k->op->linear(k->b, l->out, l->x, l->w, NULL, l->n, l->in, l->out_dim);
+}
+
+static void bench_linears(bench *k, const shape *sh)
+{
+    int Q = sh->nh * sh->hd, KV = sh->nkv * sh->hd;
+    struct {
+        const char *name;
+        int in, out;
+    } layers[] = {{"qkv", sh->H, Q + 2 * KV}, {"o", Q, sh->H}, {"gate_up", sh->H, 2 * sh->I},
+                  {"down", sh->I, sh->H}, {"lm_head", sh->H, sh->V}};
+    int max_n = sh->tokens[3];
+    void *x = random_dev(k, (size_t)max_n * sh->I, 1);
+    void *out = dev(k, (size_t)max_n * (sh->V > 2 * sh->I ? sh->V : 2 * sh->I) * k->es);
+    for (size_t j = 0; j < sizeof layers / sizeof layers[0]; j++) {
+        void *w = random_dev(k, (size_t)layers[j].in * layers[j].out, 0.02f);
+        for (int t = 0; t < 4; t++) {
+            int n = sh->tokens[t];
+            if (j == 4 && n > 128)
+                continue; /* the lm_head runs on the sampled rows only */
+            linear_ctx c = {out, x, w, n, layers[j].in, layers[j].out};
+            double s = time_call(k, run_linear, &c);
+            double wbytes = (double)layers[j].in * layers[j].out * k->es;
+            double flops = 2.0 * n * layers[j].in * layers[j].out;
+            char what[64];
+            snprintf(what, sizeof what, "%s n=%d (%dx%d)", layers[j].name, n, layers[j].in,
+                     layers[j].out);
+            /* small batches stream the weights; large ones are bound by the FLOPs */
+            report(k, "linear", what, s, n <= 128 ? wbytes : 0, n <= 128 ? 0 : flops);
+        }
+        vlmd_backend_free(k->b, w, (size_t)layers[j].in * layers[j].out * k->es);
+    }
+    vlmd_backend_free(k->b, x, (size_t)max_n * sh->I * k->es);
+    vlmd_backend_free(k->b, out, (size_t)max_n * (sh->V > 2 * sh->I ? sh->V : 2 * sh->I) * k->es);
+}
+
+typedef struct rows_ctx {
+    void *out, *x, *res, *w, *k_cache, *v_cache;
+    const int32_t *positions, *slots;
+    int n, H, I, nh, nkv, hd;
+} rows_ctx;
+
+static void run_rmsnorm(bench *k, void *c)
+{
+    rows_ctx *r = c;
+    k->op->rmsnorm(k->b, r->out, r->x, r->res, r->w, r->n, r->H, 1e-6f);
+}
+
+static void run_silu_mul(bench *k, void *c)
+{
+    rows_ctx *r = c;
+    k->op->silu_mul(k->b, r->out, r->x, r->n, r->I);
+}
+
+static void run_rope_kv_write(bench *k, void *c)
+{
+    rows_ctx *r = c;
+    k->op->rope_kv_write(k->b, r->x, r->k_cache, r->v_cache, r->positions, r->slots, r->n, r->nh,
+                         r->nkv, r->hd, 1e6f, NULL);
+}
+
+static void bench_rows(bench *k, const shape *sh)
+{
+    int n = sh->tokens[3], QKV = (sh->nh + 2 * sh->nkv) * sh->hd, kv_dim = sh->nkv * sh->hd;
+    int32_t *host = malloc(3 * (size_t)n * sizeof *host);
+    VLMD_ASSERT(host);
+    for (int i = 0; i < 3 * n; i++)
+        host[i] = i % n;
+    rows_ctx c = {.out = dev(k, (size_t)n * 2 * sh->I * k->es),
+                  .x = random_dev(k, (size_t)n * 2 * sh->I, 1),
+                  .res = random_dev(k, (size_t)n * sh->H, 1), .w = random_dev(k, sh->H, 1),
+                  .k_cache = dev(k, (size_t)n * kv_dim * k->es),
+                  .v_cache = dev(k, (size_t)n * kv_dim * k->es),
+                  .positions = ints_dev(k, host, 3 * (size_t)n), .slots = ints_dev(k, host, n),
+                  .n = n, .H = sh->H, .I = sh->I, .nh = sh->nh, .nkv = sh->nkv, .hd = sh->hd};
+    char what[64];
+    snprintf(what, sizeof what, "n=%d H=%d", n, sh->H);
+    /* reads x and the residual, writes both */
+    report(k, "rmsnorm+add", what, time_call(k, run_rmsnorm, &c), 4.0 * n * sh->H * k->es, 0);
+    snprintf(what, sizeof what, "n=%d I=%d", n, sh->I);
+    report(k, "silu_mul", what, time_call(k, run_silu_mul, &c), 3.0 * n * sh->I * k->es, 0);
+    snprintf(what, sizeof what, "n=%d qkv=%d", n, QKV);
+    /* reads q, k, v; writes q, and k, v to the cache */
+    report(k, "rope_kv_write", what, time_call(k, run_rope_kv_write, &c),
+           (double)n * (QKV + sh->nh * sh->hd + 2 * kv_dim) * k->es, 0);
+    free(host);
+}
+
+typedef struct attn_ctx {
+    void *out, *qkv, *k_cache, *v_cache;
+    vlmd_attn_seq *seqs;
+    int n_seqs, n_rows, nh, nkv, hd;
+} attn_ctx;
+
+static void run_attention(bench *k, void *c)
+{
+    attn_ctx *a = c;
+    int stride = (a->nh + 2 * a->nkv) * a->hd;
+    k->op->attention(k->b, a->out, a->qkv, stride, a->k_cache, a->v_cache, a->seqs, a->n_seqs,
+                     a->n_rows, a->nh, a->nkv, a->hd, true);
+}
+
+/* batch sequences, each q_len new queries at the end of kv_len cached tokens */
+static void bench_attention_case(bench *k, const shape *sh, int batch, int q_len, int kv_len)
+{
+    int kv_dim = sh->nkv * sh->hd, rows = batch * q_len;
+    size_t slots_n = (size_t)batch * kv_len;
+    int32_t *slots = calloc(slots_n, sizeof *slots);
+    vlmd_attn_seq *seqs = malloc((size_t)batch * sizeof *seqs);
+    VLMD_ASSERT(slots && seqs);
+    for (size_t i = 0; i < slots_n; i++)
+        slots[i] = (int32_t)i;
+    int32_t *dslots = ints_dev(k, slots, slots_n);
+    for (int s = 0; s < batch; s++)
+        seqs[s] = (vlmd_attn_seq){s * q_len, q_len, kv_len, dslots + (size_t)s * kv_len};
+    void *dseqs = dev(k, (size_t)batch * sizeof *seqs);
+    vlmd_backend_copy_to_device(k->b, dseqs, seqs, (size_t)batch * sizeof *seqs, NULL);
+    size_t qkv_n = (size_t)rows * (sh->nh + 2 * sh->nkv) * sh->hd;
+    attn_ctx c = {dev(k, (size_t)rows * sh->nh * sh->hd * k->es), random_dev(k, qkv_n, 1),
+                  random_dev(k, slots_n * kv_dim, 1), random_dev(k, slots_n * kv_dim, 1),
+                  dseqs, batch, rows, sh->nh, sh->nkv, sh->hd};
+    double s = time_call(k, run_attention, &c);
+    char what[64];
+    snprintf(what, sizeof what, "b=%d q=%d kv=%d", batch, q_len, kv_len);
+    if (q_len == 1) /* decode: bound by reading the cache */
+        report(k, "attention", what, s, 2.0 * slots_n * kv_dim * k->es, 0);
+    else /* causal prefill: QK^T and PV over half the square */
+        report(k, "attention", what, s, 0, 2.0 * 2 * batch * sh->nh * sh->hd *
+                                                ((double)q_len * (q_len + 1) / 2));
+    vlmd_backend_free(k->b, c.out, (size_t)rows * sh->nh * sh->hd * k->es);
+    vlmd_backend_free(k->b, c.qkv, qkv_n * k->es);
+    vlmd_backend_free(k->b, c.k_cache, slots_n * kv_dim * k->es);
+    vlmd_backend_free(k->b, c.v_cache, slots_n * kv_dim * k->es);
+    vlmd_backend_free(k->b, dslots, slots_n * sizeof *slots);
+    vlmd_backend_free(k->b, dseqs, (size_t)batch * sizeof *seqs);
+    free(slots);
+    free(seqs);
+}
+
+typedef struct sample_ctx {
+    vlmd_sample_out *out;
+    void *logits;
+    const vlmd_sample_row *rows;
+    int n, vocab;
+} sample_ctx;
+
+static void run_sample(bench *k, void *c)
+{
+    sample_ctx *x = c;
+    k->op->sample(k->b, x->out, x->logits, x->rows, x->n, x->vocab);
+}
+
+static void bench_sample(bench *k, const shape *sh, int n, float top_p)
+{
+    vlmd_sample_row *rows = malloc((size_t)n * sizeof *rows);
+    VLMD_ASSERT(rows);
+    for (int i = 0; i < n; i++)
+        rows[i] = (vlmd_sample_row){.temperature = 0.8f, .top_p = top_p, .top_k = -1,
+                                    .repetition_penalty = 1, .n_top = -1, .seed = (uint64_t)i};
+    void *drows = dev(k, (size_t)n * sizeof *rows);
+    vlmd_backend_copy_to_device(k->b, drows, rows, (size_t)n * sizeof *rows, NULL);
+    sample_ctx c = {dev(k, (size_t)n * sizeof(vlmd_sample_out)),
+                    random_dev(k, (size_t)n * sh->V, 8), drows, n, sh->V};
+    char what[64];
+    snprintf(what, sizeof what, "b=%d V=%d top_p=%g", n, sh->V, top_p);
+    report(k, "sample", what, time_call(k, run_sample, &c), (double)n * sh->V * k->es, 0);
+    vlmd_backend_free(k->b, c.out, (size_t)n * sizeof(vlmd_sample_out));
+    vlmd_backend_free(k->b, c.logits, (size_t)n * sh->V * k->es);
+    vlmd_backend_free(k->b, drows, (size_t)n * sizeof *rows);
+    free(rows);
+}
+
+int main(int argc, char **argv)
+{
+    const char *device = "auto", *shape_name = "7b";
+    double bandwidth = 0, tflops = 0;
+    long long runs = 20;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+            device = argv[++i];
+        else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc)
+            shape_name = argv[++i];
+        else if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
+            vlmd_parse_i64(argv[++i], 1, 100000, &runs);
+        else if (strcmp(argv[i], "--bandwidth-gbs") == 0 && i + 1 < argc)
+            bandwidth = atof(argv[++i]);
+        else if (strcmp(argv[i], "--gemm-tflops") == 0 && i + 1 < argc)
+            tflops = atof(argv[++i]);
+        else {
+            fprintf(stderr, "usage: vlmd-bench-ops [--device auto|cpu|cuda] [--shape 7b|tiny] "
+                            "[--runs N] [--bandwidth-gbs X] [--gemm-tflops Y]\n");
+            return 2;
+        }
+    }
+    const shape *sh = NULL;
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
+        if (strcmp(shapes[i].name, shape_name) == 0)
+            sh = &shapes[i];
+    vlmd_error err = {0};
+    bench k = {.runs = (int)runs, .bandwidth_gbs = bandwidth, .gemm_tflops = tflops};
+    if (!sh || vlmd_backend_create(device, &k.b, &err) != VLMD_OK) {
+        fprintf(stderr, "vlmd-bench-ops: %s\n", sh ? err.msg : "--shape: 7b or tiny");
+        return 2;
+    }
+    k.op = vlmd_backend_ops(k.b);
+    k.es = vlmd_backend_elem_size(k.b);
+    printf("vlmd-bench-ops on %s, shape %s, %d runs per op\n", vlmd_backend_info(k.b)->name,
+           sh->name, k.runs);
+    printf("%-14s %-28s %13s %16s  %s\n", "op", "shape", "time", "rate", "of ceiling");
+    bench_linears(&k, sh);
+    bench_rows(&k, sh);
+    for (int i = 0; i < 3; i++) {
+        bench_attention_case(&k, sh, 1, 1, sh->kv_lens[i]);
+        bench_attention_case(&k, sh, 32, 1, sh->kv_lens[i]);
+    }
+    bench_attention_case(&k, sh, 128, 1, sh->kv_lens[0]);
+    bench_attention_case(&k, sh, 1, sh->prefill, sh->prefill);
+    bench_sample(&k, sh, 1, 1.0f);
+    bench_sample(&k, sh, 128, 1.0f);
+    bench_sample(&k, sh, 128, 0.9f);
+    vlmd_backend_destroy(k.b);
+    return 0;
+}
