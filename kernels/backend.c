@@ -137,13 +137,13 @@ void vlmd_backend_free(vlmd_backend *b, void *ptr, size_t bytes)
 vlmd_status vlmd_backend_copy_to_device(vlmd_backend *b, void *dst, const void *src, size_t n,
                                         vlmd_error *err)
 {
-    return b->ops->copy_to_device(b, dst, src, n, err);
+    return n ? b->ops->copy_to_device(b, dst, src, n, err) : VLMD_OK; /* src may be NULL then */
 }
 
 vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *src, size_t n,
                                       vlmd_error *err)
 {
-    return b->ops->copy_to_host(b, dst, src, n, err);
+    return n ? b->ops->copy_to_host(b, dst, src, n, err) : VLMD_OK;
 }
 
 vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst, const vlmd_tensor_view *t,
