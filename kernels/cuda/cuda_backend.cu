@@ -2,10 +2,14 @@
  * copies and graphs. Everything runs on one non-blocking stream (graphs can
  * capture it; the legacy default stream cannot be captured).
  *
- * Host-to-device copies go through two pinned staging buffers, alternately:
- * while the DMA engine copies one chunk, the CPU fills the other from the
- * source (for weights, the mmapped checkpoint: the page faults that read the
- * disk overlap the transfer), so loading is bound by the disk, not the copy.
+ * Host-to-device copies go through two pinned staging buffers, filled in
+ * turn: while the DMA engine copies out of one, the CPU fills the other from
+ * the source (for weights, the mmapped checkpoint: the page faults that read
+ * the disk overlap the transfer), so loading is bound by the disk, not the
+ * copy. A copy returns once its bytes are staged, not when they arrive:
+ * later work on the stream sees them, and a step's small uploads (ids,
+ * positions, slot tables) queue behind the running step instead of waiting
+ * for it; only downloads synchronize.
  *
  * Every CUDA call is checked; an error on an allocation or a copy becomes a
  * status (the caller decides), anything else is fatal with file:line. */
@@ -37,7 +41,9 @@ typedef struct cuda_state {
     void *scratch;              /* SCRATCH_BYTES for kernels between launches of one op */
     cudaStream_t stream;
     void *staging[2];           /* pinned host memory, STAGING_BYTES each */
-    cudaEvent_t staged[2];      /* recorded after the copy out of staging[i] */
+    cudaEvent_t staged[2];      /* recorded after each copy out of staging[i] */
+    int cur;                    /* the staging buffer being filled */
+    size_t used;                /* its bytes given to copies not known to be done */
 } cuda_state;
 
 /* Set while a graph is being captured: debug builds then skip the
@@ -112,26 +118,33 @@ static void stage_bf16(void *staging, size_t offset, size_t n, const void *src)
         out[i] = __float2bfloat16(f[i]);
 }
 
-/* n bytes to dst, produced chunk by chunk by fill, through the two staging
- * buffers in turn; waits for the last copy. */
+/* n bytes to dst, produced chunk by chunk by fill into the staging buffers
+ * (packed one after another; when one is full, the other, once the copies
+ * out of it are done) and copied asynchronously on the stream. */
 static vlmd_status staged_upload(vlmd_backend *b, void *dst, size_t n, stage_fn fill,
                                  const void *src, vlmd_error *err)
 {
     cuda_state *cs = (cuda_state *)b->impl;
     cudaError_t e = cudaSuccess;
-    for (size_t off = 0, i = 0; off < n && e == cudaSuccess; off += STAGING_BYTES, i ^= 1) {
-        size_t len = n - off < STAGING_BYTES ? n - off : STAGING_BYTES;
-        e = cudaEventSynchronize(cs->staged[i]); /* its previous chunk has left */
-        if (e != cudaSuccess)
-            break;
-        fill(cs->staging[i], off, len, src);
-        e = cudaMemcpyAsync((char *)dst + off, cs->staging[i], len, cudaMemcpyHostToDevice,
-                            cs->stream);
+    for (size_t off = 0; off < n && e == cudaSuccess;) {
+        if (cs->used == STAGING_BYTES) {
+            cs->cur ^= 1;
+            cs->used = 0;
+            e = cudaEventSynchronize(cs->staged[cs->cur]); /* its last copy has left */
+            if (e != cudaSuccess)
+                break;
+        }
+        size_t len = n - off < STAGING_BYTES - cs->used ? n - off : STAGING_BYTES - cs->used;
+        char *stage = (char *)cs->staging[cs->cur] + cs->used;
+        fill(stage, off, len, src);
+        e = cudaMemcpyAsync((char *)dst + off, stage, len, cudaMemcpyHostToDevice, cs->stream);
         if (e == cudaSuccess)
-            e = cudaEventRecord(cs->staged[i], cs->stream);
+            e = cudaEventRecord(cs->staged[cs->cur], cs->stream);
+        /* the next copy starts 256-byte aligned (or at the end) */
+        cs->used = (cs->used + len + 255) & ~(size_t)255;
+        cs->used = cs->used < STAGING_BYTES ? cs->used : STAGING_BYTES;
+        off += len;
     }
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(cs->stream);
     return e == cudaSuccess ? VLMD_OK : copy_failed(err, n, e);
 }
 
