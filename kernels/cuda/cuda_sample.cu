@@ -68,38 +68,31 @@ typedef struct block_state {
     int top_ids[VLMD_SAMPLE_MAX_TOP];
 } block_state;
 
-/* Block-wide results, the same in every thread. */
+/* Thread 0's result of a block reduction, given to every thread (the
+ * reduction's scratch free again when it returns). */
+template <typename T> __device__ static T broadcast(T *slot, T v)
+{
+    if (threadIdx.x == 0)
+        *slot = v;
+    __syncthreads();
+    v = *slot;
+    __syncthreads();
+    return v;
+}
+
 __device__ static float block_sum(block_state *bs, float v)
 {
-    float r = reduce_f(bs->tmp.f).Sum(v);
-    if (threadIdx.x == 0)
-        bs->f = r;
-    __syncthreads();
-    r = bs->f;
-    __syncthreads();
-    return r;
+    return broadcast(&bs->f, reduce_f(bs->tmp.f).Sum(v));
 }
 
 __device__ static int block_count(block_state *bs, int v)
 {
-    int r = reduce_i(bs->tmp.i).Sum(v);
-    if (threadIdx.x == 0)
-        bs->i = r;
-    __syncthreads();
-    r = bs->i;
-    __syncthreads();
-    return r;
+    return broadcast(&bs->i, reduce_i(bs->tmp.i).Sum(v));
 }
 
 __device__ static int block_max_int(block_state *bs, int v)
 {
-    int r = reduce_i(bs->tmp.i).Reduce(v, max_op());
-    if (threadIdx.x == 0)
-        bs->i = r;
-    __syncthreads();
-    r = bs->i;
-    __syncthreads();
-    return r;
+    return broadcast(&bs->i, reduce_i(bs->tmp.i).Reduce(v, max_op()));
 }
 
 /* The largest logit, skipping the first n_skip ids of bs->top_ids. */
@@ -114,13 +107,7 @@ __device__ static arg_max block_argmax(block_state *bs, const bf16 *x, int vocab
         if (!taken)
             best = arg_max_op()(best, c);
     }
-    arg_max r = reduce_a(bs->tmp.a).Reduce(best, arg_max_op());
-    if (threadIdx.x == 0)
-        bs->a = r;
-    __syncthreads();
-    r = bs->a;
-    __syncthreads();
-    return r;
+    return broadcast(&bs->a, reduce_a(bs->tmp.a).Reduce(best, arg_max_op()));
 }
 
 /* Tempered mass of the logits whose key is at least k. */
