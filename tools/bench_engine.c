@@ -1,12 +1,13 @@
 /* bench_engine.c - `vlmd-bench-engine MODEL_DIR [--device D] [--prompt N] [--gen N]
- * [--batch B] [--bandwidth-gbs X] [--gemm-tflops Y]`: the engine alone, in
+ * [--batch B] [--bandwidth-gbs X] [--gemm-tflops Y] [--enforce-eager]`: the engine alone, in
  * this process, on random prompts: time of the prefill step(s), then decode
  * steps until every request has its --gen tokens (end-of-sequence ignored).
  * Prints tokens/s; for decode, the fraction of the weight-streaming ceiling
  * (weight bytes / --bandwidth-gbs, measured on the machine); for prefill, the
  * achieved TFLOP/s (the linear layers' 2 FLOPs per weight per token, plus
  * causal attention's 2 n^2 per query dimension and layer) against --gemm-tflops
- * (the bf16 GEMM rate measured on the machine). A benchmark, not a test; the
+ * (the bf16 GEMM rate measured on the machine). Decode steps replay CUDA graphs
+ * on a GPU unless --enforce-eager (as the server does). A benchmark, not a test; the
  * serving benchmark through HTTP is vlmd-bench's job. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@ int main(int argc, char **argv)
     const char *dir = NULL, *device = "auto";
     long long prompt = 512, gen = 256, batch = 1;
     double bandwidth_gbs = 0, gemm_tflops = 0;
+    bool eager = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
             device = argv[++i];
@@ -44,12 +46,14 @@ int main(int argc, char **argv)
             vlmd_parse_double(argv[++i], 0, 1e6, &bandwidth_gbs);
         else if (strcmp(argv[i], "--gemm-tflops") == 0 && i + 1 < argc)
             vlmd_parse_double(argv[++i], 0, 1e6, &gemm_tflops);
+        else if (strcmp(argv[i], "--enforce-eager") == 0)
+            eager = true;
         else if (!dir && argv[i][0] != '-')
             dir = argv[i];
         else {
             fprintf(stderr, "usage: vlmd-bench-engine MODEL_DIR [--device auto|cpu|cuda] "
                             "[--prompt N] [--gen N] [--batch B] [--bandwidth-gbs X] "
-                            "[--gemm-tflops Y]\n");
+                            "[--gemm-tflops Y] [--enforce-eager]\n");
             return 2;
         }
     }
@@ -67,7 +71,8 @@ int main(int argc, char **argv)
     engine_config ec = {.kv_slots = (int32_t)(batch * (prompt + gen) + 16),
                         .max_batch_tokens = (int32_t)(prompt * batch > 8192 ? 8192 : prompt * batch),
                         .max_running = (int32_t)batch, .eos_id = -1,
-                        .max_model_len = (int32_t)(prompt + gen)};
+                        .max_model_len = (int32_t)(prompt + gen),
+                        .decode_graphs = !eager && vlmd_backend_graphs_native(t.backend)};
     if (ec.max_batch_tokens < prompt)
         ec.max_batch_tokens = (int32_t)prompt;
     engine *e = NULL;
@@ -114,6 +119,9 @@ int main(int argc, char **argv)
         printf("; decode %lld steps %.3f s: %.2f ms/step, %.1f tokens/s", decode_steps, decode_s,
                decode_s * 1e3 / (double)decode_steps, decode_tok / decode_s);
     printf("\n");
+    printf("decode graphs: %d captured (up to %d sequences), %llu steps through them\n",
+           engine_graph_count(e), engine_graph_max_batch(e),
+           (unsigned long long)engine_graph_steps(e));
     if (gemm_tflops > 0) {
         const vlmd_text_config *tc = &mc.text;
         double q = (double)(tc->num_heads * tc->head_dim), kv = (double)(tc->num_kv_heads * tc->head_dim);

@@ -156,7 +156,8 @@ static stall_result run_stall(const bench_text_model *t, const stall_options *o,
         .max_running = (int32_t)o->streams + 1, .eos_id = -1,
         .max_model_len = (int32_t)(o->long_prompt > o->stream_prompt + stream_gen
                                        ? o->long_prompt + 1 : o->stream_prompt + stream_gen),
-        .chunk_tokens = (int32_t)chunk};
+        .chunk_tokens = (int32_t)chunk,
+        .decode_graphs = vlmd_backend_graphs_native(t->backend)}; /* as the server runs */
     vlmd_error err = {0};
     engine *e = NULL;
     if (engine_create(t->model, &ec, on_emit, NULL, &e, &err) != VLMD_OK)
@@ -251,7 +252,8 @@ int main(int argc, char **argv)
     int64_t total = chat.turns * (chat.turn_tokens + chat.gen);
     engine_config base = {.kv_slots = (int32_t)(2 * total + 64), .max_batch_tokens = 8192,
                           .max_running = 4, .eos_id = -1, .max_model_len = (int32_t)total + 1,
-                          .chunk_tokens = 4096};
+                          .chunk_tokens = 4096,
+                          .decode_graphs = vlmd_backend_graphs_native(t.backend)};
     uint32_t *conv_off = malloc((size_t)total * sizeof *conv_off);
     uint32_t *conv_on = malloc((size_t)total * sizeof *conv_on);
     turn_result *off = calloc((size_t)chat.turns, sizeof *off);

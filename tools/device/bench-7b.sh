@@ -20,6 +20,9 @@ for b in 1 32 128; do
   "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch "$b" \
     --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
 done
+echo "(the same batch 1 without CUDA graphs)" | tee -a "$out/bench.log"
+"$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch 1 \
+  --bandwidth-gbs "$bw" --enforce-eager | tee -a "$out/bench.log"
 "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 8192 --gen 1 --batch 1 \
   --gemm-tflops "$tf" | tee -a "$out/bench.log"
 python3 "$here/bench_hf.py" /tmp/q7b 2>"$out/hf.err" | tee "$out/hf.log" || tail -5 "$out/hf.err"
