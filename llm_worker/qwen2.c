@@ -636,23 +636,26 @@ vlmd_status qwen2_sample(qwen2_model *m, qwen2_workspace *ws, int32_t first,
 
 /* ---- decode graphs ------------------------------------------------------------- */
 
+static int32_t next_graph_size(int32_t rows)
+{
+    return rows < 8 ? rows * 2 : rows + 8;
+}
+
 vlmd_status qwen2_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
                                  vlmd_error *err)
 {
     VLMD_ASSERT(!ws->n_graphs);
     int32_t max = ws->max_logits < ws->max_tokens ? ws->max_logits : ws->max_tokens;
-    int n = 0;
-    for (int32_t rows = 1; rows <= max; rows = rows < 8 ? rows * 2 : rows + 8)
+    int n = 1; /* the sizes 1, 2, 4, 8, 16, 24... below max, then max itself */
+    for (int32_t rows = 1; rows < max; rows = next_graph_size(rows))
         n++;
-    bool tail = n == 0 || (max > 8 && max % 8) || (max < 8 && (max & (max - 1)));
-    ws->graphs = calloc((size_t)(n + tail), sizeof *ws->graphs);
+    ws->graphs = calloc((size_t)n, sizeof *ws->graphs);
     if (!ws->graphs)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the decode graphs");
     ws->pad_slot = kv->n_slots;
     ws->graph_kv = kv;
     vlmd_status s = VLMD_OK;
-    for (int32_t rows = 1, i = 0; s == VLMD_OK && i < n + tail;
-         rows = rows < 8 ? rows * 2 : rows + 8, i++) {
+    for (int32_t rows = 1, i = 0; s == VLMD_OK && i < n; rows = next_graph_size(rows), i++) {
         decode_graph *g = &ws->graphs[i];
         *g = (decode_graph){m, kv, ws, rows > max ? max : rows, NULL};
         /* one eager run first: libraries load their kernels and pick their
