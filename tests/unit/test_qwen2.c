@@ -266,3 +266,80 @@ Test(qwen2, chunked_prefill_matches_one_shot)
         close_fixture(&f);
     }
 }
+
+/* A decode batch through the captured graphs (the CPU replays the call)
+ * gives the eager logits: 11 sequences of different lengths padded to the
+ * graph of 12 (sizes 1, 2, 4, 8 and the largest, 12), whose padding rows
+ * write the pad slot and leave every real slot as eager left it. */
+Test(qwen2, decode_graphs_pad_a_batch_and_give_the_eager_logits)
+{
+    fixture f;
+    open_fixture(&f, "qwen2", "model.safetensors");
+    enum { SEQS = 11, MAX = 12, CTX = 9, SLOTS = SEQS * CTX };
+    const int V = (int)qwen2_vocab_size(f.m);
+    qwen2_kv *kv[2];
+    qwen2_workspace *ws[2];
+    vlmd_error err = {0};
+    int32_t ids[SLOTS], pos[3 * SLOTS], slots[SLOTS], rows[SLOTS];
+    vlmd_attn_seq seqs[SEQS];
+    float *logits[2] = {malloc((size_t)SEQS * V * sizeof(float)),
+                        malloc((size_t)SEQS * V * sizeof(float))};
+    for (int g = 0; g < 2; g++) {
+        cr_assert_eq(qwen2_kv_create(f.m, SLOTS, &kv[g], &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(qwen2_workspace_create(f.m, SLOTS, MAX, CTX, &ws[g], &err), VLMD_OK, "%s",
+                     err.msg);
+        if (g) {
+            cr_assert_eq(qwen2_capture_decode(f.m, kv[g], ws[g], &err), VLMD_OK, "%s", err.msg);
+            cr_expect_eq(qwen2_decode_graph_count(ws[g]), 5);
+            cr_expect_eq(qwen2_decode_graph_max(ws[g]), MAX);
+        }
+        /* prompts of 3..8 tokens (eager: a prefill is no decode step) */
+        int n = 0;
+        for (int s = 0; s < SEQS; s++) {
+            int len = 3 + s % 6;
+            seqs[s] = (vlmd_attn_seq){n, len, len, slots + s * CTX};
+            for (int i = 0; i < len; i++) {
+                ids[n + i] = (s * 31 + i * 7) % V;
+                slots[s * CTX + i] = s * CTX + i;
+                for (int r = 0; r < 3; r++)
+                    pos[r * SLOTS + n + i] = i;
+            }
+            n += len;
+        }
+        int32_t step_ids[SLOTS], step_pos[3 * SLOTS], step_slots[SLOTS];
+        for (int i = 0, s = 0; s < SEQS; s++)
+            for (int k = 0; k < seqs[s].q_len; k++, i++) {
+                step_ids[i] = ids[i];
+                step_slots[i] = slots[s * CTX + k];
+                for (int r = 0; r < 3; r++)
+                    step_pos[r * n + i] = pos[r * SLOTS + i];
+            }
+        qwen2_batch prefill = {n, step_ids, step_pos, step_slots, seqs, SEQS, rows, 0, NULL, 0};
+        cr_assert_eq(qwen2_forward(f.m, kv[g], ws[g], &prefill, NULL, &err), VLMD_OK, "%s",
+                     err.msg);
+        /* one decode step: each sequence's next token */
+        for (int s = 0; s < SEQS; s++) {
+            int len = seqs[s].kv_len;
+            step_ids[s] = (s * 17 + 5) % V;
+            step_slots[s] = slots[s * CTX + len] = s * CTX + len;
+            for (int r = 0; r < 3; r++)
+                step_pos[r * SEQS + s] = len;
+            rows[s] = s;
+            seqs[s] = (vlmd_attn_seq){s, 1, len + 1, slots + s * CTX};
+        }
+        qwen2_batch decode = {SEQS, step_ids, step_pos, step_slots, seqs, SEQS, rows, SEQS,
+                              NULL, 0};
+        cr_assert_eq(qwen2_forward(f.m, kv[g], ws[g], &decode, logits[g], &err), VLMD_OK, "%s",
+                     err.msg);
+    }
+    cr_expect_eq(qwen2_decode_graph_steps(ws[0]), 0);
+    cr_expect_eq(qwen2_decode_graph_steps(ws[1]), 1, "the decode step replayed the graph of 12");
+    double rel = test_rel_error(logits[1], logits[0], (size_t)SEQS * V);
+    cr_expect_lt(rel, 1e-6, "graph logits against eager: %g", rel);
+    for (int g = 0; g < 2; g++) {
+        qwen2_workspace_free(f.m, ws[g]);
+        qwen2_kv_free(f.m, kv[g]);
+        free(logits[g]);
+    }
+    close_fixture(&f);
+}
