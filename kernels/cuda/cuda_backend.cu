@@ -207,6 +207,8 @@ static vlmd_status cuda_graph_capture(vlmd_backend *b, vlmd_graph_fn fn, void *c
     }
     if (e == cudaSuccess)
         e = cudaGraphInstantiate(&g->exec, graph, 0);
+    if (e == cudaSuccess) /* now, not at the first launch: its memory is taken at start-up */
+        e = cudaGraphUpload(g->exec, stream);
     if (graph)
         cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
