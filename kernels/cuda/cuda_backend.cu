@@ -212,6 +212,8 @@ static vlmd_status cuda_graph_capture(vlmd_backend *b, vlmd_graph_fn fn, void *c
     if (graph)
         cudaGraphDestroy(graph);
     if (e != cudaSuccess) {
+        if (g->exec)
+            cudaGraphExecDestroy(g->exec);
         free(g);
         cudaGetLastError();
         return vlmd_errorf(err, e == cudaErrorMemoryAllocation ? VLMD_ERR_NOMEM : VLMD_ERR_IO,
