@@ -66,9 +66,24 @@ static int argmax(const float *x, int n)
     return best;
 }
 
+/* How the greedy continuation is held to the reference: token for token
+ * (F32 weights), or so until a near tie, where the bf16 rounding may pick the
+ * other token (the margin is reported, and the case ends there: what
+ * follows continues a different text). */
+typedef enum greedy_check { GREEDY_EXACT, GREEDY_UNTIL_NEAR_TIE } greedy_check;
+
+/* A near tie: the two tokens' logits closer than 2% of the row's largest magnitude. */
+static bool near_tie(const float *row, int V, int a, int b)
+{
+    float big = 0;
+    for (int i = 0; i < V; i++)
+        big = fabsf(row[i]) > big ? fabsf(row[i]) : big;
+    return fabsf(row[a] - row[b]) <= 0.02f * big;
+}
+
 /* Runs every text case of a model: prefill logits, then greedy decoding. */
 static void check_model_on(const char *device, const char *model, const char *weights, double tol,
-                           bool check_greedy)
+                           greedy_check greedy)
 {
     fixture f;
     if (!open_fixture_on(&f, model, weights, device))
@@ -135,15 +150,25 @@ static void check_model_on(const char *device, const char *model, const char *we
                     weights, ci, rel);
         cr_expect_lt(rel, tol, "%s %s case %zu: relative error %.3g", model, weights, ci, rel);
 
-        if (check_greedy) {
+        {
             json_t *want = json_object_get(c, "greedy_continuation");
-            int next = argmax(logits + (size_t)(n - 1) * V, V);
+            const float *last = logits + (size_t)(n - 1) * V;
+            int next = argmax(last, V);
             int32_t last_pos = 0;
             for (int i = 0; i < 3 * n; i++)
                 last_pos = pos[i] > last_pos ? pos[i] : last_pos;
             for (size_t k = 0; k < json_array_size(want); k++) {
-                cr_expect_eq(next, json_integer_value(json_array_get(want, k)),
-                             "%s case %zu: greedy token %zu", model, ci, k);
+                int expected = (int)json_integer_value(json_array_get(want, k));
+                if (next != expected && greedy == GREEDY_UNTIL_NEAR_TIE) {
+                    cr_expect(near_tie(last, V, next, expected), "%s %s case %zu: token %zu is "
+                              "%d, not %d, and no near tie (margin %g)", device, model, ci, k,
+                              next, expected, last[next] - last[expected]);
+                    fprintf(stderr, "%s %s %s case %zu: near tie at greedy token %zu (%d over "
+                            "%d by %g)\n", device, model, weights, ci, k, next, expected,
+                            last[next] - last[expected]);
+                    break;
+                }
+                cr_expect_eq(next, expected, "%s case %zu: greedy token %zu", model, ci, k);
                 int32_t id = next, p[3], slot = n + (int32_t)k, row = 0;
                 for (int r = 0; r < 3; r++)
                     p[r] = last_pos + 1 + (int32_t)k;
@@ -152,7 +177,8 @@ static void check_model_on(const char *device, const char *model, const char *we
                 qwen2_batch step = {1, &id, p, &slot, &one, 1, &row, 1, NULL, 0};
                 cr_assert_eq(qwen2_forward(f.m, kv, ws, &step, logits, &err), VLMD_OK, "%s",
                              err.msg);
-                next = argmax(logits, V);
+                last = logits;
+                next = argmax(last, V);
             }
         }
         checked++;
@@ -168,26 +194,39 @@ static void check_model_on(const char *device, const char *model, const char *we
     close_fixture(&f);
 }
 
-static void check_model(const char *model, const char *weights, double tol, bool check_greedy)
+static void check_model(const char *model, const char *weights, double tol, greedy_check greedy)
 {
-    check_model_on("cpu", model, weights, tol, check_greedy);
+    check_model_on("cpu", model, weights, tol, greedy);
 }
 
-Test(qwen2, qwen2_f32) { check_model("qwen2", "model.safetensors", 1e-4, true); }
-Test(qwen2, qwen2_bf16) { check_model("qwen2", "model.bf16.safetensors", 2e-2, false); }
-Test(qwen2, qwen2_vl_text_f32) { check_model("qwen2_vl", "model.safetensors", 1e-4, true); }
-Test(qwen2, qwen2_vl_text_bf16) { check_model("qwen2_vl", "model.bf16.safetensors", 2e-2, false); }
-Test(qwen2, qwen2_5_vl_text_f32) { check_model("qwen2_5_vl", "model.safetensors", 1e-4, true); }
-Test(qwen2, qwen2_5_vl_text_bf16) { check_model("qwen2_5_vl", "model.bf16.safetensors", 2e-2, false); }
+Test(qwen2, qwen2_f32) { check_model("qwen2", "model.safetensors", 1e-4, GREEDY_EXACT); }
+Test(qwen2, qwen2_bf16)
+{
+    check_model("qwen2", "model.bf16.safetensors", 2e-2, GREEDY_UNTIL_NEAR_TIE);
+}
+Test(qwen2, qwen2_vl_text_f32) { check_model("qwen2_vl", "model.safetensors", 1e-4, GREEDY_EXACT); }
+Test(qwen2, qwen2_vl_text_bf16)
+{
+    check_model("qwen2_vl", "model.bf16.safetensors", 2e-2, GREEDY_UNTIL_NEAR_TIE);
+}
+Test(qwen2, qwen2_5_vl_text_f32)
+{
+    check_model("qwen2_5_vl", "model.safetensors", 1e-4, GREEDY_EXACT);
+}
+Test(qwen2, qwen2_5_vl_text_bf16)
+{
+    check_model("qwen2_5_vl", "model.bf16.safetensors", 2e-2, GREEDY_UNTIL_NEAR_TIE);
+}
 
 /* Through the CUDA backend (bf16 weights and activations): where a GPU is
  * visible, the logits of every text case of every model against the
- * reference; elsewhere the backend's clear refusal. */
+ * reference and the greedy continuation up to any near tie; elsewhere the
+ * backend's clear refusal. */
 Test(qwen2, cuda_bf16_all_models)
 {
     const char *models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
     for (int i = 0; i < 3; i++)
-        check_model_on("cuda", models[i], "model.bf16.safetensors", 3e-2, false);
+        check_model_on("cuda", models[i], "model.bf16.safetensors", 3e-2, GREEDY_UNTIL_NEAR_TIE);
 }
 
 Test(qwen2, missing_and_misshaped_tensors_are_named)
