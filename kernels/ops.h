@@ -1,11 +1,11 @@
 /* ops.h - the ops a transformer needs, behind the backend interface.
  *
  * Tensors are row-major in the backend's memory and in its activation type
- * (fp32 on the CPU backend). Shapes are in the comments: n tokens, H hidden,
- * nh/nkv query/KV heads of hd dims. Every op checks nothing on the hot path;
- * the model (llm_worker/qwen2.c) guarantees shapes. A backend without an op
- * table (the CUDA backend until its kernels land) cannot run models:
- * vlmd_backend_can_run_models() says so. */
+ * (fp32 on the CPU backend, bf16 on CUDA). Shapes are in the comments: n
+ * tokens, H hidden, nh/nkv query/KV heads of hd dims. Every op checks nothing
+ * on the hot path; the model (llm_worker/qwen2.c) guarantees shapes. Ops only
+ * launch work on the backend's stream: none allocates or waits, so a decode
+ * step can be captured as a graph. */
 #ifndef VLMD_OPS_H
 #define VLMD_OPS_H
 
