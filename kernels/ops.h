@@ -4,8 +4,8 @@
  * (fp32 on the CPU backend, bf16 on CUDA). Shapes are in the comments: n
  * tokens, H hidden, nh/nkv query/KV heads of hd dims. Every op checks nothing
  * on the hot path; the model (llm_worker/qwen2.c) guarantees shapes. Ops only
- * launch work on the backend's stream: none allocates or waits, so a decode
- * step can be captured as a graph. */
+ * launch work on the backend's stream: none allocates device memory or
+ * waits, so a decode step can be captured as a graph. */
 #ifndef VLMD_OPS_H
 #define VLMD_OPS_H
 
