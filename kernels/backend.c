@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "log.h"
 #include "safetensors.h"
 
 bool vlmd_backend_cuda_built(void)
@@ -146,8 +147,9 @@ vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *sr
     return n ? b->ops->copy_to_host(b, dst, src, n, err) : VLMD_OK;
 }
 
-vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst, const vlmd_tensor_view *t,
-                                       vlmd_error *err)
+/* One checkpoint tensor to dst, in the backend's element type. */
+static vlmd_status upload_tensor(vlmd_backend *b, void *dst, const vlmd_tensor_view *t,
+                                 vlmd_error *err)
 {
     size_t n = (size_t)vlmd_tensor_numel(t);
     if ((int)t->dtype == b->native_dtype) /* straight from the mapped file */
@@ -159,6 +161,36 @@ vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst, const vlmd_te
     if (s == VLMD_OK)
         s = vlmd_backend_upload_f32(b, dst, host, n, err);
     free(host);
+    return s;
+}
+
+vlmd_status vlmd_backend_load_stacked(vlmd_backend *b, const vlmd_safetensors *st, int n,
+                                      const char *const *names, int ndim, const int64_t *shapes,
+                                      void **out, size_t *bytes, vlmd_error *err)
+{
+    const vlmd_tensor_view *t[VLMD_BACKEND_MAX_STACKED];
+    VLMD_ASSERT(n > 0 && n <= VLMD_BACKEND_MAX_STACKED);
+    vlmd_status s;
+    *bytes = 0;
+    for (int i = 0; i < n; i++) {
+        if ((s = vlmd_safetensors_get(st, names[i], ndim, shapes + i * ndim, &t[i], err)) !=
+            VLMD_OK)
+            return s;
+        *bytes += (size_t)vlmd_tensor_numel(t[i]) * b->elem_size;
+    }
+    if (!out)
+        return VLMD_OK;
+    if ((s = vlmd_backend_alloc(b, *bytes, out, err)) != VLMD_OK)
+        return s;
+    char *dst = *out;
+    for (int i = 0; s == VLMD_OK && i < n; i++) {
+        s = upload_tensor(b, dst, t[i], err);
+        dst += (size_t)vlmd_tensor_numel(t[i]) * b->elem_size;
+    }
+    if (s != VLMD_OK) {
+        vlmd_backend_free(b, *out, *bytes);
+        *out = NULL;
+    }
     return s;
 }
 

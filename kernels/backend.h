@@ -57,12 +57,18 @@ vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *sr
 /* Bytes of one weight or activation element: 4 (fp32) on the CPU backend,
  * 2 (bf16) on the CUDA backend. The model sizes every buffer with it. */
 size_t vlmd_backend_elem_size(const vlmd_backend *b);
-/* Copies a checkpoint tensor to device memory at dst (room for its elements
- * in the backend's type): as it is when its dtype already is that type, else
- * widened to fp32 on the host and converted. */
-struct vlmd_tensor_view;
-vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst,
-                                       const struct vlmd_tensor_view *t, vlmd_error *err);
+/* Loads the checkpoint tensors names[0..n) (n <= VLMD_BACKEND_MAX_STACKED),
+ * each of ndim dimensions shaped as shapes[i * ndim ...] (a missing or
+ * mis-shaped one is the safetensors error naming it), stacked along their
+ * first dimension into one new allocation of *bytes bytes in the backend's
+ * element type: copied as they are when the checkpoint has that type, else
+ * widened to fp32 on the host and converted. With out NULL nothing is
+ * allocated: the shapes are checked and *bytes given. */
+#define VLMD_BACKEND_MAX_STACKED 4
+struct vlmd_safetensors;
+vlmd_status vlmd_backend_load_stacked(vlmd_backend *b, const struct vlmd_safetensors *st, int n,
+                                      const char *const *names, int ndim, const int64_t *shapes,
+                                      void **out, size_t *bytes, vlmd_error *err);
 /* Copies n floats to device memory in the backend's element type (rounding
  * to bf16 to nearest even where that is the type). */
 vlmd_status vlmd_backend_upload_f32(vlmd_backend *b, void *dst, const float *src, size_t n,

@@ -108,42 +108,35 @@ static vlmd_status track(qwen2_model *m, void *p, size_t bytes, vlmd_error *err)
     return VLMD_OK;
 }
 
-/* Loads tensors of these exact shapes, stacked along their first dimension,
- * into one backend allocation in the backend's element type. Parts with
- * cols = 0 are vectors (biases, norms). */
+/* Loads the named tensors, rows part_rows[i] each and `cols` columns (0:
+ * vectors, such as biases and norms), stacked into one backend allocation
+ * the model owns; a dry model only counts their bytes. */
 static vlmd_status load_stacked(qwen2_model *m, const vlmd_safetensors *st, int n_parts,
                                 char names[][256], const int64_t *part_rows, int64_t cols,
                                 void **out, vlmd_error *err)
 {
-    const vlmd_tensor_view *t[3];
-    size_t es = vlmd_backend_elem_size(m->b), bytes = 0;
-    vlmd_status s;
+    const char *parts[3];
+    int64_t shapes[6];
+    int ndim = cols ? 2 : 1;
     VLMD_ASSERT(n_parts <= 3);
     for (int i = 0; i < n_parts; i++) {
-        int64_t shape[2] = {part_rows[i], cols};
-        if ((s = vlmd_safetensors_get(st, names[i], cols ? 2 : 1, shape, &t[i], err)) != VLMD_OK)
-            return s;
-        bytes += (size_t)vlmd_tensor_numel(t[i]) * es;
+        parts[i] = names[i];
+        shapes[i * ndim] = part_rows[i];
+        if (cols)
+            shapes[i * ndim + 1] = cols;
     }
+    size_t bytes = 0;
+    *out = NULL;
+    vlmd_status s = vlmd_backend_load_stacked(m->b, st, n_parts, parts, ndim, shapes,
+                                              m->dry ? NULL : out, &bytes, err);
+    if (s != VLMD_OK)
+        return s;
     if (m->dry) {
         m->dry_bytes += bytes;
-        *out = NULL;
         return VLMD_OK;
     }
-    void *dev = NULL;
-    if ((s = vlmd_backend_alloc(m->b, bytes, &dev, err)) != VLMD_OK)
-        return s;
-    char *dst = dev;
-    for (int i = 0; s == VLMD_OK && i < n_parts; i++) {
-        s = vlmd_backend_upload_tensor(m->b, dst, t[i], err);
-        dst += (size_t)vlmd_tensor_numel(t[i]) * es;
-    }
-    if (s == VLMD_OK)
-        s = track(m, dev, bytes, err);
-    else
-        vlmd_backend_free(m->b, dev, bytes);
-    if (s == VLMD_OK)
-        *out = dev;
+    if ((s = track(m, *out, bytes, err)) != VLMD_OK)
+        *out = NULL; /* track freed it */
     return s;
 }
 

@@ -69,35 +69,19 @@ static vlmd_status keep(vision_tower *vt, void *p, size_t bytes, vlmd_error *err
     return VLMD_OK;
 }
 
-/* Tensors of exactly these shapes (all ndim-dimensional; the first
- * dimension may differ), stacked along the first into one backend
- * allocation in its element type. */
+/* The named tensors (shapes: ndim dimensions each, one after the other),
+ * stacked along their first dimension into one backend allocation the tower
+ * owns. */
 static vlmd_status load_stacked(vision_tower *vt, const vlmd_safetensors *st, int n_parts,
                                 char names[][128], int ndim, const int64_t *shapes, void **out,
                                 vlmd_error *err)
 {
-    const vlmd_tensor_view *t[2];
-    size_t es = vlmd_backend_elem_size(vt->b), bytes = 0;
-    vlmd_status s;
+    const char *parts[2] = {names[0], names[1]};
+    size_t bytes = 0;
     VLMD_ASSERT(n_parts <= 2);
-    for (int i = 0; i < n_parts; i++) {
-        if ((s = vlmd_safetensors_get(st, names[i], ndim, shapes + i * ndim, &t[i], err)) !=
-            VLMD_OK)
-            return s;
-        bytes += (size_t)vlmd_tensor_numel(t[i]) * es;
-    }
-    if ((s = vlmd_backend_alloc(vt->b, bytes, out, err)) != VLMD_OK)
-        return s;
-    char *dst = *out;
-    for (int i = 0; s == VLMD_OK && i < n_parts; i++) {
-        s = vlmd_backend_upload_tensor(vt->b, dst, t[i], err);
-        dst += (size_t)vlmd_tensor_numel(t[i]) * es;
-    }
-    if (s != VLMD_OK) {
-        vlmd_backend_free(vt->b, *out, bytes);
-        return s;
-    }
-    return keep(vt, *out, bytes, err);
+    vlmd_status s = vlmd_backend_load_stacked(vt->b, st, n_parts, parts, ndim, shapes, out,
+                                              &bytes, err);
+    return s == VLMD_OK ? keep(vt, *out, bytes, err) : s;
 }
 
 vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
