@@ -634,6 +634,17 @@ static vlmd_finish_reason finished(const engine *e, const request *q, int32_t to
     return VLMD_FINISH_NONE;
 }
 
+/* The tokens [*from, *to) of q its penalties look at: repetition counts the
+ * prompt and the output, presence and frequency the output; none: empty. */
+static void penalized_tokens(const request *q, int32_t *from, int32_t *to)
+{
+    const vlmd_sampling *sp = &q->sampling;
+    bool rep = sp->repetition_penalty != 1.0;
+    bool out = rep || sp->presence_penalty != 0.0 || sp->frequency_penalty != 0.0;
+    *from = rep ? 0 : q->n_prompt;
+    *to = out ? q->n_tokens : *from;
+}
+
 /* Row i's sampling parameters, its seen tokens appended at e->seen + *n_seen. */
 static void sample_row(engine *e, const request *q, vlmd_sample_row *row, int32_t *n_seen)
 {
@@ -648,10 +659,8 @@ static void sample_row(engine *e, const request *q, vlmd_sample_row *row, int32_
         .n_top = q->logprobs ? (int32_t)q->top_logprobs : -1,
         .seed = q->seed, .draw = (uint64_t)n_out, .seen = e->seen + *n_seen,
     };
-    /* repetition counts prompt and output; presence and frequency the output */
-    bool rep = sp->repetition_penalty != 1.0;
-    bool out = rep || sp->presence_penalty != 0.0 || sp->frequency_penalty != 0.0;
-    int32_t from = rep ? 0 : q->n_prompt, to = out ? q->n_tokens : from;
+    int32_t from, to;
+    penalized_tokens(q, &from, &to);
     for (int32_t i = from; i < to; i++) {
         int32_t id = q->tokens[i];
         if (!e->seen_at[id]) {
@@ -673,8 +682,11 @@ static vlmd_status sample_step(engine *e, int32_t n_logits, vlmd_error *err)
         int32_t n = 0, n_seen = 0;
         while (first + n < n_logits) {
             const request *q = e->in_step[first + n];
-            /* a row's seen tokens are distinct ids: at most the vocabulary, which fits alone */
-            if (n && n_seen + q->n_tokens > cap)
+            /* a row adds at most its penalized tokens, and at most the vocabulary (distinct
+             * ids), which fits alone */
+            int32_t from, to;
+            penalized_tokens(q, &from, &to);
+            if (n && n_seen + (to - from) > cap)
                 break;
             sample_row(e, q, &e->sample_rows[first + n], &n_seen);
             n++;
