@@ -130,8 +130,9 @@ static void bench_linears(bench *k, const shape *sh)
     } layers[] = {{"qkv", sh->H, Q + 2 * KV}, {"o", Q, sh->H}, {"gate_up", sh->H, 2 * sh->I},
                   {"down", sh->I, sh->H}, {"lm_head", sh->H, sh->V}};
     int max_n = sh->tokens[3];
-    void *x = random_dev(k, (size_t)max_n * sh->I, 1);
-    void *out = dev(k, (size_t)max_n * (sh->V > 2 * sh->I ? sh->V : 2 * sh->I) * k->es);
+    size_t x_n = (size_t)max_n * sh->I;
+    size_t out_bytes = (size_t)max_n * (sh->V > 2 * sh->I ? sh->V : 2 * sh->I) * k->es;
+    void *x = random_dev(k, x_n, 1), *out = dev(k, out_bytes);
     for (size_t j = 0; j < sizeof layers / sizeof layers[0]; j++) {
         void *w = random_dev(k, (size_t)layers[j].in * layers[j].out, 0.02f);
         for (int t = 0; t < 4; t++) {
@@ -150,8 +151,8 @@ static void bench_linears(bench *k, const shape *sh)
         }
         vlmd_backend_free(k->b, w, (size_t)layers[j].in * layers[j].out * k->es);
     }
-    vlmd_backend_free(k->b, x, (size_t)max_n * sh->I * k->es);
-    vlmd_backend_free(k->b, out, (size_t)max_n * (sh->V > 2 * sh->I ? sh->V : 2 * sh->I) * k->es);
+    vlmd_backend_free(k->b, x, x_n * k->es);
+    vlmd_backend_free(k->b, out, out_bytes);
 }
 
 typedef struct rows_ctx {
