@@ -290,14 +290,12 @@ static void launch(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride, cons
                                         (int)L.total));
         allowed = L.total;
     }
-    k_flash_attention<BR><<<dim3(tiles, nkv, splits), WARPS * 32, L.total, stream>>>(
-        out, q, q_stride, k_cache, v_cache, seqs, n_seqs, nh, nkv, hd, 1.0f / sqrtf((float)hd),
-        causal, splits, scratch);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_flash_attention<BR>, dim3(tiles, nkv, splits), WARPS * 32, L.total, stream,
+                     out, q, q_stride, k_cache, v_cache, seqs, n_seqs, nh, nkv, hd,
+                     1.0f / sqrtf((float)hd), causal, splits, scratch);
     if (splits > 1) {
-        k_merge_splits<BR><<<dim3(tiles, nkv), 128, 0, stream>>>(out, seqs, n_seqs, nh, nkv, hd,
-                                                                 splits, scratch);
-        CUDA_CHECK_LAUNCH();
+        vlmd_cuda_launch(k_merge_splits<BR>, dim3(tiles, nkv), 128, 0, stream, out, seqs, n_seqs,
+                         nh, nkv, hd, splits, scratch);
     }
 }
 

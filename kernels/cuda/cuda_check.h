@@ -1,5 +1,5 @@
-/* cuda_check.h - CUDA_CHECK / CUDA_CHECK_LAUNCH: a failed CUDA call stops the
- * process with the statement, the device and file:line (STYLE.md habit 7).
+/* cuda_check.h - CUDA_CHECK and vlmd_cuda_launch: a failed CUDA call stops
+ * the process with the statement, the device and file:line (STYLE.md habit 7).
  * In a debug build every launch is followed by a synchronize, so an
  * asynchronous fault is reported at the launch that caused it (except while
  * a graph is captured: nothing runs then, and a synchronize would end it). */
@@ -23,15 +23,24 @@ extern bool vlmd_cuda_capturing; /* cuda_backend.cu */
         }                                                                                 \
     } while (0)
 
-#ifdef NDEBUG
-#define CUDA_CHECK_LAUNCH() CUDA_CHECK(cudaGetLastError())
-#else
-#define CUDA_CHECK_LAUNCH()                                                               \
-    do {                                                                                  \
-        CUDA_CHECK(cudaGetLastError());                                                   \
-        if (!vlmd_cuda_capturing)                                                         \
-            CUDA_CHECK(cudaDeviceSynchronize());                                          \
-    } while (0)
+/* Launches kernel<<<grid, block, smem, stream>>>(args...) through
+ * cudaLaunchKernelEx (plain C++, so the CPU emulator of tests/cuda_emu runs
+ * the same call) and checks it; in a debug build, outside a capture, waits
+ * for it so that a fault is reported here. */
+template <typename... Params, typename... Args>
+static inline void vlmd_cuda_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                                    cudaStream_t stream, Args... args)
+{
+    cudaLaunchConfig_t config = {};
+    config.gridDim = grid;
+    config.blockDim = block;
+    config.dynamicSmemBytes = smem;
+    config.stream = stream;
+    CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
+#ifndef NDEBUG
+    if (!vlmd_cuda_capturing)
+        CUDA_CHECK(cudaDeviceSynchronize());
 #endif
+}
 
 #endif

@@ -3,7 +3,7 @@
  * matmuls, the element-wise and row kernels. Attention is in
  * cuda_attention.cu, sampling in cuda_sample.cu. Every op is checked against
  * the CPU reference (tests/unit/test_cuda_ops.c); every launch is checked
- * (CUDA_CHECK_LAUNCH) and goes to the backend's stream. */
+ * (vlmd_cuda_launch) and goes to the backend's stream. */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -40,8 +40,8 @@ __global__ void k_embedding(bf16 *out, const bf16 *table, const int32_t *ids, in
 static void cuda_embedding(vlmd_backend *b, void *out, const void *table, const int32_t *ids,
                            int n, int hidden)
 {
-    k_embedding<<<n, 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)table, ids, hidden);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_embedding, n, 256, 0, vlmd_cuda_stream(b), (bf16 *)out, (const bf16 *)table,
+                     ids, hidden);
 }
 
 /* ---- rmsnorm (with the fused residual add) ---------------------------------- */
@@ -84,9 +84,8 @@ __global__ void k_rmsnorm(bf16 *out, const bf16 *x, bf16 *residual, const bf16 *
 static void cuda_rmsnorm(vlmd_backend *b, void *out, const void *x, void *residual, const void *w,
                          int n, int hidden, float eps)
 {
-    k_rmsnorm<<<n, 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)x, (bf16 *)residual, (const bf16 *)w,
-                          hidden, eps);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_rmsnorm, n, 256, 0, vlmd_cuda_stream(b), (bf16 *)out, (const bf16 *)x,
+                     (bf16 *)residual, (const bf16 *)w, hidden, eps);
 }
 
 /* ---- linear ---------------------------------------------------------------- */
@@ -109,9 +108,8 @@ static void cuda_linear(vlmd_backend *b, void *out, const void *x, const void *w
                               out_dim, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
     if (bias) {
         size_t total = (size_t)n * out_dim;
-        k_add_bias<<<blocks_for(total, 256), 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)bias, out_dim,
-                                                    total);
-        CUDA_CHECK_LAUNCH();
+        vlmd_cuda_launch(k_add_bias, blocks_for(total, 256), 256, 0, vlmd_cuda_stream(b),
+                         (bf16 *)out, (const bf16 *)bias, out_dim, total);
     }
 }
 
@@ -153,10 +151,9 @@ static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, void *k_cache, void *
                                const int32_t *positions, const int32_t *slots, int n, int nh,
                                int nkv, int hd, float theta, const int *sections)
 {
-    k_rope_kv_write<<<n, 128, 0, vlmd_cuda_stream(b)>>>(
-        (bf16 *)qkv, (bf16 *)k_cache, (bf16 *)v_cache, positions, slots, n, nh, nkv, hd, theta,
-        sections ? sections[0] : 0, sections ? sections[1] : 0, sections != NULL);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_rope_kv_write, n, 128, 0, vlmd_cuda_stream(b), (bf16 *)qkv, (bf16 *)k_cache,
+                     (bf16 *)v_cache, positions, slots, n, nh, nkv, hd, theta,
+                     sections ? sections[0] : 0, sections ? sections[1] : 0, sections != NULL);
 }
 
 /* ---- attention ----------------------------------------------------------------- */
@@ -246,10 +243,9 @@ static void cuda_attention(vlmd_backend *b, void *out, const void *q, int q_stri
         return;
     if (hd > ATTN_MAX_HD)
         VLMD_FATAL("head dimension %d is over the %d this kernel handles", hd, ATTN_MAX_HD);
-    k_attention<<<n_rows * nh, ATTN_WARPS * 32, 0, vlmd_cuda_stream(b)>>>(
-        (bf16 *)out, (const bf16 *)q, q_stride, (const bf16 *)k_cache, (const bf16 *)v_cache,
-        seqs, n_seqs, nh, nkv, hd, 1.0f / sqrtf((float)hd), causal);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_attention, n_rows * nh, ATTN_WARPS * 32, 0, vlmd_cuda_stream(b), (bf16 *)out,
+                     (const bf16 *)q, q_stride, (const bf16 *)k_cache, (const bf16 *)v_cache, seqs,
+                     n_seqs, nh, nkv, hd, 1.0f / sqrtf((float)hd), causal);
 }
 
 /* ---- SiLU and multiply ------------------------------------------------------------ */
@@ -268,9 +264,8 @@ __global__ void k_silu_mul(bf16 *out, const bf16 *gate_up, int d, size_t total)
 static void cuda_silu_mul(vlmd_backend *b, void *out, const void *gate_up, int n, int d)
 {
     size_t total = (size_t)n * d;
-    k_silu_mul<<<blocks_for(total, 256), 256, 0, vlmd_cuda_stream(b)>>>(
-        (bf16 *)out, (const bf16 *)gate_up, d, total);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_silu_mul, blocks_for(total, 256), 256, 0, vlmd_cuda_stream(b), (bf16 *)out,
+                     (const bf16 *)gate_up, d, total);
 }
 
 /* ---- the vision tower's ops ------------------------------------------------------- */
@@ -316,9 +311,8 @@ __global__ void k_layernorm(bf16 *out, const bf16 *x, const bf16 *w, const bf16 
 static void cuda_layernorm(vlmd_backend *b, void *out, const void *x, const void *w,
                            const void *bias, int n, int dim, float eps)
 {
-    k_layernorm<<<n, 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)x, (const bf16 *)w, (const bf16 *)bias,
-                            dim, eps);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_layernorm, n, 256, 0, vlmd_cuda_stream(b), (bf16 *)out, (const bf16 *)x,
+                     (const bf16 *)w, (const bf16 *)bias, dim, eps);
 }
 
 __global__ void k_gelu(bf16 *out, const bf16 *x, size_t count, bool quick)
@@ -333,8 +327,8 @@ __global__ void k_gelu(bf16 *out, const bf16 *x, size_t count, bool quick)
 
 static void cuda_gelu(vlmd_backend *b, void *out, const void *x, size_t count, bool quick)
 {
-    k_gelu<<<blocks_for(count, 256), 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)x, count, quick);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_gelu, blocks_for(count, 256), 256, 0, vlmd_cuda_stream(b), (bf16 *)out,
+                     (const bf16 *)x, count, quick);
 }
 
 __global__ void k_add(bf16 *out, const bf16 *x, size_t count)
@@ -346,8 +340,8 @@ __global__ void k_add(bf16 *out, const bf16 *x, size_t count)
 
 static void cuda_add(vlmd_backend *b, void *out, const void *x, size_t count)
 {
-    k_add<<<blocks_for(count, 256), 256, 0, vlmd_cuda_stream(b)>>>((bf16 *)out, (const bf16 *)x, count);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_add, blocks_for(count, 256), 256, 0, vlmd_cuda_stream(b), (bf16 *)out,
+                     (const bf16 *)x, count);
 }
 
 __global__ void k_vision_rope(bf16 *q, bf16 *k, const int32_t *hpos, const int32_t *wpos, int nh,
@@ -370,8 +364,8 @@ __global__ void k_vision_rope(bf16 *q, bf16 *k, const int32_t *hpos, const int32
 static void cuda_vision_rope(vlmd_backend *b, void *q, void *k, const int32_t *hpos,
                              const int32_t *wpos, int n, int nh, int hd, float theta)
 {
-    k_vision_rope<<<n, 128, 0, vlmd_cuda_stream(b)>>>((bf16 *)q, (bf16 *)k, hpos, wpos, nh, hd, theta);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_vision_rope, n, 128, 0, vlmd_cuda_stream(b), (bf16 *)q, (bf16 *)k, hpos,
+                     wpos, nh, hd, theta);
 }
 
 extern "C" void vlmd_cuda_sample(vlmd_backend *b, vlmd_sample_out *out, void *logits,

@@ -255,6 +255,6 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
 extern "C" void vlmd_cuda_sample(vlmd_backend *b, vlmd_sample_out *out, void *logits,
                                  const vlmd_sample_row *rows, int n, int vocab)
 {
-    k_sample<<<n, SAMPLE_THREADS, 0, vlmd_cuda_stream(b)>>>(out, (bf16 *)logits, rows, vocab);
-    CUDA_CHECK_LAUNCH();
+    vlmd_cuda_launch(k_sample, n, SAMPLE_THREADS, 0, vlmd_cuda_stream(b), out, (bf16 *)logits, rows,
+                     vocab);
 }

@@ -48,11 +48,8 @@ static bool open_model_on(fixture *f, const char *device)
     snprintf(dir, sizeof dir, "%s", test_fixture("qwen2"));
     vlmd_error err = {0};
     cr_assert_eq(vlmd_model_config_load(dir, &f->mc, &err), VLMD_OK, "%s", err.msg);
-    if (vlmd_backend_create(device, &f->b, &err) != VLMD_OK) {
-        cr_assert_str_eq(device, "cuda", "%s", err.msg);
-        cr_expect(strstr(err.msg, "--device cuda"), "a clear refusal: %s", err.msg);
+    if (!test_backend_open(device, &f->b))
         return false;
-    }
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_dir(dir, &st, &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(qwen2_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);

@@ -9,7 +9,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "backend.h"
 #include "safetensors.h"
+
+/* Opens the backend `device` on *out, or says false where "cuda" is refused
+ * clearly (a build or a machine without a GPU). Under tests/cuda_emu the
+ * emulated device is always there: a refusal fails the test. */
+static inline bool test_backend_open(const char *device, vlmd_backend **out)
+{
+    vlmd_error err = {0};
+    if (vlmd_backend_create(device, out, &err) == VLMD_OK)
+        return true;
+#ifdef VLMD_CUDA_EMULATED
+    cr_assert_fail("the emulated CUDA device did not open: %s", err.msg);
+#endif
+    cr_assert_str_eq(device, "cuda", "%s", err.msg);
+    cr_expect(strstr(err.msg, "--device cuda"), "a clear refusal: %s", err.msg);
+    return false;
+}
 
 /* tests/fixtures/REL: under $VLMD_FIXTURES_DIR when set (a bundle run on
  * another machine), else in the source tree. Returns a static buffer. */

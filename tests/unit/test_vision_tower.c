@@ -23,11 +23,8 @@ static bool open_on(fixture *f, const char *model, const char *device)
     vlmd_error err = {0};
     vlmd_model_config mc;
     cr_assert_eq(vlmd_model_config_load(test_fixture(model), &mc, &err), VLMD_OK);
-    if (vlmd_backend_create(device, &f->b, &err) != VLMD_OK) {
-        cr_assert_str_eq(device, "cuda", "%s", err.msg);
-        cr_expect(strstr(err.msg, "--device cuda"), "a clear refusal: %s", err.msg);
+    if (!test_backend_open(device, &f->b))
         return false;
-    }
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, "model.safetensors"), &st,
                                             &err), VLMD_OK, "%s", err.msg);

@@ -1,0 +1,837 @@
+/* cuda_emu.cpp - the CPU emulator's runtime (what include/cuda_runtime.h
+ * promises): device memory, streams that run everything at once or record
+ * it while captured, graphs that replay what was recorded, the fiber
+ * scheduler that runs a kernel's blocks, and cublasGemmEx.
+ *
+ * Knobs (environment): VLMD_CUDA_EMU_SMS (multiprocessors, default 132 as an
+ * H100, so launch-shape decisions match one), VLMD_CUDA_EMU_MEMORY (device
+ * bytes, default 80 GiB). */
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+
+#include <map>
+#include <memory>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#else
+#define EMU_ASAN 0
+#endif
+
+#define MAX_THREADS 1024
+#define WARP 32
+#define DEFAULT_SMEM (48u << 10)     /* dynamic shared memory without the opt-in */
+#define MAX_SMEM VLMD_CUDA_EMU_MAX_SMEM /* with it */
+#define FIBER_STACK (256u << 10)
+#define GUARD_PAGE 4096u
+
+static thread_local cudaError_t last_error = cudaSuccess;
+
+static cudaError_t fail(cudaError_t e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static cudaError_t fail(cudaError_t e, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuda_emu: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (%s)\n", cudaGetErrorString(e));
+    va_end(ap);
+    last_error = e;
+    return e;
+}
+
+const char *cudaGetErrorString(cudaError_t e)
+{
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidConfiguration: return "invalid configuration argument";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorInvalidResourceHandle: return "invalid resource handle";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    }
+    return "unknown error";
+}
+
+cudaError_t cudaGetLastError(void)
+{
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+
+/* ---- device ---------------------------------------------------------------------------- */
+
+static long env_long(const char *name, long fallback)
+{
+    const char *v = getenv(name);
+    return v && *v ? strtol(v, NULL, 0) : fallback;
+}
+
+static size_t capacity(void)
+{
+    return (size_t)env_long("VLMD_CUDA_EMU_MEMORY", 80l << 30);
+}
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    *count = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int ordinal)
+{
+    return ordinal == 0 ? cudaSuccess : fail(cudaErrorInvalidDevice, "device %d", ordinal);
+}
+
+cudaError_t cudaGetDevice(int *ordinal)
+{
+    *ordinal = 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int ordinal)
+{
+    if (ordinal != 0)
+        return fail(cudaErrorInvalidDevice, "device %d", ordinal);
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "vlmd CUDA emulator (CPU)");
+    prop->totalGlobalMem = capacity();
+    prop->major = 9;
+    prop->minor = 0;
+    prop->multiProcessorCount = (int)env_long("VLMD_CUDA_EMU_SMS", 132);
+    prop->sharedMemPerBlock = DEFAULT_SMEM;
+    prop->sharedMemPerBlockOptin = MAX_SMEM;
+    prop->maxThreadsPerBlock = MAX_THREADS;
+    return cudaSuccess;
+}
+
+/* ---- capture state ----------------------------------------------------------------------- */
+
+struct cuda_emu_graph {
+    std::vector<std::function<void()>> nodes;
+};
+
+struct cuda_emu_graph_exec {
+    std::vector<std::function<void()>> nodes;
+};
+
+struct cuda_emu_stream {
+    cuda_emu_graph *capture = nullptr; /* recording into this graph */
+    bool invalidated = false;          /* an unsafe call ended the capture's usefulness */
+};
+
+struct cuda_emu_event {
+    int unused;
+};
+
+/* The stream this thread is capturing (thread-local capture mode). */
+static thread_local cuda_emu_stream *capturing = nullptr;
+
+/* An unsafe call during this thread's capture: the capture is invalidated. */
+static bool unsafe_in_capture(const char *call)
+{
+    if (!capturing)
+        return false;
+    capturing->invalidated = true;
+    fail(cudaErrorStreamCaptureUnsupported, "%s while this thread captures a graph", call);
+    return true;
+}
+
+namespace cuda_emu {
+
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> fn)
+{
+    if (!stream && capturing) {
+        capturing->invalidated = true;
+        return fail(cudaErrorStreamCaptureImplicit, "work on the legacy stream during a capture");
+    }
+    if (stream && stream->capture) {
+        stream->capture->nodes.push_back(std::move(fn));
+        return cudaSuccess;
+    }
+    fn();
+    return cudaSuccess;
+}
+
+} /* namespace cuda_emu */
+
+/* ---- memory --------------------------------------------------------------------------------- */
+
+static std::map<uintptr_t, size_t> device_blocks, pinned_blocks;
+static size_t device_used;
+
+/* Whether [p, p + n) lies inside one block of the map. */
+static bool inside(const std::map<uintptr_t, size_t> &blocks, const void *p, size_t n)
+{
+    auto it = blocks.upper_bound((uintptr_t)p);
+    if (it == blocks.begin())
+        return false;
+    --it;
+    return (uintptr_t)p + n <= it->first + it->second;
+}
+
+cudaError_t cudaMalloc(void **ptr, size_t bytes)
+{
+    *ptr = nullptr;
+    if (unsafe_in_capture("cudaMalloc"))
+        return cudaErrorStreamCaptureUnsupported;
+    if (bytes > capacity() - device_used) {
+        last_error = cudaErrorMemoryAllocation;
+        return cudaErrorMemoryAllocation;
+    }
+    size_t rounded = (bytes + 255) & ~(size_t)255;
+    void *p = aligned_alloc(256, rounded ? rounded : 256);
+    if (!p)
+        return fail(cudaErrorMemoryAllocation, "host memory for %zu device bytes", bytes);
+    memset(p, 0xff, rounded); /* NaN for bf16 and fp32: reads of unwritten memory show */
+    device_blocks[(uintptr_t)p] = bytes;
+    device_used += bytes;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void *ptr)
+{
+    if (!ptr)
+        return cudaSuccess;
+    if (unsafe_in_capture("cudaFree"))
+        return cudaErrorStreamCaptureUnsupported;
+    auto it = device_blocks.find((uintptr_t)ptr);
+    if (it == device_blocks.end())
+        return fail(cudaErrorInvalidValue, "cudaFree of %p, not a device allocation", ptr);
+    device_used -= it->second;
+    device_blocks.erase(it);
+    free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned flags)
+{
+    (void)flags;
+    *ptr = nullptr;
+    if (unsafe_in_capture("cudaHostAlloc"))
+        return cudaErrorStreamCaptureUnsupported;
+    void *p = malloc(bytes ? bytes : 1);
+    if (!p)
+        return fail(cudaErrorMemoryAllocation, "cudaHostAlloc of %zu bytes", bytes);
+    pinned_blocks[(uintptr_t)p] = bytes;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void *ptr)
+{
+    if (unsafe_in_capture("cudaFreeHost"))
+        return cudaErrorStreamCaptureUnsupported;
+    if (!ptr)
+        return cudaSuccess;
+    if (!pinned_blocks.erase((uintptr_t)ptr))
+        return fail(cudaErrorInvalidValue, "cudaFreeHost of %p, not pinned memory", ptr);
+    free(ptr);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    *total_bytes = capacity();
+    *free_bytes = capacity() - device_used;
+    return cudaSuccess;
+}
+
+/* ---- streams, events, graphs ------------------------------------------------------------------ */
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags)
+{
+    (void)flags;
+    *stream = new cuda_emu_stream;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamDestroy(cudaStream_t stream)
+{
+    if (stream && stream->capture)
+        return fail(cudaErrorStreamCaptureUnsupported, "destroying a capturing stream");
+    delete stream;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t stream)
+{
+    (void)stream;
+    return unsafe_in_capture("cudaStreamSynchronize") ? cudaErrorStreamCaptureUnsupported
+                                                      : cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize(void)
+{
+    return unsafe_in_capture("cudaDeviceSynchronize") ? cudaErrorStreamCaptureUnsupported
+                                                      : cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t stream)
+{
+    bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (kind == cudaMemcpyHostToHost || kind == cudaMemcpyDefault)
+        return fail(cudaErrorInvalidValue, "copy kind %d is not emulated", (int)kind);
+    if (dst_dev ? !inside(device_blocks, dst, n) : inside(device_blocks, dst, 1))
+        return fail(cudaErrorInvalidValue, "copy of %zu bytes to %p: %s", n, dst,
+                    dst_dev ? "not inside one device allocation" : "a device address as host");
+    if (src_dev ? !inside(device_blocks, src, n) : inside(device_blocks, src, 1))
+        return fail(cudaErrorInvalidValue, "copy of %zu bytes from %p: %s", n, src,
+                    src_dev ? "not inside one device allocation" : "a device address as host");
+    if (stream && stream->capture) {
+        const void *host = dst_dev ? src : dst;
+        if (kind != cudaMemcpyDeviceToDevice && !inside(pinned_blocks, host, n)) {
+            stream->invalidated = true;
+            return fail(cudaErrorStreamCaptureUnsupported,
+                        "captured copy of %zu bytes with pageable host memory %p", n, host);
+        }
+    }
+    return cuda_emu::enqueue(stream, [dst, src, n] { memcpy(dst, src, n); });
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags)
+{
+    (void)flags;
+    *event = new cuda_emu_event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventDestroy(cudaEvent_t event)
+{
+    delete event;
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
+{
+    (void)event;
+    return cuda_emu::enqueue(stream, [] {});
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t event)
+{
+    (void)event;
+    return unsafe_in_capture("cudaEventSynchronize") ? cudaErrorStreamCaptureUnsupported
+                                                     : cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode)
+{
+    (void)mode;
+    if (!stream)
+        return fail(cudaErrorStreamCaptureUnsupported, "capturing the legacy stream");
+    if (capturing || stream->capture)
+        return fail(cudaErrorStreamCaptureUnsupported, "a capture inside a capture");
+    stream->capture = new cuda_emu_graph;
+    stream->invalidated = false;
+    capturing = stream;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph)
+{
+    *graph = nullptr;
+    if (!stream || !stream->capture || capturing != stream)
+        return fail(cudaErrorInvalidValue, "ending a capture this thread did not begin");
+    cuda_emu_graph *g = stream->capture;
+    stream->capture = nullptr;
+    capturing = nullptr;
+    if (stream->invalidated) {
+        delete g;
+        return fail(cudaErrorStreamCaptureInvalidated, "the capture saw an unsafe call");
+    }
+    *graph = g;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long flags)
+{
+    (void)flags;
+    if (!graph)
+        return fail(cudaErrorInvalidValue, "instantiating no graph");
+    *exec = new cuda_emu_graph_exec{graph->nodes};
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphUpload(cudaGraphExec_t exec, cudaStream_t stream)
+{
+    (void)stream;
+    return exec ? cudaSuccess : fail(cudaErrorInvalidValue, "uploading no graph");
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream)
+{
+    if (!exec)
+        return fail(cudaErrorInvalidValue, "launching no graph");
+    return cuda_emu::enqueue(stream, [exec] {
+        for (auto &node : exec->nodes)
+            node();
+    });
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    delete graph;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    delete exec;
+    return cudaSuccess;
+}
+
+/* ---- the fiber scheduler ----------------------------------------------------------------------- */
+
+namespace {
+
+enum fiber_state { READY, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
+
+struct fiber {
+    void *sp;         /* its saved stack pointer while switched out */
+    fiber_state state;
+    void *fake_stack; /* ASan's, while switched out */
+};
+
+/* One block's threads and what their warps exchange. */
+struct block_run {
+    std::vector<fiber> fibers;
+    int current;
+    void *scheduler_sp;
+    void *scheduler_fake_stack;
+    const void *scheduler_stack;
+    size_t scheduler_stack_size;
+    const std::function<void()> *body;
+    const void *kernel;
+    uint64_t offers[MAX_THREADS];
+    float scratch[MAX_THREADS / WARP][256];
+};
+
+thread_local block_run *run = nullptr;
+
+void fiber_main(void);
+
+/* Saves the running stack's callee-saved registers and FP control words on
+ * it, stores its pointer in *save and resumes the stack at resume: a switch
+ * with no system call (swapcontext saves the signal mask through one, and
+ * AddressSanitizer's wrapper of it clears the whole stack's shadow). */
+extern "C" void switch_stack(void **save, void *resume);
+asm(R"(
+    .text
+    .type switch_stack, @function
+switch_stack:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size switch_stack, .-switch_stack
+)");
+
+/* A stack that switch_stack resumes into fiber_main (entered as if called:
+ * its return address slot 16-byte aligned plus 8). */
+void *fresh_stack(char *stack)
+{
+    uint64_t *sp = (uint64_t *)(((uintptr_t)stack + FIBER_STACK) & ~(uintptr_t)15);
+    *--sp = 0; /* fiber_main's return address: it never returns */
+    *--sp = (uint64_t)(uintptr_t)fiber_main;
+    for (int i = 0; i < 6; i++)
+        *--sp = 0;               /* rbp, rbx, r12-r15 */
+    *--sp = 0x037f00001f80ull;   /* MXCSR and the x87 control word at their defaults */
+    return sp;
+}
+thread_local std::vector<char *> stacks; /* one per thread slot, reused by every block */
+
+char *stack_for(size_t i)
+{
+    while (stacks.size() <= i) {
+        void *p = mmap(nullptr, FIBER_STACK + GUARD_PAGE, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == MAP_FAILED) {
+            perror("cuda_emu: fiber stack");
+            abort();
+        }
+        mprotect(p, GUARD_PAGE, PROT_NONE); /* an overflow faults instead of corrupting */
+        stacks.push_back((char *)p + GUARD_PAGE);
+    }
+    return stacks[i];
+}
+
+/* From the running fiber back to the scheduler, leaving it in state s. */
+void yield(fiber_state s)
+{
+    fiber &me = run->fibers[run->current];
+    me.state = s;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(s == DONE ? nullptr : &me.fake_stack, run->scheduler_stack,
+                                   run->scheduler_stack_size);
+#endif
+    switch_stack(&me.sp, run->scheduler_sp);
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(me.fake_stack, &run->scheduler_stack,
+                                    &run->scheduler_stack_size);
+#endif
+}
+
+void fiber_main(void)
+{
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &run->scheduler_stack, &run->scheduler_stack_size);
+#endif
+    (*run->body)();
+    yield(DONE);
+    abort(); /* a finished fiber is never resumed */
+}
+
+void set_position(const cudaLaunchConfig_t *c, int t)
+{
+    unsigned bx = c->blockDim.x, by = c->blockDim.y;
+    threadIdx = uint3{t % bx, t / bx % by, t / (bx * by)};
+}
+
+void resume(int i, const cudaLaunchConfig_t *c)
+{
+    run->current = i;
+    set_position(c, i);
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(&run->scheduler_fake_stack, stacks[i], FIBER_STACK);
+#endif
+    switch_stack(&run->scheduler_sp, run->fibers[i].sp);
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(run->scheduler_fake_stack, nullptr, nullptr);
+#endif
+}
+
+[[noreturn]] void deadlock(const cudaLaunchConfig_t *c)
+{
+    fprintf(stderr, "cuda_emu: kernel %p, block (%u,%u,%u): threads wait at barriers the others "
+            "never reach:\n", run->kernel, blockIdx.x, blockIdx.y,
+            blockIdx.z);
+    static const char *names[] = {"running", "__syncthreads", "a warp collective", "exited"};
+    int n = (int)run->fibers.size(), shown = 0;
+    for (int w = 0; w * WARP < n && shown < 16; w++, shown++) {
+        fprintf(stderr, "  warp %d:", w);
+        for (int i = w * WARP; i < n && i < (w + 1) * WARP; i++)
+            fprintf(stderr, " %c", "RBWx"[run->fibers[i].state]);
+        fprintf(stderr, "\n");
+    }
+    fprintf(stderr, "  (R %s, B %s, W %s, x %s)\n", names[0], names[1], names[2], names[3]);
+    (void)c;
+    abort();
+}
+
+/* Runs one block to the end: every ready fiber until it waits, then
+ * releases whichever barrier every live thread (warp) has reached. */
+void run_block(const cudaLaunchConfig_t *c)
+{
+    int n = (int)(c->blockDim.x * c->blockDim.y * c->blockDim.z);
+    run->fibers.assign(n, fiber{});
+    for (int i = 0; i < n; i++) {
+        char *stack = stack_for(i);
+#if EMU_ASAN
+        ASAN_UNPOISON_MEMORY_REGION(stack, FIBER_STACK);
+#endif
+        fiber &f = run->fibers[i];
+        f.sp = fresh_stack(stack);
+        f.state = READY;
+    }
+    for (;;) {
+        for (int i = 0; i < n; i++)
+            if (run->fibers[i].state == READY)
+                resume(i, c);
+        int live = 0, at_block = 0;
+        bool released = false;
+        for (int w = 0; w * WARP < n; w++) {
+            int lanes = 0, waiting = 0, exited = 0;
+            for (int i = w * WARP; i < n && i < (w + 1) * WARP; i++) {
+                lanes++;
+                waiting += run->fibers[i].state == AT_WARP_BARRIER;
+                exited += run->fibers[i].state == DONE;
+                at_block += run->fibers[i].state == AT_BLOCK_BARRIER;
+            }
+            live += lanes - exited;
+            if (waiting && waiting + exited == lanes) {
+                if (exited)
+                    cuda_emu::kernel_fault("a warp collective in warp %d after %d of its lanes "
+                                           "exited", w, exited);
+                for (int i = w * WARP; i < n && i < (w + 1) * WARP; i++)
+                    run->fibers[i].state = READY;
+                released = true;
+            }
+        }
+        if (live == 0)
+            return;
+        if (!released && at_block == live) {
+            if (live < n) /* undefined on a GPU since Volta: it may hang */
+                cuda_emu::kernel_fault("__syncthreads after %d threads of the block exited",
+                                       n - live);
+            for (auto &f : run->fibers)
+                if (f.state == AT_BLOCK_BARRIER)
+                    f.state = READY;
+            released = true;
+        }
+        if (!released)
+            deadlock(c);
+    }
+}
+
+std::map<const void *, int> smem_allowed; /* cudaFuncAttributeMaxDynamicSharedMemorySize */
+
+cudaError_t check_config(const void *kernel, const cudaLaunchConfig_t *c)
+{
+    const dim3 &g = c->gridDim, &b = c->blockDim;
+    unsigned long threads = (unsigned long)b.x * b.y * b.z;
+    if (!g.x || !g.y || !g.z || g.x > 0x7fffffffu || g.y > 65535 || g.z > 65535)
+        return fail(cudaErrorInvalidConfiguration, "kernel %p: grid (%u,%u,%u)", kernel, g.x, g.y,
+                    g.z);
+    if (!threads || threads > MAX_THREADS || b.z > 64)
+        return fail(cudaErrorInvalidConfiguration, "kernel %p: block (%u,%u,%u)", kernel, b.x, b.y,
+                    b.z);
+    auto it = smem_allowed.find(kernel);
+    size_t allowed = it != smem_allowed.end() ? (size_t)it->second : DEFAULT_SMEM;
+    if (c->dynamicSmemBytes > allowed)
+        return fail(cudaErrorInvalidValue, "kernel %p: %zu bytes of dynamic shared memory, %zu "
+                    "allowed (cudaFuncAttributeMaxDynamicSharedMemorySize)", kernel,
+                    c->dynamicSmemBytes, allowed);
+    return cudaSuccess;
+}
+
+void run_grid(const void *kernel, const cudaLaunchConfig_t c, const std::function<void()> &body)
+{
+    if (run)
+        cuda_emu::kernel_fault("a kernel launched from a kernel");
+    block_run br;
+    br.body = &body;
+    br.kernel = kernel;
+    run = &br;
+    gridDim = c.gridDim;
+    blockDim = c.blockDim;
+#if EMU_ASAN /* past the launch's size, dynamic shared memory is not there */
+    ASAN_POISON_MEMORY_REGION(smem + c.dynamicSmemBytes, sizeof smem - c.dynamicSmemBytes);
+#endif
+    for (unsigned z = 0; z < c.gridDim.z; z++)
+        for (unsigned y = 0; y < c.gridDim.y; y++)
+            for (unsigned x = 0; x < c.gridDim.x; x++) {
+                blockIdx = uint3{x, y, z};
+                memset(smem, 0xff, c.dynamicSmemBytes); /* a block's starts as garbage */
+                run_block(&c);
+            }
+#if EMU_ASAN
+    ASAN_UNPOISON_MEMORY_REGION(smem, sizeof smem);
+#endif
+    run = nullptr;
+}
+
+} /* namespace */
+
+namespace cuda_emu {
+
+cudaError_t set_func_attribute(const void *kernel, cudaFuncAttribute attr, int value)
+{
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||
+        (unsigned)value > MAX_SMEM)
+        return fail(cudaErrorInvalidValue, "attribute %d = %d", (int)attr, value);
+    smem_allowed[kernel] = value;
+    return cudaSuccess;
+}
+
+cudaError_t launch(const void *kernel, const cudaLaunchConfig_t *config,
+                   std::function<void()> body)
+{
+    cudaError_t e = check_config(kernel, config);
+    if (e != cudaSuccess)
+        return e;
+    cudaLaunchConfig_t c = *config;
+    return enqueue(config->stream, [kernel, c, body] { run_grid(kernel, c, body); });
+}
+
+void syncthreads(void)
+{
+    if (!run)
+        kernel_fault("__syncthreads outside a kernel");
+    yield(AT_BLOCK_BARRIER);
+}
+
+int lane(void)
+{
+    if (!run)
+        kernel_fault("a warp function outside a kernel");
+    return run->current % WARP;
+}
+
+float *warp_scratch(void)
+{
+    lane(); /* inside a kernel */
+    return run->scratch[run->current / WARP];
+}
+
+void syncwarp(unsigned mask)
+{
+    if (mask != 0xffffffffu)
+        kernel_fault("warp mask %#x: only whole warps are emulated", mask);
+    lane();
+    yield(AT_WARP_BARRIER);
+}
+
+uint64_t warp_exchange(unsigned mask, uint64_t v, int src)
+{
+    lane(); /* inside a kernel */
+    int me = run->current;
+    run->offers[me] = v;
+    syncwarp(mask); /* every lane has offered */
+    int from = me - me % WARP + src;
+    uint64_t got = from < (int)run->fibers.size() ? run->offers[from] : v;
+    syncwarp(mask); /* every lane has taken before the next exchange offers */
+    return got;
+}
+
+void kernel_fault(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "cuda_emu: kernel fault in block (%u,%u,%u) thread (%u,%u,%u): ",
+            blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    abort();
+}
+
+} /* namespace cuda_emu */
+
+/* ---- cuBLAS ----------------------------------------------------------------------------------- */
+
+struct cuda_emu_cublas {
+    cudaStream_t stream = nullptr;
+    void *workspace = nullptr;
+    size_t workspace_bytes = 0;
+};
+
+cublasStatus_t cublasCreate(cublasHandle_t *handle)
+{
+    *handle = new cuda_emu_cublas;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t handle)
+{
+    delete handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream)
+{
+    handle->stream = stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *workspace, size_t bytes)
+{
+    if (!inside(device_blocks, workspace, bytes))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    handle->workspace = workspace;
+    handle->workspace_bytes = bytes;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+static size_t type_size(cudaDataType t)
+{
+    return t == CUDA_R_16BF ? 2 : 4;
+}
+
+static float load_value(const void *p, cudaDataType t, size_t i)
+{
+    return t == CUDA_R_16BF ? __bfloat162float(((const __nv_bfloat16 *)p)[i])
+                            : ((const float *)p)[i];
+}
+
+/* op(X) of rows x cols from a column-major matrix of leading dimension ld, as fp32 row-major. */
+static std::vector<float> widen(const void *p, cudaDataType t, int ld, bool trans, int rows,
+                                int cols)
+{
+    std::vector<float> out((size_t)rows * cols);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < cols; c++)
+            out[(size_t)r * cols + c] =
+                load_value(p, t, trans ? (size_t)r * ld + c : (size_t)c * ld + r);
+    return out;
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void *alpha,
+                            const void *a, cudaDataType a_type, int lda, const void *b,
+                            cudaDataType b_type, int ldb, const void *beta, void *c,
+                            cudaDataType c_type, int ldc, cublasComputeType_t compute,
+                            cublasGemmAlgo_t algo)
+{
+    (void)algo;
+    if (!handle)
+        return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (compute != CUBLAS_COMPUTE_32F)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    bool ta = transa == CUBLAS_OP_T, tb = transb == CUBLAS_OP_T;
+    int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+    if (m < 0 || n < 0 || k < 0 || lda < (a_rows > 1 ? a_rows : 1) ||
+        ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    if (!m || !n)
+        return CUBLAS_STATUS_SUCCESS;
+    /* each operand's last element inside one device allocation */
+    if ((k && (!inside(device_blocks, a, ((size_t)(a_cols - 1) * lda + a_rows) * type_size(a_type)) ||
+               !inside(device_blocks, b, ((size_t)(b_cols - 1) * ldb + b_rows) * type_size(b_type)))) ||
+        !inside(device_blocks, c, ((size_t)(n - 1) * ldc + m) * type_size(c_type))) {
+        fprintf(stderr, "cuda_emu: cublasGemmEx operand outside device memory\n");
+        return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    float al = *(const float *)alpha, be = *(const float *)beta; /* host pointer mode */
+    cudaError_t e = cuda_emu::enqueue(handle->stream, [=] {
+        std::vector<float> A = widen(a, a_type, lda, ta, m, k);  /* m x k */
+        std::vector<float> B = widen(b, b_type, ldb, !tb, n, k); /* n x k: B^T, rows contiguous */
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                float acc = 0;
+                for (int l = 0; l < k; l++)
+                    acc += A[(size_t)i * k + l] * B[(size_t)j * k + l];
+                size_t at = (size_t)j * ldc + i;
+                float v = al * acc + (be != 0 ? be * load_value(c, c_type, at) : 0.0f);
+                if (c_type == CUDA_R_16BF)
+                    ((__nv_bfloat16 *)c)[at] = __float2bfloat16(v);
+                else
+                    ((float *)c)[at] = v;
+            }
+    });
+    return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}

@@ -1,0 +1,302 @@
+/* cuda_runtime.h (tests/cuda_emu) - the part of the CUDA runtime that vlmd's
+ * CUDA backend uses, run on the CPU, so that the backend's own sources
+ * (the .cu files of kernels/cuda, compiled as C++ against these headers) run in CI on a
+ * machine with no GPU and are compared with the CPU reference there.
+ *
+ * Kernels run for real: each block's threads are fibers on one OS thread,
+ * switched at __syncthreads, at warp collectives (shuffles, __syncwarp, WMMA)
+ * and at the end; __shared__ variables are static (one block runs at a time).
+ * The emulator is strict where a GPU would fail or misbehave: a barrier some
+ * threads never reach, a shuffle with exited lanes, a WMMA pointer or leading
+ * dimension a tensor core would reject, a launch over its limits (threads,
+ * dynamic shared memory without the opt-in attribute), unsafe calls while a
+ * stream is captured, a pageable host buffer in a captured copy. Device
+ * memory is host memory filled with 0xff (NaN as bf16 and fp32) so reads of
+ * memory nothing wrote show up; with AddressSanitizer every kernel access is
+ * bounds-checked. What it cannot say: speed, the memory model across blocks
+ * or warps (one thread runs at a time), and numerics of real tensor cores
+ * beyond fp32 accumulation. */
+#ifndef VLMD_CUDA_EMU_RUNTIME_H
+#define VLMD_CUDA_EMU_RUNTIME_H
+
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <functional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+
+#define VLMD_CUDA_EMULATED 1
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+/* Block-scope statics, one block at a time; `extern __shared__` names the
+ * launch's dynamic shared memory, which the emulator defines. */
+#define __shared__ thread_local
+
+struct uint3 {
+    unsigned x, y, z;
+};
+
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
+
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
+{
+    return uint4{x, y, z, w};
+}
+
+/* ---- errors ------------------------------------------------------------------------ */
+
+enum cudaError_t {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
+    cudaErrorStreamCaptureImplicit = 906,
+};
+
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaGetLastError(void);
+
+/* ---- device -------------------------------------------------------------------------- */
+
+struct cudaDeviceProp {
+    char name[256];
+    size_t totalGlobalMem;
+    int major, minor;
+    int multiProcessorCount;
+    size_t sharedMemPerBlock, sharedMemPerBlockOptin;
+    int maxThreadsPerBlock;
+};
+
+cudaError_t cudaGetDeviceCount(int *count);
+cudaError_t cudaSetDevice(int ordinal);
+cudaError_t cudaGetDevice(int *ordinal);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int ordinal);
+cudaError_t cudaDeviceSynchronize(void);
+
+/* ---- memory -------------------------------------------------------------------------- */
+
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+};
+#define cudaHostAllocDefault 0u
+
+cudaError_t cudaMalloc(void **ptr, size_t bytes);
+template <typename T> static inline cudaError_t cudaMalloc(T **ptr, size_t bytes)
+{
+    return cudaMalloc((void **)ptr, bytes);
+}
+cudaError_t cudaFree(void *ptr);
+cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void *ptr);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+
+/* ---- streams, events, graphs ----------------------------------------------------------- */
+
+typedef struct cuda_emu_stream *cudaStream_t;
+typedef struct cuda_emu_event *cudaEvent_t;
+typedef struct cuda_emu_graph *cudaGraph_t;
+typedef struct cuda_emu_graph_exec *cudaGraphExec_t;
+
+#define cudaStreamNonBlocking 0x1u
+#define cudaEventDisableTiming 0x2u
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+};
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
+                            cudaStream_t stream);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t stream, cudaGraph_t *graph);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
+                                 unsigned long long flags);
+cudaError_t cudaGraphUpload(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
+cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+
+/* ---- kernels ------------------------------------------------------------------------------ */
+
+enum cudaFuncAttribute {
+    cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+
+struct cudaLaunchConfig_t {
+    dim3 gridDim;
+    dim3 blockDim;
+    size_t dynamicSmemBytes;
+    cudaStream_t stream;
+    void *attrs;
+    unsigned numAttrs;
+};
+
+/* Where the running thread is: set by the scheduler before each switch. */
+inline thread_local uint3 threadIdx, blockIdx;
+inline thread_local dim3 blockDim, gridDim;
+#define warpSize 32
+
+/* The launch's dynamic shared memory: a kernel names it `smem`
+ * (extern __shared__ __align__(128) unsigned char smem[]). */
+#define VLMD_CUDA_EMU_MAX_SMEM (227u << 10) /* an H100's block limit */
+alignas(128) inline thread_local unsigned char smem[VLMD_CUDA_EMU_MAX_SMEM];
+
+namespace cuda_emu {
+
+/* Runs body on the stream (or records it into the stream's capture) as a
+ * grid of config's shape; kernel identifies it (attributes, messages). */
+cudaError_t launch(const void *kernel, const cudaLaunchConfig_t *config,
+                   std::function<void()> body);
+cudaError_t set_func_attribute(const void *kernel, cudaFuncAttribute attr, int value);
+/* Runs fn on the stream, or records it into the stream's capture. */
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> fn);
+
+/* Inside a kernel: the block-wide and warp-wide barriers, and a warp
+ * exchange (each lane offers v, gets lane src's offer; src out of the warp:
+ * its own). */
+void syncthreads(void);
+void syncwarp(unsigned mask);
+uint64_t warp_exchange(unsigned mask, uint64_t v, int src);
+int lane(void);
+/* 256 floats the running thread's warp shares (for warp collectives). */
+float *warp_scratch(void);
+[[noreturn]] void kernel_fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+template <typename T> static inline T shuffle(unsigned mask, T v, int src)
+{
+    static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "a register value");
+    uint64_t bits = 0;
+    memcpy(&bits, &v, sizeof v);
+    bits = warp_exchange(mask, bits, src);
+    memcpy(&v, &bits, sizeof v);
+    return v;
+}
+
+} /* namespace cuda_emu */
+
+template <typename... Params, typename... Args>
+static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config,
+                                             void (*kernel)(Params...), Args &&...args)
+{
+    /* the arguments are converted and copied at the launch, as CUDA does */
+    std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
+    return cuda_emu::launch(reinterpret_cast<const void *>(kernel), config,
+                            [kernel, params] { std::apply(kernel, params); });
+}
+
+template <typename T>
+static inline cudaError_t cudaFuncSetAttribute(T *kernel, cudaFuncAttribute attr, int value)
+{
+    return cuda_emu::set_func_attribute(reinterpret_cast<const void *>(kernel), attr, value);
+}
+
+/* ---- device functions ------------------------------------------------------------------------ */
+
+static inline void __syncthreads(void)
+{
+    cuda_emu::syncthreads();
+}
+
+static inline void __syncwarp(unsigned mask = 0xffffffffu)
+{
+    cuda_emu::syncwarp(mask);
+}
+
+template <typename T> static inline T __shfl_sync(unsigned mask, T v, int src, int width = 32)
+{
+    int lane = cuda_emu::lane();
+    return cuda_emu::shuffle(mask, v, lane / width * width + src % width);
+}
+
+template <typename T> static inline T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32)
+{
+    int lane = cuda_emu::lane(), src = lane ^ m;
+    return cuda_emu::shuffle(mask, v, src / width == lane / width ? src : lane);
+}
+
+template <typename T>
+static inline T __shfl_up_sync(unsigned mask, T v, unsigned delta, int width = 32)
+{
+    int lane = cuda_emu::lane(), src = lane - (int)delta;
+    return cuda_emu::shuffle(mask, v, src >= lane / width * width ? src : lane);
+}
+
+template <typename T>
+static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32)
+{
+    int lane = cuda_emu::lane(), src = lane + (int)delta;
+    return cuda_emu::shuffle(mask, v, src / width == lane / width ? src : lane);
+}
+
+/* One thread runs at a time, so the atomics are plain read-modify-writes. */
+template <typename T> static inline T atomicMin(T *p, T v)
+{
+    T old = *p;
+    *p = v < old ? v : old;
+    return old;
+}
+
+template <typename T> static inline T atomicMax(T *p, T v)
+{
+    T old = *p;
+    *p = v > old ? v : old;
+    return old;
+}
+
+template <typename T> static inline T atomicAdd(T *p, T v)
+{
+    T old = *p;
+    *p = old + v;
+    return old;
+}
+
+static inline float rsqrtf(float x)
+{
+    return 1.0f / sqrtf(x);
+}
+
+#define VLMD_CUDA_EMU_MINMAX(T)                                                           \
+    static inline T min(T a, T b) { return a < b ? a : b; }                              \
+    static inline T max(T a, T b) { return a > b ? a : b; }
+VLMD_CUDA_EMU_MINMAX(int)
+VLMD_CUDA_EMU_MINMAX(unsigned)
+VLMD_CUDA_EMU_MINMAX(long)
+VLMD_CUDA_EMU_MINMAX(unsigned long)
+VLMD_CUDA_EMU_MINMAX(long long)
+VLMD_CUDA_EMU_MINMAX(unsigned long long)
+VLMD_CUDA_EMU_MINMAX(float)
+VLMD_CUDA_EMU_MINMAX(double)
+#undef VLMD_CUDA_EMU_MINMAX
+
+#endif

@@ -1,0 +1,267 @@
+/* test_cuda_emu.cpp - the emulator itself: that kernels see the CUDA
+ * semantics the backend relies on (barriers, shuffles, WMMA, graphs), and
+ * that what would fail on a GPU fails here (the strictness is what makes a
+ * pass of the emulated backend tests mean something). */
+#include <criterion/criterion.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <mma.h>
+#include <signal.h>
+#include <stdlib.h>
+
+using namespace nvcuda;
+
+static void launch_ok(cudaError_t e)
+{
+    cr_assert_eq(e, cudaSuccess, "%s", cudaGetErrorString(e));
+}
+
+template <typename... Params, typename... Args>
+static cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                          cudaStream_t stream, Args... args)
+{
+    cudaLaunchConfig_t c = {};
+    c.gridDim = grid;
+    c.blockDim = block;
+    c.dynamicSmemBytes = smem;
+    c.stream = stream;
+    return cudaLaunchKernelEx(&c, kernel, args...);
+}
+
+template <typename T> static T *device(size_t n)
+{
+    void *p = NULL;
+    launch_ok(cudaMalloc(&p, n * sizeof(T)));
+    return (T *)p;
+}
+
+/* ---- barriers and shuffles --------------------------------------------------------- */
+
+/* Each block sums its threads' ids through shared memory: only correct if
+ * every thread's write is in before thread 0 reads. */
+__global__ void k_block_sum(int *out)
+{
+    __shared__ int vals[256];
+    vals[threadIdx.x] = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int s = 0;
+        for (unsigned i = 0; i < blockDim.x; i++)
+            s += vals[i];
+        out[blockIdx.x] = s;
+    }
+}
+
+Test(cuda_emu, syncthreads_orders_shared_memory)
+{
+    int *d = device<int>(3), h[3];
+    launch_ok(launch(k_block_sum, 3, 256, 0, NULL, d));
+    launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+    for (int b = 0; b < 3; b++)
+        cr_expect_eq(h[b], 256 * (256 * b) + 255 * 256 / 2, "block %d: %d", b, h[b]);
+    cudaFree(d);
+}
+
+/* out[t]: the warp's butterfly sum, the inclusive scan up to the lane, the
+ * lane above's value and lane 31's value. */
+__global__ void k_shuffles(int *out)
+{
+    int lane = threadIdx.x % 32, v = lane + 1, sum = v, scan = v;
+    for (int o = 16; o > 0; o /= 2)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    for (int o = 1; o < 32; o *= 2) {
+        int up = __shfl_up_sync(0xffffffffu, scan, o);
+        if (lane >= o)
+            scan += up;
+    }
+    int below = __shfl_down_sync(0xffffffffu, v, 1), last = __shfl_sync(0xffffffffu, v, 31);
+    int *o = out + threadIdx.x * 4;
+    o[0] = sum, o[1] = scan, o[2] = below, o[3] = last;
+}
+
+Test(cuda_emu, warp_shuffles)
+{
+    int *d = device<int>(64 * 4), h[64 * 4];
+    launch_ok(launch(k_shuffles, 1, 64, 0, NULL, d));
+    launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+    for (int t = 0; t < 64; t++) {
+        int lane = t % 32, v = lane + 1;
+        cr_expect_eq(h[t * 4], 32 * 33 / 2, "sum at %d", t);
+        cr_expect_eq(h[t * 4 + 1], v * (v + 1) / 2, "scan at %d", t);
+        cr_expect_eq(h[t * 4 + 2], lane < 31 ? v + 1 : v, "down at %d", t);
+        cr_expect_eq(h[t * 4 + 3], 32, "broadcast at %d", t);
+    }
+    cudaFree(d);
+}
+
+/* ---- WMMA ----------------------------------------------------------------------------- */
+
+__global__ void k_mma(float *c, const __nv_bfloat16 *a, const __nv_bfloat16 *b)
+{
+    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 1.0f);
+    wmma::load_matrix_sync(fa, a, 16);
+    wmma::load_matrix_sync(fb, b, 16);
+    wmma::mma_sync(acc, fa, fb, acc);
+    wmma::store_matrix_sync(c, acc, 16, wmma::mem_row_major);
+}
+
+Test(cuda_emu, wmma_multiplies_as_the_layouts_say)
+{
+    __nv_bfloat16 ha[256], hb[256];
+    for (int i = 0; i < 256; i++) {
+        ha[i] = __float2bfloat16((float)(i % 7) - 3);
+        hb[i] = __float2bfloat16((float)(i % 5) - 2);
+    }
+    __nv_bfloat16 *a = device<__nv_bfloat16>(256), *b = device<__nv_bfloat16>(256);
+    float *c = device<float>(256), hc[256];
+    launch_ok(cudaMemcpyAsync(a, ha, sizeof ha, cudaMemcpyHostToDevice, NULL));
+    launch_ok(cudaMemcpyAsync(b, hb, sizeof hb, cudaMemcpyHostToDevice, NULL));
+    launch_ok(launch(k_mma, 1, 32, 0, NULL, c, a, b));
+    launch_ok(cudaMemcpyAsync(hc, c, sizeof hc, cudaMemcpyDeviceToHost, NULL));
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 16; j++) {
+            float want = 1; /* b col-major: element (k, j) at b[j * 16 + k] */
+            for (int k = 0; k < 16; k++)
+                want += __bfloat162float(ha[i * 16 + k]) * __bfloat162float(hb[j * 16 + k]);
+            cr_expect_eq(hc[i * 16 + j], want, "(%d,%d): %g, want %g", i, j, hc[i * 16 + j], want);
+        }
+    cudaFree(a), cudaFree(b), cudaFree(c);
+}
+
+__global__ void k_mma_misaligned(float *c)
+{
+    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+    wmma::store_matrix_sync(c + 4, acc, 16, wmma::mem_row_major); /* 16 bytes off */
+}
+
+Test(cuda_emu, wmma_refuses_a_pointer_tensor_cores_would, .signal = SIGABRT)
+{
+    launch(k_mma_misaligned, 1, 32, 0, NULL, device<float>(512));
+}
+
+/* ---- what fails on a GPU fails here ----------------------------------------------------- */
+
+__global__ void k_divergent_barrier(int *out)
+{
+    if (threadIdx.x >= 32)
+        return; /* the second warp leaves without reaching the barrier */
+    __syncthreads();
+    out[threadIdx.x] = 1;
+}
+
+Test(cuda_emu, a_barrier_not_every_thread_reaches_aborts, .signal = SIGABRT)
+{
+    launch(k_divergent_barrier, 1, 64, 0, NULL, device<int>(64));
+}
+
+__global__ void k_shuffle_after_exit(int *out)
+{
+    if (threadIdx.x % 32 == 5)
+        return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, (int)threadIdx.x, 1);
+}
+
+Test(cuda_emu, a_shuffle_with_exited_lanes_aborts, .signal = SIGABRT)
+{
+    launch(k_shuffle_after_exit, 1, 32, 0, NULL, device<int>(32));
+}
+
+__global__ void k_read_past(float *out, const float *in, int n)
+{
+    out[threadIdx.x] = in[n + threadIdx.x]; /* past the allocation */
+}
+
+Test(cuda_emu, an_access_outside_an_allocation_is_caught, .exit_code = 1)
+{
+    launch(k_read_past, 1, 32, 0, NULL, device<float>(32), device<float>(64), 64);
+}
+
+__global__ void k_dynamic_smem(int *out)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    int *s = (int *)smem;
+    s[threadIdx.x] = (int)threadIdx.x;
+    __syncthreads();
+    out[threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+Test(cuda_emu, dynamic_shared_memory_over_48k_needs_the_attribute)
+{
+    int *d = device<int>(128), h[128];
+    cr_expect_eq(launch(k_dynamic_smem, 1, 128, 64 << 10, NULL, d), cudaErrorInvalidValue);
+    cr_expect_eq(cudaGetLastError(), cudaErrorInvalidValue);
+    launch_ok(cudaFuncSetAttribute(k_dynamic_smem, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   64 << 10));
+    launch_ok(launch(k_dynamic_smem, 1, 128, 64 << 10, NULL, d));
+    launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+    for (int t = 0; t < 128; t++)
+        cr_expect_eq(h[t], (t + 1) % 128);
+    cr_expect_eq(launch(k_dynamic_smem, 1, 2048, 0, NULL, d), cudaErrorInvalidConfiguration);
+    cudaFree(d);
+}
+
+Test(cuda_emu, device_memory_starts_as_nan)
+{
+    float *d = device<float>(4), h[4];
+    launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+    for (int i = 0; i < 4; i++)
+        cr_expect(isnan(h[i]));
+    cudaFree(d);
+}
+
+/* ---- graphs ------------------------------------------------------------------------------ */
+
+__global__ void k_add_one(int *x)
+{
+    x[threadIdx.x] += 1;
+}
+
+Test(cuda_emu, a_graph_replays_what_was_captured)
+{
+    cudaStream_t s;
+    launch_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int *d = device<int>(32), *pinned = NULL, h[32];
+    launch_ok(cudaHostAlloc((void **)&pinned, sizeof h, cudaHostAllocDefault));
+    for (int i = 0; i < 32; i++)
+        pinned[i] = i;
+    cudaGraph_t g;
+    cudaGraphExec_t exec;
+    launch_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    launch_ok(cudaMemcpyAsync(d, pinned, sizeof h, cudaMemcpyHostToDevice, s));
+    launch_ok(launch(k_add_one, 1, 32, 0, s, d));
+    launch_ok(cudaStreamEndCapture(s, &g));
+    launch_ok(cudaGraphInstantiate(&exec, g, 0));
+    for (int i = 0; i < 32; i++) /* the copy reads the host buffer when the graph runs */
+        pinned[i] = 100 + i;
+    launch_ok(cudaGraphLaunch(exec, s));
+    launch_ok(launch(k_add_one, 1, 32, 0, s, d));
+    launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, s));
+    for (int i = 0; i < 32; i++)
+        cr_expect_eq(h[i], 102 + i);
+    cudaGraphExecDestroy(exec), cudaGraphDestroy(g), cudaFreeHost(pinned), cudaFree(d);
+    cudaStreamDestroy(s);
+}
+
+Test(cuda_emu, an_unsafe_call_during_capture_invalidates_it)
+{
+    cudaStream_t s;
+    launch_ok(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    int *d = device<int>(32), h[32] = {0};
+    cudaGraph_t g;
+    launch_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cr_expect_eq(cudaStreamSynchronize(s), cudaErrorStreamCaptureUnsupported);
+    cr_expect_eq(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    launch_ok(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cr_expect_eq(cudaMemcpyAsync(d, h, sizeof h, cudaMemcpyHostToDevice, s),
+                 cudaErrorStreamCaptureUnsupported, "a pageable host buffer in a captured copy");
+    void *p = NULL;
+    cr_expect_eq(cudaMalloc(&p, 16), cudaErrorStreamCaptureUnsupported);
+    cr_expect_eq(cudaStreamEndCapture(s, &g), cudaErrorStreamCaptureInvalidated);
+    cr_expect_null(g);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+}
