@@ -15,8 +15,10 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 
+#include <deque>
 #include <map>
 #include <memory>
+#include <set>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -31,8 +33,10 @@
 #define WARP 32
 #define DEFAULT_SMEM (48u << 10)     /* dynamic shared memory without the opt-in */
 #define MAX_SMEM VLMD_CUDA_EMU_MAX_SMEM /* with it */
-#define FIBER_STACK (256u << 10)
+#define FIBER_STACK (64u << 10)
 #define GUARD_PAGE 4096u
+#define NAN_FILL_BYTES (8u << 20)
+#define ABANDONED_FRAMES 8192u
 
 static thread_local cudaError_t last_error = cudaSuccess;
 
@@ -58,9 +62,13 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorInvalidResourceHandle: return "invalid resource handle";
-    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
-    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
-    case cudaErrorStreamCaptureImplicit: return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorIllegalAddress: return "an illegal memory access was encountered";
+    case cudaErrorStreamCaptureUnsupported:
+        return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+        return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
     }
     return "unknown error";
 }
@@ -120,6 +128,19 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int ordinal)
 
 /* ---- capture state ----------------------------------------------------------------------- */
 
+static std::map<uintptr_t, size_t> device_blocks, pinned_blocks;
+static size_t device_used;
+
+/* Whether [p, p + n] lies inside one block of the map. */
+static bool inside(const std::map<uintptr_t, size_t> &blocks, const void *p, size_t n)
+{
+    auto it = blocks.upper_bound((uintptr_t)p);
+    if (it == blocks.begin())
+        return false;
+    --it;
+    return (uintptr_t)p + n <= it->first + it->second;
+}
+
 struct cuda_emu_graph {
     std::vector<std::function<void()>> nodes;
 };
@@ -128,14 +149,46 @@ struct cuda_emu_graph_exec {
     std::vector<std::function<void()>> nodes;
 };
 
+/* Work runs when the host waits for it (a synchronize, an event, a copy to
+ * pageable memory, a free), not when it is issued, so host code that reuses
+ * a buffer an issued copy still reads, or reads what a kernel has not yet
+ * written, sees the wrong bytes here as it would on a GPU. */
 struct cuda_emu_stream {
     cuda_emu_graph *capture = nullptr; /* recording into this graph */
     bool invalidated = false;          /* an unsafe call ended the capture's usefulness */
+    std::deque<std::function<void()>> pending;
+    uint64_t issued = 0, done = 0;
 };
 
 struct cuda_emu_event {
-    int unused;
+    cuda_emu_stream *stream = nullptr;
+    uint64_t at = 0; /* the stream's work issued before the record */
 };
+
+static cuda_emu_stream legacy_stream; /* stream 0 */
+static std::set<cuda_emu_stream *> streams = {&legacy_stream};
+
+static cuda_emu_stream *resolve(cudaStream_t s)
+{
+    return s ? s : &legacy_stream;
+}
+
+/* Runs the stream's work up to its `upto`-th item. */
+static void drain(cuda_emu_stream *s, uint64_t upto = UINT64_MAX)
+{
+    while (!s->pending.empty() && s->done < upto) {
+        std::function<void()> fn = std::move(s->pending.front());
+        s->pending.pop_front();
+        fn();
+        s->done++;
+    }
+}
+
+static void drain_all(void)
+{
+    for (cuda_emu_stream *s : streams)
+        drain(s);
+}
 
 /* The stream this thread is capturing (thread-local capture mode). */
 static thread_local cuda_emu_stream *capturing = nullptr;
@@ -158,30 +211,30 @@ cudaError_t enqueue(cudaStream_t stream, std::function<void()> fn)
         capturing->invalidated = true;
         return fail(cudaErrorStreamCaptureImplicit, "work on the legacy stream during a capture");
     }
-    if (stream && stream->capture) {
-        stream->capture->nodes.push_back(std::move(fn));
-        return cudaSuccess;
+    cuda_emu_stream *s = resolve(stream);
+    if (s->capture)
+        s->capture->nodes.push_back(std::move(fn));
+    else {
+        s->pending.push_back(std::move(fn));
+        s->issued++;
     }
-    fn();
     return cudaSuccess;
+}
+
+bool device_accessible(const void *p)
+{
+    return inside(device_blocks, p, 0) || inside(pinned_blocks, p, 0);
+}
+
+cudaError_t bad_argument(const void *kernel, int index, const void *p)
+{
+    return fail(cudaErrorIllegalAddress, "kernel %p: argument %d is %p, neither device nor "
+                "pinned memory (a GPU would fault reading it)", kernel, index, p);
 }
 
 } /* namespace cuda_emu */
 
 /* ---- memory --------------------------------------------------------------------------------- */
-
-static std::map<uintptr_t, size_t> device_blocks, pinned_blocks;
-static size_t device_used;
-
-/* Whether [p, p + n) lies inside one block of the map. */
-static bool inside(const std::map<uintptr_t, size_t> &blocks, const void *p, size_t n)
-{
-    auto it = blocks.upper_bound((uintptr_t)p);
-    if (it == blocks.begin())
-        return false;
-    --it;
-    return (uintptr_t)p + n <= it->first + it->second;
-}
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes)
 {
@@ -196,7 +249,10 @@ cudaError_t cudaMalloc(void **ptr, size_t bytes)
     void *p = aligned_alloc(256, rounded ? rounded : 256);
     if (!p)
         return fail(cudaErrorMemoryAllocation, "host memory for %zu device bytes", bytes);
-    memset(p, 0xff, rounded); /* NaN for bf16 and fp32: reads of unwritten memory show */
+    /* NaN for bf16 and fp32, so reads of unwritten memory show; the first
+     * NAN_FILL_BYTES of a big buffer only (the scratch and the cuBLAS
+     * workspace, filled at every backend open, would cost more than the tests) */
+    memset(p, 0xff, rounded < NAN_FILL_BYTES ? rounded : NAN_FILL_BYTES);
     device_blocks[(uintptr_t)p] = bytes;
     device_used += bytes;
     *ptr = p;
@@ -209,6 +265,7 @@ cudaError_t cudaFree(void *ptr)
         return cudaSuccess;
     if (unsafe_in_capture("cudaFree"))
         return cudaErrorStreamCaptureUnsupported;
+    drain_all(); /* cudaFree waits for the device */
     auto it = device_blocks.find((uintptr_t)ptr);
     if (it == device_blocks.end())
         return fail(cudaErrorInvalidValue, "cudaFree of %p, not a device allocation", ptr);
@@ -238,6 +295,7 @@ cudaError_t cudaFreeHost(void *ptr)
         return cudaErrorStreamCaptureUnsupported;
     if (!ptr)
         return cudaSuccess;
+    drain_all();
     if (!pinned_blocks.erase((uintptr_t)ptr))
         return fail(cudaErrorInvalidValue, "cudaFreeHost of %p, not pinned memory", ptr);
     free(ptr);
@@ -257,6 +315,7 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags)
 {
     (void)flags;
     *stream = new cuda_emu_stream;
+    streams.insert(*stream);
     return cudaSuccess;
 }
 
@@ -264,21 +323,28 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream)
 {
     if (stream && stream->capture)
         return fail(cudaErrorStreamCaptureUnsupported, "destroying a capturing stream");
+    if (!stream)
+        return fail(cudaErrorInvalidResourceHandle, "destroying the legacy stream");
+    drain(stream); /* its work still completes */
+    streams.erase(stream);
     delete stream;
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamSynchronize(cudaStream_t stream)
 {
-    (void)stream;
-    return unsafe_in_capture("cudaStreamSynchronize") ? cudaErrorStreamCaptureUnsupported
-                                                      : cudaSuccess;
+    if (unsafe_in_capture("cudaStreamSynchronize"))
+        return cudaErrorStreamCaptureUnsupported;
+    drain(resolve(stream));
+    return cudaSuccess;
 }
 
 cudaError_t cudaDeviceSynchronize(void)
 {
-    return unsafe_in_capture("cudaDeviceSynchronize") ? cudaErrorStreamCaptureUnsupported
-                                                      : cudaSuccess;
+    if (unsafe_in_capture("cudaDeviceSynchronize"))
+        return cudaErrorStreamCaptureUnsupported;
+    drain_all();
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind,
@@ -294,15 +360,23 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     if (src_dev ? !inside(device_blocks, src, n) : inside(device_blocks, src, 1))
         return fail(cudaErrorInvalidValue, "copy of %zu bytes from %p: %s", n, src,
                     src_dev ? "not inside one device allocation" : "a device address as host");
-    if (stream && stream->capture) {
-        const void *host = dst_dev ? src : dst;
-        if (kind != cudaMemcpyDeviceToDevice && !inside(pinned_blocks, host, n)) {
-            stream->invalidated = true;
-            return fail(cudaErrorStreamCaptureUnsupported,
-                        "captured copy of %zu bytes with pageable host memory %p", n, host);
-        }
+    const void *host = dst_dev ? src : dst;
+    bool pageable = kind != cudaMemcpyDeviceToDevice && !inside(pinned_blocks, host, n);
+    if (pageable && resolve(stream)->capture) {
+        resolve(stream)->invalidated = true;
+        return fail(cudaErrorStreamCaptureUnsupported,
+                    "captured copy of %zu bytes with pageable host memory %p", n, host);
     }
-    return cuda_emu::enqueue(stream, [dst, src, n] { memcpy(dst, src, n); });
+    if (pageable && kind == cudaMemcpyHostToDevice) { /* the source is staged before it returns */
+        auto staged = std::make_shared<std::vector<char>>((const char *)src,
+                                                           (const char *)src + n);
+        return cuda_emu::enqueue(stream, [dst, staged] { memcpy(dst, staged->data(),
+                                                                staged->size()); });
+    }
+    cudaError_t e = cuda_emu::enqueue(stream, [dst, src, n] { memcpy(dst, src, n); });
+    if (e == cudaSuccess && pageable) /* to pageable memory: returns when done */
+        drain(resolve(stream));
+    return e;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *event, unsigned flags)
@@ -320,15 +394,21 @@ cudaError_t cudaEventDestroy(cudaEvent_t event)
 
 cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
-    (void)event;
-    return cuda_emu::enqueue(stream, [] {});
+    cuda_emu_stream *s = resolve(stream);
+    if (s->capture)
+        return cuda_emu::enqueue(stream, [] {});
+    event->stream = s;
+    event->at = s->issued;
+    return cudaSuccess;
 }
 
 cudaError_t cudaEventSynchronize(cudaEvent_t event)
 {
-    (void)event;
-    return unsafe_in_capture("cudaEventSynchronize") ? cudaErrorStreamCaptureUnsupported
-                                                     : cudaSuccess;
+    if (unsafe_in_capture("cudaEventSynchronize"))
+        return cudaErrorStreamCaptureUnsupported;
+    if (event->stream)
+        drain(event->stream, event->at);
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mode)
@@ -336,6 +416,7 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mo
     (void)mode;
     if (!stream)
         return fail(cudaErrorStreamCaptureUnsupported, "capturing the legacy stream");
+    drain(stream); /* what came before is not part of the graph */
     if (capturing || stream->capture)
         return fail(cudaErrorStreamCaptureUnsupported, "a capture inside a capture");
     stream->capture = new cuda_emu_graph;
@@ -406,6 +487,7 @@ enum fiber_state { READY, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
 
 struct fiber {
     void *sp;         /* its saved stack pointer while switched out */
+    uint3 position;   /* its threadIdx */
     fiber_state state;
     void *fake_stack; /* ASan's, while switched out */
 };
@@ -516,16 +598,10 @@ void fiber_main(void)
     abort(); /* a finished fiber is never resumed */
 }
 
-void set_position(const cudaLaunchConfig_t *c, int t)
-{
-    unsigned bx = c->blockDim.x, by = c->blockDim.y;
-    threadIdx = uint3{t % bx, t / bx % by, t / (bx * by)};
-}
-
-void resume(int i, const cudaLaunchConfig_t *c)
+void resume(int i)
 {
     run->current = i;
-    set_position(c, i);
+    threadIdx = run->fibers[i].position;
 #if EMU_ASAN
     __sanitizer_start_switch_fiber(&run->scheduler_fake_stack, stacks[i], FIBER_STACK);
 #endif
@@ -561,17 +637,19 @@ void run_block(const cudaLaunchConfig_t *c)
     run->fibers.assign(n, fiber{});
     for (int i = 0; i < n; i++) {
         char *stack = stack_for(i);
-#if EMU_ASAN
-        ASAN_UNPOISON_MEMORY_REGION(stack, FIBER_STACK);
+#if EMU_ASAN /* the frames a finished fiber left: fiber_main's and yield's, at the top */
+        ASAN_UNPOISON_MEMORY_REGION(stack + FIBER_STACK - ABANDONED_FRAMES, ABANDONED_FRAMES);
 #endif
         fiber &f = run->fibers[i];
         f.sp = fresh_stack(stack);
+        unsigned bx = c->blockDim.x, by = c->blockDim.y;
+        f.position = uint3{i % bx, i / bx % by, i / (bx * by)};
         f.state = READY;
     }
     for (;;) {
         for (int i = 0; i < n; i++)
             if (run->fibers[i].state == READY)
-                resume(i, c);
+                resume(i);
         int live = 0, at_block = 0;
         bool released = false;
         for (int w = 0; w * WARP < n; w++) {

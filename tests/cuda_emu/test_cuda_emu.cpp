@@ -141,6 +141,7 @@ __global__ void k_mma_misaligned(float *c)
 Test(cuda_emu, wmma_refuses_a_pointer_tensor_cores_would, .signal = SIGABRT)
 {
     launch(k_mma_misaligned, 1, 32, 0, NULL, device<float>(512));
+    cudaDeviceSynchronize(); /* the kernel runs when the host waits */
 }
 
 /* ---- what fails on a GPU fails here ----------------------------------------------------- */
@@ -156,6 +157,7 @@ __global__ void k_divergent_barrier(int *out)
 Test(cuda_emu, a_barrier_not_every_thread_reaches_aborts, .signal = SIGABRT)
 {
     launch(k_divergent_barrier, 1, 64, 0, NULL, device<int>(64));
+    cudaDeviceSynchronize(); /* the kernel runs when the host waits */
 }
 
 __global__ void k_shuffle_after_exit(int *out)
@@ -168,6 +170,7 @@ __global__ void k_shuffle_after_exit(int *out)
 Test(cuda_emu, a_shuffle_with_exited_lanes_aborts, .signal = SIGABRT)
 {
     launch(k_shuffle_after_exit, 1, 32, 0, NULL, device<int>(32));
+    cudaDeviceSynchronize(); /* the kernel runs when the host waits */
 }
 
 __global__ void k_read_past(float *out, const float *in, int n)
@@ -178,6 +181,7 @@ __global__ void k_read_past(float *out, const float *in, int n)
 Test(cuda_emu, an_access_outside_an_allocation_is_caught, .exit_code = 1)
 {
     launch(k_read_past, 1, 32, 0, NULL, device<float>(32), device<float>(64), 64);
+    cudaDeviceSynchronize(); /* the kernel runs when the host waits */
 }
 
 __global__ void k_dynamic_smem(int *out)
@@ -202,6 +206,29 @@ Test(cuda_emu, dynamic_shared_memory_over_48k_needs_the_attribute)
         cr_expect_eq(h[t], (t + 1) % 128);
     cr_expect_eq(launch(k_dynamic_smem, 1, 2048, 0, NULL, d), cudaErrorInvalidConfiguration);
     cudaFree(d);
+}
+
+Test(cuda_emu, a_host_pointer_argument_is_refused)
+{
+    float host[32];
+    cr_expect_eq(launch(k_read_past, 1, 32, 0, NULL, device<float>(32), host, 0),
+                 cudaErrorIllegalAddress);
+}
+
+/* Work runs when the host waits: a pinned source is read then, a pageable
+ * one is staged when the copy is issued. */
+Test(cuda_emu, copies_run_when_the_host_waits)
+{
+    int *d = device<int>(2), *pinned = NULL, pageable = 7, h[2];
+    launch_ok(cudaHostAlloc((void **)&pinned, sizeof(int), cudaHostAllocDefault));
+    *pinned = 1;
+    launch_ok(cudaMemcpyAsync(d, pinned, sizeof(int), cudaMemcpyHostToDevice, NULL));
+    launch_ok(cudaMemcpyAsync(d + 1, &pageable, sizeof(int), cudaMemcpyHostToDevice, NULL));
+    *pinned = 2, pageable = 8; /* races with the copies: the pinned one is not done yet */
+    launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+    cr_expect_eq(h[0], 2);
+    cr_expect_eq(h[1], 7);
+    cudaFreeHost(pinned), cudaFree(d);
 }
 
 Test(cuda_emu, device_memory_starts_as_nan)

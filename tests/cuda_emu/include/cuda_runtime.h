@@ -68,6 +68,7 @@ enum cudaError_t {
     cudaErrorInvalidConfiguration = 9,
     cudaErrorInvalidDevice = 101,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalAddress = 700,
     cudaErrorStreamCaptureUnsupported = 900,
     cudaErrorStreamCaptureInvalidated = 901,
     cudaErrorStreamCaptureImplicit = 906,
@@ -179,8 +180,22 @@ namespace cuda_emu {
 cudaError_t launch(const void *kernel, const cudaLaunchConfig_t *config,
                    std::function<void()> body);
 cudaError_t set_func_attribute(const void *kernel, cudaFuncAttribute attr, int value);
-/* Runs fn on the stream, or records it into the stream's capture. */
+/* Queues fn on the stream (it runs when the host waits for the stream), or
+ * records it into the stream's capture. */
 cudaError_t enqueue(cudaStream_t stream, std::function<void()> fn);
+/* Whether a kernel may dereference p: inside (or at the end of) device or pinned memory. */
+bool device_accessible(const void *p);
+cudaError_t bad_argument(const void *kernel, int index, const void *p);
+
+/* A kernel's pointer arguments must be memory the device can read. */
+template <typename T> static inline cudaError_t check_argument(const void *kernel, int index,
+                                                               const T &v)
+{
+    if constexpr (std::is_pointer<T>::value)
+        if (v && !device_accessible((const void *)v))
+            return bad_argument(kernel, index, (const void *)v);
+    return cudaSuccess;
+}
 
 /* Inside a kernel: the block-wide and warp-wide barriers, and a warp
  * exchange (each lane offers v, gets lane src's offer; src out of the warp:
@@ -211,8 +226,15 @@ static inline cudaError_t cudaLaunchKernelEx(const cudaLaunchConfig_t *config,
 {
     /* the arguments are converted and copied at the launch, as CUDA does */
     std::tuple<std::decay_t<Params>...> params(std::forward<Args>(args)...);
-    return cuda_emu::launch(reinterpret_cast<const void *>(kernel), config,
-                            [kernel, params] { std::apply(kernel, params); });
+    const void *id = reinterpret_cast<const void *>(kernel);
+    cudaError_t e = cudaSuccess;
+    int index = 0;
+    std::apply([&](const auto &...p) {
+        ((e = e != cudaSuccess ? e : cuda_emu::check_argument(id, index++, p)), ...);
+    }, params);
+    if (e != cudaSuccess)
+        return e;
+    return cuda_emu::launch(id, config, [kernel, params] { std::apply(kernel, params); });
 }
 
 template <typename T>
