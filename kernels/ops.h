@@ -71,14 +71,16 @@ typedef struct vlmd_op_table {
     void (*linear)(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
                    int n, int in, int out_dim);
     /* One layer's attention input, fused: qkv[n, (nh + 2 nkv) hd] holds each
-     * token's q heads, then k heads, then v heads (one GEMM made them). Rotary
-     * embedding (rotate-half form) on q in place and on k, then k and v go to
-     * cache row slots[i] (rows of nkv * hd); qkv's k part is left unspecified.
+     * token's q heads, then k heads, then v heads (one GEMM made them). The
+     * bias (a row of that width; NULL: none) is added to each row, then the
+     * rotary embedding (rotate-half form) on q in place and on k, then k and v
+     * go to cache row slots[i] (rows of nkv * hd); qkv's k and v parts are left
+     * unspecified. (The bias here, not in the GEMM: one launch less a layer.)
      * positions[3][n]: rows t, h, w; with sections (M-RoPE) frequency i uses
      * row 0 for i < s0, row 1 for i < s0+s1, else row 2; without, row 0. */
-    void (*rope_kv_write)(vlmd_backend *b, void *qkv, void *k_cache, void *v_cache,
-                          const int32_t *positions, const int32_t *slots, int n, int nh, int nkv,
-                          int hd, float theta, const int *sections);
+    void (*rope_kv_write)(vlmd_backend *b, void *qkv, const void *bias, void *k_cache,
+                          void *v_cache, const int32_t *positions, const int32_t *slots, int n,
+                          int nh, int nkv, int hd, float theta, const int *sections);
     /* Attention of each sequence's queries over its cached tokens (GQA); causal
      * (each query sees itself and before) or not (each sees the whole
      * sequence: the vision tower's per-image attention). Row r of q starts at

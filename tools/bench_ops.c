@@ -156,7 +156,7 @@ static void bench_linears(bench *k, const shape *sh)
 }
 
 typedef struct rows_ctx {
-    void *out, *x, *res, *w, *k_cache, *v_cache;
+    void *out, *x, *res, *w, *bias, *k_cache, *v_cache;
     const int32_t *positions, *slots;
     int n, H, I, nh, nkv, hd;
 } rows_ctx;
@@ -176,8 +176,8 @@ static void run_silu_mul(bench *k, void *c)
 static void run_rope_kv_write(bench *k, void *c)
 {
     rows_ctx *r = c;
-    k->op->rope_kv_write(k->b, r->x, r->k_cache, r->v_cache, r->positions, r->slots, r->n, r->nh,
-                         r->nkv, r->hd, 1e6f, NULL);
+    k->op->rope_kv_write(k->b, r->x, r->bias, r->k_cache, r->v_cache, r->positions, r->slots, r->n,
+                         r->nh, r->nkv, r->hd, 1e6f, NULL);
 }
 
 static void bench_rows(bench *k, const shape *sh)
@@ -190,6 +190,7 @@ static void bench_rows(bench *k, const shape *sh)
     rows_ctx c = {.out = dev(k, (size_t)n * 2 * sh->I * k->es),
                   .x = random_dev(k, (size_t)n * 2 * sh->I, 1),
                   .res = random_dev(k, (size_t)n * sh->H, 1), .w = random_dev(k, sh->H, 1),
+                  .bias = random_dev(k, QKV, 1),
                   .k_cache = dev(k, (size_t)n * kv_dim * k->es),
                   .v_cache = dev(k, (size_t)n * kv_dim * k->es),
                   .positions = ints_dev(k, host, 3 * (size_t)n), .slots = ints_dev(k, host, n),
@@ -201,9 +202,9 @@ static void bench_rows(bench *k, const shape *sh)
     snprintf(what, sizeof what, "n=%d I=%d", n, sh->I);
     report(k, "silu_mul", what, time_call(k, run_silu_mul, &c), 3.0 * n * sh->I * k->es, 0);
     snprintf(what, sizeof what, "n=%d qkv=%d", n, QKV);
-    /* reads q, k, v; writes q, and k, v to the cache */
+    /* reads q, k, v and the bias; writes q, and k, v to the cache */
     report(k, "rope_kv_write", what, time_call(k, run_rope_kv_write, &c),
-           (double)n * (QKV + sh->nh * sh->hd + 2 * kv_dim) * k->es, 0);
+           ((double)n * (QKV + sh->nh * sh->hd + 2 * kv_dim) + QKV) * k->es, 0);
     free(host);
 }
 

@@ -66,12 +66,13 @@ static void rotate(float *v, int hd, const float *cosv, const float *sinv)
     }
 }
 
-static void cpu_rope_kv_write(vlmd_backend *b, void *qkv_, void *k_cache, void *v_cache,
-                              const int32_t *positions, const int32_t *slots, int n, int nh,
-                              int nkv, int hd, float theta, const int *sections)
+static void cpu_rope_kv_write(vlmd_backend *b, void *qkv_, const void *bias_, void *k_cache,
+                              void *v_cache, const int32_t *positions, const int32_t *slots, int n,
+                              int nh, int nkv, int hd, float theta, const int *sections)
 {
     (void)b;
     float *qkv = qkv_;
+    const float *bias = bias_;
     int half = hd / 2, kv_dim = nkv * hd;
     size_t stride = (size_t)(nh + 2 * nkv) * hd;
     float *cosv = malloc((size_t)half * sizeof *cosv), *sinv = malloc((size_t)half * sizeof *sinv);
@@ -88,6 +89,8 @@ static void cpu_rope_kv_write(vlmd_backend *b, void *qkv_, void *k_cache, void *
             sinv[i] = sinf(angle);
         }
         float *q = qkv + (size_t)t * stride, *k = q + (size_t)nh * hd, *v = k + kv_dim;
+        for (size_t j = 0; bias && j < stride; j++)
+            q[j] += bias[j];
         for (int h = 0; h < nh + nkv; h++) /* the k heads follow the q heads */
             rotate(q + (size_t)h * hd, hd, cosv, sinv);
         memcpy((float *)k_cache + (size_t)slots[t] * kv_dim, k, (size_t)kv_dim * sizeof(float));

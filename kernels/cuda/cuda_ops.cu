@@ -115,9 +115,10 @@ static void cuda_linear(vlmd_backend *b, void *out, const void *x, const void *w
 
 /* ---- rope fused with the KV-cache write ---------------------------------------- */
 
-/* One block per token: rotates its q heads in place and its k heads on the
- * way into the cache; v is copied. The k heads follow the q heads in a row. */
-__global__ void k_rope_kv_write(bf16 *qkv, bf16 *k_cache, bf16 *v_cache,
+/* One block per token: adds the bias, rotates its q heads in place and its
+ * k heads on the way into the cache; v is copied. The k heads follow the q
+ * heads in a row. */
+__global__ void k_rope_kv_write(bf16 *qkv, const bf16 *bias, bf16 *k_cache, bf16 *v_cache,
                                 const int32_t *positions, const int32_t *slots, int n, int nh,
                                 int nkv, int hd, float theta, int s0, int s1, bool mrope)
 {
@@ -132,6 +133,10 @@ __global__ void k_rope_kv_write(bf16 *qkv, bf16 *k_cache, bf16 *v_cache,
         float c = cosf(angle), s = sinf(angle);
         bf16 *v = row + (size_t)head * hd;
         float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
+        if (bias) {
+            x1 += __bfloat162float(bias[head * hd + i]);
+            x2 += __bfloat162float(bias[head * hd + i + half]);
+        }
         bf16 y1 = __float2bfloat16(x1 * c - x2 * s), y2 = __float2bfloat16(x2 * c + x1 * s);
         if (head < nh) {
             v[i] = y1;
@@ -143,15 +148,19 @@ __global__ void k_rope_kv_write(bf16 *qkv, bf16 *k_cache, bf16 *v_cache,
         }
     }
     const bf16 *vsrc = row + (size_t)(nh + nkv) * hd;
+    const bf16 *vbias = bias ? bias + (size_t)(nh + nkv) * hd : NULL;
     for (int j = threadIdx.x; j < kv_dim; j += blockDim.x)
-        v_cache[slot + j] = vsrc[j];
+        v_cache[slot + j] = !vbias ? vsrc[j]
+                                   : __float2bfloat16(__bfloat162float(vsrc[j]) +
+                                                      __bfloat162float(vbias[j]));
 }
 
-static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, void *k_cache, void *v_cache,
-                               const int32_t *positions, const int32_t *slots, int n, int nh,
-                               int nkv, int hd, float theta, const int *sections)
+static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, const void *bias, void *k_cache,
+                               void *v_cache, const int32_t *positions, const int32_t *slots,
+                               int n, int nh, int nkv, int hd, float theta, const int *sections)
 {
-    vlmd_cuda_launch(k_rope_kv_write, n, 128, 0, vlmd_cuda_stream(b), (bf16 *)qkv, (bf16 *)k_cache,
+    vlmd_cuda_launch(k_rope_kv_write, n, 128, 0, vlmd_cuda_stream(b), (bf16 *)qkv,
+                     (const bf16 *)bias, (bf16 *)k_cache,
                      (bf16 *)v_cache, positions, slots, n, nh, nkv, hd, theta,
                      sections ? sections[0] : 0, sections ? sections[1] : 0, sections != NULL);
 }

@@ -80,7 +80,7 @@ cudaError_t cudaGetLastError(void)
     return e;
 }
 
-/* ---- device ---------------------------------------------------------------------------- */
+/* ---- device ---------------------------------------------------------------------------------- */
 
 static long env_long(const char *name, long fallback)
 {
@@ -126,7 +126,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int ordinal)
     return cudaSuccess;
 }
 
-/* ---- capture state ----------------------------------------------------------------------- */
+/* ---- capture state --------------------------------------------------------------------------- */
 
 static std::map<uintptr_t, size_t> device_blocks, pinned_blocks;
 static size_t device_used;
@@ -234,7 +234,7 @@ cudaError_t bad_argument(const void *kernel, int index, const void *p)
 
 } /* namespace cuda_emu */
 
-/* ---- memory --------------------------------------------------------------------------------- */
+/* ---- memory ---------------------------------------------------------------------------------- */
 
 cudaError_t cudaMalloc(void **ptr, size_t bytes)
 {
@@ -309,7 +309,7 @@ cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
     return cudaSuccess;
 }
 
-/* ---- streams, events, graphs ------------------------------------------------------------------ */
+/* ---- streams, events, graphs ----------------------------------------------------------------- */
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *stream, unsigned flags)
 {
@@ -479,7 +479,7 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
     return cudaSuccess;
 }
 
-/* ---- the fiber scheduler ----------------------------------------------------------------------- */
+/* ---- the fiber scheduler --------------------------------------------------------------------- */
 
 namespace {
 
@@ -810,7 +810,7 @@ void kernel_fault(const char *fmt, ...)
 
 } /* namespace cuda_emu */
 
-/* ---- cuBLAS ----------------------------------------------------------------------------------- */
+/* ---- cuBLAS ---------------------------------------------------------------------------------- */
 
 struct cuda_emu_cublas {
     cudaStream_t stream = nullptr;
@@ -888,9 +888,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     if (!m || !n)
         return CUBLAS_STATUS_SUCCESS;
     /* each operand's last element inside one device allocation */
-    if ((k && (!inside(device_blocks, a, ((size_t)(a_cols - 1) * lda + a_rows) * type_size(a_type)) ||
-               !inside(device_blocks, b, ((size_t)(b_cols - 1) * ldb + b_rows) * type_size(b_type)))) ||
-        !inside(device_blocks, c, ((size_t)(n - 1) * ldc + m) * type_size(c_type))) {
+    size_t a_bytes = ((size_t)(a_cols - 1) * lda + a_rows) * type_size(a_type);
+    size_t b_bytes = ((size_t)(b_cols - 1) * ldb + b_rows) * type_size(b_type);
+    size_t c_bytes = ((size_t)(n - 1) * ldc + m) * type_size(c_type);
+    if ((k && (!inside(device_blocks, a, a_bytes) || !inside(device_blocks, b, b_bytes))) ||
+        !inside(device_blocks, c, c_bytes)) {
         fprintf(stderr, "cuda_emu: cublasGemmEx operand outside device memory\n");
         return CUBLAS_STATUS_INVALID_VALUE;
     }

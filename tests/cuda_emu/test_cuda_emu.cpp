@@ -35,7 +35,7 @@ template <typename T> static T *device(size_t n)
     return (T *)p;
 }
 
-/* ---- barriers and shuffles --------------------------------------------------------- */
+/* ---- barriers and shuffles ------------------------------------------------------------------- */
 
 /* Each block sums its threads' ids through shared memory: only correct if
  * every thread's write is in before thread 0 reads. */
@@ -94,7 +94,7 @@ Test(cuda_emu, warp_shuffles)
     cudaFree(d);
 }
 
-/* ---- WMMA ----------------------------------------------------------------------------- */
+/* ---- WMMA ------------------------------------------------------------------------------------ */
 
 __global__ void k_mma(float *c, const __nv_bfloat16 *a, const __nv_bfloat16 *b)
 {
@@ -144,7 +144,7 @@ Test(cuda_emu, wmma_refuses_a_pointer_tensor_cores_would, .signal = SIGABRT)
     cudaDeviceSynchronize(); /* the kernel runs when the host waits */
 }
 
-/* ---- what fails on a GPU fails here ----------------------------------------------------- */
+/* ---- what fails on a GPU fails here ---------------------------------------------------------- */
 
 __global__ void k_divergent_barrier(int *out)
 {
@@ -240,7 +240,7 @@ Test(cuda_emu, device_memory_starts_as_nan)
     cudaFree(d);
 }
 
-/* ---- graphs ------------------------------------------------------------------------------ */
+/* ---- graphs ---------------------------------------------------------------------------------- */
 
 __global__ void k_add_one(int *x)
 {

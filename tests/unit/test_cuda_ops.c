@@ -173,8 +173,8 @@ Test(cuda_ops, linear_at_several_shapes)
     close_pair(&p);
 }
 
-/* Rotary embedding (plain and M-RoPE) on the fused qkv rows, and the K/V
- * write into scattered cache slots. */
+/* The bias and the rotary embedding (plain and M-RoPE) on the fused qkv rows,
+ * and the K/V write into scattered cache slots. */
 Test(cuda_ops, rope_kv_write)
 {
     pair p;
@@ -188,7 +188,7 @@ Test(cuda_ops, rope_kv_write)
     for (int i = 0; i < n; i++)
         slots[i] = (i * 13 + 5) % n_slots;
     for (int mrope = 0; mrope < 2; mrope++) {
-        float *qkv = random_floats((size_t)n * stride, 1);
+        float *qkv = random_floats((size_t)n * stride, 1), *bias = random_floats(stride, 1);
         float *kc = random_floats((size_t)n_slots * kv_dim, 1);
         float *vc = random_floats((size_t)n_slots * kv_dim, 1);
         void *dqkv[2], *dk[2], *dv[2];
@@ -197,16 +197,18 @@ Test(cuda_ops, rope_kv_write)
             dqkv[b] = on(bs[b], qkv, (size_t)n * stride);
             dk[b] = on(bs[b], kc, (size_t)n_slots * kv_dim);
             dv[b] = on(bs[b], vc, (size_t)n_slots * kv_dim);
-            vlmd_backend_ops(bs[b])->rope_kv_write(bs[b], dqkv[b], dk[b], dv[b],
-                                                   ints_on(bs[b], pos, 27),
-                                                   ints_on(bs[b], slots, n), n, nh, nkv, hd,
-                                                   1e6f, mrope ? sections : NULL);
+            vlmd_backend_ops(bs[b])->rope_kv_write(
+                bs[b], dqkv[b], mrope ? on(bs[b], bias, stride) : NULL, dk[b], dv[b],
+                ints_on(bs[b], pos, 27), ints_on(bs[b], slots, n), n, nh, nkv, hd, 1e6f,
+                mrope ? sections : NULL);
         }
         expect_close_cols("rope q", p.cpu, dqkv[0], p.gpu, dqkv[1], n, (size_t)nh * hd, stride,
                           1e-2);
         expect_close("k cache", p.cpu, dk[0], p.gpu, dk[1], (size_t)n_slots * kv_dim, 1e-2);
-        expect_close("v cache", p.cpu, dv[0], p.gpu, dv[1], (size_t)n_slots * kv_dim, 1e-6);
-        free(qkv), free(kc), free(vc);
+        /* copied as it is without a bias, rounded once with one */
+        expect_close("v cache", p.cpu, dv[0], p.gpu, dv[1], (size_t)n_slots * kv_dim,
+                     mrope ? 1e-2 : 1e-6);
+        free(qkv), free(bias), free(kc), free(vc);
     }
     close_pair(&p);
 }

@@ -61,7 +61,7 @@ static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w)
     return uint4{x, y, z, w};
 }
 
-/* ---- errors ------------------------------------------------------------------------ */
+/* ---- errors ---------------------------------------------------------------------------------- */
 
 enum cudaError_t {
     cudaSuccess = 0,
@@ -79,7 +79,7 @@ enum cudaError_t {
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaGetLastError(void);
 
-/* ---- device -------------------------------------------------------------------------- */
+/* ---- device ---------------------------------------------------------------------------------- */
 
 struct cudaDeviceProp {
     char name[256];
@@ -96,7 +96,7 @@ cudaError_t cudaGetDevice(int *ordinal);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int ordinal);
 cudaError_t cudaDeviceSynchronize(void);
 
-/* ---- memory -------------------------------------------------------------------------- */
+/* ---- memory ---------------------------------------------------------------------------------- */
 
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -117,7 +117,7 @@ cudaError_t cudaHostAlloc(void **ptr, size_t bytes, unsigned flags);
 cudaError_t cudaFreeHost(void *ptr);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
 
-/* ---- streams, events, graphs ----------------------------------------------------------- */
+/* ---- streams, events, graphs ----------------------------------------------------------------- */
 
 typedef struct cuda_emu_stream *cudaStream_t;
 typedef struct cuda_emu_event *cudaEvent_t;
@@ -150,7 +150,7 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 
-/* ---- kernels ------------------------------------------------------------------------------ */
+/* ---- kernels --------------------------------------------------------------------------------- */
 
 enum cudaFuncAttribute {
     cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
