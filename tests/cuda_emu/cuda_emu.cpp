@@ -646,10 +646,16 @@ void run_block(const cudaLaunchConfig_t *c)
         f.position = uint3{i % bx, i / bx % by, i / (bx * by)};
         f.state = READY;
     }
-    for (;;) {
-        for (int i = 0; i < n; i++)
+    /* Threads between two barriers run in thread order or in reverse, turn
+     * about and block about: code that reads another thread's write without
+     * a barrier between gets the wrong value in one order or the other. */
+    unsigned order = blockIdx.x + blockIdx.y + blockIdx.z;
+    for (;; order++) {
+        for (int k = 0; k < n; k++) {
+            int i = order % 2 ? n - 1 - k : k;
             if (run->fibers[i].state == READY)
                 resume(i);
+        }
         int live = 0, at_block = 0;
         bool released = false;
         for (int w = 0; w * WARP < n; w++) {

@@ -231,6 +231,29 @@ Test(cuda_emu, copies_run_when_the_host_waits)
     cudaFreeHost(pinned), cudaFree(d);
 }
 
+__global__ void k_missing_barrier(int *out)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    int *s = (int *)smem;
+    s[threadIdx.x] = (int)threadIdx.x; /* no __syncthreads before the neighbour reads it */
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
+}
+
+Test(cuda_emu, a_missing_barrier_reads_garbage)
+{
+    int *d = device<int>(2 * 64), h[2 * 64], wrong[2] = {0, 0};
+    launch_ok(launch(k_missing_barrier, 2, 64, 64 * sizeof(int), NULL, d));
+    launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+    for (int b = 0; b < 2; b++)
+        for (int t = 0; t < 64; t++)
+            wrong[b] += h[b * 64 + t] != (t + 1) % 64;
+    /* threads run in thread order in one block, in reverse in the other */
+    cr_expect_gt(wrong[0] + wrong[1], 60, "%d and %d of 64 read before the write", wrong[0],
+                 wrong[1]);
+    cr_expect(wrong[0] && wrong[1] && wrong[0] != wrong[1]);
+    cudaFree(d);
+}
+
 Test(cuda_emu, device_memory_starts_as_nan)
 {
     float *d = device<float>(4), h[4];
