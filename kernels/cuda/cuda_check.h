@@ -31,11 +31,7 @@ template <typename... Params, typename... Args>
 static inline void vlmd_cuda_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                     cudaStream_t stream, Args... args)
 {
-    cudaLaunchConfig_t config = {};
-    config.gridDim = grid;
-    config.blockDim = block;
-    config.dynamicSmemBytes = smem;
-    config.stream = stream;
+    cudaLaunchConfig_t config = {grid, block, smem, stream, NULL, 0};
     CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 #ifndef NDEBUG
     if (!vlmd_cuda_capturing)

@@ -20,12 +20,8 @@ template <typename... Params, typename... Args>
 static cudaError_t launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                           cudaStream_t stream, Args... args)
 {
-    cudaLaunchConfig_t c = {};
-    c.gridDim = grid;
-    c.blockDim = block;
-    c.dynamicSmemBytes = smem;
-    c.stream = stream;
-    return cudaLaunchKernelEx(&c, kernel, args...);
+    cudaLaunchConfig_t config = {grid, block, smem, stream, NULL, 0};
+    return cudaLaunchKernelEx(&config, kernel, args...);
 }
 
 template <typename T> static T *device(size_t n)
