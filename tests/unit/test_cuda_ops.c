@@ -48,14 +48,18 @@ static float bf16_round(float f)
     return f;
 }
 
+static uint32_t random_u32(void)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(rng >> 32);
+}
+
 /* n values in [-scale, scale), already bf16 */
 static float *random_floats(size_t n, float scale)
 {
     float *x = malloc(n * sizeof *x);
-    for (size_t i = 0; i < n; i++) {
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-        x[i] = bf16_round(scale * ((float)(rng >> 40) / (float)(1 << 24) * 2.0f - 1.0f));
-    }
+    for (size_t i = 0; i < n; i++)
+        x[i] = bf16_round(scale * ((float)(random_u32() >> 8) / (float)(1 << 24) * 2.0f - 1.0f));
     return x;
 }
 
@@ -213,10 +217,54 @@ Test(cuda_ops, rope_kv_write)
     close_pair(&p);
 }
 
+/* One attention launch on both backends over n_seq sequences of these
+ * lengths (their slots scattered over a cache a little larger than they
+ * need), q read from fused qkv rows; the outputs compared. */
+static void check_attention(pair *p, int nh, int nkv, int hd, int n_seq, const int *q_len,
+                            const int *kv_len, bool causal)
+{
+    int n_rows = 0, total = 0, kv_dim = nkv * hd, stride = (nh + 2 * nkv) * hd;
+    for (int s = 0; s < n_seq; s++)
+        n_rows += q_len[s], total += kv_len[s];
+    int n_slots = total + 7;
+    n_slots += n_slots % 7919 == 0; /* 7919 is prime: i * 7919 mod n_slots is then onto */
+    int32_t *slots = malloc((size_t)total * sizeof *slots);
+    for (int i = 0; i < total; i++)
+        slots[i] = (int32_t)(((int64_t)i * 7919 + 3) % n_slots); /* distinct, scattered */
+    float *cache_k = random_floats((size_t)n_slots * kv_dim, 1);
+    float *cache_v = random_floats((size_t)n_slots * kv_dim, 1);
+    float *qkv = random_floats((size_t)n_rows * stride, 1);
+    void *out[2];
+    vlmd_backend *bs[2] = {p->cpu, p->gpu};
+    for (int b = 0; b < 2; b++) {
+        int32_t *dslots = ints_on(bs[b], slots, (size_t)total);
+        vlmd_attn_seq *seqs = malloc((size_t)n_seq * sizeof *seqs);
+        for (int s = 0, row = 0, o = 0; s < n_seq; row += q_len[s], o += kv_len[s], s++)
+            seqs[s] = (vlmd_attn_seq){row, q_len[s], kv_len[s], dslots + o};
+        void *dseqs = NULL;
+        cr_assert_eq(vlmd_backend_alloc(bs[b], (size_t)n_seq * sizeof *seqs, &dseqs, NULL),
+                     VLMD_OK);
+        vlmd_backend_copy_to_device(bs[b], dseqs, seqs, (size_t)n_seq * sizeof *seqs, NULL);
+        free(seqs);
+        out[b] = on(bs[b], NULL, (size_t)n_rows * nh * hd);
+        vlmd_backend_ops(bs[b])->attention(
+            bs[b], out[b], on(bs[b], qkv, (size_t)n_rows * stride), stride,
+            on(bs[b], cache_k, (size_t)n_slots * kv_dim),
+            on(bs[b], cache_v, (size_t)n_slots * kv_dim), dseqs, n_seq, n_rows, nh, nkv, hd, causal);
+    }
+    char what[128];
+    int at = snprintf(what, sizeof what, "attention nh=%d nkv=%d hd=%d %s q/kv", nh, nkv, hd,
+                      causal ? "causal" : "full");
+    for (int s = 0; s < n_seq && at < (int)sizeof what; s++)
+        at += snprintf(what + at, sizeof what - (size_t)at, " %d/%d", q_len[s], kv_len[s]);
+    expect_close(what, p->cpu, out[0], p->gpu, out[1], (size_t)n_rows * nh * hd, 1e-2);
+    free(cache_k), free(cache_v), free(qkv), free(slots);
+}
+
 /* Causal attention over a batch that mixes every case the kernels split on:
  * a fresh prefill longer than a tile, a chunk after a cached prefix, short
  * decodes, and decodes long enough to be split along the sequence; GQA
- * groups of 1, 4 and 7 (Qwen2.5-7B); q read from fused qkv rows. */
+ * groups of 1, 4 and 7 (Qwen2.5-7B). */
 Test(cuda_ops, attention_over_varied_sequences)
 {
     pair p;
@@ -224,44 +272,36 @@ Test(cuda_ops, attention_over_varied_sequences)
         return;
     /* (40: a head dim the tiled kernel leaves to the simple one) */
     int shapes[][3] = {{8, 2, 32}, {28, 4, 128}, {16, 16, 64}, {12, 3, 80}, {4, 2, 40}};
-    enum { N_SEQ = 6 };
-    int q_len[N_SEQ] = {130, 70, 1, 1, 1, 5}, kv_len[N_SEQ] = {130, 370, 41, 1, 5000, 5};
-    int n_rows = 0, total = 0;
-    for (int s = 0; s < N_SEQ; s++)
-        n_rows += q_len[s], total += kv_len[s];
-    int n_slots = total + 7;
-    int32_t *slots = malloc((size_t)total * sizeof *slots);
-    for (int i = 0; i < total; i++)
-        slots[i] = (int32_t)(((int64_t)i * 7919 + 3) % n_slots); /* distinct, scattered */
-    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++) {
-        int nh = shapes[sh][0], nkv = shapes[sh][1], hd = shapes[sh][2], kv_dim = nkv * hd;
-        int stride = (nh + 2 * nkv) * hd;
-        float *cache_k = random_floats((size_t)n_slots * kv_dim, 1);
-        float *cache_v = random_floats((size_t)n_slots * kv_dim, 1);
-        float *qkv = random_floats((size_t)n_rows * stride, 1);
-        void *out[2];
-        vlmd_backend *bs[2] = {p.cpu, p.gpu};
-        for (int b = 0; b < 2; b++) {
-            int32_t *dslots = ints_on(bs[b], slots, (size_t)total);
-            vlmd_attn_seq seqs[N_SEQ];
-            for (int s = 0, row = 0, o = 0; s < N_SEQ; row += q_len[s], o += kv_len[s], s++)
-                seqs[s] = (vlmd_attn_seq){row, q_len[s], kv_len[s], dslots + o};
-            void *dseqs = NULL;
-            cr_assert_eq(vlmd_backend_alloc(bs[b], sizeof seqs, &dseqs, NULL), VLMD_OK);
-            vlmd_backend_copy_to_device(bs[b], dseqs, seqs, sizeof seqs, NULL);
-            out[b] = on(bs[b], NULL, (size_t)n_rows * nh * hd);
-            vlmd_backend_ops(bs[b])->attention(
-                bs[b], out[b], on(bs[b], qkv, (size_t)n_rows * stride), stride,
-                on(bs[b], cache_k, (size_t)n_slots * kv_dim),
-                on(bs[b], cache_v, (size_t)n_slots * kv_dim), dseqs, N_SEQ, n_rows, nh, nkv, hd,
-                true);
+    int q_len[6] = {130, 70, 1, 1, 1, 5}, kv_len[6] = {130, 370, 41, 1, 5000, 5};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        check_attention(&p, shapes[sh][0], shapes[sh][1], shapes[sh][2], 6, q_len, kv_len, true);
+    close_pair(&p);
+}
+
+/* The tiled kernel's edges at random: GQA groups 1 to 8, head dims 16 to
+ * 128, query counts at and around the tile sizes, cached prefixes, full
+ * (vision) attention, and decode-only launches (the 16-row tiles, split
+ * along long sequences). */
+Test(cuda_ops, attention_at_random_shapes)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    static const int hds[] = {16, 32, 64, 128}, groups[] = {1, 2, 3, 4, 7, 8};
+    static const int edges[] = {1, 15, 16, 17, 63, 64, 65, 128};
+    for (int c = 0; c < 18; c++) {
+        int nkv = 1 + (int)(random_u32() % 3), group = groups[random_u32() % 6];
+        int hd = hds[random_u32() % 4], n_seq = 1 + (int)(random_u32() % 4);
+        bool decode = c % 3 == 2, causal = decode || random_u32() % 4 != 0;
+        int q_len[4], kv_len[4];
+        for (int s = 0; s < n_seq; s++) {
+            q_len[s] = decode ? 1
+                       : random_u32() % 2 ? edges[random_u32() % 8] : 1 + (int)(random_u32() % 130);
+            int past = !causal || random_u32() % 2 ? 0 : (int)(random_u32() % 300);
+            kv_len[s] = q_len[s] + (decode ? (int)(random_u32() % 700) : past);
         }
-        char what[64];
-        snprintf(what, sizeof what, "attention nh=%d nkv=%d hd=%d", nh, nkv, hd);
-        expect_close(what, p.cpu, out[0], p.gpu, out[1], (size_t)n_rows * nh * hd, 1e-2);
-        free(cache_k), free(cache_v), free(qkv);
+        check_attention(&p, nkv * group, nkv, hd, n_seq, q_len, kv_len, causal);
     }
-    free(slots);
     close_pair(&p);
 }
 
