@@ -416,7 +416,6 @@ cudaError_t cudaStreamBeginCapture(cudaStream_t stream, cudaStreamCaptureMode mo
     (void)mode;
     if (!stream)
         return fail(cudaErrorStreamCaptureUnsupported, "capturing the legacy stream");
-    drain(stream); /* what came before is not part of the graph */
     if (capturing || stream->capture)
         return fail(cudaErrorStreamCaptureUnsupported, "a capture inside a capture");
     stream->capture = new cuda_emu_graph;
@@ -555,6 +554,7 @@ void *fresh_stack(char *stack)
     *--sp = 0x037f00001f80ull;   /* MXCSR and the x87 control word at their defaults */
     return sp;
 }
+
 thread_local std::vector<char *> stacks; /* one per thread slot, reused by every block */
 
 char *stack_for(size_t i)
@@ -611,21 +611,19 @@ void resume(int i)
 #endif
 }
 
-[[noreturn]] void deadlock(const cudaLaunchConfig_t *c)
+/* Every live thread waits at a barrier that cannot open: where each one is. */
+[[noreturn]] void deadlock(void)
 {
     fprintf(stderr, "cuda_emu: kernel %p, block (%u,%u,%u): threads wait at barriers the others "
-            "never reach:\n", run->kernel, blockIdx.x, blockIdx.y,
-            blockIdx.z);
-    static const char *names[] = {"running", "__syncthreads", "a warp collective", "exited"};
-    int n = (int)run->fibers.size(), shown = 0;
-    for (int w = 0; w * WARP < n && shown < 16; w++, shown++) {
+            "never reach (B __syncthreads, W a warp collective, x exited):\n", run->kernel,
+            blockIdx.x, blockIdx.y, blockIdx.z);
+    int n = (int)run->fibers.size();
+    for (int w = 0; w * WARP < n && w < 16; w++) {
         fprintf(stderr, "  warp %d:", w);
         for (int i = w * WARP; i < n && i < (w + 1) * WARP; i++)
             fprintf(stderr, " %c", "RBWx"[run->fibers[i].state]);
         fprintf(stderr, "\n");
     }
-    fprintf(stderr, "  (R %s, B %s, W %s, x %s)\n", names[0], names[1], names[2], names[3]);
-    (void)c;
     abort();
 }
 
@@ -688,7 +686,7 @@ void run_block(const cudaLaunchConfig_t *c)
             released = true;
         }
         if (!released)
-            deadlock(c);
+            deadlock();
     }
 }
 
