@@ -160,9 +160,9 @@ static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, const void *bias, voi
                                int n, int nh, int nkv, int hd, float theta, const int *sections)
 {
     vlmd_cuda_launch(k_rope_kv_write, n, 128, 0, vlmd_cuda_stream(b), (bf16 *)qkv,
-                     (const bf16 *)bias, (bf16 *)k_cache,
-                     (bf16 *)v_cache, positions, slots, n, nh, nkv, hd, theta,
-                     sections ? sections[0] : 0, sections ? sections[1] : 0, sections != NULL);
+                     (const bf16 *)bias, (bf16 *)k_cache, (bf16 *)v_cache, positions, slots, n, nh,
+                     nkv, hd, theta, sections ? sections[0] : 0, sections ? sections[1] : 0,
+                     sections != NULL);
 }
 
 /* ---- attention ----------------------------------------------------------------- */
