@@ -31,8 +31,6 @@
 #include <type_traits>
 #include <utility>
 
-#define VLMD_CUDA_EMULATED 1
-
 #define __global__
 #define __device__
 #define __host__
