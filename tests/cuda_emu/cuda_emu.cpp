@@ -1,6 +1,6 @@
 /* cuda_emu.cpp - the CPU emulator's runtime (what include/cuda_runtime.h
- * promises): device memory, streams that run everything at once or record
- * it while captured, graphs that replay what was recorded, the fiber
+ * promises): device memory, streams that queue work until the host waits or
+ * record it while captured, graphs that replay what was recorded, the fiber
  * scheduler that runs a kernel's blocks, and cublasGemmEx.
  *
  * Knobs (environment): VLMD_CUDA_EMU_SMS (multiprocessors, default 132 as an
@@ -126,7 +126,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *prop, int ordinal)
     return cudaSuccess;
 }
 
-/* ---- capture state --------------------------------------------------------------------------- */
+/* ---- allocations and streams ----------------------------------------------------------------- */
 
 static std::map<uintptr_t, size_t> device_blocks, pinned_blocks;
 static size_t device_used;
@@ -818,8 +818,6 @@ void kernel_fault(const char *fmt, ...)
 
 struct cuda_emu_cublas {
     cudaStream_t stream = nullptr;
-    void *workspace = nullptr;
-    size_t workspace_bytes = 0;
 };
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle)
@@ -840,13 +838,11 @@ cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream)
     return CUBLAS_STATUS_SUCCESS;
 }
 
+/* Checked (device memory) and otherwise unused: the emulated GEMM needs none. */
 cublasStatus_t cublasSetWorkspace(cublasHandle_t handle, void *workspace, size_t bytes)
 {
-    if (!inside(device_blocks, workspace, bytes))
-        return CUBLAS_STATUS_INVALID_VALUE;
-    handle->workspace = workspace;
-    handle->workspace_bytes = bytes;
-    return CUBLAS_STATUS_SUCCESS;
+    return handle && inside(device_blocks, workspace, bytes) ? CUBLAS_STATUS_SUCCESS
+                                                             : CUBLAS_STATUS_INVALID_VALUE;
 }
 
 static size_t type_size(cudaDataType t)

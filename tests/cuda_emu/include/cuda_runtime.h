@@ -1,7 +1,7 @@
 /* cuda_runtime.h (tests/cuda_emu) - the part of the CUDA runtime that vlmd's
- * CUDA backend uses, run on the CPU, so that the backend's own sources
- * (the .cu files of kernels/cuda, compiled as C++ against these headers) run in CI on a
- * machine with no GPU and are compared with the CPU reference there.
+ * CUDA backend uses, run on the CPU, so that the backend's own sources (the
+ * .cu files of kernels/cuda, compiled as C++ against these headers) run in CI
+ * on a machine with no GPU and are compared with the CPU reference there.
  *
  * Kernels run for real: each block's threads are fibers on one OS thread,
  * switched at __syncthreads, at warp collectives (shuffles, __syncwarp, WMMA)
@@ -12,10 +12,9 @@
  * dimension a tensor core would reject, a launch over its limits (threads,
  * dynamic shared memory without the opt-in attribute), unsafe calls while a
  * stream is captured, a pageable host buffer in a captured copy, a kernel
- * argument pointing to host memory. Device
- * memory is host memory filled with 0xff (NaN as bf16 and fp32) so reads of
- * memory nothing wrote show up; with AddressSanitizer every kernel access is
- * bounds-checked. What it cannot say: speed, the memory model across blocks
+ * argument pointing to host memory. Device memory is host memory filled with
+ * 0xff (NaN as bf16 and fp32) so reads of memory nothing wrote show up; with
+ * AddressSanitizer every kernel access is bounds-checked. What it cannot say: speed, the memory model across blocks
  * or warps (one thread runs at a time), and numerics of real tensor cores
  * beyond fp32 accumulation. */
 #ifndef VLMD_CUDA_EMU_RUNTIME_H

@@ -5,40 +5,29 @@
 #ifndef VLMD_CUDA_EMU_CUB_BLOCK_REDUCE_H
 #define VLMD_CUDA_EMU_CUB_BLOCK_REDUCE_H
 
-#include <cuda_runtime.h>
+#include <cub/block/block_slots.cuh>
 
 namespace cub {
 
-template <typename T, int THREADS> class BlockReduce {
+template <typename T, int THREADS> class BlockReduce : public cuda_emu::block_slots<T, THREADS> {
   public:
-    struct TempStorage {
-        T slot[THREADS];
-    };
-
-    explicit BlockReduce(TempStorage &tmp) : tmp_(tmp) {}
+    using cuda_emu::block_slots<T, THREADS>::block_slots;
 
     template <typename Op> T Reduce(T v, Op op)
     {
-        if (blockDim.x * blockDim.y * blockDim.z != THREADS)
-            cuda_emu::kernel_fault("cub::BlockReduce<%d> in a block of %u threads", THREADS,
-                                   blockDim.x * blockDim.y * blockDim.z);
-        tmp_.slot[threadIdx.x] = v;
-        __syncthreads();
-        T out = v;
-        if (threadIdx.x == 0)
-            for (int i = 1; i < THREADS; i++)
-                out = op(out, tmp_.slot[i]);
-        __syncthreads();
-        return out;
+        return this->exchange("cub::BlockReduce", v, [&](const T *slot) {
+            T out = v;
+            if (threadIdx.x == 0)
+                for (int i = 1; i < THREADS; i++)
+                    out = op(out, slot[i]);
+            return out;
+        });
     }
 
     T Sum(T v)
     {
         return Reduce(v, [](const T &a, const T &b) { return a + b; });
     }
-
-  private:
-    TempStorage &tmp_;
 };
 
 } /* namespace cub */

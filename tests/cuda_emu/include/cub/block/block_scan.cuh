@@ -3,34 +3,23 @@
 #ifndef VLMD_CUDA_EMU_CUB_BLOCK_SCAN_H
 #define VLMD_CUDA_EMU_CUB_BLOCK_SCAN_H
 
-#include <cuda_runtime.h>
+#include <cub/block/block_slots.cuh>
 
 namespace cub {
 
-template <typename T, int THREADS> class BlockScan {
+template <typename T, int THREADS> class BlockScan : public cuda_emu::block_slots<T, THREADS> {
   public:
-    struct TempStorage {
-        T slot[THREADS];
-    };
-
-    explicit BlockScan(TempStorage &tmp) : tmp_(tmp) {}
+    using cuda_emu::block_slots<T, THREADS>::block_slots;
 
     void ExclusiveSum(T in, T &out)
     {
-        if (blockDim.x * blockDim.y * blockDim.z != THREADS)
-            cuda_emu::kernel_fault("cub::BlockScan<%d> in a block of %u threads", THREADS,
-                                   blockDim.x * blockDim.y * blockDim.z);
-        tmp_.slot[threadIdx.x] = in;
-        __syncthreads();
-        T acc = T();
-        for (unsigned i = 0; i < threadIdx.x; i++)
-            acc = acc + tmp_.slot[i];
-        __syncthreads();
-        out = acc;
+        out = this->exchange("cub::BlockScan", in, [](const T *slot) {
+            T acc = T();
+            for (unsigned i = 0; i < threadIdx.x; i++)
+                acc = acc + slot[i];
+            return acc;
+        });
     }
-
-  private:
-    TempStorage &tmp_;
 };
 
 } /* namespace cub */
