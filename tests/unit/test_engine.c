@@ -57,12 +57,6 @@ static bool open_model_on(fixture *f, const char *device)
     return true;
 }
 
-/* The device of the tests that are not about one: the CPU here, the emulated
- * CUDA device in test_engine_emu (tests/cuda_emu). */
-#ifndef TEST_DEVICE
-#define TEST_DEVICE "cpu"
-#endif
-
 static void open_model(fixture *f)
 {
     open_model_on(f, TEST_DEVICE);

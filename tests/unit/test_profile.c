@@ -11,12 +11,7 @@
 #include "profile.h"
 #include "test_support.h"
 
-/* The simulated device is the backend's limit over any device: the CPU here,
- * the emulated CUDA device in test_profile_emu (tests/cuda_emu). */
-#ifndef TEST_DEVICE
-#define TEST_DEVICE "cpu"
-#endif
-
+/* The simulated device is the backend's limit over any device: TEST_DEVICE's. */
 #define DEVICE (96ull << 20)
 #define CANARY (8ull << 20)
 

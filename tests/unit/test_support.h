@@ -12,6 +12,12 @@
 #include "backend.h"
 #include "safetensors.h"
 
+/* The device of the tests that are not about one: the CPU, or the emulated
+ * CUDA device where tests/cuda_emu builds a test with TEST_DEVICE="cuda". */
+#ifndef TEST_DEVICE
+#define TEST_DEVICE "cpu"
+#endif
+
 /* Opens the backend `device` on *out, or says false where "cuda" is refused
  * clearly (a build or a machine without a GPU). Under tests/cuda_emu the
  * emulated device is always there: a refusal fails the test. */
