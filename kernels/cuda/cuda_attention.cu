@@ -23,6 +23,7 @@
 #include "backend_impl.h"
 #include "cuda_check.h"
 #include "cuda_impl.h"
+#include "warp_mma.h"
 
 using namespace nvcuda;
 typedef __nv_bfloat16 bf16;
@@ -234,6 +235,182 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 }
 
+/* ---- prefill on mma.sync: S, P and O in registers ------------------------------------------ */
+
+/* The same tiles of (token, group head) rows as k_flash_attention<MMA_BR>,
+ * and the same split partials, but each warp owns 16 rows end to end: Q as
+ * A fragments, S = Q K^T and O in mma.m16n8k16 accumulators, P rebuilt from
+ * S's accumulators as A fragments without leaving the registers (an
+ * accumulator pair (row, 2t..2t+1) is exactly an A register), so shared
+ * memory holds only Q, K and V. K and V tiles arrive by cp.async, each while
+ * the previous one is being used: V(j) while S(j) is computed, K(j+1) while
+ * P(j) V(j) is. Rows are 16 bytes apart modulo 128 (a pad of 8 elements),
+ * so ldmatrix reads them without bank conflicts. */
+#define MMA_BR 64 /* rows per block: 16 per warp */
+
+__host__ __device__ static constexpr size_t mma_smem_bytes(int hd)
+{
+    return (size_t)(MMA_BR + 2 * BC) * (hd + 8) * sizeof(bf16);
+}
+
+template <int HD>
+__global__ void __launch_bounds__(WARPS * 32)
+    k_flash_attention_mma(bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
+                          const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
+                          int nkv, float scale_log2, bool causal, int splits, float *partial)
+{
+    constexpr int LD = HD + 8, CHUNKS = HD / 8; /* bf16 row stride; 16-byte pieces per row */
+    extern __shared__ __align__(128) unsigned char smem[];
+    bf16 *Qs = (bf16 *)smem, *Ks = Qs + MMA_BR * LD, *Vs = Ks + BC * LD;
+    const int group = nh / nkv, kvh = blockIdx.y, split = blockIdx.z, kv_dim = nkv * HD;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    /* the longest causal rows (the last tiles) first: less of a tail at the launch's end */
+    const int tile = gridDim.x - 1 - blockIdx.x;
+    int si, first;
+    if (!find_tile(seqs, n_seqs, group, MMA_BR, tile, &si, &first))
+        return;
+    const vlmd_attn_seq sq = seqs[si];
+    const int past = sq.kv_len - sq.q_len;
+    const int rows = min(MMA_BR, sq.q_len * group - first);
+    int last_token = (first + rows - 1) / group;
+    int hi_all = causal ? past + last_token + 1 : sq.kv_len;
+    int chunk = ((hi_all + splits - 1) / splits + BC - 1) / BC * BC;
+    int lo = split * chunk, hi = min(hi_all, lo + chunk);
+
+    /* this thread's two rows (h = 0, 1): warp * 16 + g + 8h */
+    int pos[2];
+    bool live[2];
+    for (int h = 0; h < 2; h++) {
+        int r = warp * 16 + g + 8 * h;
+        live[h] = r < rows;
+        pos[h] = past + (first + r) / group;
+    }
+
+    for (int c = tid; c < MMA_BR * CHUNKS; c += blockDim.x) { /* Q rows, zeros past the last */
+        int r = c / CHUNKS, d8 = c % CHUNKS, i = (first + r) / group;
+        int h = kvh * group + (first + r) % group;
+        const bf16 *src = q + (size_t)(sq.q_start + i) * q_stride + (size_t)h * HD + d8 * 8;
+        cp_async_16(Qs + r * LD + d8 * 8, r < rows ? src : q, r < rows);
+    }
+    /* keys t0.. through the slot table; zeros past hi, not garbage: 0 x NaN is NaN */
+    auto load_tile = [&](bf16 *dst, const bf16 *cache, int t0) {
+        for (int c = tid; c < BC * CHUNKS; c += blockDim.x) {
+            int j = c / CHUNKS, d8 = c % CHUNKS;
+            bool ok = t0 + j < hi;
+            const bf16 *src = ok ? cache + (size_t)sq.slots[t0 + j] * kv_dim + (size_t)kvh * HD +
+                                       d8 * 8
+                                 : cache;
+            cp_async_16(dst + j * LD + d8 * 8, src, ok);
+        }
+    };
+    if (lo < hi)
+        load_tile(Ks, k_cache, lo);
+    cp_async_commit();
+
+    uint32_t qf[HD / 16][4];
+    float o[HD / 8][4] = {};
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}; /* m in log2 units; l this thread's part */
+    for (int t0 = lo; t0 < hi; t0 += BC) {
+        load_tile(Vs, v_cache, t0);
+        cp_async_commit();
+        cp_async_wait<1>(); /* Q and K(t0) are here; V(t0) may still be coming */
+        __syncthreads();
+        if (t0 == lo)
+            for (int kk = 0; kk < HD / 16; kk++)
+                ldmatrix_x4(qf[kk], Qs + (warp * 16 + lane % 16) * LD + kk * 16 + lane / 16 * 8);
+        /* S = Q K^T: key blocks of 8, two per ldmatrix */
+        float s[BC / 8][4] = {};
+        for (int nb = 0; nb < BC / 16; nb++)
+            for (int kk = 0; kk < HD / 16; kk++) {
+                uint32_t kf[4];
+                ldmatrix_x4(kf, Ks + (nb * 16 + lane % 8 + lane / 16 * 8) * LD + kk * 16 +
+                                    lane / 8 % 2 * 8);
+                mma_16816(s[2 * nb], qf[kk], kf);
+                mma_16816(s[2 * nb + 1], qf[kk], kf + 2);
+            }
+        __syncthreads(); /* every warp is done with K(t0) */
+        if (t0 + BC < hi)
+            load_tile(Ks, k_cache, t0 + BC);
+        cp_async_commit(); /* (empty after the last tile: the wait below counts groups) */
+
+        /* the online softmax: a row's 64 keys are spread over the 4 lanes of a quad */
+        float mx[2] = {-INFINITY, -INFINITY};
+        for (int nb = 0; nb < BC / 8; nb++)
+            for (int e = 0; e < 4; e++) {
+                int h = e / 2, j = t0 + nb * 8 + 2 * t + e % 2;
+                bool ok = live[h] && j < hi && (!causal || j <= pos[h]);
+                s[nb][e] = ok ? s[nb][e] * scale_log2 : -INFINITY;
+                mx[h] = fmaxf(mx[h], s[nb][e]);
+            }
+        float alpha[2];
+        for (int h = 0; h < 2; h++) {
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+            float m_new = fmaxf(m[h], mx[h]);
+            alpha[h] = m[h] == -INFINITY ? 0.0f : exp2f(m[h] - m_new);
+            m[h] = m_new;
+            l[h] *= alpha[h];
+        }
+        for (int nb = 0; nb < BC / 8; nb++)
+            for (int e = 0; e < 4; e++) {
+                int h = e / 2;
+                float p = m[h] == -INFINITY ? 0.0f : exp2f(s[nb][e] - m[h]);
+                l[h] += p;
+                s[nb][e] = p;
+            }
+        uint32_t pf[BC / 16][4]; /* P as A fragments: keys 16kk.. are S blocks 2kk and 2kk+1 */
+        for (int kk = 0; kk < BC / 16; kk++) {
+            pf[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+            pf[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+            pf[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pf[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+        }
+        for (int nd = 0; nd < HD / 8; nd++) {
+            o[nd][0] *= alpha[0], o[nd][1] *= alpha[0];
+            o[nd][2] *= alpha[1], o[nd][3] *= alpha[1];
+        }
+
+        cp_async_wait<1>(); /* V(t0) is here; K(t0 + BC) may still be coming */
+        __syncthreads();
+        /* O += P V: head-dim blocks of 8, two per transposed ldmatrix */
+        for (int kk = 0; kk < BC / 16; kk++)
+            for (int nd = 0; nd < HD / 16; nd++) {
+                uint32_t vf[4];
+                ldmatrix_x4_trans(vf, Vs + (kk * 16 + lane % 8 + lane / 8 % 2 * 8) * LD +
+                                          nd * 16 + lane / 16 * 8);
+                mma_16816(o[2 * nd], pf[kk], vf);
+                mma_16816(o[2 * nd + 1], pf[kk], vf + 2);
+            }
+        __syncthreads(); /* every warp is done with V(t0) before the next tile's arrives */
+    }
+
+    for (int h = 0; h < 2; h++) {
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    }
+    for (int h = 0; h < 2; h++) {
+        if (!live[h])
+            continue;
+        int r = warp * 16 + g + 8 * h;
+        if (splits == 1) {
+            int i = (first + r) / group, head = kvh * group + (first + r) % group;
+            bf16 *dst = out + (size_t)(sq.q_start + i) * nh * HD + (size_t)head * HD + 2 * t;
+            float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+            for (int nd = 0; nd < HD / 8; nd++)
+                *(uint32_t *)(dst + nd * 8) = pack_bf16x2(o[nd][2 * h] * inv,
+                                                          o[nd][2 * h + 1] * inv);
+            continue;
+        }
+        /* this split's share, as k_merge_splits reads it: [O (HD) | m | l], m in natural log */
+        float *mine = partial + ((((size_t)tile * gridDim.y + kvh) * splits + split) * MMA_BR + r) *
+                                    (HD + 2);
+        for (int nd = 0; nd < HD / 8; nd++)
+            mine[nd * 8 + 2 * t] = o[nd][2 * h], mine[nd * 8 + 2 * t + 1] = o[nd][2 * h + 1];
+        if (t == 0)
+            mine[HD] = m[h] * 0.69314718f, mine[HD + 1] = l[h];
+    }
+}
+
 /* Merges the splits of each row: weights exp(m_s - M), sums l_s exp(m_s - M). */
 template <int BR>
 __global__ void k_merge_splits(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int nh,
@@ -265,31 +442,50 @@ __global__ void k_merge_splits(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs,
     }
 }
 
-template <int BR>
-static void launch(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
-                   const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
-                   int nkv, int hd, bool causal)
+/* How many splits along the keys: enough blocks for two waves, in as many
+ * splits as the scratch holds (a function of the launch's shape only, so a
+ * captured graph stays right). */
+static int plan_splits(vlmd_backend *b, int blocks, int br, int hd, float **scratch)
 {
-    cudaStream_t stream = vlmd_cuda_stream(b);
     size_t scratch_bytes = 0;
-    float *scratch = (float *)vlmd_cuda_scratch(b, &scratch_bytes);
-    const int group = nh / nkv;
-    /* an upper bound on the tiles: each sequence's rows rounded up to a tile */
-    int tiles = (n_rows * group + BR - 1) / BR + n_seqs;
-    /* enough blocks for two waves, in as many splits as the scratch holds */
-    int blocks = tiles * nkv, sms = vlmd_backend_info(b)->multiprocessors;
+    *scratch = (float *)vlmd_cuda_scratch(b, &scratch_bytes);
+    int sms = vlmd_backend_info(b)->multiprocessors;
     int splits = blocks >= 2 * sms ? 1 : min(MAX_SPLITS, (2 * sms + blocks - 1) / blocks);
-    size_t per_split = (size_t)blocks * BR * (hd + 2) * sizeof(float);
+    size_t per_split = (size_t)blocks * br * (hd + 2) * sizeof(float);
     while (splits > 1 && (size_t)splits * per_split > scratch_bytes)
         splits--;
-    attn_smem L = smem_layout(BR, hd);
-    static size_t allowed = 0; /* set once per size, outside any graph capture after the first */
-    if (L.total > allowed) {
-        CUDA_CHECK(cudaFuncSetAttribute(k_flash_attention<BR>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        (int)L.total));
-        allowed = L.total;
+    return splits;
+}
+
+/* Allows a kernel `bytes` of dynamic shared memory, once per kernel (outside
+ * any graph capture after the first call). */
+template <typename Kernel> static void allow_smem(Kernel kernel, size_t bytes, size_t *allowed)
+{
+    if (bytes > *allowed) {
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        (int)bytes));
+        *allowed = bytes;
     }
+}
+
+/* An upper bound on a launch's row tiles: each sequence's rows rounded up to a tile. */
+static int tile_bound(int n_rows, int n_seqs, int group, int br)
+{
+    return (n_rows * group + br - 1) / br + n_seqs;
+}
+
+template <int BR>
+static void launch_wmma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
+                        const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
+                        int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal)
+{
+    cudaStream_t stream = vlmd_cuda_stream(b);
+    int tiles = tile_bound(n_rows, n_seqs, nh / nkv, BR);
+    float *scratch;
+    int splits = plan_splits(b, tiles * nkv, BR, hd, &scratch);
+    attn_smem L = smem_layout(BR, hd);
+    static size_t allowed = 0;
+    allow_smem(k_flash_attention<BR>, L.total, &allowed);
     vlmd_cuda_launch(k_flash_attention<BR>, dim3(tiles, nkv, splits), WARPS * 32, L.total, stream,
                      out, q, q_stride, k_cache, v_cache, seqs, n_seqs, nh, nkv, hd,
                      1.0f / sqrtf((float)hd), causal, splits, scratch);
@@ -299,6 +495,49 @@ static void launch(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride, cons
     }
 }
 
+template <int HD>
+static void launch_mma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
+                       const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
+                       int n_seqs, int n_rows, int nh, int nkv, bool causal)
+{
+    cudaStream_t stream = vlmd_cuda_stream(b);
+    int tiles = tile_bound(n_rows, n_seqs, nh / nkv, MMA_BR);
+    float *scratch;
+    int splits = plan_splits(b, tiles * nkv, MMA_BR, HD, &scratch);
+    static size_t allowed = 0;
+    allow_smem(k_flash_attention_mma<HD>, mma_smem_bytes(HD), &allowed);
+    const float log2e = 1.44269504f;
+    vlmd_cuda_launch(k_flash_attention_mma<HD>, dim3(tiles, nkv, splits), WARPS * 32,
+                     mma_smem_bytes(HD), stream, out, q, q_stride, k_cache, v_cache, seqs, n_seqs,
+                     nh, nkv, log2e / sqrtf((float)HD), causal, splits, scratch);
+    if (splits > 1) {
+        vlmd_cuda_launch(k_merge_splits<MMA_BR>, dim3(tiles, nkv), 128, 0, stream, out, seqs,
+                         n_seqs, nh, nkv, HD, splits, scratch);
+    }
+}
+
+/* The register-resident kernel for the head dims it is built for; false otherwise. */
+static bool launch_mma_for(int hd, vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
+                           const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
+                           int n_seqs, int n_rows, int nh, int nkv, bool causal)
+{
+#define VLMD_MMA_HEAD_DIM(HD)                                                              \
+    case HD:                                                                               \
+        launch_mma<HD>(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows, nh, nkv, \
+                       causal);                                                            \
+        return true;
+    switch (hd) {
+        VLMD_MMA_HEAD_DIM(16)
+        VLMD_MMA_HEAD_DIM(32)
+        VLMD_MMA_HEAD_DIM(64)
+        VLMD_MMA_HEAD_DIM(80)
+        VLMD_MMA_HEAD_DIM(96)
+        VLMD_MMA_HEAD_DIM(128)
+    }
+#undef VLMD_MMA_HEAD_DIM
+    return false;
+}
+
 extern "C" bool vlmd_cuda_flash_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
                                           const void *k_cache, const void *v_cache,
                                           const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
@@ -306,12 +545,13 @@ extern "C" bool vlmd_cuda_flash_attention(vlmd_backend *b, void *out, const void
 {
     if (hd % 16 || hd > 256 || nh % nkv)
         return false;
+    bf16 *o = (bf16 *)out;
+    const bf16 *qq = (const bf16 *)q, *kc = (const bf16 *)k_cache, *vc = (const bf16 *)v_cache;
     /* a decode step (one query per sequence) fills a 16-row tile with its group's heads */
     if (n_rows == n_seqs)
-        launch<16>(b, (bf16 *)out, (const bf16 *)q, q_stride, (const bf16 *)k_cache,
-                   (const bf16 *)v_cache, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
-    else
-        launch<64>(b, (bf16 *)out, (const bf16 *)q, q_stride, (const bf16 *)k_cache,
-                   (const bf16 *)v_cache, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
+        launch_wmma<16>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
+    else if (vlmd_cuda_prefill_kernel(b) == VLMD_PREFILL_WMMA ||
+             !launch_mma_for(hd, b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, causal))
+        launch_wmma<64>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
     return true;
 }

@@ -44,6 +44,7 @@ typedef struct cuda_state {
     cudaEvent_t staged[2];      /* recorded after each copy out of staging[i] */
     int cur;                    /* the staging buffer being filled */
     size_t used;                /* its bytes given to copies not known to be done */
+    vlmd_prefill_kernel prefill; /* VLMD_PREFILL_ATTENTION at open */
 } cuda_state;
 
 /* Set while a graph is being captured: debug builds then skip the
@@ -59,6 +60,11 @@ void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes)
 {
     *bytes = SCRATCH_BYTES;
     return ((cuda_state *)b->impl)->scratch;
+}
+
+vlmd_prefill_kernel vlmd_cuda_prefill_kernel(vlmd_backend *b)
+{
+    return ((cuda_state *)b->impl)->prefill;
 }
 
 cudaStream_t vlmd_cuda_stream(vlmd_backend *b)
@@ -299,6 +305,11 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
     if (ordinal >= count)
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "CUDA device %d does not exist (%d visible)",
                            ordinal, count);
+    /* which prefill attention kernel: both stay until a GPU run has compared them */
+    const char *prefill = getenv("VLMD_PREFILL_ATTENTION");
+    if (prefill && strcmp(prefill, "mma") && strcmp(prefill, "wmma"))
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "VLMD_PREFILL_ATTENTION=%s: expected mma or "
+                           "wmma", prefill);
     CUDA_CHECK(cudaSetDevice(ordinal));
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
@@ -307,6 +318,7 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     b->impl = cs;
     b->ops = &cuda_ops;
+    cs->prefill = prefill && !strcmp(prefill, "wmma") ? VLMD_PREFILL_WMMA : VLMD_PREFILL_MMA;
     bool made = cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking) == cudaSuccess;
     for (int i = 0; made && i < 2; i++)
         made = cudaHostAlloc(&cs->staging[i], STAGING_BYTES, cudaHostAllocDefault) ==

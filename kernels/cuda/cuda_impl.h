@@ -14,6 +14,11 @@ cublasHandle_t vlmd_cuda_cublas(vlmd_backend *b);
 cudaStream_t vlmd_cuda_stream(vlmd_backend *b);
 /* Device memory a kernel may use within one op (*bytes of it), allocated at open. */
 void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes);
+/* The prefill attention kernel (environment VLMD_PREFILL_ATTENTION=mma|wmma,
+ * read at open; mma by default): the register-resident one on mma.sync, or
+ * the first one on WMMA, kept to compare them on a GPU. */
+typedef enum vlmd_prefill_kernel { VLMD_PREFILL_MMA, VLMD_PREFILL_WMMA } vlmd_prefill_kernel;
+vlmd_prefill_kernel vlmd_cuda_prefill_kernel(vlmd_backend *b);
 /* cuda_attention.cu: the tiled kernel, or false when it does not take this shape. */
 extern "C" bool vlmd_cuda_flash_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
                                           const void *k_cache, const void *v_cache,

@@ -484,11 +484,19 @@ namespace {
 
 enum fiber_state { READY, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
 
+/* A cp.async in flight: 16 bytes (or zeros) to shared memory. */
+struct async_copy {
+    void *dst;
+    const void *src; /* NULL: zeros */
+};
+
 struct fiber {
     void *sp;         /* its saved stack pointer while switched out */
     uint3 position;   /* its threadIdx */
     fiber_state state;
     void *fake_stack; /* ASan's, while switched out */
+    std::vector<async_copy> uncommitted;          /* cp.async since the last commit */
+    std::deque<std::vector<async_copy>> in_flight; /* committed groups, oldest first */
 };
 
 /* One block's threads and what their warps exchange. */
@@ -501,8 +509,9 @@ struct block_run {
     size_t scheduler_stack_size;
     const std::function<void()> *body;
     const void *kernel;
+    size_t smem_bytes; /* the launch's dynamic shared memory */
     uint64_t offers[MAX_THREADS];
-    float scratch[MAX_THREADS / WARP][256];
+    float scratch[MAX_THREADS / WARP][VLMD_CUDA_EMU_WARP_SCRATCH];
 };
 
 thread_local block_run *run = nullptr;
@@ -718,6 +727,7 @@ void run_grid(const void *kernel, const cudaLaunchConfig_t c, const std::functio
     block_run br;
     br.body = &body;
     br.kernel = kernel;
+    br.smem_bytes = c.dynamicSmemBytes;
     run = &br;
     gridDim = c.gridDim;
     blockDim = c.blockDim;
@@ -798,6 +808,92 @@ uint64_t warp_exchange(unsigned mask, uint64_t v, int src)
     uint64_t got = from < (int)run->fibers.size() ? run->offers[from] : v;
     syncwarp(mask); /* every lane has taken before the next exchange offers */
     return got;
+}
+
+/* ---- the PTX of kernels/cuda/warp_mma.h ---- */
+
+static void check_shared_16(const void *p, const char *what)
+{
+    lane(); /* inside a kernel */
+    if ((uintptr_t)p % 16)
+        kernel_fault("%s: shared address %p is not 16-byte aligned", what, p);
+    if ((const unsigned char *)p < smem || (const unsigned char *)p + 16 > smem + run->smem_bytes)
+        kernel_fault("%s: %p is not in the launch's %zu bytes of shared memory", what, p,
+                     run->smem_bytes);
+}
+
+void ldmatrix_x4(uint32_t r[4], const void *row, bool trans)
+{
+    check_shared_16(row, trans ? "ldmatrix.trans" : "ldmatrix");
+    int me = run->current, first = me - me % WARP, l = me % WARP, g = l / 4, t = l % 4;
+    run->offers[me] = (uint64_t)(uintptr_t)row;
+    syncwarp(0xffffffffu); /* every lane has given its row */
+    for (int j = 0; j < 4; j++) {
+        auto at = [&](int i, int col) { /* matrix j's row i, column col */
+            return ((const uint16_t *)(uintptr_t)run->offers[first + 8 * j + i])[col];
+        };
+        uint32_t lo = trans ? at(2 * t, g) : at(g, 2 * t);
+        uint32_t hi = trans ? at(2 * t + 1, g) : at(g, 2 * t + 1);
+        r[j] = lo | hi << 16;
+    }
+    syncwarp(0xffffffffu); /* every lane has read before the next exchange gives */
+}
+
+static float bf16_half(uint32_t v, int half)
+{
+    return __bfloat162float(__nv_bfloat16{(unsigned short)(v >> 16 * half)});
+}
+
+/* Each lane puts its pieces of a and b in the warp's 16x16 A and 16x8 B, then
+ * computes its own four outputs in fp32, k in order. */
+void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2])
+{
+    float *A = warp_scratch(), *B = A + 16 * 16; /* A[row][k], B[k][col] */
+    int l = lane(), g = l / 4, t = l % 4;
+    for (int i = 0; i < 8; i++) /* a_i of the PTX ISA's table: register i / 2, half i % 2 */
+        A[(g + 8 * (i / 2 % 2)) * 16 + 2 * t + i % 2 + 8 * (i / 4)] = bf16_half(a[i / 2], i % 2);
+    for (int i = 0; i < 4; i++)
+        B[(2 * t + i % 2 + 8 * (i / 2)) * 8 + g] = bf16_half(b[i / 2], i % 2);
+    syncwarp(0xffffffffu); /* the whole A and B are there */
+    for (int e = 0; e < 4; e++) {
+        int row = g + 8 * (e / 2), col = 2 * t + e % 2;
+        float acc = d[e];
+        for (int k = 0; k < 16; k++)
+            acc += A[row * 16 + k] * B[k * 8 + col];
+        d[e] = acc;
+    }
+    syncwarp(0xffffffffu); /* every lane has read before the next product writes */
+}
+
+void cp_async_16(void *dst, const void *src, bool ok)
+{
+    check_shared_16(dst, "cp.async");
+    if (ok && ((uintptr_t)src % 16 || !device_accessible(src)))
+        kernel_fault("cp.async: source %p is not 16-byte aligned device memory", src);
+    run->fibers[run->current].uncommitted.push_back(async_copy{dst, ok ? src : nullptr});
+}
+
+void cp_async_commit(void)
+{
+    lane(); /* inside a kernel */
+    fiber &me = run->fibers[run->current];
+    me.in_flight.push_back(std::move(me.uncommitted));
+    me.uncommitted.clear();
+}
+
+void cp_async_wait(int pending)
+{
+    lane(); /* inside a kernel */
+    fiber &me = run->fibers[run->current];
+    while ((int)me.in_flight.size() > pending) {
+        for (const async_copy &c : me.in_flight.front()) {
+            if (c.src)
+                memcpy(c.dst, c.src, 16);
+            else
+                memset(c.dst, 0, 16);
+        }
+        me.in_flight.pop_front();
+    }
 }
 
 void kernel_fault(const char *fmt, ...)

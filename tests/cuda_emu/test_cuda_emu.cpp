@@ -9,6 +9,8 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include "cuda/warp_mma.h"
+
 using namespace nvcuda;
 
 static void launch_ok(cudaError_t e)
@@ -138,6 +140,135 @@ Test(cuda_emu, wmma_refuses_a_pointer_tensor_cores_would, .signal = SIGABRT)
 {
     launch(k_mma_misaligned, 1, 32, 0, NULL, device<float>(512));
     cudaDeviceSynchronize(); /* the kernel runs when the host waits */
+}
+
+/* ---- the PTX of kernels/cuda/warp_mma.h: the layouts of the PTX ISA --------------------------- */
+
+/* 4 matrices of 8x8 b16 whose elements are their own coordinates (j << 8 |
+ * row << 4 | col), rows 48 bytes apart; lane l gives row l % 8 of matrix l / 8. */
+__global__ void k_ldmatrix(uint32_t *out, bool trans)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    uint16_t *m = (uint16_t *)smem;
+    int l = (int)threadIdx.x;
+    for (int i = l; i < 4 * 64; i += 32)
+        m[(i / 8) * 24 + i % 8] = (uint16_t)(i / 64 << 8 | i / 8 % 8 << 4 | i % 8);
+    __syncthreads();
+    uint32_t r[4];
+    if (trans)
+        ldmatrix_x4_trans(r, m + l * 24);
+    else
+        ldmatrix_x4(r, m + l * 24);
+    for (int j = 0; j < 4; j++)
+        out[l * 4 + j] = r[j];
+}
+
+Test(cuda_emu, ldmatrix_gives_each_lane_its_documented_elements)
+{
+    uint32_t *d = device<uint32_t>(128), h[128];
+    for (int trans = 0; trans < 2; trans++) {
+        launch_ok(launch(k_ldmatrix, 1, 32, 4 * 8 * 48, NULL, d, (bool)trans));
+        launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+        launch_ok(cudaStreamSynchronize(NULL));
+        for (int l = 0; l < 32; l++)
+            for (int j = 0; j < 4; j++) {
+                int g = l / 4, t2 = l % 4 * 2; /* (row g, cols 2t, 2t+1), or transposed */
+                uint32_t lo = trans ? (j << 8 | t2 << 4 | g) : (j << 8 | g << 4 | t2);
+                uint32_t hi = trans ? (j << 8 | (t2 + 1) << 4 | g) : (j << 8 | g << 4 | (t2 + 1));
+                cr_expect_eq(h[l * 4 + j], lo | hi << 16, "%s lane %d matrix %d: %#x",
+                             trans ? "trans" : "plain", l, j, h[l * 4 + j]);
+            }
+    }
+    cudaFree(d);
+}
+
+/* d = 1 + a b through mma.m16n8k16, each lane's registers built from the
+ * PTX ISA's fragment tables (a 16x16 row major, b 16x8 as b[k][n], d 16x8). */
+__global__ void k_mma_16816(float *d, const float *a, const float *b)
+{
+    int l = (int)threadIdx.x, g = l / 4, t = l % 4;
+    uint32_t ra[4], rb[2];
+    for (int i = 0; i < 8; i += 2) { /* a_i: row g (+8 when i % 4 >= 2), col 2t + i % 2 (+8 when i >= 4) */
+        int row = g + (i % 4 >= 2) * 8, col = 2 * t + (i >= 4) * 8;
+        ra[i / 2] = pack_bf16x2(a[row * 16 + col], a[row * 16 + col + 1]);
+    }
+    for (int i = 0; i < 4; i += 2) { /* b_i: row 2t + i % 2 (+8 when i >= 2), col g */
+        int row = 2 * t + (i >= 2) * 8;
+        rb[i / 2] = pack_bf16x2(b[row * 8 + g], b[(row + 1) * 8 + g]);
+    }
+    float acc[4] = {1, 1, 1, 1};
+    mma_16816(acc, ra, rb);
+    for (int i = 0; i < 4; i++) /* c_i: row g (+8 when i >= 2), col 2t + i % 2 */
+        d[(g + (i >= 2) * 8) * 8 + 2 * t + i % 2] = acc[i];
+}
+
+Test(cuda_emu, mma_16816_multiplies_the_documented_fragments)
+{
+    float ha[256], hb[128], hd[128];
+    for (int i = 0; i < 256; i++)
+        ha[i] = (float)(i % 7) - 3;
+    for (int i = 0; i < 128; i++)
+        hb[i] = (float)(i % 5) - 2;
+    float *a = device<float>(256), *b = device<float>(128), *d = device<float>(128);
+    launch_ok(cudaMemcpyAsync(a, ha, sizeof ha, cudaMemcpyHostToDevice, NULL));
+    launch_ok(cudaMemcpyAsync(b, hb, sizeof hb, cudaMemcpyHostToDevice, NULL));
+    launch_ok(launch(k_mma_16816, 1, 32, 0, NULL, d, (const float *)a, (const float *)b));
+    launch_ok(cudaMemcpyAsync(hd, d, sizeof hd, cudaMemcpyDeviceToHost, NULL));
+    launch_ok(cudaStreamSynchronize(NULL));
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) {
+            float want = 1;
+            for (int k = 0; k < 16; k++)
+                want += ha[i * 16 + k] * hb[k * 8 + j];
+            cr_expect_eq(hd[i * 8 + j], want, "(%d,%d): %g, want %g", i, j, hd[i * 8 + j], want);
+        }
+    cudaFree(a), cudaFree(b), cudaFree(d);
+}
+
+/* Copies land at the wait that covers their group, not before: what a
+ * thread reads earlier is the old contents (on a GPU: either). */
+__global__ void k_cp_async(int *seen, const int *src)
+{
+    extern __shared__ __align__(128) unsigned char smem[];
+    int *s = (int *)smem;
+    for (int i = 0; i < 12; i++)
+        s[i] = -1;
+    cp_async_16(s, src, true);
+    cp_async_commit();
+    cp_async_16(s + 4, src + 4, true);
+    cp_async_16(s + 8, src, false); /* zeros */
+    cp_async_commit();
+    seen[0] = s[0];
+    cp_async_wait<1>(); /* the first group */
+    seen[1] = s[0], seen[2] = s[4];
+    cp_async_wait<0>();
+    seen[3] = s[4], seen[4] = s[8], seen[5] = s[11];
+}
+
+Test(cuda_emu, cp_async_lands_at_its_wait)
+{
+    int hsrc[8] = {10, 11, 12, 13, 14, 15, 16, 17}, h[6];
+    int *src = device<int>(8), *seen = device<int>(6);
+    launch_ok(cudaMemcpyAsync(src, hsrc, sizeof hsrc, cudaMemcpyHostToDevice, NULL));
+    launch_ok(launch(k_cp_async, 1, 1, 64, NULL, seen, (const int *)src));
+    launch_ok(cudaMemcpyAsync(h, seen, sizeof h, cudaMemcpyDeviceToHost, NULL));
+    launch_ok(cudaStreamSynchronize(NULL));
+    int want[6] = {-1, 10, -1, 14, 0, 0};
+    for (int i = 0; i < 6; i++)
+        cr_expect_eq(h[i], want[i], "read %d: %d, want %d", i, h[i], want[i]);
+    cudaFree(src), cudaFree(seen);
+}
+
+__global__ void k_ldmatrix_from_global(const uint16_t *p)
+{
+    uint32_t r[4];
+    ldmatrix_x4(r, p);
+}
+
+Test(cuda_emu, ldmatrix_refuses_memory_that_is_not_shared, .signal = SIGABRT)
+{
+    launch(k_ldmatrix_from_global, 1, 32, 0, NULL, (const uint16_t *)device<uint16_t>(64));
+    cudaDeviceSynchronize();
 }
 
 /* ---- what fails on a GPU fails here ---------------------------------------------------------- */

@@ -305,6 +305,22 @@ Test(cuda_ops, attention_at_random_shapes)
     close_pair(&p);
 }
 
+/* VLMD_PREFILL_ATTENTION picks the prefill attention kernel (the other one
+ * is tested by the same attention tests run with it set, tests/cuda_emu and
+ * tools/device/gpu-check.sh); a name it does not know is refused at open. */
+Test(cuda_ops, an_unknown_prefill_kernel_is_refused)
+{
+    vlmd_backend *b = NULL;
+    if (!test_backend_open("cuda", &b))
+        return;
+    vlmd_backend_destroy(b);
+    setenv("VLMD_PREFILL_ATTENTION", "flash3", 1);
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_backend_create("cuda", &b, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "VLMD_PREFILL_ATTENTION=flash3: expected mma or wmma"), "%s",
+              err.msg);
+}
+
 /* The vision tower's ops: layernorm with bias (in place too), GELU in both
  * forms, the residual add, the 2-D rotary embedding, and non-causal
  * attention over whole images (head dims 80, as the Qwen2-VL towers have,

@@ -4,7 +4,8 @@
 # bandwidth and the bf16 GEMM rate (ceilings.py), times each op alone at the
 # model's shapes (vlmd-bench-ops), and runs what docs/PERFORMANCE.md records:
 # vlmd-bench-engine decode at batch 1, 32 and 128 (512 in, 256 out) and the
-# prefill of one 8192-token prompt, then the same with Hugging Face
+# prefill of one 8192-token prompt (and the prefill attention with the first,
+# WMMA kernel beside the default one), then the same with Hugging Face
 # transformers (bench_hf.py) in the same run. Prints the results last.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -15,6 +16,10 @@ bw=$(awk '/BANDWIDTH_GBS/ {print $2}' "$out/ceilings.log")
 tf=$(awk '/GEMM_TFLOPS/ {print $2}' "$out/ceilings.log")
 "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" --gemm-tflops "$tf" \
   | tee "$out/ops.log"
+echo "(prefill attention with the first, WMMA kernel: VLMD_PREFILL_ATTENTION=wmma)" \
+  | tee -a "$out/ops.log"
+VLMD_PREFILL_ATTENTION=wmma "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" \
+  --gemm-tflops "$tf" | grep -E '^attention +b=1 q=[0-9]{2,}' | tee -a "$out/ops.log" || true
 : >"$out/bench.log"
 for b in 1 32 128; do
   "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch "$b" \
@@ -25,6 +30,9 @@ echo "(the same batch 1 without CUDA graphs)" | tee -a "$out/bench.log"
   --bandwidth-gbs "$bw" --enforce-eager | tee -a "$out/bench.log"
 "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 8192 --gen 1 --batch 1 \
   --gemm-tflops "$tf" | tee -a "$out/bench.log"
+echo "(the same prefill with the WMMA attention kernel)" | tee -a "$out/bench.log"
+VLMD_PREFILL_ATTENTION=wmma "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 8192 \
+  --gen 1 --batch 1 --gemm-tflops "$tf" | tee -a "$out/bench.log"
 python3 "$here/bench_hf.py" /tmp/q7b 2>"$out/hf.err" | tee "$out/hf.log" || tail -5 "$out/hf.err"
 echo; echo "copy bandwidth (torch, D2D, read+write): $bw GB/s; bf16 GEMM: $tf TFLOP/s"
 cat "$out/ops.log" "$out/bench.log" "$out/hf.log"

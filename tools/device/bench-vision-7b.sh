@@ -7,6 +7,9 @@ source "$(dirname "$0")/unpack.sh" "$1" "${2:-/tmp/vlmd-bench}"
 python3 "$(dirname "$0")/make_random_qwen_vl.py" /tmp/qvl7b | tee "$out/hf-vision.log"
 "$bundle/bin/vlmd-bench-vision" /tmp/qvl7b --device cuda --width 1036 --height 1036 --iters 10 \
   | tee "$out/vlmd-vision.log"
+echo "(the same with the WMMA attention kernel)" | tee -a "$out/vlmd-vision.log"
+VLMD_PREFILL_ATTENTION=wmma "$bundle/bin/vlmd-bench-vision" /tmp/qvl7b --device cuda --width 1036 \
+  --height 1036 --iters 10 | tee -a "$out/vlmd-vision.log"
 echo
 awk '/HF_VISION_MS/ {printf "HF transformers: median %s ms, fastest %s ms, %s tokens\n", $2, $3, $4}' \
   "$out/hf-vision.log"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh - run on a GPU machine over a bundle made by bundle.sh: the
-# unit tests, the CUDA op tests under compute-sanitizer (memcheck and
-# racecheck), then `vlmd serve --device auto` on a fixture model, checked
+# unit tests, the attention op tests with the WMMA prefill kernel too, the
+# CUDA op tests under compute-sanitizer (memcheck and racecheck), then `vlmd serve --device auto` on a fixture model, checked
 # through its HTTP API (serve_check.py). Prints a short table last.
 # usage: tools/device/gpu-check.sh BUNDLE.tar.xz MODEL_DIR [LOG_DIR]
 set -uo pipefail
@@ -18,6 +18,13 @@ for t in "$bundle"/tests/test_*; do
   if "$t" --jobs 4 >"$logs/$name.log" 2>&1; then result[$name]=pass; else result[$name]=FAIL; fi
   tail -1 "$logs/$name.log"
 done
+# the attention tests again with the first (WMMA) prefill kernel, kept to compare
+if VLMD_PREFILL_ATTENTION=wmma "$bundle/tests/test_cuda_ops" --jobs 4 --filter 'cuda_ops/attention*' \
+  >"$logs/test_cuda_ops_wmma_prefill.log" 2>&1; then
+  result[test_cuda_ops_wmma_prefill]=pass
+else
+  result[test_cuda_ops_wmma_prefill]=FAIL
+fi
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 for tool in memcheck racecheck; do
   if [ -z "$sanitizer" ]; then

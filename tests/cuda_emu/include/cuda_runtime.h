@@ -4,8 +4,8 @@
  * on a machine with no GPU and are compared with the CPU reference there.
  *
  * Kernels run for real: each block's threads are fibers on one OS thread,
- * switched at __syncthreads, at warp collectives (shuffles, __syncwarp, WMMA)
- * and at the end; __shared__ variables are static (one block runs at a time).
+ * switched at __syncthreads, at warp collectives (shuffles, __syncwarp, WMMA,
+ * the PTX of kernels/cuda/warp_mma.h) and at the end; __shared__ variables are static (one block runs at a time).
  * Streams queue their work until the host waits for it, as a GPU's do.
  * The emulator is strict where a GPU would fail or misbehave: a barrier some
  * threads never reach, a shuffle with exited lanes, a WMMA pointer or leading
@@ -19,6 +19,10 @@
  * beyond fp32 accumulation. */
 #ifndef VLMD_CUDA_EMU_RUNTIME_H
 #define VLMD_CUDA_EMU_RUNTIME_H
+
+/* Code compiled against these headers, not the CUDA toolkit's (kernels/cuda/
+ * warp_mma.h then calls the emulator's versions of its PTX). */
+#define VLMD_CUDA_EMU 1
 
 #include <math.h>
 #include <stddef.h>
@@ -203,8 +207,18 @@ void syncthreads(void);
 void syncwarp(unsigned mask);
 uint64_t warp_exchange(unsigned mask, uint64_t v, int src);
 int lane(void);
-/* 256 floats the running thread's warp shares (for warp collectives). */
+/* 512 floats the running thread's warp shares (for warp collectives). */
+#define VLMD_CUDA_EMU_WARP_SCRATCH 512
 float *warp_scratch(void);
+/* The PTX of kernels/cuda/warp_mma.h, with the register layouts it documents:
+ * ldmatrix .x4 (.trans), mma.m16n8k16 bf16 -> fp32, and cp.async of 16 bytes,
+ * done at the wait that covers its group (a read before that sees the old
+ * bytes). Addresses of shared memory must lie in the launch's `smem`. */
+void ldmatrix_x4(uint32_t r[4], const void *row, bool trans);
+void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
+void cp_async_16(void *dst, const void *src, bool ok);
+void cp_async_commit(void);
+void cp_async_wait(int pending);
 [[noreturn]] void kernel_fault(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 template <typename T> static inline T shuffle(unsigned mask, T v, int src)

@@ -114,9 +114,8 @@ static inline void mma_sync(fragment<accumulator, M, N, K, float> &d,
                             const fragment<matrix_b, M, N, K, T, LB> &b,
                             const fragment<accumulator, M, N, K, float> &c)
 {
-    static_assert(M * N <= 256, "the warp's product buffer holds one 16x16 tile");
-    float *product = cuda_emu::warp_scratch();
-    cuda_emu::syncwarp(0xffffffffu);
+    static_assert(M * N <= VLMD_CUDA_EMU_WARP_SCRATCH, "the warp's product buffer");
+    float *product = cuda_emu::warp_scratch(); /* free: every collective ends in a barrier */
     if (cuda_emu::lane() == 0) {
         float fa[M * K], fb[K * N];
         for (int i = 0; i < M * K; i++)
@@ -134,6 +133,7 @@ static inline void mma_sync(fragment<accumulator, M, N, K, float> &d,
     }
     cuda_emu::syncwarp(0xffffffffu);
     memcpy(d.x, product, sizeof d.x);
+    cuda_emu::syncwarp(0xffffffffu); /* every lane has taken it before another collective */
 }
 
 } /* namespace wmma */
