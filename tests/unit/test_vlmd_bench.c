@@ -107,7 +107,8 @@ Test(vlmd_bench, chunks_are_timed_and_usage_read)
                                    &usage), "an empty chunk is no token");
     cr_expect_eq(last, 0);
     bench_take_event(&c, "{\"choices\":[{\"text\":\"Hi\"}]}", s, &last, s + 50e6, &r, &usage);
-    bench_take_event(&c, "{\"choices\":[{\"text\":\" there\"}]}", s, &last, s + 70e6, &r, &usage);
+    /* a generated NUL byte is text, and valid JSON ("\u0000") */
+    bench_take_event(&c, "{\"choices\":[{\"text\":\"\\u0000\"}]}", s, &last, s + 70e6, &r, &usage);
     bench_take_event(&c, "{\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}",
                      s, &last, s + 71e6, &r, &usage);
     cr_expect(bench_take_event(&c, "[DONE]", s, &last, s + 72e6, &r, &usage));

@@ -41,11 +41,12 @@ char *bench_request_body(const bench_client_config *c, const bench_prompt *p)
     return text;
 }
 
-static const char *content_of(const bench_client_config *c, const json_t *choice)
+/* Bytes of the text a choice carries (a NUL byte is text too: a model may generate one) */
+static size_t content_length(const bench_client_config *c, const json_t *choice)
 {
     if (c->chat)
-        return json_string_value(json_object_get(json_object_get(choice, "delta"), "content"));
-    return json_string_value(json_object_get(choice, "text"));
+        return json_string_length(json_object_get(json_object_get(choice, "delta"), "content"));
+    return json_string_length(json_object_get(choice, "text"));
 }
 
 bool bench_take_event(const bench_client_config *c, const char *data, uint64_t start_ns,
@@ -53,10 +54,12 @@ bool bench_take_event(const bench_client_config *c, const char *data, uint64_t s
 {
     if (strcmp(data, "[DONE]") == 0)
         return true;
-    json_t *o = json_loads(data, 0, NULL);
+    json_error_t je;
+    json_t *o = json_loads(data, JSON_ALLOW_NUL, &je); /* "\u0000" is JSON */
     if (!o) {
         r->ok = false;
-        snprintf(r->error, sizeof r->error, "an event that is not JSON: %.80s", data);
+        snprintf(r->error, sizeof r->error, "an event that is not JSON (%.40s at %d): %.60s", je.text,
+                 je.position, data);
         return false;
     }
     const json_t *error = json_object_get(o, "error");
@@ -66,8 +69,7 @@ bool bench_take_event(const bench_client_config *c, const char *data, uint64_t s
                  json_string_value(json_object_get(error, "message")) ?: "?");
     }
     const json_t *choices = json_object_get(o, "choices");
-    const char *text = json_array_size(choices) ? content_of(c, json_array_get(choices, 0)) : NULL;
-    if (text && *text) {
+    if (json_array_size(choices) && content_length(c, json_array_get(choices, 0)) > 0) {
         if (*last_ns == 0)
             r->ttft_s = (double)(now_ns - start_ns) / 1e9;
         else if (!bench_result_add_itl(r, (double)(now_ns - *last_ns) / 1e9))
