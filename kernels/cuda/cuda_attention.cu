@@ -383,6 +383,7 @@ __global__ void __launch_bounds__(WARPS * 32)
             }
         __syncthreads(); /* every warp is done with V(t0) before the next tile's arrives */
     }
+    cp_async_wait<0>(); /* no copy outlives the block (a split with no keys never waited) */
 
     for (int h = 0; h < 2; h++) {
         l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
