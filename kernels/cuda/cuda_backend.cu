@@ -45,6 +45,7 @@ typedef struct cuda_state {
     int cur;                    /* the staging buffer being filled */
     size_t used;                /* its bytes given to copies not known to be done */
     vlmd_prefill_kernel prefill; /* VLMD_PREFILL_ATTENTION at open */
+    bool gemv_decode;            /* VLMD_DECODE_LINEAR at open */
 } cuda_state;
 
 /* Set while a graph is being captured: debug builds then skip the
@@ -65,6 +66,26 @@ void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes)
 vlmd_prefill_kernel vlmd_cuda_prefill_kernel(vlmd_backend *b)
 {
     return ((cuda_state *)b->impl)->prefill;
+}
+
+bool vlmd_cuda_gemv_decode(vlmd_backend *b)
+{
+    return ((cuda_state *)b->impl)->gemv_decode;
+}
+
+/* Which of two kernels the environment variable `name` picks: 0 when unset
+ * or `first`, 1 for `second`; -1 (and the error) for anything else. Both
+ * kernels stay until a GPU run has compared them. */
+static int kernel_choice(const char *name, const char *first, const char *second,
+                         vlmd_error *err)
+{
+    const char *v = getenv(name);
+    if (!v || !strcmp(v, first))
+        return 0;
+    if (!strcmp(v, second))
+        return 1;
+    vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s=%s: expected %s or %s", name, v, first, second);
+    return -1;
 }
 
 cudaStream_t vlmd_cuda_stream(vlmd_backend *b)
@@ -305,11 +326,10 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
     if (ordinal >= count)
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "CUDA device %d does not exist (%d visible)",
                            ordinal, count);
-    /* which prefill attention kernel: both stay until a GPU run has compared them */
-    const char *prefill = getenv("VLMD_PREFILL_ATTENTION");
-    if (prefill && strcmp(prefill, "mma") && strcmp(prefill, "wmma"))
-        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "VLMD_PREFILL_ATTENTION=%s: expected mma or "
-                           "wmma", prefill);
+    int prefill = kernel_choice("VLMD_PREFILL_ATTENTION", "mma", "wmma", err);
+    int gemv = prefill < 0 ? -1 : kernel_choice("VLMD_DECODE_LINEAR", "cublas", "gemv", err);
+    if (gemv < 0)
+        return VLMD_ERR_INVALID_ARG; /* kernel_choice said why */
     CUDA_CHECK(cudaSetDevice(ordinal));
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
@@ -318,7 +338,8 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     b->impl = cs;
     b->ops = &cuda_ops;
-    cs->prefill = prefill && !strcmp(prefill, "wmma") ? VLMD_PREFILL_WMMA : VLMD_PREFILL_MMA;
+    cs->prefill = prefill ? VLMD_PREFILL_WMMA : VLMD_PREFILL_MMA;
+    cs->gemv_decode = gemv == 1;
     bool made = cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking) == cudaSuccess;
     for (int i = 0; made && i < 2; i++)
         made = cudaHostAlloc(&cs->staging[i], STAGING_BYTES, cudaHostAllocDefault) ==

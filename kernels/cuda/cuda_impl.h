@@ -19,6 +19,9 @@ void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes);
  * the first one on WMMA, kept to compare them on a GPU. */
 typedef enum vlmd_prefill_kernel { VLMD_PREFILL_MMA, VLMD_PREFILL_WMMA } vlmd_prefill_kernel;
 vlmd_prefill_kernel vlmd_cuda_prefill_kernel(vlmd_backend *b);
+/* Whether linears of a few rows take the GEMV kernel of cuda_ops.cu (environment
+ * VLMD_DECODE_LINEAR=gemv) instead of cuBLAS (=cublas, the default), read at open. */
+bool vlmd_cuda_gemv_decode(vlmd_backend *b);
 /* cuda_attention.cu: the tiled kernel, or false when it does not take this shape. */
 extern "C" bool vlmd_cuda_flash_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
                                           const void *k_cache, const void *v_cache,

@@ -98,9 +98,86 @@ __global__ void k_add_bias(bf16 *out, const bf16 *bias, int out_dim, size_t tota
                                   __bfloat162float(bias[i % (size_t)out_dim]));
 }
 
+/* Decode-sized linears (n <= GEMV_MAX_ROWS rows, the input a multiple of 8),
+ * when VLMD_DECODE_LINEAR=gemv: a warp per output feature streams its weight
+ * row once in 16-byte loads, GEMV_UNROLL of them in flight per lane, against
+ * every row of x (read through L1: every warp reads the same x), sums in fp32
+ * across the warp and adds the bias on the way out. Kept beside cuBLAS's own
+ * choice for such skinny products until a GPU run has compared the two. */
+#define GEMV_MAX_ROWS 8
+#define GEMV_WARPS 4
+#define GEMV_UNROLL 4
+
+/* the dot product of 8 bf16 pairs, in fp32 */
+__device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b)
+{
+    const uint32_t wa[4] = {a.x, a.y, a.z, a.w}, wb[4] = {b.x, b.y, b.z, b.w};
+    float s = 0;
+    for (int i = 0; i < 4; i++)
+        s += __uint_as_float(wa[i] << 16) * __uint_as_float(wb[i] << 16) +
+             __uint_as_float(wa[i] & 0xffff0000u) * __uint_as_float(wb[i] & 0xffff0000u);
+    return s;
+}
+
+template <int N>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv(bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, int in, int out_dim)
+{
+    const int feature = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (feature >= out_dim)
+        return; /* a whole warp: no barrier below */
+    const uint4 *row = (const uint4 *)(w + (size_t)feature * in), *xs = (const uint4 *)x;
+    const int chunks = in / 8;
+    float acc[N] = {};
+    for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
+        uint4 wv[GEMV_UNROLL]; /* issued together: the loads are in flight at once */
+        for (int u = 0; u < GEMV_UNROLL; u++)
+            wv[u] = c0 + 32 * u < chunks ? __ldcs(row + c0 + 32 * u) : make_uint4(0, 0, 0, 0);
+        for (int u = 0; u < GEMV_UNROLL; u++)
+            if (c0 + 32 * u < chunks)
+                for (int r = 0; r < N; r++)
+                    acc[r] += dot8_bf16(wv[u], __ldg(xs + (size_t)r * chunks + c0 + 32 * u));
+    }
+    for (int r = 0; r < N; r++)
+        for (int o = 16; o > 0; o /= 2)
+            acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+    float add = bias ? __bfloat162float(bias[feature]) : 0.0f;
+    for (int r = 0; r < N; r++)
+        if (lane == r % 32)
+            out[(size_t)r * out_dim + feature] = __float2bfloat16(acc[r] + add);
+}
+
+template <int N>
+static void launch_gemv(vlmd_backend *b, void *out, const void *x, const void *w,
+                        const void *bias, int in, int out_dim)
+{
+    vlmd_cuda_launch(k_gemv<N>, (out_dim + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0,
+                     vlmd_cuda_stream(b), (bf16 *)out, (const bf16 *)x, (const bf16 *)w,
+                     (const bf16 *)bias, in, out_dim);
+}
+
+/* The GEMV kernel where it is chosen and takes the shape; false otherwise. */
+static bool try_gemv(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
+                     int n, int in, int out_dim)
+{
+    if (!vlmd_cuda_gemv_decode(b) || in % 8)
+        return false;
+    typedef void (*launcher)(vlmd_backend *, void *, const void *, const void *, const void *,
+                             int, int);
+    static const launcher by_rows[GEMV_MAX_ROWS + 1] = {
+        NULL, launch_gemv<1>, launch_gemv<2>, launch_gemv<3>, launch_gemv<4>,
+        launch_gemv<5>, launch_gemv<6>, launch_gemv<7>, launch_gemv<8>};
+    if (n < 1 || n > GEMV_MAX_ROWS)
+        return false;
+    by_rows[n](b, out, x, w, bias, in, out_dim);
+    return true;
+}
+
 static void cuda_linear(vlmd_backend *b, void *out, const void *x, const void *w,
                         const void *bias, int n, int in, int out_dim)
 {
+    if (try_gemv(b, out, x, w, bias, n, in, out_dim))
+        return;
     /* row-major out[n,o] = x[n,i] . W[o,i]^T  ==  column-major out^T = W^T' . x^T */
     const float one = 1.0f, zero = 0.0f;
     CUBLAS_CHECK(cublasGemmEx(vlmd_cuda_cublas(b), CUBLAS_OP_T, CUBLAS_OP_N, out_dim, n, in, &one,

@@ -156,7 +156,9 @@ Test(cuda_ops, linear_at_several_shapes)
     pair p;
     if (!open_pair(&p))
         return;
-    int shapes[][3] = {{1, 64, 96}, {17, 128, 64}, {64, 256, 512}, {3, 100, 7}};
+    /* (rows up to 8 with an input a multiple of 8: the GEMV kernel when it is chosen) */
+    int shapes[][3] = {{1, 64, 96},  {17, 128, 64}, {64, 256, 512}, {3, 100, 7},
+                       {2, 1032, 70}, {5, 264, 33}, {8, 1024, 40},  {7, 8, 3}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int n = shapes[s][0], in = shapes[s][1], o = shapes[s][2];
         float *x = random_floats((size_t)n * in, 1), *w = random_floats((size_t)o * in, 0.1f);
@@ -318,6 +320,21 @@ Test(cuda_ops, an_unknown_prefill_kernel_is_refused)
     vlmd_error err = {0};
     cr_assert_eq(vlmd_backend_create("cuda", &b, &err), VLMD_ERR_INVALID_ARG);
     cr_expect(strstr(err.msg, "VLMD_PREFILL_ATTENTION=flash3: expected mma or wmma"), "%s",
+              err.msg);
+}
+
+/* VLMD_DECODE_LINEAR picks cuBLAS or the GEMV kernel for linears of a few
+ * rows; anything else is refused at open. */
+Test(cuda_ops, an_unknown_decode_linear_is_refused)
+{
+    vlmd_backend *b = NULL;
+    if (!test_backend_open("cuda", &b))
+        return;
+    vlmd_backend_destroy(b);
+    setenv("VLMD_DECODE_LINEAR", "cutlass", 1);
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_backend_create("cuda", &b, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "VLMD_DECODE_LINEAR=cutlass: expected cublas or gemv"), "%s",
               err.msg);
 }
 

@@ -4,8 +4,9 @@
 # bandwidth and the bf16 GEMM rate (ceilings.py), times each op alone at the
 # model's shapes (vlmd-bench-ops), and runs what docs/PERFORMANCE.md records:
 # vlmd-bench-engine decode at batch 1, 32 and 128 (512 in, 256 out) and the
-# prefill of one 8192-token prompt (and the prefill attention with the first,
-# WMMA kernel beside the default one), then the same with Hugging Face
+# prefill of one 8192-token prompt (and beside the defaults: the prefill
+# attention with the first, WMMA kernel, batch-1 decode with the GEMV kernel
+# for its linears), then the same with Hugging Face
 # transformers (bench_hf.py) in the same run. Prints the results last.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -20,11 +21,18 @@ echo "(prefill attention with the first, WMMA kernel: VLMD_PREFILL_ATTENTION=wmm
   | tee -a "$out/ops.log"
 VLMD_PREFILL_ATTENTION=wmma "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" \
   --gemm-tflops "$tf" | grep -E '^attention +b=1 q=[0-9]{2,}' | tee -a "$out/ops.log" || true
+echo "(linears of 1 and 8 rows with the GEMV kernel: VLMD_DECODE_LINEAR=gemv)" \
+  | tee -a "$out/ops.log"
+VLMD_DECODE_LINEAR=gemv "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" \
+  --gemm-tflops "$tf" | grep -E '^(linear|lm_head).* n=[18] ' | tee -a "$out/ops.log" || true
 : >"$out/bench.log"
 for b in 1 32 128; do
   "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch "$b" \
     --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
 done
+echo "(the same batch 1 with the GEMV kernel for its linears)" | tee -a "$out/bench.log"
+VLMD_DECODE_LINEAR=gemv "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 \
+  --gen 256 --batch 1 --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
 echo "(the same batch 1 without CUDA graphs)" | tee -a "$out/bench.log"
 "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch 1 \
   --bandwidth-gbs "$bw" --enforce-eager | tee -a "$out/bench.log"

@@ -316,6 +316,24 @@ template <typename T> static inline T atomicAdd(T *p, T v)
     return old;
 }
 
+/* Loads through the read-only and the streaming caches: plain loads here. */
+template <typename T> static inline T __ldg(const T *p)
+{
+    return *p;
+}
+
+template <typename T> static inline T __ldcs(const T *p)
+{
+    return *p;
+}
+
+static inline float __uint_as_float(unsigned u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
 static inline float rsqrtf(float x)
 {
     return 1.0f / sqrtf(x);
