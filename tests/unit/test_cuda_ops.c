@@ -307,35 +307,29 @@ Test(cuda_ops, attention_at_random_shapes)
     close_pair(&p);
 }
 
-/* VLMD_PREFILL_ATTENTION picks the prefill attention kernel (the other one
- * is tested by the same attention tests run with it set, tests/cuda_emu and
- * tools/device/gpu-check.sh); a name it does not know is refused at open. */
-Test(cuda_ops, an_unknown_prefill_kernel_is_refused)
+/* The environment picks between kernels kept until a GPU run has compared
+ * them (VLMD_PREFILL_ATTENTION, VLMD_DECODE_LINEAR; the other kernels run
+ * these tests with it set: tests/cuda_emu, tools/device/gpu-check.sh); a
+ * name it does not know is refused at open. */
+Test(cuda_ops, an_unknown_kernel_choice_is_refused)
 {
+    static const char *const cases[][3] = {
+        {"VLMD_PREFILL_ATTENTION", "flash3", "expected mma or wmma"},
+        {"VLMD_DECODE_LINEAR", "cutlass", "expected cublas or gemv"},
+    };
     vlmd_backend *b = NULL;
     if (!test_backend_open("cuda", &b))
         return;
     vlmd_backend_destroy(b);
-    setenv("VLMD_PREFILL_ATTENTION", "flash3", 1);
-    vlmd_error err = {0};
-    cr_assert_eq(vlmd_backend_create("cuda", &b, &err), VLMD_ERR_INVALID_ARG);
-    cr_expect(strstr(err.msg, "VLMD_PREFILL_ATTENTION=flash3: expected mma or wmma"), "%s",
-              err.msg);
-}
-
-/* VLMD_DECODE_LINEAR picks cuBLAS or the GEMV kernel for linears of a few
- * rows; anything else is refused at open. */
-Test(cuda_ops, an_unknown_decode_linear_is_refused)
-{
-    vlmd_backend *b = NULL;
-    if (!test_backend_open("cuda", &b))
-        return;
-    vlmd_backend_destroy(b);
-    setenv("VLMD_DECODE_LINEAR", "cutlass", 1);
-    vlmd_error err = {0};
-    cr_assert_eq(vlmd_backend_create("cuda", &b, &err), VLMD_ERR_INVALID_ARG);
-    cr_expect(strstr(err.msg, "VLMD_DECODE_LINEAR=cutlass: expected cublas or gemv"), "%s",
-              err.msg);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        setenv(cases[c][0], cases[c][1], 1);
+        vlmd_error err = {0};
+        cr_assert_eq(vlmd_backend_create("cuda", &b, &err), VLMD_ERR_INVALID_ARG);
+        char want[128];
+        snprintf(want, sizeof want, "%s=%s: %s", cases[c][0], cases[c][1], cases[c][2]);
+        cr_expect(strstr(err.msg, want), "%s", err.msg);
+        unsetenv(cases[c][0]);
+    }
 }
 
 /* The vision tower's ops: layernorm with bias (in place too), GELU in both

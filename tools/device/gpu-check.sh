@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-check.sh - run on a GPU machine over a bundle made by bundle.sh: the
-# unit tests, the attention op tests with the WMMA prefill kernel too, the
-# CUDA op tests under compute-sanitizer (memcheck and racecheck), then `vlmd serve --device auto` on a fixture model, checked
+# unit tests, the op tests of the kernels kept to compare (VLMD_PREFILL_ATTENTION,
+# VLMD_DECODE_LINEAR), the CUDA op tests under compute-sanitizer (memcheck and
+# racecheck), then `vlmd serve --device auto` on a fixture model, checked
 # through its HTTP API (serve_check.py). Prints a short table last.
 # usage: tools/device/gpu-check.sh BUNDLE.tar.xz MODEL_DIR [LOG_DIR]
 set -uo pipefail
@@ -18,13 +19,17 @@ for t in "$bundle"/tests/test_*; do
   if "$t" --jobs 4 >"$logs/$name.log" 2>&1; then result[$name]=pass; else result[$name]=FAIL; fi
   tail -1 "$logs/$name.log"
 done
-# the attention tests again with the first (WMMA) prefill kernel, kept to compare
-if VLMD_PREFILL_ATTENTION=wmma "$bundle/tests/test_cuda_ops" --jobs 4 --filter 'cuda_ops/attention*' \
-  >"$logs/test_cuda_ops_wmma_prefill.log" 2>&1; then
-  result[test_cuda_ops_wmma_prefill]=pass
-else
-  result[test_cuda_ops_wmma_prefill]=FAIL
-fi
+# the tests of TEST matching FILTER again with one of the kernels kept to
+# compare: run_alt TEST NAME=VALUE FILTER
+run_alt() {
+  local log="$logs/$1_$2.log"
+  if env "$2" "$bundle/tests/$1" --jobs 4 --filter "$3" >"$log" 2>&1
+  then result[$1_$2]=pass; else result[$1_$2]=FAIL; fi
+}
+for alt in VLMD_PREFILL_ATTENTION=wmma VLMD_DECODE_LINEAR=gemv; do
+  run_alt test_cuda_ops "$alt" 'cuda_ops/*'
+  run_alt test_qwen2 "$alt" '*/*cuda*' # the fixture models through the CUDA backend
+done
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 for tool in memcheck racecheck; do
   if [ -z "$sanitizer" ]; then
