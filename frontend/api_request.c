@@ -61,6 +61,14 @@ static bool get_bool(const json_t *body, const char *key, bool *out, api_error *
     return true;
 }
 
+/* A JSON string with no NUL inside. Bodies are parsed with JSON_ALLOW_NUL, so
+ * that text (a prompt, a message's content) may carry "\u0000" as any other
+ * character; names, URLs and stop strings, used as C strings, may not. */
+static bool plain_string(const json_t *s)
+{
+    return json_is_string(s) && strlen(json_string_value(s)) == json_string_length(s);
+}
+
 static bool parse_stops(const json_t *body, api_request *r, api_error *e)
 {
     const json_t *v = opt(body, "stop");
@@ -76,11 +84,11 @@ static bool parse_stops(const json_t *body, api_request *r, api_error *e)
                         API_MAX_STOPS);
     for (size_t i = 0; i < n; i++) {
         const json_t *s = json_is_array(v) ? json_array_get(v, i) : one[0];
-        if (!json_is_string(s) || json_string_length(s) == 0 ||
+        if (!plain_string(s) || json_string_length(s) == 0 ||
             json_string_length(s) > API_MAX_STOP_LEN)
             return api_fail(e, 400, "stop", "invalid_value",
-                            "'stop' entries must be non-empty strings of at most %d bytes",
-                            API_MAX_STOP_LEN);
+                            "'stop' entries must be non-empty strings of at most %d bytes, "
+                            "without \\u0000", API_MAX_STOP_LEN);
         r->stops[r->n_stops] = strdup(json_string_value(s));
         if (!r->stops[r->n_stops])
             return api_fail(e, 500, NULL, NULL, "out of memory");
@@ -111,7 +119,7 @@ static bool add_image(const json_t *part, const char *param, api_image **images,
     char where[64];
     if (snprintf(where, sizeof where, "%s.image_url", param) >= (int)sizeof where)
         return api_fail(e, 400, "messages", "invalid_value", "too many messages or parts");
-    if (!json_is_string(url) || json_string_length(url) == 0)
+    if (!plain_string(url) || json_string_length(url) == 0)
         return api_fail(e, 400, where, "invalid_type",
                         "'%s' must be {\"url\": \"data:image/...;base64,...\"} or a URL", where);
     if (*n_images == max_images)
@@ -164,8 +172,9 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
             ok = api_fail(e, 400, param, "invalid_type", "each message must be an object");
             break;
         }
-        if (!json_is_string(role)) {
-            ok = api_fail(e, 400, param, "invalid_type", "'%s' must be a string", param);
+        if (!plain_string(role)) {
+            ok = api_fail(e, 400, param, "invalid_type", "'%s' must be a string (without "
+                          "\\u0000)", param);
             break;
         }
         cm[i].role = json_string_value(role);
@@ -174,7 +183,8 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
         if (json_is_string(content) || json_is_null(content) || !content) {
             parts[k++] = (vlmd_chat_part){VLMD_CHAT_TEXT,
                                           json_is_string(content) ? json_string_value(content)
-                                                                  : ""};
+                                                                  : "",
+                                          json_string_length(content)};
             cm[i].n_parts = 1;
             text_bytes += json_string_length(content);
             ok = text_fits(lim, text_bytes, "messages", e);
@@ -187,18 +197,20 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
         }
         for (size_t j = 0; ok && j < json_array_size(content); j++) {
             const json_t *p = json_array_get(content, j);
-            const char *type = json_string_value(json_object_get(p, "type"));
+            const json_t *type_j = json_object_get(p, "type");
+            const char *type = plain_string(type_j) ? json_string_value(type_j) : NULL;
             snprintf(param, sizeof param, "messages[%zu].content[%zu]", i, j);
             if (type && strcmp(type, "text") == 0 &&
                 json_is_string(json_object_get(p, "text"))) {
-                parts[k++] = (vlmd_chat_part){VLMD_CHAT_TEXT,
-                                              json_string_value(json_object_get(p, "text"))};
+                const json_t *t = json_object_get(p, "text");
+                parts[k++] = (vlmd_chat_part){VLMD_CHAT_TEXT, json_string_value(t),
+                                              json_string_length(t)};
                 cm[i].n_parts++;
-                text_bytes += json_string_length(json_object_get(p, "text"));
+                text_bytes += json_string_length(t);
                 ok = text_fits(lim, text_bytes, "messages", e);
             } else if (type && strcmp(type, "image_url") == 0) {
                 ok = add_image(p, param, images, n_images, lim->max_images, e);
-                parts[k++] = (vlmd_chat_part){VLMD_CHAT_IMAGE, NULL};
+                parts[k++] = (vlmd_chat_part){VLMD_CHAT_IMAGE, NULL, 0};
                 cm[i].n_parts++;
             } else {
                 ok = api_fail(e, 400, param, "invalid_type",
@@ -300,7 +312,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     if (!json_is_object(body))
         return api_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
     const json_t *model = opt(body, "model");
-    if (model && (!json_is_string(model) || strcmp(json_string_value(model), lim->model_name)))
+    if (model && (!plain_string(model) || strcmp(json_string_value(model), lim->model_name)))
         return api_fail(e, 404, "model", "model_not_found", "the model '%s' does not exist; this "
                         "server serves '%s'", json_is_string(model) ? json_string_value(model) : "?",
                         lim->model_name);

@@ -24,7 +24,7 @@ vlmd_status vlmd_chat_render(const vlmd_chat_message *msgs, size_t n, bool add_g
         st = vlmd_buf_printf(out, "<|im_start|>%s\n", m->role);
         for (size_t k = 0; k < m->n_parts && st == VLMD_OK; k++) {
             if (m->parts[k].kind == VLMD_CHAT_TEXT) {
-                st = vlmd_buf_puts(out, m->parts[k].text);
+                st = vlmd_buf_append(out, m->parts[k].text, m->parts[k].len);
             } else if (strcmp(m->role, "user") == 0) {
                 st = vlmd_buf_puts(out, "<|vision_start|><|image_pad|><|vision_end|>");
             } else {

@@ -22,7 +22,8 @@ typedef enum vlmd_chat_part_kind {
 
 typedef struct vlmd_chat_part {
     vlmd_chat_part_kind kind;
-    const char *text;       /* VLMD_CHAT_TEXT: borrowed, NUL-terminated */
+    const char *text;       /* VLMD_CHAT_TEXT: borrowed */
+    size_t len;             /* its bytes (a NUL among them is text: JSON's "\u0000") */
 } vlmd_chat_part;
 
 typedef struct vlmd_chat_message {

@@ -214,6 +214,11 @@ test('tokenize and detokenize use the server tokenizer and template', async () =
   assert.deepEqual(p.body.tokens, case0.input_ids);
   const d = await postJson(`${server.url}/detokenize`, { tokens: case0.input_ids });
   assert.equal(d.body.prompt, case0.prompt);
+  // "\u0000" is text like any other character: it tokenizes and comes back
+  const nul = await postJson(`${server.url}/tokenize`, { prompt: 'a\u0000b' });
+  assert.equal(nul.status, 200, JSON.stringify(nul.body));
+  const back = await postJson(`${server.url}/detokenize`, { tokens: nul.body.tokens });
+  assert.equal(back.body.prompt, 'a\u0000b');
   const bad = await postJson(`${server.url}/detokenize`, { tokens: [1, 99999999] });
   assert.equal(bad.status, 400);
   assert.equal(bad.body.error.param, 'tokens');

@@ -126,3 +126,77 @@ Test(api_request, message_text_and_output_limits)
     cr_expect_str_eq(e.param, "max_completion_tokens");
     cr_expect(strstr(e.message, "--max-output-tokens"), "%s", e.message);
 }
+
+/* The prompt tokens of a request body (completions or chat), which must parse. */
+static vlmd_tokens prompt_of(const vlmd_tokenizer *tok, const api_limits *lim, bool chat,
+                             const char *text)
+{
+    json_t *body = json_loads(text, JSON_ALLOW_NUL, NULL);
+    cr_assert_not_null(body, "%s", text);
+    api_request r;
+    api_error e;
+    cr_assert(api_request_parse(body, chat, lim, tok, &r, &e), "%s: %s", text, e.message);
+    vlmd_tokens ids = r.prompt;
+    r.prompt = (vlmd_tokens){0};
+    api_request_free(&r);
+    json_decref(body);
+    return ids;
+}
+
+/* Compares, then frees got. */
+static void expect_same_tokens(vlmd_tokens got, vlmd_tokens want, const char *what)
+{
+    cr_expect_eq(got.n, want.n, "%s: %zu tokens, want %zu", what, got.n, want.n);
+    cr_expect(got.n == want.n && !memcmp(got.ids, want.ids, got.n * sizeof *got.ids), "%s", what);
+    vlmd_tokens_free(&got);
+}
+
+/* "\u0000" is JSON: as text (a prompt, a message's content) it reaches the
+ * tokenizer like any character; where a value is a name, a URL or a stop
+ * string it is refused with the field named. */
+Test(api_request, a_nul_character_is_text_but_not_a_name)
+{
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("qwen2/tokenizer.json"), &tok, NULL), VLMD_OK);
+    api_limits lim = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
+                      .max_messages = 8, .image_token_id = -1};
+    vlmd_tokens want = {0};
+    cr_assert_eq(vlmd_tokenizer_encode(tok, "a\0b", 3, true, &want), VLMD_OK);
+    expect_same_tokens(prompt_of(tok, &lim, false, "{\"prompt\": \"a\\u0000b\"}"), want,
+                       "completions prompt");
+    const char chatml[] = "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                          "<|im_start|>user\na\0b<|im_end|>\n<|im_start|>assistant\n";
+    vlmd_tokens want_chat = {0};
+    cr_assert_eq(vlmd_tokenizer_encode(tok, chatml, sizeof chatml - 1, true, &want_chat), VLMD_OK);
+    expect_same_tokens(prompt_of(tok, &lim, true, "{\"messages\": [{\"role\": \"user\", "
+                                                  "\"content\": \"a\\u0000b\"}]}"),
+                       want_chat, "chat content");
+    expect_same_tokens(prompt_of(tok, &lim, true, "{\"messages\": [{\"role\": \"user\", "
+                                                  "\"content\": [{\"type\": \"text\", "
+                                                  "\"text\": \"a\\u0000b\"}]}]}"),
+                       want_chat, "a text part");
+
+    static const char *const refused[][3] = {
+        {"{\"prompt\": \"x\", \"stop\": \"a\\u0000\"}", "stop", "0"},
+        {"{\"prompt\": \"x\", \"model\": \"m\\u0000x\"}", "model", "0"},
+        {"{\"messages\": [{\"role\": \"user\\u0000x\", \"content\": \"x\"}]}",
+         "messages[0].role", "1"},
+        {"{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", "
+         "\"image_url\": {\"url\": \"data:image/png;base64,AAAA\\u0000\"}}]}]}",
+         "messages[0].content[0].image_url", "1"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        json_t *body = json_loads(refused[i][0], JSON_ALLOW_NUL, NULL);
+        cr_assert_not_null(body);
+        api_request r;
+        api_error e;
+        cr_expect_not(api_request_parse(body, refused[i][2][0] == '1', &lim, tok, &r, &e), "%s",
+                      refused[i][0]);
+        cr_expect_str_eq(e.param, refused[i][1], "%s", refused[i][0]);
+        cr_expect(e.status == 400 || e.status == 404, "%s: %d", refused[i][0], e.status);
+        json_decref(body);
+    }
+    vlmd_tokens_free(&want);
+    vlmd_tokens_free(&want_chat);
+    vlmd_tokenizer_free(tok);
+}

@@ -26,8 +26,9 @@ Test(chat_template, fixture_text_prompts)
             cr_assert_leq(n, 8);
             for (size_t k = 0; k < n; k++) {
                 json_t *msg = json_array_get(msgs, k);
-                parts[k] = (vlmd_chat_part){VLMD_CHAT_TEXT,
-                                            json_string_value(json_object_get(msg, "content"))};
+                json_t *content = json_object_get(msg, "content");
+                parts[k] = (vlmd_chat_part){VLMD_CHAT_TEXT, json_string_value(content),
+                                            json_string_length(content)};
                 cm[k] = (vlmd_chat_message){json_string_value(json_object_get(msg, "role")),
                                             &parts[k], 1};
             }
@@ -41,11 +42,14 @@ Test(chat_template, fixture_text_prompts)
     }
 }
 
+/* a text part of a string literal */
+#define TEXT_PART(s) {VLMD_CHAT_TEXT, s, sizeof s - 1}
+
 Test(chat_template, image_prompt_of_the_vl_fixtures)
 {
     json_t *ref = test_reference_json("qwen2_vl");
     json_t *c = json_array_get(json_object_get(ref, "cases"), 2);
-    vlmd_chat_part parts[] = {{VLMD_CHAT_IMAGE, NULL}, {VLMD_CHAT_TEXT, "What is in this image?"}};
+    vlmd_chat_part parts[] = {{VLMD_CHAT_IMAGE, NULL, 0}, TEXT_PART("What is in this image?")};
     vlmd_chat_message msg = {"user", parts, 2};
     vlmd_buf out = VLMD_BUF_INIT;
     cr_assert_eq(vlmd_chat_render(&msg, 1, true, &out, NULL), VLMD_OK);
@@ -56,7 +60,7 @@ Test(chat_template, image_prompt_of_the_vl_fixtures)
 
 Test(chat_template, bad_roles_and_misplaced_images)
 {
-    vlmd_chat_part text = {VLMD_CHAT_TEXT, "hi"}, image = {VLMD_CHAT_IMAGE, NULL};
+    vlmd_chat_part text = TEXT_PART("hi"), image = {VLMD_CHAT_IMAGE, NULL, 0};
     vlmd_chat_message bad_role[] = {{"user", &text, 1}, {"robot", &text, 1}};
     vlmd_buf out = VLMD_BUF_INIT;
     vlmd_error err = {0};

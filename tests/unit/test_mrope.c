@@ -27,7 +27,8 @@ static void check(const char *model, int case_index)
     uint32_t count = grid.t * grid.h * grid.w / (vp.merge_size * vp.merge_size);
 
     /* the prompt: template, tokens, pads expanded */
-    vlmd_chat_part parts[] = {{VLMD_CHAT_IMAGE, NULL}, {VLMD_CHAT_TEXT, "What is in this image?"}};
+    vlmd_chat_part parts[] = {{VLMD_CHAT_IMAGE, NULL, 0},
+                              {VLMD_CHAT_TEXT, "What is in this image?", 22}};
     vlmd_chat_message msg = {"user", parts, 2};
     vlmd_buf text = VLMD_BUF_INIT;
     cr_assert_eq(vlmd_chat_render(&msg, 1, true, &text, NULL), VLMD_OK);
