@@ -1,5 +1,5 @@
 /* bench_ops.c - `vlmd-bench-ops [--device D] [--bandwidth-gbs X] [--gemm-tflops Y]
- * [--shape 7b|tiny] [--runs N]`: each op of the backend timed alone on
+ * [--shape 7b|tiny] [--runs N] [--only linear|rows|attention|sample]`: each op of the backend timed alone on
  * random inputs (STYLE.md habit 8; that each op is right is test_cuda_ops's
  * job). Shapes: those of Qwen2.5-7B's text model (hidden 3584, 28 query and
  * 4 KV heads of 128, intermediate 18944, vocabulary 152064), or a tiny model
@@ -294,7 +294,7 @@ static void bench_sample(bench *k, const shape *sh, int n, float top_p)
 
 int main(int argc, char **argv)
 {
-    const char *device = "auto", *shape_name = "7b";
+    const char *device = "auto", *shape_name = "7b", *only = NULL;
     double bandwidth = 0, tflops = 0;
     long long runs = 20;
     for (int i = 1; i < argc; i++) {
@@ -308,11 +308,19 @@ int main(int argc, char **argv)
             bandwidth = atof(argv[++i]);
         else if (strcmp(argv[i], "--gemm-tflops") == 0 && i + 1 < argc)
             tflops = atof(argv[++i]);
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
         else {
             fprintf(stderr, "usage: vlmd-bench-ops [--device auto|cpu|cuda] [--shape 7b|tiny] "
-                            "[--runs N] [--bandwidth-gbs X] [--gemm-tflops Y]\n");
+                            "[--runs N] [--bandwidth-gbs X] [--gemm-tflops Y] "
+                            "[--only linear|rows|attention|sample]\n");
             return 2;
         }
+    }
+    if (only && strcmp(only, "linear") && strcmp(only, "rows") && strcmp(only, "attention") &&
+        strcmp(only, "sample")) {
+        fprintf(stderr, "vlmd-bench-ops: --only %s: linear, rows, attention or sample\n", only);
+        return 2;
     }
     const shape *sh = NULL;
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
@@ -329,17 +337,23 @@ int main(int argc, char **argv)
     printf("vlmd-bench-ops on %s, shape %s, %d runs per op\n", vlmd_backend_info(k.b)->name,
            sh->name, k.runs);
     printf("%-14s %-28s %13s %16s  %s\n", "op", "shape", "time", "rate", "of ceiling");
-    bench_linears(&k, sh);
-    bench_rows(&k, sh);
-    for (int i = 0; i < 3; i++) {
-        bench_attention_case(&k, sh, 1, 1, sh->kv_lens[i]);
-        bench_attention_case(&k, sh, 32, 1, sh->kv_lens[i]);
+    if (!only || strcmp(only, "linear") == 0)
+        bench_linears(&k, sh);
+    if (!only || strcmp(only, "rows") == 0)
+        bench_rows(&k, sh);
+    if (!only || strcmp(only, "attention") == 0) {
+        for (int i = 0; i < 3; i++) {
+            bench_attention_case(&k, sh, 1, 1, sh->kv_lens[i]);
+            bench_attention_case(&k, sh, 32, 1, sh->kv_lens[i]);
+        }
+        bench_attention_case(&k, sh, 128, 1, sh->kv_lens[0]);
+        bench_attention_case(&k, sh, 1, sh->prefill, sh->prefill);
     }
-    bench_attention_case(&k, sh, 128, 1, sh->kv_lens[0]);
-    bench_attention_case(&k, sh, 1, sh->prefill, sh->prefill);
-    bench_sample(&k, sh, 1, 1.0f);
-    bench_sample(&k, sh, 128, 1.0f);
-    bench_sample(&k, sh, 128, 0.9f);
+    if (!only || strcmp(only, "sample") == 0) {
+        bench_sample(&k, sh, 1, 1.0f);
+        bench_sample(&k, sh, 128, 1.0f);
+        bench_sample(&k, sh, 128, 0.9f);
+    }
     vlmd_backend_destroy(k.b);
     return 0;
 }

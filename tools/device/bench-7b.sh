@@ -20,11 +20,12 @@ tf=$(awk '/GEMM_TFLOPS/ {print $2}' "$out/ceilings.log")
 echo "(prefill attention with the first, WMMA kernel: VLMD_PREFILL_ATTENTION=wmma)" \
   | tee -a "$out/ops.log"
 VLMD_PREFILL_ATTENTION=wmma "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" \
-  --gemm-tflops "$tf" | grep -E '^attention +b=1 q=[0-9]{2,}' | tee -a "$out/ops.log" || true
+  --gemm-tflops "$tf" --only attention | grep -E '^attention +b=1 q=[0-9]{2,}' \
+  | tee -a "$out/ops.log" || true
 echo "(linears of 1 and 8 rows with the GEMV kernel: VLMD_DECODE_LINEAR=gemv)" \
   | tee -a "$out/ops.log"
 VLMD_DECODE_LINEAR=gemv "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" \
-  --gemm-tflops "$tf" | grep -E '^(linear|lm_head).* n=[18] ' | tee -a "$out/ops.log" || true
+  --gemm-tflops "$tf" --only linear | grep -E '^linear .* n=[18] ' | tee -a "$out/ops.log" || true
 : >"$out/bench.log"
 for b in 1 32 128; do
   "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch "$b" \
