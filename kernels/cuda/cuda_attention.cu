@@ -1,6 +1,9 @@
-/* cuda_attention.cu - attention over the token-slot KV cache, flash style:
- * one kernel for prefill, chunked prefill after a cached prefix, decode and
- * the vision tower's per-image attention.
+/* cuda_attention.cu - attention over the token-slot KV cache, flash style,
+ * for prefill, chunked prefill after a cached prefix, decode and the vision
+ * tower's per-image attention. Two kernels share the tiling below:
+ * k_flash_attention (WMMA; decode steps, and prefill where the other is not
+ * built for the head dim or VLMD_PREFILL_ATTENTION=wmma) and
+ * k_flash_attention_mma (mma.sync with S, P and O in registers; prefill).
  *
  * A block takes a tile of BR "rows" of one sequence and one KV head, where a
  * row is a (query token, query head of that KV head's group) pair: the

@@ -142,8 +142,8 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
         for (int o = 16; o > 0; o /= 2)
             acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
     float add = bias ? __bfloat162float(bias[feature]) : 0.0f;
-    for (int r = 0; r < N; r++)
-        if (lane == r % 32)
+    for (int r = 0; r < N; r++) /* lane r writes row r */
+        if (lane == r)
             out[(size_t)r * out_dim + feature] = __float2bfloat16(acc[r] + add);
 }
 
