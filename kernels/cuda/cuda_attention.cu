@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(WARPS * 32)
                       const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv,
                       int hd, float scale, bool causal, int splits, float *partial)
 {
+    vlmd_kernel_start();
     extern __shared__ __align__(128) unsigned char smem[];
     const attn_smem L = smem_layout(BR, hd);
     bf16 *Qs = (bf16 *)(smem + L.q), *Ks = (bf16 *)(smem + L.k), *Vs = (bf16 *)(smem + L.v);
@@ -262,6 +263,7 @@ __global__ void __launch_bounds__(WARPS * 32)
                           const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
                           int nkv, float scale_log2, bool causal, int splits, float *partial)
 {
+    vlmd_kernel_start();
     constexpr int LD = HD + 8, CHUNKS = HD / 8; /* bf16 row stride; 16-byte pieces per row */
     extern __shared__ __align__(128) unsigned char smem[];
     bf16 *Qs = (bf16 *)smem, *Ks = Qs + MMA_BR * LD, *Vs = Ks + BC * LD;
@@ -420,6 +422,7 @@ template <int BR>
 __global__ void k_merge_splits(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int nh,
                                int nkv, int hd, int splits, const float *partial)
 {
+    vlmd_kernel_start();
     const int group = nh / nkv, kvh = blockIdx.y;
     int si, first;
     if (!find_tile(seqs, n_seqs, group, BR, blockIdx.x, &si, &first))

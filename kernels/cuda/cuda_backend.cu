@@ -51,6 +51,7 @@ typedef struct cuda_state {
 /* Set while a graph is being captured: debug builds then skip the
  * synchronize after each launch (it would end the capture). */
 bool vlmd_cuda_capturing = false;
+bool vlmd_cuda_pdl = false;
 
 cublasHandle_t vlmd_cuda_cublas(vlmd_backend *b)
 {
@@ -73,9 +74,9 @@ bool vlmd_cuda_gemv_decode(vlmd_backend *b)
     return ((cuda_state *)b->impl)->gemv_decode;
 }
 
-/* Which of two kernels the environment variable `name` picks: 0 when unset
- * or `first`, 1 for `second`; -1 (and the error) for anything else. Both
- * kernels stay until a GPU run has compared them. */
+/* Which of two ways (kernels, or launches) the environment variable `name`
+ * picks: 0 when unset or `first`, 1 for `second`; -1 (and the error) for
+ * anything else. Both stay until a GPU run has compared them. */
 static int kernel_choice(const char *name, const char *first, const char *second,
                          vlmd_error *err)
 {
@@ -328,8 +329,10 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
                            ordinal, count);
     int prefill = kernel_choice("VLMD_PREFILL_ATTENTION", "mma", "wmma", err);
     int gemv = prefill < 0 ? -1 : kernel_choice("VLMD_DECODE_LINEAR", "cublas", "gemv", err);
-    if (gemv < 0)
+    int pdl = gemv < 0 ? -1 : kernel_choice("VLMD_PDL", "off", "on", err);
+    if (pdl < 0)
         return VLMD_ERR_INVALID_ARG; /* kernel_choice said why */
+    vlmd_cuda_pdl = pdl == 1;
     CUDA_CHECK(cudaSetDevice(ordinal));
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));

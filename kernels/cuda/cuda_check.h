@@ -11,6 +11,23 @@
 #include "log.h"
 
 extern bool vlmd_cuda_capturing; /* cuda_backend.cu */
+/* Launches allow programmatic dependent launch (VLMD_PDL=on, read at backend
+ * open; cuda_backend.cu): every kernel then starts with vlmd_kernel_start. */
+extern bool vlmd_cuda_pdl;
+
+/* The first statement of every kernel launched by vlmd_cuda_launch. Where
+ * launches allow it (sm_90 and VLMD_PDL=on), lets the next kernel of the
+ * stream be launched now, its blocks waiting here in turn, and waits until
+ * the previous grid has finished and its writes are visible: the next
+ * kernel's launch and scheduling overlap this one's run instead of following
+ * it. Without the attribute both calls return at once. */
+__device__ __forceinline__ void vlmd_kernel_start(void)
+{
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+    cudaTriggerProgrammaticLaunchCompletion();
+    cudaGridDependencySynchronize();
+#endif
+}
 
 #define CUDA_CHECK(stmt)                                                                  \
     do {                                                                                  \
@@ -31,7 +48,10 @@ template <typename... Params, typename... Args>
 static inline void vlmd_cuda_launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
                                     cudaStream_t stream, Args... args)
 {
-    cudaLaunchConfig_t config = {grid, block, smem, stream, NULL, 0};
+    cudaLaunchAttribute pdl[1];
+    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {grid, block, smem, stream, pdl, vlmd_cuda_pdl ? 1u : 0u};
     CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 #ifndef NDEBUG
     if (!vlmd_cuda_capturing)

@@ -31,6 +31,7 @@ static int blocks_for(size_t n, int threads)
 
 __global__ void k_embedding(bf16 *out, const bf16 *table, const int32_t *ids, int hidden)
 {
+    vlmd_kernel_start();
     const bf16 *src = table + (size_t)ids[blockIdx.x] * hidden;
     bf16 *dst = out + (size_t)blockIdx.x * hidden;
     for (int j = threadIdx.x; j < hidden; j += blockDim.x)
@@ -49,6 +50,7 @@ static void cuda_embedding(vlmd_backend *b, void *out, const void *table, const 
 __global__ void k_rmsnorm(bf16 *out, const bf16 *x, bf16 *residual, const bf16 *w, int hidden,
                           float eps)
 {
+    vlmd_kernel_start();
     __shared__ float partial[32];
     size_t row = (size_t)blockIdx.x * hidden;
     float ss = 0;
@@ -92,6 +94,7 @@ static void cuda_rmsnorm(vlmd_backend *b, void *out, const void *x, void *residu
 
 __global__ void k_add_bias(bf16 *out, const bf16 *bias, int out_dim, size_t total)
 {
+    vlmd_kernel_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total)
         out[i] = __float2bfloat16(__bfloat162float(out[i]) +
@@ -123,6 +126,7 @@ template <int N>
 __global__ void __launch_bounds__(GEMV_WARPS * 32)
     k_gemv(bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, int in, int out_dim)
 {
+    vlmd_kernel_start();
     const int feature = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (feature >= out_dim)
         return; /* a whole warp: no barrier below */
@@ -199,6 +203,7 @@ __global__ void k_rope_kv_write(bf16 *qkv, const bf16 *bias, bf16 *k_cache, bf16
                                 const int32_t *positions, const int32_t *slots, int n, int nh,
                                 int nkv, int hd, float theta, int s0, int s1, bool mrope)
 {
+    vlmd_kernel_start();
     int t = blockIdx.x, half = hd / 2, kv_dim = nkv * hd;
     bf16 *row = qkv + (size_t)t * (nh + 2 * nkv) * hd;
     size_t slot = (size_t)slots[t] * kv_dim;
@@ -257,6 +262,7 @@ __global__ void k_attention(bf16 *out, const bf16 *q, int q_stride, const bf16 *
                             const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv, int hd,
                             float scale, bool causal)
 {
+    vlmd_kernel_start();
     __shared__ float part_m[ATTN_WARPS], part_sum[ATTN_WARPS];
     __shared__ float part_acc[ATTN_WARPS][ATTN_MAX_HD];
     int row = blockIdx.x / nh, h = blockIdx.x % nh, kvh = h / (nh / nkv), kv_dim = nkv * hd;
@@ -338,6 +344,7 @@ static void cuda_attention(vlmd_backend *b, void *out, const void *q, int q_stri
 
 __global__ void k_silu_mul(bf16 *out, const bf16 *gate_up, int d, size_t total)
 {
+    vlmd_kernel_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < total) {
         size_t t = i / (size_t)d, j = i % (size_t)d;
@@ -359,6 +366,7 @@ static void cuda_silu_mul(vlmd_backend *b, void *out, const void *gate_up, int n
 __global__ void k_layernorm(bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, int dim,
                             float eps)
 {
+    vlmd_kernel_start();
     __shared__ float red[2][32];
     size_t row = (size_t)blockIdx.x * dim;
     float s = 0, s2 = 0;
@@ -403,6 +411,7 @@ static void cuda_layernorm(vlmd_backend *b, void *out, const void *x, const void
 
 __global__ void k_gelu(bf16 *out, const bf16 *x, size_t count, bool quick)
 {
+    vlmd_kernel_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) {
         float v = __bfloat162float(x[i]);
@@ -419,6 +428,7 @@ static void cuda_gelu(vlmd_backend *b, void *out, const void *x, size_t count, b
 
 __global__ void k_add(bf16 *out, const bf16 *x, size_t count)
 {
+    vlmd_kernel_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count)
         out[i] = __float2bfloat16(__bfloat162float(out[i]) + __bfloat162float(x[i]));
@@ -433,6 +443,7 @@ static void cuda_add(vlmd_backend *b, void *out, const void *x, size_t count)
 __global__ void k_vision_rope(bf16 *q, bf16 *k, const int32_t *hpos, const int32_t *wpos, int nh,
                               int hd, float theta)
 {
+    vlmd_kernel_start();
     int t = blockIdx.x, half = hd / 2, quarter = hd / 4;
     for (int idx = threadIdx.x; idx < 2 * nh * half; idx += blockDim.x) {
         int which = idx / (nh * half), head = idx / half % nh, i = idx % half;

@@ -187,6 +187,7 @@ __device__ static int draw(block_state *bs, const bf16 *x, int vocab, uint32_t t
 __global__ void __launch_bounds__(SAMPLE_THREADS)
     k_sample(vlmd_sample_out *out, bf16 *logits, const vlmd_sample_row *rows, int vocab)
 {
+    vlmd_kernel_start();
     __shared__ block_state bs;
     const vlmd_sample_row r = rows[blockIdx.x];
     bf16 *x = logits + (size_t)blockIdx.x * vocab;

@@ -497,6 +497,7 @@ struct fiber {
     void *fake_stack; /* ASan's, while switched out */
     std::vector<async_copy> uncommitted;          /* cp.async since the last commit */
     std::deque<std::vector<async_copy>> in_flight; /* committed groups, oldest first */
+    bool waited_for_grid; /* called cudaGridDependencySynchronize */
 };
 
 /* One block's threads and what their warps exchange. */
@@ -510,6 +511,7 @@ struct block_run {
     const std::function<void()> *body;
     const void *kernel;
     size_t smem_bytes; /* the launch's dynamic shared memory */
+    bool programmatic; /* launched with programmatic stream serialization allowed */
     uint64_t offers[MAX_THREADS];
     float scratch[MAX_THREADS / WARP][VLMD_CUDA_EMU_WARP_SCRATCH];
 };
@@ -603,6 +605,9 @@ void fiber_main(void)
     __sanitizer_finish_switch_fiber(nullptr, &run->scheduler_stack, &run->scheduler_stack_size);
 #endif
     (*run->body)();
+    if (run->programmatic && !run->fibers[run->current].waited_for_grid)
+        cuda_emu::kernel_fault("a launch with programmatic stream serialization, and this "
+                               "thread never called cudaGridDependencySynchronize");
     yield(DONE);
     abort(); /* a finished fiber is never resumed */
 }
@@ -720,7 +725,8 @@ cudaError_t check_config(const void *kernel, const cudaLaunchConfig_t *c)
     return cudaSuccess;
 }
 
-void run_grid(const void *kernel, const cudaLaunchConfig_t c, const std::function<void()> &body)
+void run_grid(const void *kernel, const cudaLaunchConfig_t c, bool programmatic,
+              const std::function<void()> &body)
 {
     if (run)
         cuda_emu::kernel_fault("a kernel launched from a kernel");
@@ -728,6 +734,7 @@ void run_grid(const void *kernel, const cudaLaunchConfig_t c, const std::functio
     br.body = &body;
     br.kernel = kernel;
     br.smem_bytes = c.dynamicSmemBytes;
+    br.programmatic = programmatic;
     run = &br;
     gridDim = c.gridDim;
     blockDim = c.blockDim;
@@ -766,8 +773,14 @@ cudaError_t launch(const void *kernel, const cudaLaunchConfig_t *config,
     cudaError_t e = check_config(kernel, config);
     if (e != cudaSuccess)
         return e;
+    bool programmatic = false; /* the attributes are read now: they live in the caller's frame */
+    for (unsigned i = 0; i < config->numAttrs; i++)
+        programmatic |= config->attrs[i].id == cudaLaunchAttributeProgrammaticStreamSerialization &&
+                        config->attrs[i].val.programmaticStreamSerializationAllowed;
     cudaLaunchConfig_t c = *config;
-    return enqueue(config->stream, [kernel, c, body] { run_grid(kernel, c, body); });
+    c.attrs = nullptr, c.numAttrs = 0;
+    return enqueue(config->stream,
+                   [kernel, c, programmatic, body] { run_grid(kernel, c, programmatic, body); });
 }
 
 void syncthreads(void)
@@ -788,6 +801,12 @@ float *warp_scratch(void)
 {
     lane(); /* inside a kernel */
     return run->scratch[run->current / WARP];
+}
+
+void grid_dependency_sync(void)
+{
+    lane(); /* inside a kernel */
+    run->fibers[run->current].waited_for_grid = true;
 }
 
 void syncwarp(unsigned mask)

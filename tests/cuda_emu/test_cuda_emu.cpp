@@ -271,6 +271,47 @@ Test(cuda_emu, ldmatrix_refuses_memory_that_is_not_shared, .signal = SIGABRT)
     cudaDeviceSynchronize();
 }
 
+/* ---- programmatic dependent launch ------------------------------------------------------------ */
+
+__global__ void k_waits_for_the_grid_before(int *out)
+{
+    cudaGridDependencySynchronize();
+    out[threadIdx.x] = 1;
+}
+
+__global__ void k_never_waits_for_the_grid(int *out)
+{
+    out[threadIdx.x] = 1;
+}
+
+/* kernel over 32 threads, launched allowing programmatic stream serialization */
+static cudaError_t launch_programmatic(void (*kernel)(int *), int *d)
+{
+    cudaLaunchAttribute a[1];
+    a[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    a[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t config = {dim3(1), dim3(32), 0, NULL, a, 1};
+    return cudaLaunchKernelEx(&config, kernel, d);
+}
+
+Test(cuda_emu, a_programmatic_launch_whose_threads_wait_runs)
+{
+    int *d = device<int>(32), h[32];
+    launch_ok(launch_programmatic(k_waits_for_the_grid_before, d));
+    launch_ok(launch(k_never_waits_for_the_grid, 1, 32, 0, NULL, d)); /* no attribute: fine */
+    launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+    launch_ok(cudaStreamSynchronize(NULL));
+    for (int i = 0; i < 32; i++)
+        cr_expect_eq(h[i], 1);
+    cudaFree(d);
+}
+
+Test(cuda_emu, a_programmatic_launch_whose_thread_never_waits_aborts, .signal = SIGABRT)
+{
+    launch_programmatic(k_never_waits_for_the_grid, device<int>(32));
+    cudaDeviceSynchronize();
+}
+
 /* ---- what fails on a GPU fails here ---------------------------------------------------------- */
 
 __global__ void k_divergent_barrier(int *out)

@@ -307,15 +307,16 @@ Test(cuda_ops, attention_at_random_shapes)
     close_pair(&p);
 }
 
-/* The environment picks between kernels kept until a GPU run has compared
- * them (VLMD_PREFILL_ATTENTION, VLMD_DECODE_LINEAR; the other kernels run
+/* The environment picks between ways kept until a GPU run has compared them
+ * (VLMD_PREFILL_ATTENTION, VLMD_DECODE_LINEAR, VLMD_PDL; the other ways run
  * these tests with it set: tests/cuda_emu, tools/device/gpu-check.sh); a
- * name it does not know is refused at open. */
+ * value it does not know is refused at open. */
 Test(cuda_ops, an_unknown_kernel_choice_is_refused)
 {
     static const char *const cases[][3] = {
         {"VLMD_PREFILL_ATTENTION", "flash3", "expected mma or wmma"},
         {"VLMD_DECODE_LINEAR", "cutlass", "expected cublas or gemv"},
+        {"VLMD_PDL", "yes", "expected off or on"},
     };
     vlmd_backend *b = NULL;
     if (!test_backend_open("cuda", &b))

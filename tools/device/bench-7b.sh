@@ -5,9 +5,9 @@
 # model's shapes (vlmd-bench-ops), and runs what docs/PERFORMANCE.md records:
 # vlmd-bench-engine decode at batch 1, 32 and 128 (512 in, 256 out) and the
 # prefill of one 8192-token prompt (and beside the defaults: the prefill
-# attention with the first, WMMA kernel, batch-1 decode with the GEMV kernel
-# for its linears), then the same with Hugging Face
-# transformers (bench_hf.py) in the same run. Prints the results last.
+# attention with the first, WMMA kernel; batch-1 decode with the GEMV kernel
+# for its linears and/or programmatic dependent launch), then the same with
+# Hugging Face transformers (bench_hf.py) in the same run. Prints the results last.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 source "$here/unpack.sh" "$1" "${2:-/tmp/vlmd-bench}"
@@ -31,9 +31,11 @@ for b in 1 32 128; do
   "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch "$b" \
     --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
 done
-echo "(the same batch 1 with the GEMV kernel for its linears)" | tee -a "$out/bench.log"
-VLMD_DECODE_LINEAR=gemv "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 \
-  --gen 256 --batch 1 --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
+for alt in "VLMD_DECODE_LINEAR=gemv" "VLMD_PDL=on" "VLMD_DECODE_LINEAR=gemv VLMD_PDL=on"; do
+  echo "(the same batch 1 with $alt)" | tee -a "$out/bench.log"
+  env $alt "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 \
+    --batch 1 --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
+done
 echo "(the same batch 1 without CUDA graphs)" | tee -a "$out/bench.log"
 "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch 1 \
   --bandwidth-gbs "$bw" --enforce-eager | tee -a "$out/bench.log"

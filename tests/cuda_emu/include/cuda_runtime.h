@@ -157,12 +157,28 @@ enum cudaFuncAttribute {
     cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
 };
 
+/* The one launch attribute vlmd uses: programmatic dependent launch. */
+enum cudaLaunchAttributeID {
+    cudaLaunchAttributeProgrammaticStreamSerialization = 6,
+};
+
+union cudaLaunchAttributeValue {
+    int programmaticStreamSerializationAllowed;
+    char pad[64];
+};
+
+struct cudaLaunchAttribute {
+    cudaLaunchAttributeID id;
+    char pad[4];
+    cudaLaunchAttributeValue val;
+};
+
 struct cudaLaunchConfig_t {
     dim3 gridDim;
     dim3 blockDim;
     size_t dynamicSmemBytes;
     cudaStream_t stream;
-    void *attrs;
+    cudaLaunchAttribute *attrs;
     unsigned numAttrs;
 };
 
@@ -205,6 +221,11 @@ template <typename T> static inline cudaError_t check_argument(const void *kerne
  * its own). */
 void syncthreads(void);
 void syncwarp(unsigned mask);
+/* cudaGridDependencySynchronize: grids run one after another here, so it only
+ * records that the thread waited. A launch that allows programmatic
+ * serialization faults when a thread ends without having waited (on a GPU
+ * it could read what the previous kernel has not written yet). */
+void grid_dependency_sync(void);
 uint64_t warp_exchange(unsigned mask, uint64_t v, int src);
 int lane(void);
 /* 512 floats the running thread's warp shares (for warp collectives). */
@@ -261,6 +282,15 @@ static inline cudaError_t cudaFuncSetAttribute(T *kernel, cudaFuncAttribute attr
 static inline void __syncthreads(void)
 {
     cuda_emu::syncthreads();
+}
+
+static inline void cudaGridDependencySynchronize(void)
+{
+    cuda_emu::grid_dependency_sync();
+}
+
+static inline void cudaTriggerProgrammaticLaunchCompletion(void)
+{
 }
 
 static inline void __syncwarp(unsigned mask = 0xffffffffu)
