@@ -51,6 +51,6 @@ fi
 cat "$logs/serve.log" | tail -25
 
 echo
-printf '%-28s %s\n' check result
-for k in "${!result[@]}"; do printf '%-28s %s\n' "$k" "${result[$k]}"; done | sort
+printf '%-44s %s\n' check result
+for k in "${!result[@]}"; do printf '%-44s %s\n' "$k" "${result[$k]}"; done | sort
 ! printf '%s\n' "${result[@]}" | grep -q FAIL
