@@ -1,9 +1,10 @@
 /* cuda_attention.cu - attention over the token-slot KV cache, flash style,
  * for prefill, chunked prefill after a cached prefix, decode and the vision
  * tower's per-image attention. Two kernels share the tiling below:
- * k_flash_attention (WMMA; decode steps, and prefill where the other is not
- * built for the head dim or VLMD_PREFILL_ATTENTION=wmma) and
- * k_flash_attention_mma (mma.sync with S, P and O in registers; prefill).
+ * k_flash_attention_mma (mma.sync with S, P and O in registers) and the
+ * first one, k_flash_attention (WMMA, S, P and O through shared memory),
+ * which takes head dims the other is not built for, and everything when
+ * VLMD_ATTENTION=wmma (kept until a GPU run has compared the two).
  *
  * A block takes a tile of BR "rows" of one sequence and one KV head, where a
  * row is a (query token, query head of that KV head's group) pair: the
@@ -241,8 +242,10 @@ __global__ void __launch_bounds__(WARPS * 32)
 
 /* ---- prefill on mma.sync: S, P and O in registers ------------------------------------------ */
 
-/* The same tiles of (token, group head) rows as k_flash_attention<MMA_BR>,
- * and the same split partials, but each warp owns 16 rows end to end: Q as
+/* The same tiles of (token, group head) rows as k_flash_attention<16 *
+ * ROW_WARPS> (4 warps for prefill, 1 for a decode step: its group's heads fill
+ * one 16-row tile), and the same split partials, but each warp owns 16 rows
+ * end to end: Q as
  * A fragments, S = Q K^T and O in mma.m16n8k16 accumulators, P rebuilt from
  * S's accumulators as A fragments without leaving the registers (an
  * accumulator pair (row, 2t..2t+1) is exactly an A register), so shared
@@ -250,33 +253,32 @@ __global__ void __launch_bounds__(WARPS * 32)
  * the previous one is being used: V(j) while S(j) is computed, K(j+1) while
  * P(j) V(j) is. Rows are 16 bytes apart modulo 128 (a pad of 8 elements),
  * so ldmatrix reads them without bank conflicts. */
-#define MMA_BR 64 /* rows per block: 16 per warp */
-
-__host__ __device__ static constexpr size_t mma_smem_bytes(int hd)
+__host__ __device__ static constexpr size_t mma_smem_bytes(int br, int hd)
 {
-    return (size_t)(MMA_BR + 2 * BC) * (hd + 8) * sizeof(bf16);
+    return (size_t)(br + 2 * BC) * (hd + 8) * sizeof(bf16);
 }
 
-template <int HD>
-__global__ void __launch_bounds__(WARPS * 32)
+template <int HD, int ROW_WARPS>
+__global__ void __launch_bounds__(ROW_WARPS * 32)
     k_flash_attention_mma(bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
                           const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
                           int nkv, float scale_log2, bool causal, int splits, float *partial)
 {
     vlmd_kernel_start();
-    constexpr int LD = HD + 8, CHUNKS = HD / 8; /* bf16 row stride; 16-byte pieces per row */
+    constexpr int BR = 16 * ROW_WARPS, LD = HD + 8, CHUNKS = HD / 8; /* rows; bf16 row stride;
+                                                                       16-byte pieces per row */
     extern __shared__ __align__(128) unsigned char smem[];
-    bf16 *Qs = (bf16 *)smem, *Ks = Qs + MMA_BR * LD, *Vs = Ks + BC * LD;
+    bf16 *Qs = (bf16 *)smem, *Ks = Qs + BR * LD, *Vs = Ks + BC * LD;
     const int group = nh / nkv, kvh = blockIdx.y, split = blockIdx.z, kv_dim = nkv * HD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     /* the longest causal rows (the last tiles) first: less of a tail at the launch's end */
     const int tile = gridDim.x - 1 - blockIdx.x;
     int si, first;
-    if (!find_tile(seqs, n_seqs, group, MMA_BR, tile, &si, &first))
+    if (!find_tile(seqs, n_seqs, group, BR, tile, &si, &first))
         return;
     const vlmd_attn_seq sq = seqs[si];
     const int past = sq.kv_len - sq.q_len;
-    const int rows = min(MMA_BR, sq.q_len * group - first);
+    const int rows = min(BR, sq.q_len * group - first);
     int last_token = (first + rows - 1) / group;
     int hi_all = causal ? past + last_token + 1 : sq.kv_len;
     int chunk = ((hi_all + splits - 1) / splits + BC - 1) / BC * BC;
@@ -291,7 +293,7 @@ __global__ void __launch_bounds__(WARPS * 32)
         pos[h] = past + (first + r) / group;
     }
 
-    for (int c = tid; c < MMA_BR * CHUNKS; c += blockDim.x) { /* Q rows, zeros past the last */
+    for (int c = tid; c < BR * CHUNKS; c += blockDim.x) { /* Q rows, zeros past the last */
         int r = c / CHUNKS, d8 = c % CHUNKS, i = (first + r) / group;
         int h = kvh * group + (first + r) % group;
         const bf16 *src = q + (size_t)(sq.q_start + i) * q_stride + (size_t)h * HD + d8 * 8;
@@ -408,7 +410,7 @@ __global__ void __launch_bounds__(WARPS * 32)
             continue;
         }
         /* this split's share, as k_merge_splits reads it: [O (HD) | m | l], m in natural log */
-        float *mine = partial + ((((size_t)tile * gridDim.y + kvh) * splits + split) * MMA_BR + r) *
+        float *mine = partial + ((((size_t)tile * gridDim.y + kvh) * splits + split) * BR + r) *
                                     (HD + 2);
         for (int nd = 0; nd < HD / 8; nd++)
             mine[nd * 8 + 2 * t] = o[nd][2 * h], mine[nd * 8 + 2 * t + 1] = o[nd][2 * h + 1];
@@ -502,36 +504,41 @@ static void launch_wmma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
     }
 }
 
-template <int HD>
+template <int HD, int ROW_WARPS>
 static void launch_mma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                        const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
                        int n_seqs, int n_rows, int nh, int nkv, bool causal)
 {
+    constexpr int BR = 16 * ROW_WARPS;
     cudaStream_t stream = vlmd_cuda_stream(b);
-    int tiles = tile_bound(n_rows, n_seqs, nh / nkv, MMA_BR);
+    int tiles = tile_bound(n_rows, n_seqs, nh / nkv, BR);
     float *scratch;
-    int splits = plan_splits(b, tiles * nkv, MMA_BR, HD, &scratch);
+    int splits = plan_splits(b, tiles * nkv, BR, HD, &scratch);
     static size_t allowed = 0;
-    allow_smem(k_flash_attention_mma<HD>, mma_smem_bytes(HD), &allowed);
+    allow_smem(k_flash_attention_mma<HD, ROW_WARPS>, mma_smem_bytes(BR, HD), &allowed);
     const float log2e = 1.44269504f;
-    vlmd_cuda_launch(k_flash_attention_mma<HD>, dim3(tiles, nkv, splits), WARPS * 32,
-                     mma_smem_bytes(HD), stream, out, q, q_stride, k_cache, v_cache, seqs, n_seqs,
-                     nh, nkv, log2e / sqrtf((float)HD), causal, splits, scratch);
+    vlmd_cuda_launch(k_flash_attention_mma<HD, ROW_WARPS>, dim3(tiles, nkv, splits),
+                     ROW_WARPS * 32, mma_smem_bytes(BR, HD), stream, out, q, q_stride, k_cache,
+                     v_cache, seqs, n_seqs, nh, nkv, log2e / sqrtf((float)HD), causal, splits,
+                     scratch);
     if (splits > 1) {
-        vlmd_cuda_launch(k_merge_splits<MMA_BR>, dim3(tiles, nkv), 128, 0, stream, out, seqs,
-                         n_seqs, nh, nkv, HD, splits, scratch);
+        vlmd_cuda_launch(k_merge_splits<BR>, dim3(tiles, nkv), 128, 0, stream, out, seqs, n_seqs,
+                         nh, nkv, HD, splits, scratch);
     }
 }
 
-/* The register-resident kernel for the head dims it is built for; false otherwise. */
+/* The register-resident kernel for the head dims it is built for, in 16-row
+ * tiles for a decode step (one query per sequence) and 64-row ones
+ * otherwise; false for other head dims. */
 static bool launch_mma_for(int hd, vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                            const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
                            int n_seqs, int n_rows, int nh, int nkv, bool causal)
 {
+    bool decode = n_rows == n_seqs;
 #define VLMD_MMA_HEAD_DIM(HD)                                                              \
     case HD:                                                                               \
-        launch_mma<HD>(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows, nh, nkv, \
-                       causal);                                                            \
+        (decode ? launch_mma<HD, 1> : launch_mma<HD, 4>)(b, out, q, q_stride, k_cache, v_cache, \
+                                                          seqs, n_seqs, n_rows, nh, nkv, causal); \
         return true;
     switch (hd) {
         VLMD_MMA_HEAD_DIM(16)
@@ -554,11 +561,13 @@ extern "C" bool vlmd_cuda_flash_attention(vlmd_backend *b, void *out, const void
         return false;
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kc = (const bf16 *)k_cache, *vc = (const bf16 *)v_cache;
+    if (vlmd_cuda_attention_kernel(b) == VLMD_ATTENTION_MMA &&
+        launch_mma_for(hd, b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, causal))
+        return true;
     /* a decode step (one query per sequence) fills a 16-row tile with its group's heads */
     if (n_rows == n_seqs)
         launch_wmma<16>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
-    else if (vlmd_cuda_prefill_kernel(b) == VLMD_PREFILL_WMMA ||
-             !launch_mma_for(hd, b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, causal))
+    else
         launch_wmma<64>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
     return true;
 }

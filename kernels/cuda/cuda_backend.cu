@@ -44,7 +44,7 @@ typedef struct cuda_state {
     cudaEvent_t staged[2];      /* recorded after each copy out of staging[i] */
     int cur;                    /* the staging buffer being filled */
     size_t used;                /* its bytes given to copies not known to be done */
-    vlmd_prefill_kernel prefill; /* VLMD_PREFILL_ATTENTION at open */
+    vlmd_attention_kernel attention; /* VLMD_ATTENTION at open */
     bool gemv_decode;            /* VLMD_DECODE_LINEAR at open */
 } cuda_state;
 
@@ -64,9 +64,9 @@ void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes)
     return ((cuda_state *)b->impl)->scratch;
 }
 
-vlmd_prefill_kernel vlmd_cuda_prefill_kernel(vlmd_backend *b)
+vlmd_attention_kernel vlmd_cuda_attention_kernel(vlmd_backend *b)
 {
-    return ((cuda_state *)b->impl)->prefill;
+    return ((cuda_state *)b->impl)->attention;
 }
 
 bool vlmd_cuda_gemv_decode(vlmd_backend *b)
@@ -327,8 +327,8 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
     if (ordinal >= count)
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "CUDA device %d does not exist (%d visible)",
                            ordinal, count);
-    int prefill = kernel_choice("VLMD_PREFILL_ATTENTION", "mma", "wmma", err);
-    int gemv = prefill < 0 ? -1 : kernel_choice("VLMD_DECODE_LINEAR", "cublas", "gemv", err);
+    int attention = kernel_choice("VLMD_ATTENTION", "mma", "wmma", err);
+    int gemv = attention < 0 ? -1 : kernel_choice("VLMD_DECODE_LINEAR", "cublas", "gemv", err);
     int pdl = gemv < 0 ? -1 : kernel_choice("VLMD_PDL", "off", "on", err);
     if (pdl < 0)
         return VLMD_ERR_INVALID_ARG; /* kernel_choice said why */
@@ -341,7 +341,7 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     b->impl = cs;
     b->ops = &cuda_ops;
-    cs->prefill = prefill ? VLMD_PREFILL_WMMA : VLMD_PREFILL_MMA;
+    cs->attention = attention ? VLMD_ATTENTION_WMMA : VLMD_ATTENTION_MMA;
     cs->gemv_decode = gemv == 1;
     bool made = cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking) == cudaSuccess;
     for (int i = 0; made && i < 2; i++)

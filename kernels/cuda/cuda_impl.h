@@ -14,11 +14,11 @@ cublasHandle_t vlmd_cuda_cublas(vlmd_backend *b);
 cudaStream_t vlmd_cuda_stream(vlmd_backend *b);
 /* Device memory a kernel may use within one op (*bytes of it), allocated at open. */
 void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes);
-/* The prefill attention kernel (environment VLMD_PREFILL_ATTENTION=mma|wmma,
- * read at open; mma by default): the register-resident one on mma.sync, or
- * the first one on WMMA, kept to compare them on a GPU. */
-typedef enum vlmd_prefill_kernel { VLMD_PREFILL_MMA, VLMD_PREFILL_WMMA } vlmd_prefill_kernel;
-vlmd_prefill_kernel vlmd_cuda_prefill_kernel(vlmd_backend *b);
+/* The attention kernels (environment VLMD_ATTENTION=mma|wmma, read at open;
+ * mma by default): the register-resident ones on mma.sync, or the first ones
+ * on WMMA, kept to compare them on a GPU. */
+typedef enum vlmd_attention_kernel { VLMD_ATTENTION_MMA, VLMD_ATTENTION_WMMA } vlmd_attention_kernel;
+vlmd_attention_kernel vlmd_cuda_attention_kernel(vlmd_backend *b);
 /* Whether linears of a few rows take the GEMV kernel of cuda_ops.cu (environment
  * VLMD_DECODE_LINEAR=gemv) instead of cuBLAS (=cublas, the default), read at open. */
 bool vlmd_cuda_gemv_decode(vlmd_backend *b);

@@ -308,13 +308,13 @@ Test(cuda_ops, attention_at_random_shapes)
 }
 
 /* The environment picks between ways kept until a GPU run has compared them
- * (VLMD_PREFILL_ATTENTION, VLMD_DECODE_LINEAR, VLMD_PDL; the other ways run
+ * (VLMD_ATTENTION, VLMD_DECODE_LINEAR, VLMD_PDL; the other ways run
  * these tests with it set: tests/cuda_emu, tools/device/gpu-check.sh); a
  * value it does not know is refused at open. */
 Test(cuda_ops, an_unknown_kernel_choice_is_refused)
 {
     static const char *const cases[][3] = {
-        {"VLMD_PREFILL_ATTENTION", "flash3", "expected mma or wmma"},
+        {"VLMD_ATTENTION", "flash3", "expected mma or wmma"},
         {"VLMD_DECODE_LINEAR", "cutlass", "expected cublas or gemv"},
         {"VLMD_PDL", "yes", "expected off or on"},
     };

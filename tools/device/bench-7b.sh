@@ -5,7 +5,7 @@
 # model's shapes (vlmd-bench-ops), and runs what docs/PERFORMANCE.md records:
 # vlmd-bench-engine decode at batch 1, 32 and 128 (512 in, 256 out) and the
 # prefill of one 8192-token prompt (and beside the defaults: the prefill
-# attention with the first, WMMA kernel; batch-1 decode with the GEMV kernel
+# attention with the first, WMMA kernels; batch-1 decode with the GEMV kernel
 # for its linears and/or programmatic dependent launch), then the same with
 # Hugging Face transformers (bench_hf.py) in the same run. Prints the results last.
 set -euo pipefail
@@ -17,11 +17,9 @@ bw=$(awk '/BANDWIDTH_GBS/ {print $2}' "$out/ceilings.log")
 tf=$(awk '/GEMM_TFLOPS/ {print $2}' "$out/ceilings.log")
 "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" --gemm-tflops "$tf" \
   | tee "$out/ops.log"
-echo "(prefill attention with the first, WMMA kernel: VLMD_PREFILL_ATTENTION=wmma)" \
-  | tee -a "$out/ops.log"
-VLMD_PREFILL_ATTENTION=wmma "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" \
-  --gemm-tflops "$tf" --only attention | grep -E '^attention +b=1 q=[0-9]{2,}' \
-  | tee -a "$out/ops.log" || true
+echo "(attention with the first, WMMA kernels: VLMD_ATTENTION=wmma)" | tee -a "$out/ops.log"
+VLMD_ATTENTION=wmma "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" \
+  --gemm-tflops "$tf" --only attention | grep -E '^attention' | tee -a "$out/ops.log" || true
 echo "(linears of 1 and 8 rows with the GEMV kernel: VLMD_DECODE_LINEAR=gemv)" \
   | tee -a "$out/ops.log"
 VLMD_DECODE_LINEAR=gemv "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" \
@@ -41,9 +39,12 @@ echo "(the same batch 1 without CUDA graphs)" | tee -a "$out/bench.log"
   --bandwidth-gbs "$bw" --enforce-eager | tee -a "$out/bench.log"
 "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 8192 --gen 1 --batch 1 \
   --gemm-tflops "$tf" | tee -a "$out/bench.log"
-echo "(the same prefill with the WMMA attention kernel)" | tee -a "$out/bench.log"
-VLMD_PREFILL_ATTENTION=wmma "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 8192 \
+echo "(the same prefill, and decode at batch 128, with the WMMA attention kernels)" \
+  | tee -a "$out/bench.log"
+VLMD_ATTENTION=wmma "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 8192 \
   --gen 1 --batch 1 --gemm-tflops "$tf" | tee -a "$out/bench.log"
+VLMD_ATTENTION=wmma "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 \
+  --gen 256 --batch 128 --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
 python3 "$here/bench_hf.py" /tmp/q7b 2>"$out/hf.err" | tee "$out/hf.log" || tail -5 "$out/hf.err"
 echo; echo "copy bandwidth (torch, D2D, read+write): $bw GB/s; bf16 GEMM: $tf TFLOP/s"
 cat "$out/ops.log" "$out/bench.log" "$out/hf.log"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu-check.sh - run on a GPU machine over a bundle made by bundle.sh: the
-# unit tests, the tests again with each way kept to compare (VLMD_PREFILL_ATTENTION,
+# unit tests, the tests again with each way kept to compare (VLMD_ATTENTION,
 # VLMD_DECODE_LINEAR, VLMD_PDL), the CUDA op tests under compute-sanitizer (memcheck and
 # racecheck), then `vlmd serve --device auto` on a fixture model, checked
 # through its HTTP API (serve_check.py). Prints a short table last.
@@ -26,11 +26,13 @@ run_alt() {
   if env "$2" "$bundle/tests/$1" --jobs 4 --filter "$3" >"$log" 2>&1
   then result[$1_$2]=pass; else result[$1_$2]=FAIL; fi
 }
-for alt in VLMD_PREFILL_ATTENTION=wmma VLMD_DECODE_LINEAR=gemv VLMD_PDL=on; do
+for alt in VLMD_ATTENTION=wmma VLMD_DECODE_LINEAR=gemv VLMD_PDL=on; do
   run_alt test_cuda_ops "$alt" 'cuda_ops/*'
   run_alt test_qwen2 "$alt" '*/*cuda*' # the fixture models through the CUDA backend
 done
-run_alt test_engine VLMD_PDL=on '*/*cuda*' # batched = alone, with decode graphs too
+for alt in VLMD_ATTENTION=wmma VLMD_PDL=on; do # batched = alone, with decode graphs too
+  run_alt test_engine "$alt" '*/*cuda*'
+done
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 for tool in memcheck racecheck; do
   if [ -z "$sanitizer" ]; then
