@@ -1,7 +1,7 @@
 /* bench_ops.c - `vlmd-bench-ops [--device D] [--bandwidth-gbs X] [--gemm-tflops Y]
- * [--shape 7b|tiny] [--runs N] [--only linear|rows|attention|sample]`: each op of the backend timed alone on
- * random inputs (STYLE.md habit 8; that each op is right is test_cuda_ops's
- * job). Shapes: those of Qwen2.5-7B's text model (hidden 3584, 28 query and
+ * [--shape 7b|tiny] [--runs N] [--only linear|rows|attention|sample]`: each op
+ * of the backend (or of one group) timed alone on random inputs (STYLE.md
+ * habit 8; that each op is right is test_cuda_ops's job). Shapes: those of Qwen2.5-7B's text model (hidden 3584, 28 query and
  * 4 KV heads of 128, intermediate 18944, vocabulary 152064), or a tiny model
  * for a quick run on the CPU. Per op: the time of one call (the mean of
  * --runs after a warm-up, the device synchronized around them), the bytes it

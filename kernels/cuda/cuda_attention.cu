@@ -36,6 +36,8 @@ typedef __nv_bfloat16 bf16;
 #define WARPS 4
 #define MAX_SPLITS 32
 
+/* ---- on WMMA: S, P and O through shared memory ----------------------------------------------- */
+
 /* Shared memory of a block: every array starts 128-byte aligned and each
  * leading dimension keeps WMMA's 32-byte alignment of 16-row tiles. */
 struct attn_smem {
@@ -240,16 +242,15 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 }
 
-/* ---- prefill on mma.sync: S, P and O in registers ------------------------------------------ */
+/* ---- on mma.sync: S, P and O in registers --------------------------------------------------- */
 
 /* The same tiles of (token, group head) rows as k_flash_attention<16 *
  * ROW_WARPS> (4 warps for prefill, 1 for a decode step: its group's heads fill
  * one 16-row tile), and the same split partials, but each warp owns 16 rows
- * end to end: Q as
- * A fragments, S = Q K^T and O in mma.m16n8k16 accumulators, P rebuilt from
- * S's accumulators as A fragments without leaving the registers (an
- * accumulator pair (row, 2t..2t+1) is exactly an A register), so shared
- * memory holds only Q, K and V. K and V tiles arrive by cp.async, each while
+ * end to end: Q as A fragments, S = Q K^T and O in mma.m16n8k16 accumulators,
+ * P rebuilt from S's accumulators as A fragments without leaving the
+ * registers (an accumulator pair (row, 2t..2t+1) is exactly an A register),
+ * so shared memory holds only Q, K and V. K and V tiles arrive by cp.async, each while
  * the previous one is being used: V(j) while S(j) is computed, K(j+1) while
  * P(j) V(j) is. Rows are 16 bytes apart modulo 128 (a pad of 8 elements),
  * so ldmatrix reads them without bank conflicts. */
@@ -418,6 +419,8 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
             mine[HD] = m[h] * 0.69314718f, mine[HD + 1] = l[h];
     }
 }
+
+/* ---- the splits' merge, and the launches ---------------------------------------------------- */
 
 /* Merges the splits of each row: weights exp(m_s - M), sums l_s exp(m_s - M). */
 template <int BR>

@@ -17,7 +17,10 @@ void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes);
 /* The attention kernels (environment VLMD_ATTENTION=mma|wmma, read at open;
  * mma by default): the register-resident ones on mma.sync, or the first ones
  * on WMMA, kept to compare them on a GPU. */
-typedef enum vlmd_attention_kernel { VLMD_ATTENTION_MMA, VLMD_ATTENTION_WMMA } vlmd_attention_kernel;
+typedef enum vlmd_attention_kernel {
+    VLMD_ATTENTION_MMA,
+    VLMD_ATTENTION_WMMA,
+} vlmd_attention_kernel;
 vlmd_attention_kernel vlmd_cuda_attention_kernel(vlmd_backend *b);
 /* Whether linears of a few rows take the GEMV kernel of cuda_ops.cu (environment
  * VLMD_DECODE_LINEAR=gemv) instead of cuBLAS (=cublas, the default), read at open. */

@@ -142,7 +142,7 @@ Test(cuda_emu, wmma_refuses_a_pointer_tensor_cores_would, .signal = SIGABRT)
     cudaDeviceSynchronize(); /* the kernel runs when the host waits */
 }
 
-/* ---- the PTX of kernels/cuda/warp_mma.h: the layouts of the PTX ISA --------------------------- */
+/* ---- the PTX of kernels/cuda/warp_mma.h: the layouts of the PTX ISA -------------------------- */
 
 /* 4 matrices of 8x8 b16 whose elements are their own coordinates (j << 8 |
  * row << 4 | col), rows 48 bytes apart; lane l gives row l % 8 of matrix l / 8. */
@@ -188,7 +188,8 @@ __global__ void k_mma_16816(float *d, const float *a, const float *b)
 {
     int l = (int)threadIdx.x, g = l / 4, t = l % 4;
     uint32_t ra[4], rb[2];
-    for (int i = 0; i < 8; i += 2) { /* a_i: row g (+8 when i % 4 >= 2), col 2t + i % 2 (+8 when i >= 4) */
+    /* a_i: row g (+8 when i % 4 >= 2), col 2t + i % 2 (+8 when i >= 4) */
+    for (int i = 0; i < 8; i += 2) {
         int row = g + (i % 4 >= 2) * 8, col = 2 * t + (i >= 4) * 8;
         ra[i / 2] = pack_bf16x2(a[row * 16 + col], a[row * 16 + col + 1]);
     }
@@ -271,7 +272,7 @@ Test(cuda_emu, ldmatrix_refuses_memory_that_is_not_shared, .signal = SIGABRT)
     cudaDeviceSynchronize();
 }
 
-/* ---- programmatic dependent launch ------------------------------------------------------------ */
+/* ---- programmatic dependent launch ----------------------------------------------------------- */
 
 __global__ void k_waits_for_the_grid_before(int *out)
 {

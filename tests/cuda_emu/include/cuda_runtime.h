@@ -5,18 +5,20 @@
  *
  * Kernels run for real: each block's threads are fibers on one OS thread,
  * switched at __syncthreads, at warp collectives (shuffles, __syncwarp, WMMA,
- * the PTX of kernels/cuda/warp_mma.h) and at the end; __shared__ variables are static (one block runs at a time).
- * Streams queue their work until the host waits for it, as a GPU's do.
- * The emulator is strict where a GPU would fail or misbehave: a barrier some
- * threads never reach, a shuffle with exited lanes, a WMMA pointer or leading
- * dimension a tensor core would reject, a launch over its limits (threads,
- * dynamic shared memory without the opt-in attribute), unsafe calls while a
- * stream is captured, a pageable host buffer in a captured copy, a kernel
- * argument pointing to host memory. Device memory is host memory filled with
- * 0xff (NaN as bf16 and fp32) so reads of memory nothing wrote show up; with
- * AddressSanitizer every kernel access is bounds-checked. What it cannot say: speed, the memory model across blocks
- * or warps (one thread runs at a time), and numerics of real tensor cores
- * beyond fp32 accumulation. */
+ * the PTX of kernels/cuda/warp_mma.h) and at the end; __shared__ variables
+ * are static (one block runs at a time). Streams queue their work until the
+ * host waits for it, as a GPU's do. The emulator is strict where a GPU would
+ * fail or misbehave: a barrier some threads never reach, a shuffle with
+ * exited lanes, a WMMA pointer or leading dimension a tensor core would
+ * reject, a launch over its limits (threads, dynamic shared memory without
+ * the opt-in attribute), unsafe calls while a stream is captured, a pageable
+ * host buffer in a captured copy, a kernel argument pointing to host memory,
+ * a cp.async read before its wait, a programmatic launch whose thread never
+ * waits for the previous grid. Device memory is host memory filled with 0xff
+ * (NaN as bf16 and fp32) so reads of memory nothing wrote show up; with
+ * AddressSanitizer every kernel access is bounds-checked. What it cannot say:
+ * speed, the memory model across blocks or warps (one thread runs at a time),
+ * and numerics of real tensor cores beyond fp32 accumulation. */
 #ifndef VLMD_CUDA_EMU_RUNTIME_H
 #define VLMD_CUDA_EMU_RUNTIME_H
 
