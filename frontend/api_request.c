@@ -61,9 +61,9 @@ static bool get_bool(const json_t *body, const char *key, bool *out, api_error *
     return true;
 }
 
-/* A JSON string with no NUL inside. Bodies are parsed with JSON_ALLOW_NUL, so
- * that text (a prompt, a message's content) may carry "\u0000" as any other
- * character; names, URLs and stop strings, used as C strings, may not. */
+/* A JSON string with no NUL inside (API_JSON_FLAGS lets text, a prompt or a
+ * message's content, carry "\u0000"; names, URLs and stop strings, used as
+ * C strings, may not). */
 static bool plain_string(const json_t *s)
 {
     return json_is_string(s) && strlen(json_string_value(s)) == json_string_length(s);

@@ -18,6 +18,10 @@
 
 #define API_MAX_STOPS 4
 #define API_MAX_STOP_LEN 256
+/* How request bodies are parsed: a key given twice is an error, and "\u0000"
+ * is JSON like any other escape (text may carry it; api_request.c refuses it
+ * where a value is used as a C string). */
+#define API_JSON_FLAGS (JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL)
 
 
 /* What the server was started with that requests are checked against. */

@@ -508,8 +508,7 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
         return;
     }
     json_error_t jerr;
-    json_t *body = json_loadb(req->entity.base, req->entity.len,
-                              JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    json_t *body = json_loadb(req->entity.base, req->entity.len, API_JSON_FLAGS, &jerr);
     api_error err;
     api_request r;
     if (!body) {

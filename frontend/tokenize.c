@@ -11,9 +11,7 @@
 static json_t *read_body(h2o_req_t *req)
 {
     json_error_t jerr;
-    /* "\u0000" is JSON: text may carry it (api_request.c says where it may not) */
-    json_t *body = json_loadb(req->entity.base, req->entity.len,
-                              JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &jerr);
+    json_t *body = json_loadb(req->entity.base, req->entity.len, API_JSON_FLAGS, &jerr);
     if (json_is_object(body))
         return body;
     json_decref(body);

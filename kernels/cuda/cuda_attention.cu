@@ -486,25 +486,37 @@ static int tile_bound(int n_rows, int n_seqs, int group, int br)
     return (n_rows * group + br - 1) / br + n_seqs;
 }
 
+/* Runs an attention kernel of BR-row tiles over the launch's (tile, KV head,
+ * split) grid, launch(grid, splits, scratch), and merges the splits when it
+ * planned several. */
+template <int BR, typename Launch>
+static void launch_split(vlmd_backend *b, bf16 *out, const vlmd_attn_seq *seqs, int n_seqs,
+                         int n_rows, int nh, int nkv, int hd, Launch launch)
+{
+    int tiles = tile_bound(n_rows, n_seqs, nh / nkv, BR);
+    float *scratch;
+    int splits = plan_splits(b, tiles * nkv, BR, hd, &scratch);
+    launch(dim3(tiles, nkv, splits), splits, scratch);
+    if (splits > 1) {
+        vlmd_cuda_launch(k_merge_splits<BR>, dim3(tiles, nkv), 128, 0, vlmd_cuda_stream(b), out,
+                         seqs, n_seqs, nh, nkv, hd, splits, scratch);
+    }
+}
+
 template <int BR>
 static void launch_wmma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                         const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
                         int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal)
 {
-    cudaStream_t stream = vlmd_cuda_stream(b);
-    int tiles = tile_bound(n_rows, n_seqs, nh / nkv, BR);
-    float *scratch;
-    int splits = plan_splits(b, tiles * nkv, BR, hd, &scratch);
     attn_smem L = smem_layout(BR, hd);
     static size_t allowed = 0;
     allow_smem(k_flash_attention<BR>, L.total, &allowed);
-    vlmd_cuda_launch(k_flash_attention<BR>, dim3(tiles, nkv, splits), WARPS * 32, L.total, stream,
-                     out, q, q_stride, k_cache, v_cache, seqs, n_seqs, nh, nkv, hd,
-                     1.0f / sqrtf((float)hd), causal, splits, scratch);
-    if (splits > 1) {
-        vlmd_cuda_launch(k_merge_splits<BR>, dim3(tiles, nkv), 128, 0, stream, out, seqs, n_seqs,
-                         nh, nkv, hd, splits, scratch);
-    }
+    launch_split<BR>(b, out, seqs, n_seqs, n_rows, nh, nkv, hd,
+                     [&](dim3 grid, int splits, float *scratch) {
+        vlmd_cuda_launch(k_flash_attention<BR>, grid, WARPS * 32, L.total, vlmd_cuda_stream(b),
+                         out, q, q_stride, k_cache, v_cache, seqs, n_seqs, nh, nkv, hd,
+                         1.0f / sqrtf((float)hd), causal, splits, scratch);
+    });
 }
 
 template <int HD, int ROW_WARPS>
@@ -513,21 +525,16 @@ static void launch_mma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                        int n_seqs, int n_rows, int nh, int nkv, bool causal)
 {
     constexpr int BR = 16 * ROW_WARPS;
-    cudaStream_t stream = vlmd_cuda_stream(b);
-    int tiles = tile_bound(n_rows, n_seqs, nh / nkv, BR);
-    float *scratch;
-    int splits = plan_splits(b, tiles * nkv, BR, HD, &scratch);
     static size_t allowed = 0;
     allow_smem(k_flash_attention_mma<HD, ROW_WARPS>, mma_smem_bytes(BR, HD), &allowed);
     const float log2e = 1.44269504f;
-    vlmd_cuda_launch(k_flash_attention_mma<HD, ROW_WARPS>, dim3(tiles, nkv, splits),
-                     ROW_WARPS * 32, mma_smem_bytes(BR, HD), stream, out, q, q_stride, k_cache,
-                     v_cache, seqs, n_seqs, nh, nkv, log2e / sqrtf((float)HD), causal, splits,
-                     scratch);
-    if (splits > 1) {
-        vlmd_cuda_launch(k_merge_splits<BR>, dim3(tiles, nkv), 128, 0, stream, out, seqs, n_seqs,
-                         nh, nkv, HD, splits, scratch);
-    }
+    launch_split<BR>(b, out, seqs, n_seqs, n_rows, nh, nkv, HD,
+                     [&](dim3 grid, int splits, float *scratch) {
+        vlmd_cuda_launch(k_flash_attention_mma<HD, ROW_WARPS>, grid, ROW_WARPS * 32,
+                         mma_smem_bytes(BR, HD), vlmd_cuda_stream(b), out, q, q_stride, k_cache,
+                         v_cache, seqs, n_seqs, nh, nkv, log2e / sqrtf((float)HD), causal,
+                         splits, scratch);
+    });
 }
 
 /* The register-resident kernel for the head dims it is built for, in 16-row

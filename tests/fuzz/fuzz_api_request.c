@@ -23,8 +23,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    json_t *body = json_loadb((const char *)data, size, JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL,
-                              NULL); /* as the frontend parses */
+    json_t *body = json_loadb((const char *)data, size, API_JSON_FLAGS, NULL);
     if (!body)
         return 0;
     api_limits lim = {.model_name = "qwen2", .max_model_len = 4096, .max_images = 8,
