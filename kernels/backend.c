@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "buf.h"
 #include "log.h"
 #include "safetensors.h"
 
@@ -133,6 +134,42 @@ void vlmd_backend_free(vlmd_backend *b, void *ptr, size_t bytes)
         return;
     b->ops->free(b, ptr);
     b->allocated_bytes -= bytes < b->allocated_bytes ? bytes : b->allocated_bytes;
+}
+
+struct vlmd_owned_block {
+    void *ptr;
+    size_t bytes;
+};
+
+vlmd_status vlmd_backend_own(vlmd_backend *b, vlmd_backend_owned *o, void *p, size_t bytes,
+                             vlmd_error *err)
+{
+    struct vlmd_owned_block *blocks = vlmd_grow(o->blocks, o->n, &o->cap, sizeof *blocks, 32);
+    if (!blocks) {
+        vlmd_backend_free(b, p, bytes);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of host memory");
+    }
+    o->blocks = blocks;
+    o->blocks[o->n++] = (struct vlmd_owned_block){p, bytes};
+    return VLMD_OK;
+}
+
+vlmd_status vlmd_backend_alloc_owned(vlmd_backend *b, vlmd_backend_owned *o, size_t bytes,
+                                     void **out, vlmd_error *err)
+{
+    bytes = bytes ? bytes : 4;
+    vlmd_status s = vlmd_backend_alloc(b, bytes, out, err);
+    if (s == VLMD_OK && (s = vlmd_backend_own(b, o, *out, bytes, err)) != VLMD_OK)
+        *out = NULL; /* own freed it */
+    return s;
+}
+
+void vlmd_backend_free_owned(vlmd_backend *b, vlmd_backend_owned *o)
+{
+    for (size_t i = 0; i < o->n; i++)
+        vlmd_backend_free(b, o->blocks[i].ptr, o->blocks[i].bytes);
+    free(o->blocks);
+    *o = (vlmd_backend_owned){0};
 }
 
 vlmd_status vlmd_backend_copy_to_device(vlmd_backend *b, void *dst, const void *src, size_t n,

@@ -48,6 +48,21 @@ vlmd_status vlmd_backend_mem_info(vlmd_backend *b, uint64_t *free_bytes, uint64_
 vlmd_status vlmd_backend_alloc(vlmd_backend *b, size_t bytes, void **out, vlmd_error *err);
 /* Frees an allocation of `bytes` bytes (the size it was allocated with); accepts NULL. */
 void vlmd_backend_free(vlmd_backend *b, void *ptr, size_t bytes);
+/* The backend allocations one object owns (its weights, a workspace), freed
+ * together. A zeroed one is empty. */
+typedef struct vlmd_backend_owned {
+    struct vlmd_owned_block *blocks;
+    size_t n, cap;
+} vlmd_backend_owned;
+/* Takes p (`bytes` bytes from this backend) into o; when o cannot grow, p is
+ * freed and VLMD_ERR_NOMEM returned. */
+vlmd_status vlmd_backend_own(vlmd_backend *b, vlmd_backend_owned *o, void *p, size_t bytes,
+                             vlmd_error *err);
+/* vlmd_backend_alloc into o (a zero size takes 4 bytes: every buffer has an address). */
+vlmd_status vlmd_backend_alloc_owned(vlmd_backend *b, vlmd_backend_owned *o, size_t bytes,
+                                     void **out, vlmd_error *err);
+/* Frees everything o owns; o is empty again. */
+void vlmd_backend_free_owned(vlmd_backend *b, vlmd_backend_owned *o);
 /* Copies between host and device memory of this backend. */
 vlmd_status vlmd_backend_copy_to_device(vlmd_backend *b, void *dst, const void *src, size_t n,
                                         vlmd_error *err);

@@ -26,11 +26,6 @@ typedef struct qwen2_layer {
     void *ln_post, *w_gate_up, *w_down;     /* MLP: [2 I, H] (gate rows, then up), [H, I] */
 } qwen2_layer;
 
-typedef struct allocation {
-    void *ptr;
-    size_t bytes;
-} allocation;
-
 struct qwen2_model {
     vlmd_backend *b;            /* borrowed */
     const vlmd_op_table *op;
@@ -42,8 +37,7 @@ struct qwen2_model {
     void *lm_head;              /* [V, H]; the embedding when tied */
     void *final_norm;           /* [H] */
     qwen2_layer *layers;
-    allocation *allocs;         /* weights, for freeing */
-    size_t n_allocs, cap_allocs;
+    vlmd_backend_owned weights;
     bool dry;                   /* sizing only: tensors are checked and counted, not loaded */
     uint64_t dry_bytes;
 };
@@ -78,8 +72,7 @@ struct qwen2_workspace {
      * cached prefix list the same slots, so the sum is not bounded by the cache) */
     int32_t *slot_table, *slot_table_host;
     size_t table_len;
-    allocation allocs[20];
-    int n_allocs;
+    vlmd_backend_owned buffers;
     /* decode graphs, smallest batch first, for one KV cache; a padded batch's host arrays */
     decode_graph *graphs;
     int n_graphs;
@@ -94,19 +87,7 @@ struct qwen2_workspace {
     int32_t seen_capacity;
 };
 
-/* ---- allocation helpers ---------------------------------------------------- */
-
-static vlmd_status track(qwen2_model *m, void *p, size_t bytes, vlmd_error *err)
-{
-    allocation *a = vlmd_grow(m->allocs, m->n_allocs, &m->cap_allocs, sizeof *a, 64);
-    if (!a) {
-        vlmd_backend_free(m->b, p, bytes);
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of host memory");
-    }
-    m->allocs = a;
-    m->allocs[m->n_allocs++] = (allocation){p, bytes};
-    return VLMD_OK;
-}
+/* ---- loading ---------------------------------------------------------------- */
 
 /* Loads the named tensors, rows part_rows[i] each and `cols` columns (0:
  * vectors, such as biases and norms), stacked into one backend allocation
@@ -135,8 +116,8 @@ static vlmd_status load_stacked(qwen2_model *m, const vlmd_safetensors *st, int 
         m->dry_bytes += bytes;
         return VLMD_OK;
     }
-    if ((s = track(m, *out, bytes, err)) != VLMD_OK)
-        *out = NULL; /* track freed it */
+    if ((s = vlmd_backend_own(m->b, &m->weights, *out, bytes, err)) != VLMD_OK)
+        *out = NULL; /* own freed it */
     return s;
 }
 
@@ -250,9 +231,7 @@ void qwen2_free(qwen2_model *m)
 {
     if (!m)
         return;
-    for (size_t i = 0; i < m->n_allocs; i++)
-        vlmd_backend_free(m->b, m->allocs[i].ptr, m->allocs[i].bytes);
-    free(m->allocs);
+    vlmd_backend_free_owned(m->b, &m->weights);
     free(m->layers);
     free(m);
 }
@@ -327,16 +306,6 @@ void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv)
     free(kv);
 }
 
-static vlmd_status ws_alloc(qwen2_model *m, qwen2_workspace *ws, size_t bytes, void **out,
-                            vlmd_error *err)
-{
-    VLMD_ASSERT(ws->n_allocs < (int)(sizeof ws->allocs / sizeof ws->allocs[0]));
-    vlmd_status s = vlmd_backend_alloc(m->b, bytes ? bytes : 4, out, err);
-    if (s == VLMD_OK)
-        ws->allocs[ws->n_allocs++] = (allocation){*out, bytes ? bytes : 4};
-    return s;
-}
-
 vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
                                    int32_t max_kv_len, qwen2_workspace **out, vlmd_error *err)
 {
@@ -351,7 +320,8 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     vlmd_status s = VLMD_OK;
     void *p;
 #define WS(field, bytes)                                                                       \
-    if (s == VLMD_OK && (s = ws_alloc(m, ws, (bytes), &p, err)) == VLMD_OK)                   \
+    if (s == VLMD_OK &&                                                                        \
+        (s = vlmd_backend_alloc_owned(m->b, &ws->buffers, (bytes), &p, err)) == VLMD_OK)       \
         ws->field = p;
     WS(x, n * m->H * f)
     WS(h, n * m->H * f)
@@ -402,8 +372,7 @@ void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
     for (int i = 0; i < ws->n_graphs; i++)
         vlmd_backend_graph_free(m->b, ws->graphs[i].graph);
     free(ws->graphs);
-    for (int i = 0; i < ws->n_allocs; i++)
-        vlmd_backend_free(m->b, ws->allocs[i].ptr, ws->allocs[i].bytes);
+    vlmd_backend_free_owned(m->b, &ws->buffers);
     free(ws->seqs_host);
     free(ws->slot_table_host);
     free(ws->pad_ids);

@@ -19,11 +19,6 @@ typedef struct vt_block {
     bool full;                                              /* Qwen2.5-VL: full, not window, attention */
 } vt_block;
 
-typedef struct buffer {
-    void *ptr;
-    size_t bytes;
-} buffer;
-
 /* Everything one encode needs, sized once by vision_tower_reserve for the
  * largest batch (max_images images, max_patches patches in all). */
 typedef struct workspace {
@@ -34,8 +29,7 @@ typedef struct workspace {
     void *x, *h, *q, *k, *v, *a, *f, *pk, *y, *y2;
     int32_t *d_hpos, *d_wpos, *d_ids, *d_rev;
     vlmd_attn_seq *d_seqs;
-    buffer bufs[16];
-    int n_bufs;
+    vlmd_backend_owned buffers;
     /* host staging of the same */
     int32_t *hpos, *wpos, *ids, *hp, *wp, *order, *rev;
     uint32_t *wunits;
@@ -52,22 +46,9 @@ struct vision_tower {
     void *patch_w;              /* [E, K] */
     vt_block *blocks;
     void *lnq_w, *lnq_b, *mlp0_w, *mlp0_b, *mlp2_w, *mlp2_b;
-    buffer *weights;
-    size_t n_weights, cap_weights;
+    vlmd_backend_owned weights;
     workspace ws;
 };
-
-static vlmd_status keep(vision_tower *vt, void *p, size_t bytes, vlmd_error *err)
-{
-    buffer *g = vlmd_grow(vt->weights, vt->n_weights, &vt->cap_weights, sizeof *g, 64);
-    if (!g) {
-        vlmd_backend_free(vt->b, p, bytes);
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
-    }
-    vt->weights = g;
-    vt->weights[vt->n_weights++] = (buffer){p, bytes};
-    return VLMD_OK;
-}
 
 /* The named tensors (shapes: ndim dimensions each, one after the other),
  * stacked along their first dimension into one backend allocation the tower
@@ -81,7 +62,7 @@ static vlmd_status load_stacked(vision_tower *vt, const vlmd_safetensors *st, in
     VLMD_ASSERT(n_parts <= 2);
     vlmd_status s = vlmd_backend_load_stacked(vt->b, st, n_parts, parts, ndim, shapes, out,
                                               &bytes, err);
-    return s == VLMD_OK ? keep(vt, *out, bytes, err) : s;
+    return s == VLMD_OK ? vlmd_backend_own(vt->b, &vt->weights, *out, bytes, err) : s;
 }
 
 vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
@@ -195,8 +176,7 @@ fail:
 static void workspace_free(vision_tower *vt)
 {
     workspace *w = &vt->ws;
-    for (int i = 0; i < w->n_bufs; i++)
-        vlmd_backend_free(vt->b, w->bufs[i].ptr, w->bufs[i].bytes);
+    vlmd_backend_free_owned(vt->b, &w->buffers);
     free(w->hpos), free(w->wpos), free(w->ids), free(w->hp), free(w->wp), free(w->order);
     free(w->rev), free(w->wunits), free(w->seqs), free(w->pix), free(w->pixp);
     memset(w, 0, sizeof *w);
@@ -207,9 +187,7 @@ void vision_tower_free(vision_tower *vt)
     if (!vt)
         return;
     workspace_free(vt);
-    for (size_t i = 0; i < vt->n_weights; i++)
-        vlmd_backend_free(vt->b, vt->weights[i].ptr, vt->weights[i].bytes);
-    free(vt->weights);
+    vlmd_backend_free_owned(vt->b, &vt->weights);
     free(vt->blocks);
     free(vt);
 }
@@ -282,9 +260,7 @@ static void *ws_get(vision_tower *vt, size_t bytes, vlmd_status *s, vlmd_error *
     void *p = NULL;
     if (*s != VLMD_OK)
         return NULL;
-    VLMD_ASSERT(w->n_bufs < (int)(sizeof w->bufs / sizeof w->bufs[0]));
-    if ((*s = vlmd_backend_alloc(vt->b, bytes ? bytes : 4, &p, err)) == VLMD_OK)
-        w->bufs[w->n_bufs++] = (buffer){p, bytes ? bytes : 4};
+    *s = vlmd_backend_alloc_owned(vt->b, &w->buffers, bytes, &p, err);
     return p;
 }
 

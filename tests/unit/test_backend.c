@@ -46,6 +46,35 @@ Test(backend, cpu)
     vlmd_backend_destroy(b);
 }
 
+Test(backend, owned_allocations_are_freed_together)
+{
+    vlmd_backend *b = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_backend_create("cpu", &b, &err), VLMD_OK, "%s", err.msg);
+    vlmd_backend_limit(b, 1 << 20);
+    vlmd_backend_owned o = {0};
+    void *p[40];
+    /* more blocks than the list's first capacity, and an empty one */
+    for (int i = 0; i < 40; i++) {
+        cr_assert_eq(vlmd_backend_alloc_owned(b, &o, i == 0 ? 0 : 1000, &p[i], &err), VLMD_OK,
+                     "%s", err.msg);
+        cr_assert_not_null(p[i], "a zero-byte buffer still has an address");
+    }
+    cr_expect_eq(vlmd_backend_allocated_bytes(b), 4 + 39 * 1000);
+    void *big = (void *)1;
+    cr_expect_eq(vlmd_backend_alloc_owned(b, &o, 2 << 20, &big, &err), VLMD_ERR_NOMEM);
+    cr_expect_null(big);
+    cr_expect_eq(o.n, 40, "a failed allocation is not recorded");
+    void *taken = NULL;
+    cr_assert_eq(vlmd_backend_alloc(b, 500, &taken, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(vlmd_backend_own(b, &o, taken, 500, &err), VLMD_OK, "%s", err.msg);
+    vlmd_backend_free_owned(b, &o);
+    cr_expect_eq(vlmd_backend_allocated_bytes(b), 0, "every owned block was freed");
+    cr_expect_eq(o.n, 0);
+    cr_expect_null(o.blocks);
+    vlmd_backend_destroy(b);
+}
+
 Test(backend, bad_device_name)
 {
     vlmd_backend *b = (vlmd_backend *)1;
