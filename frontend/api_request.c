@@ -69,6 +69,59 @@ static bool plain_string(const json_t *s)
     return json_is_string(s) && strlen(json_string_value(s)) == json_string_length(s);
 }
 
+static int by_token_id(const void *a, const void *b)
+{
+    uint32_t x = ((const vlmd_logit_bias *)a)->id, y = ((const vlmd_logit_bias *)b)->id;
+    return (x > y) - (x < y);
+}
+
+/* logit_bias: {"token id": bias in [-100, 100]}, ids below vocab ("5" and
+ * "05" are the same id, so each id may be given once). */
+static bool parse_logit_bias(const json_t *body, uint32_t vocab, api_request *r, api_error *e)
+{
+    const json_t *lb = opt(body, "logit_bias");
+    if (!lb)
+        return true;
+    if (!json_is_object(lb))
+        return api_fail(e, 400, "logit_bias", "invalid_type", "'logit_bias' must be an object "
+                        "of token ids (as strings) to numbers");
+    size_t n = json_object_size(lb);
+    if (n > VLMD_PROTO_MAX_LOGIT_BIAS)
+        return api_fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' has %zu tokens; "
+                        "at most %d", n, VLMD_PROTO_MAX_LOGIT_BIAS);
+    if (n == 0)
+        return true;
+    r->logit_bias = calloc(n, sizeof *r->logit_bias);
+    if (!r->logit_bias)
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    const char *key;
+    size_t key_len;
+    json_t *v;
+    json_object_keylen_foreach((json_t *)lb, key, key_len, v)
+    {
+        uint64_t id = 0;
+        bool digits = key_len > 0 && key_len <= 10;
+        for (size_t i = 0; digits && i < key_len; i++) {
+            digits = key[i] >= '0' && key[i] <= '9';
+            id = id * 10 + (uint64_t)(key[i] - '0');
+        }
+        if (!digits || id >= vocab)
+            return api_fail(e, 400, "logit_bias", "invalid_value", "logit_bias: '%.*s' is not a "
+                            "token id below %u", (int)(key_len > 32 ? 32 : key_len), key, vocab);
+        double bias = json_is_number(v) ? json_number_value(v) : NAN;
+        if (!(fabs(bias) <= 100))
+            return api_fail(e, 400, "logit_bias", "invalid_value", "logit_bias['%.*s'] must be a "
+                            "number in [-100, 100]", (int)key_len, key);
+        r->logit_bias[r->n_logit_bias++] = (vlmd_logit_bias){(uint32_t)id, bias};
+    }
+    qsort(r->logit_bias, n, sizeof *r->logit_bias, by_token_id);
+    for (size_t i = 1; i < n; i++)
+        if (r->logit_bias[i].id == r->logit_bias[i - 1].id)
+            return api_fail(e, 400, "logit_bias", "invalid_value", "logit_bias gives token %u "
+                            "twice", r->logit_bias[i].id);
+    return true;
+}
+
 static bool parse_stops(const json_t *body, api_request *r, api_error *e)
 {
     const json_t *v = opt(body, "stop");
@@ -333,7 +386,8 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
          get_number(body, "repetition_penalty", 0, 2, true, &r->sampling.repetition_penalty, e) &&
          get_integer(body, "seed", INT64_MIN, INT64_MAX, &seed, &seed_given, e) &&
          get_bool(body, "stream", &r->stream, e) &&
-         get_bool(body, "ignore_eos", &r->ignore_eos, e) && parse_stops(body, r, e);
+         get_bool(body, "ignore_eos", &r->ignore_eos, e) && parse_stops(body, r, e) &&
+         parse_logit_bias(body, vlmd_tokenizer_size(tok), r, e);
     if (ok && chat)
         ok = get_bool(body, "logprobs", &logprobs, e) &&
              get_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e);
@@ -437,6 +491,9 @@ void api_request_free(api_request *r)
     for (int i = 0; i < r->n_stops; i++)
         free(r->stops[i]);
     r->n_stops = 0;
+    free(r->logit_bias);
+    r->logit_bias = NULL;
+    r->n_logit_bias = 0;
 }
 
 void api_sampling_defaults(const char *model_dir, vlmd_sampling *out)

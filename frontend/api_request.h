@@ -48,6 +48,8 @@ typedef struct api_request {
     uint32_t top_logprobs;          /* and this many alternatives per token */
     char *stops[API_MAX_STOPS];     /* owned */
     int n_stops;
+    vlmd_logit_bias *logit_bias;    /* owned; distinct ids, in id order */
+    uint32_t n_logit_bias;
     api_image *images;              /* owned; in prompt order */
     uint32_t n_images;
     int64_t asked_max_tokens;       /* max_(completion_)tokens as given; 0 = not given */

@@ -382,8 +382,10 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
     m.u.request_submit = (vlmd_msg_request_submit){
         .req_id = e->req_id, .tokens = r->prompt.ids, .n_tokens = (uint32_t)r->prompt.n,
         .max_tokens = r->max_tokens, .sampling = r->sampling, .stop_tokens = c->stop_ids,
-        .n_stop_tokens = r->ignore_eos ? 0 : c->n_stop, .ignore_eos = r->ignore_eos, .logprobs = r->logprobs, .top_logprobs = r->top_logprobs,
-        .images = refs, .n_images = r->n_images, .session = e->session};
+        .n_stop_tokens = r->ignore_eos ? 0 : c->n_stop, .ignore_eos = r->ignore_eos,
+        .logprobs = r->logprobs, .top_logprobs = r->top_logprobs, .images = refs,
+        .n_images = r->n_images, .session = e->session, .logit_bias = r->logit_bias,
+        .n_logit_bias = r->n_logit_bias};
     bool sent = c->peer && vlmd_peer_send(c->peer, &m) == VLMD_OK;
     free(refs);
     for (uint32_t i = 0; i < r->n_images; i++) { /* the bytes went with the message */

@@ -27,11 +27,14 @@ typedef struct vlmd_attn_seq {
     const int32_t *slots;   /* kv_len cache slots in position order (backend memory) */
 } vlmd_attn_seq;
 
-/* A token a request has seen, for the penalties: each distinct id once. */
+/* A token whose logit one request's sampling changes, each distinct id
+ * once: one it has seen (the penalties), one it biases (logit_bias), or both. */
 typedef struct vlmd_seen_token {
     int32_t id;
-    int32_t output_count;       /* times in the output; 0: in the prompt only */
-    float raw;                  /* written by sample: its logit before the penalties */
+    int32_t output_count;       /* times in the output */
+    int32_t penalize;           /* 1: in the prompt or the output; 0: only biased */
+    float bias;                 /* added after the penalties (0: none) */
+    float raw;                  /* written by sample: its logit before penalties and bias */
 } vlmd_seen_token;
 
 #define VLMD_SAMPLE_MAX_TOP 20
@@ -107,7 +110,8 @@ typedef struct vlmd_op_table {
     /* One token per row of logits[n, vocab] (modified in place). Logprobs
      * (when n_top >= 0) come from the raw row. Then the penalties: repetition
      * (divide a positive logit, multiply a negative one) on every seen token,
-     * presence + frequency x count on output tokens. Temperature <= 0 takes
+     * presence + frequency x count on output tokens; then each seen entry's
+     * bias is added. Temperature <= 0 takes
      * the largest logit (the lowest id among equals). Otherwise the tokens
      * kept are those at or above a threshold that meets top-k (the k-th
      * largest logit: equals of it stay), top-p (the fewest largest logits

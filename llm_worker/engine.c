@@ -43,6 +43,8 @@ typedef struct request {
     uint32_t top_logprobs;
     uint32_t stop[VLMD_PROTO_MAX_STOPS];
     uint32_t n_stop;
+    vlmd_logit_bias *bias;      /* logit_bias, distinct ids */
+    uint32_t n_bias;
     uint64_t seed;              /* its random stream (sample_rng.h): the seed, or its id */
     req_image *images;          /* in prompt order; NULL for text */
     uint32_t n_images;
@@ -137,6 +139,7 @@ static void request_free(request *q)
     free(q->keys);
     free(q->images);
     free(q->mrope);
+    free(q->bias);
     free(q);
 }
 
@@ -357,6 +360,31 @@ static vlmd_status attach_images(engine *e, request *q, const vlmd_msg_request_s
     return st;
 }
 
+/* logit_bias: ids in the vocabulary, each once, biases in [-100, 100]. */
+static vlmd_status check_logit_bias(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err)
+{
+    uint32_t V = qwen2_vocab_size(e->m), i = 0;
+    vlmd_status st = VLMD_OK;
+    for (; i < r->n_logit_bias; i++) {
+        const vlmd_logit_bias *lb = &r->logit_bias[i];
+        if (lb->id >= V || !(fabs(lb->bias) <= 100)) {
+            st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: logit_bias[%u] (token %u, "
+                             "%g) is outside the vocabulary of %u or [-100, 100]",
+                             (unsigned long long)r->req_id, i, lb->id, lb->bias, V);
+            break;
+        }
+        if (e->seen_at[lb->id]) {
+            st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: logit_bias names token %u "
+                             "twice", (unsigned long long)r->req_id, lb->id);
+            break;
+        }
+        e->seen_at[lb->id] = 1;
+    }
+    while (i--) /* seen_at is the sampler's scratch: zero between uses */
+        e->seen_at[r->logit_bias[i].id] = 0;
+    return st;
+}
+
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err)
 {
     int64_t total = (int64_t)r->n_tokens + r->max_tokens;
@@ -377,6 +405,9 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: token %u at %u is outside "
                                "the vocabulary of %u", (unsigned long long)r->req_id,
                                r->tokens[i], i, V);
+    vlmd_status st = check_logit_bias(e, r, err);
+    if (st != VLMD_OK)
+        return st;
     if (find(e, r->req_id, NULL))
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu is already running",
                            (unsigned long long)r->req_id);
@@ -394,8 +425,18 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     }
     q->id = r->req_id;
     q->state = REQ_WAITING;
+    if (r->n_logit_bias) {
+        q->bias = malloc(r->n_logit_bias * sizeof *q->bias);
+        if (!q->bias) {
+            request_free(q);
+            return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for request %llu",
+                               (unsigned long long)r->req_id);
+        }
+        memcpy(q->bias, r->logit_bias, r->n_logit_bias * sizeof *q->bias);
+        q->n_bias = r->n_logit_bias;
+    }
     if (r->n_images) {
-        vlmd_status st = attach_images(e, q, r, err);
+        st = attach_images(e, q, r, err);
         if (st != VLMD_OK) {
             request_free(q);
             return st;
@@ -664,10 +705,18 @@ static void sample_row(engine *e, const request *q, vlmd_sample_row *row, int32_
     for (int32_t i = from; i < to; i++) {
         int32_t id = q->tokens[i];
         if (!e->seen_at[id]) {
-            row->seen[row->n_seen] = (vlmd_seen_token){id, 0, 0};
+            row->seen[row->n_seen] = (vlmd_seen_token){.id = id, .penalize = 1};
             e->seen_at[id] = ++row->n_seen;
         }
         row->seen[e->seen_at[id] - 1].output_count += i >= q->n_prompt;
+    }
+    for (uint32_t i = 0; i < q->n_bias; i++) {
+        int32_t id = (int32_t)q->bias[i].id;
+        if (!e->seen_at[id]) {
+            row->seen[row->n_seen] = (vlmd_seen_token){.id = id};
+            e->seen_at[id] = ++row->n_seen;
+        }
+        row->seen[e->seen_at[id] - 1].bias = (float)q->bias[i].bias;
     }
     for (int32_t i = 0; i < row->n_seen; i++)
         e->seen_at[row->seen[i].id] = 0;
@@ -682,11 +731,11 @@ static vlmd_status sample_step(engine *e, int32_t n_logits, vlmd_error *err)
         int32_t n = 0, n_seen = 0;
         while (first + n < n_logits) {
             const request *q = e->in_step[first + n];
-            /* a row adds at most its penalized tokens, and at most the vocabulary (distinct
-             * ids), which fits alone */
+            /* a row adds at most its penalized and biased tokens, and at most the
+             * vocabulary (distinct ids), which fits alone */
             int32_t from, to;
             penalized_tokens(q, &from, &to);
-            if (n && n_seen + (to - from) > cap)
+            if (n && n_seen + (to - from) + (int32_t)q->n_bias > cap)
                 break;
             sample_row(e, q, &e->sample_rows[first + n], &n_seen);
             n++;

@@ -29,6 +29,7 @@
  *   counters                 heartbeat, worker           none (NULL, 0)
  *   session                  request_submit              ""
  *   ignore_eos               request_submit              false
+ *   logit_bias               request_submit              none (NULL, 0)
  *   max_tokens_capped        token_chunk                 0
  *   cached_tokens            token_chunk                 0
  *   arena_offset, token_count image_job                  0
@@ -150,6 +151,8 @@ struct struct_desc {
 #define SUB(T, f, d) {#f, F_STRUCT, false, offsetof(T, f), 0, 0, &(d)}
 #define SUB_ARR(T, f, n, d, lim)                                                                \
     {#f, F_STRUCT_ARRAY, false, offsetof(T, f), offsetof(T, n), (lim), &(d)}
+#define OPT_SUB_ARR(T, f, n, d, lim)                                                            \
+    {#f, F_STRUCT_ARRAY, true, offsetof(T, f), offsetof(T, n), (lim), &(d)}
 #define DESC(T, name, fields) {name, sizeof(T), fields, sizeof fields / sizeof fields[0]}
 
 static const field_desc hello_fields[] = {
@@ -247,6 +250,11 @@ static const field_desc image_ref_fields[] = {
     OPT_ARR(vlmd_image_ref, data, n_data, F_BIN, VLMD_PROTO_MAX_IMAGE_BYTES),
 };
 static const struct_desc image_ref_desc = DESC(vlmd_image_ref, "image", image_ref_fields);
+static const field_desc logit_bias_fields[] = {
+    U32(vlmd_logit_bias, id),
+    FLD(vlmd_logit_bias, bias, F_F64),
+};
+static const struct_desc logit_bias_desc = DESC(vlmd_logit_bias, "logit_bias", logit_bias_fields);
 static const field_desc request_submit_fields[] = {
     FLD(vlmd_msg_request_submit, req_id, F_U64),
     ARR(vlmd_msg_request_submit, tokens, n_tokens, F_U32_ARRAY, VLMD_PROTO_MAX_TOKENS),
@@ -258,6 +266,8 @@ static const field_desc request_submit_fields[] = {
     SUB_ARR(vlmd_msg_request_submit, images, n_images, image_ref_desc, VLMD_PROTO_MAX_IMAGES),
     OPT(vlmd_msg_request_submit, session, F_STR),
     OPT(vlmd_msg_request_submit, ignore_eos, F_BOOL),
+    OPT_SUB_ARR(vlmd_msg_request_submit, logit_bias, n_logit_bias, logit_bias_desc,
+                VLMD_PROTO_MAX_LOGIT_BIAS),
 };
 static const field_desc request_cancel_fields[] = {
     FLD(vlmd_msg_request_cancel, req_id, F_U64),

@@ -33,6 +33,7 @@
 #define VLMD_PROTO_MAX_CONFIG 256                /* entries in a config map */
 #define VLMD_PROTO_MAX_WORKERS 64                /* entries in a stats snapshot */
 #define VLMD_PROTO_MAX_STOPS 16                  /* stop token ids per request */
+#define VLMD_PROTO_MAX_LOGIT_BIAS 1024           /* logit_bias entries per request */
 
 /* Wire values, append-only. */
 typedef enum vlmd_msg_type {
@@ -192,6 +193,12 @@ typedef struct vlmd_image_ref {
     uint32_t n_data;
 } vlmd_image_ref;
 
+/* A request's bias on one token's logit (OpenAI's logit_bias). */
+typedef struct vlmd_logit_bias {
+    uint32_t id;
+    double bias;                    /* [-100, 100], added to the logit before sampling */
+} vlmd_logit_bias;
+
 typedef struct vlmd_msg_request_submit {
     uint64_t req_id;
     uint32_t *tokens;               /* prompt token ids */
@@ -206,6 +213,8 @@ typedef struct vlmd_msg_request_submit {
     uint32_t n_images;
     char *session;                  /* X-Session-ID, "" when none (optional) */
     bool ignore_eos;                /* the model's end-of-sequence token does not end it (optional) */
+    vlmd_logit_bias *logit_bias;    /* distinct ids (optional) */
+    uint32_t n_logit_bias;
 } vlmd_msg_request_submit;
 
 typedef struct vlmd_msg_request_cancel {

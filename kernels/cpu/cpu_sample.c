@@ -82,11 +82,11 @@ static void sample_row(vlmd_sample_out *o, float *x, const vlmd_sample_row *r, i
         vlmd_seen_token *e = &r->seen[i];
         float v = x[e->id];
         e->raw = v;
-        if (r->repetition_penalty != 1.0f)
+        if (e->penalize && r->repetition_penalty != 1.0f)
             v = v > 0 ? v / r->repetition_penalty : v * r->repetition_penalty;
         if (e->output_count > 0)
             v -= r->presence_penalty + r->frequency_penalty * (float)e->output_count;
-        x[e->id] = v;
+        x[e->id] = v + e->bias;
     }
     int32_t tok = argmax_except(x, vocab, NULL, 0);
     if (r->temperature > 0) {

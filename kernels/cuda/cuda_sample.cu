@@ -213,11 +213,11 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         vlmd_seen_token *e = &r.seen[i];
         float v = __bfloat162float(x[e->id]);
         e->raw = v;
-        if (r.repetition_penalty != 1.0f)
+        if (e->penalize && r.repetition_penalty != 1.0f)
             v = v > 0 ? v / r.repetition_penalty : v * r.repetition_penalty;
         if (e->output_count > 0)
             v -= r.presence_penalty + r.frequency_penalty * (float)e->output_count;
-        x[e->id] = __float2bfloat16(v);
+        x[e->id] = __float2bfloat16(v + e->bias);
     }
     __syncthreads();
     arg_max best = block_argmax(&bs, x, vocab, 0);
@@ -237,7 +237,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         float u = (float)(vlmd_sample_uniform(r.seed, r.draw) * mass);
         tok = draw(&bs, x, vocab, thr, mx, inv_t, u);
     }
-    if (r.n_top >= 0) { /* the chosen token's raw logit: kept aside if a penalty changed it */
+    if (r.n_top >= 0) { /* the chosen token's raw logit, from before penalties and bias */
         if (threadIdx.x == 0)
             bs.f = __bfloat162float(x[tok]);
         __syncthreads();

@@ -114,6 +114,21 @@ test('completions: streamed equals non-streamed; echo; stop strings are not sent
   assert.equal(finish, 'stop');
 });
 
+test('logit_bias bans the greedy token and forces another, through the SDK', async () => {
+  const params = { model: 'qwen2', messages: case0.messages, max_tokens: 3, temperature: 0, logprobs: true };
+  const first = case0.greedy_continuation[0];
+  const banned = await client.chat.completions.create({ ...params, logit_bias: { [first]: -100 } });
+  const lp = banned.choices[0].logprobs.content[0];
+  const plain = await client.chat.completions.create(params);
+  assert.equal(plain.choices[0].logprobs.content[0].token, decode([first]));
+  assert.notEqual(lp.token, decode([first]), 'the greedy first token is banned');
+  assert.ok(lp.logprob < plain.choices[0].logprobs.content[0].logprob, 'logprobs stay the model\'s: a less likely token');
+  const x = (await postJson(`${server.url}/tokenize`, { prompt: 'x' })).body.tokens;
+  assert.equal(x.length, 1);
+  const forced = await client.completions.create({ model: 'qwen2', prompt: case0.prompt, max_tokens: 3, temperature: 0.8, seed: 5, logit_bias: { [x[0]]: 100 } });
+  assert.equal(forced.choices[0].text, 'xxx', 'every sampled token is the forced one');
+});
+
 test('validation: each bad field gets a 400 naming it, and the server keeps serving', async () => {
   const url = `${server.url}/v1/chat/completions`;
   const ok = { model: 'qwen2', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };
@@ -143,6 +158,9 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     [{ logprobs: true, top_logprobs: 21 }, 400, 'top_logprobs'],
     [{ logprobs: 'yes' }, 400, 'logprobs'],
     [{ ignore_eos: 1 }, 400, 'ignore_eos'],
+    [{ logit_bias: { abc: 1 } }, 400, 'logit_bias'],
+    [{ logit_bias: { 5: 101 } }, 400, 'logit_bias'],
+    [{ logit_bias: [5] }, 400, 'logit_bias'],
   ];
   for (const [patch, status, param] of cases) {
     const r = await postJson(url, { ...ok, ...patch });
@@ -152,7 +170,7 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     assert.ok('type' in r.body.error && 'code' in r.body.error);
   }
   // null means "default", never a crash
-  const nulls = await postJson(url, { ...ok, temperature: null, top_p: null, seed: null, stop: null, max_tokens: null, n: null, stream: null });
+  const nulls = await postJson(url, { ...ok, temperature: null, top_p: null, seed: null, stop: null, max_tokens: null, n: null, stream: null, logit_bias: null });
   assert.equal(nulls.status, 200, JSON.stringify(nulls.body));
   // invalid JSON, a prompt longer than the model, max_tokens shrunk to fit
   const raw = await fetch(url, { method: 'POST', body: '{"messages": [', headers: { 'content-type': 'application/json' } });

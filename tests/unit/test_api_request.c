@@ -200,3 +200,60 @@ Test(api_request, a_nul_character_is_text_but_not_a_name)
     vlmd_tokens_free(&want_chat);
     vlmd_tokenizer_free(tok);
 }
+
+/* logit_bias: token ids (as strings) to [-100, 100], kept in id order; each
+ * malformed entry is a 400 on logit_bias. */
+Test(api_request, logit_bias_is_parsed_and_checked)
+{
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("qwen2/tokenizer.json"), &tok, NULL), VLMD_OK);
+    api_limits lim = {.model_name = "m", .max_model_len = 64, .image_token_id = -1};
+    api_request r;
+    api_error e;
+    json_t *body = json_loads("{\"prompt\": \"hi\", \"logit_bias\": {\"42\": 5, \"7\": -100, "
+                              "\"0\": 100}}", 0, NULL);
+    cr_assert(api_request_parse(body, false, &lim, tok, &r, &e), "%s", e.message);
+    cr_assert_eq(r.n_logit_bias, 3);
+    uint32_t ids[3] = {0, 7, 42};
+    double biases[3] = {100, -100, 5};
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(r.logit_bias[i].id, ids[i]);
+        cr_expect_float_eq(r.logit_bias[i].bias, biases[i], 1e-12);
+    }
+    api_request_free(&r);
+    json_decref(body);
+    body = json_loads("{\"prompt\": \"hi\", \"logit_bias\": null}", 0, NULL);
+    cr_assert(api_request_parse(body, false, &lim, tok, &r, &e), "%s", e.message);
+    cr_expect_eq(r.n_logit_bias, 0);
+    api_request_free(&r);
+    json_decref(body);
+
+    char big[64];
+    snprintf(big, sizeof big, "{\"%u\": 1}", vlmd_tokenizer_size(tok));
+    const char *bad[] = {"[1]", "{\"x\": 1}", "{\"-1\": 1}", "{\"\": 1}", "{\"1e3\": 1}",
+                         "{\"12345678901\": 1}", big, "{\"5\": 100.5}", "{\"5\": \"1\"}",
+                         "{\"5\": 1, \"05\": 2}"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "{\"prompt\": \"hi\", \"logit_bias\": %s}", bad[i]);
+        body = json_loads(text, API_JSON_FLAGS, NULL);
+        cr_assert_not_null(body, "%s", text);
+        cr_expect_not(api_request_parse(body, false, &lim, tok, &r, &e), "%s", bad[i]);
+        cr_expect_eq(e.status, 400, "%s", bad[i]);
+        cr_expect_str_eq(e.param, "logit_bias", "%s", bad[i]);
+        json_decref(body);
+    }
+    /* more entries than a request carries */
+    json_t *many = json_object();
+    for (int i = 0; i <= VLMD_PROTO_MAX_LOGIT_BIAS; i++) {
+        char k[16];
+        snprintf(k, sizeof k, "%d", i);
+        json_object_set_new(many, k, json_real(1));
+    }
+    body = json_pack("{s:s, s:o}", "prompt", "hi", "logit_bias", many);
+    cr_expect_not(api_request_parse(body, false, &lim, tok, &r, &e));
+    cr_expect_str_eq(e.param, "logit_bias");
+    cr_expect(strstr(e.message, "at most"), "%s", e.message);
+    json_decref(body);
+    vlmd_tokenizer_free(tok);
+}

@@ -408,7 +408,7 @@ Test(cuda_ops, vision_ops)
 }
 
 /* Sampling over a real vocabulary (152064, Qwen2's): greedy, temperature
- * alone, top-k, top-p, min-p, penalties and logprobs. The same logits and
+ * alone, top-k, top-p, min-p, penalties, logit biases and logprobs. The same logits and
  * random numbers: greedy rows agree exactly; a drawn token may differ only
  * where the kept set's sums round differently (rare), logprobs within 1e-2. */
 Test(cuda_ops, sample_against_the_reference)
@@ -420,7 +420,9 @@ Test(cuda_ops, sample_against_the_reference)
     float *logits = random_floats((size_t)N * V, 8);
     vlmd_seen_token seen[SEEN];
     for (int i = 0; i < SEEN; i++)
-        seen[i] = (vlmd_seen_token){(int32_t)(((int64_t)i * 7907) % V), i % 3, 0};
+        seen[i] = (vlmd_seen_token){.id = (int32_t)(((int64_t)i * 7907) % V),
+                                    .output_count = i % 3, .penalize = i % 5 != 0,
+                                    .bias = i % 7 ? 0 : (float)(i % 4) - 1.5f};
     vlmd_sample_row rows[N];
     for (int i = 0; i < N; i++) {
         rows[i] = (vlmd_sample_row){.temperature = i % 4 ? 0.7f : 0, .top_p = 1,
@@ -432,7 +434,7 @@ Test(cuda_ops, sample_against_the_reference)
             rows[i].top_p = 0.9f;
         if (i % 4 == 3)
             rows[i].min_p = 0.05f;
-        if (i >= 8) { /* penalties on 300 seen tokens */
+        if (i >= 8) { /* penalties on 300 seen tokens, biases on some */
             rows[i].repetition_penalty = 1.3f;
             rows[i].presence_penalty = 0.5f;
             rows[i].frequency_penalty = 0.25f;

@@ -106,6 +106,11 @@ static vlmd_msg_request_submit request(uint32_t i, uint32_t *prompt)
                                      .presence_penalty = 0.3, .frequency_penalty = 0.2,
                                      .repetition_penalty = 1.1, .seed = 1000 + i,
                                      .has_seed = true};
+        static vlmd_logit_bias bias[N_REQ][2];
+        bias[i % N_REQ][0] = (vlmd_logit_bias){(i * 13) % 1000, 2.5};
+        bias[i % N_REQ][1] = (vlmd_logit_bias){prompt[0], -3}; /* seen and biased */
+        r.logit_bias = bias[i % N_REQ];
+        r.n_logit_bias = bias[i % N_REQ][0].id == prompt[0] ? 1 : 2;
     } else {
         r.sampling = (vlmd_sampling){.temperature = 0, .top_p = 1, .top_k = -1,
                                      .repetition_penalty = 1};
@@ -328,6 +333,48 @@ Test(engine, stop_tokens_eos_and_cancel)
     prompt[0] = 999999;
     cr_expect_eq(engine_submit(e, &bad, &err), VLMD_ERR_INVALID_ARG);
     cr_expect(strstr(err.msg, "999999"), "%s", err.msg);
+    engine_free(e);
+    close_model(&f);
+}
+
+/* logit_bias: -100 bans a token, +100 forces one; a biased request beside
+ * others leaves theirs alone; malformed biases are refused and leave no trace. */
+Test(engine, logit_bias_bans_and_forces_tokens)
+{
+    fixture f;
+    open_model(&f);
+    static outputs probe, o;
+    uint32_t prompt[64];
+    vlmd_error err = {0};
+    int32_t third, first;
+    vlmd_msg_request_submit r = greedy_alone(&f, &probe, prompt, &third, &first);
+    engine *e = make_engine(&f, &o, 256);
+    uint32_t V = qwen2_vocab_size(f.m);
+    vlmd_logit_bias bad[2] = {{7, 1}, {V, 1}};
+    vlmd_msg_request_submit refused = r;
+    refused.logit_bias = bad;
+    refused.n_logit_bias = 2;
+    cr_expect_eq(engine_submit(e, &refused, &err), VLMD_ERR_INVALID_ARG, "outside the vocabulary");
+    bad[1] = (vlmd_logit_bias){7, -1};
+    cr_expect_eq(engine_submit(e, &refused, &err), VLMD_ERR_INVALID_ARG, "token 7 twice");
+    cr_expect(strstr(err.msg, "twice"), "%s", err.msg);
+    bad[1] = (vlmd_logit_bias){8, 100.5};
+    cr_expect_eq(engine_submit(e, &refused, &err), VLMD_ERR_INVALID_ARG, "over 100");
+    cr_expect_eq(engine_active(e), 0);
+
+    vlmd_logit_bias ban = {(uint32_t)probe.tokens[0][0], -100}, force = {7, 100};
+    vlmd_msg_request_submit banned = r, forced = r;
+    banned.req_id = 1, banned.logit_bias = &ban, banned.n_logit_bias = 1;
+    forced.req_id = 2, forced.logit_bias = &force, forced.n_logit_bias = 1;
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(engine_submit(e, &banned, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(engine_submit(e, &forced, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(e, 100);
+    cr_expect_arr_eq(o.tokens[0], probe.tokens[0], (size_t)probe.n[0] * 4, "unbiased: as alone");
+    cr_expect_neq(o.tokens[1][0], probe.tokens[0][0], "the greedy first token is banned");
+    cr_assert_eq(o.n[2], probe.n[0]);
+    for (int32_t i = 0; i < o.n[2]; i++)
+        cr_expect_eq(o.tokens[2][i], 7, "token %d is the forced one", i);
     engine_free(e);
     close_model(&f);
 }

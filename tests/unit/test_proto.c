@@ -18,6 +18,7 @@ static vlmd_kv sample_config[] = {{"model", "/srv/models/qwen2-vl"}, {"port", "8
                                   {"device", "cuda:0"}, {"empty", ""}};
 static uint32_t sample_tokens[] = {1, 2, 3, 151643, 4294967295u};
 static uint32_t sample_stops[] = {7, 9, 151645};
+static vlmd_logit_bias sample_bias[] = {{3, -100}, {151643, 0.25}};
 static float sample_logprobs[] = {-0.5f, -1.25f, -3.0f, 0.0f, -10.5f};
 static uint32_t sample_top_ids[] = {1, 9, 2, 8, 3, 7, 4, 6, 5, 5};      /* 5 tokens x 2 */
 static float sample_top_lps[] = {-0.5f, -2, -1.25f, -3, -3, -4, 0, -1, -10.5f, -11};
@@ -94,7 +95,7 @@ static vlmd_msg sample(vlmd_msg_type t)
             .sampling = {0.7, 0.9, 40, 0.05, 0.5, -0.5, 1.1, UINT64_MAX - 1, true},
             .stop_tokens = sample_stops, .n_stop_tokens = 3, .top_logprobs = 20,
             .logprobs = true, .images = sample_images, .n_images = 3, .session = "user-42",
-            .ignore_eos = true};
+            .ignore_eos = true, .logit_bias = sample_bias, .n_logit_bias = 2};
         break;
     case VLMD_MSG_REQUEST_CANCEL:
         m.u.request_cancel = (vlmd_msg_request_cancel){8, VLMD_FINISH_CANCELLED};
@@ -240,6 +241,10 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
         const vlmd_msg_request_submit *a = &x->u.request_submit, *b = &y->u.request_submit;
         EQ(req_id); ARR(tokens, n_tokens); EQ(max_tokens); ARR(stop_tokens, n_stop_tokens);
         EQ(top_logprobs); EQ(logprobs); EQ(n_images); STR(session); EQ(ignore_eos);
+        EQ(n_logit_bias);
+        for (uint32_t i = 0; i < a->n_logit_bias && i < b->n_logit_bias; i++) {
+            EQ(logit_bias[i].id); EQ(logit_bias[i].bias);
+        }
         EQ(sampling.temperature); EQ(sampling.top_p); EQ(sampling.top_k); EQ(sampling.min_p);
         EQ(sampling.presence_penalty); EQ(sampling.frequency_penalty);
         EQ(sampling.repetition_penalty); EQ(sampling.seed); EQ(sampling.has_seed);
@@ -411,7 +416,13 @@ Test(proto, arrays_at_the_limit_round_trip)
         imgs[i] = sample_image(i);
     m.u.request_submit.images = imgs;
     m.u.request_submit.n_images = VLMD_PROTO_MAX_IMAGES;
+    vlmd_logit_bias *bias = calloc(VLMD_PROTO_MAX_LOGIT_BIAS, sizeof *bias);
+    for (uint32_t i = 0; i < VLMD_PROTO_MAX_LOGIT_BIAS; i++)
+        bias[i] = (vlmd_logit_bias){i * 7, (double)i / 16 - 32};
+    m.u.request_submit.logit_bias = bias;
+    m.u.request_submit.n_logit_bias = VLMD_PROTO_MAX_LOGIT_BIAS;
     round_trip(&m);
+    free(bias);
 
     m = sample(VLMD_MSG_TOKEN_CHUNK);
     m.u.token_chunk.tokens = many;
@@ -505,6 +516,10 @@ static void stops_over(vlmd_msg *m)
 }
 static void images_over(vlmd_msg *m) { m->u.request_submit.n_images = VLMD_PROTO_MAX_IMAGES + 1; }
 static void null_images(vlmd_msg *m) { m->u.request_submit.images = NULL; }
+static void bias_over(vlmd_msg *m)
+{
+    m->u.request_submit.n_logit_bias = VLMD_PROTO_MAX_LOGIT_BIAS + 1;
+}
 static void top_logprobs_21(vlmd_msg *m) { m->u.request_submit.top_logprobs = 21; }
 static void nan_temperature(vlmd_msg *m) { m->u.request_submit.sampling.temperature = NAN; }
 static void inf_top_p(vlmd_msg *m) { m->u.request_submit.sampling.top_p = INFINITY; }
@@ -544,6 +559,7 @@ static const encode_case encode_cases[] = {
     {"tokens over the limit", VLMD_MSG_REQUEST_SUBMIT, tokens_over},
     {"stop tokens over the limit", VLMD_MSG_REQUEST_SUBMIT, stops_over},
     {"images over the limit", VLMD_MSG_REQUEST_SUBMIT, images_over},
+    {"logit_bias over the limit", VLMD_MSG_REQUEST_SUBMIT, bias_over},
     {"NULL images with a count", VLMD_MSG_REQUEST_SUBMIT, null_images},
     {"top_logprobs 21", VLMD_MSG_REQUEST_SUBMIT, top_logprobs_21},
     {"NaN temperature", VLMD_MSG_REQUEST_SUBMIT, nan_temperature},
@@ -1172,6 +1188,7 @@ static const field_ref optional_fields[] = {
     {VLMD_MSG_STATS_SNAPSHOT, "workers.counters"},
     {VLMD_MSG_REQUEST_SUBMIT, "session"},   {VLMD_MSG_TOKEN_CHUNK, "max_tokens_capped"},
     {VLMD_MSG_REQUEST_SUBMIT, "ignore_eos"}, {VLMD_MSG_TOKEN_CHUNK, "cached_tokens"},
+    {VLMD_MSG_REQUEST_SUBMIT, "logit_bias"},
 };
 /* Optional too, but they travel together: dropping one alone is a shape mismatch. */
 static const field_ref coupled_fields[] = {

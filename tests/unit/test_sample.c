@@ -51,7 +51,9 @@ Test(sample, penalties_change_seen_tokens_and_keep_their_raw_logits)
 {
     vlmd_backend *b = cpu();
     float x[4] = {3.0f, -2.0f, 2.9f, 1.0f};
-    vlmd_seen_token seen[2] = {{0, 2, 0}, {1, 0, 0}}; /* 0 twice in the output; 1 in the prompt */
+    /* 0 twice in the output; 1 in the prompt */
+    vlmd_seen_token seen[2] = {{.id = 0, .output_count = 2, .penalize = 1},
+                               {.id = 1, .penalize = 1}};
     vlmd_sample_row r = greedy();
     r.repetition_penalty = 2.0f;
     r.presence_penalty = 0.1f;
@@ -65,6 +67,35 @@ Test(sample, penalties_change_seen_tokens_and_keep_their_raw_logits)
     cr_expect_float_eq(seen[0].raw, 3.0f, 1e-6);
     cr_expect_float_eq(seen[1].raw, -2.0f, 1e-6);
     cr_expect_eq(out.token, 2, "the penalized leader lost to token 2");
+    vlmd_backend_destroy(b);
+}
+
+Test(sample, a_bias_is_added_after_the_penalties_and_only_seen_tokens_are_penalized)
+{
+    vlmd_backend *b = cpu();
+    float x[4] = {3.0f, 2.0f, 1.0f, 0.5f};
+    vlmd_seen_token seen[3] = {
+        {.id = 0, .output_count = 1, .penalize = 1, .bias = -100}, /* banned */
+        {.id = 2, .bias = 1.5f},                                    /* biased, never seen */
+        {.id = 3, .penalize = 1, .bias = 4},                        /* in the prompt, biased */
+    };
+    vlmd_sample_row r = greedy();
+    r.repetition_penalty = 2.0f;
+    r.presence_penalty = 0.5f;
+    r.n_top = 1;
+    r.seen = seen;
+    r.n_seen = 3;
+    vlmd_sample_out out;
+    vlmd_backend_ops(b)->sample(b, &out, x, &r, 1, 4);
+    cr_expect_float_eq(x[0], 3.0f / 2 - 0.5f - 100, 1e-5);
+    cr_expect_float_eq(x[1], 2.0f, 1e-6, "an untouched token keeps its logit");
+    cr_expect_float_eq(x[2], 1.0f + 1.5f, 1e-6, "a bias alone is not a repetition");
+    cr_expect_float_eq(x[3], 0.5f / 2 + 4, 1e-6, "divided by the repetition penalty, then biased");
+    cr_expect_eq(out.token, 3, "the bias decides the greedy pick");
+    double z = exp(3.0) + exp(2.0) + exp(1.0) + exp(0.5);
+    cr_expect_float_eq(out.logprob, 0.5 - log(z), 1e-5, "logprobs stay the model's");
+    cr_expect_float_eq(seen[1].raw, 1.0f, 1e-6);
+    cr_expect_float_eq(seen[2].raw, 0.5f, 1e-6);
     vlmd_backend_destroy(b);
 }
 
@@ -162,7 +193,7 @@ Test(sample, logprobs_come_from_the_raw_row)
     double z = 0;
     for (int i = 0; i < 4; i++)
         z += exp(raw[i]);
-    vlmd_seen_token seen[1] = {{1, 1, 0}};
+    vlmd_seen_token seen[1] = {{.id = 1, .output_count = 1, .penalize = 1}};
     vlmd_sample_row r = greedy();
     r.n_top = 3;
     r.presence_penalty = 5; /* token 1 drops behind token 2 */
