@@ -354,6 +354,47 @@ static bool fit_output(api_request *r, const api_limits *lim, api_error *e)
     return true;
 }
 
+/* OpenAI fields whose answer vlmd cannot give yet: refused by name rather
+ * than ignored, since ignoring them gives an answer of another kind (free
+ * text for JSON, no tool calls, no audio). Their neutral values pass. */
+static bool refuse_unsupported(const json_t *body, bool chat, api_error *e)
+{
+    const json_t *rf = opt(body, "response_format"), *type = json_object_get(rf, "type");
+    if (chat && rf && !(json_is_string(type) && strcmp(json_string_value(type), "text") == 0))
+        return api_fail(e, 400, "response_format", "unsupported_parameter", "vlmd does not "
+                        "constrain output to JSON yet: 'response_format' may only be "
+                        "{\"type\": \"text\"}");
+    const json_t *choice = opt(body, "tool_choice");
+    bool no_tools = json_is_string(choice) && strcmp(json_string_value(choice), "none") == 0;
+    static const char *const tool_fields[] = {"tools", "functions"};
+    for (size_t i = 0; chat && !no_tools && i < 2; i++) {
+        const json_t *t = opt(body, tool_fields[i]);
+        if (t && (!json_is_array(t) || json_array_size(t) > 0))
+            return api_fail(e, 400, tool_fields[i], "unsupported_parameter", "vlmd does not "
+                            "parse tool calls yet: send no '%s' (or \"tool_choice\": \"none\")",
+                            tool_fields[i]);
+    }
+    const json_t *modalities = opt(body, "modalities");
+    bool text_only = !modalities || json_is_array(modalities);
+    for (size_t i = 0; text_only && i < json_array_size(modalities); i++) {
+        const json_t *m = json_array_get(modalities, i);
+        text_only = json_is_string(m) && strcmp(json_string_value(m), "text") == 0;
+    }
+    if (chat && !text_only)
+        return api_fail(e, 400, "modalities", "unsupported_parameter",
+                        "vlmd answers in text only: 'modalities' may only be [\"text\"]");
+    if (chat && opt(body, "audio"))
+        return api_fail(e, 400, "audio", "unsupported_parameter", "vlmd answers in text only");
+    const json_t *suffix = opt(body, "suffix"), *best_of = opt(body, "best_of");
+    if (!chat && suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
+        return api_fail(e, 400, "suffix", "unsupported_parameter", "vlmd does not insert text "
+                        "before a suffix: 'suffix' is not supported");
+    if (!chat && best_of && !(json_is_integer(best_of) && json_integer_value(best_of) == 1))
+        return api_fail(e, 400, "best_of", "unsupported_parameter", "'best_of' must be 1: vlmd "
+                        "generates one choice per request");
+    return true;
+}
+
 bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
                        const vlmd_tokenizer *tok, api_request *r, api_error *e)
 {
@@ -387,7 +428,8 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
          get_integer(body, "seed", INT64_MIN, INT64_MAX, &seed, &seed_given, e) &&
          get_bool(body, "stream", &r->stream, e) &&
          get_bool(body, "ignore_eos", &r->ignore_eos, e) && parse_stops(body, r, e) &&
-         parse_logit_bias(body, vlmd_tokenizer_size(tok), r, e);
+         parse_logit_bias(body, vlmd_tokenizer_size(tok), r, e) &&
+         refuse_unsupported(body, chat, e);
     if (ok && chat)
         ok = get_bool(body, "logprobs", &logprobs, e) &&
              get_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e);

@@ -161,6 +161,12 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     [{ logit_bias: { abc: 1 } }, 400, 'logit_bias'],
     [{ logit_bias: { 5: 101 } }, 400, 'logit_bias'],
     [{ logit_bias: [5] }, 400, 'logit_bias'],
+    // fields whose answer vlmd cannot give are refused by name, not ignored
+    [{ response_format: { type: 'json_object' } }, 400, 'response_format'],
+    [{ tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 400, 'tools'],
+    [{ functions: [{ name: 'f' }] }, 400, 'functions'],
+    [{ modalities: ['text', 'audio'] }, 400, 'modalities'],
+    [{ audio: { voice: 'alloy', format: 'wav' } }, 400, 'audio'],
   ];
   for (const [patch, status, param] of cases) {
     const r = await postJson(url, { ...ok, ...patch });
@@ -169,8 +175,21 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     assert.equal(typeof r.body.error.message, 'string');
     assert.ok('type' in r.body.error && 'code' in r.body.error);
   }
+  // their neutral values are fine, and so is a completions request's
+  for (const neutral of [{ response_format: { type: 'text' } }, { tools: [] }, { modalities: ['text'] },
+    { tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 'none' }]) {
+    const r = await postJson(url, { ...ok, ...neutral });
+    assert.equal(r.status, 200, `${JSON.stringify(neutral)}: ${JSON.stringify(r.body)}`);
+  }
+  const completions = `${server.url}/v1/completions`;
+  for (const [patch, status, param] of [[{ suffix: 'end' }, 400, 'suffix'], [{ best_of: 2 }, 400, 'best_of'],
+    [{ suffix: '', best_of: 1 }, 200, undefined]]) {
+    const r = await postJson(completions, { prompt: 'hi', max_tokens: 2, ...patch });
+    assert.equal(r.status, status, `${JSON.stringify(patch)}: ${JSON.stringify(r.body)}`);
+    assert.equal(r.body.error?.param, param);
+  }
   // null means "default", never a crash
-  const nulls = await postJson(url, { ...ok, temperature: null, top_p: null, seed: null, stop: null, max_tokens: null, n: null, stream: null, logit_bias: null });
+  const nulls = await postJson(url, { ...ok, temperature: null, top_p: null, seed: null, stop: null, max_tokens: null, n: null, stream: null, logit_bias: null, response_format: null, tools: null, audio: null });
   assert.equal(nulls.status, 200, JSON.stringify(nulls.body));
   // invalid JSON, a prompt longer than the model, max_tokens shrunk to fit
   const raw = await fetch(url, { method: 'POST', body: '{"messages": [', headers: { 'content-type': 'application/json' } });
