@@ -357,7 +357,7 @@ static bool fit_output(api_request *r, const api_limits *lim, api_error *e)
 /* OpenAI fields whose answer vlmd cannot give yet: refused by name rather
  * than ignored, since ignoring them gives an answer of another kind (free
  * text for JSON, no tool calls, no audio). Their neutral values pass. */
-static bool refuse_unsupported(const json_t *body, bool chat, api_error *e)
+static bool refuse_unsupported(const json_t *body, bool chat, int64_t n, api_error *e)
 {
     const json_t *rf = opt(body, "response_format"), *type = json_object_get(rf, "type");
     if (chat && rf && !(json_is_string(type) && strcmp(json_string_value(type), "text") == 0))
@@ -389,9 +389,9 @@ static bool refuse_unsupported(const json_t *body, bool chat, api_error *e)
     if (!chat && suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
         return api_fail(e, 400, "suffix", "unsupported_parameter", "vlmd does not insert text "
                         "before a suffix: 'suffix' is not supported");
-    if (!chat && best_of && !(json_is_integer(best_of) && json_integer_value(best_of) == 1))
-        return api_fail(e, 400, "best_of", "unsupported_parameter", "'best_of' must be 1: vlmd "
-                        "generates one choice per request");
+    if (!chat && best_of && !(json_is_integer(best_of) && json_integer_value(best_of) == n))
+        return api_fail(e, 400, "best_of", "unsupported_parameter", "vlmd returns every choice "
+                        "it generates: 'best_of' must equal n (%lld)", (long long)n);
     return true;
 }
 
@@ -414,7 +414,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     int64_t n = 1, max_tokens = 0, max_completion = 0, top_k = r->sampling.top_k, seed = 0;
     bool max_given = false, completion_given = false, seed_given = false, logprobs = false;
     int64_t top_logprobs = 0, completion_logprobs = 0;
-    ok = get_integer(body, "n", 1, 128, &n, NULL, e) &&
+    ok = get_integer(body, "n", 1, API_MAX_N, &n, NULL, e) &&
          get_integer(body, "max_tokens", 1, INT32_MAX, &max_tokens, &max_given, e) &&
          get_integer(body, "max_completion_tokens", 1, INT32_MAX, &max_completion,
                      &completion_given, e) &&
@@ -429,7 +429,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
          get_bool(body, "stream", &r->stream, e) &&
          get_bool(body, "ignore_eos", &r->ignore_eos, e) && parse_stops(body, r, e) &&
          parse_logit_bias(body, vlmd_tokenizer_size(tok), r, e) &&
-         refuse_unsupported(body, chat, e);
+         refuse_unsupported(body, chat, n, e);
     if (ok && chat)
         ok = get_bool(body, "logprobs", &logprobs, e) &&
              get_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e);
@@ -452,9 +452,6 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
         if (!ok && strcmp(e->param, "include_usage") == 0)
             snprintf(e->param, sizeof e->param, "stream_options.include_usage");
     }
-    if (ok && n != 1)
-        ok = api_fail(e, 400, "n", "invalid_value", "n = %lld: vlmd generates one choice per request "
-                      "(n must be 1)", (long long)n);
     if (ok && chat && top_logprobs && !logprobs)
         ok = api_fail(e, 400, "top_logprobs", "invalid_value",
                       "'top_logprobs' needs \"logprobs\": true");
@@ -464,6 +461,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
         api_request_free(r);
         return false;
     }
+    r->n = (uint32_t)n;
     r->sampling.top_k = (int32_t)top_k;
     r->sampling.has_seed = seed_given;
     r->sampling.seed = (uint64_t)seed;

@@ -16,6 +16,7 @@
 #include "proto.h"
 #include "tokenizer.h"
 
+#define API_MAX_N 128          /* choices per request (OpenAI's limit) */
 #define API_MAX_STOPS 4
 #define API_MAX_STOP_LEN 256
 /* How request bodies are parsed: a key given twice is an error, and "\u0000"
@@ -40,6 +41,7 @@ typedef struct api_request {
     bool chat;
     bool stream, include_usage, echo;
     bool ignore_eos;                /* generate past end-of-sequence (benchmarks; vLLM's extension) */
+    uint32_t n;                     /* choices, each its own engine request */
     vlmd_tokens prompt;             /* owned */
     uint32_t max_tokens;            /* after shrinking to the room left */
     bool max_tokens_shrunk;

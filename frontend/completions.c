@@ -44,12 +44,20 @@ static void cancel_at_engine(uint64_t req_id, void *ud)
 
 static void on_sweep(uv_timer_t *t);
 
+/* Cancels every choice of e still running at the engine. */
+static void cancel_choices(completions *c, const inflight_entry *e)
+{
+    for (uint32_t i = 0; i < e->n_choices; i++)
+        if (!e->choices[i].finish)
+            cancel_at_engine(e->req_id + i, c);
+}
+
 /* inflight: the client went away before its answer */
-static void client_gone(uint64_t req_id, void *ud)
+static void client_gone(const inflight_entry *e, void *ud)
 {
     completions *c = ud;
     c->metrics.finished[3]++;
-    cancel_at_engine(req_id, c);
+    cancel_choices(c, e);
 }
 
 void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok,
@@ -238,17 +246,25 @@ static void response_id(const inflight_entry *e, char *out, size_t outsz)
              (unsigned long long)e->req_id);
 }
 
+/* The prompt counts once; completion tokens are every choice's; cached tokens
+ * the fewest any choice was given. */
 static json_t *usage_json(const inflight_entry *e)
 {
+    uint32_t completion = 0, cached = e->choices[0].cached_tokens;
+    for (uint32_t i = 0; i < e->n_choices; i++) {
+        completion += e->choices[i].completion_tokens;
+        cached = e->choices[i].cached_tokens < cached ? e->choices[i].cached_tokens : cached;
+    }
     return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)e->api.prompt.n,
-                     "completion_tokens", (int)e->completion_tokens, "total_tokens",
-                     (int)(e->api.prompt.n + e->completion_tokens), "prompt_tokens_details",
-                     "cached_tokens", (int)e->cached_tokens);
+                     "completion_tokens", (int)completion, "total_tokens",
+                     (int)(e->api.prompt.n + completion), "prompt_tokens_details",
+                     "cached_tokens", (int)cached);
 }
 
-/* One streamed chunk: a piece of text (or, with finish, the end). */
-static json_t *chunk_json(const completions *c, const inflight_entry *e, const char *text,
-                          size_t len, const char *finish, bool first, json_t *logprobs)
+/* One streamed chunk of choice `index`: a piece of text (or, with finish, its end). */
+static json_t *chunk_json(const completions *c, const inflight_entry *e, uint32_t index,
+                          const char *text, size_t len, const char *finish, bool first,
+                          json_t *logprobs)
 {
     if (!logprobs)
         logprobs = json_null();
@@ -261,12 +277,12 @@ static json_t *chunk_json(const completions *c, const inflight_entry *e, const c
             json_object_set_new(delta, "role", json_string("assistant"));
         if (!finish || len)
             json_object_set_new(delta, "content", json_stringn(text, len));
-        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", 0, "delta", delta, "logprobs",
-                           logprobs, "finish_reason",
+        choice = json_pack("{s:i, s:o, s:o, s:o}", "index", (int)index, "delta", delta,
+                           "logprobs", logprobs, "finish_reason",
                            finish ? json_string(finish) : json_null());
     } else {
-        choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", 0, "text", text, len, "logprobs",
-                           logprobs, "finish_reason",
+        choice = json_pack("{s:i, s:s%, s:o, s:o}", "index", (int)index, "text", text, len,
+                           "logprobs", logprobs, "finish_reason",
                            finish ? json_string(finish) : json_null());
     }
     return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
@@ -275,38 +291,42 @@ static json_t *chunk_json(const completions *c, const inflight_entry *e, const c
                      choice);
 }
 
-static json_t *full_json(const completions *c, const inflight_entry *e, const char *finish)
+static json_t *full_json(const completions *c, const inflight_entry *e)
 {
     char id[48];
     response_id(e, id, sizeof id);
-    const char *text = e->text.data ? e->text.data : "";
-    json_t *lp = logprobs_json(c, e, e->lps, e->n_lps, e->prompt_text_len);
-    json_t *choice =
-        e->api.chat
-            ? json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", 0, "message", "role",
-                        "assistant", "content", text, e->sent, "logprobs", lp, "finish_reason",
-                        finish)
-            : json_pack("{s:i, s:s%, s:o, s:s}", "index", 0, "text", text, e->sent, "logprobs",
-                        lp, "finish_reason", finish);
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", id, "object",
+    json_t *choices = json_array();
+    for (uint32_t i = 0; i < e->n_choices; i++) {
+        const inflight_choice *ch = &e->choices[i];
+        const char *text = ch->text.data ? ch->text.data : "";
+        json_t *lp = logprobs_json(c, e, ch->lps, ch->n_lps, e->prompt_text_len);
+        json_array_append_new(
+            choices, e->api.chat ? json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", (int)i,
+                                             "message", "role", "assistant", "content", text,
+                                             ch->sent, "logprobs", lp, "finish_reason", ch->finish)
+                                 : json_pack("{s:i, s:s%, s:o, s:s}", "index", (int)i, "text",
+                                             text, ch->sent, "logprobs", lp, "finish_reason",
+                                             ch->finish));
+    }
+    return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", id, "object",
                      e->api.chat ? "chat.completion" : "text_completion", "created",
                      (json_int_t)e->created_unix_s, "model", c->limits.model_name, "choices",
-                     choice, "usage", usage_json(e));
+                     choices, "usage", usage_json(e));
 }
 
 /* ---- stop strings ------------------------------------------------------------------ */
 
 /* How much of the text may be shown: up to the first stop string (*hit set),
  * else all but a tail that could still grow into one. */
-static size_t visible_end(inflight_entry *e, bool *hit)
+static size_t visible_end(const inflight_entry *e, inflight_choice *ch, bool *hit)
 {
     *hit = false;
-    const char *t = e->text.data ? e->text.data : "";
-    size_t len = e->text.len, longest = 0, best = len;
+    const char *t = ch->text.data ? ch->text.data : "";
+    size_t len = ch->text.len, longest = 0, best = len;
     for (int i = 0; i < e->api.n_stops; i++) {
         size_t sl = strlen(e->api.stops[i]);
         longest = sl > longest ? sl : longest;
-        size_t from = e->checked + 1 > sl ? e->checked + 1 - sl : 0;
+        size_t from = ch->checked + 1 > sl ? ch->checked + 1 - sl : 0;
         const char *p = from <= len ? memmem(t + from, len - from, e->api.stops[i], sl) : NULL;
         if (p && (size_t)(p - t) < best) {
             best = (size_t)(p - t);
@@ -315,7 +335,7 @@ static size_t visible_end(inflight_entry *e, bool *hit)
     }
     if (*hit)
         return best;
-    e->checked = len;
+    ch->checked = len;
     /* hold back the longest tail that is a prefix of a stop string */
     size_t hold = 0;
     for (int i = 0; i < e->api.n_stops; i++) {
@@ -380,13 +400,21 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
     }
     vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
     m.u.request_submit = (vlmd_msg_request_submit){
-        .req_id = e->req_id, .tokens = r->prompt.ids, .n_tokens = (uint32_t)r->prompt.n,
+        .tokens = r->prompt.ids, .n_tokens = (uint32_t)r->prompt.n,
         .max_tokens = r->max_tokens, .sampling = r->sampling, .stop_tokens = c->stop_ids,
         .n_stop_tokens = r->ignore_eos ? 0 : c->n_stop, .ignore_eos = r->ignore_eos,
         .logprobs = r->logprobs, .top_logprobs = r->top_logprobs, .images = refs,
         .n_images = r->n_images, .session = e->session, .logit_bias = r->logit_bias,
         .n_logit_bias = r->n_logit_bias};
-    bool sent = c->peer && vlmd_peer_send(c->peer, &m) == VLMD_OK;
+    /* choice k: request req_id + k; a seeded request's choices differ, each reproducible */
+    bool sent = c->peer != NULL;
+    for (uint32_t k = 0; sent && k < e->n_choices; k++) {
+        m.u.request_submit.req_id = e->req_id + k;
+        m.u.request_submit.sampling.seed = r->sampling.seed + k;
+        sent = vlmd_peer_send(c->peer, &m) == VLMD_OK;
+        for (uint32_t j = 0; !sent && j < k; j++)
+            cancel_at_engine(e->req_id + j, c);
+    }
     free(refs);
     for (uint32_t i = 0; i < r->n_images; i++) { /* the bytes went with the message */
         free(e->api.images[i].data);
@@ -525,22 +553,25 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
         send_api_error(req, &err);
         return;
     }
-    inflight_entry *e = inflight_add(&c->table, req);
+    inflight_entry *e = inflight_add(&c->table, req, r.n);
     if (!e) {
         api_request_free(&r);
         vlmd_send_api_error(req, 500, "out of memory", NULL, NULL);
         return;
     }
     e->api = r;
-    e->detok.skip_special = true;
     if (!session_header(req, e->session, sizeof e->session, &err)) {
         fail_entry(c, e, &err);
         return;
     }
-    if (r.echo) /* the prompt comes first, as written (its specials included) */
-        vlmd_tokenizer_decode(c->tok, r.prompt.ids, r.prompt.n, false, &e->text, NULL);
-    e->prompt_text_len = e->text.len;
-    e->checked = e->text.len; /* the echoed prompt is not searched for stops */
+    for (uint32_t i = 0; i < e->n_choices; i++) {
+        inflight_choice *ch = &e->choices[i];
+        ch->detok.skip_special = true;
+        if (r.echo) /* the prompt comes first, as written (its specials included) */
+            vlmd_tokenizer_decode(c->tok, r.prompt.ids, r.prompt.n, false, &ch->text, NULL);
+        e->prompt_text_len = ch->text.len;
+        ch->checked = ch->text.len; /* the echoed prompt is not searched for stops */
+    }
     if (r.n_images)
         start_images(c, e);
     else
@@ -557,16 +588,20 @@ void completions_handle_chat(h2o_req_t *req, void *ud)
     handle(req, ud, true);
 }
 
-/* Ends a request: the last stream events, or the whole answer. */
-static void finish(completions *c, inflight_entry *e, const char *reason)
+/* Ends a request whose choices all ended: the last stream events, or the
+ * whole answer. It counts as stopped when every choice stopped. */
+static void finish(completions *c, inflight_entry *e)
 {
     uint64_t id = e->req_id;
+    bool stopped = true;
+    for (uint32_t i = 0; i < e->n_choices; i++)
+        stopped = stopped && strcmp(e->choices[i].finish, "stop") == 0;
     metrics_observe(&c->metrics.e2e, (double)(vlmd_now_ns() - e->start_ns) / 1e9);
     c->metrics.prompt_tokens += e->api.prompt.n;
-    c->metrics.finished[strcmp(reason, "stop") == 0 ? 0 : 1]++;
+    c->metrics.finished[stopped ? 0 : 1]++;
     if (!e->api.stream) {
         h2o_req_t *req = e->req;
-        json_t *resp = full_json(c, e, reason);
+        json_t *resp = full_json(c, e);
         char capped[16];
         snprintf(capped, sizeof capped, "%u", e->capped);
         const char *header = e->capped ? CAPPED_HEADER : NULL;
@@ -575,7 +610,6 @@ static void finish(completions *c, inflight_entry *e, const char *reason)
         return;
     }
     stream_start(c, e);
-    stream_event(e, chunk_json(c, e, "", 0, reason, false, NULL));
     if (e->api.include_usage) {
         char rid[48];
         response_id(e, rid, sizeof rid);
@@ -589,20 +623,26 @@ static void finish(completions *c, inflight_entry *e, const char *reason)
     stream_flush(c, id);
 }
 
-static bool grow_lps(inflight_entry *e)
+static bool grow_lps(inflight_choice *ch)
 {
-    token_logprobs *p = vlmd_grow(e->lps, e->n_lps, &e->cap_lps, sizeof *p, 64);
+    token_logprobs *p = vlmd_grow(ch->lps, ch->n_lps, &ch->cap_lps, sizeof *p, 64);
     if (p)
-        e->lps = p;
+        ch->lps = p;
     return p != NULL;
 }
 
 void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
 {
     inflight_entry *e = inflight_find(&c->table, m->req_id);
-    if (!e || !e->req)
-        return; /* a late reply for a request that is gone */
+    if (!e || !e->req || e->final_queued)
+        return; /* a late reply for a request that is gone or has been answered */
+    uint32_t index = (uint32_t)(m->req_id - e->req_id);
+    inflight_choice *ch = &e->choices[index];
+    if (ch->finish)
+        return; /* a choice ended by a stop string: the engine's last tokens */
     if (m->finish == VLMD_FINISH_ERROR) {
+        ch->finish = "error";
+        cancel_choices(c, e);
         if (!e->started) {
             /* an image the visual worker could not take is named as the request gave it */
             bool image = m->error_image && m->error_image <= e->api.n_images;
@@ -623,9 +663,9 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         stream_flush(c, e->req_id);
         return;
     }
-    if (m->max_tokens_capped)
+    if (m->max_tokens_capped > e->capped)
         e->capped = m->max_tokens_capped;
-    e->cached_tokens = m->cached_tokens;
+    ch->cached_tokens = m->cached_tokens;
     if (m->n_tokens) {
         uint64_t now = vlmd_now_ns();
         if (!e->last_token_ns)
@@ -635,10 +675,10 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         e->last_token_ns = now;
         c->metrics.completion_tokens += m->n_tokens;
     }
-    e->completion_tokens += m->n_tokens;
-    size_t text_before = e->text.len;
+    ch->completion_tokens += m->n_tokens;
+    size_t text_before = ch->text.len;
     for (uint32_t i = 0; i < m->n_tokens; i++)
-        vlmd_detok_push(&e->detok, c->tok, m->tokens[i], &e->text, NULL);
+        vlmd_detok_push(&ch->detok, c->tok, m->tokens[i], &ch->text, NULL);
     /* this chunk's logprobs: kept for the answer, or sent with the stream chunk */
     token_logprobs chunk_lps[8];
     size_t n_chunk_lps = 0;
@@ -652,32 +692,41 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         if (e->api.stream) {
             if (n_chunk_lps < sizeof chunk_lps / sizeof chunk_lps[0])
                 chunk_lps[n_chunk_lps++] = t;
-        } else if (grow_lps(e)) {
-            e->lps[e->n_lps++] = t;
+        } else if (grow_lps(ch)) {
+            ch->lps[ch->n_lps++] = t;
         }
     }
     if (m->finish != VLMD_FINISH_NONE)
-        vlmd_detok_flush(&e->detok, &e->text);
+        vlmd_detok_flush(&ch->detok, &ch->text);
     bool hit;
-    size_t end = visible_end(e, &hit);
+    size_t end = visible_end(e, ch, &hit);
     if (hit || m->finish != VLMD_FINISH_NONE) {
         if (hit && m->finish == VLMD_FINISH_NONE)
-            cancel_at_engine(e->req_id, c); /* the text is complete: the engine may stop */
+            cancel_at_engine(m->req_id, c); /* the text is complete: the engine may stop */
         else if (!hit)
-            end = e->text.len; /* nothing more will come: release the held tail */
+            end = ch->text.len; /* nothing more will come: release the held tail */
     }
-    if (e->api.stream && (end > e->sent || m->finish == VLMD_FINISH_NONE)) {
+    if (e->api.stream && (end > ch->sent || m->finish == VLMD_FINISH_NONE)) {
         /* one chunk per generated token, even when its text is held back */
-        bool first = !e->started;
+        bool first = !ch->spoke;
+        ch->spoke = true;
         stream_start(c, e);
         json_t *lp = n_chunk_lps ? logprobs_json(c, e, chunk_lps, n_chunk_lps, text_before)
                                  : NULL;
-        stream_event(e, chunk_json(c, e, e->text.data + e->sent, end - e->sent, NULL, first, lp));
+        stream_event(e, chunk_json(c, e, index, ch->text.data + ch->sent, end - ch->sent, NULL,
+                                   first, lp));
     }
-    e->sent = end > e->sent ? end : e->sent;
+    ch->sent = end > ch->sent ? end : ch->sent;
     if (hit || m->finish != VLMD_FINISH_NONE) {
-        finish(c, e, hit || m->finish == VLMD_FINISH_STOP ? "stop" : "length");
-        return;
+        ch->finish = hit || m->finish == VLMD_FINISH_STOP ? "stop" : "length";
+        if (e->api.stream) {
+            stream_start(c, e);
+            stream_event(e, chunk_json(c, e, index, "", 0, ch->finish, false, NULL));
+        }
+        if (++e->n_finished == e->n_choices) {
+            finish(c, e);
+            return;
+        }
     }
     stream_flush(c, e->req_id);
 }
@@ -691,7 +740,7 @@ static void time_out(completions *c, inflight_entry *e)
     char msg[128];
     snprintf(msg, sizeof msg, "the request took longer than %llu s (--request-timeout-s)",
              (unsigned long long)(c->request_timeout_ns / 1000000000ull));
-    cancel_at_engine(e->req_id, c);
+    cancel_choices(c, e);
     if (!e->started && !e->sending) {
         api_error err;
         api_fail(&err, 504, NULL, "timeout", "%s", msg);
@@ -734,7 +783,10 @@ void completions_fail_all(completions *c, const char *why)
         next = e->next;
         if (!e->req)
             continue;
-        vlmd_msg_token_chunk m = {.req_id = e->req_id, .finish = VLMD_FINISH_ERROR,
+        uint32_t running = 0; /* a choice still waiting for the engine carries the error */
+        while (running + 1 < e->n_choices && e->choices[running].finish)
+            running++;
+        vlmd_msg_token_chunk m = {.req_id = e->req_id + running, .finish = VLMD_FINISH_ERROR,
                                   .status = VLMD_ERR_UNAVAILABLE, .message = (char *)why};
         completions_on_chunk(c, &m);
     }

@@ -31,17 +31,23 @@ static void on_dispose(void *p)
     if (e && e->req) {
         e->req = NULL; /* the client is gone; its request memory with it */
         if (h->table->gone)
-            h->table->gone(e->req_id, h->table->ud);
+            h->table->gone(e, h->table->ud);
         inflight_remove(h->table, e); /* a late chunk for it is dropped */
     }
 }
 
-inflight_entry *inflight_add(inflight *t, h2o_req_t *req)
+inflight_entry *inflight_add(inflight *t, h2o_req_t *req, uint32_t n_choices)
 {
     inflight_entry *e = calloc(1, sizeof *e);
-    if (!e)
+    if (e)
+        e->choices = calloc(n_choices, sizeof *e->choices);
+    if (!e || !e->choices) {
+        free(e);
         return NULL;
-    e->req_id = ++t->next_id;
+    }
+    e->n_choices = n_choices;
+    e->req_id = t->next_id + 1;
+    t->next_id += n_choices;
     e->req = req;
     e->owner = t;
     e->created_unix_s = (int64_t)time(NULL);
@@ -58,7 +64,7 @@ inflight_entry *inflight_add(inflight *t, h2o_req_t *req)
 inflight_entry *inflight_find(inflight *t, uint64_t req_id)
 {
     for (inflight_entry *e = t->head; e; e = e->next)
-        if (e->req_id == req_id)
+        if (req_id - e->req_id < e->n_choices) /* below req_id: wraps past n_choices */
             return e;
     return NULL;
 }
@@ -70,9 +76,12 @@ void inflight_remove(inflight *t, inflight_entry *e)
             *p = e->next;
             t->count--;
             api_request_free(&e->api);
-            vlmd_buf_free(&e->text);
+            for (uint32_t i = 0; i < e->n_choices; i++) {
+                vlmd_buf_free(&e->choices[i].text);
+                free(e->choices[i].lps);
+            }
+            free(e->choices);
             vlmd_buf_free(&e->pending);
-            free(e->lps);
             free(e);
             return;
         }

@@ -1,7 +1,8 @@
 /* inflight.h - the frontend's requests waiting on the engine.
  *
- * Each entry ties a request id (unique in this process) to the HTTP request
- * that will get the answer, and collects the generated tokens. When the
+ * Each entry ties a block of request ids (unique in this process; one per
+ * choice, n of them) to the HTTP request that will get the answer, and
+ * collects each choice's generated tokens. When the
  * client goes away first, h2o disposes its request pool; the dispose hook
  * detaches the entry, which is then cancelled at the engine and dropped when
  * its last chunk arrives (a late reply for a dead request is dropped). */
@@ -26,17 +27,29 @@ typedef struct token_logprobs {
     float top_logprobs[20];
 } token_logprobs;
 
-typedef struct inflight_entry {
-    uint64_t req_id;
-    h2o_req_t *req;             /* NULL once the client is gone */
-    api_request api;            /* what was asked (owned) */
-    uint32_t completion_tokens;
-    int64_t created_unix_s;
+/* One of a request's n choices: the engine request that generates it and
+ * what it has produced. */
+typedef struct inflight_choice {
     vlmd_detok detok;           /* generated ids -> text, whole characters only */
     vlmd_buf text;              /* generated text so far (echoed prompt first) */
     size_t sent;                /* bytes of text already given to the client */
-    size_t prompt_text_len;     /* bytes of echoed prompt at the start of text */
     size_t checked;             /* bytes of text already searched for stop strings */
+    uint32_t completion_tokens;
+    uint32_t cached_tokens;     /* prompt tokens the engine's prefix cache gave */
+    bool spoke;                 /* a stream chunk of it went out (chat: the role with it) */
+    const char *finish;         /* "stop" or "length" once it ended; NULL while running */
+    token_logprobs *lps;        /* non-streamed logprobs: one per generated token */
+    size_t n_lps, cap_lps;
+} inflight_choice;
+
+typedef struct inflight_entry {
+    uint64_t req_id;            /* choice i is the engine's request req_id + i */
+    uint32_t n_choices, n_finished;
+    inflight_choice *choices;
+    h2o_req_t *req;             /* NULL once the client is gone */
+    api_request api;            /* what was asked (owned) */
+    int64_t created_unix_s;
+    size_t prompt_text_len;     /* bytes of echoed prompt at the start of each text */
     bool started;               /* the response (headers) has begun */
     bool sending;               /* an h2o_send is in flight: wait for proceed */
     bool final_queued;          /* the last bytes wait in pending */
@@ -45,16 +58,14 @@ typedef struct inflight_entry {
     uint64_t last_token_ns;     /* 0 until the first token */
     uint64_t send_started_ns;   /* when the h2o_send in flight began */
     uint32_t capped;            /* the router capped max_tokens to this (0: not) */
-    uint32_t cached_tokens;     /* prompt tokens the engine's prefix cache gave */
     char session[65];           /* X-Session-ID, "" when none */
-    token_logprobs *lps;        /* non-streamed logprobs: one per generated token */
-    size_t n_lps, cap_lps;
     struct inflight_entry *next;
     inflight *owner;
 } inflight_entry;
 
-/* Called when a client vanished before its answer (to cancel at the engine). */
-typedef void (*inflight_gone_fn)(uint64_t req_id, void *ud);
+/* Called when a client vanished before its answer (to cancel its choices at
+ * the engine). */
+typedef void (*inflight_gone_fn)(const inflight_entry *e, void *ud);
 
 struct inflight {
     inflight_entry *head;
@@ -65,8 +76,10 @@ struct inflight {
 };
 
 void inflight_init(inflight *t, inflight_gone_fn gone, void *ud);
-/* Adds an entry for req (hooking its dispose); NULL on allocation failure. */
-inflight_entry *inflight_add(inflight *t, h2o_req_t *req);
+/* Adds an entry of n_choices choices for req (hooking its dispose); NULL on
+ * allocation failure. */
+inflight_entry *inflight_add(inflight *t, h2o_req_t *req, uint32_t n_choices);
+/* The entry one of whose choices is the engine's request req_id. */
 inflight_entry *inflight_find(inflight *t, uint64_t req_id);
 /* Removes and frees an entry (its HTTP request, if any, is not answered here).
  * An entry whose client went away is removed by inflight itself. */

@@ -129,6 +129,46 @@ test('logit_bias bans the greedy token and forces another, through the SDK', asy
   assert.equal(forced.choices[0].text, 'xxx', 'every sampled token is the forced one');
 });
 
+test('n choices: each as its own request would give it, streamed or not', async () => {
+  // greedy: n copies of the greedy text; the prompt counts once in usage
+  const g = await client.chat.completions.create({ model: 'qwen2', messages: case0.messages, max_tokens: 12, temperature: 0, n: 3 });
+  assert.deepEqual(g.choices.map((c) => c.index), [0, 1, 2]);
+  for (const c of g.choices) assert.equal(c.message.content, greedy);
+  assert.equal(g.usage.prompt_tokens, case0.input_ids.length);
+  assert.equal(g.usage.completion_tokens, 3 * 12);
+  // seeded: choice k is what seed + k gives alone; streamed chunks of each index add up to it
+  const params = { model: 'qwen2', messages: [{ role: 'user', content: 'Tell me a story.' }], max_tokens: 10, temperature: 1, seed: 40 };
+  const alone = [];
+  for (let k = 0; k < 4; k++) alone.push((await client.chat.completions.create({ ...params, seed: 40 + k })).choices[0]);
+  const many = await client.chat.completions.create({ ...params, n: 4, logprobs: true });
+  assert.deepEqual(many.choices.map((c) => c.message.content), alone.map((c) => c.message.content));
+  assert.deepEqual(many.choices.map((c) => c.finish_reason), alone.map((c) => c.finish_reason));
+  for (const c of many.choices) assert.equal(c.logprobs.content.length, 10, 'each choice has its own logprobs');
+  assert.ok(new Set(alone.map((c) => c.message.content)).size > 1, 'the seeds give different texts');
+  const stream = await client.chat.completions.create({ ...params, n: 4, stream: true, stream_options: { include_usage: true } });
+  const texts = ['', '', '', ''], finishes = [[], [], [], []], roles = [0, 0, 0, 0];
+  let usage = null;
+  for await (const chunk of stream) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      texts[c.index] += c.delta.content ?? '';
+      if (c.delta.role) roles[c.index]++;
+      if (c.finish_reason) finishes[c.index].push(c.finish_reason);
+    }
+  }
+  assert.deepEqual(texts, alone.map((c) => c.message.content));
+  assert.deepEqual(finishes, alone.map((c) => [c.finish_reason]), 'one finish per choice');
+  assert.deepEqual(roles, [1, 1, 1, 1], 'the first chunk of each choice carries the role');
+  assert.equal(usage.completion_tokens, many.usage.completion_tokens);
+  // completions, with a stop string that ends the choices at different points
+  const text = await client.completions.create({ model: 'qwen2', prompt: 'Once upon a time', max_tokens: 16, temperature: 1, seed: 9, n: 3, stop: [' the'] });
+  for (let k = 0; k < 3; k++) {
+    const one = await client.completions.create({ model: 'qwen2', prompt: 'Once upon a time', max_tokens: 16, temperature: 1, seed: 9 + k, stop: [' the'] });
+    assert.equal(text.choices[k].text, one.choices[0].text, `choice ${k}`);
+    assert.equal(text.choices[k].finish_reason, one.choices[0].finish_reason);
+  }
+});
+
 test('validation: each bad field gets a 400 naming it, and the server keeps serving', async () => {
   const url = `${server.url}/v1/chat/completions`;
   const ok = { model: 'qwen2', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };
@@ -145,7 +185,8 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     [{ max_completion_tokens: 0 }, 400, 'max_completion_tokens'],
     [{ stop: ['a', 'b', 'c', 'd', 'e'] }, 400, 'stop'],
     [{ stop: 7 }, 400, 'stop'],
-    [{ n: 2 }, 400, 'n'],
+    [{ n: 0 }, 400, 'n'],
+    [{ n: 129 }, 400, 'n'],
     [{ seed: 'x' }, 400, 'seed'],
     [{ stream: 'yes' }, 400, 'stream'],
     [{ stream_options: { include_usage: true } }, 400, 'stream_options'],
@@ -292,12 +333,12 @@ test('32 concurrent streams produce what each produces alone', async () => {
   assert.deepEqual(together.map((s) => s.text), alone);
 });
 
-test('a client that disconnects mid-stream frees its KV', async () => {
+for (const n of [1, 3]) test(`a client that disconnects mid-stream frees its KV (n = ${n})`, async () => {
   const proc = async (role) => (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === role);
   const llmKv = async () => (await proc('llm')).kv_used_tokens;
   const frontendBefore = await proc('frontend');
   const controller = new AbortController();
-  const stream = await client.chat.completions.create({ model: 'qwen2', messages: case0.messages, max_tokens: 450, temperature: 0, stream: true },
+  const stream = await client.chat.completions.create({ model: 'qwen2', messages: case0.messages, max_tokens: 450, temperature: 0, n, stream: true },
     { signal: controller.signal });
   let seen = 0;
   try {
