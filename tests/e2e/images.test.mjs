@@ -61,6 +61,11 @@ for (const model of ['qwen2_vl', 'qwen2_5_vl']) {
         for await (const chunk of await client.chat.completions.create({ ...params, stream: true }))
           streamed += chunk.choices[0]?.delta?.content ?? '';
         assert.equal(streamed, r.choices[0].message.content, 'streamed equals non-streamed');
+        // n choices of one image request: each choice sees the image
+        const three = await client.chat.completions.create({ ...params, n: 3 });
+        for (const choice of three.choices)
+          assert.equal(choice.message.content, r.choices[0].message.content, `case ${c}: n = 3`);
+        assert.equal(three.usage.prompt_tokens, want.input_ids.length);
       }
       // Two images (one repeated) in one request, and concurrent image requests.
       const png = readFileSync(`${dir}/${reference.cases[2].image}`);
