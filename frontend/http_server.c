@@ -90,6 +90,16 @@ static bool headers_too_large(const http_server *s, h2o_req_t *req)
     return bytes > s->cfg.max_header_bytes;
 }
 
+/* An exact path, or (ending in '/') a prefix followed by a name: "/v1/models/"
+ * takes "/v1/models/qwen". */
+static bool route_matches(const http_route *r, h2o_iovec_t path)
+{
+    size_t n = strlen(r->path);
+    if (r->path[n - 1] == '/')
+        return path.len > n && memcmp(path.base, r->path, n) == 0;
+    return h2o_memis(path.base, path.len, r->path, n);
+}
+
 /* Answers (and returns true) when the route needs a key that was not given. */
 static bool refuse_without_key(const http_server *s, h2o_req_t *req, http_access access)
 {
@@ -146,8 +156,7 @@ static int on_request(h2o_handler_t *self, h2o_req_t *req)
     }
     for (size_t i = 0; i < s->n_routes; i++) {
         const http_route *r = &s->routes[i];
-        if (!h2o_memis(req->path_normalized.base, req->path_normalized.len, r->path,
-                       strlen(r->path)))
+        if (!route_matches(r, req->path_normalized))
             continue;
         if (method_is(req, r->method) || (strcmp(r->method, "GET") == 0 && method_is(req, "HEAD"))) {
             if (!refuse_without_key(s, req, r->access))

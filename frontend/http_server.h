@@ -30,7 +30,7 @@ typedef enum http_access {
 
 typedef struct http_route {
     const char *method;     /* "GET"; HEAD is accepted wherever GET is */
-    const char *path;       /* exact path */
+    const char *path;       /* exact path; ending in '/': that prefix and a name after it */
     http_route_fn fn;
     http_access access;
 } http_route;

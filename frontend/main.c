@@ -64,7 +64,28 @@ static void handle_models(h2o_req_t *req, void *ud)
     frontend *fe = ud;
     vlmd_send_json(req, 200,
                    vlmd_models_render(fe->model_name, fe->started_unix_s,
-                                      fe->svc.model.text.max_position_embeddings),
+                                      fe->completions.limits.max_model_len),
+                   NULL, NULL);
+}
+
+/* GET /v1/models/{id}: the served model, or 404 for any other id. */
+static void handle_model(h2o_req_t *req, void *ud)
+{
+    frontend *fe = ud;
+    const size_t prefix = strlen("/v1/models/");
+    char id[256], msg[640];
+    if (!vlmd_model_id_decode(req->path_normalized.base + prefix,
+                              req->path_normalized.len - prefix, id, sizeof id))
+        snprintf(id, sizeof id, "(not a model id)");
+    if (strcmp(id, fe->model_name) != 0) {
+        snprintf(msg, sizeof msg, "the model '%s' does not exist; this server serves '%s'", id,
+                 fe->model_name);
+        vlmd_send_api_error(req, 404, msg, "model", "model_not_found");
+        return;
+    }
+    vlmd_send_json(req, 200,
+                   vlmd_model_render(fe->model_name, fe->started_unix_s,
+                                     fe->completions.limits.max_model_len),
                    NULL, NULL);
 }
 
@@ -106,6 +127,7 @@ static void handle_detokenize(h2o_req_t *req, void *ud)
 static const http_route routes[] = {
     {"GET", "/health", handle_health, HTTP_OPEN},
     {"GET", "/v1/models", handle_models, HTTP_KEY},
+    {"GET", "/v1/models/", handle_model, HTTP_KEY},
     {"POST", "/v1/completions", handle_completions, HTTP_KEY},
     {"POST", "/v1/chat/completions", handle_chat, HTTP_KEY},
     {"POST", "/tokenize", handle_tokenize, HTTP_KEY},

@@ -169,6 +169,20 @@ test('n choices: each as its own request would give it, streamed or not', async 
   }
 });
 
+test('models: the list and the served model by id, with the effective max_model_len', async () => {
+  const list = await client.models.list();
+  assert.deepEqual(list.data.map((m) => m.id), ['qwen2']);
+  assert.equal(list.data[0].max_model_len, MAX_LEN, 'the --max-model-len requests are held to');
+  const one = await client.models.retrieve('qwen2');
+  assert.equal(one.id, 'qwen2');
+  assert.equal(one.object, 'model');
+  assert.equal(one.max_model_len, MAX_LEN);
+  await assert.rejects(client.models.retrieve('gpt-4'), (e) => e.status === 404 && e.error?.param === 'model');
+  const escaped = await getJson(`${server.url}/v1/models/qwen%32`);
+  assert.equal(escaped.status, 200, 'an escaped id is decoded');
+  assert.equal((await getJson(`${server.url}/v1/models/%zz`)).status, 404);
+});
+
 test('validation: each bad field gets a 400 naming it, and the server keeps serving', async () => {
   const url = `${server.url}/v1/chat/completions`;
   const ok = { model: 'qwen2', messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 };

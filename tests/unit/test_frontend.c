@@ -196,6 +196,20 @@ Test(models, openai_list_shape)
     json_decref(m);
 }
 
+Test(models, a_model_id_from_its_path)
+{
+    char out[16];
+    cr_expect(vlmd_model_id_decode("qwen", 4, out, sizeof out));
+    cr_expect_str_eq(out, "qwen");
+    cr_expect(vlmd_model_id_decode("Qwen%2FQwen2%2e5", 16, out, sizeof out));
+    cr_expect_str_eq(out, "Qwen/Qwen2.5");
+    cr_expect_not(vlmd_model_id_decode("a%2", 3, out, sizeof out), "a cut escape");
+    cr_expect_not(vlmd_model_id_decode("a%zz", 4, out, sizeof out), "not hex");
+    cr_expect_not(vlmd_model_id_decode("a%00b", 5, out, sizeof out), "a NUL");
+    cr_expect_not(vlmd_model_id_decode("0123456789abcdef", 16, out, sizeof out), "too long");
+    cr_expect(vlmd_model_id_decode("0123456789abcde", 15, out, sizeof out), "just fits");
+}
+
 Test(models, served_name)
 {
     char out[64];
