@@ -354,6 +354,26 @@ static bool fit_output(api_request *r, const api_limits *lim, api_error *e)
     return true;
 }
 
+/* stop_token_ids (vLLM's extension): up to API_MAX_STOP_IDS ids below vocab. */
+static bool parse_stop_token_ids(const json_t *body, uint32_t vocab, api_request *r,
+                                 api_error *e)
+{
+    const json_t *v = opt(body, "stop_token_ids");
+    if (!v)
+        return true;
+    if (!json_is_array(v) || json_array_size(v) > API_MAX_STOP_IDS)
+        return api_fail(e, 400, "stop_token_ids", "invalid_value", "'stop_token_ids' must be a "
+                        "list of at most %d token ids", API_MAX_STOP_IDS);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *id = json_array_get(v, i);
+        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= vocab)
+            return api_fail(e, 400, "stop_token_ids", "invalid_value",
+                            "stop_token_ids[%zu] is not a token id below %u", i, vocab);
+        r->stop_token_ids[r->n_stop_token_ids++] = (uint32_t)json_integer_value(id);
+    }
+    return true;
+}
+
 /* OpenAI fields whose answer vlmd cannot give yet: refused by name rather
  * than ignored, since ignoring them gives an answer of another kind (free
  * text for JSON, no tool calls, no audio). Their neutral values pass. */
@@ -413,7 +433,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
 
     int64_t n = 1, max_tokens = 0, max_completion = 0, top_k = r->sampling.top_k, seed = 0;
     bool max_given = false, completion_given = false, seed_given = false, logprobs = false;
-    int64_t top_logprobs = 0, completion_logprobs = 0;
+    int64_t top_logprobs = 0, completion_logprobs = 0, min_tokens = 0;
     ok = get_integer(body, "n", 1, API_MAX_N, &n, NULL, e) &&
          get_integer(body, "max_tokens", 1, INT32_MAX, &max_tokens, &max_given, e) &&
          get_integer(body, "max_completion_tokens", 1, INT32_MAX, &max_completion,
@@ -429,6 +449,8 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
          get_bool(body, "stream", &r->stream, e) &&
          get_bool(body, "ignore_eos", &r->ignore_eos, e) && parse_stops(body, r, e) &&
          parse_logit_bias(body, vlmd_tokenizer_size(tok), r, e) &&
+         parse_stop_token_ids(body, vlmd_tokenizer_size(tok), r, e) &&
+         get_integer(body, "min_tokens", 0, INT32_MAX, &min_tokens, NULL, e) &&
          refuse_unsupported(body, chat, n, e);
     if (ok && chat)
         ok = get_bool(body, "logprobs", &logprobs, e) &&
@@ -462,6 +484,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
         return false;
     }
     r->n = (uint32_t)n;
+    r->min_tokens = (uint32_t)min_tokens;
     r->sampling.top_k = (int32_t)top_k;
     r->sampling.has_seed = seed_given;
     r->sampling.seed = (uint64_t)seed;
@@ -475,6 +498,9 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
                           : max_given      ? max_tokens
                           : chat           ? 0
                                            : 16;
+    if (ok && r->asked_max_tokens && r->min_tokens > r->asked_max_tokens)
+        ok = api_fail(e, 400, "min_tokens", "invalid_value", "min_tokens (%u) is more than the "
+                      "%lld tokens asked for", r->min_tokens, (long long)r->asked_max_tokens);
     if (ok && lim->max_output_tokens && r->asked_max_tokens > lim->max_output_tokens)
         ok = api_fail(e, 400, completion_given ? "max_completion_tokens" : "max_tokens",
                       "invalid_value", "%lld tokens asked; at most %u (--max-output-tokens)",

@@ -19,6 +19,7 @@
 #define API_MAX_N 128          /* choices per request (OpenAI's limit) */
 #define API_MAX_STOPS 4
 #define API_MAX_STOP_LEN 256
+#define API_MAX_STOP_IDS 8     /* stop_token_ids per request */
 /* How request bodies are parsed: a key given twice is an error, and "\u0000"
  * is JSON like any other escape (text may carry it; api_request.c refuses it
  * where a value is used as a C string). */
@@ -52,6 +53,9 @@ typedef struct api_request {
     int n_stops;
     vlmd_logit_bias *logit_bias;    /* owned; distinct ids, in id order */
     uint32_t n_logit_bias;
+    uint32_t stop_token_ids[API_MAX_STOP_IDS]; /* vLLM's extension: more ids that end it */
+    uint32_t n_stop_token_ids;
+    uint32_t min_tokens;            /* vLLM's extension: nothing ends it before this many */
     api_image *images;              /* owned; in prompt order */
     uint32_t n_images;
     int64_t asked_max_tokens;       /* max_(completion_)tokens as given; 0 = not given */

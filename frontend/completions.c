@@ -317,13 +317,16 @@ static json_t *full_json(const completions *c, const inflight_entry *e)
 /* ---- stop strings ------------------------------------------------------------------ */
 
 /* How much of the text may be shown: up to the first stop string (*hit set),
- * else all but a tail that could still grow into one. */
+ * else all but a tail that could still grow into one. Before min_tokens
+ * tokens nothing is searched (as vLLM does): the text so far counts as
+ * searched. */
 static size_t visible_end(const inflight_entry *e, inflight_choice *ch, bool *hit)
 {
     *hit = false;
     const char *t = ch->text.data ? ch->text.data : "";
     size_t len = ch->text.len, longest = 0, best = len;
-    for (int i = 0; i < e->api.n_stops; i++) {
+    bool too_early = ch->completion_tokens < e->api.min_tokens;
+    for (int i = 0; !too_early && i < e->api.n_stops; i++) {
         size_t sl = strlen(e->api.stops[i]);
         longest = sl > longest ? sl : longest;
         size_t from = ch->checked + 1 > sl ? ch->checked + 1 - sl : 0;
@@ -398,11 +401,16 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
                                    .data = im->data, .n_data = (uint32_t)im->len};
         memcpy(refs[i].hash, im->hash, 32);
     }
+    /* the end-of-turn tokens (unless it ignores them), then its own stop_token_ids */
+    uint32_t stops[2 + API_MAX_STOP_IDS], n_stops = r->ignore_eos ? 0 : c->n_stop;
+    memcpy(stops, c->stop_ids, n_stops * sizeof *stops);
+    memcpy(stops + n_stops, r->stop_token_ids, r->n_stop_token_ids * sizeof *stops);
+    n_stops += r->n_stop_token_ids;
     vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
     m.u.request_submit = (vlmd_msg_request_submit){
         .tokens = r->prompt.ids, .n_tokens = (uint32_t)r->prompt.n,
-        .max_tokens = r->max_tokens, .sampling = r->sampling, .stop_tokens = c->stop_ids,
-        .n_stop_tokens = r->ignore_eos ? 0 : c->n_stop, .ignore_eos = r->ignore_eos,
+        .max_tokens = r->max_tokens, .sampling = r->sampling, .stop_tokens = stops,
+        .n_stop_tokens = n_stops, .min_tokens = r->min_tokens, .ignore_eos = r->ignore_eos,
         .logprobs = r->logprobs, .top_logprobs = r->top_logprobs, .images = refs,
         .n_images = r->n_images, .session = e->session, .logit_bias = r->logit_bias,
         .n_logit_bias = r->n_logit_bias};

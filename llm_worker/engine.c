@@ -45,6 +45,7 @@ typedef struct request {
     uint32_t n_stop;
     vlmd_logit_bias *bias;      /* logit_bias, distinct ids */
     uint32_t n_bias;
+    int32_t min_tokens;         /* its end tokens are banned until it has made this many */
     uint64_t seed;              /* its random stream (sample_rng.h): the seed, or its id */
     req_image *images;          /* in prompt order; NULL for text */
     uint32_t n_images;
@@ -93,6 +94,8 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     e->m = m;
     e->cfg = *cfg;
+    if (e->cfg.eos_id >= (int32_t)qwen2_vocab_size(m))
+        e->cfg.eos_id = -1; /* a config's id the model cannot produce ends nothing */
     e->emit = emit;
     e->ud = ud;
     int32_t n = cfg->max_batch_tokens, r = cfg->max_running, V = (int32_t)qwen2_vocab_size(m);
@@ -405,6 +408,11 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: token %u at %u is outside "
                                "the vocabulary of %u", (unsigned long long)r->req_id,
                                r->tokens[i], i, V);
+    for (uint32_t i = 0; i < r->n_stop_tokens; i++)
+        if (r->stop_tokens[i] >= V)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: stop token %u is outside "
+                               "the vocabulary of %u", (unsigned long long)r->req_id,
+                               r->stop_tokens[i], V);
     vlmd_status st = check_logit_bias(e, r, err);
     if (st != VLMD_OK)
         return st;
@@ -458,6 +466,7 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     q->ignore_eos = r->ignore_eos;
     q->top_logprobs = r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS ? ENGINE_MAX_TOP_LOGPROBS
                                                                 : r->top_logprobs;
+    q->min_tokens = (int32_t)(r->min_tokens < r->max_tokens ? r->min_tokens : r->max_tokens);
     q->n_stop = r->n_stop_tokens;
     if (r->n_stop_tokens)
         memcpy(q->stop, r->stop_tokens, r->n_stop_tokens * sizeof *q->stop);
@@ -686,6 +695,16 @@ static void penalized_tokens(const request *q, int32_t *from, int32_t *to)
     *to = out ? q->n_tokens : *from;
 }
 
+/* Sets id's bias in row's seen list (adding it as an unpenalized entry). */
+static void bias_token(engine *e, vlmd_sample_row *row, int32_t id, float bias)
+{
+    if (!e->seen_at[id]) {
+        row->seen[row->n_seen] = (vlmd_seen_token){.id = id};
+        e->seen_at[id] = ++row->n_seen;
+    }
+    row->seen[e->seen_at[id] - 1].bias = bias;
+}
+
 /* Row i's sampling parameters, its seen tokens appended at e->seen + *n_seen. */
 static void sample_row(engine *e, const request *q, vlmd_sample_row *row, int32_t *n_seen)
 {
@@ -710,13 +729,13 @@ static void sample_row(engine *e, const request *q, vlmd_sample_row *row, int32_
         }
         row->seen[e->seen_at[id] - 1].output_count += i >= q->n_prompt;
     }
-    for (uint32_t i = 0; i < q->n_bias; i++) {
-        int32_t id = (int32_t)q->bias[i].id;
-        if (!e->seen_at[id]) {
-            row->seen[row->n_seen] = (vlmd_seen_token){.id = id};
-            e->seen_at[id] = ++row->n_seen;
-        }
-        row->seen[e->seen_at[id] - 1].bias = (float)q->bias[i].bias;
+    for (uint32_t i = 0; i < q->n_bias; i++)
+        bias_token(e, row, (int32_t)q->bias[i].id, (float)q->bias[i].bias);
+    if (n_out < q->min_tokens) { /* nothing may end it yet */
+        if (e->cfg.eos_id >= 0 && !q->ignore_eos)
+            bias_token(e, row, e->cfg.eos_id, -INFINITY);
+        for (uint32_t i = 0; i < q->n_stop; i++)
+            bias_token(e, row, (int32_t)q->stop[i], -INFINITY);
     }
     for (int32_t i = 0; i < row->n_seen; i++)
         e->seen_at[row->seen[i].id] = 0;
@@ -731,11 +750,12 @@ static vlmd_status sample_step(engine *e, int32_t n_logits, vlmd_error *err)
         int32_t n = 0, n_seen = 0;
         while (first + n < n_logits) {
             const request *q = e->in_step[first + n];
-            /* a row adds at most its penalized and biased tokens, and at most the
-             * vocabulary (distinct ids), which fits alone */
+            /* a row adds at most its penalized, biased and banned tokens, and at most
+             * the vocabulary (distinct ids), which fits alone */
             int32_t from, to;
             penalized_tokens(q, &from, &to);
-            if (n && n_seen + (to - from) + (int32_t)q->n_bias > cap)
+            int32_t extra = (int32_t)(q->n_bias + 1 + q->n_stop); /* biases and bans */
+            if (n && n_seen + (to - from) + extra > cap)
                 break;
             sample_row(e, q, &e->sample_rows[first + n], &n_seen);
             n++;

@@ -30,6 +30,7 @@
  *   session                  request_submit              ""
  *   ignore_eos               request_submit              false
  *   logit_bias               request_submit              none (NULL, 0)
+ *   min_tokens               request_submit              0
  *   max_tokens_capped        token_chunk                 0
  *   cached_tokens            token_chunk                 0
  *   arena_offset, token_count image_job                  0
@@ -268,6 +269,7 @@ static const field_desc request_submit_fields[] = {
     OPT(vlmd_msg_request_submit, ignore_eos, F_BOOL),
     OPT_SUB_ARR(vlmd_msg_request_submit, logit_bias, n_logit_bias, logit_bias_desc,
                 VLMD_PROTO_MAX_LOGIT_BIAS),
+    U32_MAX(vlmd_msg_request_submit, min_tokens, UINT32_MAX, true),
 };
 static const field_desc request_cancel_fields[] = {
     FLD(vlmd_msg_request_cancel, req_id, F_U64),

@@ -215,6 +215,7 @@ typedef struct vlmd_msg_request_submit {
     bool ignore_eos;                /* the model's end-of-sequence token does not end it (optional) */
     vlmd_logit_bias *logit_bias;    /* distinct ids (optional) */
     uint32_t n_logit_bias;
+    uint32_t min_tokens;            /* EOS and stop tokens are banned before this many (optional) */
 } vlmd_msg_request_submit;
 
 typedef struct vlmd_msg_request_cancel {

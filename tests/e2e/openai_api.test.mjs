@@ -129,6 +129,27 @@ test('logit_bias bans the greedy token and forces another, through the SDK', asy
   assert.equal(forced.choices[0].text, 'xxx', 'every sampled token is the forced one');
 });
 
+test('stop_token_ids end the text after their token; min_tokens holds off every end', async () => {
+  const g = case0.greedy_continuation;
+  const params = { model: 'qwen2', messages: case0.messages, max_tokens: 12, temperature: 0 };
+  const k = g.findIndex((id, i) => i >= 3 && g.indexOf(id) === i); // a token first seen at >= 3
+  assert.ok(k >= 3, 'the greedy text has a fourth distinct token');
+  const stopped = await client.chat.completions.create({ ...params, stop_token_ids: [g[k]] });
+  assert.equal(stopped.choices[0].finish_reason, 'stop');
+  assert.equal(stopped.usage.completion_tokens, k + 1);
+  assert.equal(stopped.choices[0].message.content, decode(g.slice(0, k + 1)), 'its text is kept (not special)');
+  const held = await client.chat.completions.create({ ...params, stop_token_ids: [g[0]], min_tokens: 3 });
+  assert.ok(held.usage.completion_tokens >= 3);
+  assert.ok(!held.choices[0].message.content.startsWith(decode([g[0]])), 'the stop token cannot come first');
+  // a stop string within the first min_tokens tokens' text is not looked for
+  const stop = decode([g[1]]);
+  const cut = greedy.indexOf(stop);
+  const early = await client.chat.completions.create({ ...params, stop: [stop] });
+  assert.equal(early.choices[0].message.content, greedy.slice(0, cut));
+  const late = await client.chat.completions.create({ ...params, stop: [stop], min_tokens: 12 });
+  assert.equal(late.choices[0].message.content, greedy, 'all twelve tokens, the stop string unsought');
+});
+
 test('n choices: each as its own request would give it, streamed or not', async () => {
   // greedy: n copies of the greedy text; the prompt counts once in usage
   const g = await client.chat.completions.create({ model: 'qwen2', messages: case0.messages, max_tokens: 12, temperature: 0, n: 3 });
@@ -216,6 +237,10 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     [{ logit_bias: { abc: 1 } }, 400, 'logit_bias'],
     [{ logit_bias: { 5: 101 } }, 400, 'logit_bias'],
     [{ logit_bias: [5] }, 400, 'logit_bias'],
+    [{ min_tokens: -1 }, 400, 'min_tokens'],
+    [{ min_tokens: 3, max_tokens: 2 }, 400, 'min_tokens'],
+    [{ stop_token_ids: [99999999] }, 400, 'stop_token_ids'],
+    [{ stop_token_ids: Array(9).fill(5) }, 400, 'stop_token_ids'],
     // fields whose answer vlmd cannot give are refused by name, not ignored
     [{ response_format: { type: 'json_object' } }, 400, 'response_format'],
     [{ tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 400, 'tools'],

@@ -409,6 +409,44 @@ Test(engine, eos_ends_a_request_unless_it_ignores_eos)
     close_model(&f);
 }
 
+/* min_tokens: the model's EOS and the request's stop tokens cannot end it
+ * before that many tokens; after, they end it as before. */
+Test(engine, min_tokens_hold_off_eos_and_stop_tokens)
+{
+    fixture f;
+    open_model(&f);
+    static outputs probe, o;
+    uint32_t prompt[64];
+    vlmd_error err = {0};
+    int32_t end, first;
+    vlmd_msg_request_submit r = greedy_alone(&f, &probe, prompt, &end, &first);
+    engine *e = NULL;
+    engine_config cfg = {.kv_slots = 256, .max_batch_tokens = 256, .max_running = 16,
+                         .eos_id = end, .max_model_len = 4096, .image_token_id = -1};
+    cr_assert_eq(engine_create(f.m, &cfg, on_emit, &o, &e, &err), VLMD_OK, "%s", err.msg);
+    uint32_t stop = (uint32_t)probe.tokens[0][0];
+    vlmd_msg_request_submit held = r, stopped = r, bad = r;
+    held.req_id = 1, held.min_tokens = (uint32_t)first + 3;
+    stopped.req_id = 2, stopped.stop_tokens = &stop, stopped.n_stop_tokens = 1;
+    stopped.min_tokens = 2;
+    uint32_t outside = qwen2_vocab_size(f.m);
+    bad.req_id = 3, bad.stop_tokens = &outside, bad.n_stop_tokens = 1;
+    cr_expect_eq(engine_submit(e, &bad, &err), VLMD_ERR_INVALID_ARG, "a stop id past the vocabulary");
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(engine_submit(e, &held, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(engine_submit(e, &stopped, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(e, 100);
+    cr_expect_eq(o.n[0], first + 1, "EOS ends the request without min_tokens");
+    cr_expect_arr_eq(o.tokens[1], probe.tokens[0], (size_t)first * 4, "the same up to the EOS");
+    cr_expect_geq(o.n[1], first + 3, "no EOS before min_tokens");
+    for (int32_t i = 0; i < first + 2 && i < o.n[1]; i++)
+        cr_expect_neq(o.tokens[1][i], end, "token %d is not the EOS", i);
+    cr_expect_neq(o.tokens[2][0], (int32_t)stop, "the stop token is banned as the first token");
+    cr_expect_geq(o.n[2], 2);
+    engine_free(e);
+    close_model(&f);
+}
+
 /* Greedy requests of a shared system prompt and of a multi-turn chat, with the
  * prefix cache on and off: the same tokens, and the later ones start from the
  * cached prefix. */

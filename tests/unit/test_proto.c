@@ -95,7 +95,7 @@ static vlmd_msg sample(vlmd_msg_type t)
             .sampling = {0.7, 0.9, 40, 0.05, 0.5, -0.5, 1.1, UINT64_MAX - 1, true},
             .stop_tokens = sample_stops, .n_stop_tokens = 3, .top_logprobs = 20,
             .logprobs = true, .images = sample_images, .n_images = 3, .session = "user-42",
-            .ignore_eos = true, .logit_bias = sample_bias, .n_logit_bias = 2};
+            .ignore_eos = true, .logit_bias = sample_bias, .n_logit_bias = 2, .min_tokens = 9};
         break;
     case VLMD_MSG_REQUEST_CANCEL:
         m.u.request_cancel = (vlmd_msg_request_cancel){8, VLMD_FINISH_CANCELLED};
@@ -241,7 +241,7 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
         const vlmd_msg_request_submit *a = &x->u.request_submit, *b = &y->u.request_submit;
         EQ(req_id); ARR(tokens, n_tokens); EQ(max_tokens); ARR(stop_tokens, n_stop_tokens);
         EQ(top_logprobs); EQ(logprobs); EQ(n_images); STR(session); EQ(ignore_eos);
-        EQ(n_logit_bias);
+        EQ(n_logit_bias); EQ(min_tokens);
         for (uint32_t i = 0; i < a->n_logit_bias && i < b->n_logit_bias; i++) {
             EQ(logit_bias[i].id); EQ(logit_bias[i].bias);
         }
@@ -1188,7 +1188,7 @@ static const field_ref optional_fields[] = {
     {VLMD_MSG_STATS_SNAPSHOT, "workers.counters"},
     {VLMD_MSG_REQUEST_SUBMIT, "session"},   {VLMD_MSG_TOKEN_CHUNK, "max_tokens_capped"},
     {VLMD_MSG_REQUEST_SUBMIT, "ignore_eos"}, {VLMD_MSG_TOKEN_CHUNK, "cached_tokens"},
-    {VLMD_MSG_REQUEST_SUBMIT, "logit_bias"},
+    {VLMD_MSG_REQUEST_SUBMIT, "logit_bias"}, {VLMD_MSG_REQUEST_SUBMIT, "min_tokens"},
 };
 /* Optional too, but they travel together: dropping one alone is a shape mismatch. */
 static const field_ref coupled_fields[] = {
