@@ -8,6 +8,7 @@
 
 #include "chat_template.h"
 #include "mrope.h"
+#include "tools.h"
 
 /* An optional field: absent or null means "use the default" (returns NULL). */
 static const json_t *opt(const json_t *body, const char *key)
@@ -232,6 +233,23 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
         }
         cm[i].role = json_string_value(role);
         cm[i].parts = &parts[k];
+        const json_t *calls = json_object_get(m, "tool_calls");
+        const json_t *call_id = json_object_get(m, "tool_call_id");
+        snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
+        if (calls && !json_is_null(calls) && strcmp(cm[i].role, "assistant") != 0) {
+            ok = api_fail(e, 400, param, "invalid_value", "only assistant messages make calls");
+            break;
+        }
+        if (calls && !json_is_null(calls) &&
+            !(ok = api_tool_calls_parse(calls, i, (vlmd_chat_tool_call **)&cm[i].tool_calls,
+                                        &cm[i].n_tool_calls, e)))
+            break;
+        snprintf(param, sizeof param, "messages[%zu].tool_call_id", i);
+        if (strcmp(cm[i].role, "tool") == 0 && !plain_string(call_id)) {
+            ok = api_fail(e, 400, param, "invalid_type", "a tool message must name the call it "
+                          "answers in 'tool_call_id'");
+            break;
+        }
         snprintf(param, sizeof param, "messages[%zu].content", i);
         if (json_is_string(content) || json_is_null(content) || !content) {
             parts[k++] = (vlmd_chat_part){VLMD_CHAT_TEXT,
@@ -272,15 +290,21 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
             }
         }
     }
+    char *tools = NULL;
+    if (ok && (ok = api_tools_parse(body, &tools, e)) && tools)
+        ok = text_fits(lim, text_bytes + strlen(tools), "tools", e);
     if (ok) {
         vlmd_error err = {0};
-        if (vlmd_chat_render(cm, n, true, text, &err) != VLMD_OK) {
+        if (vlmd_chat_render_tools(cm, n, tools, true, text, &err) != VLMD_OK) {
             /* the message starts with the offending "messages[i]..." */
             char *space = strchr(err.msg, ':');
             snprintf(param, sizeof param, "%.*s", space ? (int)(space - err.msg) : 0, err.msg);
             ok = api_fail(e, 400, space ? param : "messages", "invalid_value", "%s", err.msg);
         }
     }
+    for (size_t i = 0; cm && i < n; i++)
+        api_tool_calls_free((vlmd_chat_tool_call *)cm[i].tool_calls, cm[i].n_tool_calls);
+    free(tools);
     free(cm);
     free(parts);
     return ok;
@@ -384,16 +408,10 @@ static bool refuse_unsupported(const json_t *body, bool chat, int64_t n, api_err
         return api_fail(e, 400, "response_format", "unsupported_parameter", "vlmd does not "
                         "constrain output to JSON yet: 'response_format' may only be "
                         "{\"type\": \"text\"}");
-    const json_t *choice = opt(body, "tool_choice");
-    bool no_tools = json_is_string(choice) && strcmp(json_string_value(choice), "none") == 0;
-    static const char *const tool_fields[] = {"tools", "functions"};
-    for (size_t i = 0; chat && !no_tools && i < 2; i++) {
-        const json_t *t = opt(body, tool_fields[i]);
-        if (t && (!json_is_array(t) || json_array_size(t) > 0))
-            return api_fail(e, 400, tool_fields[i], "unsupported_parameter", "vlmd does not "
-                            "parse tool calls yet: send no '%s' (or \"tool_choice\": \"none\")",
-                            tool_fields[i]);
-    }
+    const json_t *functions = opt(body, "functions");
+    if (chat && functions && (!json_is_array(functions) || json_array_size(functions) > 0))
+        return api_fail(e, 400, "functions", "unsupported_parameter", "'functions' is "
+                        "deprecated: send them as 'tools'");
     const json_t *modalities = opt(body, "modalities");
     bool text_only = !modalities || json_is_array(modalities);
     for (size_t i = 0; text_only && i < json_array_size(modalities); i++) {
@@ -484,6 +502,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
         return false;
     }
     r->n = (uint32_t)n;
+    r->tools = chat && api_tools_active(body);
     r->min_tokens = (uint32_t)min_tokens;
     r->sampling.top_k = (int32_t)top_k;
     r->sampling.has_seed = seed_given;

@@ -43,6 +43,7 @@ typedef struct api_request {
     bool stream, include_usage, echo;
     bool ignore_eos;                /* generate past end-of-sequence (benchmarks; vLLM's extension) */
     uint32_t n;                     /* choices, each its own engine request */
+    bool tools;                     /* the model may call tools: its text is parsed (tools.h) */
     vlmd_tokens prompt;             /* owned */
     uint32_t max_tokens;            /* after shrinking to the room left */
     bool max_tokens_shrunk;

@@ -3,7 +3,8 @@
  *   <|im_start|>ROLE\nCONTENT<|im_end|>\n ...
  *   <|im_start|>assistant\n                                        (generation prompt)
  * An image part is <|vision_start|><|image_pad|><|vision_end|>; the single pad
- * is expanded to the image's token count after tokenizing. */
+ * is expanded to the image's token count after tokenizing. Tools, calls and
+ * their results are written as Qwen2.5's template writes them (tools.h). */
 #ifndef VLMD_CHAT_TEMPLATE_H
 #define VLMD_CHAT_TEMPLATE_H
 
@@ -26,15 +27,29 @@ typedef struct vlmd_chat_part {
     size_t len;             /* its bytes (a NUL among them is text: JSON's "\u0000") */
 } vlmd_chat_part;
 
+/* A call an assistant turn made (tools.h). */
+typedef struct vlmd_chat_tool_call {
+    const char *name;
+    const char *arguments;  /* the arguments object as JSON text */
+} vlmd_chat_tool_call;
+
 typedef struct vlmd_chat_message {
-    const char *role;       /* "system", "user" or "assistant" */
+    const char *role;       /* "system", "user", "assistant" or "tool" (a call's result) */
     const vlmd_chat_part *parts;
     size_t n_parts;
+    const vlmd_chat_tool_call *tool_calls;  /* assistant: after its text */
+    size_t n_tool_calls;
 } vlmd_chat_message;
 
 /* Appends the prompt text to out. An unknown role, or an image in a system
  * or assistant turn, is VLMD_ERR_INVALID_ARG naming the message's index. */
 vlmd_status vlmd_chat_render(const vlmd_chat_message *msgs, size_t n, bool add_generation_prompt,
                              vlmd_buf *out, vlmd_error *err);
+/* The same with the request's tools: tools_section (NULL: none) follows the
+ * system prompt; calls are written as <tool_call> blocks, and consecutive
+ * tool results as one user turn of <tool_response> blocks. */
+vlmd_status vlmd_chat_render_tools(const vlmd_chat_message *msgs, size_t n,
+                                   const char *tools_section, bool add_generation_prompt,
+                                   vlmd_buf *out, vlmd_error *err);
 
 #endif

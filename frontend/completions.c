@@ -20,6 +20,7 @@
 #include "http_server.h"
 #include "log.h"
 #include "response.h"
+#include "tools.h"
 
 #define CAPPED_HEADER "x-vlmd-max-tokens-capped"
 #define SWEEP_MS 250
@@ -291,6 +292,46 @@ static json_t *chunk_json(const completions *c, const inflight_entry *e, uint32_
                      choice);
 }
 
+/* The id of call k of choice i. */
+static void call_id(const inflight_entry *e, uint32_t i, uint32_t k, char *out, size_t outsz)
+{
+    snprintf(out, outsz, "call_%016llx%02x%02x", (unsigned long long)e->req_id, i & 0xff,
+             k & 0xff);
+}
+
+/* An answer's text split into content and calls (tools.h): the message with
+ * "tool_calls" (content null when there is none before them) when every
+ * <tool_call> block is a call, else with the whole text as content. */
+static json_t *chat_message(const inflight_entry *e, uint32_t i, const char **finish)
+{
+    const inflight_choice *ch = &e->choices[i];
+    const char *text = ch->text.data ? ch->text.data : "";
+    bool begun = false;
+    size_t content_end = e->api.tools ? tool_content_end(text, ch->sent, true, &begun) : 0;
+    json_t *calls = json_array();
+    tool_call call;
+    bool all_calls = begun;
+    for (size_t pos = content_end; all_calls && tool_call_next(text, ch->sent, true, &pos, &call);) {
+        char id[48];
+        call_id(e, i, (uint32_t)json_array_size(calls), id, sizeof id);
+        all_calls = call.name != NULL;
+        if (all_calls)
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+                                                   "function", "function", "name", call.name,
+                                                   "arguments", call.arguments));
+        tool_call_free(&call);
+    }
+    if (!all_calls || json_array_size(calls) == 0) {
+        json_decref(calls);
+        return json_pack("{s:s, s:s%}", "role", "assistant", "content", text, ch->sent);
+    }
+    if (strcmp(*finish, "stop") == 0)
+        *finish = "tool_calls";
+    return json_pack("{s:s, s:o, s:o}", "role", "assistant", "content",
+                     content_end ? json_stringn(text, content_end) : json_null(), "tool_calls",
+                     calls);
+}
+
 static json_t *full_json(const completions *c, const inflight_entry *e)
 {
     char id[48];
@@ -298,15 +339,15 @@ static json_t *full_json(const completions *c, const inflight_entry *e)
     json_t *choices = json_array();
     for (uint32_t i = 0; i < e->n_choices; i++) {
         const inflight_choice *ch = &e->choices[i];
-        const char *text = ch->text.data ? ch->text.data : "";
+        const char *text = ch->text.data ? ch->text.data : "", *finish = ch->finish;
         json_t *lp = logprobs_json(c, e, ch->lps, ch->n_lps, e->prompt_text_len);
+        json_t *message = e->api.chat ? chat_message(e, i, &finish) : NULL;
         json_array_append_new(
-            choices, e->api.chat ? json_pack("{s:i, s:{s:s, s:s%}, s:o, s:s}", "index", (int)i,
-                                             "message", "role", "assistant", "content", text,
-                                             ch->sent, "logprobs", lp, "finish_reason", ch->finish)
+            choices, e->api.chat ? json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "message",
+                                             message, "logprobs", lp, "finish_reason", finish)
                                  : json_pack("{s:i, s:s%, s:o, s:s}", "index", (int)i, "text",
                                              text, ch->sent, "logprobs", lp, "finish_reason",
-                                             ch->finish));
+                                             finish));
     }
     return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", id, "object",
                      e->api.chat ? "chat.completion" : "text_completion", "created",
@@ -631,6 +672,56 @@ static void finish(completions *c, inflight_entry *e)
     stream_flush(c, id);
 }
 
+/* tools, streamed: content ends where the first <tool_call> begins (from
+ * then on the choice is calling). */
+static size_t streamed_content_end(inflight_choice *ch, size_t end, bool final)
+{
+    if (ch->calling)
+        return ch->sent;
+    bool begun;
+    size_t content_end = tool_content_end(ch->text.data ? ch->text.data : "", end, final, &begun);
+    if (begun) {
+        ch->calling = true;
+        ch->call_pos = content_end;
+    }
+    return content_end;
+}
+
+/* tools, streamed: each <tool_call> block complete in text[0..end) (final:
+ * an unfinished one too) goes out as a call; a block that is not a call goes
+ * out as the text it is. */
+static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size_t end,
+                         bool final)
+{
+    inflight_choice *ch = &e->choices[index];
+    const char *text = ch->text.data ? ch->text.data : "";
+    tool_call call;
+    while (tool_call_next(text, end, final, &ch->call_pos, &call)) {
+        json_t *delta;
+        if (call.name) {
+            char id[48];
+            call_id(e, index, ch->n_calls, id, sizeof id);
+            delta = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index",
+                              (int)ch->n_calls++, "id", id, "type", "function", "function",
+                              "name", call.name, "arguments", call.arguments);
+        } else {
+            delta = json_pack("{s:s%}", "content", text + call.start, call.end - call.start);
+        }
+        tool_call_free(&call);
+        if (!ch->spoke)
+            json_object_set_new(delta, "role", json_string("assistant"));
+        ch->spoke = true;
+        char rid[48];
+        response_id(e, rid, sizeof rid);
+        stream_start(c, e);
+        stream_event(e, json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:n}]}", "id", rid,
+                                  "object", "chat.completion.chunk", "created",
+                                  (json_int_t)e->created_unix_s, "model", c->limits.model_name,
+                                  "choices", "index", (int)index, "delta", delta, "logprobs",
+                                  "finish_reason"));
+    }
+}
+
 static bool grow_lps(inflight_choice *ch)
 {
     token_logprobs *p = vlmd_grow(ch->lps, ch->n_lps, &ch->cap_lps, sizeof *p, 64);
@@ -714,22 +805,30 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         else if (!hit)
             end = ch->text.len; /* nothing more will come: release the held tail */
     }
-    if (e->api.stream && (end > ch->sent || m->finish == VLMD_FINISH_NONE)) {
+    bool final = hit || m->finish != VLMD_FINISH_NONE;
+    size_t show = end; /* what may go out as content */
+    if (e->api.tools && e->api.stream)
+        show = streamed_content_end(ch, end, final);
+    if (e->api.stream && (show > ch->sent || (m->finish == VLMD_FINISH_NONE && !ch->calling))) {
         /* one chunk per generated token, even when its text is held back */
         bool first = !ch->spoke;
         ch->spoke = true;
         stream_start(c, e);
         json_t *lp = n_chunk_lps ? logprobs_json(c, e, chunk_lps, n_chunk_lps, text_before)
                                  : NULL;
-        stream_event(e, chunk_json(c, e, index, ch->text.data + ch->sent, end - ch->sent, NULL,
+        stream_event(e, chunk_json(c, e, index, ch->text.data + ch->sent, show - ch->sent, NULL,
                                    first, lp));
     }
-    ch->sent = end > ch->sent ? end : ch->sent;
-    if (hit || m->finish != VLMD_FINISH_NONE) {
+    ch->sent = show > ch->sent ? show : ch->sent;
+    if (ch->calling)
+        stream_calls(c, e, index, end, final);
+    if (final) {
         ch->finish = hit || m->finish == VLMD_FINISH_STOP ? "stop" : "length";
         if (e->api.stream) {
+            const char *reason = ch->n_calls && !strcmp(ch->finish, "stop") ? "tool_calls"
+                                                                             : ch->finish;
             stream_start(c, e);
-            stream_event(e, chunk_json(c, e, index, "", 0, ch->finish, false, NULL));
+            stream_event(e, chunk_json(c, e, index, "", 0, reason, false, NULL));
         }
         if (++e->n_finished == e->n_choices) {
             finish(c, e);

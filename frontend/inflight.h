@@ -37,6 +37,9 @@ typedef struct inflight_choice {
     uint32_t completion_tokens;
     uint32_t cached_tokens;     /* prompt tokens the engine's prefix cache gave */
     bool spoke;                 /* a stream chunk of it went out (chat: the role with it) */
+    bool calling;               /* tools: a <tool_call> began; no more content (stream) */
+    size_t call_pos;            /* tools: text before this is split into content and calls */
+    uint32_t n_calls;           /* tools: calls sent (stream) */
     const char *finish;         /* "stop" or "length" once it ended; NULL while running */
     token_logprobs *lps;        /* non-streamed logprobs: one per generated token */
     size_t n_lps, cap_lps;

@@ -243,7 +243,9 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     [{ stop_token_ids: Array(9).fill(5) }, 400, 'stop_token_ids'],
     // fields whose answer vlmd cannot give are refused by name, not ignored
     [{ response_format: { type: 'json_object' } }, 400, 'response_format'],
-    [{ tools: [{ type: 'function', function: { name: 'f', parameters: {} } }] }, 400, 'tools'],
+    [{ tools: [{ type: 'function', function: { name: 'a b' } }] }, 400, 'tools[0].function'],
+    [{ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 'required' }, 400, 'tool_choice'],
+    [{ messages: [{ role: 'tool', content: '18 C' }] }, 400, 'messages[0].tool_call_id'],
     [{ functions: [{ name: 'f' }] }, 400, 'functions'],
     [{ modalities: ['text', 'audio'] }, 400, 'modalities'],
     [{ audio: { voice: 'alloy', format: 'wav' } }, 400, 'audio'],
@@ -257,7 +259,8 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
   }
   // their neutral values are fine, and so is a completions request's
   for (const neutral of [{ response_format: { type: 'text' } }, { tools: [] }, { modalities: ['text'] },
-    { tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 'none' }]) {
+    { tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 'none' },
+    { tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object' } } }] }]) {
     const r = await postJson(url, { ...ok, ...neutral });
     assert.equal(r.status, 200, `${JSON.stringify(neutral)}: ${JSON.stringify(r.body)}`);
   }

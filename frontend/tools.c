@@ -1,0 +1,219 @@
+/* tools.c - function calling, Qwen2.5's way (see tools.h). */
+#include "tools.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "buf.h"
+
+#define CALL_OPEN "<tool_call>"
+#define CALL_CLOSE "</tool_call>"
+
+static const char TOOLS_INTRO[] =
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
+static const char TOOLS_OUTRO[] =
+    "\n</tools>\n\nFor each function call, return a json object with function name and "
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
+
+/* OpenAI's rule for function names: 1-64 of a-z, A-Z, 0-9, '_' and '-'. */
+static bool function_name_ok(const json_t *name)
+{
+    size_t n = json_string_length(name);
+    const char *s = json_string_value(name);
+    if (!s || n == 0 || n > 64)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+              (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '-'))
+            return false;
+    return true;
+}
+
+static bool check_tool(const json_t *tool, size_t i, api_error *e)
+{
+    char param[48];
+    snprintf(param, sizeof param, "tools[%zu]", i);
+    const json_t *type = json_object_get(tool, "type"), *fn = json_object_get(tool, "function");
+    if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
+        !json_is_object(fn))
+        return api_fail(e, 400, param, "invalid_value", "'%s' must be {\"type\": \"function\", "
+                        "\"function\": {\"name\": ...}}", param);
+    snprintf(param, sizeof param, "tools[%zu].function", i);
+    const json_t *desc = json_object_get(fn, "description");
+    const json_t *params = json_object_get(fn, "parameters");
+    if (!function_name_ok(json_object_get(fn, "name")))
+        return api_fail(e, 400, param, "invalid_value", "'%s.name' must be 1 to 64 letters, "
+                        "digits, '_' or '-'", param);
+    if ((desc && !json_is_string(desc) && !json_is_null(desc)) ||
+        (params && !json_is_object(params) && !json_is_null(params)))
+        return api_fail(e, 400, param, "invalid_type", "'%s': description must be a string and "
+                        "parameters an object", param);
+    return true;
+}
+
+bool api_tools_parse(const json_t *body, char **section, api_error *e)
+{
+    *section = NULL;
+    const json_t *tools = json_object_get(body, "tools");
+    const json_t *choice = json_object_get(body, "tool_choice");
+    if (json_is_null(tools))
+        tools = NULL;
+    if (tools && (!json_is_array(tools) || json_array_size(tools) > API_MAX_TOOLS))
+        return api_fail(e, 400, "tools", "invalid_value", "'tools' must be a list of at most %d "
+                        "tools", API_MAX_TOOLS);
+    if (choice && !json_is_null(choice) &&
+        !(json_is_string(choice) && (strcmp(json_string_value(choice), "auto") == 0 ||
+                                     strcmp(json_string_value(choice), "none") == 0)))
+        return api_fail(e, 400, "tool_choice", "unsupported_parameter", "vlmd cannot force a "
+                        "call (no constrained decoding yet): 'tool_choice' may be \"auto\" or "
+                        "\"none\"");
+    for (size_t i = 0; i < json_array_size(tools); i++)
+        if (!check_tool(json_array_get(tools, i), i, e))
+            return false;
+    if (json_array_size(tools) == 0 ||
+        (json_is_string(choice) && strcmp(json_string_value(choice), "none") == 0))
+        return true;
+    vlmd_buf b = VLMD_BUF_INIT;
+    bool ok = vlmd_buf_puts(&b, TOOLS_INTRO) == VLMD_OK;
+    for (size_t i = 0; ok && i < json_array_size(tools); i++) {
+        char *line = json_dumps(json_array_get(tools, i), 0); /* as Python's json.dumps */
+        ok = line && vlmd_buf_printf(&b, "\n%s", line) == VLMD_OK;
+        free(line);
+    }
+    ok = ok && vlmd_buf_puts(&b, TOOLS_OUTRO) == VLMD_OK;
+    if (!ok) {
+        vlmd_buf_free(&b);
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    }
+    *section = b.data;
+    return true;
+}
+
+bool api_tools_active(const json_t *body)
+{
+    const json_t *choice = json_object_get(body, "tool_choice");
+    return json_array_size(json_object_get(body, "tools")) > 0 &&
+           !(json_is_string(choice) && strcmp(json_string_value(choice), "none") == 0);
+}
+
+void api_tool_calls_free(vlmd_chat_tool_call *calls, size_t n_calls)
+{
+    for (size_t i = 0; calls && i < n_calls; i++) {
+        free((char *)calls[i].name);
+        free((char *)calls[i].arguments);
+    }
+    free(calls);
+}
+
+bool api_tool_calls_parse(const json_t *tool_calls, size_t index, vlmd_chat_tool_call **calls,
+                          size_t *n_calls, api_error *e)
+{
+    *calls = NULL;
+    *n_calls = 0;
+    char param[96];
+    snprintf(param, sizeof param, "messages[%zu].tool_calls", index);
+    if (!json_is_array(tool_calls) || json_array_size(tool_calls) > API_MAX_TOOLS)
+        return api_fail(e, 400, param, "invalid_type", "'%s' must be a list of at most %d calls",
+                        param, API_MAX_TOOLS);
+    size_t n = json_array_size(tool_calls);
+    if (n == 0)
+        return true;
+    *calls = calloc(n, sizeof **calls);
+    if (!*calls)
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        const json_t *fn = json_object_get(json_array_get(tool_calls, i), "function");
+        const json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+        snprintf(param, sizeof param, "messages[%zu].tool_calls[%zu].function", index, i);
+        json_t *parsed = json_is_string(args) ? json_loadb(json_string_value(args),
+                                                           json_string_length(args), 0, NULL)
+                                              : NULL;
+        if (!function_name_ok(name) || !json_is_object(parsed)) {
+            json_decref(parsed);
+            api_tool_calls_free(*calls, *n_calls);
+            *calls = NULL;
+            *n_calls = 0;
+            return api_fail(e, 400, param, "invalid_value", "'%s' must have a name and arguments "
+                            "as a string of a JSON object", param);
+        }
+        (*calls)[i].name = strdup(json_string_value(name));
+        (*calls)[i].arguments = json_dumps(parsed, 0); /* as the template's tojson writes it */
+        json_decref(parsed);
+        (*n_calls)++;
+        if (!(*calls)[i].name || !(*calls)[i].arguments) {
+            api_tool_calls_free(*calls, *n_calls);
+            *calls = NULL;
+            *n_calls = 0;
+            return api_fail(e, 500, NULL, NULL, "out of memory");
+        }
+    }
+    return true;
+}
+
+/* ---- the answer ---------------------------------------------------------- */
+
+/* The first occurrence of needle in text[from, len), or len. */
+static size_t find(const char *text, size_t len, size_t from, const char *needle)
+{
+    size_t n = strlen(needle);
+    const char *p = from <= len ? memmem(text + from, len - from, needle, n) : NULL;
+    return p ? (size_t)(p - text) : len;
+}
+
+size_t tool_content_end(const char *text, size_t len, bool final, bool *begun)
+{
+    size_t at = find(text, len, 0, CALL_OPEN);
+    *begun = at < len;
+    if (at < len || final)
+        return at;
+    /* hold back the longest tail that is a prefix of "<tool_call>" */
+    size_t n = strlen(CALL_OPEN);
+    for (size_t k = n - 1; k > 0; k--)
+        if (k <= len && memcmp(text + len - k, CALL_OPEN, k) == 0)
+            return len - k;
+    return len;
+}
+
+void tool_call_free(tool_call *c)
+{
+    free(c->name);
+    free(c->arguments);
+    c->name = c->arguments = NULL;
+}
+
+/* {"name": string, "arguments": object or a string of one} -> name, arguments. */
+static void parse_call(const char *json, size_t len, tool_call *out)
+{
+    json_t *j = json_loadb(json, len, 0, NULL);
+    const json_t *name = json_object_get(j, "name");
+    json_t *args = json_object_get(j, "arguments"), *inner = NULL;
+    if (json_is_string(args)) /* some models quote the object */
+        args = inner = json_loadb(json_string_value(args), json_string_length(args), 0, NULL);
+    if (json_is_string(name) && json_string_length(name) > 0 && json_is_object(args)) {
+        out->name = strdup(json_string_value(name));
+        out->arguments = json_dumps(args, JSON_COMPACT);
+        if (!out->name || !out->arguments)
+            tool_call_free(out);
+    }
+    json_decref(inner);
+    json_decref(j);
+}
+
+bool tool_call_next(const char *text, size_t len, bool final, size_t *pos, tool_call *out)
+{
+    *out = (tool_call){0};
+    size_t open = find(text, len, *pos, CALL_OPEN);
+    if (open == len)
+        return false;
+    size_t body = open + strlen(CALL_OPEN), close = find(text, len, body, CALL_CLOSE);
+    if (close == len && !final)
+        return false;
+    size_t end = close == len ? len : close + strlen(CALL_CLOSE);
+    out->start = open;
+    out->end = end;
+    parse_call(text + body, close - body, out);
+    *pos = end;
+    return true;
+}

@@ -1,0 +1,209 @@
+/* test_tools.c - function calling: tools, calls and results in the prompt as
+ * Qwen2.5's chat template writes them, and an answer's text split into
+ * content and calls, whole and as it streams. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <string.h>
+
+#include "api_request.h"
+#include "test_support.h"
+#include "tools.h"
+
+static vlmd_tokenizer *tok;
+
+static void load_tokenizer(void)
+{
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("qwen2/tokenizer.json"), &tok, NULL), VLMD_OK);
+}
+
+static void free_tokenizer(void)
+{
+    vlmd_tokenizer_free(tok);
+}
+
+static const api_limits limits = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
+                                  .image_token_id = -1};
+
+/* The prompt ids of a chat body, which must be valid. */
+static vlmd_tokens prompt_of(const char *text)
+{
+    json_t *body = json_loads(text, 0, NULL);
+    cr_assert_not_null(body, "%s", text);
+    vlmd_tokens ids = {0};
+    api_error e;
+    cr_assert(api_prompt_tokens(body, true, tok, &limits, &ids, NULL, NULL, &e), "%s", e.message);
+    json_decref(body);
+    return ids;
+}
+
+static void expect_prompt(const char *body, const char *want)
+{
+    vlmd_tokens got = prompt_of(body), ids = {0};
+    cr_assert_eq(vlmd_tokenizer_encode(tok, want, strlen(want), true, &ids), VLMD_OK);
+    vlmd_buf text = VLMD_BUF_INIT;
+    vlmd_tokenizer_decode(tok, got.ids, got.n, false, &text, NULL);
+    cr_expect_eq(got.n, ids.n, "rendered:\n%.*s", (int)text.len, text.data);
+    cr_expect_arr_eq(got.ids, ids.ids, (got.n < ids.n ? got.n : ids.n) * sizeof *ids.ids,
+                     "rendered:\n%.*s", (int)text.len, text.data);
+    vlmd_buf_free(&text);
+    vlmd_tokens_free(&got);
+    vlmd_tokens_free(&ids);
+}
+
+#define TOOLS_HEADER                                                                            \
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou "  \
+    "are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+#define TOOLS_FOOTER                                                                            \
+    "\n</tools>\n\nFor each function call, return a json object with function name and "       \
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "              \
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+#define WEATHER_TOOL                                                                            \
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "      \
+    "\"Weather now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "        \
+    "{\"type\": \"string\"}}}}}"
+
+Test(tools, a_conversation_with_calls_and_results_as_qwen25_writes_it, .init = load_tokenizer,
+     .fini = free_tokenizer)
+{
+    expect_prompt(
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"Be useful.\"},"
+        " {\"role\": \"user\", \"content\": \"Weather in Paris?\"},"
+        " {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c1\", \"type\":"
+        " \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\":"
+        " \"{\\\"city\\\":\\\"Paris\\\",\\\"unit\\\":  \\\"c\\\"}\"}}]},"
+        " {\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"18 C\"},"
+        " {\"role\": \"tool\", \"tool_call_id\": \"c2\", \"content\": \"sunny\"},"
+        " {\"role\": \"assistant\", \"content\": \"It is 18 C and sunny.\"}],"
+        " \"tools\": [" WEATHER_TOOL "]}",
+        "<|im_start|>system\nBe useful." TOOLS_HEADER WEATHER_TOOL TOOLS_FOOTER
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n"
+        "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+        "{\"city\": \"Paris\", \"unit\": \"c\"}}\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n18 C\n</tool_response>\n<tool_response>\nsunny\n"
+        "</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\nIt is 18 C and sunny.<|im_end|>\n"
+        "<|im_start|>assistant\n");
+}
+
+Test(tools, the_default_system_prompt_carries_the_tools_and_none_leaves_them_out,
+     .init = load_tokenizer, .fini = free_tokenizer)
+{
+    expect_prompt("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": ["
+                  WEATHER_TOOL ", " WEATHER_TOOL "]}",
+                  "<|im_start|>system\nYou are a helpful assistant." TOOLS_HEADER WEATHER_TOOL
+                  "\n" WEATHER_TOOL TOOLS_FOOTER "<|im_start|>user\nhi<|im_end|>\n"
+                  "<|im_start|>assistant\n");
+    expect_prompt("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": ["
+                  WEATHER_TOOL "], \"tool_choice\": \"none\"}",
+                  "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                  "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n");
+    /* an assistant's text comes before its calls */
+    expect_prompt("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": "
+                  "\"assistant\", \"content\": \"Let me see.\", \"tool_calls\": [{\"type\": "
+                  "\"function\", \"function\": {\"name\": \"a\", \"arguments\": \"{}\"}}, "
+                  "{\"type\": \"function\", \"function\": {\"name\": \"b\", \"arguments\": "
+                  "\"{\\\"x\\\": [1, 2]}\"}}]}]}",
+                  "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+                  "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\nLet me see.\n"
+                  "<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n"
+                  "<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": [1, 2]}}\n</tool_call>"
+                  "<|im_end|>\n<|im_start|>assistant\n");
+}
+
+Test(tools, malformed_tools_and_calls_are_refused_by_name, .init = load_tokenizer,
+     .fini = free_tokenizer)
+{
+    static const char *const cases[][2] = {
+        {"\"tools\": {}", "tools"},
+        {"\"tools\": [{\"type\": \"code\"}]", "tools[0]"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a b\"}}]",
+         "tools[0].function"},
+        {"\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\", \"parameters\": "
+         "3}}]", "tools[0].function"},
+        {"\"tools\": [], \"tool_choice\": \"required\"", "tool_choice"},
+        {"\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"f\"}}",
+         "tool_choice"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
+                 "%s}", cases[i][0]);
+        json_t *body = json_loads(text, 0, NULL);
+        cr_assert_not_null(body, "%s", text);
+        vlmd_tokens ids = {0};
+        api_error e;
+        cr_expect_not(api_prompt_tokens(body, true, tok, &limits, &ids, NULL, NULL, &e), "%s",
+                      text);
+        cr_expect_eq(e.status, 400, "%s", text);
+        cr_expect_str_eq(e.param, cases[i][1], "%s", text);
+        vlmd_tokens_free(&ids);
+        json_decref(body);
+    }
+    static const char *const messages[][2] = {
+        {"{\"role\": \"assistant\", \"tool_calls\": [{\"type\": \"function\", \"function\": "
+         "{\"name\": \"f\", \"arguments\": \"{not json\"}}]}", "messages[1].tool_calls[0].function"},
+        {"{\"role\": \"assistant\", \"tool_calls\": [{\"type\": \"function\", \"function\": "
+         "{\"name\": \"f\", \"arguments\": {}}}]}", "messages[1].tool_calls[0].function"},
+        {"{\"role\": \"assistant\", \"tool_calls\": 3}", "messages[1].tool_calls"},
+        {"{\"role\": \"user\", \"content\": \"x\", \"tool_calls\": []}", "messages[1].tool_calls"},
+        {"{\"role\": \"tool\", \"content\": \"18 C\"}", "messages[1].tool_call_id"},
+    };
+    for (size_t i = 0; i < sizeof messages / sizeof messages[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, "
+                 "%s]}", messages[i][0]);
+        json_t *body = json_loads(text, 0, NULL);
+        cr_assert_not_null(body, "%s", text);
+        vlmd_tokens ids = {0};
+        api_error e;
+        cr_expect_not(api_prompt_tokens(body, true, tok, &limits, &ids, NULL, NULL, &e), "%s",
+                      text);
+        cr_expect_str_eq(e.param, messages[i][1], "%s", text);
+        vlmd_tokens_free(&ids);
+        json_decref(body);
+    }
+}
+
+/* ---- the answer ------------------------------------------------------------ */
+
+Test(tools, content_ends_where_a_call_begins_or_may_begin)
+{
+    bool begun;
+    const char *t = "Sure.<tool_call>\n{}";
+    cr_expect_eq(tool_content_end(t, strlen(t), false, &begun), 5);
+    cr_expect(begun);
+    cr_expect_eq(tool_content_end("Sure.<tool", 10, false, &begun), 5, "a tail that may be one");
+    cr_expect_not(begun);
+    cr_expect_eq(tool_content_end("Sure.<tool", 10, true, &begun), 10, "the end: it was not");
+    cr_expect_eq(tool_content_end("a < b", 5, false, &begun), 5);
+    cr_expect_eq(tool_content_end("a <", 3, false, &begun), 2);
+}
+
+Test(tools, blocks_become_calls_as_they_complete)
+{
+    const char *t = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>\n"
+                    "<tool_call>\n{\"name\": \"g\", \"arguments\": \"{\\\"b\\\": [true]}\"}\n"
+                    "</tool_call><tool_call>\n{\"name\": \"h\"";
+    size_t len = strlen(t), pos = 0;
+    tool_call c;
+    cr_assert(tool_call_next(t, len, false, &pos, &c));
+    cr_expect_str_eq(c.name, "f");
+    cr_expect_str_eq(c.arguments, "{\"a\":1}");
+    cr_expect_eq(c.start, 0);
+    tool_call_free(&c);
+    cr_assert(tool_call_next(t, len, false, &pos, &c));
+    cr_expect_str_eq(c.name, "g");
+    cr_expect_str_eq(c.arguments, "{\"b\":[true]}", "arguments given as a string of an object");
+    tool_call_free(&c);
+    size_t before = pos;
+    cr_expect_not(tool_call_next(t, len, false, &pos, &c), "the third is not complete yet");
+    cr_expect_eq(pos, before);
+    cr_assert(tool_call_next(t, len, true, &pos, &c), "at the end it is taken as it is");
+    cr_expect_null(c.name, "its JSON is cut short: not a call");
+    cr_expect_eq(c.end, len);
+    cr_expect_not(tool_call_next(t, len, true, &pos, &c), "nothing is left");
+    const char *no_args = "<tool_call>{\"name\": \"f\"}</tool_call>";
+    pos = 0;
+    cr_assert(tool_call_next(no_args, strlen(no_args), false, &pos, &c));
+    cr_expect_null(c.name, "a call has arguments");
+}
