@@ -90,6 +90,17 @@ static engine *make_engine(fixture *f, outputs *o, int32_t slots)
     return make_engine_with(f, o, slots, false);
 }
 
+/* 256 slots, and `eos` as the model's end-of-sequence token. */
+static engine *make_engine_eos(fixture *f, outputs *o, int32_t eos)
+{
+    engine_config cfg = {.kv_slots = 256, .max_batch_tokens = 256, .max_running = 16,
+                         .eos_id = eos, .max_model_len = 4096, .image_token_id = -1};
+    engine *e = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(engine_create(f->m, &cfg, on_emit, o, &e, &err), VLMD_OK, "%s", err.msg);
+    return e;
+}
+
 /* Request i: its own prompt length, output length and sampling. */
 static vlmd_msg_request_submit request(uint32_t i, uint32_t *prompt)
 {
@@ -390,10 +401,7 @@ Test(engine, eos_ends_a_request_unless_it_ignores_eos)
     vlmd_error err = {0};
     int32_t eos, first;
     vlmd_msg_request_submit r = greedy_alone(&f, &probe, prompt, &eos, &first);
-    engine *e = NULL;
-    engine_config cfg = {.kv_slots = 256, .max_batch_tokens = 256, .max_running = 16,
-                         .eos_id = eos, .max_model_len = 4096, .image_token_id = -1};
-    cr_assert_eq(engine_create(f.m, &cfg, on_emit, &o, &e, &err), VLMD_OK, "%s", err.msg);
+    engine *e = make_engine_eos(&f, &o, eos);
     vlmd_msg_request_submit ignoring = r; /* the same request, another id */
     ignoring.req_id = 1;
     ignoring.ignore_eos = true;
@@ -420,10 +428,7 @@ Test(engine, min_tokens_hold_off_eos_and_stop_tokens)
     vlmd_error err = {0};
     int32_t end, first;
     vlmd_msg_request_submit r = greedy_alone(&f, &probe, prompt, &end, &first);
-    engine *e = NULL;
-    engine_config cfg = {.kv_slots = 256, .max_batch_tokens = 256, .max_running = 16,
-                         .eos_id = end, .max_model_len = 4096, .image_token_id = -1};
-    cr_assert_eq(engine_create(f.m, &cfg, on_emit, &o, &e, &err), VLMD_OK, "%s", err.msg);
+    engine *e = make_engine_eos(&f, &o, end);
     uint32_t stop = (uint32_t)probe.tokens[0][0];
     vlmd_msg_request_submit held = r, stopped = r, bad = r;
     held.req_id = 1, held.min_tokens = (uint32_t)first + 3;

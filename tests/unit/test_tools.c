@@ -50,6 +50,20 @@ static void expect_prompt(const char *body, const char *want)
     vlmd_tokens_free(&ids);
 }
 
+/* A chat body refused with a 400 naming param. */
+static void expect_refused(const char *text, const char *param)
+{
+    json_t *body = json_loads(text, 0, NULL);
+    cr_assert_not_null(body, "%s", text);
+    vlmd_tokens ids = {0};
+    api_error e;
+    cr_expect_not(api_prompt_tokens(body, true, tok, &limits, &ids, NULL, NULL, &e), "%s", text);
+    cr_expect_eq(e.status, 400, "%s", text);
+    cr_expect_str_eq(e.param, param, "%s", text);
+    vlmd_tokens_free(&ids);
+    json_decref(body);
+}
+
 #define TOOLS_HEADER                                                                            \
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou "  \
     "are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
@@ -128,16 +142,7 @@ Test(tools, malformed_tools_and_calls_are_refused_by_name, .init = load_tokenize
         char text[512];
         snprintf(text, sizeof text, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
                  "%s}", cases[i][0]);
-        json_t *body = json_loads(text, 0, NULL);
-        cr_assert_not_null(body, "%s", text);
-        vlmd_tokens ids = {0};
-        api_error e;
-        cr_expect_not(api_prompt_tokens(body, true, tok, &limits, &ids, NULL, NULL, &e), "%s",
-                      text);
-        cr_expect_eq(e.status, 400, "%s", text);
-        cr_expect_str_eq(e.param, cases[i][1], "%s", text);
-        vlmd_tokens_free(&ids);
-        json_decref(body);
+        expect_refused(text, cases[i][1]);
     }
     static const char *const messages[][2] = {
         {"{\"role\": \"assistant\", \"tool_calls\": [{\"type\": \"function\", \"function\": "
@@ -152,15 +157,7 @@ Test(tools, malformed_tools_and_calls_are_refused_by_name, .init = load_tokenize
         char text[512];
         snprintf(text, sizeof text, "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, "
                  "%s]}", messages[i][0]);
-        json_t *body = json_loads(text, 0, NULL);
-        cr_assert_not_null(body, "%s", text);
-        vlmd_tokens ids = {0};
-        api_error e;
-        cr_expect_not(api_prompt_tokens(body, true, tok, &limits, &ids, NULL, NULL, &e), "%s",
-                      text);
-        cr_expect_str_eq(e.param, messages[i][1], "%s", text);
-        vlmd_tokens_free(&ids);
-        json_decref(body);
+        expect_refused(text, messages[i][1]);
     }
 }
 
