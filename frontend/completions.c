@@ -262,6 +262,17 @@ static json_t *usage_json(const inflight_entry *e)
                      "cached_tokens", (int)cached);
 }
 
+/* A stream chunk: its choices (the reference is taken) in the envelope every chunk has. */
+static json_t *stream_chunk(const completions *c, const inflight_entry *e, json_t *choices)
+{
+    char id[48];
+    response_id(e, id, sizeof id);
+    return json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", id, "object",
+                     e->api.chat ? "chat.completion.chunk" : "text_completion", "created",
+                     (json_int_t)e->created_unix_s, "model", c->limits.model_name, "choices",
+                     choices);
+}
+
 /* One streamed chunk of choice `index`: a piece of text (or, with finish, its end). */
 static json_t *chunk_json(const completions *c, const inflight_entry *e, uint32_t index,
                           const char *text, size_t len, const char *finish, bool first,
@@ -269,8 +280,6 @@ static json_t *chunk_json(const completions *c, const inflight_entry *e, uint32_
 {
     if (!logprobs)
         logprobs = json_null();
-    char id[48];
-    response_id(e, id, sizeof id);
     json_t *choice;
     if (e->api.chat) {
         json_t *delta = json_object();
@@ -286,10 +295,7 @@ static json_t *chunk_json(const completions *c, const inflight_entry *e, uint32_
                            "logprobs", logprobs, "finish_reason",
                            finish ? json_string(finish) : json_null());
     }
-    return json_pack("{s:s, s:s, s:I, s:s, s:[o]}", "id", id, "object",
-                     e->api.chat ? "chat.completion.chunk" : "text_completion", "created",
-                     (json_int_t)e->created_unix_s, "model", c->limits.model_name, "choices",
-                     choice);
+    return stream_chunk(c, e, json_pack("[o]", choice));
 }
 
 /* The id of call k of choice i. */
@@ -660,12 +666,9 @@ static void finish(completions *c, inflight_entry *e)
     }
     stream_start(c, e);
     if (e->api.include_usage) {
-        char rid[48];
-        response_id(e, rid, sizeof rid);
-        stream_event(e, json_pack("{s:s, s:s, s:I, s:s, s:[], s:o}", "id", rid, "object",
-                                  e->api.chat ? "chat.completion.chunk" : "text_completion",
-                                  "created", (json_int_t)e->created_unix_s, "model",
-                                  c->limits.model_name, "choices", "usage", usage_json(e)));
+        json_t *last = stream_chunk(c, e, json_array());
+        json_object_set_new(last, "usage", usage_json(e));
+        stream_event(e, last);
     }
     vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
     e->final_queued = true;
@@ -711,14 +714,10 @@ static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size
         if (!ch->spoke)
             json_object_set_new(delta, "role", json_string("assistant"));
         ch->spoke = true;
-        char rid[48];
-        response_id(e, rid, sizeof rid);
         stream_start(c, e);
-        stream_event(e, json_pack("{s:s, s:s, s:I, s:s, s:[{s:i, s:o, s:n, s:n}]}", "id", rid,
-                                  "object", "chat.completion.chunk", "created",
-                                  (json_int_t)e->created_unix_s, "model", c->limits.model_name,
-                                  "choices", "index", (int)index, "delta", delta, "logprobs",
-                                  "finish_reason"));
+        stream_event(e, stream_chunk(c, e, json_pack("[{s:i, s:o, s:n, s:n}]", "index",
+                                                     (int)index, "delta", delta, "logprobs",
+                                                     "finish_reason")));
     }
 }
 
