@@ -594,6 +594,49 @@ static int32_t chunk_of(const engine *e, const request *q, const step_plan *p)
     return want < limit ? want : limit;
 }
 
+/* True when a running request is still computing a prompt that shares at
+ * least SHARE_MIN_TOKENS more tokens with q's than the cache gave q, or all
+ * of q's but its last: q waits
+ * for them to enter the cache (share_prompt, after each step) rather than
+ * compute them again (the other choices of an n > 1 request, a system prompt
+ * many send at once). */
+#define SHARE_MIN_TOKENS 16
+static bool prompt_in_flight(const engine *e, const request *q)
+{
+    if (!e->cache)
+        return false;
+    for (const request *r = e->head; r; r = r->next) {
+        if (r == q || r->state != REQ_RUNNING || r->n_tokens != r->n_prompt)
+            continue; /* (a request with output has its prompt in the cache or its own) */
+        int32_t n = r->n_prompt < q->n_tokens - 1 ? r->n_prompt : q->n_tokens - 1, same = 0;
+        while (same < n && r->keys[same] == q->keys[same])
+            same++;
+        bool whole = same == q->n_tokens - 1 && same > q->n_cached; /* all q would compute */
+        if (same >= q->n_cached + SHARE_MIN_TOKENS || whole)
+            return true;
+    }
+    return false;
+}
+
+/* Hands the prompt tokens q has computed so far (all, or the chunks of a long
+ * prompt) to the prefix cache while q goes on from them (their slots now the
+ * cache's, locked), so that the requests that wait for them
+ * (prompt_in_flight) start from there. */
+static void share_prompt(engine *e, request *q)
+{
+    prefix_cache_unlock(e->cache, q->lock);
+    q->lock = NULL;
+    if (prefix_cache_insert(e->cache, q->keys, q->slots, q->n_cached) != VLMD_OK) {
+        q->n_cached = q->n_shared = 0; /* its slots went back: recomputed, as if preempted */
+        q->state = REQ_WAITING;
+        e->n_running--;
+        return;
+    }
+    /* the same tokens: their slots are the cache's now (a duplicate may have moved) */
+    q->n_cached = q->n_shared = prefix_cache_match(e->cache, q->keys, q->n_cached, q->slots,
+                                                   &q->lock);
+}
+
 /* Takes the longest cached prefix of a waiting request (all but its last
  * token: that one must be computed for its logits). */
 static void reuse_prefix(engine *e, request *q)
@@ -654,7 +697,7 @@ static void schedule(engine *e, step_plan *p)
         reuse_prefix(e, q);
         int32_t need = q->n_tokens - q->n_cached;
         int32_t room = e->slots.n_free + (e->cache ? prefix_cache_evictable(e->cache) : 0);
-        if (room < need + decoding) {
+        if (room < need + decoding || prompt_in_flight(e, q)) {
             forget_prefix(e, q);
             break; /* no overtaking: what does not fit now waits, and so does what came after */
         }
@@ -810,6 +853,13 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
     if (s != VLMD_OK)
         return s;
     *did_work = true;
+    for (int32_t i = 0; i < n_seq && e->cache; i++) { /* prompts computed: others may use them */
+        request *q = e->seq_req[i];
+        bool prompt_done = q->n_cached == q->n_prompt && q->n_cached > q->n_shared;
+        if (q->state == REQ_RUNNING && q->n_tokens == q->n_prompt &&
+            (q->n_cached - q->n_shared >= SHARE_MIN_TOKENS || prompt_done))
+            share_prompt(e, q);
+    }
     for (int32_t i = 0; i < plan.n_logits; i++) {
         request *q = e->in_step[i];
         const vlmd_sample_out *so = &e->sample_out[i];

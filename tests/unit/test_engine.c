@@ -417,6 +417,62 @@ Test(engine, eos_ends_a_request_unless_it_ignores_eos)
     close_model(&f);
 }
 
+/* Requests that arrive together with a shared prompt wait for the first to
+ * compute it and start from the cache (the choices of an n > 1 request); a
+ * long prompt's chunks enter the cache as they are computed. Tokens as alone. */
+static void shared_run(fixture *f, bool cache, outputs *o, engine_cache_info *info)
+{
+    uint32_t same[40], longer[100], other[100];
+    for (uint32_t k = 0; k < 100; k++)
+        longer[k] = other[k] = 200 + (k * 11) % 500;
+    for (uint32_t k = 60; k < 100; k++)
+        other[k] = 700 + k; /* the first 60 tokens as `longer`'s */
+    memcpy(same, longer, sizeof same);
+    engine_config cfg = {.kv_slots = 1024, .max_batch_tokens = 256, .max_running = 16,
+                         .eos_id = -1, .max_model_len = 4096, .image_token_id = -1,
+                         .prefix_cache = cache, .chunk_tokens = 32};
+    engine *e = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(engine_create(f->m, &cfg, on_emit, o, &e, &err), VLMD_OK, "%s", err.msg);
+    vlmd_sampling greedy = {.top_p = 1, .top_k = -1, .repetition_penalty = 1};
+    for (uint32_t i = 0; i < 3; i++) { /* three choices of one prompt */
+        vlmd_msg_request_submit r = {.req_id = i, .tokens = same, .n_tokens = 40,
+                                     .max_tokens = 6, .sampling = greedy};
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    }
+    run_until_idle(e, 100);
+    vlmd_msg_request_submit a = {.req_id = 3, .tokens = longer, .n_tokens = 100, .max_tokens = 6,
+                                 .sampling = greedy};
+    vlmd_msg_request_submit b = {.req_id = 4, .tokens = other, .n_tokens = 100, .max_tokens = 6,
+                                 .sampling = greedy};
+    cr_assert_eq(engine_submit(e, &a, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(engine_submit(e, &b, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(e, 100);
+    engine_cache_stats(e, info);
+    engine_free(e);
+}
+
+Test(engine, requests_sharing_a_prompt_in_flight_compute_it_once)
+{
+    fixture f;
+    open_model(&f);
+    static outputs off, on;
+    engine_cache_info info_off, info_on;
+    shared_run(&f, false, &off, &info_off);
+    shared_run(&f, true, &on, &info_on);
+    for (int i = 0; i < 5; i++)
+        cr_expect_arr_eq(on.tokens[i], off.tokens[i], (size_t)off.n[i] * 4, "request %d", i);
+    for (int i = 1; i < 3; i++) {
+        cr_expect_eq(off.tokens[i][0], off.tokens[0][0], "the same prompt: the same tokens");
+        cr_expect_eq(on.cached[i], 39, "choice %d starts from the first one's prompt", i);
+    }
+    cr_expect_eq(on.cached[0], 0);
+    cr_expect_eq(on.cached[3], 40, "its first 40 tokens are the choices' prompt");
+    cr_expect_eq(on.cached[4], 60, "the shared 60, from the chunks of request 3 as computed");
+    cr_expect_eq(info_off.cached_tokens, 0);
+    close_model(&f);
+}
+
 /* min_tokens: the model's EOS and the request's stop tokens cannot end it
  * before that many tokens; after, they end it as before. */
 Test(engine, min_tokens_hold_off_eos_and_stop_tokens)
