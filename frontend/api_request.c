@@ -295,12 +295,15 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
         ok = text_fits(lim, text_bytes + strlen(tools), "tools", e);
     if (ok) {
         vlmd_error err = {0};
-        if (vlmd_chat_render_tools(cm, n, tools, true, text, &err) != VLMD_OK) {
+        char *forced = api_tool_answer_prefix(body); /* a forced call: the answer's start */
+        if (vlmd_chat_render_tools(cm, n, tools, true, text, &err) != VLMD_OK ||
+            (forced && vlmd_buf_puts(text, forced) != VLMD_OK)) {
             /* the message starts with the offending "messages[i]..." */
             char *space = strchr(err.msg, ':');
             snprintf(param, sizeof param, "%.*s", space ? (int)(space - err.msg) : 0, err.msg);
             ok = api_fail(e, 400, space ? param : "messages", "invalid_value", "%s", err.msg);
         }
+        free(forced);
     }
     for (size_t i = 0; cm && i < n; i++)
         api_tool_calls_free((vlmd_chat_tool_call *)cm[i].tool_calls, cm[i].n_tool_calls);
@@ -503,6 +506,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     }
     r->n = (uint32_t)n;
     r->tools = chat && api_tools_active(body);
+    r->answer_prefix = chat ? api_tool_answer_prefix(body) : NULL;
     r->min_tokens = (uint32_t)min_tokens;
     r->sampling.top_k = (int32_t)top_k;
     r->sampling.has_seed = seed_given;
@@ -578,6 +582,8 @@ void api_request_free(api_request *r)
     r->n_stops = 0;
     free(r->logit_bias);
     r->logit_bias = NULL;
+    free(r->answer_prefix);
+    r->answer_prefix = NULL;
     r->n_logit_bias = 0;
 }
 

@@ -44,6 +44,7 @@ typedef struct api_request {
     bool ignore_eos;                /* generate past end-of-sequence (benchmarks; vLLM's extension) */
     uint32_t n;                     /* choices, each its own engine request */
     bool tools;                     /* the model may call tools: its text is parsed (tools.h) */
+    char *answer_prefix;            /* owned: a forced call's start, which ends the prompt */
     vlmd_tokens prompt;             /* owned */
     uint32_t max_tokens;            /* after shrinking to the room left */
     bool max_tokens_shrunk;

@@ -624,6 +624,8 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
         ch->detok.skip_special = true;
         if (r.echo) /* the prompt comes first, as written (its specials included) */
             vlmd_tokenizer_decode(c->tok, r.prompt.ids, r.prompt.n, false, &ch->text, NULL);
+        if (r.answer_prefix) /* a forced call: read as if the model had written its start */
+            vlmd_buf_puts(&ch->text, r.answer_prefix);
         e->prompt_text_len = ch->text.len;
         ch->checked = ch->text.len; /* the echoed prompt is not searched for stops */
     }

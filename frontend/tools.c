@@ -53,6 +53,53 @@ static bool check_tool(const json_t *tool, size_t i, api_error *e)
     return true;
 }
 
+static bool choice_is(const json_t *choice, const char *what)
+{
+    return json_is_string(choice) && strcmp(json_string_value(choice), what) == 0;
+}
+
+/* The function a tool_choice names, or NULL. */
+static const char *named_function(const json_t *choice)
+{
+    return json_string_value(json_object_get(json_object_get(choice, "function"), "name"));
+}
+
+/* tool_choice: "auto", "none", "required" or {"type": "function",
+ * "function": {"name": one of the tools}}; the last two need tools. */
+static bool check_choice(const json_t *choice, const json_t *tools, api_error *e)
+{
+    if (!choice || choice_is(choice, "auto") || choice_is(choice, "none"))
+        return true;
+    const char *name = named_function(choice);
+    if (!choice_is(choice, "required") && !name)
+        return api_fail(e, 400, "tool_choice", "invalid_value", "'tool_choice' must be \"auto\", "
+                        "\"none\", \"required\" or {\"type\": \"function\", \"function\": "
+                        "{\"name\": ...}}");
+    for (size_t i = 0; i < json_array_size(tools); i++) {
+        const json_t *fn = json_object_get(json_array_get(tools, i), "function");
+        if (!name || strcmp(json_string_value(json_object_get(fn, "name")), name) == 0)
+            return true;
+    }
+    return api_fail(e, 400, "tool_choice", "invalid_value", "'tool_choice' %s%s%s, which "
+                    "'tools' does not offer", name ? "names '" : "requires a call",
+                    name ? name : "", name ? "'" : "");
+}
+
+char *api_tool_answer_prefix(const json_t *body)
+{
+    const json_t *choice = json_object_get(body, "tool_choice");
+    const char *name = named_function(choice);
+    if (!api_tools_active(body) || (!name && !choice_is(choice, "required")))
+        return NULL;
+    vlmd_buf b = VLMD_BUF_INIT;
+    if (name ? vlmd_buf_printf(&b, CALL_OPEN "\n{\"name\": \"%s\", \"arguments\": ", name)
+             : vlmd_buf_puts(&b, CALL_OPEN "\n{\"name\": \"")) {
+        vlmd_buf_free(&b);
+        return NULL;
+    }
+    return b.data;
+}
+
 bool api_tools_parse(const json_t *body, char **section, api_error *e)
 {
     *section = NULL;
@@ -63,15 +110,11 @@ bool api_tools_parse(const json_t *body, char **section, api_error *e)
     if (tools && (!json_is_array(tools) || json_array_size(tools) > API_MAX_TOOLS))
         return api_fail(e, 400, "tools", "invalid_value", "'tools' must be a list of at most %d "
                         "tools", API_MAX_TOOLS);
-    if (choice && !json_is_null(choice) &&
-        !(json_is_string(choice) && (strcmp(json_string_value(choice), "auto") == 0 ||
-                                     strcmp(json_string_value(choice), "none") == 0)))
-        return api_fail(e, 400, "tool_choice", "unsupported_parameter", "vlmd cannot force a "
-                        "call (no constrained decoding yet): 'tool_choice' may be \"auto\" or "
-                        "\"none\"");
     for (size_t i = 0; i < json_array_size(tools); i++)
         if (!check_tool(json_array_get(tools, i), i, e))
             return false;
+    if (!check_choice(json_is_null(choice) ? NULL : choice, tools, e))
+        return false;
     if (json_array_size(tools) == 0 ||
         (json_is_string(choice) && strcmp(json_string_value(choice), "none") == 0))
         return true;

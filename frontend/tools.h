@@ -19,12 +19,19 @@
 
 #define API_MAX_TOOLS 128
 
-/* "tools" and "tool_choice" of a chat body. With tools and a tool_choice of
- * "auto" (the default), *section (owned) is what follows the system prompt:
- * "\n\n# Tools\n\n...<tools>\n{tool}...\n</tools>\n\n...</tool_call>"; with
- * none, or "tool_choice": "none", it is NULL. "required" or a named function
- * is a 400: vlmd cannot force a call without constrained decoding. */
+/* "tools" and "tool_choice" of a chat body. With tools and a tool_choice
+ * other than "none", *section (owned) is what follows the system prompt:
+ * "\n\n# Tools\n\n...<tools>\n{tool}...\n</tools>\n\n...</tool_call>"; else
+ * NULL. tool_choice "required" or a named function must find a tool. */
 bool api_tools_parse(const json_t *body, char **section, api_error *e);
+
+/* The text the answer is made to start with when tool_choice forces a call
+ * (the prompt ends with it, and the answer is read as if the model had
+ * written it): "required": `<tool_call>\n{"name": "`; a named function:
+ * `<tool_call>\n{"name": "NAME", "arguments": `. NULL when the model chooses.
+ * For a body api_tools_parse accepted; owned. No constrained decoding: the
+ * model is started on the call, not held to the function's schema. */
+char *api_tool_answer_prefix(const json_t *body);
 
 /* True when a (valid) body lets the model call tools: a non-empty "tools"
  * and a tool_choice other than "none". */

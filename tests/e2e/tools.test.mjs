@@ -1,7 +1,8 @@
 // tools.test.mjs - function calling end to end, through the official SDK: a
 // scripted model (written here) whose greedy answer to any chat is
 //     Let me check.<tool_call>...get_weather...</tool_call>\n<tool_call>...get_time...</tool_call>
-// comes back as content plus two tool calls, whole and streamed.
+// comes back as content plus two tool calls, whole and streamed; and, when
+// tool_choice forces a call, the rest of that call.
 //
 // The model: the fixture tokenizer with four added tokens (the answer's
 // pieces), and one layer whose attention and MLP are zero, so the logits of
@@ -14,14 +15,18 @@ import { mkdtempSync, readFileSync, writeFileSync, copyFileSync, rmSync } from '
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI from 'openai';
-import { FIXTURES, startServer, stopServer } from './harness.mjs';
+import { FIXTURES, startServer, stopServer, postJson } from './harness.mjs';
 
 const PIECES = [
   'Let me check.',
   '<tool_call>\n{"name": "get_weather", ',
   '"arguments": {"city": "Paris", "days": [1, 2]}}\n</tool_call>',
   '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+  // the rest of an answer whose start tool_choice forced: a named function, "required"
+  '{"city": "Lyon"}}\n</tool_call>',
+  'get_time", "arguments": {}}\n</tool_call>',
 ];
+const ANSWER = PIECES.slice(0, 4).join(''); // what the model says to a plain chat
 const H = 64, V = 1040;
 const tools = [
   { type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } },
@@ -44,7 +49,8 @@ function safetensors(tensors) {
   return Buffer.concat([head, Buffer.from(json), ...Object.values(tensors).map(([, d]) => Buffer.from(d.buffer))]);
 }
 
-function writeScriptedModel(dir) {
+// chains: lists of token ids (or piece indexes as {piece: i}), each token followed by the next.
+function writeScriptedModel(dir, chains) {
   const src = `${FIXTURES}/qwen2`;
   const tokenizer = JSON.parse(readFileSync(`${src}/tokenizer.json`, 'utf8'));
   const firstNew = Math.max(...tokenizer.added_tokens.map((t) => t.id)) + 1;
@@ -56,13 +62,15 @@ function writeScriptedModel(dir) {
   Object.assign(config, { hidden_size: H, intermediate_size: H, num_hidden_layers: 1, layer_types: ['full_attention'],
     num_attention_heads: 1, num_key_value_heads: 1, vocab_size: V, tie_word_embeddings: false });
   writeFileSync(`${dir}/config.json`, JSON.stringify(config));
-  const newline = tokenizer.model.vocab['Ċ'], imEnd = tokenizer.added_tokens.find((t) => t.content === '<|im_end|>').id;
-  const chain = [newline, ...PIECES.map((_, i) => firstNew + i), imEnd];
+  const imEnd = tokenizer.added_tokens.find((t) => t.content === '<|im_end|>').id;
+  const id = (t) => (t === 'end' ? imEnd : typeof t === 'object' ? firstNew + t.piece : t);
   const embed = new Float32Array(V * H), lmHead = new Float32Array(V * H);
-  for (let k = 0; k + 1 < chain.length; k++) {
-    embed[chain[k] * H + k] = 1;       // token chain[k] lights slot k
-    lmHead[chain[k + 1] * H + k] = 10; // slot k votes for the next token
-  }
+  let slot = 0;
+  for (const chain of chains)
+    for (let k = 0; k + 1 < chain.length; k++, slot++) {
+      embed[id(chain[k]) * H + slot] = 1;        // the token lights its slot
+      lmHead[id(chain[k + 1]) * H + slot] = 10;  // the slot votes for the next token
+    }
   const zeros = (...shape) => [shape, new Float32Array(shape.reduce((a, b) => a * b))];
   const ones = (n) => [[n], new Float32Array(n).fill(1)];
   const p = 'model.layers.0.';
@@ -79,11 +87,24 @@ function writeScriptedModel(dir) {
   }));
 }
 
+const named = { type: 'function', function: { name: 'get_weather' } };
+const serve = (dir) => startServer(['--model', dir, '--port', '0', '--served-model-name', 'scripted']);
+const lastPromptToken = async (body) => (await postJson(`${server.url}/tokenize`, body)).body.tokens.at(-1);
+
 let dir, server, client;
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'vlmd-tools-'));
-  writeScriptedModel(dir);
-  server = await startServer(['--model', dir, '--port', '0', '--served-model-name', 'scripted']);
+  const newline = JSON.parse(readFileSync(`${FIXTURES}/qwen2/tokenizer.json`, 'utf8')).model.vocab['Ċ'];
+  const answer = [newline, { piece: 0 }, { piece: 1 }, { piece: 2 }, { piece: 3 }, 'end'];
+  writeScriptedModel(dir, [answer]);
+  server = await serve(dir);
+  // a forced call ends the prompt with its start: the answers go on from its last token
+  const n = await lastPromptToken({ messages, tools, tool_choice: named });
+  const r = await lastPromptToken({ messages, tools, tool_choice: 'required' });
+  assert.ok(new Set([newline, n, r]).size === 3, 'three distinct last prompt tokens');
+  await stopServer(server);
+  writeScriptedModel(dir, [answer, [n, { piece: 4 }, 'end'], [r, { piece: 5 }, 'end']]);
+  server = await serve(dir);
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
 });
 after(async () => {
@@ -98,7 +119,7 @@ const wantCalls = [
 
 test('without tools the scripted answer is plain text', async () => {
   const r = await client.chat.completions.create({ model: 'scripted', messages, temperature: 0 });
-  assert.equal(r.choices[0].message.content, PIECES.join(''));
+  assert.equal(r.choices[0].message.content, ANSWER);
   assert.equal(r.choices[0].finish_reason, 'stop');
   assert.equal(r.choices[0].message.tool_calls, undefined);
 });
@@ -116,7 +137,7 @@ test('with tools the answer is content and two calls', async () => {
   assert.notEqual(m.tool_calls[0].id, m.tool_calls[1].id);
   // tool_choice "none": the tools are not offered, and the text is not read for calls
   const none = await client.chat.completions.create({ model: 'scripted', messages, tools, tool_choice: 'none', temperature: 0 });
-  assert.equal(none.choices[0].message.content, PIECES.join(''));
+  assert.equal(none.choices[0].message.content, ANSWER);
 });
 
 test('streamed: the content, then each call once its block has closed', async () => {
@@ -143,6 +164,26 @@ test('streamed: the content, then each call once its block has closed', async ()
   assert.deepEqual(final.choices[0].message.tool_calls.map((c) => ({ name: c.function.name, arguments: JSON.parse(c.function.arguments) })),
     wantCalls);
   assert.equal(final.choices[0].message.content, 'Let me check.');
+});
+
+test('tool_choice forces a call: a named function, or "required"', async () => {
+  const r = await client.chat.completions.create({ model: 'scripted', messages, tools, tool_choice: named, temperature: 0 });
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  assert.equal(r.choices[0].message.content, null);
+  assert.deepEqual(r.choices[0].message.tool_calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)]),
+    [['get_weather', { city: 'Lyon' }]]);
+  const calls = [];
+  for await (const chunk of await client.chat.completions.create({ model: 'scripted', messages, tools, tool_choice: 'required',
+    temperature: 0, stream: true }))
+    for (const c of chunk.choices) {
+      assert.equal(c.delta.content ?? '', '', 'no content before the forced call');
+      for (const t of c.delta.tool_calls ?? []) calls.push([t.function.name, JSON.parse(t.function.arguments)]);
+    }
+  assert.deepEqual(calls, [['get_time', {}]]);
+  const bad = await postJson(`${server.url}/v1/chat/completions`, { messages, tools,
+    tool_choice: { type: 'function', function: { name: 'nope' } } });
+  assert.equal(bad.status, 400);
+  assert.equal(bad.body.error.param, 'tool_choice');
 });
 
 test('a conversation that carries the calls and their results back in', async () => {

@@ -3,6 +3,7 @@
  * content and calls, whole and as it streams. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api_request.h"
@@ -124,6 +125,38 @@ Test(tools, the_default_system_prompt_carries_the_tools_and_none_leaves_them_out
                   "<|im_end|>\n<|im_start|>assistant\n");
 }
 
+Test(tools, a_forced_call_ends_the_prompt_and_starts_the_answer, .init = load_tokenizer,
+     .fini = free_tokenizer)
+{
+    expect_prompt("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], \"tools\": ["
+                  WEATHER_TOOL "], \"tool_choice\": {\"type\": \"function\", \"function\": "
+                  "{\"name\": \"get_weather\"}}}",
+                  "<|im_start|>system\nYou are a helpful assistant." TOOLS_HEADER WEATHER_TOOL
+                  TOOLS_FOOTER "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+                  "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": ");
+    static const char *const bodies[][2] = {
+        {"{\"tools\": [" WEATHER_TOOL "], \"tool_choice\": \"required\"}",
+         "<tool_call>\n{\"name\": \""},
+        {"{\"tools\": [" WEATHER_TOOL "], \"tool_choice\": {\"type\": \"function\", "
+         "\"function\": {\"name\": \"get_weather\"}}}",
+         "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "},
+        {"{\"tools\": [" WEATHER_TOOL "], \"tool_choice\": \"auto\"}", NULL},
+        {"{\"tools\": [" WEATHER_TOOL "]}", NULL},
+        {"{\"tools\": [" WEATHER_TOOL "], \"tool_choice\": \"none\"}", NULL},
+    };
+    for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
+        json_t *body = json_loads(bodies[i][0], 0, NULL);
+        cr_assert_not_null(body, "%s", bodies[i][0]);
+        char *prefix = api_tool_answer_prefix(body);
+        if (bodies[i][1])
+            cr_expect_str_eq(prefix, bodies[i][1], "%s", bodies[i][0]);
+        else
+            cr_expect_null(prefix, "%s", bodies[i][0]);
+        free(prefix);
+        json_decref(body);
+    }
+}
+
 Test(tools, malformed_tools_and_calls_are_refused_by_name, .init = load_tokenizer,
      .fini = free_tokenizer)
 {
@@ -137,6 +170,9 @@ Test(tools, malformed_tools_and_calls_are_refused_by_name, .init = load_tokenize
         {"\"tools\": [], \"tool_choice\": \"required\"", "tool_choice"},
         {"\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"f\"}}",
          "tool_choice"},
+        {"\"tools\": [" WEATHER_TOOL "], \"tool_choice\": {\"type\": \"function\", "
+         "\"function\": {\"name\": \"get_time\"}}", "tool_choice"},
+        {"\"tools\": [" WEATHER_TOOL "], \"tool_choice\": \"sometimes\"", "tool_choice"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char text[512];
