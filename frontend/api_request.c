@@ -403,7 +403,7 @@ static bool parse_stop_token_ids(const json_t *body, uint32_t vocab, api_request
 
 /* OpenAI fields whose answer vlmd cannot give yet: refused by name rather
  * than ignored, since ignoring them gives an answer of another kind (free
- * text for JSON, no tool calls, no audio). Their neutral values pass. */
+ * text for JSON, no audio). Their neutral values pass. */
 static bool refuse_unsupported(const json_t *body, bool chat, int64_t n, api_error *e)
 {
     const json_t *rf = opt(body, "response_format"), *type = json_object_get(rf, "type");
