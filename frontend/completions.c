@@ -317,7 +317,8 @@ static json_t *chat_message(const inflight_entry *e, uint32_t i, const char **fi
     json_t *calls = json_array();
     tool_call call;
     bool all_calls = begun;
-    for (size_t pos = content_end; all_calls && tool_call_next(text, ch->sent, true, &pos, &call);) {
+    size_t pos = content_end;
+    while (all_calls && tool_call_next(text, ch->sent, true, &pos, &call)) {
         char id[48];
         call_id(e, i, (uint32_t)json_array_size(calls), id, sizeof id);
         all_calls = call.name != NULL;

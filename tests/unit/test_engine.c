@@ -492,7 +492,8 @@ Test(engine, min_tokens_hold_off_eos_and_stop_tokens)
     stopped.min_tokens = 2;
     uint32_t outside = qwen2_vocab_size(f.m);
     bad.req_id = 3, bad.stop_tokens = &outside, bad.n_stop_tokens = 1;
-    cr_expect_eq(engine_submit(e, &bad, &err), VLMD_ERR_INVALID_ARG, "a stop id past the vocabulary");
+    cr_expect_eq(engine_submit(e, &bad, &err), VLMD_ERR_INVALID_ARG,
+                 "a stop id past the vocabulary");
     cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(engine_submit(e, &held, &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(engine_submit(e, &stopped, &err), VLMD_OK, "%s", err.msg);
