@@ -244,7 +244,7 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     // fields whose answer vlmd cannot give are refused by name, not ignored
     [{ response_format: { type: 'json_object' } }, 400, 'response_format'],
     [{ tools: [{ type: 'function', function: { name: 'a b' } }] }, 400, 'tools[0].function'],
-    [{ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: 'required' }, 400, 'tool_choice'],
+    [{ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }, 400, 'tool_choice'],
     [{ messages: [{ role: 'tool', content: '18 C' }] }, 400, 'messages[0].tool_call_id'],
     [{ functions: [{ name: 'f' }] }, 400, 'functions'],
     [{ modalities: ['text', 'audio'] }, 400, 'modalities'],
