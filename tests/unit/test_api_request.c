@@ -8,6 +8,7 @@
 
 #include "api_request.h"
 #include "test_support.h"
+#include "tools.h"
 
 static char dir[64];
 
@@ -255,5 +256,53 @@ Test(api_request, logit_bias_is_parsed_and_checked)
     cr_expect_str_eq(e.param, "logit_bias");
     cr_expect(strstr(e.message, "at most"), "%s", e.message);
     json_decref(body);
+    vlmd_tokenizer_free(tok);
+}
+
+/* The fixed limits (docs/SECURITY.md): at the limit passes, one past is a
+ * 400 naming the field. */
+Test(api_request, fixed_limits_at_and_past_their_value)
+{
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("qwen2/tokenizer.json"), &tok, NULL), VLMD_OK);
+    api_limits lim = {.model_name = "m", .max_model_len = 8192, .image_token_id = -1};
+    static const struct {
+        const char *field;
+        int limit;
+    } limits[] = {{"n", API_MAX_N}, {"logit_bias", VLMD_PROTO_MAX_LOGIT_BIAS},
+                  {"stop_token_ids", API_MAX_STOP_IDS}, {"tools", API_MAX_TOOLS}};
+    for (size_t l = 0; l < sizeof limits / sizeof limits[0]; l++) {
+        for (int count = limits[l].limit; count <= limits[l].limit + 1; count++) {
+            json_t *body = json_pack("{s:[{s:s, s:s}]}", "messages", "role", "user", "content",
+                                     "hi");
+            json_t *v = strcmp(limits[l].field, "n") == 0 ? json_integer(count)
+                        : strcmp(limits[l].field, "logit_bias") == 0 ? json_object()
+                                                                     : json_array();
+            for (int i = 0; v && !json_is_integer(v) && i < count; i++) {
+                char k[16];
+                snprintf(k, sizeof k, "%d", i);
+                if (json_is_object(v))
+                    json_object_set_new(v, k, json_real(1));
+                else if (strcmp(limits[l].field, "tools") == 0)
+                    json_array_append_new(v, json_pack("{s:s, s:{s:s}}", "type", "function",
+                                                       "function", "name", "f"));
+                else
+                    json_array_append_new(v, json_integer(i));
+            }
+            json_object_set_new(body, limits[l].field, v);
+            api_request r;
+            api_error e;
+            bool ok = api_request_parse(body, true, &lim, tok, &r, &e);
+            if (count == limits[l].limit) {
+                cr_expect(ok, "%s at %d: %s", limits[l].field, count, e.message);
+                if (ok)
+                    api_request_free(&r);
+            } else {
+                cr_expect_not(ok, "%s at %d", limits[l].field, count);
+                cr_expect_str_eq(e.param, limits[l].field);
+            }
+            json_decref(body);
+        }
+    }
     vlmd_tokenizer_free(tok);
 }
