@@ -313,15 +313,13 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
     return ok;
 }
 
-/* prompt (completions): a string or a list of token ids. */
-static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, const api_limits *lim,
-                            vlmd_tokens *prompt, api_error *e)
+/* One completions prompt: a string or a list of token ids (*text_bytes
+ * counts the text of every prompt against --max-prompt-bytes). */
+static bool one_prompt(const json_t *p, const vlmd_tokenizer *tok, const api_limits *lim,
+                       size_t *text_bytes, vlmd_tokens *prompt, api_error *e)
 {
     const uint32_t vocab = vlmd_tokenizer_size(tok);
-    const json_t *p = json_object_get(body, "prompt");
-    if (json_is_array(p) && json_array_size(p) == 1 && json_is_string(json_array_get(p, 0)))
-        p = json_array_get(p, 0);
-    if (json_is_string(p) && !text_fits(lim, json_string_length(p), "prompt", e))
+    if (json_is_string(p) && !text_fits(lim, *text_bytes += json_string_length(p), "prompt", e))
         return false;
     if (json_is_string(p)) {
         if (vlmd_tokenizer_encode(tok, json_string_value(p), json_string_length(p), true,
@@ -341,19 +339,47 @@ static bool tokenize_prompt(const json_t *body, const vlmd_tokenizer *tok, const
         }
         return true;
     }
-    if (json_is_array(p) && json_array_size(p) > 1)
-        return api_fail(e, 400, "prompt", "invalid_value",
-                        "one prompt per request: send a string or a list of token ids");
-    return api_fail(e, 400, "prompt", "invalid_type",
-                    "'prompt' must be a string or a list of token ids");
+    return api_fail(e, 400, "prompt", "invalid_type", "'prompt' must be a string, a list of "
+                    "token ids, or a list of either");
+}
+
+/* prompt (completions): one (a string or a list of token ids) or a list of
+ * several, at most `most`. *prompts: owned, *n of them. */
+static bool tokenize_prompts(const json_t *body, const vlmd_tokenizer *tok, const api_limits *lim,
+                             uint32_t most, vlmd_tokens **prompts, uint32_t *n, api_error *e)
+{
+    const json_t *p = json_object_get(body, "prompt"), *first = json_array_get(p, 0);
+    bool listed = json_is_string(first) || json_is_array(first);
+    size_t count = listed ? json_array_size(p) : 1, text_bytes = 0;
+    if (count > most)
+        return api_fail(e, 400, "prompt", "invalid_value", "%zu prompts; at most %u (%s)",
+                        count, most, most == 1 ? "one here" : "n x prompts <= 128");
+    *prompts = calloc(count, sizeof **prompts);
+    if (!*prompts)
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    *n = (uint32_t)count;
+    for (size_t i = 0; i < count; i++)
+        if (!one_prompt(listed ? json_array_get(p, i) : p, tok, lim, &text_bytes, &(*prompts)[i],
+                        e))
+            return false;
+    return true;
 }
 
 bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
                        const api_limits *lim, vlmd_tokens *out, api_image **images,
                        uint32_t *n_images, api_error *e)
 {
-    if (!chat)
-        return tokenize_prompt(body, tok, lim, out, e);
+    if (!chat) {
+        vlmd_tokens *one = NULL;
+        uint32_t n = 0;
+        bool ok = tokenize_prompts(body, tok, lim, 1, &one, &n, e);
+        if (ok)
+            *out = one[0];
+        else if (one)
+            vlmd_tokens_free(&one[0]);
+        free(one);
+        return ok;
+    }
     vlmd_buf text = VLMD_BUF_INIT;
     bool ok = render_chat(body, lim, &text, images, n_images, e);
     if (ok && vlmd_tokenizer_encode(tok, text.data, text.len, true, out) != VLMD_OK)
@@ -362,16 +388,19 @@ bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
     return ok;
 }
 
-/* Checks the prompt against the model's length and sets max_tokens: too many
- * for the room left are shrunk, never an error. */
+/* Checks the prompts against the model's length and sets max_tokens: too
+ * many for the room left (after the longest prompt) are shrunk, never an error. */
 static bool fit_output(api_request *r, const api_limits *lim, api_error *e)
 {
     const char *param = r->chat ? "messages" : "prompt";
-    int64_t room = lim->max_model_len - (int64_t)r->prompt.n;
+    size_t longest = 0;
+    for (uint32_t i = 0; i < r->n_prompts; i++)
+        longest = r->prompts[i].n > longest ? r->prompts[i].n : longest;
+    int64_t room = lim->max_model_len - (int64_t)longest;
     if (room <= 0)
         return api_fail(e, 400, param, "context_length_exceeded",
                         "the prompt has %zu tokens%s; this model's maximum context length is "
-                        "%lld tokens", r->prompt.n, r->n_images ? " (images included)" : "",
+                        "%lld tokens", longest, r->n_images ? " (images included)" : "",
                         (long long)lim->max_model_len);
     int64_t want = r->asked_max_tokens ? r->asked_max_tokens : room;
     if (lim->max_output_tokens && want > lim->max_output_tokens)
@@ -512,9 +541,19 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     r->sampling.has_seed = seed_given;
     r->sampling.seed = (uint64_t)seed;
 
-    ok = api_prompt_tokens(body, chat, tok, lim, &r->prompt, &r->images, &r->n_images, e);
-    if (ok && r->prompt.n == 0)
-        ok = api_fail(e, 400, chat ? "messages" : "prompt", "invalid_value", "the prompt is empty");
+    if (chat) {
+        r->prompts = calloc(1, sizeof *r->prompts);
+        r->n_prompts = r->prompts ? 1 : 0;
+        ok = r->prompts ? api_prompt_tokens(body, chat, tok, lim, &r->prompts[0], &r->images,
+                                            &r->n_images, e)
+                        : api_fail(e, 500, NULL, NULL, "out of memory");
+    } else {
+        ok = tokenize_prompts(body, tok, lim, API_MAX_N / r->n, &r->prompts, &r->n_prompts, e);
+    }
+    for (uint32_t i = 0; ok && i < r->n_prompts; i++)
+        if (r->prompts[i].n == 0)
+            ok = api_fail(e, 400, chat ? "messages" : "prompt", "invalid_value",
+                          "the prompt is empty");
     /* max_completion_tokens wins over the older max_tokens; neither: chat gets the room
      * left, completions OpenAI's 16 */
     r->asked_max_tokens = completion_given ? max_completion
@@ -547,16 +586,17 @@ bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *
         counts[i] = r->images[i].tokens;
     size_t n = 0;
     vlmd_error err = {0};
-    vlmd_status st = vlmd_expand_image_pads(r->prompt.ids, r->prompt.n,
+    vlmd_tokens *prompt = &r->prompts[0]; /* (chat: the one prompt) */
+    vlmd_status st = vlmd_expand_image_pads(prompt->ids, prompt->n,
                                             (uint32_t)lim->image_token_id, counts, r->n_images,
                                             &ids, &n, &err);
     free(counts);
     if (st != VLMD_OK) /* the text itself held image pads */
         return api_fail(e, 400, "messages", "invalid_value", "the prompt's image placeholders "
                         "do not match its %u images: %s", r->n_images, err.msg);
-    free(r->prompt.ids);
-    r->prompt.ids = ids;
-    r->prompt.n = r->prompt.cap = n;
+    free(prompt->ids);
+    prompt->ids = ids;
+    prompt->n = prompt->cap = n;
     /* each image's run starts at the first pad after the previous run (the
      * expansion checked the counts) */
     size_t at = 0;
@@ -571,7 +611,11 @@ bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *
 
 void api_request_free(api_request *r)
 {
-    vlmd_tokens_free(&r->prompt);
+    for (uint32_t i = 0; i < r->n_prompts; i++)
+        vlmd_tokens_free(&r->prompts[i]);
+    free(r->prompts);
+    r->prompts = NULL;
+    r->n_prompts = 0;
     for (uint32_t i = 0; i < r->n_images; i++)
         api_image_free(&r->images[i]);
     free(r->images);

@@ -42,10 +42,11 @@ typedef struct api_request {
     bool chat;
     bool stream, include_usage, echo;
     bool ignore_eos;                /* generate past end-of-sequence (benchmarks; vLLM's extension) */
-    uint32_t n;                     /* choices, each its own engine request */
+    uint32_t n;                     /* choices per prompt, each its own engine request */
     bool tools;                     /* the model may call tools: its text is parsed (tools.h) */
     char *answer_prefix;            /* owned: a forced call's start, which ends the prompt */
-    vlmd_tokens prompt;             /* owned */
+    vlmd_tokens *prompts;           /* owned: chat's one, or completions' (a list of several) */
+    uint32_t n_prompts;
     uint32_t max_tokens;            /* after shrinking to the room left */
     bool max_tokens_shrunk;
     vlmd_sampling sampling;

@@ -247,8 +247,17 @@ static void response_id(const inflight_entry *e, char *out, size_t outsz)
              (unsigned long long)e->req_id);
 }
 
-/* The prompt counts once; completion tokens are every choice's; cached tokens
- * the fewest any choice was given. */
+/* Tokens of every prompt (each once, whatever n). */
+static size_t prompt_tokens(const api_request *r)
+{
+    size_t n = 0;
+    for (uint32_t i = 0; i < r->n_prompts; i++)
+        n += r->prompts[i].n;
+    return n;
+}
+
+/* Each prompt counts once; completion tokens are every choice's; cached
+ * tokens the fewest any choice was given. */
 static json_t *usage_json(const inflight_entry *e)
 {
     uint32_t completion = 0, cached = e->choices[0].cached_tokens;
@@ -256,9 +265,10 @@ static json_t *usage_json(const inflight_entry *e)
         completion += e->choices[i].completion_tokens;
         cached = e->choices[i].cached_tokens < cached ? e->choices[i].cached_tokens : cached;
     }
-    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)e->api.prompt.n,
+    size_t prompt = prompt_tokens(&e->api);
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)prompt,
                      "completion_tokens", (int)completion, "total_tokens",
-                     (int)(e->api.prompt.n + completion), "prompt_tokens_details",
+                     (int)(prompt + completion), "prompt_tokens_details",
                      "cached_tokens", (int)cached);
 }
 
@@ -347,7 +357,7 @@ static json_t *full_json(const completions *c, const inflight_entry *e)
     for (uint32_t i = 0; i < e->n_choices; i++) {
         const inflight_choice *ch = &e->choices[i];
         const char *text = ch->text.data ? ch->text.data : "", *finish = ch->finish;
-        json_t *lp = logprobs_json(c, e, ch->lps, ch->n_lps, e->prompt_text_len);
+        json_t *lp = logprobs_json(c, e, ch->lps, ch->n_lps, ch->prompt_text_len);
         json_t *message = e->api.chat ? chat_message(e, i, &finish) : NULL;
         json_array_append_new(
             choices, e->api.chat ? json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "message",
@@ -456,17 +466,20 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
     n_stops += r->n_stop_token_ids;
     vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
     m.u.request_submit = (vlmd_msg_request_submit){
-        .tokens = r->prompt.ids, .n_tokens = (uint32_t)r->prompt.n,
         .max_tokens = r->max_tokens, .sampling = r->sampling, .stop_tokens = stops,
         .n_stop_tokens = n_stops, .min_tokens = r->min_tokens, .ignore_eos = r->ignore_eos,
         .logprobs = r->logprobs, .top_logprobs = r->top_logprobs, .images = refs,
         .n_images = r->n_images, .session = e->session, .logit_bias = r->logit_bias,
         .n_logit_bias = r->n_logit_bias};
-    /* choice k: request req_id + k; a seeded request's choices differ, each reproducible */
+    /* choice k: request req_id + k, of prompt k / n; a seeded request's choices of one
+     * prompt differ, each reproducible */
     bool sent = c->peer != NULL;
     for (uint32_t k = 0; sent && k < e->n_choices; k++) {
+        const vlmd_tokens *prompt = &r->prompts[k / r->n];
         m.u.request_submit.req_id = e->req_id + k;
-        m.u.request_submit.sampling.seed = r->sampling.seed + k;
+        m.u.request_submit.tokens = prompt->ids;
+        m.u.request_submit.n_tokens = (uint32_t)prompt->n;
+        m.u.request_submit.sampling.seed = r->sampling.seed + k % r->n;
         sent = vlmd_peer_send(c->peer, &m) == VLMD_OK;
         for (uint32_t j = 0; !sent && j < k; j++)
             cancel_at_engine(e->req_id + j, c);
@@ -609,7 +622,7 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
         send_api_error(req, &err);
         return;
     }
-    inflight_entry *e = inflight_add(&c->table, req, r.n);
+    inflight_entry *e = inflight_add(&c->table, req, r.n * r.n_prompts);
     if (!e) {
         api_request_free(&r);
         vlmd_send_api_error(req, 500, "out of memory", NULL, NULL);
@@ -623,11 +636,12 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
     for (uint32_t i = 0; i < e->n_choices; i++) {
         inflight_choice *ch = &e->choices[i];
         ch->detok.skip_special = true;
-        if (r.echo) /* the prompt comes first, as written (its specials included) */
-            vlmd_tokenizer_decode(c->tok, r.prompt.ids, r.prompt.n, false, &ch->text, NULL);
+        const vlmd_tokens *prompt = &r.prompts[i / r.n];
+        if (r.echo) /* its prompt comes first, as written (its specials included) */
+            vlmd_tokenizer_decode(c->tok, prompt->ids, prompt->n, false, &ch->text, NULL);
         if (r.answer_prefix) /* a forced call: read as if the model had written its start */
             vlmd_buf_puts(&ch->text, r.answer_prefix);
-        e->prompt_text_len = ch->text.len;
+        ch->prompt_text_len = ch->text.len;
         ch->checked = ch->text.len; /* the echoed prompt is not searched for stops */
     }
     if (r.n_images)
@@ -655,7 +669,7 @@ static void finish(completions *c, inflight_entry *e)
     for (uint32_t i = 0; i < e->n_choices; i++)
         stopped = stopped && strcmp(e->choices[i].finish, "stop") == 0;
     metrics_observe(&c->metrics.e2e, (double)(vlmd_now_ns() - e->start_ns) / 1e9);
-    c->metrics.prompt_tokens += e->api.prompt.n;
+    c->metrics.prompt_tokens += prompt_tokens(&e->api);
     c->metrics.finished[stopped ? 0 : 1]++;
     if (!e->api.stream) {
         h2o_req_t *req = e->req;

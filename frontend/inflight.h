@@ -34,6 +34,7 @@ typedef struct inflight_choice {
     vlmd_buf text;              /* generated text so far (echoed prompt first) */
     size_t sent;                /* bytes of text already given to the client */
     size_t checked;             /* bytes of text already searched for stop strings */
+    size_t prompt_text_len;     /* bytes of echoed prompt (or forced call) it starts with */
     uint32_t completion_tokens;
     uint32_t cached_tokens;     /* prompt tokens the engine's prefix cache gave */
     bool spoke;                 /* a stream chunk of it went out (chat: the role with it) */
@@ -52,7 +53,6 @@ typedef struct inflight_entry {
     h2o_req_t *req;             /* NULL once the client is gone */
     api_request api;            /* what was asked (owned) */
     int64_t created_unix_s;
-    size_t prompt_text_len;     /* bytes of echoed prompt at the start of each text */
     bool started;               /* the response (headers) has begun */
     bool sending;               /* an h2o_send is in flight: wait for proceed */
     bool final_queued;          /* the last bytes wait in pending */

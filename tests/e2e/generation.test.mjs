@@ -41,7 +41,7 @@ test('greedy completions through the processes match the reference', async () =>
     const long = await postJson(`${server.url}/v1/completions`, { prompt: Array(5000).fill(7), max_tokens: 1 });
     assert.equal(long.status, 400);
     assert.equal(long.body.error.param, 'prompt');
-    const bad = await postJson(`${server.url}/v1/completions`, { prompt: ['not', 'a', 'string'] });
+    const bad = await postJson(`${server.url}/v1/completions`, { prompt: [[1, 'not an id']] });
     assert.equal(bad.status, 400);
     assert.equal(bad.body.error.param, 'prompt');
     const health = await getJson(`${server.url}/health`);

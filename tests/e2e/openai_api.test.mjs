@@ -129,6 +129,29 @@ test('logit_bias bans the greedy token and forces another, through the SDK', asy
   assert.equal(forced.choices[0].text, 'xxx', 'every sampled token is the forced one');
 });
 
+test('completions of several prompts: n choices each, in prompt order, as each alone', async () => {
+  const prompts = ['Once upon a time', [5, 6, 7, 8], 'The capital of'];
+  const params = { model: 'qwen2', max_tokens: 6, temperature: 0.9, seed: 21, echo: true };
+  const r = await client.completions.create({ ...params, prompt: prompts, n: 2 });
+  assert.equal(r.choices.length, 6);
+  let promptTokens = 0;
+  for (const [i, prompt] of prompts.entries()) {
+    const alone = await client.completions.create({ ...params, prompt, n: 2 });
+    promptTokens += alone.usage.prompt_tokens;
+    for (let k = 0; k < 2; k++) {
+      assert.equal(r.choices[i * 2 + k].index, i * 2 + k);
+      assert.equal(r.choices[i * 2 + k].text, alone.choices[k].text, `prompt ${i}, choice ${k}`);
+    }
+  }
+  assert.equal(r.usage.prompt_tokens, promptTokens, 'each prompt counted once');
+  assert.equal(r.usage.completion_tokens, 6 * 6);
+  const tooMany = await postJson(`${server.url}/v1/completions`, { prompt: Array(65).fill('x'), n: 2 });
+  assert.equal(tooMany.status, 400);
+  assert.equal(tooMany.body.error.param, 'prompt');
+  const tokenizeTwo = await postJson(`${server.url}/tokenize`, { prompt: ['a', 'b'] });
+  assert.equal(tokenizeTwo.status, 400, '/tokenize takes one prompt');
+});
+
 test('stop_token_ids end the text after their token; min_tokens holds off every end', async () => {
   const g = case0.greedy_continuation;
   const params = { model: 'qwen2', messages: case0.messages, max_tokens: 12, temperature: 0 };

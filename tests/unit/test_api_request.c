@@ -62,7 +62,7 @@ Test(api_request, sampling_defaults_come_from_generation_config, .fini = cleanup
     body = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}], "
                       "\"max_tokens\": 1000}", 0, NULL);
     cr_assert(api_request_parse(body, true, &lim, tok, &r, &e), "%s", e.message);
-    cr_expect_eq(r.max_tokens, 64 - r.prompt.n, "shrunk to the room left");
+    cr_expect_eq(r.max_tokens, 64 - r.prompts[0].n, "shrunk to the room left");
     cr_expect(r.max_tokens_shrunk);
     api_request_free(&r);
     json_decref(body);
@@ -137,8 +137,9 @@ static vlmd_tokens prompt_of(const vlmd_tokenizer *tok, const api_limits *lim, b
     api_request r;
     api_error e;
     cr_assert(api_request_parse(body, chat, lim, tok, &r, &e), "%s: %s", text, e.message);
-    vlmd_tokens ids = r.prompt;
-    r.prompt = (vlmd_tokens){0};
+    cr_assert_eq(r.n_prompts, 1);
+    vlmd_tokens ids = r.prompts[0];
+    r.prompts[0] = (vlmd_tokens){0};
     api_request_free(&r);
     json_decref(body);
     return ids;
