@@ -596,10 +596,9 @@ static int32_t chunk_of(const engine *e, const request *q, const step_plan *p)
 
 /* True when a running request is still computing a prompt that shares at
  * least SHARE_MIN_TOKENS more tokens with q's than the cache gave q, or all
- * of q's but its last: q waits
- * for them to enter the cache (share_prompt, after each step) rather than
- * compute them again (the other choices of an n > 1 request, a system prompt
- * many send at once). */
+ * of q's but its last: q waits for them to enter the cache (share_prompt,
+ * after each step) rather than compute them again (the other choices of an
+ * n > 1 request, a system prompt many send at once). */
 #define SHARE_MIN_TOKENS 16
 static bool prompt_in_flight(const engine *e, const request *q)
 {
