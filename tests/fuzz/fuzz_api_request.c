@@ -34,10 +34,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         api_request r;
         api_error e;
         if (api_request_parse(body, chat, &lim, tok, &r, &e)) {
-            /* an accepted request has a prompt and, once its images are measured
-             * (not here: no image is fetched), room to answer */
-            if (r.prompt.n == 0 || (!r.n_images && (r.prompt.n >= 4096 || r.max_tokens == 0)))
+            /* an accepted request has prompts and, once its images are measured
+             * (not here: no image is fetched), room to answer; at most 128 choices */
+            if (r.n_prompts == 0 || r.n * r.n_prompts > API_MAX_N ||
+                (!r.n_images && r.max_tokens == 0))
                 abort();
+            for (uint32_t i = 0; i < r.n_prompts; i++)
+                if (r.prompts[i].n == 0 || (!r.n_images && r.prompts[i].n >= 4096))
+                    abort();
             api_request_free(&r);
         } else if (e.status < 400 || (e.status >= 500 && e.status != 500)) {
             abort(); /* refused input is the client's error (500 only for out of memory) */
