@@ -118,6 +118,14 @@ size_t vlmd_strlcpy(char *dst, const char *src, size_t dstsz)
     return n;
 }
 
+size_t vlmd_partial_suffix(const char *text, size_t len, const char *word)
+{
+    for (size_t k = strlen(word); k-- > 1;)
+        if (k <= len && memcmp(text + len - k, word, k) == 0)
+            return k;
+    return 0;
+}
+
 char *vlmd_xstrdup(const char *s)
 {
     char *p = strdup(s ? s : "");

@@ -36,6 +36,9 @@ void *vlmd_grow(void *items, size_t n, size_t *cap, size_t elem, size_t first_ca
 /* Copies src into dst of size dstsz, always NUL-terminating (dstsz > 0).
  * Returns the length of src, so a result >= dstsz means it was truncated. */
 size_t vlmd_strlcpy(char *dst, const char *src, size_t dstsz);
+/* The longest tail of text[0..len) that is a proper prefix of word: text
+ * that may still become word as more arrives (0: none; word non-empty). */
+size_t vlmd_partial_suffix(const char *text, size_t len, const char *word);
 /* strdup that aborts the process on allocation failure (start-up paths only). */
 char *vlmd_xstrdup(const char *s);
 /* snprintf into a fresh heap string; NULL on allocation failure. */

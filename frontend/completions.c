@@ -382,11 +382,10 @@ static size_t visible_end(const inflight_entry *e, inflight_choice *ch, bool *hi
 {
     *hit = false;
     const char *t = ch->text.data ? ch->text.data : "";
-    size_t len = ch->text.len, longest = 0, best = len;
+    size_t len = ch->text.len, best = len;
     bool too_early = ch->completion_tokens < e->api.min_tokens;
     for (int i = 0; !too_early && i < e->api.n_stops; i++) {
         size_t sl = strlen(e->api.stops[i]);
-        longest = sl > longest ? sl : longest;
         size_t from = ch->checked + 1 > sl ? ch->checked + 1 - sl : 0;
         const char *p = from <= len ? memmem(t + from, len - from, e->api.stops[i], sl) : NULL;
         if (p && (size_t)(p - t) < best) {
@@ -400,14 +399,9 @@ static size_t visible_end(const inflight_entry *e, inflight_choice *ch, bool *hi
     /* hold back the longest tail that is a prefix of a stop string */
     size_t hold = 0;
     for (int i = 0; i < e->api.n_stops; i++) {
-        size_t sl = strlen(e->api.stops[i]);
-        for (size_t k = sl - 1; k > hold; k--)
-            if (k <= len && memcmp(t + len - k, e->api.stops[i], k) == 0) {
-                hold = k;
-                break;
-            }
+        size_t k = vlmd_partial_suffix(t, len, e->api.stops[i]);
+        hold = k > hold ? k : hold;
     }
-    (void)longest;
     return len - hold;
 }
 

@@ -211,12 +211,7 @@ size_t tool_content_end(const char *text, size_t len, bool final, bool *begun)
     *begun = at < len;
     if (at < len || final)
         return at;
-    /* hold back the longest tail that is a prefix of "<tool_call>" */
-    size_t n = strlen(CALL_OPEN);
-    for (size_t k = n - 1; k > 0; k--)
-        if (k <= len && memcmp(text + len - k, CALL_OPEN, k) == 0)
-            return len - k;
-    return len;
+    return len - vlmd_partial_suffix(text, len, CALL_OPEN); /* hold back a call's start */
 }
 
 void tool_call_free(tool_call *c)

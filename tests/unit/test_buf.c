@@ -37,6 +37,17 @@ Test(buf, printf_and_parse)
     cr_expect_str_eq(small, "hel");
 }
 
+Test(buf, partial_suffix_is_the_longest_tail_that_may_become_the_word)
+{
+    cr_expect_eq(vlmd_partial_suffix("say <tool", 9, "<tool_call>"), 5);
+    cr_expect_eq(vlmd_partial_suffix("a <", 3, "<tool_call>"), 1);
+    cr_expect_eq(vlmd_partial_suffix("xaaa", 4, "aaab"), 3, "the longest of those that match");
+    cr_expect_eq(vlmd_partial_suffix("xy", 2, "xy"), 0, "the whole word is not a partial one");
+    cr_expect_eq(vlmd_partial_suffix("b", 1, "abc"), 0);
+    cr_expect_eq(vlmd_partial_suffix("", 0, "ab"), 0);
+    cr_expect_eq(vlmd_partial_suffix("za", 2, "a"), 0, "a one-byte word has no partial start");
+}
+
 Test(buf, grow_doubles_only_when_full_and_fails_cleanly)
 {
     int *a = NULL;
