@@ -308,11 +308,20 @@ static json_t *chunk_json(const completions *c, const inflight_entry *e, uint32_
     return stream_chunk(c, e, json_pack("[o]", choice));
 }
 
-/* The id of call k of choice i. */
-static void call_id(const inflight_entry *e, uint32_t i, uint32_t k, char *out, size_t outsz)
+/* Call k of choice i as OpenAI writes one: {"id", "type", "function": {"name", "arguments"}}. */
+static json_t *call_json(const inflight_entry *e, uint32_t i, uint32_t k, const tool_call *call)
 {
-    snprintf(out, outsz, "call_%016llx%02x%02x", (unsigned long long)e->req_id, i & 0xff,
+    char id[48];
+    snprintf(id, sizeof id, "call_%016llx%02x%02x", (unsigned long long)e->req_id, i & 0xff,
              k & 0xff);
+    return json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function",
+                     "name", call->name, "arguments", call->arguments);
+}
+
+/* A choice that stopped after making calls finished with "tool_calls". */
+static const char *finish_reason(const char *finish, bool called)
+{
+    return called && strcmp(finish, "stop") == 0 ? "tool_calls" : finish;
 }
 
 /* An answer's text split into content and calls (tools.h): the message with
@@ -329,21 +338,16 @@ static json_t *chat_message(const inflight_entry *e, uint32_t i, const char **fi
     bool all_calls = begun;
     size_t pos = content_end;
     while (all_calls && tool_call_next(text, ch->sent, true, &pos, &call)) {
-        char id[48];
-        call_id(e, i, (uint32_t)json_array_size(calls), id, sizeof id);
         all_calls = call.name != NULL;
         if (all_calls)
-            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
-                                                   "function", "function", "name", call.name,
-                                                   "arguments", call.arguments));
+            json_array_append_new(calls, call_json(e, i, (uint32_t)json_array_size(calls), &call));
         tool_call_free(&call);
     }
     if (!all_calls || json_array_size(calls) == 0) {
         json_decref(calls);
         return json_pack("{s:s, s:s%}", "role", "assistant", "content", text, ch->sent);
     }
-    if (strcmp(*finish, "stop") == 0)
-        *finish = "tool_calls";
+    *finish = finish_reason(*finish, true);
     return json_pack("{s:s, s:o, s:o}", "role", "assistant", "content",
                      content_end ? json_stringn(text, content_end) : json_null(), "tool_calls",
                      calls);
@@ -713,11 +717,9 @@ static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size
     while (tool_call_next(text, end, final, &ch->call_pos, &call)) {
         json_t *delta;
         if (call.name) {
-            char id[48];
-            call_id(e, index, ch->n_calls, id, sizeof id);
-            delta = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index",
-                              (int)ch->n_calls++, "id", id, "type", "function", "function",
-                              "name", call.name, "arguments", call.arguments);
+            json_t *entry = call_json(e, index, ch->n_calls, &call);
+            json_object_set_new(entry, "index", json_integer(ch->n_calls++));
+            delta = json_pack("{s:[o]}", "tool_calls", entry);
         } else {
             delta = json_pack("{s:s%}", "content", text + call.start, call.end - call.start);
         }
@@ -835,10 +837,9 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
     if (final) {
         ch->finish = hit || m->finish == VLMD_FINISH_STOP ? "stop" : "length";
         if (e->api.stream) {
-            const char *reason = ch->n_calls && !strcmp(ch->finish, "stop") ? "tool_calls"
-                                                                             : ch->finish;
             stream_start(c, e);
-            stream_event(e, chunk_json(c, e, index, "", 0, reason, false, NULL));
+            stream_event(e, chunk_json(c, e, index, "", 0, finish_reason(ch->finish, ch->n_calls),
+                                       false, NULL));
         }
         if (++e->n_finished == e->n_choices) {
             finish(c, e);
