@@ -65,6 +65,15 @@ static bool get_bool(const json_t *body, const char *key, bool *out, api_error *
 /* A JSON string with no NUL inside (API_JSON_FLAGS lets text, a prompt or a
  * message's content, carry "\u0000"; names, URLs and stop strings, used as
  * C strings, may not). */
+bool api_token_id(const json_t *v, const vlmd_tokenizer *tok, uint32_t *id)
+{
+    if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+        json_integer_value(v) >= vlmd_tokenizer_size(tok))
+        return false;
+    *id = (uint32_t)json_integer_value(v);
+    return true;
+}
+
 static bool plain_string(const json_t *s)
 {
     return json_is_string(s) && strlen(json_string_value(s)) == json_string_length(s);
@@ -329,12 +338,11 @@ static bool one_prompt(const json_t *p, const vlmd_tokenizer *tok, const api_lim
     }
     if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
         for (size_t i = 0; i < json_array_size(p); i++) {
-            const json_t *id = json_array_get(p, i);
-            if (!json_is_integer(id) || json_integer_value(id) < 0 ||
-                json_integer_value(id) >= vocab)
+            uint32_t id;
+            if (!api_token_id(json_array_get(p, i), tok, &id))
                 return api_fail(e, 400, "prompt", "invalid_value",
                                 "prompt[%zu] is not a token id below %u", i, vocab);
-            if (vlmd_tokens_push(prompt, (uint32_t)json_integer_value(id)) != VLMD_OK)
+            if (vlmd_tokens_push(prompt, id) != VLMD_OK)
                 return api_fail(e, 500, NULL, NULL, "out of memory");
         }
         return true;
@@ -411,7 +419,7 @@ static bool fit_output(api_request *r, const api_limits *lim, api_error *e)
 }
 
 /* stop_token_ids (vLLM's extension): up to API_MAX_STOP_IDS ids below vocab. */
-static bool parse_stop_token_ids(const json_t *body, uint32_t vocab, api_request *r,
+static bool parse_stop_token_ids(const json_t *body, const vlmd_tokenizer *tok, api_request *r,
                                  api_error *e)
 {
     const json_t *v = opt(body, "stop_token_ids");
@@ -420,13 +428,11 @@ static bool parse_stop_token_ids(const json_t *body, uint32_t vocab, api_request
     if (!json_is_array(v) || json_array_size(v) > API_MAX_STOP_IDS)
         return api_fail(e, 400, "stop_token_ids", "invalid_value", "'stop_token_ids' must be a "
                         "list of at most %d token ids", API_MAX_STOP_IDS);
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        const json_t *id = json_array_get(v, i);
-        if (!json_is_integer(id) || json_integer_value(id) < 0 || json_integer_value(id) >= vocab)
+    for (size_t i = 0; i < json_array_size(v); i++, r->n_stop_token_ids++)
+        if (!api_token_id(json_array_get(v, i), tok, &r->stop_token_ids[i]))
             return api_fail(e, 400, "stop_token_ids", "invalid_value",
-                            "stop_token_ids[%zu] is not a token id below %u", i, vocab);
-        r->stop_token_ids[r->n_stop_token_ids++] = (uint32_t)json_integer_value(id);
-    }
+                            "stop_token_ids[%zu] is not a token id below %u", i,
+                            vlmd_tokenizer_size(tok));
     return true;
 }
 
@@ -499,7 +505,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
          get_bool(body, "stream", &r->stream, e) &&
          get_bool(body, "ignore_eos", &r->ignore_eos, e) && parse_stops(body, r, e) &&
          parse_logit_bias(body, vlmd_tokenizer_size(tok), r, e) &&
-         parse_stop_token_ids(body, vlmd_tokenizer_size(tok), r, e) &&
+         parse_stop_token_ids(body, tok, r, e) &&
          get_integer(body, "min_tokens", 0, INT32_MAX, &min_tokens, NULL, e) &&
          refuse_unsupported(body, chat, n, e);
     if (ok && chat)

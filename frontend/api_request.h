@@ -88,6 +88,9 @@ bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
                        const api_limits *lim, vlmd_tokens *out, api_image **images,
                        uint32_t *n_images, api_error *e);
 
+/* True when v is an integer id of tok's vocabulary, written to *id. */
+bool api_token_id(const json_t *v, const vlmd_tokenizer *tok, uint32_t *id);
+
 /* Reads generation_config.json's sampling defaults (missing file: neutral). */
 void api_sampling_defaults(const char *model_dir, vlmd_sampling *out);
 

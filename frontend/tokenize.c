@@ -55,10 +55,9 @@ void detokenize_handle(h2o_req_t *req, void *ud)
     vlmd_tokens ids = {0};
     bool ok = json_is_array(tokens);
     for (size_t i = 0; ok && i < json_array_size(tokens); i++) {
-        json_t *t = json_array_get(tokens, i);
-        ok = json_is_integer(t) && json_integer_value(t) >= 0 &&
-             json_integer_value(t) < vlmd_tokenizer_size(c->tok) &&
-             vlmd_tokens_push(&ids, (uint32_t)json_integer_value(t)) == VLMD_OK;
+        uint32_t id;
+        ok = api_token_id(json_array_get(tokens, i), c->tok, &id) &&
+             vlmd_tokens_push(&ids, id) == VLMD_OK;
     }
     vlmd_buf text = VLMD_BUF_INIT;
     vlmd_error err = {0};
