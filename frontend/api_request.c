@@ -482,10 +482,12 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     if (!json_is_object(body))
         return api_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
     const json_t *model = opt(body, "model");
-    if (model && (!plain_string(model) || strcmp(json_string_value(model), lim->model_name)))
+    if (model && !plain_string(model))
+        return api_fail(e, 400, "model", "invalid_type",
+                        "'model' must be a string (without NUL characters)");
+    if (model && strcmp(json_string_value(model), lim->model_name))
         return api_fail(e, 404, "model", "model_not_found", "the model '%s' does not exist; this "
-                        "server serves '%s'", json_is_string(model) ? json_string_value(model) : "?",
-                        lim->model_name);
+                        "server serves '%s'", json_string_value(model), lim->model_name);
 
     int64_t n = 1, max_tokens = 0, max_completion = 0, top_k = r->sampling.top_k, seed = 0;
     bool max_given = false, completion_given = false, seed_given = false, logprobs = false;
