@@ -604,6 +604,11 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
                                         "shutting_down", "retry-after", "1");
         return;
     }
+    if (c->router_down) {
+        vlmd_send_api_error_with_header(req, 503, "the router is not answering; try again", NULL,
+                                        "router_unavailable", "retry-after", "1");
+        return;
+    }
     json_error_t jerr;
     json_t *body = json_loadb(req->entity.base, req->entity.len, API_JSON_FLAGS, &jerr);
     api_error err;

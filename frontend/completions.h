@@ -40,6 +40,7 @@ typedef struct completions {
     uint64_t send_timeout_ns;   /* --send-timeout-s */
     uv_timer_t sweep;           /* applies the two timeouts */
     bool draining;              /* SIGTERM: new requests get 503 */
+    bool router_down;           /* the router stopped answering: new requests get 503 */
 } completions;
 
 void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok,

@@ -36,6 +36,9 @@ typedef struct frontend {
     completions completions;
     vlmd_msg snapshot;          /* latest STATS_SNAPSHOT, deep copy (owned); type 0 when none */
     uint64_t snapshot_at_ms;
+    uv_timer_t router_watch;    /* finds a router that stopped answering */
+    uint64_t router_heard_ms;   /* monotonic time of the router's last message */
+    uint64_t watch_tick_ms;
     bool ready;
 } frontend;
 
@@ -164,6 +167,11 @@ static bool engine_ready(const vlmd_msg_stats_snapshot *s)
 static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
 {
     frontend *fe = ud;
+    fe->router_heard_ms = vlmd_now_ms();
+    if (fe->completions.router_down) {
+        fe->completions.router_down = false;
+        VLMD_INFO("the router answers again");
+    }
     if (msg->type == VLMD_MSG_WELCOME) {
         /* a welcome after the first: a new router, which never saw our requests */
         if (fe->welcomed)
@@ -186,6 +194,24 @@ static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
         vlmd_peer_set_ready(svc->peer, &ready);
         VLMD_INFO("the engine is ready: serving at %s", http_server_url(fe->http));
     }
+}
+
+/* The router snapshots every --heartbeat-ms; silent for --heartbeat-timeout-ms
+ * it is down (the launcher replaces it): what is in flight ends with a 503 at
+ * once and new requests get one too, instead of waiting for
+ * --request-timeout-s. */
+static void on_router_watch(uv_timer_t *t)
+{
+    frontend *fe = t->data;
+    uint64_t now = vlmd_now_ms(), timeout = (uint64_t)fe->svc.cfg.heartbeat_timeout_ms;
+    if (vlmd_clock_watcher_paused(&fe->watch_tick_ms, now, timeout / 2))
+        fe->router_heard_ms = now; /* the frontend was the one not running */
+    if (!fe->welcomed || fe->completions.router_down || now - fe->router_heard_ms <= timeout)
+        return;
+    VLMD_WARN("the router sent nothing for %llu ms: requests get 503 until it answers again",
+              (unsigned long long)(now - fe->router_heard_ms));
+    fe->completions.router_down = true;
+    completions_fail_all(&fe->completions, "the router is not answering; try again");
 }
 
 static void on_http_closed(void *ud)
@@ -225,6 +251,7 @@ static void on_stop(vlmd_service *svc, void *ud)
     (void)svc;
     frontend *fe = ud;
     completions_stop(&fe->completions);
+    uv_close((uv_handle_t *)&fe->router_watch, NULL);
     fe->completions.peer = NULL; /* the peer goes away with the service */
     if (fe->http)
         http_server_close(fe->http, FRONTEND_CLOSE_GRACE_MS, on_http_closed, fe);
@@ -292,6 +319,10 @@ int main(int argc, char **argv)
     fe.completions.request_timeout_ns = (uint64_t)cfg->request_timeout_s * 1000000000ull;
     fe.completions.send_timeout_ns = (uint64_t)cfg->send_timeout_s * 1000000000ull;
     vlmd_service_start(&fe.svc, on_message, on_stop, &fe);
+    uv_timer_init(&fe.svc.loop, &fe.router_watch);
+    fe.router_watch.data = &fe;
+    uv_timer_start(&fe.router_watch, on_router_watch, (uint64_t)cfg->heartbeat_ms,
+                   (uint64_t)cfg->heartbeat_ms);
     fe.svc.on_drain = on_drain;
     fe.completions.peer = fe.svc.peer;
     int rc = vlmd_service_run(&fe.svc);

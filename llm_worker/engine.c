@@ -519,6 +519,14 @@ bool engine_cancel(engine *e, uint64_t req_id)
     return true;
 }
 
+int32_t engine_cancel_all(engine *e)
+{
+    int32_t n = 0;
+    for (; e->head; n++)
+        remove_request(e, e->head, NULL);
+    return n;
+}
+
 /* ---- one step ----------------------------------------------------------------- */
 
 /* Pauses a running request: its KV slots go back and its tokens (prompt and

@@ -97,6 +97,9 @@ void engine_free(engine *e);
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err);
 /* Drops a request wherever it is; emits nothing. false when unknown. */
 bool engine_cancel(engine *e, uint64_t req_id);
+/* Drops every request (nobody waits for them any more); emits nothing.
+ * Returns how many there were. */
+int32_t engine_cancel_all(engine *e);
 /* Runs one step when there is work; false when idle. */
 vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err);
 

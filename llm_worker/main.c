@@ -52,6 +52,7 @@ typedef struct llm_worker {
     size_t n_out, cap_out;
     vlmd_buf *deferred;         /* encoded SUBMIT/CANCEL messages that arrived mid-step */
     size_t n_deferred, cap_deferred;
+    bool orphaned;              /* re-registered mid-step: the requests are nobody's */
     bool stopping;
     bool profiling, profiled;
     uint64_t peer_bytes;        /* the visual worker's reservation, from the router */
@@ -134,6 +135,21 @@ static void apply(llm_worker *w, const vlmd_msg *msg)
     }
 }
 
+/* Registered again (a new router, or one that thought this engine gone): the
+ * router that asked for the running requests has failed them already, so
+ * they are dropped rather than generated for nobody. */
+static void drop_orphans(llm_worker *w)
+{
+    w->orphaned = false;
+    for (size_t i = 0; i < w->n_deferred; i++) /* they came from the same router */
+        vlmd_buf_free(&w->deferred[i]);
+    w->n_deferred = 0;
+    int32_t n = engine_cancel_all(w->engine);
+    if (n)
+        VLMD_WARN("registered with the router again: dropped %d request(s) it no longer holds", n);
+    report_kv(w);
+}
+
 static void on_step_work(uv_work_t *req)
 {
     llm_worker *w = req->data;
@@ -173,6 +189,8 @@ static void on_step_done(uv_work_t *req, int status)
         vlmd_peer_send(w->svc.peer, &m);
     }
     w->n_out = 0;
+    if (w->orphaned)
+        drop_orphans(w);
     for (size_t i = 0; i < w->n_deferred; i++) {
         vlmd_msg msg;
         if (vlmd_msg_decode(w->deferred[i].data, w->deferred[i].len, &msg, NULL) == VLMD_OK)
@@ -348,6 +366,10 @@ static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
         if (!w->profiled && !w->profiling) {
             vlmd_msg req = {.type = VLMD_MSG_FOOTPRINT_REQUEST};
             vlmd_peer_send(svc->peer, &req);
+        } else if (w->profiled) {
+            w->orphaned = true;
+            if (!w->stepping)
+                drop_orphans(w);
         }
         break;
     case VLMD_MSG_FOOTPRINT_REPLY:

@@ -19,6 +19,7 @@
 #include <zmq.h>
 
 #include "buf.h"
+#include "clock.h"
 #include "log.h"
 #include "model_config.h"
 #include "peer.h"
@@ -26,6 +27,9 @@
 #include "supervisor.h"
 
 #define IPC_PATH_MAX 100 /* sun_path is 108 bytes with the NUL; keep a margin */
+/* A router that has not answered since it started gets at least this long:
+ * start-up (bind, first snapshot) may be slow on a loaded host. */
+#define ROUTER_START_GRACE_MS 10000
 
 typedef struct launcher {
     vlmd_config cfg;
@@ -36,6 +40,9 @@ typedef struct launcher {
     supervisor sup;
     uv_signal_t sigterm, sigint;
     uv_timer_t start_timer;
+    uv_timer_t router_watch;        /* kills a router that stopped answering */
+    uint64_t router_heard_ms;       /* monotonic time of the router's last message */
+    uint64_t watch_tick_ms;
     char runtime_dir[PATH_MAX];
     bool own_runtime_dir;
     char ipc_path[PATH_MAX];        /* the router's socket file, "" for tcp:// */
@@ -52,6 +59,7 @@ static void launcher_stop(launcher *l, int exit_code)
     l->stopping = true;
     l->exit_code = exit_code;
     uv_timer_stop(&l->start_timer);
+    uv_timer_stop(&l->router_watch);
     supervisor_stop(&l->sup);
 }
 
@@ -87,6 +95,7 @@ static void on_router_message(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
 {
     (void)peer;
     launcher *l = ud;
+    l->router_heard_ms = vlmd_now_ms();
     if (msg->type != VLMD_MSG_STATS_SNAPSHOT)
         return;
     const vlmd_msg_stats_snapshot *s = &msg->u.stats_snapshot;
@@ -115,6 +124,30 @@ static void on_router_message(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
         uv_timer_stop(&l->start_timer);
         announce(l, s);
     }
+}
+
+/* The router is watched as it watches the others: one that sends nothing
+ * (its snapshots come every --heartbeat-ms) for --heartbeat-timeout-ms is
+ * hung, and is killed so that the supervisor starts a working one. */
+static void on_router_watch(uv_timer_t *t)
+{
+    launcher *l = t->data;
+    uint64_t now = vlmd_now_ms(), timeout = (uint64_t)l->cfg.heartbeat_timeout_ms;
+    if (vlmd_clock_watcher_paused(&l->watch_tick_ms, now, timeout / 2))
+        l->router_heard_ms = now; /* the launcher was the one not running */
+    child *c = supervisor_find(&l->sup, VLMD_ROLE_ROUTER, 0);
+    if (l->stopping || !c || !c->pid)
+        return;
+    bool heard = l->router_heard_ms >= c->spawned_ms;
+    uint64_t since = heard ? l->router_heard_ms : c->spawned_ms;
+    uint64_t allowed = heard || timeout > ROUTER_START_GRACE_MS ? timeout : ROUTER_START_GRACE_MS;
+    if (now - since <= allowed)
+        return;
+    VLMD_WARN("%s (pid %lld) sent nothing for %llu ms (--heartbeat-timeout-ms): killing it to "
+              "restart it", vlmd_role_process_name(c->role), (long long)c->pid,
+              (unsigned long long)(now - since));
+    kill((pid_t)c->pid, SIGKILL);
+    l->router_heard_ms = now; /* once per incarnation: its exit restarts it */
 }
 
 /* ---- supervision callbacks --------------------------------------------- */
@@ -166,6 +199,7 @@ static void on_all_stopped(supervisor *sup)
     uv_close((uv_handle_t *)&l->sigterm, NULL);
     uv_close((uv_handle_t *)&l->sigint, NULL);
     uv_close((uv_handle_t *)&l->start_timer, NULL);
+    uv_close((uv_handle_t *)&l->router_watch, NULL);
     supervisor_free(sup);
 }
 
@@ -355,6 +389,10 @@ static int serve(int argc, char **argv)
     uv_timer_init(&l.loop, &l.start_timer);
     l.start_timer.data = &l;
     uv_timer_start(&l.start_timer, on_start_timeout, (uint64_t)l.cfg.start_timeout_s * 1000u, 0);
+    uv_timer_init(&l.loop, &l.router_watch);
+    l.router_watch.data = &l;
+    uv_timer_start(&l.router_watch, on_router_watch, (uint64_t)l.cfg.heartbeat_ms,
+                   (uint64_t)l.cfg.heartbeat_ms);
 
     supervisor_init(&l.sup, &l.loop, &l.cfg, &l);
     l.sup.on_exit = on_child_exit;

@@ -152,6 +152,13 @@ int registry_expire(registry *r, uint64_t now_ms, uint64_t timeout_ms)
     return changed;
 }
 
+void registry_forgive_silence(registry *r, uint64_t now_ms)
+{
+    for (int i = 0; i < r->n; i++)
+        if (r->entries[i].pid && r->entries[i].state != VLMD_WORKER_DOWN)
+            r->entries[i].last_seen_ms = now_ms;
+}
+
 vlmd_status registry_snapshot(const registry *r, const vlmd_worker_info *self, uint64_t now_ms,
                               vlmd_msg_stats_snapshot *snap)
 {

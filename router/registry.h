@@ -71,6 +71,9 @@ void registry_down(registry_entry *e);
 /* Marks down every STARTING/READY entry silent since before now - timeout_ms;
  * returns how many changed. */
 int registry_expire(registry *r, uint64_t now_ms, uint64_t timeout_ms);
+/* Counts every live entry as seen at now_ms: the router itself was not
+ * running, so their silence until now says nothing about them. */
+void registry_forgive_silence(registry *r, uint64_t now_ms);
 
 /* Fills snap->workers (heap array of borrowed strings: free only the array)
  * with the router's own entry first, then the listed entries. */

@@ -326,7 +326,14 @@ static void on_socket_message(vlmd_zsock *zs, const void *identity, size_t id_le
 static void on_tick(uv_timer_t *t)
 {
     router *rt = t->data;
-    int expired = registry_expire(&rt->reg, vlmd_now_ms(), (uint64_t)rt->cfg->heartbeat_timeout_ms);
+    uint64_t now = vlmd_now_ms(), timeout = (uint64_t)rt->cfg->heartbeat_timeout_ms;
+    uint64_t last_tick = rt->last_tick_ms;
+    if (vlmd_clock_watcher_paused(&rt->last_tick_ms, now, timeout / 2)) {
+        VLMD_WARN("the router did not run for %llu ms: the other processes' silence meanwhile "
+                  "is not held against them", (unsigned long long)(now - last_tick));
+        registry_forgive_silence(&rt->reg, now);
+    }
+    int expired = registry_expire(&rt->reg, now, timeout);
     if (expired)
         VLMD_WARN("%d process(es) missed their heartbeats for %lld ms: marked down", expired,
                   (long long)rt->cfg->heartbeat_timeout_ms);
@@ -355,7 +362,7 @@ vlmd_status router_start(router *rt, const vlmd_config *cfg, uv_loop_t *loop, vo
     rt->cfg = cfg;
     rt->loop = loop;
     rt->zctx = zctx;
-    rt->start_ms = vlmd_now_ms();
+    rt->start_ms = rt->last_tick_ms = vlmd_now_ms();
     registry_init(&rt->reg);
     session_limits sl = {.max_requests = (uint32_t)cfg->session_max_requests,
                          .max_kv_tokens = (uint64_t)cfg->session_max_kv_tokens,

@@ -59,6 +59,7 @@ typedef struct router {
     void *zctx;                 /* borrowed ZMQ context */
     vlmd_zsock *zs;             /* the bound ROUTER socket */
     uv_timer_t tick;            /* heartbeat expiry and periodic snapshots */
+    uint64_t last_tick_ms;      /* when it last ran: a late tick means the router was paused */
     registry reg;
     uint64_t start_ms;
     uint64_t snapshot_seq;

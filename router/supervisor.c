@@ -244,9 +244,14 @@ static void spawn_child(child *c)
     if (!s || !args || !env)
         VLMD_FATAL("out of memory spawning %s", vlmd_role_process_name(c->role));
     size_t k = 0;
-    for (size_t i = 0; i < n_env; i++)
-        if (strncmp(environ[i], "VLMD_LAUNCHER_PID=", 18) != 0)
-            env[k++] = environ[i];
+    for (size_t i = 0; i < n_env; i++) {
+        if (strncmp(environ[i], "VLMD_LAUNCHER_PID=", 18) == 0)
+            continue;
+        /* the keys are the frontend's business alone */
+        if (strncmp(environ[i], "VLMD_API_KEY=", 13) == 0 && c->role != VLMD_ROLE_FRONTEND)
+            continue;
+        env[k++] = environ[i];
+    }
     env[k] = launcher_pid;
     args[0] = c->exe;
     memcpy(args + 1, flags, (size_t)child_argc * sizeof *args);
@@ -283,6 +288,7 @@ static void spawn_child(child *c)
     s->open_handles = 2;
     c->spawn = s;
     c->pid = s->proc.pid;
+    c->spawned_ms = vlmd_now_ms();
     c->term_sent = false;
     c->ready_since_start = false;
     uv_read_start((uv_stream_t *)&s->err_pipe, on_alloc, on_read);

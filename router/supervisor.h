@@ -33,6 +33,7 @@ typedef struct child {
     char exe[4096];
     struct child_spawn *spawn;      /* the running incarnation, NULL when none */
     int64_t pid;                    /* of the running incarnation, 0 when none */
+    uint64_t spawned_ms;            /* monotonic time the running incarnation started */
     bool ready_since_start;         /* reported ready since its last spawn */
     bool term_sent;                 /* stopping: SIGTERM sent to the running incarnation */
     int fails_in_a_row;             /* exits before becoming ready */

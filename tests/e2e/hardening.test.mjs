@@ -4,9 +4,10 @@
 // and a SIGTERM that lets running requests finish.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, writeFileSync, chmodSync, existsSync } from 'node:fs';
+import { mkdtempSync, writeFileSync, chmodSync, existsSync, readFileSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import http2 from 'node:http2';
+import http from 'node:http';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import OpenAI from 'openai';
@@ -54,7 +55,13 @@ test('API keys: missing, wrong and right; from a file and the environment; never
     assert.equal((await getJson(`${server.url}/health`)).status, 200, '/health stays open');
     assert.equal((await getJson(`${server.url}/memory_stats`)).status, 401, '--metrics-need-key yes');
     assert.equal((await getJson(`${server.url}/memory_stats`, { headers: { authorization: 'Bearer sk-env-key-456' } })).status, 200);
-    const health = JSON.stringify((await getJson(`${server.url}/health`)).body);
+    const healthBody = (await getJson(`${server.url}/health`)).body;
+    // only the frontend inherits VLMD_API_KEY: the others have no use for it
+    for (const p of healthBody.processes) {
+      const env = readFileSync(`/proc/${p.pid}/environ`, 'latin1');
+      assert.equal(env.includes('VLMD_API_KEY='), p.role === 'frontend', `${p.role}'s environment`);
+    }
+    const health = JSON.stringify(healthBody);
     for (const key of ['sk-file-key-123', 'sk-env-key-456']) {
       assert.ok(!health.includes(key), '/health never shows a key');
       assert.ok(!server.stderr.includes(key) && !server.stdout.includes(key), 'the logs never show a key');
@@ -238,4 +245,63 @@ test('SIGTERM drains: running requests finish, new ones are refused, then everyt
   assert.equal(r.body.usage.completion_tokens, 400);
   assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   for (const pid of pids) assert.ok(!pidAlive(pid), `process ${pid} is gone`);
+});
+
+// Streams a POST; resolves on its end with the status, the text and when it began.
+function streamPost(url, body, { timeoutMs = 20000 } = {}) {
+  let firstData;
+  const started = new Promise((r) => { firstData = r; });
+  const done = new Promise((resolve, reject) => {
+    const req = http.request(url, { method: 'POST', agent: false, timeout: timeoutMs,
+      headers: { 'content-type': 'application/json', connection: 'close' } }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (d) => { text += d; firstData(); });
+      res.on('end', () => resolve({ status: res.statusCode, text }));
+      res.on('error', reject);
+    });
+    req.on('timeout', () => req.destroy(new Error(`${url} timed out`)));
+    req.on('error', reject);
+    req.end(JSON.stringify(body));
+  });
+  return { started, done };
+}
+
+test('a frozen router is replaced: what it held ends at once, new requests get 503 until a new one serves', async () => {
+  const server = await startServer(['--model', MODEL, '--port', '0', '--restart-backoff-ms', '50',
+    '--heartbeat-ms', '100', '--heartbeat-timeout-ms', '1000', '--request-timeout-s', '120']);
+  let frozen;
+  try {
+    const before = (await getJson(`${server.url}/health`)).body.processes;
+    const pidOf = (procs, role) => procs.find((p) => p.role === role).pid;
+    // a stream that has begun, held mid-way (its engine paused) while the router freezes
+    const stream = streamPost(`${server.url}/v1/completions`, { prompt: 'tell me', max_tokens: 3000,
+      ignore_eos: true, stream: true });
+    await stream.started;
+    process.kill(pidOf(before, 'llm'), 'SIGSTOP');
+    frozen = pidOf(before, 'router');
+    process.kill(frozen, 'SIGSTOP');
+    process.kill(pidOf(before, 'llm'), 'SIGCONT');
+    const t0 = Date.now();
+    const fresh = await postJson(`${server.url}/v1/completions`, { prompt: 'hi', max_tokens: 2 }, { timeoutMs: 10000 });
+    assert.equal(fresh.status, 503, JSON.stringify(fresh.body));
+    assert.ok(Date.now() - t0 < 8000, `answered in ${Date.now() - t0} ms, not at --request-timeout-s`);
+    const ended = await stream.done;
+    assert.match(ended.text, /"error"/, 'the stream ends with an error event');
+    assert.match(ended.text, /data: \[DONE\]/);
+    const back = await waitFor('a new router serving', async () => {
+      const h = await getJson(`${server.url}/health`);
+      return h.status === 200 && pidOf(h.body.processes, 'router') !== frozen && h.body.processes;
+    }, 20000);
+    assert.ok(!pidAlive(frozen) || await waitFor('the frozen router to be gone', () => !pidAlive(frozen), 5000));
+    frozen = undefined;
+    // the workers were healthy all along: the new router keeps them
+    for (const role of ['llm', 'visual', 'frontend'])
+      assert.equal(pidOf(back, role), pidOf(before, role), `${role} was not restarted`);
+    const ok = await postJson(`${server.url}/v1/completions`, { prompt: 'again', max_tokens: 2 });
+    assert.equal(ok.status, 200, JSON.stringify(ok.body));
+  } finally {
+    if (frozen && pidAlive(frozen)) process.kill(frozen, 'SIGCONT');
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
 });

@@ -216,3 +216,43 @@ Test(router, processes_register_again_after_a_router_restart)
     teardown(&f);
     rmdir(dir);
 }
+
+/* A router that was not running (SIGSTOP, a stalled host) wakes up to
+ * heartbeats it could not read: the silence was its own, so the processes
+ * that were healthy all along stay ready. */
+Test(router, a_router_that_was_paused_does_not_condemn_healthy_processes)
+{
+    fixture f;
+    setup(&f, "inproc://router-paused");
+    vlmd_peer *visual = connect_as(&f, VLMD_ROLE_VISUAL, &f.visual);
+    vlmd_msg_ready ready = {.reserved_bytes = 5, .device = "cpu", .listen_url = ""};
+    vlmd_peer_set_ready(visual, &ready);
+    registry_entry *e = NULL;
+    uint64_t deadline = vlmd_now_ms() + 2000;
+    while (!(e && e->state == VLMD_WORKER_READY) && vlmd_now_ms() < deadline) {
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+        usleep(1000);
+        e = registry_find(&f.rt.reg, VLMD_ROLE_VISUAL, 0);
+    }
+    cr_assert(e && e->state == VLMD_WORKER_READY);
+
+    usleep(3 * 1000 * (useconds_t)f.cfg.heartbeat_timeout_ms); /* the loop (router too) paused */
+    bool stayed = true;
+    deadline = vlmd_now_ms() + 3 * (uint64_t)f.cfg.heartbeat_ms;
+    while (vlmd_now_ms() < deadline) {
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+        stayed = stayed && e->state == VLMD_WORKER_READY;
+        usleep(1000);
+    }
+    cr_expect(stayed, "the visual worker stayed ready");
+
+    /* and a process that really falls silent is still found out */
+    close_peer(&f, visual);
+    deadline = vlmd_now_ms() + 4 * (uint64_t)f.cfg.heartbeat_timeout_ms;
+    while (e->state != VLMD_WORKER_DOWN && vlmd_now_ms() < deadline) {
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+        usleep(1000);
+    }
+    cr_expect_eq(e->state, VLMD_WORKER_DOWN, "silent after the pause: down");
+    teardown(&f);
+}
