@@ -348,6 +348,37 @@ Test(engine, stop_tokens_eos_and_cancel)
     close_model(&f);
 }
 
+/* Every request dropped at once (the router that asked is gone): running and
+ * waiting alike, their KV back, nothing emitted, and the engine serves again. */
+Test(engine, cancel_all_drops_running_and_waiting_requests)
+{
+    fixture f;
+    open_model(&f);
+    static outputs o;
+    uint32_t prompt[64];
+    vlmd_error err = {0};
+    engine *e = make_engine(&f, &o, 256);
+    for (uint32_t i = 0; i < 6; i++) {
+        vlmd_msg_request_submit r = request(i, prompt);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    }
+    bool worked;
+    engine_step(e, &worked, &err);
+    cr_assert_gt(engine_running(e), 0);
+    int emits = o.emits;
+    cr_expect_eq(engine_cancel_all(e), 6);
+    cr_expect_eq(engine_active(e), 0);
+    cr_expect_eq(engine_kv_in_use(e), 0);
+    cr_expect(engine_kv_balanced(e));
+    engine_step(e, &worked, &err);
+    cr_expect_not(worked, "idle");
+    cr_expect_eq(o.emits, emits, "nothing more");
+    vlmd_msg_request_submit again = request(1, prompt);
+    cr_expect_eq(engine_submit(e, &again, &err), VLMD_OK, "its id is free again: %s", err.msg);
+    engine_free(e);
+    close_model(&f);
+}
+
 /* logit_bias: -100 bans a token, +100 forces one; a biased request beside
  * others leaves theirs alone; malformed biases are refused and leave no trace. */
 Test(engine, logit_bias_bans_and_forces_tokens)
