@@ -79,6 +79,7 @@ static const char *const msg_type_names[VLMD_MSG_TYPE_MAX + 1] = {
     [VLMD_MSG_TOKEN_CHUNK] = "token_chunk",
     [VLMD_MSG_IMAGE_JOB] = "image_job",
     [VLMD_MSG_IMAGE_RESULT] = "image_result",
+    [VLMD_MSG_RESTARTS] = "restarts",
 };
 
 static bool msg_type_known(uint64_t t)
@@ -310,6 +311,16 @@ static const field_desc image_result_fields[] = {
     SUB(vlmd_msg_image_result, image, image_ref_desc),
     FLD(vlmd_msg_image_result, embed_bytes, F_U64),
 };
+static const field_desc restart_count_fields[] = {
+    ENUM(vlmd_restart_count, role, VLMD_ROLE_COUNT),
+    U32(vlmd_restart_count, rank),
+    U32(vlmd_restart_count, restarts),
+};
+static const struct_desc restart_count_desc =
+    DESC(vlmd_restart_count, "child", restart_count_fields);
+static const field_desc restarts_fields[] = {
+    SUB_ARR(vlmd_msg_restarts, children, n_children, restart_count_desc, VLMD_PROTO_MAX_WORKERS),
+};
 
 #define BODY(type, T, fields) [type] = DESC(T, NULL, fields)
 static const struct_desc body_descs[VLMD_MSG_TYPE_MAX + 1] = {
@@ -327,6 +338,7 @@ static const struct_desc body_descs[VLMD_MSG_TYPE_MAX + 1] = {
     BODY(VLMD_MSG_TOKEN_CHUNK, vlmd_msg_token_chunk, token_chunk_fields),
     BODY(VLMD_MSG_IMAGE_JOB, vlmd_msg_image_job, image_job_fields),
     BODY(VLMD_MSG_IMAGE_RESULT, vlmd_msg_image_result, image_result_fields),
+    BODY(VLMD_MSG_RESTARTS, vlmd_msg_restarts, restarts_fields),
 };
 
 #define AT(base, off, T) ((T *)((char *)(base) + (off)))

@@ -51,7 +51,8 @@ typedef enum vlmd_msg_type {
     VLMD_MSG_TOKEN_CHUNK = 12,      /* llm -> router -> frontend: generated tokens, finish */
     VLMD_MSG_IMAGE_JOB = 13,        /* router -> visual: encode one image */
     VLMD_MSG_IMAGE_RESULT = 14,     /* visual -> router: where the embeddings are */
-    VLMD_MSG_TYPE_MAX = 14
+    VLMD_MSG_RESTARTS = 15,         /* launcher -> router: how often it restarted each child */
+    VLMD_MSG_TYPE_MAX = 15
 } vlmd_msg_type;
 
 /* Process states as the router sees them; wire values, append-only. */
@@ -136,13 +137,26 @@ typedef struct vlmd_msg_worker_exit {
     int32_t term_signal;            /* signal number, 0 when it exited */
 } vlmd_msg_worker_exit;
 
+/* One child of the launcher and how often the launcher restarted it. */
+typedef struct vlmd_restart_count {
+    uint32_t role, rank;
+    uint32_t restarts;
+} vlmd_restart_count;
+
+/* The launcher owns the restart counts (a restarted router starts from none):
+ * it sends them whenever the router's snapshot shows others. */
+typedef struct vlmd_msg_restarts {
+    vlmd_restart_count *children;
+    uint32_t n_children;
+} vlmd_msg_restarts;
+
 /* One process as the router sees it. */
 typedef struct vlmd_worker_info {
     uint32_t role, rank;
     uint32_t state;                 /* vlmd_worker_state */
     int64_t pid;                    /* 0 when never seen */
     uint64_t uptime_ms;             /* since its hello; 0 when down */
-    uint32_t restarts;              /* hellos from a new pid after the first */
+    uint32_t restarts;              /* the launcher's count, else hellos from a new pid */
     uint64_t reserved_bytes;
     uint64_t kv_capacity_tokens;
     char *version;
@@ -279,6 +293,7 @@ typedef struct vlmd_msg {
         vlmd_msg_token_chunk token_chunk;
         vlmd_msg_image_job image_job;
         vlmd_msg_image_result image_result;
+        vlmd_msg_restarts restarts;
     } u;
 } vlmd_msg;
 

@@ -91,6 +91,29 @@ static void announce(launcher *l, const vlmd_msg_stats_snapshot *s)
     VLMD_INFO("every process is ready; serving at %s", url);
 }
 
+/* The launcher's restart counts are the true ones (a restarted router
+ * starts counting from none): sent whenever a snapshot shows others. */
+static void correct_restart_counts(launcher *l, const vlmd_msg_stats_snapshot *s)
+{
+    bool differ = false;
+    for (uint32_t i = 0; i < s->n_workers; i++) {
+        const child *c = supervisor_find(&l->sup, (vlmd_role)s->workers[i].role,
+                                         s->workers[i].rank);
+        differ = differ || (c && c->restarts != s->workers[i].restarts);
+    }
+    if (!differ)
+        return;
+    vlmd_restart_count counts[SUPERVISOR_MAX_CHILDREN];
+    for (int i = 0; i < l->sup.n_children; i++) {
+        const child *c = &l->sup.children[i];
+        counts[i] = (vlmd_restart_count){.role = c->role, .rank = c->rank,
+                                         .restarts = c->restarts};
+    }
+    vlmd_msg m = {.type = VLMD_MSG_RESTARTS};
+    m.u.restarts = (vlmd_msg_restarts){counts, (uint32_t)l->sup.n_children};
+    vlmd_peer_send(l->peer, &m);
+}
+
 static void on_router_message(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
 {
     (void)peer;
@@ -119,6 +142,7 @@ static void on_router_message(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
             kill((pid_t)c->pid, SIGKILL);
         }
     }
+    correct_restart_counts(l, s);
     if (!l->announced && !l->stopping && all_ready(s)) {
         l->announced = true;
         uv_timer_stop(&l->start_timer);

@@ -152,6 +152,15 @@ int registry_expire(registry *r, uint64_t now_ms, uint64_t timeout_ms)
     return changed;
 }
 
+void registry_set_launcher_restarts(registry *r, vlmd_role role, uint32_t rank, uint32_t restarts)
+{
+    registry_entry *e = registry_find(r, role, rank);
+    if (e) {
+        e->launcher_restarts = restarts;
+        e->has_launcher_restarts = true;
+    }
+}
+
 void registry_forgive_silence(registry *r, uint64_t now_ms)
 {
     for (int i = 0; i < r->n; i++)
@@ -178,7 +187,7 @@ vlmd_status registry_snapshot(const registry *r, const vlmd_worker_info *self, u
             .state = e->state,
             .pid = e->pid,
             .uptime_ms = up ? now_ms - e->hello_ms : 0,
-            .restarts = e->restarts,
+            .restarts = e->has_launcher_restarts ? e->launcher_restarts : e->restarts,
             .reserved_bytes = e->reserved_bytes,
             .kv_capacity_tokens = e->kv_capacity_tokens,
             .kv_used_tokens = e->kv_used_tokens,

@@ -32,7 +32,9 @@ typedef struct registry_entry {
     int64_t pid;                    /* 0 = never seen */
     uint64_t hello_ms;              /* monotonic time of its hello */
     uint64_t last_seen_ms;          /* monotonic time of its last message */
-    uint32_t restarts;
+    uint32_t restarts;              /* hellos from a new pid (an engine restart fails its requests) */
+    uint32_t launcher_restarts;     /* the launcher's count, shown when it sent one */
+    bool has_launcher_restarts;
     bool footprint_wanted;          /* llm asked for the peer footprint before visual was ready */
     uint64_t reserved_bytes;
     uint64_t kv_capacity_tokens;
@@ -71,6 +73,9 @@ void registry_down(registry_entry *e);
 /* Marks down every STARTING/READY entry silent since before now - timeout_ms;
  * returns how many changed. */
 int registry_expire(registry *r, uint64_t now_ms, uint64_t timeout_ms);
+/* Records the launcher's restart count of (role, rank), which snapshots show
+ * from then on (the launcher outlives a router, so its counts are whole). */
+void registry_set_launcher_restarts(registry *r, vlmd_role role, uint32_t rank, uint32_t restarts);
 /* Counts every live entry as seen at now_ms: the router itself was not
  * running, so their silence until now says nothing about them. */
 void registry_forgive_silence(registry *r, uint64_t now_ms);

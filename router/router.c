@@ -56,6 +56,7 @@ static void publish_snapshot(router *rt)
         .state = VLMD_WORKER_READY,
         .pid = getpid(),
         .uptime_ms = now - rt->start_ms,
+        .restarts = rt->self_restarts,
         .version = VLMD_VERSION,
         .device = "",
         .listen_url = rt->cfg->router_endpoint,
@@ -218,6 +219,23 @@ static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd
     publish_snapshot(rt);
 }
 
+static void on_restarts(router *rt, const void *id, size_t id_len, const vlmd_msg_restarts *m)
+{
+    registry_entry *from = known_sender(rt, id, id_len, 0);
+    if (!from || from->role != VLMD_ROLE_LAUNCHER) {
+        rt->dropped++;
+        return;
+    }
+    for (uint32_t i = 0; i < m->n_children; i++) {
+        const vlmd_restart_count *c = &m->children[i];
+        if (c->role == VLMD_ROLE_ROUTER)
+            rt->self_restarts = c->restarts;
+        else
+            registry_set_launcher_restarts(&rt->reg, (vlmd_role)c->role, c->rank, c->restarts);
+    }
+    publish_snapshot(rt);
+}
+
 /* A routing id for logs: as text when printable (ours are "llm-0"), else hex. */
 static void identity_str(const void *id, size_t len, char *out, size_t outsz)
 {
@@ -305,6 +323,9 @@ void router_handle(router *rt, const void *identity, size_t id_len, const void *
         break;
     case VLMD_MSG_IMAGE_RESULT:
         on_image_result(rt, identity, id_len, &msg);
+        break;
+    case VLMD_MSG_RESTARTS:
+        on_restarts(rt, identity, id_len, &msg.u.restarts);
         break;
     default:
         rt->dropped++;

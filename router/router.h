@@ -62,6 +62,7 @@ typedef struct router {
     uint64_t last_tick_ms;      /* when it last ran: a late tick means the router was paused */
     registry reg;
     uint64_t start_ms;
+    uint32_t self_restarts;     /* the launcher's count of router restarts */
     uint64_t snapshot_seq;
     uint64_t dropped;           /* malformed or unexpected messages */
     vlmd_kv *self_config;       /* the router's own effective flags */

@@ -121,3 +121,34 @@ test('serve: the processes can talk over tcp:// instead of ipc://', async () => 
     assert.deepEqual(await stopServer(server), { code: 0, signal: null });
   }
 });
+
+test('restart counts survive a router restart: the launcher owns them', async () => {
+  const server = await startServer(['--model', `${FIXTURES}/qwen2`, '--port', '0', ...FAST]);
+  const health = async () => (await getJson(`${server.url}/health`)).body;
+  try {
+    for (let i = 1; i <= 2; i++) {
+      const pid = byRole(await health(), 'llm').pid;
+      process.kill(pid, 'SIGKILL');
+      await waitFor(`the engine's restart ${i}`, async () => {
+        const llm = byRole(await health(), 'llm');
+        return llm.state === 'ready' && llm.pid !== pid && llm.restarts === i;
+      }, 20000);
+    }
+    const routerPid = byRole(await health(), 'router').pid;
+    process.kill(routerPid, 'SIGKILL');
+    const back = await waitFor('a new router', async () => {
+      const h = await getJson(`${server.url}/health`);
+      return h.status === 200 && byRole(h.body, 'router').pid !== routerPid && h.body;
+    }, 20000);
+    // the new router learns the counts from the launcher (it saw no restart itself)
+    const counted = await waitFor('the counts from the launcher', async () => {
+      const h = await health();
+      return byRole(h, 'router').restarts === 1 && byRole(h, 'llm').restarts === 2 && h;
+    }, 5000).catch(() => back);
+    assert.equal(byRole(counted, 'router').restarts, 1, 'the router was restarted once');
+    assert.equal(byRole(counted, 'llm').restarts, 2, 'the engine twice, before the router was');
+    assert.equal(byRole(counted, 'visual').restarts, 0);
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});

@@ -37,6 +37,7 @@ static vlmd_image_ref sample_image(int k)
 
 static vlmd_image_ref sample_images[3];
 static vlmd_worker_info sample_workers[2];
+static vlmd_restart_count sample_restarts[2] = {{VLMD_ROLE_LLM, 3, 17}, {VLMD_ROLE_ROUTER, 0, 2}};
 
 /* A message of type t with a nonzero value in every field (borrowed static
  * arrays; nothing to free). */
@@ -122,6 +123,9 @@ static vlmd_msg sample(vlmd_msg_type t)
                                                    .message = "patch embed failed",
                                                    .image = sample_image(5),
                                                    .embed_bytes = 64 * 3584 * 2};
+        break;
+    case VLMD_MSG_RESTARTS:
+        m.u.restarts = (vlmd_msg_restarts){sample_restarts, 2};
         break;
     }
     return m;
@@ -276,6 +280,14 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
         const vlmd_msg_image_result *a = &x->u.image_result, *b = &y->u.image_result;
         EQ(req_id); EQ(image_index); EQ(status); STR(message); EQ(embed_bytes);
         image_eq(&a->image, &b->image);
+        break;
+    }
+    case VLMD_MSG_RESTARTS: {
+        const vlmd_msg_restarts *a = &x->u.restarts, *b = &y->u.restarts;
+        EQ(n_children);
+        for (uint32_t i = 0; i < a->n_children && i < b->n_children; i++) {
+            EQ(children[i].role); EQ(children[i].rank); EQ(children[i].restarts);
+        }
         break;
     }
     }
