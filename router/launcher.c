@@ -1,8 +1,8 @@
 /* launcher.c - `vlmd serve --model DIR [flags]`: the embedded default.
  *
- * Creates the instance's runtime directory (ipc sockets and the embedding
- * arena live there, so two instances never share a path), starts the router, the visual worker, the
- * engine and the frontend with one set of flags (each receives exactly the
+ * Creates the instance's runtime directory (runtime_dir.c: ipc sockets and
+ * the embedding arena live there, so two instances never share a path),
+ * starts the router, the visual worker, the engine and the frontend with one set of flags (each receives exactly the
  * flags it reads, from the flag table), follows the router's snapshots as a
  * peer of its own, prints how to call the server once every process is
  * ready, restarts what exits (supervisor.c), and on SIGTERM/SIGINT stops
@@ -24,6 +24,7 @@
 #include "model_config.h"
 #include "peer.h"
 #include "process.h"
+#include "runtime_dir.h"
 #include "supervisor.h"
 
 #define IPC_PATH_MAX 100 /* sun_path is 108 bytes with the NUL; keep a margin */
@@ -43,8 +44,7 @@ typedef struct launcher {
     uv_timer_t router_watch;        /* kills a router that stopped answering */
     uint64_t router_heard_ms;       /* monotonic time of the router's last message */
     uint64_t watch_tick_ms;
-    char runtime_dir[PATH_MAX];
-    bool own_runtime_dir;
+    runtime_dir dir;
     char ipc_path[PATH_MAX];        /* the router's socket file, "" for tcp:// */
     char arena_path[PATH_MAX];      /* the embedding arena when the launcher chose it, else "" */
     bool announced;
@@ -210,8 +210,7 @@ static void remove_runtime_files(launcher *l)
         VLMD_WARN("cannot remove %s: %s", l->ipc_path, strerror(errno));
     if (l->arena_path[0] && unlink(l->arena_path) != 0 && errno != ENOENT)
         VLMD_WARN("cannot remove %s: %s", l->arena_path, strerror(errno));
-    if (l->own_runtime_dir && rmdir(l->runtime_dir) != 0)
-        VLMD_WARN("cannot remove %s: %s", l->runtime_dir, strerror(errno));
+    runtime_dir_close(&l->dir);
 }
 
 static void on_all_stopped(supervisor *sup)
@@ -259,33 +258,10 @@ static void on_start_timeout(uv_timer_t *t)
 
 /* ---- start-up ----------------------------------------------------------- */
 
-static vlmd_status make_runtime_dir(launcher *l, vlmd_error *err)
-{
-    if (l->cfg.runtime_dir[0]) {
-        if (vlmd_strlcpy(l->runtime_dir, l->cfg.runtime_dir, sizeof l->runtime_dir) >=
-            sizeof l->runtime_dir)
-            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--runtime-dir is too long");
-        if (mkdir(l->runtime_dir, 0700) != 0 && errno != EEXIST)
-            return vlmd_errorf(err, VLMD_ERR_IO, "--runtime-dir %s: %s", l->runtime_dir,
-                               strerror(errno));
-        return VLMD_OK;
-    }
-    /* memory-backed first: the embedding arena is a file in it */
-    const char *base = getenv("XDG_RUNTIME_DIR");
-    if (!base || !*base || access(base, W_OK) != 0)
-        base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    snprintf(l->runtime_dir, sizeof l->runtime_dir, "%s/vlmd-XXXXXX", base);
-    if (!mkdtemp(l->runtime_dir))
-        return vlmd_errorf(err, VLMD_ERR_IO, "cannot create a runtime directory under %s: %s",
-                           base, strerror(errno));
-    l->own_runtime_dir = true;
-    return VLMD_OK;
-}
-
 static vlmd_status choose_endpoint(launcher *l, vlmd_error *err)
 {
     if (!l->cfg.embed_arena_path[0]) {
-        if (snprintf(l->arena_path, sizeof l->arena_path, "%s/embeddings.arena", l->runtime_dir) >=
+        if (snprintf(l->arena_path, sizeof l->arena_path, "%s/" RUNTIME_DIR_ARENA_FILE, l->dir.path) >=
             (int)sizeof l->arena_path)
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--runtime-dir is too long");
         free(l->cfg.embed_arena_path);
@@ -293,7 +269,7 @@ static vlmd_status choose_endpoint(launcher *l, vlmd_error *err)
     }
     if (!l->cfg.router_endpoint[0]) {
         free(l->cfg.router_endpoint);
-        l->cfg.router_endpoint = vlmd_asprintf("ipc://%s/router.sock", l->runtime_dir);
+        l->cfg.router_endpoint = vlmd_asprintf("ipc://%s/" RUNTIME_DIR_SOCKET_FILE, l->dir.path);
         VLMD_ASSERT(l->cfg.router_endpoint);
     }
     if (strncmp(l->cfg.router_endpoint, "ipc://", 6) == 0) {
@@ -392,15 +368,15 @@ static int serve(int argc, char **argv)
         vlmd_config_free(&l.cfg);
         return VLMD_EXIT_CONFIG;
     }
-    if (make_runtime_dir(&l, &err) != VLMD_OK || choose_endpoint(&l, &err) != VLMD_OK) {
+    if (runtime_dir_open(&l.dir, l.cfg.runtime_dir, &err) != VLMD_OK ||
+        choose_endpoint(&l, &err) != VLMD_OK) {
         fprintf(stderr, "vlmd: %s\n", err.msg);
-        if (l.own_runtime_dir)
-            rmdir(l.runtime_dir);
+        runtime_dir_close(&l.dir);
         vlmd_config_free(&l.cfg);
         return VLMD_EXIT_CONFIG;
     }
     VLMD_INFO("model %s (%s); runtime directory %s; router at %s", l.cfg.model,
-              l.model.architecture, l.runtime_dir, l.cfg.router_endpoint);
+              l.model.architecture, l.dir.path, l.cfg.router_endpoint);
 
     uv_loop_init(&l.loop);
     l.zctx = zmq_ctx_new();

@@ -2,7 +2,8 @@
 // /health, survive a killed worker, and leave nothing behind on SIGTERM.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import net from 'node:net';
 import { FIXTURES, startServer, stopServer, runToExit, waitFor, getJson, pidAlive } from './harness.mjs';
 
@@ -150,5 +151,31 @@ test('restart counts survive a router restart: the launcher owns them', async ()
     assert.equal(byRole(counted, 'visual').restarts, 0);
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+test('a SIGKILLed launcher leaves its runtime directory behind; the next vlmd serve removes it', async () => {
+  const base = mkdtempSync(`${tmpdir()}/vlmd-xdg-`);
+  const env = { XDG_RUNTIME_DIR: base };
+  const args = ['--model', `${FIXTURES}/qwen2`, '--port', '0', ...FAST];
+  const runtimeDir = async (server) => byRole((await getJson(`${server.url}/health`)).body, 'router')
+    .listen_url.replace(/^ipc:\/\//, '').replace(/\/router\.sock$/, '');
+  const alive = await startServer(args, { env });
+  let killed, next;
+  try {
+    killed = await startServer(args, { env });
+    const killedDir = await runtimeDir(killed);
+    const children = (await getJson(`${killed.url}/health`)).body.processes.map((p) => p.pid);
+    killed.child.kill('SIGKILL');
+    await waitFor('the killed launcher\'s children to follow it', () => children.every((p) => !pidAlive(p)), 15000);
+    assert.ok(existsSync(`${killedDir}/launcher.pid`), 'SIGKILL left the directory behind');
+    const aliveDir = await runtimeDir(alive);
+    next = await startServer(args, { env });
+    assert.ok(!existsSync(killedDir), `${killedDir} was removed by the next launcher`);
+    assert.ok(existsSync(aliveDir), 'a running instance\'s directory is left alone');
+    assert.equal((await getJson(`${alive.url}/health`)).status, 200, 'and it keeps serving');
+  } finally {
+    for (const s of [next, alive]) if (s) assert.deepEqual(await stopServer(s), { code: 0, signal: null });
+    rmSync(base, { recursive: true, force: true });
   }
 });
