@@ -52,6 +52,7 @@ typedef struct vlmd_config {
     int64_t cpu_device_mb;          /* --cpu-device-mb: the CPU backend's simulated device */
     int64_t max_queued_requests;    /* --max-queued-requests: waiting for KV room */
     double admission_output_fraction; /* --admission-output-fraction */
+    char *admission_policy;         /* --admission-policy: fifo, fair */
     int64_t session_max_requests;   /* --session-max-requests: 0 = no limit */
     int64_t session_max_kv_tokens;  /* --session-max-kv-tokens: 0 = no limit */
     int64_t session_idle_s;         /* --session-idle-s */

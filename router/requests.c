@@ -29,6 +29,7 @@ void router_forget_request(router *rt, router_request *q)
         sessions_release(&rt->sessions, q->session, (uint64_t)q->prompt_tokens + q->max_tokens,
                          vlmd_now_ms());
     *q = rt->requests[--rt->n_requests];
+    rt->admit_dirty = true;
 }
 
 /* Ends a request that has no entry (yet) at its frontend with an error. */
@@ -164,18 +165,7 @@ void router_enqueue(router *rt, router_request *q)
     }
     q->stage = STAGE_QUEUED;
     rt->counts.queued_total++;
-}
-
-/* The oldest queued request, or NULL. */
-static router_request *oldest_queued(router *rt)
-{
-    router_request *best = NULL;
-    for (size_t i = 0; i < rt->n_requests; i++) {
-        router_request *q = &rt->requests[i];
-        if (q->stage == STAGE_QUEUED && (!best || q->seq < best->seq))
-            best = q;
-    }
-    return best;
+    rt->admit_dirty = true;
 }
 
 /* Sends q to the engine (its image bytes dropped: the arena has them). */
@@ -195,39 +185,180 @@ static void send_to_engine(router *rt, router_request *q, registry_entry *llm)
     rt->counts.admitted++;
 }
 
+/* ---- admission ------------------------------------------------------------------------- */
+
+/* --admission-policy fair: a request that does not fit is passed by those
+ * behind it that do at most this often; then it holds everything until it
+ * fits, so a large request is never starved. */
+#define ROUTER_FAIR_MAX_PASSES 64
+/* Requests tried past blocked ones in one pass (the rest at the next). */
+#define ROUTER_FAIR_LOOKAHEAD 32
+
+typedef struct admit_books {
+    uint64_t capacity;
+    double fraction;
+    admission_load *engine;     /* the requests at the engine, with room for all */
+    size_t n_engine;
+    admission_load *scratch;    /* admission_peak reorders what it is given */
+} admit_books;
+
+/* Whether q can join the requests at the engine (alone it always goes: the
+ * engine ends it early if the cache cannot hold its output). */
+static bool fits(admit_books *b, const router_request *q)
+{
+    if (b->n_engine == 0)
+        return true;
+    memcpy(b->scratch, b->engine, b->n_engine * sizeof *b->scratch);
+    b->scratch[b->n_engine] = (admission_load){q->prompt_tokens, output_limit(q)};
+    return admission_peak(b->scratch, b->n_engine + 1, b->fraction) <= b->capacity;
+}
+
+static void admit(router *rt, admit_books *b, router_request *q, registry_entry *llm)
+{
+    b->engine[b->n_engine++] = (admission_load){q->prompt_tokens, output_limit(q)};
+    send_to_engine(rt, q, llm);
+}
+
+/* Fails the queued requests whose prompt alone is more than the cache holds. */
+static void refuse_too_large(router *rt, uint64_t capacity)
+{
+    for (size_t i = 0; i < rt->n_requests;) {
+        router_request *q = &rt->requests[i];
+        if (q->stage != STAGE_QUEUED || (uint64_t)q->prompt_tokens + 1 <= capacity) {
+            i++;
+            continue;
+        }
+        char why[200];
+        snprintf(why, sizeof why, "the prompt has %u tokens; the KV cache holds %llu",
+                 q->prompt_tokens, (unsigned long long)capacity);
+        rt->counts.rejected_too_large++;
+        router_fail_request(rt, q, VLMD_ERR_TOO_LARGE, 0, why); /* the last moved into i */
+    }
+}
+
+/* The oldest queued request, or NULL. */
+static router_request *oldest_queued(router *rt)
+{
+    router_request *best = NULL;
+    for (size_t i = 0; i < rt->n_requests; i++) {
+        router_request *q = &rt->requests[i];
+        if (q->stage == STAGE_QUEUED && (!best || q->seq < best->seq))
+            best = q;
+    }
+    return best;
+}
+
+/* First come, first served: the oldest that does not fit holds the rest. */
+static void admit_fifo(router *rt, admit_books *b, registry_entry *llm)
+{
+    router_request *q;
+    while ((q = oldest_queued(rt)) && fits(b, q))
+        admit(rt, b, q, llm);
+}
+
+typedef struct turn {
+    router_request *q;
+    uint64_t turn;              /* its session's requests at the engine and queued before it */
+} turn;
+
+static int by_session_then_arrival(const void *a, const void *b)
+{
+    const router_request *x = ((const turn *)a)->q, *y = ((const turn *)b)->q;
+    int c = strcmp(x->session, y->session);
+    return c ? c : (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+static int by_turn_then_arrival(const void *a, const void *b)
+{
+    const turn *x = a, *y = b;
+    if (x->turn != y->turn)
+        return (x->turn > y->turn) - (x->turn < y->turn);
+    return (x->q->seq > y->q->seq) - (x->q->seq < y->q->seq);
+}
+
+/* The queued requests in fair order, into out (room for every request):
+ * sessions take turns (requests without X-Session-ID are one session), a
+ * session with requests at the engine waits its turn behind those without.
+ * Returns how many. */
+static size_t fair_order(router *rt, turn *out)
+{
+    size_t n = 0;
+    for (size_t i = 0; i < rt->n_requests; i++)
+        if (rt->requests[i].stage != STAGE_IMAGES)
+            out[n++] = (turn){&rt->requests[i], 0};
+    qsort(out, n, sizeof *out, by_session_then_arrival);
+    size_t n_queued = 0;
+    for (size_t g = 0; g < n;) {
+        size_t end = g;
+        uint64_t at_engine = 0, k = 0;
+        while (end < n && strcmp(out[end].q->session, out[g].q->session) == 0)
+            at_engine += out[end++].q->stage == STAGE_ENGINE;
+        for (size_t i = g; i < end; i++)
+            if (out[i].q->stage == STAGE_QUEUED)
+                out[n_queued++] = (turn){out[i].q, at_engine + k++};
+        g = end;
+    }
+    qsort(out, n_queued, sizeof *out, by_turn_then_arrival);
+    return n_queued;
+}
+
+/* Sessions take turns, and a request that does not fit is passed by those
+ * behind it that do, ROUTER_FAIR_MAX_PASSES times at most. */
+static void admit_fair(router *rt, admit_books *b, registry_entry *llm)
+{
+    turn *order = malloc((rt->n_requests + 1) * sizeof *order);
+    router_request *blocked[ROUTER_FAIR_LOOKAHEAD];
+    size_t n_blocked = 0;
+    if (!order)
+        return; /* tried again at the next tick */
+    size_t n = fair_order(rt, order);
+    for (size_t i = 0; i < n && n_blocked < ROUTER_FAIR_LOOKAHEAD; i++) {
+        router_request *q = order[i].q;
+        if (fits(b, q)) {
+            admit(rt, b, q, llm); /* stages change; no request moves */
+            for (size_t j = 0; j < n_blocked; j++)
+                blocked[j]->passes++;
+            continue;
+        }
+        if (q->passes >= ROUTER_FAIR_MAX_PASSES)
+            break; /* its turn has come: the rest wait until it fits */
+        blocked[n_blocked++] = q;
+    }
+    free(order);
+}
+
 void router_admit(router *rt)
 {
     registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
     if (!llm || !llm->kv_capacity_tokens)
         return;
-    uint64_t capacity = llm->kv_capacity_tokens;
-    admission_load *loads = malloc((rt->n_requests + 1) * sizeof *loads);
-    if (!loads)
-        return; /* tried again after the next message */
-    router_request *q;
-    while ((q = oldest_queued(rt))) {
-        if ((uint64_t)q->prompt_tokens + 1 > capacity) {
-            char why[200];
-            snprintf(why, sizeof why, "the prompt has %u tokens; the KV cache holds %llu",
-                     q->prompt_tokens, (unsigned long long)capacity);
-            rt->counts.rejected_too_large++;
-            router_fail_request(rt, q, VLMD_ERR_TOO_LARGE, 0, why);
-            continue;
-        }
-        size_t n = 0;
+    bool fair = strcmp(rt->cfg->admission_policy, "fair") == 0;
+    /* fair admission sorts every request: it runs when a request queued or left, and at every
+     * tick (for what the engine's progress freed), not after every token */
+    if (fair && !rt->admit_dirty)
+        return;
+    rt->admit_dirty = false;
+    refuse_too_large(rt, llm->kv_capacity_tokens);
+    admit_books b = {.capacity = llm->kv_capacity_tokens,
+                     .fraction = rt->cfg->admission_output_fraction,
+                     .engine = malloc((rt->n_requests + 1) * sizeof *b.engine),
+                     .scratch = malloc((rt->n_requests + 1) * sizeof *b.scratch)};
+    if (b.engine && b.scratch) {
         for (size_t i = 0; i < rt->n_requests; i++) {
             const router_request *e = &rt->requests[i];
             if (e->stage == STAGE_ENGINE)
-                loads[n++] = (admission_load){(uint64_t)e->prompt_tokens + e->generated,
-                                              output_limit(e) - e->generated};
+                b.engine[b.n_engine++] = (admission_load){(uint64_t)e->prompt_tokens + e->generated,
+                                                          output_limit(e) - e->generated};
         }
-        loads[n++] = (admission_load){q->prompt_tokens, output_limit(q)};
-        /* alone it always goes (the engine ends it early if the cache cannot hold its output) */
-        if (n > 1 && admission_peak(loads, n, rt->cfg->admission_output_fraction) > capacity)
-            break; /* first come, first served: the rest wait behind it */
-        send_to_engine(rt, q, llm);
+        if (fair)
+            admit_fair(rt, &b, llm);
+        else
+            admit_fifo(rt, &b, llm);
+    } else {
+        rt->admit_dirty = true; /* tried again after the next message */
     }
-    free(loads);
+    free(b.engine);
+    free(b.scratch);
 }
 
 void router_on_cancel(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)

@@ -160,6 +160,7 @@ static void on_ready(router *rt, const void *id, size_t id_len, const vlmd_msg_r
         return;
     }
     registry_ready(e, m, vlmd_now_ms());
+    rt->admit_dirty = true; /* a capacity to admit into */
     VLMD_INFO("%s-%u is ready (device %s, reserved %llu bytes, kv capacity %llu tokens)",
               vlmd_role_str(e->role), e->rank, m->device[0] ? m->device : "-",
               (unsigned long long)m->reserved_bytes, (unsigned long long)m->kv_capacity_tokens);
@@ -363,6 +364,7 @@ static void on_tick(uv_timer_t *t)
     if (!router_ready_worker(rt, VLMD_ROLE_VISUAL))
         router_images_visual_down(rt);
     router_images_advance_all(rt);
+    rt->admit_dirty = true; /* what the engine's progress freed since */
     router_admit(rt);
     sessions_expire(&rt->sessions, vlmd_now_ms());
     publish_snapshot(rt);

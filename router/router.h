@@ -45,6 +45,7 @@ typedef struct router_request {
     uint8_t (*hashes)[32];      /* its images' hashes, owned */
     uint32_t n_images;
     uint32_t n_held;            /* arena references taken so far (images 0..n_held-1) */
+    uint32_t passes;            /* queued: requests admitted past it (--admission-policy fair) */
     uint64_t deadline_ms;       /* while waiting for images: fail with 503 after this */
 } router_request;
 
@@ -70,6 +71,7 @@ typedef struct router {
     router_request *requests;   /* in flight, owned */
     size_t n_requests, cap_requests;
     uint64_t next_seq;
+    bool admit_dirty;           /* a request queued or left, or a tick: fair admission runs */
     router_counters counts;
     session_table sessions;
     bool images_enabled;        /* the model has a vision tower and the arena exists */

@@ -21,7 +21,7 @@
 #include "router.h"
 #include "test_support.h"
 
-#define MAX_SEEN 16
+#define MAX_SEEN 96
 
 typedef struct seen {
     int welcomes;
@@ -393,5 +393,82 @@ Test(router_requests, under_pressure_max_tokens_is_capped_and_said)
     finish(&f, 3);
     cr_assert(wait_for(&f, &f.fe.n_chunks, 1));
     cr_expect_eq(f.fe.capped[3], 10, "the frontend is told");
+    teardown(&f);
+}
+
+static void fair(vlmd_config *c)
+{
+    free(c->admission_policy);
+    c->admission_policy = strdup("fair");
+}
+
+/* --admission-policy fair: a request that fits passes queued ones that do
+ * not (another session's or its own), and the passed ones go in their order
+ * once there is room. (FIFO keeps it waiting: the test above.) */
+Test(router_requests, fair_admission_lets_a_request_that_fits_pass)
+{
+    fixture f;
+    setup_with(&f, "inproc://router-admit-5", 30000, 1000, fair);
+    submit_text(&f, 1, 400, 400, "alice"); /* 800 of 1000 */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 1));
+    submit_text(&f, 2, 400, 400, "alice"); /* cannot fit now */
+    submit_text(&f, 3, 400, 400, "alice");
+    submit_text(&f, 4, 10, 2, "bob");      /* fits beside 1 */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 2));
+    cr_expect_eq(f.llm.submits[1].req_id, 4, "bob's small request passed alice's large ones");
+    submit_text(&f, 5, 10, 2, "");         /* without a session too */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 3));
+    cr_expect_eq(f.llm.submits[2].req_id, 5);
+    pump(&f, 30);
+    cr_expect_eq(f.llm.n_submits, 3, "2 and 3 still do not fit");
+    finish(&f, 1);
+    cr_assert(wait_for(&f, &f.llm.n_submits, 4));
+    cr_expect_eq(f.llm.submits[3].req_id, 2, "then the oldest of the passed ones");
+    cr_expect_eq(f.fe.n_errors, 0);
+    teardown(&f);
+}
+
+/* Sessions take turns: when room frees up, a session with nothing at the
+ * engine goes before one that has a request there, whatever their arrival. */
+Test(router_requests, fair_admission_lets_sessions_take_turns)
+{
+    fixture f;
+    setup_with(&f, "inproc://router-admit-6", 30000, 1000, fair);
+    submit_text(&f, 1, 400, 400, "carol");
+    submit_text(&f, 2, 10, 10, "alice");   /* both at the engine */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 2));
+    submit_text(&f, 3, 400, 400, "alice"); /* first to arrive, but alice has a request running */
+    submit_text(&f, 4, 400, 400, "bob");
+    pump(&f, 30);
+    cr_expect_eq(f.llm.n_submits, 2);
+    finish(&f, 1); /* room for one of them */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 3));
+    cr_expect_eq(f.llm.submits[2].req_id, 4, "bob's turn before alice's second");
+    pump(&f, 30);
+    cr_expect_eq(f.llm.n_submits, 3);
+    teardown(&f);
+}
+
+/* A request passed 64 times holds the rest until it fits: small requests
+ * arriving without end cannot starve a large one. */
+Test(router_requests, fair_admission_never_starves_a_large_request)
+{
+    fixture f;
+    setup_with(&f, "inproc://router-admit-7", 30000, 1000, fair);
+    submit_text(&f, 1, 400, 400, "alice");
+    cr_assert(wait_for(&f, &f.llm.n_submits, 1));
+    submit_text(&f, 2, 400, 400, "bob"); /* waits for 1 */
+    for (int i = 0; i < 64; i++) {
+        submit_text(&f, 100 + (uint64_t)i, 10, 2, "carol");
+        cr_assert(wait_for(&f, &f.llm.n_submits, 2 + i), "small request %d passes", i);
+        finish(&f, 100 + (uint64_t)i);
+    }
+    submit_text(&f, 200, 10, 2, "carol");
+    pump(&f, 50);
+    cr_expect_eq(f.llm.n_submits, 65, "the 65th small request waits behind the large one");
+    finish(&f, 1);
+    cr_assert(wait_for(&f, &f.llm.n_submits, 67));
+    cr_expect_eq(f.llm.submits[65].req_id, 2, "the large one first");
+    cr_expect_eq(f.llm.submits[66].req_id, 200);
     teardown(&f);
 }
