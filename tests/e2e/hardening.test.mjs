@@ -193,9 +193,12 @@ test('workers killed during a 32-request load: each request completes or gets a 
       for (const s of statuses)
         assert.ok(s === 200 || s === 503 || s === 'connection lost', `after killing ${role}: ${s}`);
       const t0 = Date.now();
+      // back means the killed one was replaced (so reaped) and the new one is ready, not
+      // only that text is served (it is while the visual worker is down)
       await waitFor(`service after killing ${role}`, async () => {
         const h = await getJson(`${server.url}/health`);
-        if (h.status !== 200) return false;
+        const now = h.body.processes.find((p) => p.role === role);
+        if (h.status !== 200 || now.pid === pid || now.state !== 'ready') return false;
         return (await postJson(`${server.url}/v1/completions`, { prompt: 'again', max_tokens: 2 })).status === 200;
       }, 10000);
       assert.ok(Date.now() - t0 < 10000, `${role}: serving again within 10 s`);
