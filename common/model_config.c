@@ -21,7 +21,32 @@ static const struct {
     {"Qwen2ForCausalLM", VLMD_ARCH_QWEN2},
     {"Qwen2VLForConditionalGeneration", VLMD_ARCH_QWEN2_VL},
     {"Qwen2_5_VLForConditionalGeneration", VLMD_ARCH_QWEN2_5_VL},
+    {"Qwen3ForCausalLM", VLMD_ARCH_QWEN3},
+    {"Qwen3MoeForCausalLM", VLMD_ARCH_QWEN3_MOE},
+    {"Qwen3VLForConditionalGeneration", VLMD_ARCH_QWEN3_VL},
+    {"Qwen3VLMoeForConditionalGeneration", VLMD_ARCH_QWEN3_VL_MOE},
 };
+
+static bool arch_is_qwen3(vlmd_arch a)
+{
+    return a == VLMD_ARCH_QWEN3 || a == VLMD_ARCH_QWEN3_MOE || a == VLMD_ARCH_QWEN3_VL ||
+           a == VLMD_ARCH_QWEN3_VL_MOE;
+}
+
+static bool arch_has_vision(vlmd_arch a)
+{
+    return a == VLMD_ARCH_QWEN2_VL || a == VLMD_ARCH_QWEN2_5_VL || a == VLMD_ARCH_QWEN3_VL ||
+           a == VLMD_ARCH_QWEN3_VL_MOE;
+}
+
+bool vlmd_text_layer_is_moe(const vlmd_text_config *t, int64_t layer)
+{
+    if (t->num_experts == 0 || layer < 0 || layer >= VLMD_MAX_LAYERS)
+        return false;
+    if (t->mlp_only_layers[layer / 64] >> (layer % 64) & 1)
+        return false;
+    return (layer + 1) % t->decoder_sparse_step == 0;
+}
 
 const char *vlmd_arch_str(vlmd_arch arch)
 {
@@ -91,8 +116,60 @@ static const json_t *find_rope(const json_t *text, const json_t *root)
     return NULL;
 }
 
-static vlmd_status parse_text(const json_t *root, const char *path, vlmd_text_config *t,
-                              vlmd_error *err)
+/* A list of small non-negative integers (indexes below `limit`) into out;
+ * absent is an empty list. */
+static vlmd_status get_index_list(const json_t *obj, const char *key, int64_t limit, int64_t *out,
+                                  int cap, int *n, const char *path, vlmd_error *err)
+{
+    const json_t *v = json_object_get(obj, key);
+    *n = 0;
+    if (!v || json_is_null(v))
+        return VLMD_OK;
+    if (!json_is_array(v) || json_array_size(v) > (size_t)cap)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: '%s' is not a list of at most %d integers",
+                           path, key, cap);
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        const json_t *x = json_array_get(v, i);
+        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) >= limit)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: %s[%zu] is not an index below %lld",
+                               path, key, i, (long long)limit);
+        out[(*n)++] = json_integer_value(x);
+    }
+    return VLMD_OK;
+}
+
+/* Qwen3-MoE's expert fields (num_experts absent or 0: a dense model). */
+static vlmd_status parse_moe(const json_t *text, const char *path, vlmd_text_config *t,
+                             vlmd_error *err)
+{
+    vlmd_status st;
+    if ((st = get_int(text, "num_experts", false, 0, 0, &t->num_experts, path, err)) != VLMD_OK ||
+        t->num_experts == 0)
+        return st;
+    if ((st = get_int(text, "num_experts_per_tok", true, 0, 1, &t->num_experts_per_tok, path,
+                      err)) != VLMD_OK ||
+        (st = get_int(text, "moe_intermediate_size", true, 0, 1, &t->moe_intermediate_size, path,
+                      err)) != VLMD_OK ||
+        (st = get_int(text, "decoder_sparse_step", false, 1, 1, &t->decoder_sparse_step, path,
+                      err)) != VLMD_OK)
+        return st;
+    if (t->num_experts_per_tok > t->num_experts)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: num_experts_per_tok %lld is more than "
+                           "num_experts %lld", path, (long long)t->num_experts_per_tok,
+                           (long long)t->num_experts);
+    t->norm_topk_prob = json_is_true(json_object_get(text, "norm_topk_prob"));
+    int64_t dense[VLMD_MAX_LAYERS];
+    int n_dense = 0;
+    if ((st = get_index_list(text, "mlp_only_layers", t->num_layers, dense, VLMD_MAX_LAYERS,
+                             &n_dense, path, err)) != VLMD_OK)
+        return st;
+    for (int i = 0; i < n_dense; i++)
+        t->mlp_only_layers[dense[i] / 64] |= 1ull << (dense[i] % 64);
+    return VLMD_OK;
+}
+
+static vlmd_status parse_text(const json_t *root, vlmd_arch arch, const char *path,
+                              vlmd_text_config *t, vlmd_error *err)
 {
     const json_t *text = json_object_get(root, "text_config");
     if (!json_is_object(text))
@@ -110,6 +187,9 @@ static vlmd_status parse_text(const json_t *root, const char *path, vlmd_text_co
     INT_FIELD("max_position_embeddings", max_position_embeddings, true, 0, 1)
     INT_FIELD("head_dim", head_dim, false, t->hidden_size / t->num_heads, 1)
 #undef INT_FIELD
+    if (t->num_layers > VLMD_MAX_LAYERS)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: num_hidden_layers %lld is more than %d",
+                           path, (long long)t->num_layers, VLMD_MAX_LAYERS);
     if (t->num_heads % t->num_kv_heads)
         return vlmd_errorf(err, VLMD_ERR_MODEL,
                            "%s: num_attention_heads %lld is not a multiple of num_key_value_heads "
@@ -122,6 +202,14 @@ static vlmd_status parse_text(const json_t *root, const char *path, vlmd_text_co
     t->tie_word_embeddings = json_is_true(tie);
     t->bos_token_id = get_token_id(text, "bos_token_id");
     t->eos_token_id = get_token_id(text, "eos_token_id");
+    /* Qwen2's q, k and v always have biases; Qwen3's say so in attention_bias */
+    t->qkv_bias = !arch_is_qwen3(arch) || json_is_true(json_object_get(text, "attention_bias"));
+    t->qk_norm = arch_is_qwen3(arch);
+    if ((st = parse_moe(text, path, t, err)) != VLMD_OK)
+        return st;
+    if ((arch == VLMD_ARCH_QWEN3_MOE || arch == VLMD_ARCH_QWEN3_VL_MOE) && !t->num_experts)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: a mixture-of-experts model needs "
+                           "'num_experts'", path);
 
     const json_t *rope = find_rope(text, root);
     double theta_default = 10000.0;
@@ -149,6 +237,9 @@ static vlmd_status parse_text(const json_t *root, const char *path, vlmd_text_co
                                "%s: mrope_section sums to %lld, but head_dim/2 is %lld", path,
                                (long long)sum, (long long)(t->head_dim / 2));
         t->n_mrope_section = 3;
+        /* Qwen3-VL always interleaves (its config may say so, or not) */
+        t->mrope_interleaved = arch == VLMD_ARCH_QWEN3_VL || arch == VLMD_ARCH_QWEN3_VL_MOE ||
+                               json_is_true(json_object_get(rope, "mrope_interleaved"));
     }
     return VLMD_OK;
 }
@@ -171,6 +262,7 @@ static vlmd_status parse_vision(const json_t *v, vlmd_arch arch, const char *pat
     INT_FIELD("temporal_patch_size", temporal_patch_size, true, 0, 1)
     INT_FIELD("in_channels", in_channels, false, 3, 1)
     if (arch == VLMD_ARCH_QWEN2_VL) {
+        vc->act = VLMD_ACT_QUICK_GELU;
         INT_FIELD("embed_dim", embed_dim, true, 0, 1)
         INT_FIELD("hidden_size", hidden_size, true, 0, 1)
         if ((st = get_int(v, "mlp_ratio", false, 4, 1, &mlp_ratio, path, err)) != VLMD_OK)
@@ -183,6 +275,24 @@ static vlmd_status parse_vision(const json_t *v, vlmd_arch arch, const char *pat
         INT_FIELD("intermediate_size", intermediate_size, true, 0, 1)
         INT_FIELD("window_size", window_size, false, 0, 0)
         vc->hidden_size = vc->out_hidden_size;
+        vc->act = arch == VLMD_ARCH_QWEN2_5_VL ? VLMD_ACT_SILU : VLMD_ACT_GELU_TANH;
+    }
+    if (arch == VLMD_ARCH_QWEN3_VL || arch == VLMD_ARCH_QWEN3_VL_MOE) {
+        INT_FIELD("num_position_embeddings", num_position_embeddings, true, 0, 1)
+        int64_t side = 1;
+        while (side * side < vc->num_position_embeddings)
+            side++;
+        if (side * side != vc->num_position_embeddings)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: num_position_embeddings %lld is not a "
+                               "square", path, (long long)vc->num_position_embeddings);
+        if ((st = get_index_list(v, "deepstack_visual_indexes", vc->depth,
+                                 vc->deepstack_visual_indexes, 16, &vc->n_deepstack, path,
+                                 err)) != VLMD_OK)
+            return st;
+        const char *act = json_string_value(json_object_get(v, "hidden_act"));
+        if (act && strcmp(act, "gelu_pytorch_tanh") != 0)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: hidden_act '%s' is not supported "
+                               "(gelu_pytorch_tanh)", path, act);
     }
 #undef INT_FIELD
     if (vc->embed_dim % vc->num_heads)
@@ -238,19 +348,20 @@ vlmd_status vlmd_model_config_parse(const char *json_text, const char *path,
     if (!found) {
         st = vlmd_errorf(err, VLMD_ERR_MODEL,
                          "%s: architecture '%s' is not supported (Qwen2ForCausalLM, "
-                         "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration)",
-                         path, name);
+                         "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration, "
+                         "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3VLForConditionalGeneration, "
+                         "Qwen3VLMoeForConditionalGeneration)", path, name);
         goto done;
     }
     vlmd_strlcpy(out->architecture, name, sizeof out->architecture);
     const char *mt = json_string_value(json_object_get(root, "model_type"));
     vlmd_strlcpy(out->model_type, mt ? mt : "", sizeof out->model_type);
-    if ((st = parse_text(root, path, &out->text, err)) != VLMD_OK)
+    if ((st = parse_text(root, out->arch, path, &out->text, err)) != VLMD_OK)
         goto done;
     out->image_token_id = get_token_id(root, "image_token_id");
     out->vision_start_token_id = get_token_id(root, "vision_start_token_id");
     out->vision_end_token_id = get_token_id(root, "vision_end_token_id");
-    if (out->arch != VLMD_ARCH_QWEN2) {
+    if (arch_has_vision(out->arch)) {
         const json_t *v = json_object_get(root, "vision_config");
         if (!json_is_object(v)) {
             st = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: %s needs a 'vision_config' object", path,

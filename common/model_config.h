@@ -16,7 +16,20 @@ typedef enum vlmd_arch {
     VLMD_ARCH_QWEN2 = 0,        /* Qwen2ForCausalLM */
     VLMD_ARCH_QWEN2_VL,         /* Qwen2VLForConditionalGeneration */
     VLMD_ARCH_QWEN2_5_VL,       /* Qwen2_5_VLForConditionalGeneration */
+    VLMD_ARCH_QWEN3,            /* Qwen3ForCausalLM */
+    VLMD_ARCH_QWEN3_MOE,        /* Qwen3MoeForCausalLM */
+    VLMD_ARCH_QWEN3_VL,         /* Qwen3VLForConditionalGeneration */
+    VLMD_ARCH_QWEN3_VL_MOE,     /* Qwen3VLMoeForConditionalGeneration */
 } vlmd_arch;
+
+/* The vision MLP's activation (hidden_act). */
+typedef enum vlmd_vision_act {
+    VLMD_ACT_QUICK_GELU = 0,    /* Qwen2-VL: fc2(quick_gelu(fc1 x)) */
+    VLMD_ACT_SILU,              /* Qwen2.5-VL: SwiGLU */
+    VLMD_ACT_GELU_TANH,         /* Qwen3-VL: fc2(gelu_pytorch_tanh(fc1 x)) */
+} vlmd_vision_act;
+
+#define VLMD_MAX_LAYERS 1024
 
 typedef struct vlmd_text_config {
     int64_t hidden_size;
@@ -32,6 +45,17 @@ typedef struct vlmd_text_config {
     bool tie_word_embeddings;
     int n_mrope_section;            /* 0 for 1-D RoPE; 3 for M-RoPE (t, h, w) */
     int64_t mrope_section[3];
+    bool mrope_interleaved;         /* Qwen3-VL: t, h, w take turns over the frequencies
+                                     * instead of holding one block each */
+    bool qkv_bias;                  /* Qwen2: q, k, v have biases; Qwen3: attention_bias */
+    bool qk_norm;                   /* Qwen3: RMSNorm of each head's q and k before RoPE */
+    /* mixture of experts: num_experts 0 is a dense model */
+    int64_t num_experts;
+    int64_t num_experts_per_tok;    /* top-k */
+    int64_t moe_intermediate_size;  /* each expert's SwiGLU width */
+    int64_t decoder_sparse_step;    /* layer l has experts when (l + 1) % step == 0 ... */
+    uint64_t mlp_only_layers[VLMD_MAX_LAYERS / 64]; /* ... and it is not in this set */
+    bool norm_topk_prob;            /* the top-k weights are renormalised to sum to 1 */
     int64_t bos_token_id, eos_token_id; /* -1 when absent */
 } vlmd_text_config;
 
@@ -49,6 +73,11 @@ typedef struct vlmd_vision_config {
     int64_t window_size;            /* Qwen2.5-VL window attention; 0 otherwise */
     int64_t fullatt_block_indexes[16];
     int n_fullatt_blocks;
+    vlmd_vision_act act;
+    int64_t num_position_embeddings;/* Qwen3-VL: learned ones on a square grid; 0 otherwise */
+    int64_t deepstack_visual_indexes[16]; /* Qwen3-VL: blocks whose output a DeepStack merger
+                                     * turns into features added after text layer k */
+    int n_deepstack;
 } vlmd_vision_config;
 
 typedef struct vlmd_model_config {
@@ -60,6 +89,9 @@ typedef struct vlmd_model_config {
     vlmd_vision_config vision;
     int64_t image_token_id, vision_start_token_id, vision_end_token_id; /* -1 when absent */
 } vlmd_model_config;
+
+/* Whether text layer `layer` is a mixture of experts (else a dense MLP). */
+bool vlmd_text_layer_is_moe(const vlmd_text_config *t, int64_t layer);
 
 /* Reads DIR/config.json into *out. */
 vlmd_status vlmd_model_config_load(const char *dir, vlmd_model_config *out, vlmd_error *err);

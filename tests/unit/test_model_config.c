@@ -98,6 +98,20 @@ Test(model_config, errors_name_the_field)
          "\"intermediate_size\":1,\"num_hidden_layers\":1,\"num_attention_heads\":4,"
          "\"vocab_size\":9,\"max_position_embeddings\":9}",
          "'vision_config'"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+         "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":9,"
+         "\"max_position_embeddings\":9}",
+         "needs 'num_experts'"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+         "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":9,"
+         "\"max_position_embeddings\":9,\"num_experts\":4,\"num_experts_per_tok\":5,"
+         "\"moe_intermediate_size\":8}",
+         "num_experts_per_tok 5 is more than num_experts 4"},
+        {"{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":1,"
+         "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":9,"
+         "\"max_position_embeddings\":9,\"num_experts\":4,\"num_experts_per_tok\":2,"
+         "\"moe_intermediate_size\":8,\"mlp_only_layers\":[2]}",
+         "mlp_only_layers[0] is not an index below 2"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         vlmd_model_config mc;
@@ -116,4 +130,93 @@ Test(model_config, missing_directory)
     vlmd_error err = {0};
     cr_expect_eq(vlmd_model_config_load("/nonexistent/model", &mc, &err), VLMD_ERR_NOT_FOUND);
     cr_expect(strstr(err.msg, "/nonexistent/model/config.json"), "%s", err.msg);
+}
+
+Test(model_config, qwen3_as_published)
+{
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen3"), &mc, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_expect_eq(mc.arch, VLMD_ARCH_QWEN3);
+    cr_expect_eq(mc.text.head_dim, 32, "from the config, not hidden / heads");
+    cr_expect_eq(mc.text.num_heads * mc.text.head_dim, 192, "q wider than hidden");
+    cr_expect(mc.text.qk_norm);
+    cr_expect_not(mc.text.qkv_bias, "attention_bias false");
+    cr_expect_not(mc.text.tie_word_embeddings);
+    cr_expect_float_eq(mc.text.rope_theta, 1e6, 1e-3);
+    cr_expect_eq(mc.text.num_experts, 0);
+    cr_expect_not(vlmd_text_layer_is_moe(&mc.text, 0));
+    cr_expect_not(mc.has_vision);
+}
+
+Test(model_config, qwen3_moe_experts_and_dense_layers)
+{
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen3_moe"), &mc, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_expect_eq(mc.arch, VLMD_ARCH_QWEN3_MOE);
+    cr_expect_eq(mc.text.num_experts, 8);
+    cr_expect_eq(mc.text.num_experts_per_tok, 2);
+    cr_expect_eq(mc.text.moe_intermediate_size, 64);
+    cr_expect(mc.text.norm_topk_prob);
+    cr_expect_not(vlmd_text_layer_is_moe(&mc.text, 0), "mlp_only_layers [0]");
+    cr_expect(vlmd_text_layer_is_moe(&mc.text, 1));
+    cr_expect(vlmd_text_layer_is_moe(&mc.text, 2));
+}
+
+Test(model_config, qwen3_vl_nested_rope_scaling_and_vision)
+{
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen3_vl"), &mc, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_expect_eq(mc.arch, VLMD_ARCH_QWEN3_VL);
+    cr_expect_eq(mc.text.hidden_size, 64);
+    cr_expect(mc.text.qk_norm);
+    cr_expect_eq(mc.text.n_mrope_section, 3);
+    cr_expect_eq(mc.text.mrope_section[0], 6);
+    cr_expect(mc.text.mrope_interleaved);
+    cr_expect_float_eq(mc.text.rope_theta, 5e6, 1e-3);
+    cr_expect(mc.has_vision);
+    cr_expect_eq(mc.vision.embed_dim, 32);
+    cr_expect_eq(mc.vision.out_hidden_size, 64);
+    cr_expect_eq(mc.vision.intermediate_size, 64);
+    cr_expect_eq(mc.vision.patch_size, 16);
+    cr_expect_eq(mc.vision.act, VLMD_ACT_GELU_TANH);
+    cr_expect_eq(mc.vision.num_position_embeddings, 64);
+    cr_expect_eq(mc.vision.n_deepstack, 2);
+    cr_expect_eq(mc.vision.deepstack_visual_indexes[1], 2);
+    cr_expect_eq(mc.image_token_id, 1022);
+}
+
+/* transformers-5 writes rope_parameters; Qwen3-VL-MoE is Qwen3-VL's tower
+ * in front of a Qwen3-MoE text model. */
+Test(model_config, qwen3_vl_moe_with_rope_parameters)
+{
+    const char *json =
+        "{\"architectures\":[\"Qwen3VLMoeForConditionalGeneration\"],\"image_token_id\":299,"
+        "\"text_config\":{\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":4,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,\"vocab_size\":300,"
+        "\"max_position_embeddings\":2048,\"num_experts\":16,\"num_experts_per_tok\":4,"
+        "\"moe_intermediate_size\":32,\"decoder_sparse_step\":2,\"norm_topk_prob\":true,"
+        "\"mlp_only_layers\":[],"
+        "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5000000.0,"
+        "\"mrope_section\":[6,5,5],\"mrope_interleaved\":true}},"
+        "\"vision_config\":{\"depth\":2,\"hidden_size\":32,\"out_hidden_size\":64,"
+        "\"intermediate_size\":64,\"num_heads\":2,\"patch_size\":16,\"spatial_merge_size\":2,"
+        "\"temporal_patch_size\":2,\"num_position_embeddings\":2304,"
+        "\"deepstack_visual_indexes\":[1],\"hidden_act\":\"gelu_pytorch_tanh\"}}";
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_parse(json, "inline", &mc, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(mc.arch, VLMD_ARCH_QWEN3_VL_MOE);
+    cr_expect_float_eq(mc.text.rope_theta, 5e6, 1e-3);
+    cr_expect(mc.text.mrope_interleaved);
+    cr_expect_eq(mc.text.num_experts, 16);
+    cr_expect_not(vlmd_text_layer_is_moe(&mc.text, 0), "decoder_sparse_step 2");
+    cr_expect(vlmd_text_layer_is_moe(&mc.text, 1));
+    cr_expect_eq(mc.vision.num_position_embeddings, 2304);
+    cr_expect_eq(mc.vision.n_deepstack, 1);
 }
