@@ -37,6 +37,18 @@ typedef struct vlmd_seen_token {
     float raw;                  /* written by sample: its logit before penalties and bias */
 } vlmd_seen_token;
 
+/* How rope_kv_write turns each head of q and k. */
+typedef struct vlmd_rope {
+    float theta;
+    const int *sections;        /* M-RoPE: frequencies of t, h, w (host, 3); NULL: 1-D RoPE */
+    bool interleaved;           /* Qwen3-VL's M-RoPE: frequency i takes h when i % 3 == 1 and
+                                 * i < 3 s1, w when i % 3 == 2 and i < 3 s2, else t; without
+                                 * it, t for i < s0, h for i < s0 + s1, else w */
+    const void *q_norm, *k_norm;/* Qwen3: [hd] weights of an RMSNorm of every q / k head
+                                 * before its rotation (backend memory); NULL: none */
+    float norm_eps;
+} vlmd_rope;
+
 #define VLMD_SAMPLE_MAX_TOP 20
 
 /* How one row of logits becomes a token. */
@@ -75,15 +87,16 @@ typedef struct vlmd_op_table {
                    int n, int in, int out_dim);
     /* One layer's attention input, fused: qkv[n, (nh + 2 nkv) hd] holds each
      * token's q heads, then k heads, then v heads (one GEMM made them). The
-     * bias (a row of that width; NULL: none) is added to each row, then the
-     * rotary embedding (rotate-half form) on q in place and on k, then k and v
-     * go to cache row slots[i] (rows of nkv * hd); qkv's k and v parts are left
-     * unspecified. (The bias here, not in the GEMM: one launch less a layer.)
-     * positions[3][n]: rows t, h, w; with sections (M-RoPE) frequency i uses
-     * row 0 for i < s0, row 1 for i < s0+s1, else row 2; without, row 0. */
+     * bias (a row of that width; NULL: none) is added to each row, then each q
+     * and k head's RMSNorm when rope has one, then the rotary embedding
+     * (rotate-half form) on q in place and on k, then k and v go to cache row
+     * slots[i] (rows of nkv * hd); qkv's k and v parts are left unspecified.
+     * (The bias and norms here, not in the GEMM: launches fewer a layer.)
+     * positions[3][n]: rows t, h, w (frequency i's row: vlmd_rope); 1-D RoPE
+     * uses row 0. */
     void (*rope_kv_write)(vlmd_backend *b, void *qkv, const void *bias, void *k_cache,
                           void *v_cache, const int32_t *positions, const int32_t *slots, int n,
-                          int nh, int nkv, int hd, float theta, const int *sections);
+                          int nh, int nkv, int hd, const vlmd_rope *rope);
     /* Attention of each sequence's queries over its cached tokens (GQA); causal
      * (each query sees itself and before) or not (each sees the whole
      * sequence: the vision tower's per-image attention). Row r of q starts at
@@ -121,6 +134,24 @@ typedef struct vlmd_op_table {
      * rows (their seen lists) and out in backend memory. */
     void (*sample)(vlmd_backend *b, vlmd_sample_out *out, void *logits,
                    const vlmd_sample_row *rows, int n, int vocab);
+    /* Mixture of experts, the router's choice: from logits[n, E] (the gate
+     * linear's rows), each token's k experts of largest probability (softmax
+     * over E in fp32; the lower id first among equals), largest first, into
+     * ids[n, k], and their probabilities (divided by their sum when
+     * renormalize) into weights[n, k] (fp32). worst_case sends every token to
+     * experts 0..k-1 with weights 1/k: the auto-profile's stress, one expert
+     * given every token. ids and weights in backend memory. */
+    void (*moe_route)(vlmd_backend *b, int32_t *ids, float *weights, const void *logits, int n,
+                      int n_experts, int k, bool renormalize, bool worst_case);
+    /* Mixture of experts, the experts: out[n, H] = sum over j of weights[t, j]
+     * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j], the terms added in
+     * expert order. gate_up[E][2I, H] holds each expert's gate rows, then its
+     * up rows; down[E][H, I]. scratch: moe_scratch_bytes(n, k, H, I) bytes of
+     * backend memory (ops allocate nothing). out must not overlap x. */
+    void (*moe_experts)(vlmd_backend *b, void *out, const void *x, const int32_t *ids,
+                        const float *weights, const void *gate_up, const void *down,
+                        void *scratch, int n, int k, int n_experts, int hidden, int inter);
+    size_t (*moe_scratch_bytes)(int n, int k, int n_experts, int hidden, int inter);
 } vlmd_op_table;
 
 /* The backend's ops, or NULL when it cannot run models yet. */

@@ -464,8 +464,9 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
         else
             op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_in, n, H, m->eps);
         op->linear(b, ws->qkv, ws->h, y->w_qkv, NULL, n, H, QKV);
+        vlmd_rope rope = {.theta = m->theta, .sections = m->mrope ? m->sections : NULL};
         op->rope_kv_write(b, ws->qkv, y->b_qkv, kv->k[l], kv->v[l], ws->positions, ws->slots, n,
-                          m->nh, m->nkv, m->hd, m->theta, m->mrope ? m->sections : NULL);
+                          m->nh, m->nkv, m->hd, &rope);
         op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], ws->seqs, n_seqs, n, m->nh,
                       m->nkv, m->hd, true);
         op->linear(b, ws->x, ws->attn, y->wo, NULL, n, Q, H);

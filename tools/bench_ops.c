@@ -176,8 +176,9 @@ static void run_silu_mul(bench *k, void *c)
 static void run_rope_kv_write(bench *k, void *c)
 {
     rows_ctx *r = c;
+    vlmd_rope rope = {.theta = 1e6f};
     k->op->rope_kv_write(k->b, r->x, r->bias, r->k_cache, r->v_cache, r->positions, r->slots, r->n,
-                         r->nh, r->nkv, r->hd, 1e6f, NULL);
+                         r->nh, r->nkv, r->hd, &rope);
 }
 
 static void bench_rows(bench *k, const shape *sh)

@@ -66,9 +66,31 @@ static void rotate(float *v, int hd, const float *cosv, const float *sinv)
     }
 }
 
+/* The positions row (t, h or w) frequency i of an M-RoPE takes. */
+static int mrope_row(const vlmd_rope *rope, int i)
+{
+    const int *s = rope->sections;
+    if (!s)
+        return 0;
+    if (rope->interleaved)
+        return i % 3 == 1 && i < 3 * s[1] ? 1 : i % 3 == 2 && i < 3 * s[2] ? 2 : 0;
+    return i < s[0] ? 0 : i < s[0] + s[1] ? 1 : 2;
+}
+
+/* v = rmsnorm(v) * w over one head */
+static void head_rmsnorm(float *v, int hd, const float *w, float eps)
+{
+    double ss = 0;
+    for (int j = 0; j < hd; j++)
+        ss += (double)v[j] * v[j];
+    float inv = 1.0f / sqrtf((float)(ss / hd) + eps);
+    for (int j = 0; j < hd; j++)
+        v[j] = w[j] * (v[j] * inv);
+}
+
 static void cpu_rope_kv_write(vlmd_backend *b, void *qkv_, const void *bias_, void *k_cache,
                               void *v_cache, const int32_t *positions, const int32_t *slots, int n,
-                              int nh, int nkv, int hd, float theta, const int *sections)
+                              int nh, int nkv, int hd, const vlmd_rope *rope)
 {
     (void)b;
     float *qkv = qkv_;
@@ -79,10 +101,8 @@ static void cpu_rope_kv_write(vlmd_backend *b, void *qkv_, const void *bias_, vo
     VLMD_ASSERT(cosv && sinv);
     for (int t = 0; t < n; t++) {
         for (int i = 0; i < half; i++) {
-            int row = 0;
-            if (sections)
-                row = i < sections[0] ? 0 : i < sections[0] + sections[1] ? 1 : 2;
-            double inv_freq = 1.0 / pow((double)theta, (double)(2 * i) / hd);
+            int row = mrope_row(rope, i);
+            double inv_freq = 1.0 / pow((double)rope->theta, (double)(2 * i) / hd);
             /* the angle in float32, as the reference computes it */
             float angle = (float)positions[(size_t)row * n + t] * (float)inv_freq;
             cosv[i] = cosf(angle);
@@ -91,8 +111,12 @@ static void cpu_rope_kv_write(vlmd_backend *b, void *qkv_, const void *bias_, vo
         float *q = qkv + (size_t)t * stride, *k = q + (size_t)nh * hd, *v = k + kv_dim;
         for (size_t j = 0; bias && j < stride; j++)
             q[j] += bias[j];
-        for (int h = 0; h < nh + nkv; h++) /* the k heads follow the q heads */
+        for (int h = 0; h < nh + nkv; h++) { /* the k heads follow the q heads */
+            const float *w = h < nh ? rope->q_norm : rope->k_norm;
+            if (w)
+                head_rmsnorm(q + (size_t)h * hd, hd, w, rope->norm_eps);
             rotate(q + (size_t)h * hd, hd, cosv, sinv);
+        }
         memcpy((float *)k_cache + (size_t)slots[t] * kv_dim, k, (size_t)kv_dim * sizeof(float));
         memcpy((float *)v_cache + (size_t)slots[t] * kv_dim, v, (size_t)kv_dim * sizeof(float));
     }
@@ -230,6 +254,12 @@ static void cpu_vision_rope(vlmd_backend *b, void *q_, void *k_, const int32_t *
 
 void vlmd_cpu_sample(vlmd_backend *b, vlmd_sample_out *out, void *logits,
                      const vlmd_sample_row *rows, int n, int vocab); /* cpu_sample.c */
+void vlmd_cpu_moe_route(vlmd_backend *b, int32_t *ids, float *weights, const void *logits, int n,
+                        int n_experts, int k, bool renormalize, bool worst_case); /* cpu_moe.c */
+void vlmd_cpu_moe_experts(vlmd_backend *b, void *out, const void *x, const int32_t *ids,
+                          const float *weights, const void *gate_up, const void *down,
+                          void *scratch, int n, int k, int n_experts, int hidden, int inter);
+size_t vlmd_cpu_moe_scratch_bytes(int n, int k, int n_experts, int hidden, int inter);
 
 const vlmd_op_table vlmd_cpu_op_table = {
     .embedding = cpu_embedding,
@@ -243,4 +273,7 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .add = cpu_add,
     .vision_rope = cpu_vision_rope,
     .sample = vlmd_cpu_sample,
+    .moe_route = vlmd_cpu_moe_route,
+    .moe_experts = vlmd_cpu_moe_experts,
+    .moe_scratch_bytes = vlmd_cpu_moe_scratch_bytes,
 };

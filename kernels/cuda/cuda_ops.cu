@@ -239,11 +239,13 @@ __global__ void k_rope_kv_write(bf16 *qkv, const bf16 *bias, bf16 *k_cache, bf16
 
 static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, const void *bias, void *k_cache,
                                void *v_cache, const int32_t *positions, const int32_t *slots,
-                               int n, int nh, int nkv, int hd, float theta, const int *sections)
+                               int n, int nh, int nkv, int hd, const vlmd_rope *rope)
 {
+    const int *sections = rope->sections;
+    VLMD_ASSERT(!rope->q_norm && !rope->k_norm && !rope->interleaved); /* not built yet */
     vlmd_cuda_launch(k_rope_kv_write, n, 128, 0, vlmd_cuda_stream(b), (bf16 *)qkv,
                      (const bf16 *)bias, (bf16 *)k_cache, (bf16 *)v_cache, positions, slots, n, nh,
-                     nkv, hd, theta, sections ? sections[0] : 0, sections ? sections[1] : 0,
+                     nkv, hd, rope->theta, sections ? sections[0] : 0, sections ? sections[1] : 0,
                      sections != NULL);
 }
 
@@ -480,4 +482,7 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .add = cuda_add,
     .vision_rope = cuda_vision_rope,
     .sample = vlmd_cuda_sample,
+    .moe_route = NULL, /* not built yet: a mixture-of-experts model stays on the CPU */
+    .moe_experts = NULL,
+    .moe_scratch_bytes = NULL,
 };

@@ -203,10 +203,10 @@ Test(cuda_ops, rope_kv_write)
             dqkv[b] = on(bs[b], qkv, (size_t)n * stride);
             dk[b] = on(bs[b], kc, (size_t)n_slots * kv_dim);
             dv[b] = on(bs[b], vc, (size_t)n_slots * kv_dim);
+            vlmd_rope rope = {.theta = 1e6f, .sections = mrope ? sections : NULL};
             vlmd_backend_ops(bs[b])->rope_kv_write(
                 bs[b], dqkv[b], mrope ? on(bs[b], bias, stride) : NULL, dk[b], dv[b],
-                ints_on(bs[b], pos, 27), ints_on(bs[b], slots, n), n, nh, nkv, hd, 1e6f,
-                mrope ? sections : NULL);
+                ints_on(bs[b], pos, 27), ints_on(bs[b], slots, n), n, nh, nkv, hd, &rope);
         }
         expect_close_cols("rope q", p.cpu, dqkv[0], p.gpu, dqkv[1], n, (size_t)nh * hd, stride,
                           1e-2);
