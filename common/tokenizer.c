@@ -1,7 +1,8 @@
 /* tokenizer.c - byte-level BPE from tokenizer.json (see tokenizer.h).
  * Owns the vocabulary (each id's raw bytes), two hash tables (symbol text ->
  * id, merge pair -> rank and result), the added tokens and the compiled
- * pre-tokenizer regex. */
+ * pre-tokenizer regex. Also the prompt text of trusted and untrusted pieces
+ * that the chat template writes and encode_pieces_of reads. */
 #include "tokenizer.h"
 
 #include <stdlib.h>
@@ -32,6 +33,7 @@ typedef struct added_token {
     const uint8_t *text;    /* borrowed from the entry */
     uint32_t len;
     uint32_t id;
+    bool special;
 } added_token;
 
 /* Open addressing with linear probing; keys are (text, len) or a u64 pair. */
@@ -352,7 +354,7 @@ static vlmd_status load_added(vlmd_tokenizer *tok, json_t *added, const char *pa
         memcpy(e->bytes, content, e->len);
         e->added = true;
         e->special = json_is_true(json_object_get(a, "special"));
-        tok->added[tok->n_added++] = (added_token){e->bytes, e->len, id};
+        tok->added[tok->n_added++] = (added_token){e->bytes, e->len, id, e->special};
         tok->first_byte_added[(uint8_t)content[0]] = true;
     }
     qsort(tok->added, tok->n_added, sizeof *tok->added, longest_first);
@@ -675,33 +677,110 @@ static const added_token *added_at(const vlmd_tokenizer *tok, const char *text, 
     return NULL;
 }
 
-vlmd_status vlmd_tokenizer_encode(const vlmd_tokenizer *tok, const char *text, size_t len,
-                                  bool parse_special, vlmd_tokens *out)
+/* Encodes text[0..len), cut into n pieces (the last ends at len): added
+ * tokens are looked for within each piece by its kind; the text between the
+ * ids found is encoded as one run. A special token in a VLMD_SPECIAL_SPLIT
+ * piece stays in the run, and no shorter token is looked for inside it (as
+ * Hugging Face's leftmost-longest matcher skips such a match whole). */
+static vlmd_status encode_pieces_of(const vlmd_tokenizer *tok, const char *text, size_t len,
+                                    const vlmd_prompt_piece *pieces, size_t n, vlmd_tokens *out)
 {
     bpe_scratch s = {0};
     pcre2_match_data *md = pcre2_match_data_create_from_pattern(tok->re, NULL);
     if (!md)
         return VLMD_ERR_NOMEM;
     vlmd_status st = VLMD_OK;
-    size_t seg = 0;
-    for (size_t i = 0; i <= len && st == VLMD_OK; i++) {
-        const added_token *a = i < len && parse_special ? added_at(tok, text + i, len - i) : NULL;
-        if (!a && i < len)
-            continue;
-        if (i > seg)
-            st = encode_plain(tok, &s, md, text + seg, i - seg, out);
-        if (a && st == VLMD_OK) {
-            st = vlmd_tokens_push(out, a->id);
-            i += a->len - 1;
+    size_t seg = 0, i = 0; /* the run not encoded yet starts at seg */
+    for (size_t k = 0; k < n && st == VLMD_OK; k++) {
+        size_t end = pieces[k].end;
+        bool specials = pieces[k].special == VLMD_SPECIAL_MATCH;
+        while (i < end && st == VLMD_OK) {
+            const added_token *a = added_at(tok, text + i, end - i);
+            if (a && a->special && !specials) {
+                i += a->len;
+                continue;
+            }
+            if (!a) {
+                i++;
+                continue;
+            }
+            if (i > seg)
+                st = encode_plain(tok, &s, md, text + seg, i - seg, out);
+            if (st == VLMD_OK)
+                st = vlmd_tokens_push(out, a->id);
+            i += a->len;
+            seg = i;
         }
-        seg = i + 1;
     }
+    if (st == VLMD_OK && len > seg)
+        st = encode_plain(tok, &s, md, text + seg, len - seg, out);
     pcre2_match_data_free(md);
     free(s.id);
     free(s.prev);
     free(s.next);
     free(s.heap);
     return st;
+}
+
+vlmd_status vlmd_tokenizer_encode(const vlmd_tokenizer *tok, const char *text, size_t len,
+                                  vlmd_special special, vlmd_tokens *out)
+{
+    const vlmd_prompt_piece one = {len, special};
+    return encode_pieces_of(tok, text, len, &one, 1, out);
+}
+
+vlmd_status vlmd_tokenizer_encode_prompt(const vlmd_tokenizer *tok, const vlmd_prompt_text *p,
+                                         vlmd_tokens *out)
+{
+    if (!p->n_pieces)
+        return VLMD_OK;
+    return encode_pieces_of(tok, p->text.data, p->text.len, p->pieces, p->n_pieces, out);
+}
+
+/* ---- prompt text ---------------------------------------------------------- */
+
+vlmd_status vlmd_prompt_add(vlmd_prompt_text *p, vlmd_special special, const char *s, size_t len)
+{
+    if (len == 0)
+        return VLMD_OK;
+    bool extend = p->n_pieces && p->pieces[p->n_pieces - 1].special == special;
+    if (!extend) {
+        vlmd_prompt_piece *pieces = vlmd_grow(p->pieces, p->n_pieces, &p->cap, sizeof *pieces, 16);
+        if (!pieces)
+            return VLMD_ERR_NOMEM;
+        p->pieces = pieces;
+    }
+    vlmd_status st = vlmd_buf_append(&p->text, s, len);
+    if (st != VLMD_OK)
+        return st;
+    if (extend)
+        p->pieces[p->n_pieces - 1].end = p->text.len;
+    else
+        p->pieces[p->n_pieces++] = (vlmd_prompt_piece){p->text.len, special};
+    return VLMD_OK;
+}
+
+vlmd_status vlmd_prompt_puts(vlmd_prompt_text *p, vlmd_special special, const char *s)
+{
+    return vlmd_prompt_add(p, special, s, strlen(s));
+}
+
+vlmd_status vlmd_prompt_append(vlmd_prompt_text *p, const vlmd_prompt_text *src)
+{
+    vlmd_status st = VLMD_OK;
+    for (size_t k = 0, start = 0; k < src->n_pieces && st == VLMD_OK; k++) {
+        st = vlmd_prompt_add(p, src->pieces[k].special, src->text.data + start,
+                             src->pieces[k].end - start);
+        start = src->pieces[k].end;
+    }
+    return st;
+}
+
+void vlmd_prompt_free(vlmd_prompt_text *p)
+{
+    vlmd_buf_free(&p->text);
+    free(p->pieces);
+    *p = (vlmd_prompt_text)VLMD_PROMPT_TEXT_INIT;
 }
 
 /* ---- decoding ------------------------------------------------------------- */

@@ -1,9 +1,10 @@
 /* tokenizer.h - Hugging Face tokenizer.json byte-level BPE (the Qwen family).
  *
- * Encoding: added/special tokens are split out first (longest match); the
- * rest goes through the pre-tokenizer's Split regex (PCRE2, UTF + Unicode
- * properties, JIT when available), each piece's bytes through the byte-level
- * alphabet, then ranked BPE merges (a heap, so long pieces stay n log n).
+ * Encoding: added tokens are split out first (longest match; special ones
+ * only where the text is trusted, see vlmd_special); the rest goes through
+ * the pre-tokenizer's Split regex (PCRE2, UTF + Unicode properties, JIT when
+ * available), each piece's bytes through the byte-level alphabet, then
+ * ranked BPE merges (a heap, so long pieces stay n log n).
  * Decoding maps ids back to bytes; the streaming detokenizer emits text only
  * at UTF-8 boundaries, so a client never sees half a character. Invalid
  * UTF-8 decodes to U+FFFD, one per maximal invalid subpart, as Python's
@@ -34,11 +35,52 @@ void vlmd_tokens_free(vlmd_tokens *t);
 vlmd_status vlmd_tokenizer_load(const char *path, vlmd_tokenizer **out, vlmd_error *err);
 void vlmd_tokenizer_free(vlmd_tokenizer *tok);
 
-/* Appends the ids of text[0..len) to out. With parse_special, added tokens
- * written in the text become their ids; without, they are plain text.
- * Fails only on allocation failure (invalid UTF-8 is tokenized byte-wise). */
+/* Which added tokens written in a text become their ids. Special ones
+ * ("special": true in tokenizer.json: <|im_start|>, <|endoftext|>,
+ * <|image_pad|>, ...) only where the text is trusted; elsewhere their
+ * characters are ordinary text, as Hugging Face's split_special_tokens=True
+ * has it. Non-special added tokens (Qwen's <tool_call>, <think>) are ids in
+ * both, as there too. */
+typedef enum vlmd_special {
+    VLMD_SPECIAL_SPLIT,     /* text from a request */
+    VLMD_SPECIAL_MATCH,     /* text the server writes: a chat template's markers */
+} vlmd_special;
+
+/* Appends the ids of text[0..len) to out. Fails only on allocation failure
+ * (invalid UTF-8 is tokenized byte-wise). */
 vlmd_status vlmd_tokenizer_encode(const vlmd_tokenizer *tok, const char *text, size_t len,
-                                  bool parse_special, vlmd_tokens *out);
+                                  vlmd_special special, vlmd_tokens *out);
+
+/* Text put together from pieces of both kinds, a chat template's markers and
+ * a request's text, tokenized as one: added tokens are looked for within each
+ * piece by its own rule, and the text between the ids found is one run across
+ * piece boundaries, so a prompt whose request text holds no special token
+ * gets the ids of the rendered text (what Hugging Face's apply_chat_template
+ * gives). */
+typedef struct vlmd_prompt_piece {
+    size_t end;             /* the piece is text[previous end, end) */
+    vlmd_special special;
+} vlmd_prompt_piece;
+
+typedef struct vlmd_prompt_text {
+    vlmd_buf text;
+    vlmd_prompt_piece *pieces;  /* owned; adjacent pieces differ in kind */
+    size_t n_pieces, cap;
+} vlmd_prompt_text;
+
+#define VLMD_PROMPT_TEXT_INIT {VLMD_BUF_INIT, NULL, 0, 0}
+
+/* Appends s[0..len) (or the string s) as a piece of the given kind; on
+ * failure p keeps its earlier contents. */
+vlmd_status vlmd_prompt_add(vlmd_prompt_text *p, vlmd_special special, const char *s, size_t len);
+vlmd_status vlmd_prompt_puts(vlmd_prompt_text *p, vlmd_special special, const char *s);
+/* Appends src's pieces, each of its own kind. */
+vlmd_status vlmd_prompt_append(vlmd_prompt_text *p, const vlmd_prompt_text *src);
+void vlmd_prompt_free(vlmd_prompt_text *p);     /* accepts an empty one */
+
+/* Appends the ids of p's text to out (see vlmd_prompt_text). */
+vlmd_status vlmd_tokenizer_encode_prompt(const vlmd_tokenizer *tok, const vlmd_prompt_text *p,
+                                         vlmd_tokens *out);
 
 /* Appends the text of ids to out (specials as written unless skip_special).
  * An id outside the vocabulary is VLMD_ERR_INVALID_ARG naming it. */

@@ -203,8 +203,8 @@ static bool add_image(const json_t *part, const char *param, api_image **images,
     return true;
 }
 
-/* messages -> ChatML text (and the images, in order). */
-static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *text,
+/* messages -> the ChatML prompt's pieces (and the images, in order). */
+static bool render_chat(const json_t *body, const api_limits *lim, vlmd_prompt_text *text,
                         api_image **images, uint32_t *n_images, api_error *e)
 {
     const json_t *msgs = json_object_get(body, "messages");
@@ -299,24 +299,25 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_buf *tex
             }
         }
     }
-    char *tools = NULL;
-    if (ok && (ok = api_tools_parse(body, &tools, e)) && tools)
-        ok = text_fits(lim, text_bytes + strlen(tools), "tools", e);
+    vlmd_prompt_text tools = VLMD_PROMPT_TEXT_INIT;
+    if (ok && (ok = api_tools_parse(body, &tools, e)) && tools.n_pieces)
+        ok = text_fits(lim, text_bytes + tools.text.len, "tools", e);
     if (ok) {
         vlmd_error err = {0};
-        char *forced = api_tool_answer_prefix(body); /* a forced call: the answer's start */
-        if (vlmd_chat_render_tools(cm, n, tools, true, text, &err) != VLMD_OK ||
-            (forced && vlmd_buf_puts(text, forced) != VLMD_OK)) {
+        vlmd_status st = vlmd_chat_render_tools(cm, n, tools.n_pieces ? &tools : NULL, true, text,
+                                                &err);
+        if (st == VLMD_ERR_INVALID_ARG) {
             /* the message starts with the offending "messages[i]..." */
             char *space = strchr(err.msg, ':');
             snprintf(param, sizeof param, "%.*s", space ? (int)(space - err.msg) : 0, err.msg);
             ok = api_fail(e, 400, space ? param : "messages", "invalid_value", "%s", err.msg);
+        } else if (st != VLMD_OK || api_tool_answer_prefix_add(body, text) != VLMD_OK) {
+            ok = api_fail(e, 500, NULL, NULL, "out of memory"); /* (a forced call ends it) */
         }
-        free(forced);
     }
     for (size_t i = 0; cm && i < n; i++)
         api_tool_calls_free((vlmd_chat_tool_call *)cm[i].tool_calls, cm[i].n_tool_calls);
-    free(tools);
+    vlmd_prompt_free(&tools);
     free(cm);
     free(parts);
     return ok;
@@ -330,9 +331,9 @@ static bool one_prompt(const json_t *p, const vlmd_tokenizer *tok, const api_lim
     const uint32_t vocab = vlmd_tokenizer_size(tok);
     if (json_is_string(p) && !text_fits(lim, *text_bytes += json_string_length(p), "prompt", e))
         return false;
-    if (json_is_string(p)) {
-        if (vlmd_tokenizer_encode(tok, json_string_value(p), json_string_length(p), true,
-                                  prompt) != VLMD_OK)
+    if (json_is_string(p)) { /* text: its special tokens too (token ids carry those) */
+        if (vlmd_tokenizer_encode(tok, json_string_value(p), json_string_length(p),
+                                  VLMD_SPECIAL_SPLIT, prompt) != VLMD_OK)
             return api_fail(e, 500, NULL, NULL, "out of memory");
         return true;
     }
@@ -388,11 +389,11 @@ bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
         free(one);
         return ok;
     }
-    vlmd_buf text = VLMD_BUF_INIT;
+    vlmd_prompt_text text = VLMD_PROMPT_TEXT_INIT;
     bool ok = render_chat(body, lim, &text, images, n_images, e);
-    if (ok && vlmd_tokenizer_encode(tok, text.data, text.len, true, out) != VLMD_OK)
+    if (ok && vlmd_tokenizer_encode_prompt(tok, &text, out) != VLMD_OK)
         ok = api_fail(e, 500, NULL, NULL, "out of memory");
-    vlmd_buf_free(&text);
+    vlmd_prompt_free(&text);
     return ok;
 }
 
@@ -599,7 +600,7 @@ bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *
                                             (uint32_t)lim->image_token_id, counts, r->n_images,
                                             &ids, &n, &err);
     free(counts);
-    if (st != VLMD_OK) /* the text itself held image pads */
+    if (st != VLMD_OK) /* a check: only the template writes pads, request text cannot */
         return api_fail(e, 400, "messages", "invalid_value", "the prompt's image placeholders "
                         "do not match its %u images: %s", r->n_images, err.msg);
     free(prompt->ids);

@@ -81,9 +81,11 @@ void api_request_free(api_request *r);
 
 /* The prompt of a body as token ids: "messages" through the chat template
  * when chat, else "prompt" (a string or a list of token ids), within lim's
- * message and text limits (checked before tokenizing). With images NULL, an
- * image part is refused; else the images are collected (up to lim's
- * max_images) and each leaves one pad in the prompt. */
+ * message and text limits (checked before tokenizing). Special tokens written
+ * in the request's text are text (only the template's markers are special
+ * ids); a list of token ids is taken as it is, specials included. With
+ * images NULL, an image part is refused; else the images are collected (up
+ * to lim's max_images) and each leaves one pad in the prompt. */
 bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
                        const api_limits *lim, vlmd_tokens *out, api_image **images,
                        uint32_t *n_images, api_error *e);

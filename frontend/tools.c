@@ -85,24 +85,30 @@ static bool check_choice(const json_t *choice, const json_t *tools, api_error *e
                     name ? name : "", name ? "'" : "");
 }
 
-char *api_tool_answer_prefix(const json_t *body)
+vlmd_status api_tool_answer_prefix_add(const json_t *body, vlmd_prompt_text *out)
 {
     const json_t *choice = json_object_get(body, "tool_choice");
     const char *name = named_function(choice);
     if (!api_tools_active(body) || (!name && !choice_is(choice, "required")))
-        return NULL;
-    vlmd_buf b = VLMD_BUF_INIT;
-    if (name ? vlmd_buf_printf(&b, CALL_OPEN "\n{\"name\": \"%s\", \"arguments\": ", name)
-             : vlmd_buf_puts(&b, CALL_OPEN "\n{\"name\": \"")) {
-        vlmd_buf_free(&b);
-        return NULL;
-    }
-    return b.data;
+        return VLMD_OK;
+    vlmd_status st = vlmd_prompt_puts(out, VLMD_SPECIAL_MATCH, CALL_OPEN "\n{\"name\": \"");
+    if (st == VLMD_OK && name && (st = vlmd_prompt_puts(out, VLMD_SPECIAL_SPLIT, name)) == VLMD_OK)
+        st = vlmd_prompt_puts(out, VLMD_SPECIAL_MATCH, "\", \"arguments\": ");
+    return st;
 }
 
-bool api_tools_parse(const json_t *body, char **section, api_error *e)
+char *api_tool_answer_prefix(const json_t *body)
 {
-    *section = NULL;
+    vlmd_prompt_text p = VLMD_PROMPT_TEXT_INIT;
+    char *text = NULL;
+    if (api_tool_answer_prefix_add(body, &p) == VLMD_OK && p.text.data)
+        text = strdup(p.text.data);
+    vlmd_prompt_free(&p);
+    return text;
+}
+
+bool api_tools_parse(const json_t *body, vlmd_prompt_text *section, api_error *e)
+{
     const json_t *tools = json_object_get(body, "tools");
     const json_t *choice = json_object_get(body, "tool_choice");
     if (json_is_null(tools))
@@ -118,19 +124,19 @@ bool api_tools_parse(const json_t *body, char **section, api_error *e)
     if (json_array_size(tools) == 0 ||
         (json_is_string(choice) && strcmp(json_string_value(choice), "none") == 0))
         return true;
-    vlmd_buf b = VLMD_BUF_INIT;
-    bool ok = vlmd_buf_puts(&b, TOOLS_INTRO) == VLMD_OK;
+    /* the frame is the template's; each tool's JSON (names, descriptions) the request's */
+    bool ok = vlmd_prompt_puts(section, VLMD_SPECIAL_MATCH, TOOLS_INTRO) == VLMD_OK;
     for (size_t i = 0; ok && i < json_array_size(tools); i++) {
         char *line = json_dumps(json_array_get(tools, i), 0); /* as Python's json.dumps */
-        ok = line && vlmd_buf_printf(&b, "\n%s", line) == VLMD_OK;
+        ok = line && vlmd_prompt_puts(section, VLMD_SPECIAL_MATCH, "\n") == VLMD_OK &&
+             vlmd_prompt_puts(section, VLMD_SPECIAL_SPLIT, line) == VLMD_OK;
         free(line);
     }
-    ok = ok && vlmd_buf_puts(&b, TOOLS_OUTRO) == VLMD_OK;
+    ok = ok && vlmd_prompt_puts(section, VLMD_SPECIAL_MATCH, TOOLS_OUTRO) == VLMD_OK;
     if (!ok) {
-        vlmd_buf_free(&b);
+        vlmd_prompt_free(section);
         return api_fail(e, 500, NULL, NULL, "out of memory");
     }
-    *section = b.data;
     return true;
 }
 

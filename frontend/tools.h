@@ -20,17 +20,24 @@
 #define API_MAX_TOOLS 128
 
 /* "tools" and "tool_choice" of a chat body. With tools and a tool_choice
- * other than "none", *section (owned) is what follows the system prompt:
- * "\n\n# Tools\n\n...<tools>\n{tool}...\n</tools>\n\n...</tool_call>"; else
- * NULL. tool_choice "required" or a named function must find a tool. */
-bool api_tools_parse(const json_t *body, char **section, api_error *e);
+ * other than "none", appends to section (the caller's, empty; freed here on
+ * failure) what follows the system prompt:
+ * "\n\n# Tools\n\n...<tools>\n{tool}...\n</tools>\n\n...</tool_call>", its
+ * frame trusted and each tool's JSON not (tokenizer.h's vlmd_special); else
+ * leaves it empty. tool_choice "required" or a named function must find a
+ * tool. */
+bool api_tools_parse(const json_t *body, vlmd_prompt_text *section, api_error *e);
 
 /* The text the answer is made to start with when tool_choice forces a call
  * (the prompt ends with it, and the answer is read as if the model had
  * written it): "required": `<tool_call>\n{"name": "`; a named function:
- * `<tool_call>\n{"name": "NAME", "arguments": `. NULL when the model chooses.
- * For a body api_tools_parse accepted; owned. No constrained decoding: the
- * model is started on the call, not held to the function's schema. */
+ * `<tool_call>\n{"name": "NAME", "arguments": `. Appended to out as prompt
+ * pieces (the name untrusted); nothing when the model chooses. For a body
+ * api_tools_parse accepted; VLMD_ERR_NOMEM is the only failure. No
+ * constrained decoding: the model is started on the call, not held to the
+ * function's schema. */
+vlmd_status api_tool_answer_prefix_add(const json_t *body, vlmd_prompt_text *out);
+/* The same as a string (owned); NULL when the model chooses, or out of memory. */
 char *api_tool_answer_prefix(const json_t *body);
 
 /* True when a (valid) body lets the model call tools: a non-empty "tools"

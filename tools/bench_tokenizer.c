@@ -37,7 +37,7 @@ int main(int argc, char **argv)
         vlmd_buf_puts(&text, samples[i % (sizeof samples / sizeof samples[0])]);
     vlmd_tokens ids = {0};
     uint64_t t0 = vlmd_now_ns();
-    vlmd_tokenizer_encode(tok, text.data, text.len, true, &ids);
+    vlmd_tokenizer_encode(tok, text.data, text.len, VLMD_SPECIAL_MATCH, &ids);
     uint64_t t1 = vlmd_now_ns();
     vlmd_buf out = VLMD_BUF_INIT;
     vlmd_tokenizer_decode(tok, ids.ids, ids.n, false, &out, NULL);

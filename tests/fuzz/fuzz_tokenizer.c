@@ -1,6 +1,8 @@
 /* fuzz_tokenizer.c - libFuzzer target: any bytes as text through the BPE
- * encoder, and the ids it gives (and arbitrary ids) through the streaming
- * detokenizer, which must never emit a broken UTF-8 sequence. */
+ * encoder (whole, with special tokens matched or split, and as a prompt whose
+ * pieces change kind at each newline), and the ids it gives (and arbitrary
+ * ids) through the streaming detokenizer, which must never emit a broken
+ * UTF-8 sequence. */
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -40,8 +42,21 @@ static bool utf8_valid(const uint8_t *s, size_t n)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     vlmd_tokens ids = {0};
-    if (vlmd_tokenizer_encode(tok, (const char *)data, size, size & 1, &ids) != VLMD_OK)
+    vlmd_special kind = size & 1 ? VLMD_SPECIAL_MATCH : VLMD_SPECIAL_SPLIT;
+    if (vlmd_tokenizer_encode(tok, (const char *)data, size, kind, &ids) != VLMD_OK)
         abort();
+    vlmd_prompt_text prompt = VLMD_PROMPT_TEXT_INIT;
+    for (size_t i = 0, start = 0; i < size; i++)
+        if (data[i] == '\n' || i + 1 == size) {
+            const char *piece = (const char *)data + start;
+            if (vlmd_prompt_add(&prompt, kind, piece, i + 1 - start) != VLMD_OK)
+                abort();
+            kind = kind == VLMD_SPECIAL_MATCH ? VLMD_SPECIAL_SPLIT : VLMD_SPECIAL_MATCH;
+            start = i + 1;
+        }
+    if (vlmd_tokenizer_encode_prompt(tok, &prompt, &ids) != VLMD_OK)
+        abort();
+    vlmd_prompt_free(&prompt);
     /* the input's ids, then ids read from its bytes */
     for (size_t i = 0; i + 1 < size; i += 2)
         vlmd_tokens_push(&ids, (uint32_t)(data[i] | data[i + 1] << 8) % vlmd_tokenizer_size(tok));

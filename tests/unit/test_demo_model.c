@@ -554,7 +554,8 @@ Test(demo_model, vlmd_tokenizer_round_trips_text_through_it)
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
         vlmd_tokens ids = {0};
         vlmd_buf back = VLMD_BUF_INIT;
-        cr_assert_eq(vlmd_tokenizer_encode(tok, texts[i], strlen(texts[i]), true, &ids), VLMD_OK);
+        cr_assert_eq(vlmd_tokenizer_encode(tok, texts[i], strlen(texts[i]), VLMD_SPECIAL_SPLIT,
+                                           &ids), VLMD_OK);
         cr_assert_eq(vlmd_tokenizer_decode(tok, ids.ids, ids.n, false, &back, &err), VLMD_OK,
                      "%s", err.msg);
         cr_expect_str_eq(back.data ? back.data : "", texts[i]);
@@ -566,7 +567,7 @@ Test(demo_model, vlmd_tokenizer_round_trips_text_through_it)
     }
     const char chat[] = "<|im_start|>user\nHello!<|im_end|>";
     vlmd_tokens ids = {0};
-    cr_assert_eq(vlmd_tokenizer_encode(tok, chat, strlen(chat), true, &ids), VLMD_OK);
+    cr_assert_eq(vlmd_tokenizer_encode(tok, chat, strlen(chat), VLMD_SPECIAL_MATCH, &ids), VLMD_OK);
     cr_assert_gt(ids.n, 2);
     cr_expect_eq(ids.ids[0], (uint32_t)vlmd_tokenizer_find(tok, "<|im_start|>"));
     cr_expect_eq(ids.ids[ids.n - 1], (uint32_t)mc.text.eos_token_id);

@@ -30,13 +30,13 @@ static void check(const char *model, int case_index)
     vlmd_chat_part parts[] = {{VLMD_CHAT_IMAGE, NULL, 0},
                               {VLMD_CHAT_TEXT, "What is in this image?", 22}};
     vlmd_chat_message msg = {"user", parts, 2};
-    vlmd_buf text = VLMD_BUF_INIT;
+    vlmd_prompt_text text = VLMD_PROMPT_TEXT_INIT;
     cr_assert_eq(vlmd_chat_render(&msg, 1, true, &text, NULL), VLMD_OK);
     vlmd_tokenizer *tok = NULL;
     cr_assert_eq(vlmd_tokenizer_load(test_model_file(model, "tokenizer.json"), &tok, NULL),
                  VLMD_OK);
     vlmd_tokens ids = {0};
-    vlmd_tokenizer_encode(tok, text.data, text.len, true, &ids);
+    vlmd_tokenizer_encode_prompt(tok, &text, &ids);
     uint32_t pad = (uint32_t)vlmd_tokenizer_find(tok, "<|image_pad|>");
     uint32_t *full = NULL;
     size_t n = 0;
@@ -69,7 +69,7 @@ static void check(const char *model, int case_index)
     free(full);
     vlmd_tokens_free(&ids);
     vlmd_tokenizer_free(tok);
-    vlmd_buf_free(&text);
+    vlmd_prompt_free(&text);
     json_decref(ref);
 }
 

@@ -81,7 +81,7 @@ vlmd_status bench_random_dataset(const vlmd_tokenizer *tok, size_t n, int32_t in
 static int32_t token_count(const vlmd_tokenizer *tok, const char *text)
 {
     vlmd_tokens t = {0};
-    if (vlmd_tokenizer_encode(tok, text, strlen(text), false, &t) != VLMD_OK)
+    if (vlmd_tokenizer_encode(tok, text, strlen(text), VLMD_SPECIAL_SPLIT, &t) != VLMD_OK)
         return -1;
     int32_t n = (int32_t)t.n;
     vlmd_tokens_free(&t);
