@@ -1,5 +1,7 @@
 /* image_input.c - data: URIs (base64 through OpenSSL), URL fetching (libcurl,
- * allowed hosts only), header measurement and hashing (see image_input.h). */
+ * allowed hosts only), header measurement and hashing (see image_input.h).
+ * The bytes decide the format; a data URI's declared type must agree with
+ * them, unless it declares none (or application/octet-stream). */
 #include "image_input.h"
 
 #include <ctype.h>
@@ -34,9 +36,14 @@ static bool decode_data_uri(api_image *img, const image_limits *lim, api_error *
     if (!comma || comma - meta < 7 || strncmp(comma - 7, ";base64", 7) != 0)
         return api_fail(e, 400, img->param, "invalid_image_url",
                         "the image's data URI must be base64 (data:image/png;base64,...)");
-    if (strncmp(meta, "image/", 6) != 0)
-        return api_fail(e, 400, img->param, "invalid_image_url",
-                        "the data URI's media type must be image/png, image/jpeg or image/webp");
+    size_t type_len = strcspn(meta, ";,");
+    if (type_len >= sizeof img->media_type)
+        type_len = sizeof img->media_type - 1; /* too long to be a type vlmd knows */
+    for (size_t i = 0; i < type_len; i++)
+        img->media_type[i] = (char)tolower((unsigned char)meta[i]);
+    img->media_type[type_len] = '\0';
+    if (strcmp(img->media_type, "application/octet-stream") == 0)
+        img->media_type[0] = '\0';
     const char *b64 = comma + 1;
     size_t n = strlen(b64);
     if (n / 4 * 3 > lim->max_bytes + 3)
@@ -174,12 +181,34 @@ bool image_input_fetch(api_image *img, const image_limits *lim, api_error *e)
     return false;
 }
 
+/* True when a data URI's declared type names the format the bytes are, or
+ * declares nothing. */
+static bool media_type_agrees(const char *media_type, vlmd_image_format fmt)
+{
+    static const struct {
+        const char *type;
+        vlmd_image_format fmt;
+    } known[] = {{"image/png", VLMD_IMAGE_PNG}, {"image/jpeg", VLMD_IMAGE_JPEG},
+                 {"image/jpg", VLMD_IMAGE_JPEG}, {"image/webp", VLMD_IMAGE_WEBP}};
+    if (!*media_type)
+        return true;
+    for (size_t i = 0; i < sizeof known / sizeof *known; i++)
+        if (strcmp(media_type, known[i].type) == 0)
+            return known[i].fmt == fmt;
+    return false;
+}
+
 bool image_input_measure(api_image *img, const image_limits *lim, api_error *e)
 {
     vlmd_image_format fmt;
     vlmd_error err = {0};
     if (vlmd_image_probe(img->data, img->len, &fmt, &img->width, &img->height, &err) != VLMD_OK)
-        return api_fail(e, 400, img->param, "invalid_image", "unreadable image: %s", err.msg);
+        return api_fail(e, 400, img->param, "invalid_image", "invalid image: %s", err.msg);
+    if (!media_type_agrees(img->media_type, fmt))
+        return api_fail(e, 400, img->param, "invalid_image",
+                        "the data URI says %s, but the bytes are a %s image (declare image/png, "
+                        "image/jpeg or image/webp as the bytes are)",
+                        img->media_type, vlmd_image_format_str(fmt));
     if ((uint64_t)img->width * img->height > lim->max_pixels)
         return api_fail(e, 400, img->param, "image_too_large",
                         "the image is %ux%u; at most %llu pixels (--max-image-pixels)",

@@ -26,6 +26,8 @@ typedef struct image_limits {
 typedef struct api_image {
     char param[64];             /* where the request gave it: "messages[0].content[1]" */
     char *url;                  /* owned, as given */
+    char media_type[48];        /* a data URI's type, lowercased; "" when it declares none
+                                   or application/octet-stream (the bytes decide) */
     bool remote;                /* an http(s) URL: to be fetched (blocking, off the loop) */
     uint8_t *data;              /* owned: the encoded image once resolved */
     size_t len;
@@ -43,8 +45,9 @@ bool image_input_resolve(api_image *img, const image_limits *lim, api_error *e);
  * redirects. Blocks: call it on the thread pool. */
 bool image_input_fetch(api_image *img, const image_limits *lim, api_error *e);
 
-/* Reads the format and size from the header, checks the pixel limit and the
- * aspect ratio, counts the image's tokens and hashes its bytes. */
+/* Reads the format and size from the header, checks them against a data
+ * URI's declared type, the pixel limit and the aspect ratio, counts the
+ * image's tokens and hashes its bytes. */
 bool image_input_measure(api_image *img, const image_limits *lim, api_error *e);
 
 void api_image_free(api_image *img);

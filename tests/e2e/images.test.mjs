@@ -95,6 +95,35 @@ function pngHeader(width, height) {
   return b;
 }
 
+// A gray baseline JPEG, width x height, every block flat: one-code Huffman
+// tables, so each 8x8 block is two 0 bits (DC difference 0, end of block).
+// claim rewrites the frame header's size; scan replaces the coded data.
+function grayJpeg(width, height, { claim = [width, height], scan } = {}) {
+  const seg = (marker, body) => Buffer.concat([Buffer.from([0xff, marker, (body.length + 2) >> 8, (body.length + 2) & 0xff]), Buffer.from(body)]);
+  const huff = (cls) => seg(0xc4, [cls << 4, 1, ...Array(15).fill(0), 0]);
+  const blocks = Math.ceil(width / 8) * Math.ceil(height / 8);
+  const data = scan ?? Buffer.alloc(Math.ceil(blocks / 4));
+  return Buffer.concat([Buffer.from([0xff, 0xd8]), seg(0xdb, [0, ...Array(64).fill(1)]),
+    seg(0xc0, [8, claim[1] >> 8, claim[1] & 0xff, claim[0] >> 8, claim[0] & 0xff, 1, 1, 0x11, 0]),
+    huff(0), huff(1), seg(0xda, [1, 1, 0, 0, 63, 0]), data, Buffer.from([0xff, 0xd9])]);
+}
+
+// The header of an animated WebP (VP8X with the animation flag, then ANIM).
+function animatedWebpHeader(width, height) {
+  const vp8x = Buffer.alloc(18);
+  vp8x.write('VP8X', 0, 'latin1');
+  vp8x.writeUInt32LE(10, 4);
+  vp8x[8] = 0x02; // animation
+  vp8x.writeUIntLE(width - 1, 12, 3);
+  vp8x.writeUIntLE(height - 1, 15, 3);
+  const anim = Buffer.from([0x41, 0x4e, 0x49, 0x4d, 6, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+  const riff = Buffer.alloc(12);
+  riff.write('RIFF', 0, 'latin1');
+  riff.writeUInt32LE(4 + vp8x.length + anim.length, 4);
+  riff.write('WEBP', 8, 'latin1');
+  return Buffer.concat([riff, vp8x, anim]);
+}
+
 test('bad images get a 400 naming the image; the server keeps serving', async () => {
   const dir = `${FIXTURES}/qwen2_vl`;
   const server = await startServer(['--model', dir, '--port', '0', '--max-image-pixels', '1000000']);
@@ -116,21 +145,35 @@ test('bad images get a 400 naming the image; the server keeps serving', async ()
       ['broken base64', 'data:image/png;base64,!!!notbase64!!!', 'invalid_image_url'],
       ['a file URL', 'file:///etc/passwd', 'invalid_image_url'],
       ['a URL of a host not allowed', 'http://127.0.0.1:1/x.png', 'image_url_not_allowed'],
+      // refused by the frontend from the header
+      ['PNG bytes declared image/gif', dataUri(png, 'image/gif'), 'invalid_image', /image\/gif.*PNG/],
+      ['an animated WebP', dataUri(animatedWebpHeader(32, 32), 'image/webp'), 'invalid_image', /animated/],
+      ['64x48 JPEG claiming 900x900', dataUri(grayJpeg(64, 48, { claim: [900, 900] }), 'image/jpeg'),
+        'invalid_image', /900x900/],
+      // lies the byte count allows: found by the visual worker, which stops where the data ends
+      ['64x48 JPEG claiming 64x96', dataUri(grayJpeg(64, 48, { claim: [64, 96] }), 'image/jpeg'), 'invalid_image', /JPEG/],
+      ['half a JPEG', dataUri(grayJpeg(64, 48).subarray(0, -8), 'image/jpeg'), 'invalid_image', /truncated JPEG/],
+      ['a JPEG with garbage scan data', dataUri(grayJpeg(64, 48, { scan: Buffer.alloc(12, 0x55) }), 'image/jpeg'),
+        'invalid_image', /corrupt/],
     ];
-    for (const [what, url, code] of cases) {
+    for (const [what, url, code, message] of cases) {
       const { status, body } = await postJson(`${server.url}/v1/chat/completions`, {
         messages: [{ role: 'user', content: [{ type: 'text', text: 'look:' }, { type: 'image_url', image_url: { url } }] }],
         max_tokens: 2 }, { timeoutMs: 20000 });
       assert.equal(status, 400, `${what}: ${JSON.stringify(body)}`);
       assert.equal(body.error.param, 'messages[0].content[1].image_url', `${what}: ${JSON.stringify(body)}`);
       assert.equal(body.error.code, code, `${what}: ${body.error.message}`);
+      if (message) assert.match(body.error.message, message, what);
     }
     const tooMany = await postJson(`${server.url}/v1/chat/completions`, { max_tokens: 2, messages: [{ role: 'user',
       content: Array.from({ length: 9 }, () => ({ type: 'image_url', image_url: { url: dataUri(png) } })) }] });
     assert.equal(tooMany.status, 400);
     assert.equal(tooMany.body.error.code, 'too_many_images');
-    const good = await postJson(`${server.url}/v1/chat/completions`, { messages: imageMessage(dataUri(png)), max_tokens: 2 });
-    assert.equal(good.status, 200, JSON.stringify(good.body));
+    // the bytes decide: a matching type, image/jpg for image/jpeg, or no claim
+    for (const url of [dataUri(png), dataUri(grayJpeg(64, 48), 'image/jpg'), dataUri(png, 'application/octet-stream')]) {
+      const good = await postJson(`${server.url}/v1/chat/completions`, { messages: imageMessage(url), max_tokens: 2 });
+      assert.equal(good.status, 200, `${url.slice(0, 40)}: ${JSON.stringify(good.body)}`);
+    }
     assert.equal((await getJson(`${server.url}/health`)).status, 200);
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));

@@ -1,14 +1,18 @@
 /* test_preprocess.c - image decoding and the Qwen2-VL processor against the
  * fixtures made by Hugging Face transformers: pixel_values within 1e-5 for
  * image_84x56 (no resize) and 1e-2 for image_150x100 (bicubic to 140x112),
- * grid_thw and token counts identical; bad images refused with a reason. */
+ * grid_thw and token counts identical; bad images refused with a reason:
+ * JPEGs made here by libjpeg and then cut, corrupted or given a lying size,
+ * and an animated WebP made by libwebpmux. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <jpeglib.h>
 #include <webp/encode.h>
+#include <webp/mux.h>
 
 #include "buf.h"
 #include "preprocess.h"
@@ -144,4 +148,262 @@ Test(preprocess, bad_images_are_refused_with_a_reason)
                  VLMD_ERR_INVALID_ARG, "a JPEG header with nothing behind it");
     vlmd_buf_free(&bomb);
     vlmd_buf_free(&png);
+}
+
+/* ---- JPEGs that lie ------------------------------------------------------------------ */
+
+typedef struct jpeg_opts {
+    int components;             /* 3 (YCbCr 4:2:0) or 1 */
+    bool progressive, arithmetic;
+    int restart_rows;           /* restart markers every this many MCU rows; 0: none */
+} jpeg_opts;
+
+/* A w x h JPEG of noise (quality 90) written by libjpeg. */
+static vlmd_buf jpeg_encode(uint32_t w, uint32_t h, jpeg_opts o)
+{
+    struct jpeg_compress_struct c;
+    struct jpeg_error_mgr e;
+    unsigned char *out = NULL;
+    unsigned long n = 0;
+    c.err = jpeg_std_error(&e);
+    jpeg_create_compress(&c);
+    jpeg_mem_dest(&c, &out, &n);
+    c.image_width = w;
+    c.image_height = h;
+    c.input_components = o.components;
+    c.in_color_space = o.components == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    jpeg_set_defaults(&c);
+    jpeg_set_quality(&c, 90, TRUE);
+    if (o.progressive)
+        jpeg_simple_progression(&c);
+    c.arith_code = o.arithmetic;
+    c.restart_in_rows = o.restart_rows;
+    jpeg_start_compress(&c, TRUE);
+    uint8_t *row = malloc((size_t)w * o.components);
+    uint32_t seed = 1;
+    while (c.next_scanline < h) {
+        for (size_t x = 0; x < (size_t)w * o.components; x++) {
+            seed = seed * 1103515245u + 12345u;
+            row[x] = (uint8_t)(seed >> 16);
+        }
+        JSAMPROW rows[1] = {row};
+        jpeg_write_scanlines(&c, rows, 1);
+    }
+    jpeg_finish_compress(&c);
+    jpeg_destroy_compress(&c);
+    free(row);
+    vlmd_buf b = VLMD_BUF_INIT;
+    cr_assert_eq(vlmd_buf_append(&b, out, n), VLMD_OK);
+    free(out);
+    return b;
+}
+
+/* The offset of the first marker in [lo, hi] before the first scan's data
+ * (libjpeg writes segments in a row, no fill bytes). */
+static size_t jpeg_find(const vlmd_buf *b, uint8_t lo, uint8_t hi)
+{
+    const uint8_t *p = (const uint8_t *)b->data;
+    for (size_t i = 2; i + 4 <= b->len; i += 2 + ((size_t)p[i + 2] << 8 | p[i + 3])) {
+        cr_assert_eq(p[i], 0xff, "a marker at %zu", i);
+        if (p[i + 1] >= lo && p[i + 1] <= hi)
+            return i;
+        cr_assert_neq(p[i + 1], 0xda, "no marker 0x%02x before the scan", lo);
+    }
+    cr_assert_fail("no marker 0x%02x", lo);
+    return 0;
+}
+
+/* Where the first scan's entropy-coded data begins. */
+static size_t jpeg_scan_data(const vlmd_buf *b)
+{
+    size_t sos = jpeg_find(b, 0xda, 0xda);
+    const uint8_t *p = (const uint8_t *)b->data + sos;
+    return sos + 2 + ((size_t)p[2] << 8 | p[3]);
+}
+
+/* Rewrites the frame header's size. */
+static void jpeg_claim(vlmd_buf *b, uint32_t w, uint32_t h)
+{
+    uint8_t *sof = (uint8_t *)b->data + jpeg_find(b, 0xc0, 0xc2);
+    const uint8_t size[4] = {h >> 8, h & 0xff, w >> 8, w & 0xff};
+    memcpy(sof + 5, size, 4);
+}
+
+/* Decodes, expecting a refusal: its message. */
+static const char *refused(const vlmd_buf *b, const char *what)
+{
+    static vlmd_error err;
+    vlmd_image img;
+    err = (vlmd_error){0};
+    cr_assert_eq(vlmd_image_decode(b->data, b->len, 1 << 25, &img, &err), VLMD_ERR_INVALID_ARG,
+                 "%s: decoded %ux%u", what, img.width, img.height);
+    cr_expect_null(img.rgb, "%s", what);
+    return err.msg;
+}
+
+/* The row a refused decode stopped at, from its message ("stopped at row R of H"). */
+static uint32_t stopped_at(const char *msg)
+{
+    const char *at = strstr(msg, "stopped at row ");
+    cr_assert_not_null(at, "%s", msg);
+    return (uint32_t)strtoul(at + strlen("stopped at row "), NULL, 10);
+}
+
+Test(jpeg, complete_jpegs_decode)
+{
+    const jpeg_opts kinds[] = {{3, false, false, 0}, {1, false, false, 0}, {3, true, false, 0},
+                               {3, false, false, 1}};
+    for (size_t k = 0; k < sizeof kinds / sizeof *kinds; k++) {
+        vlmd_buf b = jpeg_encode(64, 48, kinds[k]);
+        vlmd_image img;
+        vlmd_error err = {0};
+        cr_expect_eq(vlmd_image_decode(b.data, b.len, 1 << 24, &img, &err), VLMD_OK,
+                     "kind %zu: %s", k, err.msg);
+        cr_expect(img.width == 64 && img.height == 48, "kind %zu: %ux%u", k, img.width,
+                  img.height);
+        vlmd_image_free(&img);
+        /* 0xff fill bytes before a marker are allowed; the probe reads past them as libjpeg does */
+        vlmd_buf filled = VLMD_BUF_INIT;
+        size_t sof = jpeg_find(&b, 0xc0, 0xc2);
+        vlmd_buf_append(&filled, b.data, sof);
+        vlmd_buf_append(&filled, "\xff\xff", 2);
+        vlmd_buf_append(&filled, b.data + sof, b.len - sof);
+        cr_expect_eq(vlmd_image_decode(filled.data, filled.len, 1 << 24, &img, &err), VLMD_OK,
+                     "kind %zu with fill bytes: %s", k, err.msg);
+        vlmd_image_free(&img);
+        vlmd_buf_free(&filled);
+        vlmd_buf_free(&b);
+    }
+}
+
+Test(jpeg, cut_after_its_scan_header_is_refused)
+{
+    vlmd_buf b = jpeg_encode(64, 48, (jpeg_opts){3});
+    b.len = jpeg_scan_data(&b);
+    const char *msg = refused(&b, "cut after SOS");
+    cr_expect(strstr(msg, "64x48"), "%s", msg);
+    vlmd_buf_append(&b, "\xff\xd9", 2); /* and with an EOI after it */
+    refused(&b, "SOS then EOI");
+    vlmd_buf_free(&b);
+}
+
+Test(jpeg, half_a_jpeg_is_refused)
+{
+    for (int progressive = 0; progressive < 2; progressive++) {
+        vlmd_buf b = jpeg_encode(64, 48, (jpeg_opts){3, progressive});
+        size_t full = b.len;
+        b.len = full / 2;
+        const char *msg = refused(&b, progressive ? "half a progressive JPEG" : "half a JPEG");
+        cr_expect(strstr(msg, "truncated JPEG"), "%s", msg);
+        b.len = full - 2; /* every row there, the EOI missing */
+        refused(&b, progressive ? "a progressive JPEG without EOI" : "a JPEG without EOI");
+        vlmd_buf_free(&b);
+    }
+}
+
+Test(jpeg, garbage_scan_data_is_refused)
+{
+    vlmd_buf b = jpeg_encode(64, 48, (jpeg_opts){3});
+    size_t from = jpeg_scan_data(&b), to = b.len - 2;
+    uint32_t seed = 7;
+    for (size_t i = from + (to - from) / 3; i < to; i++) {
+        seed = seed * 1103515245u + 12345u;
+        b.data[i] = (char)(seed >> 16 & 0x7f); /* no 0xff: no marker, only bad codes */
+    }
+    const char *msg = refused(&b, "garbage scan data");
+    cr_expect(strstr(msg, "corrupt"), "%s", msg);
+    vlmd_buf_free(&b);
+}
+
+/* A header claiming more pixels than the bytes hold is refused from the
+ * header: the probe (all the frontend runs) says so, nothing is decoded. */
+Test(jpeg, a_size_its_bytes_cannot_hold_is_refused_unread)
+{
+    vlmd_buf b = jpeg_encode(64, 48, (jpeg_opts){3});
+    jpeg_claim(&b, 4000, 4000);
+    vlmd_image_format fmt;
+    uint32_t w = 0, h = 0;
+    vlmd_error err = {0};
+    cr_expect_eq(vlmd_image_probe(b.data, b.len, &fmt, &w, &h, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "4000x4000") && strstr(err.msg, "cannot hold"), "%s", err.msg);
+    refused(&b, "64x48 claiming 4000x4000");
+    /* 64 bytes of image data claiming 5000x5000 */
+    jpeg_claim(&b, 5000, 5000);
+    b.len = jpeg_scan_data(&b) + 64;
+    vlmd_buf_append(&b, "\xff\xd9", 2);
+    cr_expect_eq(vlmd_image_probe(b.data, b.len, &fmt, &w, &h, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "5000x5000"), "%s", err.msg);
+    vlmd_buf_free(&b);
+}
+
+/* A lie the byte count allows: the decode stops where the real data ends,
+ * having decoded no more rows than those bytes held (plus the MCU row that
+ * ran out), not the header's size. */
+Test(jpeg, a_lying_size_stops_the_decode_where_the_data_ends)
+{
+    const struct {
+        uint32_t w, h, claim_w, claim_h;
+    } lies[] = {{64, 48, 640, 480}, {512, 512, 5000, 5000}};
+    for (size_t k = 0; k < sizeof lies / sizeof *lies; k++) {
+        vlmd_buf b = jpeg_encode(lies[k].w, lies[k].h, (jpeg_opts){3});
+        jpeg_claim(&b, lies[k].claim_w, lies[k].claim_h);
+        vlmd_image_format fmt;
+        uint32_t w = 0, h = 0;
+        cr_assert_eq(vlmd_image_probe(b.data, b.len, &fmt, &w, &h, NULL), VLMD_OK,
+                     "the bytes could hold %ux%u", lies[k].claim_w, lies[k].claim_h);
+        uint32_t rows = stopped_at(refused(&b, "a lying size"));
+        uint64_t real = (uint64_t)lies[k].w * lies[k].h + 16ull * lies[k].claim_w;
+        cr_expect_leq((uint64_t)rows * lies[k].claim_w, real,
+                      "%ux%u claiming %ux%u: stopped at row %u", lies[k].w, lies[k].h,
+                      lies[k].claim_w, lies[k].claim_h, rows);
+        vlmd_buf_free(&b);
+    }
+}
+
+/* Arithmetic coding fills a scan that ends early with zeros, legally, so a
+ * cut one would decode as if whole: refused from the header. */
+Test(jpeg, arithmetic_coding_is_refused)
+{
+    vlmd_buf b = jpeg_encode(64, 48, (jpeg_opts){3, false, true});
+    b.len = jpeg_scan_data(&b) + (b.len - jpeg_scan_data(&b)) / 2;
+    vlmd_buf_append(&b, "\xff\xd9", 2);
+    const char *msg = refused(&b, "half an arithmetic-coded JPEG");
+    cr_expect(strstr(msg, "SOF9") && strstr(msg, "not supported"), "%s", msg);
+    vlmd_buf_free(&b);
+}
+
+Test(webp, animated_webp_is_refused_as_animated)
+{
+    uint8_t rgb[16 * 16 * 3];
+    for (size_t i = 0; i < sizeof rgb; i++)
+        rgb[i] = (uint8_t)(i * 37);
+    uint8_t *still = NULL;
+    size_t n = WebPEncodeLosslessRGB(rgb, 16, 16, 16 * 3, &still);
+    cr_assert_gt(n, 0);
+    WebPMux *mux = WebPMuxNew();
+    WebPMuxFrameInfo frame = {.bitstream = {still, n}, .duration = 100, .id = WEBP_CHUNK_ANMF,
+                              .dispose_method = WEBP_MUX_DISPOSE_NONE,
+                              .blend_method = WEBP_MUX_NO_BLEND};
+    cr_assert_eq(WebPMuxPushFrame(mux, &frame, 1), WEBP_MUX_OK);
+    cr_assert_eq(WebPMuxPushFrame(mux, &frame, 1), WEBP_MUX_OK);
+    WebPMuxAnimParams anim = {.bgcolor = 0, .loop_count = 0};
+    cr_assert_eq(WebPMuxSetAnimationParams(mux, &anim), WEBP_MUX_OK);
+    WebPData animated = {0};
+    cr_assert_eq(WebPMuxAssemble(mux, &animated), WEBP_MUX_OK);
+    vlmd_image_format fmt;
+    uint32_t w = 0, h = 0;
+    vlmd_error err = {0};
+    cr_expect_eq(vlmd_image_probe(animated.bytes, animated.size, &fmt, &w, &h, &err),
+                 VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "animated") && strstr(err.msg, "not supported"), "%s", err.msg);
+    vlmd_image img;
+    cr_expect_eq(vlmd_image_decode(animated.bytes, animated.size, 1 << 24, &img, &err),
+                 VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "animated"), "%s", err.msg);
+    /* the still frame alone decodes */
+    cr_expect_eq(vlmd_image_decode(still, n, 1 << 24, &img, &err), VLMD_OK, "%s", err.msg);
+    vlmd_image_free(&img);
+    WebPDataClear(&animated);
+    WebPMuxDelete(mux);
+    WebPFree(still);
 }
