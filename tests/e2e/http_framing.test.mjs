@@ -289,6 +289,8 @@ test('HTTP/2 rapid reset: past --http2-reset-budget streams cancelled before the
       const g = a.goaway();
       assert.ok(g, 'a GOAWAY before the close');
       assert.equal(g.payload.readUInt32BE(4), ENHANCE_YOUR_CALM);
+      const last = g.payload.readUInt32BE(0) & 0x7fffffff;
+      assert.ok(last >= 2 * BUDGET + 1 && last < 2 * 4 * BUDGET, `not before the budget was spent: last stream ${last}`);
     }
 
     const metrics = await fetch(`${server.url}/metrics`).then((x) => x.text());
