@@ -152,7 +152,8 @@ const vlmd_flag vlmd_flags[] = {
      "Origins a browser may call the API from: comma-separated, or * for any; empty: no CORS"},
     {"max-body-bytes", VLMD_FLAG_INT, OFF(max_body_bytes), "8388608", 1024, 1LL << 30, NULL,
      R(LAUNCHER) | R(FRONTEND),
-     "Largest request body (413 beyond; twice this is refused before it is read)"},
+     "Largest request body (413 beyond; past twice this it is refused before it is read, "
+     "and up to 8 times this is read and dropped so the client sees the 413)"},
     {"max-header-bytes", VLMD_FLAG_INT, OFF(max_header_bytes), "16384", 1024, 400000, NULL,
      R(LAUNCHER) | R(FRONTEND), "Largest request header section (431 beyond)"},
     {"max-messages", VLMD_FLAG_INT, OFF(max_messages), "1024", 1, 1 << 20, NULL,
@@ -166,6 +167,11 @@ const vlmd_flag vlmd_flags[] = {
      "Most tokens one request may ask to generate (400 beyond); 0: up to the model's room"},
     {"max-connections", VLMD_FLAG_INT, OFF(max_connections), "1024", 1, 1 << 20, NULL,
      R(LAUNCHER) | R(FRONTEND), "Open client connections; more are closed as they arrive"},
+    {"http2-reset-budget", VLMD_FLAG_INT, OFF(http2_reset_budget), "100", 0, 1 << 20, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "Requests one HTTP/2 connection may cancel before their answer begins (each answered "
+     "one earns one back, up to this many); one more and the connection gets GOAWAY and is "
+     "closed (rapid reset)"},
     {"request-timeout-s", VLMD_FLAG_INT, OFF(request_timeout_s), "600", 1, 86400, NULL,
      R(LAUNCHER) | R(FRONTEND),
      "Longest a request may take, queueing and generation together; then it ends with 504 "

@@ -68,6 +68,7 @@ typedef struct vlmd_config {
     int64_t max_prompt_bytes;       /* --max-prompt-bytes: text before tokenizing */
     int64_t max_output_tokens;      /* --max-output-tokens: 0 = the model's room */
     int64_t max_connections;        /* --max-connections */
+    int64_t http2_reset_budget;     /* --http2-reset-budget: early cancels per connection */
     int64_t request_timeout_s;      /* --request-timeout-s: queue wait + generation */
     int64_t keepalive_timeout_s;    /* --keepalive-timeout-s */
     int64_t send_timeout_s;         /* --send-timeout-s: a client that stops reading */

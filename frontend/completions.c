@@ -40,7 +40,7 @@ static void cancel_at_engine(uint64_t req_id, void *ud)
     vlmd_msg m = {.type = VLMD_MSG_REQUEST_CANCEL};
     m.u.request_cancel = (vlmd_msg_request_cancel){req_id, VLMD_FINISH_CANCELLED};
     vlmd_peer_send(c->peer, &m);
-    VLMD_REQ_INFO(req_id, "cancelled at the engine");
+    VLMD_REQ_DEBUG(req_id, "cancelled at the engine"); /* counted in /metrics, not logged */
 }
 
 static void on_sweep(uv_timer_t *t);

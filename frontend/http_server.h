@@ -1,5 +1,7 @@
 /* http_server.h - h2o on the process's libuv loop: the TCP listener, the
- * route table, and a graceful close.
+ * route table, and a graceful close; the defences h2o 2.2 lacks (HTTP/1.1
+ * framing checks, lingering close after a refusal, the HTTP/2 reset budget:
+ * docs/SECURITY.md) and their counters.
  *
  * HTTP/1.1 and HTTP/2 over plain TCP: h2o 2.2 takes HTTP/2 with prior
  * knowledge (the client starts with the HTTP/2 preface) or by
@@ -39,22 +41,33 @@ typedef struct http_route {
 typedef struct http_server_config {
     const char *host;
     int port;
-    size_t max_body_bytes;      /* 413 beyond (OpenAI's shape); twice this: refused unread */
+    size_t max_body_bytes;      /* 413 beyond; past twice this, refused before it is read */
     size_t max_header_bytes;    /* 431 beyond */
-    size_t max_connections;     /* more are closed at once */
-    uint64_t keepalive_ms;      /* to send a request, and to sit idle */
+    size_t max_connections;     /* more are closed at once (lingering ones count) */
+    uint64_t keepalive_ms;      /* to send a request, to sit idle, to linger after a refusal */
+    uint32_t http2_reset_budget; /* streams an HTTP/2 connection may cancel before their answer */
     const auth *auth;           /* NULL or no keys: open */
     bool metrics_need_key;
     const char *cors_origins;   /* "" off, "*", or "https://a,https://b" */
 } http_server_config;
+
+/* What the HTTP layer refused or cut, since start (for /metrics). */
+typedef struct http_server_stats {
+    uint64_t cancelled_before_response; /* requests whose client left before the answer began */
+    uint64_t reset_budget_closes;       /* HTTP/2 connections past --http2-reset-budget */
+    uint64_t framing_refusals;          /* HTTP/1.1 heads refused by http_framing_check */
+    uint64_t lingering_closes;          /* refusals whose unread body was read and dropped */
+} http_server_stats;
 
 /* Listens on host:port (port 0: the kernel picks; http_server_port tells).
  * routes is borrowed (static table), ud is passed to every handler. */
 http_server *http_server_create(uv_loop_t *loop, const http_server_config *cfg,
                                 const http_route *routes, size_t n_routes, void *ud,
                                 vlmd_error *err);
-/* Open connections now. */
+/* Open connections now (lingering ones included). */
 size_t http_server_connections(const http_server *s);
+/* The counters since start (borrowed; live). */
+const http_server_stats *http_server_get_stats(const http_server *s);
 /* Cuts the connection that carries req (a client that stopped reading):
  * the socket is shut down, h2o closes the connection and disposes req. */
 void http_server_cut(http_server *s, h2o_req_t *req);

@@ -106,7 +106,8 @@ static void handle_metrics(h2o_req_t *req, void *ud)
 {
     frontend *fe = ud;
     vlmd_buf text = VLMD_BUF_INIT;
-    metrics_render(&fe->completions.metrics, latest(fe), fe->model_name, &text);
+    metrics_render(&fe->completions.metrics, http_server_get_stats(fe->http), latest(fe),
+                   fe->model_name, &text);
     vlmd_send_text(req, 200, "text/plain; version=0.0.4", text.data ? text.data : "", text.len);
     vlmd_buf_free(&text);
 }
@@ -306,6 +307,7 @@ int main(int argc, char **argv)
         .host = cfg->host, .port = (int)cfg->port, .max_body_bytes = (size_t)cfg->max_body_bytes,
         .max_header_bytes = (size_t)cfg->max_header_bytes,
         .max_connections = (size_t)cfg->max_connections,
+        .http2_reset_budget = (uint32_t)cfg->http2_reset_budget,
         .keepalive_ms = (uint64_t)cfg->keepalive_timeout_s * 1000, .auth = &fe.auth,
         .metrics_need_key = strcmp(cfg->metrics_need_key, "yes") == 0,
         .cors_origins = cfg->cors_origins};

@@ -59,8 +59,33 @@ static bool ends_with(const char *s, const char *suffix)
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
-void metrics_render(const frontend_metrics *m, const vlmd_msg_stats_snapshot *snap,
-                    const char *model, vlmd_buf *out)
+static void http_counters(const http_server_stats *h, vlmd_buf *out)
+{
+    const struct {
+        const char *name, *help;
+        uint64_t value;
+    } rows[] = {
+        {"vlmd_http_cancelled_before_response_total",
+         "Requests whose client left (HTTP/2: reset the stream) before the answer began",
+         h->cancelled_before_response},
+        {"vlmd_http2_reset_budget_closes_total",
+         "HTTP/2 connections closed with GOAWAY past --http2-reset-budget",
+         h->reset_budget_closes},
+        {"vlmd_http_framing_refusals_total",
+         "HTTP/1.1 requests refused (400) for their Content-Length / Transfer-Encoding",
+         h->framing_refusals},
+        {"vlmd_http_lingering_closes_total",
+         "Refusals after which the unread request body was read and dropped before closing",
+         h->lingering_closes},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        vlmd_buf_printf(out, "# HELP %s %s\n# TYPE %s counter\n%s %llu\n", rows[i].name,
+                        rows[i].help, rows[i].name, rows[i].name,
+                        (unsigned long long)rows[i].value);
+}
+
+void metrics_render(const frontend_metrics *m, const http_server_stats *http,
+                    const vlmd_msg_stats_snapshot *snap, const char *model, vlmd_buf *out)
 {
     histogram_text(out, "vlmd_time_to_first_token_seconds",
                    "Time from a request's arrival to its first token", &m->ttft, model);
@@ -80,6 +105,8 @@ void metrics_render(const frontend_metrics *m, const vlmd_msg_stats_snapshot *sn
         vlmd_buf_printf(out,
                         "vlmd_requests_finished_total{model=\"%s\",finished_reason=\"%s\"} %llu\n",
                         model, outcomes[i], (unsigned long long)m->finished[i]);
+    if (http)
+        http_counters(http, out);
     for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
         const vlmd_worker_info *w = &snap->workers[i];
         const char *role = vlmd_role_str((vlmd_role)w->role);

@@ -1,5 +1,6 @@
 /* metrics.h - what /metrics (Prometheus text format) and /memory_stats (JSON)
- * show: the frontend's own request timings and token counts, and every
+ * show: the frontend's own request timings and token counts, what its HTTP
+ * layer refused or cut (framing, lingering closes, early cancels), and every
  * process's counters and memory as the router's latest snapshot carries
  * them (the engine's KV use, preemptions and allocations since ready, the
  * profile's numbers, the router's queue, admissions, rejections and
@@ -12,6 +13,7 @@
 #include <jansson.h>
 
 #include "buf.h"
+#include "http_server.h"
 #include "proto.h"
 
 #define METRICS_BUCKETS 14
@@ -33,9 +35,10 @@ extern const double metrics_bucket_bounds[METRICS_BUCKETS];
 
 void metrics_observe(histogram *h, double seconds);
 
-/* Appends the Prometheus text of m and of the snapshot (may be NULL). */
-void metrics_render(const frontend_metrics *m, const vlmd_msg_stats_snapshot *snap,
-                    const char *model_name, vlmd_buf *out);
+/* Appends the Prometheus text of m, of the HTTP layer's counters and of the
+ * snapshot (http and snap may be NULL). */
+void metrics_render(const frontend_metrics *m, const http_server_stats *http,
+                    const vlmd_msg_stats_snapshot *snap, const char *model_name, vlmd_buf *out);
 
 /* The /memory_stats document (a new reference). */
 json_t *metrics_memory_stats(const vlmd_msg_stats_snapshot *snap);

@@ -1,5 +1,6 @@
-/* test_frontend.c - /health, /v1/models, the OpenAI error shape, and the
- * HTTP server's routing (404, 405 + Allow, HEAD, keep-alive after an error)
+/* test_frontend.c - /health, /v1/models, the OpenAI error shape, the framing
+ * rules of a request head, and the HTTP server's routing (404, 405 + Allow,
+ * HEAD, keep-alive after an error, h2o's own refusals in OpenAI's shape)
  * over a real TCP connection to h2o on a libuv loop. */
 #include <criterion/criterion.h>
 #include <arpa/inet.h>
@@ -15,9 +16,78 @@
 #include <uv.h>
 
 #include "health.h"
+#include "http_framing.h"
 #include "http_server.h"
 #include "models.h"
 #include "response.h"
+
+/* ---- framing rules ------------------------------------------------------ */
+
+Test(http_framing, one_unambiguous_length_passes_and_is_read)
+{
+    const char *kept[] = {
+        "GET / HTTP/1.1\r\nHost: t\r\n\r\n",
+        "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 12\r\n\r\nbody",
+        "POST / HTTP/1.1\r\ncontent-length:7\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding:  Chunked\r\n\r\n",
+        "\r\nPOST / HTTP/1.1\nTransfer-Encoding: chunked\n\n", /* h2o takes bare LFs */
+        "POST / HTTP/1.1\r\nX-Content-Length: 1\r\nX: Transfer-Encoding: gzip\r\n\r\n",
+        "POST / HTTP/1.1\r\nHost: t\r\n\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+        "POST / HTTP/1.1\r\nContent-Length: 3\r\n", /* cut short: as far as it goes */
+    };
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
+        http_framing f;
+        cr_expect(http_framing_check(kept[i], strlen(kept[i]), &f), "%zu: %s", i, f.message);
+        cr_expect_str_eq(f.message, "");
+    }
+    http_framing f;
+    http_framing_check(kept[1], strlen(kept[1]), &f);
+    cr_expect_eq(f.content_length, 12);
+    cr_expect_not(f.chunked);
+    http_framing_check(kept[3], strlen(kept[3]), &f);
+    cr_expect_eq(f.content_length, -1);
+    cr_expect(f.chunked);
+}
+
+Test(http_framing, every_ambiguity_is_refused_naming_the_header)
+{
+    const struct {
+        const char *head, *says;
+    } refused[] = {
+        {"POST / HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n",
+         "both Content-Length and Transfer-Encoding"},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n",
+         "both Content-Length and Transfer-Encoding"},
+        {"POST / HTTP/1.1\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\n",
+         "more than one Content-Length"},
+        {"POST / HTTP/1.1\r\nContent-Length: 4\r\nContent-Length: 4\r\n\r\n",
+         "more than one Content-Length"},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+         "more than one Transfer-Encoding"},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding:\tchunked\r\n\r\n",
+         "Transfer-Encoding must be exactly \"chunked\", not \"\tchunked\""},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: chunked \r\n\r\n", "not \"chunked \""},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "not \"gzip, chunked\""},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: identity\r\n\r\n", "not \"identity\""},
+        {"POST / HTTP/1.1\r\nTransfer-Encoding: xchunked\r\n\r\n", "not \"xchunked\""},
+        {"POST / HTTP/1.1\r\nContent-Length: -5\r\n\r\n", "Content-Length must be a number"},
+        {"POST / HTTP/1.1\r\nContent-Length: +5\r\n\r\n", "not \"+5\""},
+        {"POST / HTTP/1.1\r\nContent-Length: 5x\r\n\r\n", "not \"5x\""},
+        {"POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n", "not \"5, 5\""},
+        {"POST / HTTP/1.1\r\nContent-Length:\t5\r\n\r\n", "not \"\t5\""},
+        {"POST / HTTP/1.1\r\nContent-Length: \r\n\r\n", "not \"\""},
+        {"POST / HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n", "Content-Length"},
+        {"POST / HTTP/1.1\r\nX-Note: a\r\n b\r\n\r\n", "obsolete line folding"},
+        {"POST / HTTP/1.1\r\nContent-Length: 4\r\n\tContent-Length: 5\r\n\r\n", "folding"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        http_framing f;
+        cr_expect_not(http_framing_check(refused[i].head, strlen(refused[i].head), &f), "%zu",
+                      i);
+        cr_expect(strstr(f.message, refused[i].says) != NULL, "%zu: '%s' in '%s'", i,
+                  refused[i].says, f.message);
+    }
+}
 
 /* ---- /health ------------------------------------------------------------ */
 
@@ -306,7 +376,8 @@ static http_server_config config_for(const char *host)
 {
     return (http_server_config){.host = host, .port = 0, .max_body_bytes = 8u << 20,
                                 .max_header_bytes = 16384, .max_connections = 64,
-                                .keepalive_ms = 5000, .cors_origins = ""};
+                                .keepalive_ms = 5000, .http2_reset_budget = 100,
+                                .cors_origins = ""};
 }
 
 /* One connection: writes the request, reads until the server closes. */
@@ -467,6 +538,47 @@ Test(http, routes_errors_head_and_keep_alive)
     const char *second = strstr(two + 1, "HTTP/1.1 ");
     cr_assert_not_null(second, "the connection stayed open after the 404: %s", two);
     cr_expect_eq(status_code(second), 200, "%s", second);
+}
+
+/* Framing refusals close the connection: the request smuggled behind is
+ * never answered; h2o's own refusals (unknown coding, a body past twice the
+ * limit, an Expect it does not know) come in OpenAI's shape too. */
+Test(http, framing_and_h2os_own_refusals_in_openai_shape)
+{
+    http_server_config hc = config_for("127.0.0.1");
+    hc.max_body_bytes = 1024;
+    static http_fixture f = {
+        .requests = {
+            "POST /v1/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 7\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+            "GET /ping HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            "POST /v1/echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: gzip\r\n\r\n{}",
+            "POST /v1/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 4096\r\n"
+            "Expect: 100-continue\r\n\r\n",
+            "POST /v1/echo HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\nExpect: x\r\n\r\n{}",
+            "POST /v1/echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        }};
+    serve_requests_with(&f, &hc);
+    const char *both = f.replies[0];
+    cr_expect_eq(status_code(both), 400, "%s", both);
+    expect_api_error(both, "both Content-Length and Transfer-Encoding are present: a request has "
+                           "one or the other",
+                     "invalid_framing");
+    cr_expect_str_eq(header(both, "connection"), "close");
+    cr_expect_null(strstr(both + 1, "HTTP/1.1 "), "nothing answered after it: %s", both);
+
+    cr_expect_eq(status_code(f.replies[1]), 400, "%s", f.replies[1]);
+    expect_api_error(f.replies[1], "Transfer-Encoding must be exactly \"chunked\", not \"gzip\"",
+                     "invalid_framing");
+    cr_expect_eq(status_code(f.replies[2]), 413, "%s", f.replies[2]);
+    expect_api_error(f.replies[2], "the body is 4096 bytes; at most 1024 are accepted",
+                     "request_too_large");
+    cr_expect_eq(status_code(f.replies[3]), 417, "%s", f.replies[3]);
+    expect_api_error(f.replies[3], "Expect: only \"100-continue\" is understood",
+                     "expectation_failed");
+    cr_expect_eq(status_code(f.replies[4]), 400, "%s", f.replies[4]);
+    expect_api_error(f.replies[4], "the body does not follow its framing: broken chunked-encoding",
+                     "invalid_framing");
 }
 
 Test(http, an_address_it_cannot_bind_is_refused_with_the_address)
