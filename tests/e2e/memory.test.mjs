@@ -5,7 +5,7 @@
 // after start-up. /memory_stats shows the auto-profile's numbers.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { FIXTURES, startServer, stopServer, postJson, getJson } from './harness.mjs';
+import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
 const KV = 640;
@@ -41,8 +41,13 @@ test('64 requests needing 10x the KV cache finish as they do alone, with preempt
       assert.equal(r.body.choices[0].finish_reason, alone[i].body.choices[0].finish_reason);
     });
 
-    await new Promise((r) => setTimeout(r, 300)); // a heartbeat with the last counters
-    const text = await metricsText(server.url);
+    // the counters travel in heartbeats and snapshots: wait for the ones after the last request
+    await waitFor('the last counters', async () =>
+      (await getJson(`${server.url}/memory_stats`)).body.router.counters.requests_admitted_total === 128, 10000);
+    const text = await waitFor('preemptions in /metrics', async () => {
+      const t = await metricsText(server.url);
+      return metric(t, 'vlmd_llm_preemptions_total') > 0 && t;
+    }, 10000);
     assert.ok(metric(text, 'vlmd_llm_preemptions_total') > 0, 'preemptions happened and are counted');
     console.log('preemptions:', metric(text, 'vlmd_llm_preemptions_total'), 'demand:', demand);
     for (const role of ['router', 'frontend', 'visual', 'llm'])
