@@ -276,6 +276,11 @@ bool vlmd_backend_graphs_native(const vlmd_backend *b)
     return b->ops->graphs_native;
 }
 
+bool vlmd_backend_ops_take_memory(const vlmd_backend *b)
+{
+    return b->ops->ops_take_memory;
+}
+
 const vlmd_op_table *vlmd_backend_ops(const vlmd_backend *b)
 {
     return b->op_table;

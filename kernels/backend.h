@@ -129,6 +129,14 @@ void vlmd_backend_graph_free(vlmd_backend *b, vlmd_graph *g);      /* accepts NU
  * they only replay the call, so servers leave them off there. */
 bool vlmd_backend_graphs_native(const vlmd_backend *b);
 
+/* True when running ops can take device memory the allocator does not count
+ * (CUDA: kernels loaded at their first launch, cuBLAS's own workspace): only
+ * running a worst case shows what it needs. False on the CPU, whose ops use
+ * the buffers they are given and take no device memory of their own: there a
+ * workspace's shapes are all a run needs (the visual worker's stress-reserve
+ * relies on it, docs/MEMORY.md). */
+bool vlmd_backend_ops_take_memory(const vlmd_backend *b);
+
 /* Waits until every op launched so far has finished (a benchmark's clock). */
 vlmd_status vlmd_backend_synchronize(vlmd_backend *b, vlmd_error *err);
 

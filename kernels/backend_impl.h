@@ -27,6 +27,7 @@ typedef struct vlmd_device_vtable {
     vlmd_status (*graph_launch)(vlmd_backend *b, vlmd_graph *g, vlmd_error *err);
     void (*graph_free)(vlmd_backend *b, vlmd_graph *g);
     bool graphs_native;
+    bool ops_take_memory;       /* see vlmd_backend_ops_take_memory */
     vlmd_status (*synchronize)(vlmd_backend *b, vlmd_error *err);
     void (*destroy)(vlmd_backend *b);
 } vlmd_device_vtable;

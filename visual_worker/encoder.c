@@ -9,6 +9,7 @@
 #include "vision_tower.h"
 
 struct image_encoder {
+    vlmd_backend *b;            /* borrowed */
     vision_tower *vt;
     vlmd_vision_params params;
     encoder_config cfg;
@@ -16,17 +17,44 @@ struct image_encoder {
     uint32_t out_dim;
     float *staging;             /* the tower's output of one batch: batch tokens x out_dim */
     vlmd_pixel_values *pixels;  /* one batch's preprocessed images */
+    encoder_stress stressed;    /* the pass creation ran: FULL or SHAPES */
 };
 
-/* The worst case: batch images, each of the largest grid within max_tokens
- * units (as square as it gets), through the real tower. */
-static vlmd_status stress(image_encoder *enc, vlmd_error *err)
+const char *encoder_stress_str(encoder_stress s)
+{
+    switch (s) {
+    case ENCODER_STRESS_AUTO:
+        return "auto";
+    case ENCODER_STRESS_FULL:
+        return "full";
+    case ENCODER_STRESS_SHAPES:
+        return "shapes";
+    }
+    return "unknown";
+}
+
+/* AUTO: only a run measures what ops take beyond their buffers; where they
+ * take nothing, the workspace's shapes are the whole reservation. */
+static encoder_stress stress_resolve(const vlmd_backend *b, encoder_stress kind)
+{
+    if (kind != ENCODER_STRESS_AUTO)
+        return kind;
+    return vlmd_backend_ops_take_memory(b) ? ENCODER_STRESS_FULL : ENCODER_STRESS_SHAPES;
+}
+
+/* Batch images of uh x uw merged units each through the real tower. FULL:
+ * the largest grid within max_tokens units (as square as it gets); SHAPES:
+ * one unit each. */
+vlmd_status image_encoder_stress(image_encoder *enc, encoder_stress kind, vlmd_error *err)
 {
     const uint32_t merge = enc->params.merge_size, n = enc->cfg.batch_images;
-    uint32_t uh = 1;
-    while ((uh + 1) * (uh + 1) <= enc->max_tokens)
-        uh++;
-    uint32_t uw = enc->max_tokens / uh;
+    kind = stress_resolve(enc->b, kind);
+    uint32_t uh = 1, uw = 1;
+    if (kind == ENCODER_STRESS_FULL) {
+        while ((uh + 1) * (uh + 1) <= enc->max_tokens)
+            uh++;
+        uw = enc->max_tokens / uh;
+    }
     uint32_t patches = uh * uw * merge * merge;
     uint32_t dim = 3 * enc->params.temporal_patch * enc->params.patch_size * enc->params.patch_size;
     float *values = malloc((size_t)patches * dim * sizeof *values);
@@ -40,9 +68,9 @@ static vlmd_status stress(image_encoder *enc, vlmd_error *err)
     memset(enc->pixels, 0, n * sizeof *enc->pixels);
     free(values);
     if (st == VLMD_OK)
-        VLMD_INFO("stress-reserve: %u images of %ux%u pixels (%u tokens each) encoded", n,
-                  uw * merge * enc->params.patch_size, uh * merge * enc->params.patch_size,
-                  uh * uw);
+        VLMD_INFO("stress-reserve (%s): %u images of %ux%u pixels (%u token%s each) encoded",
+                  encoder_stress_str(kind), n, uw * merge * enc->params.patch_size,
+                  uh * merge * enc->params.patch_size, uh * uw, uh * uw == 1 ? "" : "s");
     return st;
 }
 
@@ -62,6 +90,7 @@ vlmd_status image_encoder_create(vlmd_backend *b, const vlmd_model_config *mc,
     image_encoder *enc = calloc(1, sizeof *enc);
     if (!enc)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    enc->b = b;
     enc->params = *params;
     enc->cfg = *cfg;
     enc->max_tokens = vlmd_vision_max_tokens(params);
@@ -79,8 +108,9 @@ vlmd_status image_encoder_create(vlmd_backend *b, const vlmd_model_config *mc,
         if (!enc->staging || !enc->pixels)
             s = vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory for a batch's output");
     }
+    enc->stressed = stress_resolve(b, cfg->stress);
     if (s == VLMD_OK)
-        s = stress(enc, err);
+        s = image_encoder_stress(enc, enc->stressed, err);
     if (s != VLMD_OK) {
         image_encoder_free(enc);
         return vlmd_error_prefix(err, "vision tower (%u images of up to %u tokens)",
@@ -98,6 +128,11 @@ void image_encoder_free(image_encoder *enc)
     free(enc->staging);
     free(enc->pixels);
     free(enc);
+}
+
+encoder_stress image_encoder_stressed(const image_encoder *enc)
+{
+    return enc->stressed;
 }
 
 uint32_t image_encoder_out_dim(const image_encoder *enc)

@@ -4,8 +4,11 @@
  * Creation is the stress-reserve (DESIGN.md §4): the tower's workspace is
  * sized for --visual-batch-size images of the largest size the pixel limits
  * allow, and that worst case runs through the real tower once, so that any
- * failure to fit shows at start-up. After creation nothing is allocated on
- * the device. */
+ * failure to fit shows at start-up. On a backend whose ops take no device
+ * memory of their own (the CPU: vlmd_backend_ops_take_memory), the workspace
+ * is all a run uses, so its shapes are the measurement and a batch of the
+ * smallest images runs instead (seconds saved at every start and restart).
+ * After creation nothing is allocated on the device. */
 #ifndef VLMD_ENCODER_H
 #define VLMD_ENCODER_H
 
@@ -19,17 +22,35 @@
 
 typedef struct image_encoder image_encoder;
 
+/* The batch the stress-reserve runs through the tower. */
+typedef enum encoder_stress {
+    ENCODER_STRESS_AUTO = 0,    /* FULL where ops take memory of their own (CUDA), else SHAPES */
+    ENCODER_STRESS_FULL,        /* the worst case: batch images of the largest size */
+    ENCODER_STRESS_SHAPES,      /* batch images of one merged unit: the tower runs, and the
+                                   workspace sized from the shapes is the reservation */
+} encoder_stress;
+
+const char *encoder_stress_str(encoder_stress s);
+
 typedef struct encoder_config {
     uint32_t batch_images;      /* --visual-batch-size: images in one forward */
     uint64_t max_image_pixels;  /* --max-image-pixels: decoded width x height, from the header */
+    encoder_stress stress;
 } encoder_config;
 
 /* Loads the vision tower from st (borrowed, may be closed afterwards),
- * reserves its workspace and runs the stress batch. */
+ * reserves its workspace and runs the stress batch (cfg->stress). */
 vlmd_status image_encoder_create(vlmd_backend *b, const vlmd_model_config *mc,
                                  const vlmd_safetensors *st, const vlmd_vision_params *params,
                                  const encoder_config *cfg, image_encoder **out, vlmd_error *err);
 void image_encoder_free(image_encoder *enc);
+
+/* Runs a stress batch through the reserved workspace (creation runs
+ * cfg->stress; a test runs FULL after SHAPES). Allocates nothing; an error
+ * from the tower (a batch over the reservation) is returned. */
+vlmd_status image_encoder_stress(image_encoder *enc, encoder_stress kind, vlmd_error *err);
+/* The pass creation ran: FULL or SHAPES. */
+encoder_stress image_encoder_stressed(const image_encoder *enc);
 
 uint32_t image_encoder_out_dim(const image_encoder *enc);
 uint32_t image_encoder_batch_images(const image_encoder *enc);

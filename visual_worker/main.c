@@ -1,8 +1,9 @@
 /* main.c - vlmd-visual: the visual (ViT) worker.
  *
  * Start-up: read the model's vision config, open the backend, load the vision
- * tower and run the stress-reserve (encoder.h: the worst-case batch through
- * the real tower, every buffer kept), then report READY with the device bytes
+ * tower and run the stress-reserve (encoder.h: the workspace for the worst
+ * case, every buffer kept, and the worst-case batch through the real tower
+ * where only a run measures it), then report READY with the device bytes
  * held, which the router passes to the engine as the peer footprint.
  *
  * Serving: IMAGE_JOBs are planned from the header on the loop thread (a bad
@@ -223,7 +224,8 @@ static void reserve(visual_worker *w)
     }
     vlmd_vision_params params;
     vlmd_safetensors *st = NULL;
-    encoder_config ec = {(uint32_t)cfg->visual_batch_size, (uint64_t)cfg->max_image_pixels};
+    encoder_config ec = {(uint32_t)cfg->visual_batch_size, (uint64_t)cfg->max_image_pixels,
+                         ENCODER_STRESS_AUTO};
     if (vlmd_vision_params_configure(cfg->model, cfg->vision_min_pixels, cfg->vision_max_pixels,
                                      &params, &err) != VLMD_OK ||
         vlmd_safetensors_open_dir(cfg->model, &st, &err) != VLMD_OK ||
@@ -258,16 +260,18 @@ int main(int argc, char **argv)
     reserve(&w);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
     /* device and memory are borrowed for the call (set_ready copies them) */
-    char values[3][24];
+    char values[4][24];
     snprintf(values[0], sizeof values[0], "%llu",
              (unsigned long long)vlmd_backend_allocated_bytes(w.backend));
     snprintf(values[1], sizeof values[1], "%u", w.enc ? image_encoder_batch_images(w.enc) : 0);
     snprintf(values[2], sizeof values[2], "%u", w.enc ? image_encoder_batch_tokens(w.enc) : 0);
-    vlmd_kv memory[3] = {{"reserved_bytes", values[0]}, {"batch_images", values[1]},
-                         {"batch_tokens", values[2]}};
+    vlmd_strlcpy(values[3], w.enc ? encoder_stress_str(image_encoder_stressed(w.enc)) : "none",
+                 sizeof values[3]);
+    vlmd_kv memory[4] = {{"reserved_bytes", values[0]}, {"batch_images", values[1]},
+                         {"batch_tokens", values[2]}, {"stress", values[3]}};
     vlmd_msg_ready ready = {.reserved_bytes = vlmd_backend_allocated_bytes(w.backend),
                             .device = (char *)vlmd_backend_info(w.backend)->name,
-                            .memory = memory, .n_memory = 3};
+                            .memory = memory, .n_memory = 4};
     w.allocs_at_ready = vlmd_backend_alloc_count(w.backend);
     vlmd_peer_set_counter(w.svc.peer, "device_allocations_since_ready", 0);
     vlmd_peer_set_ready(w.svc.peer, &ready);

@@ -116,6 +116,7 @@ static const vlmd_device_vtable cpu_ops = {
     .graph_launch = cpu_graph_launch,
     .graph_free = cpu_graph_free,
     .graphs_native = false,
+    .ops_take_memory = false,
     .synchronize = cpu_synchronize,
     .destroy = cpu_destroy,
 };

@@ -313,6 +313,7 @@ static const vlmd_device_vtable cuda_ops = {
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
     .graphs_native = true,
+    .ops_take_memory = true,
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
 };

@@ -1,11 +1,13 @@
 // supervision.test.mjs - the four processes come up in order, report to
-// /health, survive a killed worker, and leave nothing behind on SIGTERM.
+// /health, survive a killed worker (a visual worker is back to images within
+// 10 s), and leave nothing behind on SIGTERM.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import net from 'node:net';
-import { FIXTURES, startServer, stopServer, runToExit, waitFor, getJson, pidAlive } from './harness.mjs';
+import { tmpdir } from 'node:os';
+import { BIN, FIXTURES, startServer, stopServer, runToExit, waitFor, getJson, postJson, pidAlive } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2_vl`;
 const FAST = ['--heartbeat-ms', '100', '--heartbeat-timeout-ms', '1000', '--restart-backoff-ms', '100'];
@@ -80,6 +82,47 @@ test('serve: ready, killed worker restarts, SIGTERM leaves nothing behind', asyn
   for (const pid of seenPids) assert.ok(!pidAlive(pid), `pid ${pid} is gone after SIGTERM`);
   assert.ok(!existsSync(socketPath), 'no socket file is left');
   assert.ok(!existsSync(socketPath.replace(/\/router\.sock$/, '')), 'the runtime directory is removed');
+});
+
+test('a killed visual worker encodes images again within 10 s (the demo model, as make demo serves it)', async (t) => {
+  // Images of up to 1280 tokens, two per batch: that worst case through the tower takes a minute on a
+  // loaded 2-core CPU; the CPU's stress-reserve sizes it from the shapes instead (docs/MEMORY.md).
+  const model = mkdtempSync(`${tmpdir()}/vlmd-demo-`);
+  execFileSync(`${BIN}/vlmd-make-demo-model`, [model]);
+  const server = await startServer(['--model', model, '--port', '0', ...FAST], { readyTimeoutMs: 120000 });
+  const ask = (png) => postJson(`${server.url}/v1/chat/completions`, { max_tokens: 2, messages: [{ role: 'user',
+    content: [{ type: 'image_url', image_url: { url: `data:image/png;base64,${png.toString('base64')}` } },
+      { type: 'text', text: 'what is it?' }] }] }, { timeoutMs: 20000 });
+  const visual = async () => (await getJson(`${server.url}/memory_stats`)).body.visual;
+  try {
+    assert.equal((await ask(readFileSync(`${MODEL}/image_84x56.png`))).status, 200);
+    const before = await visual();
+    const { pid } = byRole((await getJson(`${server.url}/health`)).body, 'visual');
+    const t0 = Date.now();
+    process.kill(pid, 'SIGKILL');
+    // Another image than before: the arena still holds the first one's embeddings.
+    const other = readFileSync(`${MODEL}/image_150x100.png`);
+    await waitFor('an image encoded by a new visual worker', async () => {
+      const v = byRole((await getJson(`${server.url}/health`)).body, 'visual');
+      return v.state === 'ready' && v.pid !== pid && (await ask(other)).status === 200;
+    }, 30000);
+    const elapsed = Date.now() - t0;
+    t.diagnostic(`images again ${elapsed} ms after the kill`);
+    assert.ok(elapsed < 10000, `images again ${elapsed} ms after the kill`);
+    // Counters travel with the heartbeats.
+    const after = await waitFor('the new worker\'s counters', async () => {
+      const v = await visual();
+      return v.counters.images_encoded !== undefined && v;
+    }, 10000);
+    assert.equal(after.counters.images_encoded, 1, 'the new worker encoded the image');
+    assert.equal(after.counters.device_allocations_since_ready, 0);
+    assert.equal(after.reserved_bytes, before.reserved_bytes, 'the same reservation');
+    assert.equal(after.memory.batch_tokens, 2560, 'two images of 1280 tokens');
+    assert.equal(after.memory.stress, 'shapes');
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+    rmSync(model, { recursive: true, force: true });
+  }
 });
 
 test('serve: an unknown flag is refused with exit 2 and names the flag', async () => {

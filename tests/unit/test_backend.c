@@ -42,6 +42,7 @@ Test(backend, cpu)
     cr_assert_eq(vlmd_backend_mem_info(b, &free_bytes, &total, &err), VLMD_OK);
     cr_expect_gt(total, 0);
     cr_expect_leq(free_bytes, total);
+    cr_expect_not(vlmd_backend_ops_take_memory(b), "CPU ops use only the buffers they are given");
     roundtrip(b);
     vlmd_backend_destroy(b);
 }
@@ -107,6 +108,7 @@ Test(backend, cuda_where_there_is_one_and_a_clear_refusal_elsewhere)
     uint64_t free_bytes = 0, total = 0;
     cr_assert_eq(vlmd_backend_mem_info(b, &free_bytes, &total, &err), VLMD_OK, "%s", err.msg);
     cr_expect_eq(total, info->total_bytes);
+    cr_expect(vlmd_backend_ops_take_memory(b), "lazily loaded kernels, cuBLAS's workspace");
     roundtrip(b);
     /* An allocation the device cannot hold is a status naming the size, not a crash. */
     void *p = NULL;

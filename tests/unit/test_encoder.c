@@ -1,7 +1,8 @@
 /* test_encoder.c - the visual worker's encoder: the fixture PNGs, decoded,
  * preprocessed and encoded in one batch, give Hugging Face's vision
  * embeddings; a broken image fails alone; planning reads sizes and limits
- * from the header; nothing is allocated on the device after creation. */
+ * from the header; nothing is allocated on the device after creation; the
+ * CPU's cheap stress-reserve holds exactly what the full one holds. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +32,8 @@ static void *read_file(const char *path, size_t *len)
     return p;
 }
 
-static void open_fixture(fixture *f, const char *model, uint32_t batch, uint64_t max_pixels)
+static void open_fixture_stress(fixture *f, const char *model, uint32_t batch,
+                                uint64_t max_pixels, encoder_stress stress)
 {
     memset(f, 0, sizeof *f);
     vlmd_error err = {0};
@@ -44,7 +46,7 @@ static void open_fixture(fixture *f, const char *model, uint32_t batch, uint64_t
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, "model.safetensors"), &st,
                                             &err), VLMD_OK, "%s", err.msg);
-    encoder_config cfg = {batch, max_pixels};
+    encoder_config cfg = {batch, max_pixels, stress};
     cr_assert_eq(image_encoder_create(f->b, &mc, st, &p, &cfg, &f->enc, &err), VLMD_OK, "%s",
                  err.msg);
     vlmd_safetensors_close(st);
@@ -52,6 +54,11 @@ static void open_fixture(fixture *f, const char *model, uint32_t batch, uint64_t
     const char *names[2] = {"image_84x56.png", "image_150x100.png"};
     for (int i = 0; i < 2; i++)
         f->png[i] = read_file(test_model_file(model, names[i]), &f->png_len[i]);
+}
+
+static void open_fixture(fixture *f, const char *model, uint32_t batch, uint64_t max_pixels)
+{
+    open_fixture_stress(f, model, batch, max_pixels, ENCODER_STRESS_AUTO);
 }
 
 static void close_fixture(fixture *f)
@@ -134,7 +141,7 @@ Test(encoder, plan_checks_the_header_against_the_limits)
     close_fixture(&f);
 }
 
-Test(encoder, the_stress_runs_the_reserved_worst_case)
+Test(encoder, the_reservation_is_the_worst_case_batch)
 {
     fixture f;
     open_fixture(&f, "qwen2_vl", 2, 1u << 24);
@@ -142,4 +149,39 @@ Test(encoder, the_stress_runs_the_reserved_worst_case)
     cr_expect_eq(image_encoder_batch_tokens(f.enc), 512);
     cr_expect_eq(image_encoder_batch_images(f.enc), 2);
     close_fixture(&f);
+}
+
+/* The CPU's ops take no device memory of their own, so by default its
+ * stress-reserve runs the smallest images instead of the worst case (which
+ * takes seconds there); the workspace, sized from the shapes, must be exactly
+ * what the full pass holds, and the worst case must then run within it. */
+static void shapes_reserve_as_much_as_full(const char *model)
+{
+    fixture full, shapes;
+    vlmd_error err = {0};
+    open_fixture_stress(&full, model, 2, 1u << 24, ENCODER_STRESS_FULL);
+    open_fixture(&shapes, model, 2, 1u << 24);
+    cr_expect_eq(image_encoder_stressed(full.enc), ENCODER_STRESS_FULL);
+    cr_assert_eq(image_encoder_stressed(shapes.enc), ENCODER_STRESS_SHAPES,
+                 "the CPU's default is %s", encoder_stress_str(image_encoder_stressed(shapes.enc)));
+    uint64_t bytes = vlmd_backend_allocated_bytes(shapes.b);
+    uint64_t count = vlmd_backend_alloc_count(shapes.b), peak = vlmd_backend_peak_bytes(shapes.b);
+    cr_expect_eq(bytes, vlmd_backend_allocated_bytes(full.b), "%s: %llu bytes, full %llu", model,
+                 (unsigned long long)bytes,
+                 (unsigned long long)vlmd_backend_allocated_bytes(full.b));
+    cr_expect_eq(count, vlmd_backend_alloc_count(full.b), "the same buffers");
+    cr_expect_eq(peak, vlmd_backend_peak_bytes(full.b), "the same peak");
+    cr_assert_eq(image_encoder_stress(shapes.enc, ENCODER_STRESS_FULL, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_expect_eq(vlmd_backend_alloc_count(shapes.b), count, "the worst case allocates nothing");
+    cr_expect_eq(vlmd_backend_allocated_bytes(shapes.b), bytes);
+    cr_expect_eq(vlmd_backend_peak_bytes(shapes.b), peak);
+    close_fixture(&full);
+    close_fixture(&shapes);
+}
+
+Test(encoder, qwen2_vl_shapes_reserve_as_much_as_full) { shapes_reserve_as_much_as_full("qwen2_vl"); }
+Test(encoder, qwen2_5_vl_shapes_reserve_as_much_as_full)
+{
+    shapes_reserve_as_much_as_full("qwen2_5_vl");
 }
