@@ -203,6 +203,27 @@ static bool add_image(const json_t *part, const char *param, api_image **images,
     return true;
 }
 
+/* chat_template_kwargs (vLLM's): an object whose enable_thinking is a
+ * boolean, true when absent (Qwen3's default). Its other keys would be
+ * variables of a Jinja template: vlmd's templates have none, so they are
+ * ignored. */
+static bool thinking_wanted(const json_t *body, bool *on, api_error *e)
+{
+    *on = true;
+    const json_t *kw = opt(body, "chat_template_kwargs");
+    if (!kw)
+        return true;
+    if (!json_is_object(kw))
+        return api_fail(e, 400, "chat_template_kwargs", "invalid_type",
+                        "'chat_template_kwargs' must be an object");
+    const json_t *v = opt(kw, "enable_thinking");
+    if (v && !json_is_boolean(v))
+        return api_fail(e, 400, "chat_template_kwargs.enable_thinking", "invalid_type",
+                        "'chat_template_kwargs.enable_thinking' must be true or false");
+    *on = !v || json_is_true(v);
+    return true;
+}
+
 /* messages -> the ChatML prompt's pieces (and the images, in order). */
 static bool render_chat(const json_t *body, const api_limits *lim, vlmd_prompt_text *text,
                         api_image **images, uint32_t *n_images, api_error *e)
@@ -253,6 +274,17 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_prompt_t
             !(ok = api_tool_calls_parse(calls, i, (vlmd_chat_tool_call **)&cm[i].tool_calls,
                                         &cm[i].n_tool_calls, e)))
             break;
+        const json_t *reasoning = json_object_get(m, "reasoning_content");
+        snprintf(param, sizeof param, "messages[%zu].reasoning_content", i);
+        if (strcmp(cm[i].role, "assistant") == 0 && reasoning && !json_is_null(reasoning)) {
+            if (!json_is_string(reasoning)) {
+                ok = api_fail(e, 400, param, "invalid_type", "'%s' must be a string", param);
+                break;
+            }
+            cm[i].reasoning = json_string_value(reasoning);
+            cm[i].reasoning_len = json_string_length(reasoning);
+            text_bytes += cm[i].reasoning_len;
+        }
         snprintf(param, sizeof param, "messages[%zu].tool_call_id", i);
         if (strcmp(cm[i].role, "tool") == 0 && !plain_string(call_id)) {
             ok = api_fail(e, 400, param, "invalid_type", "a tool message must name the call it "
@@ -300,12 +332,15 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_prompt_t
         }
     }
     vlmd_prompt_text tools = VLMD_PROMPT_TEXT_INIT;
+    vlmd_chat_options copt = {.family = lim->chat_family, .add_generation_prompt = true};
     if (ok && (ok = api_tools_parse(body, &tools, e)) && tools.n_pieces)
         ok = text_fits(lim, text_bytes + tools.text.len, "tools", e);
+    if (ok)
+        ok = thinking_wanted(body, &copt.enable_thinking, e);
     if (ok) {
         vlmd_error err = {0};
-        vlmd_status st = vlmd_chat_render_tools(cm, n, tools.n_pieces ? &tools : NULL, true, text,
-                                                &err);
+        copt.tools = tools.n_pieces ? &tools : NULL;
+        vlmd_status st = vlmd_chat_render_with(cm, n, &copt, text, &err);
         if (st == VLMD_ERR_INVALID_ARG) {
             /* the message starts with the offending "messages[i]..." */
             char *space = strchr(err.msg, ':');
@@ -559,6 +594,9 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     } else {
         ok = tokenize_prompts(body, tok, lim, API_MAX_N / r->n, &r->prompts, &r->n_prompts, e);
     }
+    bool thinking = false; /* (the prompt's rendering checked it) */
+    r->reasoning = ok && chat && lim->chat_family && lim->chat_family->thinking &&
+                   !r->answer_prefix && thinking_wanted(body, &thinking, e) && thinking;
     for (uint32_t i = 0; ok && i < r->n_prompts; i++)
         if (r->prompts[i].n == 0)
             ok = api_fail(e, 400, chat ? "messages" : "prompt", "invalid_value",

@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "api_error.h"
+#include "chat_template.h"
 #include "image_input.h"
 #include "proto.h"
 #include "tokenizer.h"
@@ -36,6 +37,7 @@ typedef struct api_limits {
     uint32_t max_messages;  /* --max-messages (0: no limit) */
     uint64_t max_prompt_bytes; /* --max-prompt-bytes: text before tokenizing (0: no limit) */
     uint32_t max_output_tokens; /* --max-output-tokens (0: the model's room) */
+    const vlmd_chat_family *chat_family; /* the model's chat template; NULL: qwen2 */
 } api_limits;
 
 typedef struct api_request {
@@ -44,6 +46,8 @@ typedef struct api_request {
     bool ignore_eos;                /* generate past end-of-sequence (benchmarks; vLLM's extension) */
     uint32_t n;                     /* choices per prompt, each its own engine request */
     bool tools;                     /* the model may call tools: its text is parsed (tools.h) */
+    bool reasoning;                 /* the answer starts with reasoning (the model thinks):
+                                     * up to </think> it is reasoning_content */
     char *answer_prefix;            /* owned: a forced call's start, which ends the prompt */
     vlmd_tokens *prompts;           /* owned: chat's one, or completions' (a list of several) */
     uint32_t n_prompts;
@@ -85,7 +89,9 @@ void api_request_free(api_request *r);
  * in the request's text are text (only the template's markers are special
  * ids); a list of token ids is taken as it is, specials included. With
  * images NULL, an image part is refused; else the images are collected (up
- * to lim's max_images) and each leaves one pad in the prompt. */
+ * to lim's max_images) and each leaves one pad in the prompt.
+ * chat_template_kwargs.enable_thinking (a boolean; default on) switches the
+ * thinking of a family that has it (chat_template.h). */
 bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
                        const api_limits *lim, vlmd_tokens *out, api_image **images,
                        uint32_t *n_images, api_error *e);

@@ -1,10 +1,121 @@
-/* chat_template.c - ChatML for the Qwen family (see chat_template.h). What the
- * template writes itself (markers, roles, the default system prompt, the
- * frame of a call or a result) is a trusted piece of the prompt; every text a
+/* chat_template.c - the Qwen families' chat templates (see chat_template.h).
+ * One renderer reads a family's table entry; what a family does differently
+ * is a field there, not a branch on its name. What the template writes
+ * itself (markers, roles, the default system prompt, the frame of a think
+ * block, a call or a result) is a trusted piece of the prompt; every text a
  * request brought is an untrusted one, whose special tokens stay text. */
 #include "chat_template.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <jansson.h>
+
+#define ARCH(a) (1u << (a))
+#define QWEN25_SYSTEM_PROMPT "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+
+/* Checked in this order: a template is the first family whose signature it
+ * holds (Qwen2's default system prompt is in no Qwen3 template, but in
+ * Qwen2.5's longer one; the vision slot is in Qwen2-VL's too, which has that
+ * prompt). */
+static const vlmd_chat_family families[] = {
+    {.name = "qwen3", .default_system = NULL, .part_separator = "\n", .thinking = true,
+     .later_system = true, .signature = {"enable_thinking", "<think>\\n\\n</think>\\n\\n"},
+     .arches = ARCH(VLMD_ARCH_QWEN3) | ARCH(VLMD_ARCH_QWEN3_MOE)},
+    {.name = "qwen2_5", .default_system = QWEN25_SYSTEM_PROMPT, .part_separator = "\n",
+     .thinking = false, .later_system = true, .signature = {QWEN25_SYSTEM_PROMPT},
+     .arches = 0}, /* Qwen2.5's text models: their architecture is Qwen2's */
+    {.name = "qwen2", .default_system = VLMD_DEFAULT_SYSTEM_PROMPT, .part_separator = "",
+     .thinking = false, .later_system = true,
+     .signature = {"<|im_start|>", VLMD_DEFAULT_SYSTEM_PROMPT},
+     .arches = ARCH(VLMD_ARCH_QWEN2) | ARCH(VLMD_ARCH_QWEN2_VL) | ARCH(VLMD_ARCH_QWEN2_5_VL)},
+    {.name = "qwen3_vl", .default_system = NULL, .part_separator = "", .thinking = false,
+     .later_system = false, .signature = {"<|vision_start|><|image_pad|><|vision_end|>"},
+     .arches = ARCH(VLMD_ARCH_QWEN3_VL) | ARCH(VLMD_ARCH_QWEN3_VL_MOE)},
+};
+#define N_FAMILIES (sizeof families / sizeof families[0])
+#define QWEN2 vlmd_chat_family_find("qwen2")
+
+const vlmd_chat_family *vlmd_chat_family_find(const char *name)
+{
+    for (size_t i = 0; i < N_FAMILIES; i++)
+        if (strcmp(families[i].name, name) == 0)
+            return &families[i];
+    return NULL;
+}
+
+/* ---- which family a model is -------------------------------------------------- */
+
+#define TEMPLATE_MAX_BYTES (1u << 20)
+
+/* A JSON file's chat template: "chat_template" as a string, or the entry
+ * named "default" of a list of {name, template}. Owned; NULL when none. */
+static char *json_template(const char *path)
+{
+    json_t *j = json_load_file(path, 0, NULL);
+    const json_t *t = json_object_get(j, "chat_template");
+    for (size_t i = 0; json_is_array(t) && i < json_array_size(t); i++) {
+        const json_t *e = json_array_get(t, i);
+        const char *name = json_string_value(json_object_get(e, "name"));
+        if (name && strcmp(name, "default") == 0)
+            t = json_object_get(e, "template");
+    }
+    char *s = json_is_string(t) ? strdup(json_string_value(t)) : NULL;
+    json_decref(j);
+    return s;
+}
+
+static char *file_template(const char *path)
+{
+    vlmd_buf b = VLMD_BUF_INIT;
+    if (vlmd_read_file(path, TEMPLATE_MAX_BYTES, &b, NULL) != VLMD_OK) {
+        vlmd_buf_free(&b);
+        return NULL;
+    }
+    return b.data;
+}
+
+static bool holds_signature(const char *template, const vlmd_chat_family *f)
+{
+    for (size_t k = 0; k < sizeof f->signature / sizeof f->signature[0]; k++)
+        if (f->signature[k] && !strstr(template, f->signature[k]))
+            return false;
+    return true;
+}
+
+const vlmd_chat_family *vlmd_chat_family_for_model(const char *dir, vlmd_arch arch,
+                                                   const char **source)
+{
+    static const char *const files[] = {"tokenizer_config.json", "chat_template.jinja",
+                                        "chat_template.json"};
+    for (size_t i = 0; dir && i < sizeof files / sizeof files[0]; i++) {
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        char *t = strstr(files[i], ".jinja") ? file_template(path) : json_template(path);
+        if (!t)
+            continue;
+        const vlmd_chat_family *found = NULL;
+        for (size_t k = 0; !found && k < N_FAMILIES; k++)
+            if (holds_signature(t, &families[k]))
+                found = &families[k];
+        free(t);
+        if (found) {
+            if (source)
+                *source = files[i];
+            return found;
+        }
+        break; /* the model's template, unrecognised: its architecture decides */
+    }
+    if (source)
+        *source = "architecture";
+    for (size_t k = 0; k < N_FAMILIES; k++)
+        if (families[k].arches & ARCH(arch))
+            return &families[k];
+    return QWEN2;
+}
+
+/* ---- writing the prompt ------------------------------------------------------- */
 
 /* Written by the template: its special tokens are ids. */
 static vlmd_status marker(vlmd_prompt_text *out, const char *s)
@@ -18,107 +129,237 @@ static vlmd_status text(vlmd_prompt_text *out, const char *s, size_t len)
     return vlmd_prompt_add(out, VLMD_SPECIAL_SPLIT, s, len);
 }
 
-static bool role_known(const char *role)
+static bool role_is(const vlmd_chat_message *m, const char *role)
 {
-    return strcmp(role, "system") == 0 || strcmp(role, "user") == 0 ||
-           strcmp(role, "assistant") == 0 || strcmp(role, "tool") == 0;
+    return strcmp(m->role, role) == 0;
 }
 
-static vlmd_status render_parts(const vlmd_chat_message *m, size_t i, vlmd_prompt_text *out,
-                                vlmd_error *err)
+static bool role_known(const vlmd_chat_message *m)
+{
+    return role_is(m, "system") || role_is(m, "user") || role_is(m, "assistant") ||
+           role_is(m, "tool");
+}
+
+static vlmd_status image_misplaced(const vlmd_chat_message *m, size_t i, vlmd_error *err)
+{
+    for (size_t k = 0; k < m->n_parts; k++)
+        if (m->parts[k].kind == VLMD_CHAT_IMAGE && !role_is(m, "user"))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages[%zu].content[%zu]: images "
+                               "are only allowed in user messages", i, k);
+    return VLMD_OK;
+}
+
+static vlmd_status render_parts(const vlmd_chat_family *f, const vlmd_chat_message *m,
+                                vlmd_prompt_text *out)
 {
     vlmd_status st = VLMD_OK;
     for (size_t k = 0; k < m->n_parts && st == VLMD_OK; k++) {
-        if (m->parts[k].kind == VLMD_CHAT_TEXT)
+        if (k > 0)
+            st = text(out, f->part_separator, strlen(f->part_separator));
+        if (st == VLMD_OK && m->parts[k].kind == VLMD_CHAT_TEXT)
             st = text(out, m->parts[k].text, m->parts[k].len);
-        else if (strcmp(m->role, "user") == 0)
+        else if (st == VLMD_OK)
             st = marker(out, "<|vision_start|><|image_pad|><|vision_end|>");
-        else
-            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages[%zu].content[%zu]: images "
-                               "are only allowed in user messages", i, k);
     }
     return st;
 }
 
-static bool has_text(const vlmd_chat_message *m)
+/* A turn's text parts as the one string the template sees. */
+static vlmd_status joined(const vlmd_chat_family *f, const vlmd_chat_message *m, vlmd_buf *b)
 {
-    for (size_t k = 0; k < m->n_parts; k++)
-        if (m->parts[k].len)
-            return true;
-    return false;
+    vlmd_status st = vlmd_buf_puts(b, "");
+    for (size_t k = 0; k < m->n_parts && st == VLMD_OK; k++) {
+        if (k > 0)
+            st = vlmd_buf_puts(b, f->part_separator);
+        if (st == VLMD_OK && m->parts[k].kind == VLMD_CHAT_TEXT)
+            st = vlmd_buf_append(b, m->parts[k].text, m->parts[k].len);
+    }
+    return st;
 }
 
-/* An assistant turn with calls: its text (when any), then each call. */
-static vlmd_status render_calls(const vlmd_chat_message *m, size_t i, vlmd_prompt_text *out,
-                                vlmd_error *err)
+/* A slice of a string, trimmed of '\n' as Python's strip('\n') family does. */
+typedef struct slice {
+    const char *s;
+    size_t len;
+} slice;
+
+static slice lstrip_nl(slice x)
 {
-    vlmd_status st = marker(out, "<|im_start|>assistant");
-    if (st == VLMD_OK && has_text(m) && (st = marker(out, "\n")) == VLMD_OK)
-        st = render_parts(m, i, out, err);
-    for (size_t k = 0; k < m->n_tool_calls && st == VLMD_OK; k++) {
-        const vlmd_chat_tool_call *c = &m->tool_calls[k];
-        if ((st = marker(out, "\n<tool_call>\n{\"name\": \"")) == VLMD_OK &&
-            (st = text(out, c->name, strlen(c->name))) == VLMD_OK &&
-            (st = marker(out, "\", \"arguments\": ")) == VLMD_OK &&
-            (st = text(out, c->arguments, strlen(c->arguments))) == VLMD_OK)
-            st = marker(out, "}\n</tool_call>");
+    while (x.len && x.s[0] == '\n')
+        x.s++, x.len--;
+    return x;
+}
+
+static slice rstrip_nl(slice x)
+{
+    while (x.len && x.s[x.len - 1] == '\n')
+        x.len--;
+    return x;
+}
+
+static const char *find_last(slice x, const char *needle)
+{
+    size_t n = strlen(needle);
+    for (size_t at = x.len >= n ? x.len - n + 1 : 0; at-- > 0;)
+        if (memcmp(x.s + at, needle, n) == 0)
+            return x.s + at;
+    return NULL;
+}
+
+/* Qwen3's template splits an assistant turn's text into reasoning and
+ * content when it holds </think> and no reasoning_content came with it:
+ * reasoning = text.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n'),
+ * content = text.split('</think>')[-1].lstrip('\n'). */
+static void split_think(slice all, slice *reasoning, slice *content)
+{
+    const char *first = memmem(all.s, all.len, "</think>", 8);
+    if (!first)
+        return;
+    slice r = rstrip_nl((slice){all.s, (size_t)(first - all.s)});
+    const char *open = find_last(r, "<think>");
+    if (open)
+        r = (slice){open + 7, r.len - (size_t)(open + 7 - r.s)};
+    *reasoning = lstrip_nl(r);
+    const char *last = find_last(all, "</think>");
+    *content = lstrip_nl((slice){last + 8, all.len - (size_t)(last + 8 - all.s)});
+}
+
+static vlmd_status render_call(const vlmd_chat_tool_call *c, vlmd_prompt_text *out)
+{
+    vlmd_status st;
+    if ((st = marker(out, "<tool_call>\n{\"name\": \"")) == VLMD_OK &&
+        (st = text(out, c->name, strlen(c->name))) == VLMD_OK &&
+        (st = marker(out, "\", \"arguments\": ")) == VLMD_OK &&
+        (st = text(out, c->arguments, strlen(c->arguments))) == VLMD_OK)
+        st = marker(out, "}\n</tool_call>");
+    return st;
+}
+
+/* An assistant turn: its text (a thinking family's think part kept only after
+ * the last user query), then each call, separated by "\n". */
+static vlmd_status render_assistant(const vlmd_chat_family *f, const vlmd_chat_message *msgs,
+                                    size_t n, size_t i, size_t last_query, vlmd_prompt_text *out)
+{
+    const vlmd_chat_message *m = &msgs[i];
+    vlmd_buf all = VLMD_BUF_INIT;
+    vlmd_status st = marker(out, "<|im_start|>assistant\n");
+    bool has_content = false;
+    if (st == VLMD_OK && !f->thinking) {
+        for (size_t k = 0; k < m->n_parts; k++)
+            has_content = has_content || m->parts[k].len > 0;
+        st = render_parts(f, m, out);
+    } else if (st == VLMD_OK && (st = joined(f, m, &all)) == VLMD_OK) {
+        slice content = {all.data, all.len}, reasoning = {"", 0};
+        if (m->reasoning)
+            reasoning = (slice){m->reasoning, m->reasoning_len};
+        else
+            split_think(content, &reasoning, &content);
+        has_content = content.len > 0;
+        if (i > last_query && (i + 1 == n || reasoning.len > 0)) {
+            slice r = rstrip_nl(lstrip_nl(reasoning)), c = lstrip_nl(content);
+            if ((st = marker(out, "<think>\n")) == VLMD_OK &&
+                (st = text(out, r.s, r.len)) == VLMD_OK &&
+                (st = marker(out, "\n</think>\n\n")) == VLMD_OK)
+                st = text(out, c.s, c.len);
+        } else {
+            st = text(out, content.s, content.len);
+        }
     }
+    vlmd_buf_free(&all);
+    for (size_t k = 0; k < m->n_tool_calls && st == VLMD_OK; k++)
+        if ((k == 0 && !has_content) || (st = marker(out, "\n")) == VLMD_OK)
+            st = render_call(&m->tool_calls[k], out);
     return st == VLMD_OK ? marker(out, "<|im_end|>\n") : st;
 }
 
-vlmd_status vlmd_chat_render_tools(const vlmd_chat_message *msgs, size_t n,
-                                   const vlmd_prompt_text *tools_section,
-                                   bool add_generation_prompt, vlmd_prompt_text *out,
-                                   vlmd_error *err)
+/* The index of the last user turn that is a query (not tool results the
+ * client wrote as a user turn); n - 1 when there is none, as in Qwen3's
+ * template. */
+static size_t last_user_query(const vlmd_chat_family *f, const vlmd_chat_message *msgs, size_t n,
+                              vlmd_status *st)
 {
-    vlmd_status st = VLMD_OK;
-    bool leading_system = n > 0 && strcmp(msgs[0].role, "system") == 0;
-    size_t first = 0;
-    if (tools_section) { /* the system turn carries the tools */
-        st = marker(out, "<|im_start|>system\n");
-        if (st == VLMD_OK && leading_system)
-            st = render_parts(&msgs[0], 0, out, err);
-        else if (st == VLMD_OK)
-            st = marker(out, VLMD_DEFAULT_SYSTEM_PROMPT);
-        if (st == VLMD_OK && (st = vlmd_prompt_append(out, tools_section)) == VLMD_OK)
-            st = marker(out, "<|im_end|>\n");
-        first = leading_system ? 1 : 0;
-    } else if (!leading_system) {
-        st = marker(out, "<|im_start|>system\n" VLMD_DEFAULT_SYSTEM_PROMPT "<|im_end|>\n");
+    static const char open[] = "<tool_response>", close[] = "</tool_response>";
+    for (size_t i = n; i-- > 0;) {
+        if (!role_is(&msgs[i], "user"))
+            continue;
+        vlmd_buf b = VLMD_BUF_INIT;
+        if ((*st = joined(f, &msgs[i], &b)) != VLMD_OK) {
+            vlmd_buf_free(&b);
+            return n - 1;
+        }
+        bool results = b.len >= sizeof close - 1 && strncmp(b.data, open, sizeof open - 1) == 0 &&
+                       memcmp(b.data + b.len - (sizeof close - 1), close, sizeof close - 1) == 0;
+        vlmd_buf_free(&b);
+        if (!results)
+            return i;
     }
-    for (size_t i = first; i < n && st == VLMD_OK; i++) {
-        const vlmd_chat_message *m = &msgs[i];
-        if (!role_known(m->role))
+    return n - 1;
+}
+
+/* The system turn: a leading system message's text (else the family's
+ * default), then the tools section; nothing when there is neither. */
+static vlmd_status render_system(const vlmd_chat_family *f, const vlmd_chat_message *msgs, size_t n,
+                                 const vlmd_prompt_text *tools, vlmd_prompt_text *out)
+{
+    bool leading = n > 0 && role_is(&msgs[0], "system");
+    if (!leading && !f->default_system && !tools)
+        return VLMD_OK;
+    vlmd_status st = marker(out, "<|im_start|>system\n");
+    if (st == VLMD_OK && leading)
+        st = render_parts(f, &msgs[0], out);
+    else if (st == VLMD_OK && f->default_system)
+        st = marker(out, f->default_system);
+    if (st == VLMD_OK && tools && (leading || f->default_system))
+        st = marker(out, "\n\n");
+    if (st == VLMD_OK && tools)
+        st = vlmd_prompt_append(out, tools);
+    return st == VLMD_OK ? marker(out, "<|im_end|>\n") : st;
+}
+
+vlmd_status vlmd_chat_render_with(const vlmd_chat_message *msgs, size_t n,
+                                  const vlmd_chat_options *opt, vlmd_prompt_text *out,
+                                  vlmd_error *err)
+{
+    const vlmd_chat_family *f = opt->family ? opt->family : QWEN2;
+    for (size_t i = 0; i < n; i++) {
+        if (!role_known(&msgs[i]))
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages[%zu].role: '%s' is not "
-                               "system, user, assistant or tool", i, m->role);
-        if (m->n_tool_calls) {
-            st = render_calls(m, i, out, err);
-        } else if (strcmp(m->role, "tool") == 0) { /* consecutive results: one user turn */
-            if (i == 0 || strcmp(msgs[i - 1].role, "tool") != 0)
+                               "system, user, assistant or tool", i, msgs[i].role);
+        vlmd_status st = image_misplaced(&msgs[i], i, err);
+        if (st != VLMD_OK)
+            return st;
+    }
+    vlmd_status st = render_system(f, msgs, n, opt->tools, out);
+    size_t last_query = f->thinking && st == VLMD_OK ? last_user_query(f, msgs, n, &st) : 0;
+    for (size_t i = n > 0 && role_is(&msgs[0], "system") ? 1 : 0; i < n && st == VLMD_OK; i++) {
+        const vlmd_chat_message *m = &msgs[i];
+        if (role_is(m, "assistant")) {
+            st = render_assistant(f, msgs, n, i, last_query, out);
+        } else if (role_is(m, "tool")) { /* consecutive results: one user turn */
+            if (i == 0 || !role_is(&msgs[i - 1], "tool"))
                 st = marker(out, "<|im_start|>user");
             if (st == VLMD_OK && (st = marker(out, "\n<tool_response>\n")) == VLMD_OK &&
-                (st = render_parts(m, i, out, err)) == VLMD_OK)
+                (st = render_parts(f, m, out)) == VLMD_OK)
                 st = marker(out, "\n</tool_response>");
-            if (st == VLMD_OK && (i + 1 == n || strcmp(msgs[i + 1].role, "tool") != 0))
+            if (st == VLMD_OK && (i + 1 == n || !role_is(&msgs[i + 1], "tool")))
                 st = marker(out, "<|im_end|>\n");
-        } else { /* the role is one of role_known's */
+        } else if (f->later_system || !role_is(m, "system")) { /* user, or system */
             if ((st = marker(out, "<|im_start|>")) == VLMD_OK &&
                 (st = marker(out, m->role)) == VLMD_OK && (st = marker(out, "\n")) == VLMD_OK &&
-                (st = render_parts(m, i, out, err)) == VLMD_OK)
+                (st = render_parts(f, m, out)) == VLMD_OK)
                 st = marker(out, "<|im_end|>\n");
         }
-        if (st == VLMD_ERR_INVALID_ARG)
-            return st; /* err names the part */
     }
-    if (st == VLMD_OK && add_generation_prompt)
+    if (st == VLMD_OK && opt->add_generation_prompt)
         st = marker(out, "<|im_start|>assistant\n");
-    if (st == VLMD_ERR_INVALID_ARG)
-        return st;
+    if (st == VLMD_OK && opt->add_generation_prompt && f->thinking && !opt->enable_thinking)
+        st = marker(out, "<think>\n\n</think>\n\n");
     return st == VLMD_OK ? VLMD_OK : vlmd_errorf(err, st, "out of memory rendering the prompt");
 }
 
 vlmd_status vlmd_chat_render(const vlmd_chat_message *msgs, size_t n, bool add_generation_prompt,
                              vlmd_prompt_text *out, vlmd_error *err)
 {
-    return vlmd_chat_render_tools(msgs, n, NULL, add_generation_prompt, out, err);
+    vlmd_chat_options opt = {.add_generation_prompt = add_generation_prompt};
+    return vlmd_chat_render_with(msgs, n, &opt, out, err);
 }

@@ -1,16 +1,31 @@
-/* chat_template.h - ChatML as the Qwen family writes it:
- *   <|im_start|>system\nYou are a helpful assistant.<|im_end|>\n   (when no system turn leads)
+/* chat_template.h - the chat templates of the Qwen families, one table entry
+ * each (chat_template.c). All are ChatML:
+ *   <|im_start|>system\nSYSTEM<|im_end|>\n            (a leading system turn, or
+ *                                                      the family's default)
  *   <|im_start|>ROLE\nCONTENT<|im_end|>\n ...
- *   <|im_start|>assistant\n                                        (generation prompt)
+ *   <|im_start|>assistant\n                           (generation prompt)
  * An image part is <|vision_start|><|image_pad|><|vision_end|>; the single pad
  * is expanded to the image's token count after tokenizing. Tools, calls and
- * their results are written as Qwen2.5's template writes them (tools.h).
+ * their results are written as the Qwen2.5 and Qwen3 templates write them
+ * (tools.h). What differs between families is data in vlmd_chat_family:
+ *   qwen2     Qwen2, Qwen2-VL, Qwen2.5-VL: default system prompt
+ *   qwen2_5   Qwen2.5 (text): its own default system prompt; text parts
+ *             joined by "\n" (its template takes the content as one string)
+ *   qwen3     Qwen3, Qwen3-MoE (Qwen3-8B's template): no default system
+ *             prompt; the enable_thinking switch (on by default; off, the
+ *             generation prompt closes an empty think block); assistant turns
+ *             before the last user query lose their <think> part, later ones
+ *             keep it (from reasoning_content or their text)
+ *   qwen3_vl  Qwen3-VL(-MoE) Instruct: no default system prompt, no thinking,
+ *             system turns after the first are not written
+ * The family is the one the model's chat_template is recognised as, else the
+ * one of its architecture (vlmd_chat_family_for_model).
  *
  * The prompt is written as pieces (tokenizer.h's vlmd_prompt_text): what the
  * template writes is trusted, so its markers become special ids; the text of
- * messages, parts, calls and results is not, so a "<|im_end|>" a client typed
- * is the BPE of its characters and cannot end a turn, forge a role or an
- * image slot. */
+ * messages, parts, reasoning, calls and results is not, so a "<|im_end|>" a
+ * client typed is the BPE of its characters and cannot end a turn, forge a
+ * role or an image slot. */
 #ifndef VLMD_CHAT_TEMPLATE_H
 #define VLMD_CHAT_TEMPLATE_H
 
@@ -18,10 +33,34 @@
 #include <stddef.h>
 
 #include "buf.h"
+#include "model_config.h"
 #include "status.h"
 #include "tokenizer.h"
 
 #define VLMD_DEFAULT_SYSTEM_PROMPT "You are a helpful assistant."
+
+/* How one family's template writes a chat; one entry of chat_template.c's table. */
+typedef struct vlmd_chat_family {
+    const char *name;
+    const char *default_system;     /* written when no system turn leads; NULL: none */
+    const char *part_separator;     /* between a turn's parts (Qwen3's template takes the
+                                     * content as one string: vLLM joins text parts by "\n") */
+    bool thinking;                  /* Qwen3's enable_thinking and <think> handling */
+    bool later_system;              /* system turns after the first are written */
+    const char *signature[3];       /* all in a chat_template: it is this family's */
+    unsigned arches;                /* bit (1u << vlmd_arch): its architectures */
+} vlmd_chat_family;
+
+/* The family named so ("qwen2", "qwen2_5", "qwen3", "qwen3_vl"); NULL when none is. */
+const vlmd_chat_family *vlmd_chat_family_find(const char *name);
+
+/* The family of the model in dir: the first whose signature its chat_template
+ * holds (tokenizer_config.json's "chat_template", else chat_template.jinja,
+ * else chat_template.json's), else the one of arch. *source (optional) says
+ * which ("tokenizer_config.json", ..., or "architecture"). Never NULL: a
+ * model no entry claims gets qwen2's. */
+const vlmd_chat_family *vlmd_chat_family_for_model(const char *dir, vlmd_arch arch,
+                                                   const char **source);
 
 typedef enum vlmd_chat_part_kind {
     VLMD_CHAT_TEXT,
@@ -46,19 +85,29 @@ typedef struct vlmd_chat_message {
     size_t n_parts;
     const vlmd_chat_tool_call *tool_calls;  /* assistant: after its text */
     size_t n_tool_calls;
+    const char *reasoning;  /* assistant: its reasoning_content (borrowed); NULL: none given */
+    size_t reasoning_len;
 } vlmd_chat_message;
 
-/* Appends the prompt to out. An unknown role, or an image in a system or
- * assistant turn, is VLMD_ERR_INVALID_ARG naming the message's index. */
+typedef struct vlmd_chat_options {
+    const vlmd_chat_family *family;     /* NULL: qwen2 */
+    const vlmd_prompt_text *tools;      /* the tools section (tools.h; its pieces keep their
+                                         * kinds): follows the system prompt; NULL: none */
+    bool add_generation_prompt;
+    bool enable_thinking;               /* families with thinking: false closes the think
+                                         * block in the generation prompt */
+} vlmd_chat_options;
+
+/* Appends the prompt to out. Calls are written as <tool_call> blocks, and
+ * consecutive tool results as one user turn of <tool_response> blocks. An
+ * unknown role, or an image in a turn other than a user's, is
+ * VLMD_ERR_INVALID_ARG naming the message's index; out of memory is
+ * VLMD_ERR_NOMEM. On failure out holds a part of the prompt. */
+vlmd_status vlmd_chat_render_with(const vlmd_chat_message *msgs, size_t n,
+                                  const vlmd_chat_options *opt, vlmd_prompt_text *out,
+                                  vlmd_error *err);
+/* The same with qwen2's template and no tools. */
 vlmd_status vlmd_chat_render(const vlmd_chat_message *msgs, size_t n, bool add_generation_prompt,
                              vlmd_prompt_text *out, vlmd_error *err);
-/* The same with the request's tools: tools_section (NULL: none; its pieces
- * keep their kinds) follows the system prompt; calls are written as
- * <tool_call> blocks, and consecutive tool results as one user turn of
- * <tool_response> blocks. */
-vlmd_status vlmd_chat_render_tools(const vlmd_chat_message *msgs, size_t n,
-                                   const vlmd_prompt_text *tools_section,
-                                   bool add_generation_prompt, vlmd_prompt_text *out,
-                                   vlmd_error *err);
 
 #endif

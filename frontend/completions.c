@@ -19,6 +19,7 @@
 #include "h2o_include.h"
 #include "http_server.h"
 #include "log.h"
+#include "reasoning.h"
 #include "response.h"
 #include "tools.h"
 
@@ -283,10 +284,12 @@ static json_t *stream_chunk(const completions *c, const inflight_entry *e, json_
                      choices);
 }
 
-/* One streamed chunk of choice `index`: a piece of text (or, with finish, its end). */
+/* One streamed chunk of choice `index`: a piece of text (or, with finish,
+ * its end); chat: reasoning (not NULL) goes out as reasoning_content, with
+ * the content only when there is some. */
 static json_t *chunk_json(const completions *c, const inflight_entry *e, uint32_t index,
-                          const char *text, size_t len, const char *finish, bool first,
-                          json_t *logprobs)
+                          const char *reasoning, size_t reasoning_len, const char *text,
+                          size_t len, const char *finish, bool first, json_t *logprobs)
 {
     if (!logprobs)
         logprobs = json_null();
@@ -295,7 +298,10 @@ static json_t *chunk_json(const completions *c, const inflight_entry *e, uint32_
         json_t *delta = json_object();
         if (first)
             json_object_set_new(delta, "role", json_string("assistant"));
-        if (!finish || len)
+        if (reasoning)
+            json_object_set_new(delta, "reasoning_content",
+                                json_stringn(reasoning, reasoning_len));
+        if (len || (!finish && !reasoning))
             json_object_set_new(delta, "content", json_stringn(text, len));
         choice = json_pack("{s:i, s:o, s:o, s:o}", "index", (int)index, "delta", delta,
                            "logprobs", logprobs, "finish_reason",
@@ -343,14 +349,26 @@ static json_t *chat_message(const inflight_entry *e, uint32_t i, const char **fi
             json_array_append_new(calls, call_json(e, i, (uint32_t)json_array_size(calls), &call));
         tool_call_free(&call);
     }
+    json_t *message;
     if (!all_calls || json_array_size(calls) == 0) {
         json_decref(calls);
-        return json_pack("{s:s, s:s%}", "role", "assistant", "content", text, ch->sent);
+        /* a thinking model's answer may be all reasoning: no content */
+        message = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                            ch->sent || !e->api.reasoning ? json_stringn(text, ch->sent)
+                                                          : json_null());
+    } else {
+        *finish = finish_reason(*finish, true);
+        message = json_pack("{s:s, s:o, s:o}", "role", "assistant", "content",
+                            content_end ? json_stringn(text, content_end) : json_null(),
+                            "tool_calls", calls);
     }
-    *finish = finish_reason(*finish, true);
-    return json_pack("{s:s, s:o, s:o}", "role", "assistant", "content",
-                     content_end ? json_stringn(text, content_end) : json_null(), "tool_calls",
-                     calls);
+    if (e->api.reasoning) {
+        size_t start, end;
+        const char *r = ch->reasoning.data ? ch->reasoning.data : "";
+        reasoning_shown(r, ch->reasoning.len, true, &start, &end);
+        json_object_set_new(message, "reasoning_content", json_stringn(r + start, end - start));
+    }
+    return message;
 }
 
 static json_t *full_json(const completions *c, const inflight_entry *e)
@@ -639,6 +657,7 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
     for (uint32_t i = 0; i < e->n_choices; i++) {
         inflight_choice *ch = &e->choices[i];
         ch->detok.skip_special = true;
+        ch->thinking = r.reasoning;
         const vlmd_tokens *prompt = &r.prompts[i / r.n];
         if (r.echo) /* its prompt comes first, as written (its specials included) */
             vlmd_tokenizer_decode(c->tok, prompt->ids, prompt->n, false, &ch->text, NULL);
@@ -693,6 +712,23 @@ static void finish(completions *c, inflight_entry *e)
     vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
     e->final_queued = true;
     stream_flush(c, id);
+}
+
+/* reasoning: once </think> has come, what follows it is content. */
+static void end_reasoning(inflight_choice *ch)
+{
+    size_t at;
+    if (!ch->thinking)
+        return;
+    if (!reasoning_end(ch->reasoning.data, ch->reasoning.len, ch->reasoning_checked, &at)) {
+        ch->reasoning_checked = ch->reasoning.len;
+        return;
+    }
+    size_t after = at + strlen(REASONING_CLOSE);
+    vlmd_buf_append(&ch->text, ch->reasoning.data + after, ch->reasoning.len - after);
+    ch->reasoning.len = at;
+    ch->reasoning.data[at] = '\0';
+    ch->thinking = false;
 }
 
 /* tools, streamed: content ends where the first <tool_call> begins (from
@@ -793,8 +829,10 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
     }
     ch->completion_tokens += m->n_tokens;
     size_t text_before = ch->text.len;
+    /* until </think> the text is reasoning (end_reasoning moves what follows it) */
+    vlmd_buf *into = ch->thinking ? &ch->reasoning : &ch->text;
     for (uint32_t i = 0; i < m->n_tokens; i++)
-        vlmd_detok_push(&ch->detok, c->tok, m->tokens[i], &ch->text, NULL);
+        vlmd_detok_push(&ch->detok, c->tok, m->tokens[i], into, NULL);
     /* this chunk's logprobs: kept for the answer, or sent with the stream chunk */
     token_logprobs chunk_lps[8];
     size_t n_chunk_lps = 0;
@@ -813,7 +851,8 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         }
     }
     if (m->finish != VLMD_FINISH_NONE)
-        vlmd_detok_flush(&ch->detok, &ch->text);
+        vlmd_detok_flush(&ch->detok, into);
+    end_reasoning(ch);
     bool hit;
     size_t end = visible_end(e, ch, &hit);
     if (hit || m->finish != VLMD_FINISH_NONE) {
@@ -826,16 +865,30 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
     size_t show = end; /* what may go out as content */
     if (e->api.tools && e->api.stream)
         show = streamed_content_end(ch, end, final);
-    if (e->api.stream && (show > ch->sent || (m->finish == VLMD_FINISH_NONE && !ch->calling))) {
-        /* one chunk per generated token, even when its text is held back */
+    /* what may go out as reasoning: [reasoning_sent, shown) */
+    const char *reasoning = ch->reasoning.data ? ch->reasoning.data : "";
+    size_t r_start = 0, shown = 0;
+    if (e->api.reasoning)
+        reasoning_shown(reasoning, ch->reasoning.len, final || !ch->thinking, &r_start, &shown);
+    ch->reasoning_sent = r_start > ch->reasoning_sent ? r_start : ch->reasoning_sent;
+    bool reasoned = shown > ch->reasoning_sent;
+    if (e->api.stream && (reasoned || show > ch->sent ||
+                          (m->finish == VLMD_FINISH_NONE && !ch->calling))) {
+        /* one chunk per generated token, even when its text is held back (a token
+         * of reasoning held back: an empty reasoning_content) */
         bool first = !ch->spoke;
         ch->spoke = true;
         stream_start(c, e);
         json_t *lp = n_chunk_lps ? logprobs_json(c, e, chunk_lps, n_chunk_lps, text_before)
                                  : NULL;
-        stream_event(e, chunk_json(c, e, index, ch->text.data + ch->sent, show - ch->sent, NULL,
-                                   first, lp));
+        bool with_reasoning = reasoned || (ch->thinking && show <= ch->sent);
+        stream_event(e, chunk_json(c, e, index,
+                                   with_reasoning ? reasoning + ch->reasoning_sent : NULL,
+                                   reasoned ? shown - ch->reasoning_sent : 0,
+                                   ch->text.data ? ch->text.data + ch->sent : "",
+                                   show - ch->sent, NULL, first, lp));
     }
+    ch->reasoning_sent = shown > ch->reasoning_sent ? shown : ch->reasoning_sent;
     ch->sent = show > ch->sent ? show : ch->sent;
     if (ch->calling)
         stream_calls(c, e, index, end, final);
@@ -843,8 +896,8 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         ch->finish = hit || m->finish == VLMD_FINISH_STOP ? "stop" : "length";
         if (e->api.stream) {
             stream_start(c, e);
-            stream_event(e, chunk_json(c, e, index, "", 0, finish_reason(ch->finish, ch->n_calls),
-                                       false, NULL));
+            stream_event(e, chunk_json(c, e, index, NULL, 0, "", 0,
+                                       finish_reason(ch->finish, ch->n_calls), false, NULL));
         }
         if (++e->n_finished == e->n_choices) {
             finish(c, e);

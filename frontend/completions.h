@@ -3,7 +3,9 @@
  * router, and detokenized here (DESIGN.md §1). Streamed answers are
  * Server-Sent Events with one chunk per generated token; stop strings are
  * matched across token boundaries (text that could start one is held back)
- * and never sent. A chat request's images are resolved here (data: URIs
+ * and never sent; a thinking request's answer is split into reasoning_content
+ * and content (reasoning.h), stop strings and calls looked for in the content.
+ * A chat request's images are resolved here (data: URIs
  * decoded, allowed URLs fetched off the loop thread), measured from their
  * headers and sent with the prompt; the router has them encoded. A request
  * that takes longer than --request-timeout-s ends with 504 (or an error

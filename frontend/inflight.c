@@ -78,6 +78,7 @@ void inflight_remove(inflight *t, inflight_entry *e)
             api_request_free(&e->api);
             for (uint32_t i = 0; i < e->n_choices; i++) {
                 vlmd_buf_free(&e->choices[i].text);
+                vlmd_buf_free(&e->choices[i].reasoning);
                 free(e->choices[i].lps);
             }
             free(e->choices);

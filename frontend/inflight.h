@@ -39,6 +39,10 @@ typedef struct inflight_choice {
     uint32_t cached_tokens;     /* prompt tokens the engine's prefix cache gave */
     bool spoke;                 /* a stream chunk of it went out (chat: the role with it) */
     bool calling;               /* tools: a <tool_call> began; no more content (stream) */
+    bool thinking;              /* reasoning: no </think> yet, the text goes to reasoning */
+    vlmd_buf reasoning;         /* reasoning: the answer before </think> */
+    size_t reasoning_checked;   /* reasoning: bytes of it searched for </think> */
+    size_t reasoning_sent;      /* reasoning: bytes of it streamed (past a leading <think>) */
     size_t call_pos;            /* tools: text before this is split into content and calls */
     uint32_t n_calls;           /* tools: calls sent (stream) */
     const char *finish;         /* "stop" or "length" once it ended; NULL while running */

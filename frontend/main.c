@@ -283,6 +283,11 @@ int main(int argc, char **argv)
                          .max_prompt_bytes = (uint64_t)cfg->max_prompt_bytes,
                          .max_output_tokens = (uint32_t)cfg->max_output_tokens};
     api_sampling_defaults(cfg->model, &limits.defaults);
+    const char *template_source = NULL;
+    limits.chat_family = vlmd_chat_family_for_model(cfg->model, fe.svc.model.arch,
+                                                    &template_source);
+    VLMD_INFO("chat template: %s (from the model's %s)", limits.chat_family->name,
+              template_source);
     image_limits images = {.max_pixels = (uint64_t)cfg->max_image_pixels,
                            .max_bytes = (uint64_t)cfg->max_image_bytes,
                            .allowed_domains = cfg->allowed_media_domains,

@@ -1,4 +1,4 @@
-/* tools.c - function calling, Qwen2.5's way (see tools.h). */
+/* tools.c - function calling, the Qwen2.5 and Qwen3 way (see tools.h). */
 #include "tools.h"
 
 #include <stdlib.h>
@@ -10,7 +10,7 @@
 #define CALL_CLOSE "</tool_call>"
 
 static const char TOOLS_INTRO[] =
-    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>";
 static const char TOOLS_OUTRO[] =
     "\n</tools>\n\nFor each function call, return a json object with function name and "

@@ -1,4 +1,4 @@
-/* tools.h - function calling as the Qwen2.5 chat template writes it (the
+/* tools.h - function calling as the Qwen2.5 and Qwen3 chat templates write it (the
  * "hermes" style vLLM parses): the request's tools go into the system turn as
  * one JSON line each inside <tools></tools>; the model calls one as
  *     <tool_call>\n{"name": "...", "arguments": {...}}\n</tool_call>
@@ -22,10 +22,11 @@
 /* "tools" and "tool_choice" of a chat body. With tools and a tool_choice
  * other than "none", appends to section (the caller's, empty; freed here on
  * failure) what follows the system prompt:
- * "\n\n# Tools\n\n...<tools>\n{tool}...\n</tools>\n\n...</tool_call>", its
+ * "# Tools\n\n...<tools>\n{tool}...\n</tools>\n\n...</tool_call>", its
  * frame trusted and each tool's JSON not (tokenizer.h's vlmd_special); else
- * leaves it empty. tool_choice "required" or a named function must find a
- * tool. */
+ * leaves it empty. The template puts "\n\n" between a system prompt and it
+ * (Qwen3's has no prompt without a system turn). tool_choice "required" or a
+ * named function must find a tool. */
 bool api_tools_parse(const json_t *body, vlmd_prompt_text *section, api_error *e);
 
 /* The text the answer is made to start with when tool_choice forces a call

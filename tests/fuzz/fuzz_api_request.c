@@ -1,7 +1,8 @@
 /* fuzz_api_request.c - libFuzzer target: any bytes as the body of
  * /v1/chat/completions and /v1/completions, through the JSON parser, the
- * validator, the chat template and the tokenizer (the qwen2 fixture's),
- * with the server's default limits. Bad input must only ever be a 4xx. */
+ * validator, each family's chat template and the tokenizer (the qwen2
+ * fixture's), with the server's default limits. Bad input must only ever be
+ * a 4xx. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -30,7 +31,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                       .image_token_id = -1, .max_messages = 1024, .max_prompt_bytes = 1 << 20,
                       .defaults = {.temperature = 1, .top_p = 1, .top_k = -1,
                                    .repetition_penalty = 1}};
-    for (int chat = 0; chat < 2; chat++) {
+    static const char *const families[] = {"qwen2", "qwen2_5", "qwen3", "qwen3_vl"};
+    for (int run = 0; run < 1 + 4; run++) { /* completions, then chat in each family */
+        bool chat = run > 0;
+        lim.chat_family = chat ? vlmd_chat_family_find(families[run - 1]) : NULL;
+        if (chat && !lim.chat_family)
+            abort();
         api_request r;
         api_error e;
         if (api_request_parse(body, chat, &lim, tok, &r, &e)) {

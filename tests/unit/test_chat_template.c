@@ -1,12 +1,20 @@
-/* test_chat_template.c - the fixtures' ChatML prompts, byte for byte; which
- * pieces of a prompt are the template's (trusted) and which the request's. */
+/* test_chat_template.c - each family's template: the fixtures' prompts byte
+ * for byte and id for id (Qwen2's ChatML; Qwen3's and Qwen3-VL's, whose
+ * templates are the fixtures' tokenizer_config.json); which family a model
+ * gets; Qwen3's thinking switch and think parts; which pieces of a prompt are
+ * the template's (trusted) and which the request's. The expected prompts of
+ * the conversations no fixture has were rendered by the fixture's own
+ * chat_template (Jinja, as transformers renders it). */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "api_request.h"
 #include "chat_template.h"
+#include "mrope.h"
 #include "test_support.h"
 
 Test(chat_template, fixture_text_prompts)
@@ -110,4 +118,386 @@ Test(chat_template, request_text_is_its_own_kind_of_piece)
                      "M<\n</tool_response><|im_end|>\n<|im_start|>assistant\n>");
     free(got);
     vlmd_prompt_free(&out);
+}
+
+/* ---- Qwen3 and Qwen3-VL ------------------------------------------------------- */
+
+static vlmd_tokenizer *load_tok(const char *model)
+{
+    char rel[64];
+    snprintf(rel, sizeof rel, "%s/tokenizer.json", model);
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture(rel), &tok, NULL), VLMD_OK, "%s", rel);
+    return tok;
+}
+
+/* got (ids) must be want (ids), token for token. */
+static void expect_same_ids(const vlmd_tokenizer *tok, const uint32_t *got, size_t n_got,
+                            const uint32_t *want, size_t n_want, const char *what)
+{
+    vlmd_buf text = VLMD_BUF_INIT;
+    vlmd_tokenizer_decode(tok, got, n_got, false, &text, NULL);
+    cr_expect_eq(n_got, n_want, "%s: %zu ids, want %zu; rendered:\n%s", what, n_got, n_want,
+                 text.data);
+    cr_expect_arr_eq(got, want, (n_got < n_want ? n_got : n_want) * sizeof *got,
+                     "%s: rendered:\n%s", what, text.data);
+    vlmd_buf_free(&text);
+}
+
+/* A reference.json message list as chat messages (image items are images). */
+static size_t fixture_messages(json_t *msgs, vlmd_chat_message *cm, vlmd_chat_part *parts,
+                               size_t max_parts)
+{
+    size_t n = json_array_size(msgs), k = 0;
+    for (size_t i = 0; i < n; i++) {
+        json_t *msg = json_array_get(msgs, i), *content = json_object_get(msg, "content");
+        cm[i] = (vlmd_chat_message){json_string_value(json_object_get(msg, "role")), &parts[k]};
+        json_t *items = json_is_array(content) ? content : NULL;
+        for (size_t j = 0; j < (items ? json_array_size(items) : 1); j++, k++) {
+            cr_assert_lt(k, max_parts);
+            json_t *it = items ? json_array_get(items, j) : content;
+            json_t *t = items ? json_object_get(it, "text") : it;
+            parts[k] = t ? (vlmd_chat_part){VLMD_CHAT_TEXT, json_string_value(t),
+                                            json_string_length(t)}
+                         : (vlmd_chat_part){VLMD_CHAT_IMAGE, NULL, 0};
+            cm[i].n_parts++;
+        }
+    }
+    return n;
+}
+
+/* Every case of a fixture: the rendered prompt is reference.json's, and its
+ * ids (each image's pad expanded to t*h*w/4 of its grid) are input_ids. */
+static void expect_fixture_cases(const char *model, const char *family, bool thinking)
+{
+    json_t *ref = test_reference_json(model);
+    vlmd_tokenizer *tok = load_tok(model);
+    const vlmd_chat_family *f = vlmd_chat_family_find(family);
+    cr_assert_not_null(f, "%s", family);
+    int64_t pad = json_integer_value(json_object_get(json_object_get(ref, "special_ids"),
+                                                     "<|image_pad|>"));
+    size_t i;
+    json_t *c;
+    json_array_foreach(json_object_get(ref, "cases"), i, c)
+    {
+        vlmd_chat_message cm[8];
+        vlmd_chat_part parts[16];
+        json_t *msgs = json_object_get(c, "messages");
+        cr_assert_leq(json_array_size(msgs), 8);
+        size_t n = fixture_messages(msgs, cm, parts, 16);
+        vlmd_chat_options opt = {.family = f, .add_generation_prompt = true,
+                                 .enable_thinking = thinking};
+        vlmd_prompt_text out = VLMD_PROMPT_TEXT_INIT;
+        vlmd_error err = {0};
+        cr_assert_eq(vlmd_chat_render_with(cm, n, &opt, &out, &err), VLMD_OK, "%s", err.msg);
+        cr_expect_str_eq(out.text.data, json_string_value(json_object_get(c, "prompt")),
+                         "%s case %zu", model, i);
+        vlmd_tokens ids = {0};
+        cr_assert_eq(vlmd_tokenizer_encode_prompt(tok, &out, &ids), VLMD_OK);
+        json_t *grids = json_object_get(c, "image_grid_thw"), *g;
+        uint32_t counts[4];
+        size_t k;
+        json_array_foreach(grids, k, g)
+        {
+            cr_assert_lt(k, 4);
+            counts[k] = (uint32_t)(json_integer_value(json_array_get(g, 0)) *
+                                   json_integer_value(json_array_get(g, 1)) *
+                                   json_integer_value(json_array_get(g, 2)) / 4);
+        }
+        uint32_t *expanded = NULL;
+        size_t n_expanded = 0;
+        cr_assert_eq(vlmd_expand_image_pads(ids.ids, ids.n, (uint32_t)pad, counts,
+                                            json_array_size(grids), &expanded, &n_expanded,
+                                            &err), VLMD_OK, "%s", err.msg);
+        json_t *want_j = json_object_get(c, "input_ids"), *v;
+        uint32_t *want = calloc(json_array_size(want_j), sizeof *want);
+        json_array_foreach(want_j, k, v)
+            want[k] = (uint32_t)json_integer_value(v);
+        char what[64];
+        snprintf(what, sizeof what, "%s case %zu", model, i);
+        expect_same_ids(tok, expanded, n_expanded, want, json_array_size(want_j), what);
+        free(want);
+        free(expanded);
+        vlmd_tokens_free(&ids);
+        vlmd_prompt_free(&out);
+    }
+    vlmd_tokenizer_free(tok);
+    json_decref(ref);
+}
+
+/* the qwen3 fixtures' prompts were rendered with enable_thinking=False */
+Test(chat_template, qwen3_fixture_prompts_id_for_id)
+{
+    expect_fixture_cases("qwen3", "qwen3", false);
+    expect_fixture_cases("qwen3_moe", "qwen3", false);
+}
+
+Test(chat_template, qwen3_vl_fixture_prompts_id_for_id_images_included)
+{
+    expect_fixture_cases("qwen3_vl", "qwen3_vl", false);
+    expect_fixture_cases("qwen3_vl", "qwen3_vl", true); /* it has no thinking switch */
+}
+
+static void write_file(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f, "%s", path);
+    fputs(text, f);
+    fclose(f);
+}
+
+Test(chat_template, the_family_is_the_models_template_else_its_architecture)
+{
+    static const struct {
+        const char *model;
+        vlmd_arch arch;
+        const char *family, *source;
+    } cases[] = {
+        {"qwen2", VLMD_ARCH_QWEN2, "qwen2", "architecture"}, /* no chat_template */
+        {"qwen2_vl", VLMD_ARCH_QWEN2_VL, "qwen2", "architecture"},
+        {"qwen3", VLMD_ARCH_QWEN3, "qwen3", "tokenizer_config.json"},
+        {"qwen3_moe", VLMD_ARCH_QWEN3_MOE, "qwen3", "tokenizer_config.json"},
+        {"qwen3_vl", VLMD_ARCH_QWEN3_VL, "qwen3_vl", "tokenizer_config.json"},
+        /* the template wins over the architecture */
+        {"qwen3", VLMD_ARCH_QWEN2, "qwen3", "tokenizer_config.json"},
+        {"qwen3_vl", VLMD_ARCH_QWEN3_VL_MOE, "qwen3_vl", "tokenizer_config.json"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", test_fixture(cases[i].model));
+        const char *source = NULL;
+        const vlmd_chat_family *f = vlmd_chat_family_for_model(dir, cases[i].arch, &source);
+        cr_expect_str_eq(f->name, cases[i].family, "%s", cases[i].model);
+        cr_expect_str_eq(source, cases[i].source, "%s", cases[i].model);
+    }
+    /* a template none knows: the architecture; chat_template.jinja is read too */
+    char dir[] = "/tmp/vlmd-template-XXXXXX", path[128];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    write_file(path, "{\"chat_template\": \"{{ messages }}\"}");
+    const char *source = NULL;
+    cr_expect_str_eq(vlmd_chat_family_for_model(dir, VLMD_ARCH_QWEN3_VL, &source)->name,
+                     "qwen3_vl");
+    cr_expect_str_eq(source, "architecture");
+    cr_expect_str_eq(vlmd_chat_family_for_model(dir, VLMD_ARCH_QWEN2, NULL)->name, "qwen2");
+    unlink(path);
+    char jinja[128];
+    snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", dir);
+    write_file(jinja, "{%- if enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}");
+    cr_expect_str_eq(vlmd_chat_family_for_model(dir, VLMD_ARCH_QWEN2, &source)->name, "qwen3");
+    cr_expect_str_eq(source, "chat_template.jinja");
+    unlink(jinja);
+    /* Qwen2.5's template: its own default system prompt, and the content as one string */
+    write_file(path, "{\"chat_template\": \"{{- 'You are Qwen, created by Alibaba Cloud. You are "
+               "a helpful assistant.' }}\"}");
+    const vlmd_chat_family *f = vlmd_chat_family_for_model(dir, VLMD_ARCH_QWEN2, &source);
+    cr_expect_str_eq(f->name, "qwen2_5");
+    cr_expect_str_eq(source, "tokenizer_config.json");
+    unlink(path);
+    rmdir(dir);
+    vlmd_chat_part parts[] = {TEXT_PART("a"), TEXT_PART("b")};
+    vlmd_chat_message msg = {"user", parts, 2};
+    vlmd_chat_options opt = {.family = f, .add_generation_prompt = true};
+    vlmd_prompt_text out = VLMD_PROMPT_TEXT_INIT;
+    cr_assert_eq(vlmd_chat_render_with(&msg, 1, &opt, &out, NULL), VLMD_OK);
+    cr_expect_str_eq(out.text.data, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. "
+                     "You are a helpful assistant.<|im_end|>\n<|im_start|>user\na\nb<|im_end|>\n"
+                     "<|im_start|>assistant\n");
+    vlmd_prompt_free(&out);
+    cr_expect_null(vlmd_chat_family_find("llama"));
+}
+
+/* The ids of a chat body (api_request.c's parsing, then the family's template). */
+static void expect_body(const vlmd_tokenizer *tok, const char *family, const char *body_text,
+                        const char *want)
+{
+    api_limits lim = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
+                      .image_token_id = 1022, .chat_family = vlmd_chat_family_find(family)};
+    json_t *body = json_loads(body_text, 0, NULL);
+    cr_assert_not_null(body, "%s", body_text);
+    vlmd_tokens got = {0}, ids = {0};
+    api_error e;
+    api_image *images = NULL;
+    uint32_t n_images = 0;
+    cr_assert(api_prompt_tokens(body, true, tok, &lim, &got, &images, &n_images, &e), "%s: %s",
+              body_text, e.message);
+    cr_assert_eq(vlmd_tokenizer_encode(tok, want, strlen(want), VLMD_SPECIAL_MATCH, &ids),
+                 VLMD_OK);
+    expect_same_ids(tok, got.ids, got.n, ids.ids, ids.n, body_text);
+    for (uint32_t i = 0; i < n_images; i++)
+        api_image_free(&images[i]);
+    free(images);
+    vlmd_tokens_free(&got);
+    vlmd_tokens_free(&ids);
+    json_decref(body);
+}
+
+#define HI "{\"role\": \"user\", \"content\": \"hi\"}"
+#define HI_PROMPT "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+#define EMPTY_THINK "<think>\n\n</think>\n\n"
+
+Test(chat_template, qwen3_thinks_by_default_and_enable_thinking_false_closes_the_block)
+{
+    vlmd_tokenizer *tok = load_tok("qwen3");
+    expect_body(tok, "qwen3", "{\"messages\": [" HI "]}", HI_PROMPT);
+    expect_body(tok, "qwen3", "{\"messages\": [" HI "], \"chat_template_kwargs\": null}",
+                HI_PROMPT);
+    expect_body(tok, "qwen3", "{\"messages\": [" HI "], \"chat_template_kwargs\": "
+                "{\"enable_thinking\": true, \"other\": 1}}", HI_PROMPT);
+    expect_body(tok, "qwen3", "{\"messages\": [" HI "], \"chat_template_kwargs\": "
+                "{\"enable_thinking\": false}}", HI_PROMPT EMPTY_THINK);
+    /* the families without the switch ignore it */
+    expect_body(tok, "qwen3_vl", "{\"messages\": [" HI "], \"chat_template_kwargs\": "
+                "{\"enable_thinking\": false}}", HI_PROMPT);
+    expect_body(tok, "qwen2", "{\"messages\": [" HI "], \"chat_template_kwargs\": "
+                "{\"enable_thinking\": false}}",
+                "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n" HI_PROMPT);
+    vlmd_tokenizer_free(tok);
+}
+
+Test(chat_template, qwen3_keeps_think_parts_only_after_the_last_user_query)
+{
+    vlmd_tokenizer *tok = load_tok("qwen3");
+    /* before the last query a think part goes (reasoning_content too); after it,
+     * it stays when the turn has one or is the last; a user turn of tool results
+     * is no query */
+    expect_body(tok, "qwen3",
+                "{\"messages\": [{\"role\": \"user\", \"content\": \"q1\"},"
+                " {\"role\": \"assistant\", \"content\": \"A1\", \"reasoning_content\": \"R1\"},"
+                " {\"role\": \"user\", \"content\": \"q2\"},"
+                " {\"role\": \"assistant\", \"content\": \"<think>\\nR2\\n</think>\\n\\nA2\"},"
+                " {\"role\": \"user\", \"content\": \"<tool_response>\\nx\\n</tool_response>\"},"
+                " {\"role\": \"assistant\", \"content\": \"A4\"},"
+                " {\"role\": \"assistant\", \"content\": \"<think>R5</think>A5\"}],"
+                " \"chat_template_kwargs\": {\"enable_thinking\": false}}",
+                "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
+                "<|im_start|>user\nq2<|im_end|>\n"
+                "<|im_start|>assistant\n<think>\nR2\n</think>\n\nA2<|im_end|>\n"
+                "<|im_start|>user\n<tool_response>\nx\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\nA4<|im_end|>\n"
+                "<|im_start|>assistant\n<think>\nR5\n</think>\n\nA5<|im_end|>\n"
+                "<|im_start|>assistant\n" EMPTY_THINK);
+    vlmd_tokenizer_free(tok);
+}
+
+#define TOOLS_INTRO                                                                             \
+    "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou "      \
+    "are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+#define TOOLS_OUTRO                                                                             \
+    "\n</tools>\n\nFor each function call, return a json object with function name and "       \
+    "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": "              \
+    "<function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+#define WEATHER                                                                                 \
+    "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "      \
+    "\"Weather now\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "        \
+    "{\"type\": \"string\"}}}}}"
+#define TIME "{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}"
+
+Test(chat_template, qwen3_tools_calls_and_results_in_an_agent_loop)
+{
+    vlmd_tokenizer *tok = load_tok("qwen3");
+    expect_body(tok, "qwen3",
+                "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+                " {\"role\": \"user\", \"content\": \"Weather, then time?\"},"
+                " {\"role\": \"assistant\", \"content\": null, \"reasoning_content\": "
+                "\"\\nNeed the tool.\\n\", \"tool_calls\": [{\"id\": \"c\", \"type\": "
+                "\"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": "
+                "\"{\\\"city\\\": \\\"Paris\\\"}\"}}]},"
+                " {\"role\": \"tool\", \"tool_call_id\": \"c\", \"content\": \"18 C\"},"
+                " {\"role\": \"assistant\", \"content\": \"<think>\\nIt is mild.\\n</think>\\n\\n"
+                "It is 18 C.\", \"tool_calls\": [{\"id\": \"d\", \"type\": \"function\", "
+                "\"function\": {\"name\": \"get_time\", \"arguments\": \"{}\"}}]},"
+                " {\"role\": \"tool\", \"tool_call_id\": \"d\", \"content\": \"12:00\"}],"
+                " \"tools\": [" WEATHER ", " TIME "]}",
+                "<|im_start|>system\nBe brief.\n\n" TOOLS_INTRO WEATHER "\n" TIME TOOLS_OUTRO
+                "<|im_start|>user\nWeather, then time?<|im_end|>\n"
+                "<|im_start|>assistant\n<think>\nNeed the tool.\n</think>\n\n<tool_call>\n"
+                "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+                "</tool_call><|im_end|>\n"
+                "<|im_start|>user\n<tool_response>\n18 C\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\n<think>\nIt is mild.\n</think>\n\nIt is 18 C.\n"
+                "<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call><|im_end|>\n"
+                "<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\n");
+    /* no system turn: the tools are the system turn, with no default prompt */
+    expect_body(tok, "qwen3", "{\"messages\": [" HI "], \"tools\": [" WEATHER "]}",
+                "<|im_start|>system\n" TOOLS_INTRO WEATHER TOOLS_OUTRO HI_PROMPT);
+    /* Qwen3's template takes a turn's content as one string: vLLM joins text parts by "\n" */
+    expect_body(tok, "qwen3", "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+                "\"text\", \"text\": \"a\"}, {\"type\": \"text\", \"text\": \"b\"}]}]}",
+                "<|im_start|>user\na\nb<|im_end|>\n<|im_start|>assistant\n");
+    vlmd_tokenizer_free(tok);
+}
+
+Test(chat_template, qwen3_vl_writes_no_later_system_turn_and_tools_without_a_prompt)
+{
+    vlmd_tokenizer *tok = load_tok("qwen3_vl");
+    expect_body(tok, "qwen3_vl",
+                "{\"messages\": [{\"role\": \"system\", \"content\": \"S\"},"
+                " {\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": "
+                "{\"url\": \"data:image/png;base64,AAAA\"}}, {\"type\": \"text\", \"text\": "
+                "\"what?\"}]},"
+                " {\"role\": \"assistant\", \"content\": \"A\"},"
+                " {\"role\": \"system\", \"content\": \"late\"},"
+                " {\"role\": \"user\", \"content\": \"q\"}]}",
+                "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n<|vision_start|>"
+                "<|image_pad|><|vision_end|>what?<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n"
+                "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n");
+    expect_body(tok, "qwen3_vl",
+                "{\"messages\": [" HI ", {\"role\": \"assistant\", \"content\": \"\", "
+                "\"tool_calls\": [{\"id\": \"c\", \"type\": \"function\", \"function\": {\"name\": "
+                "\"get_time\", \"arguments\": \"{}\"}}]}, {\"role\": \"tool\", \"tool_call_id\": "
+                "\"c\", \"content\": \"12:00\"}], \"tools\": [" TIME "]}",
+                "<|im_start|>system\n" TOOLS_INTRO TIME TOOLS_OUTRO
+                "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<tool_call>\n"
+                "{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call><|im_end|>\n"
+                "<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>\n"
+                "<|im_start|>assistant\n");
+    vlmd_tokenizer_free(tok);
+}
+
+/* A think part's frame is the template's; the reasoning in it, from the
+ * request, is text like the rest. */
+Test(chat_template, a_think_parts_text_is_the_requests)
+{
+    vlmd_chat_part q = TEXT_PART("q"), a = TEXT_PART("<think>r<|im_end|></think>\n\na");
+    vlmd_chat_message msgs[] = {{"user", &q, 1}, {"assistant", &a, 1}};
+    vlmd_chat_options opt = {.family = vlmd_chat_family_find("qwen3"),
+                             .add_generation_prompt = false};
+    vlmd_prompt_text out = VLMD_PROMPT_TEXT_INIT;
+    cr_assert_eq(vlmd_chat_render_with(msgs, 2, &opt, &out, NULL), VLMD_OK);
+    char *got = pieces_of(&out);
+    cr_expect_str_eq(got, "M<<|im_start|>user\n>S<q>M<<|im_end|>\n<|im_start|>assistant\n"
+                          "<think>\n>S<r<|im_end|>>M<\n</think>\n\n>S<a>M<<|im_end|>\n>");
+    free(got);
+    vlmd_prompt_free(&out);
+}
+
+Test(chat_template, bad_chat_template_kwargs_and_reasoning_content_are_refused_by_name)
+{
+    vlmd_tokenizer *tok = load_tok("qwen3");
+    api_limits lim = {.model_name = "m", .max_model_len = 4096, .image_token_id = -1,
+                      .chat_family = vlmd_chat_family_find("qwen3")};
+    static const char *const cases[][2] = {
+        {"{\"messages\": [" HI "], \"chat_template_kwargs\": []}", "chat_template_kwargs"},
+        {"{\"messages\": [" HI "], \"chat_template_kwargs\": {\"enable_thinking\": \"no\"}}",
+         "chat_template_kwargs.enable_thinking"},
+        {"{\"messages\": [" HI "], \"chat_template_kwargs\": {\"enable_thinking\": 0}}",
+         "chat_template_kwargs.enable_thinking"},
+        {"{\"messages\": [" HI ", {\"role\": \"assistant\", \"content\": \"a\", "
+         "\"reasoning_content\": 3}]}", "messages[1].reasoning_content"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        json_t *body = json_loads(cases[i][0], 0, NULL);
+        cr_assert_not_null(body, "%s", cases[i][0]);
+        vlmd_tokens ids = {0};
+        api_error e;
+        cr_expect_not(api_prompt_tokens(body, true, tok, &lim, &ids, NULL, NULL, &e), "%s",
+                      cases[i][0]);
+        cr_expect_eq(e.status, 400, "%s", cases[i][0]);
+        cr_expect_str_eq(e.param, cases[i][1], "%s", cases[i][0]);
+        vlmd_tokens_free(&ids);
+        json_decref(body);
+    }
+    vlmd_tokenizer_free(tok);
 }

@@ -1,0 +1,256 @@
+// reasoning.test.mjs - Qwen3's chat template and a thinking model's answer over HTTP.
+//
+// /tokenize: each qwen3, qwen3_moe and (text) qwen3_vl fixture chat gives the fixture's
+// input_ids, asked of a frontend alone (it tokenizes without an engine), with thinking off as
+// the fixtures were rendered, and on.
+//
+// The answer: a scripted model (as tools.test.mjs builds one: the last token alone decides
+// the next) with Qwen3's tokenizer and chat template on a Qwen2 body, whose greedy answer to a
+// chat is
+//     <think>\nI need the weather.\n</think>\n\nLet me check.<tool_call>...</tool_call>
+// It comes back as reasoning_content and content (and a call, with tools), whole and streamed
+// through the official SDK. With logit_bias banning <think>, the model says
+//     Thinking already.\n</think>\n\nLet me check.<tool_call>...</tool_call>
+// as a model whose prompt opened the think block does; with enable_thinking false the prompt
+// ends with an empty think block, after which it says "Plain answer.".
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn } from 'node:child_process';
+import { mkdtempSync, readFileSync, writeFileSync, copyFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import OpenAI from 'openai';
+import { BIN, FIXTURES, startServer, stopServer, postJson, waitFor } from './harness.mjs';
+
+const CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
+const PIECES = ['\nI need the weather.\n', '\n\nLet me check.', CALL, 'Thinking already.\n', 'Plain answer.'];
+const [REASONING, CONTENT, , REASONING_2, PLAIN] = PIECES;
+const H = 64, V = 1048;
+const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
+const messages = [{ role: 'user', content: 'Weather in Paris?' }];
+const off = { chat_template_kwargs: { enable_thinking: false } };
+
+// ---- a frontend alone -------------------------------------------------------------------
+
+// Starts vlmd-frontend on a model with no router behind it; resolves with its URL.
+async function startFrontend(model, dir) {
+  const child = spawn(`${BIN}/vlmd-frontend`, ['--model', model, '--port', '0',
+    '--router-endpoint', `ipc://${dir}/no-router.sock`], { stdio: ['ignore', 'ignore', 'pipe'] });
+  const fe = { child, stderr: '', exited: null };
+  child.stderr.on('data', (d) => { fe.stderr += d; });
+  child.on('exit', (code, signal) => { fe.exited = { code, signal }; });
+  fe.url = await waitFor('the frontend to listen', () => {
+    if (fe.exited) throw new Error(`vlmd-frontend exited: ${fe.stderr}`);
+    return fe.stderr.match(/listening on (http:\/\/\S+)/)?.[1];
+  });
+  return fe;
+}
+
+async function stopFrontend(fe) {
+  fe.child.kill('SIGTERM');
+  await waitFor('the frontend to exit', () => fe.exited);
+  assert.deepEqual(fe.exited, { code: 0, signal: null }, fe.stderr.slice(-2000));
+}
+
+test('/tokenize gives each Qwen3 fixture chat its input_ids', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'vlmd-q3tok-'));
+  try {
+    for (const model of ['qwen3', 'qwen3_moe', 'qwen3_vl']) {
+      const fe = await startFrontend(`${FIXTURES}/${model}`, dir);
+      try {
+        assert.match(fe.stderr, model === 'qwen3_vl' ? /chat template: qwen3_vl / : /chat template: qwen3 /);
+        const ref = JSON.parse(readFileSync(`${FIXTURES}/${model}/reference.json`, 'utf8'));
+        for (const [i, c] of ref.cases.entries()) {
+          if (c.image_grid_thw) continue; // /tokenize takes no images (the unit test has them)
+          const thinks = model !== 'qwen3_vl'; // Qwen3-VL-Instruct's template has no switch
+          const r = await postJson(`${fe.url}/tokenize`, { messages: c.messages, ...(thinks ? off : {}) });
+          assert.equal(r.status, 200, JSON.stringify(r.body));
+          assert.deepEqual(r.body.tokens, c.input_ids, `${model} case ${i}`);
+          if (!thinks) continue;
+          // thinking on (the default): the same prompt without the empty think block
+          const on = await postJson(`${fe.url}/tokenize`, { messages: c.messages });
+          const [blank, think, unthink] = [c.input_ids.at(-1), ref.special_ids['<think>'], ref.special_ids['</think>']];
+          assert.deepEqual(c.input_ids.slice(-4), [think, blank, unthink, blank], 'an empty think block ends it');
+          assert.deepEqual(on.body.tokens, c.input_ids.slice(0, -4), `${model} case ${i}, thinking on`);
+        }
+        const bad = await postJson(`${fe.url}/tokenize`, { messages, chat_template_kwargs: { enable_thinking: 'no' } });
+        assert.equal(bad.status, 400);
+        assert.equal(bad.body.error.param, 'chat_template_kwargs.enable_thinking');
+      } finally {
+        await stopFrontend(fe);
+      }
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+// ---- the scripted thinking model ----------------------------------------------------------
+
+// A safetensors file of F32 tensors ({name: [shape, Float32Array]}).
+function safetensors(tensors) {
+  const header = {};
+  let offset = 0;
+  for (const [name, [shape, data]] of Object.entries(tensors)) {
+    header[name] = { dtype: 'F32', shape, data_offsets: [offset, offset + data.byteLength] };
+    offset += data.byteLength;
+  }
+  let json = JSON.stringify(header);
+  json += ' '.repeat((8 - (json.length % 8)) % 8);
+  const head = Buffer.alloc(8);
+  head.writeBigUInt64LE(BigInt(json.length));
+  return Buffer.concat([head, Buffer.from(json), ...Object.values(tensors).map(([, d]) => Buffer.from(d.buffer))]);
+}
+
+// edges: [from, to, weight]: token `from` (an id, {piece: i} or 'end') votes for `to`.
+function writeScriptedModel(dir, edges) {
+  const tokenizer = JSON.parse(readFileSync(`${FIXTURES}/qwen3/tokenizer.json`, 'utf8'));
+  const firstNew = Math.max(...tokenizer.added_tokens.map((t) => t.id)) + 1;
+  PIECES.forEach((content, i) => tokenizer.added_tokens.push({ id: firstNew + i, content, single_word: false,
+    lstrip: false, rstrip: false, normalized: false, special: false }));
+  assert.ok(firstNew + PIECES.length <= V);
+  writeFileSync(`${dir}/tokenizer.json`, JSON.stringify(tokenizer));
+  copyFileSync(`${FIXTURES}/qwen3/tokenizer_config.json`, `${dir}/tokenizer_config.json`); // Qwen3's template
+  const config = JSON.parse(readFileSync(`${FIXTURES}/qwen2/config.json`, 'utf8'));
+  Object.assign(config, { hidden_size: H, intermediate_size: H, num_hidden_layers: 1, layer_types: ['full_attention'],
+    num_attention_heads: 1, num_key_value_heads: 1, vocab_size: V, tie_word_embeddings: false });
+  writeFileSync(`${dir}/config.json`, JSON.stringify(config));
+  const imEnd = tokenizer.added_tokens.find((t) => t.content === '<|im_end|>').id;
+  const id = (t) => (t === 'end' ? imEnd : typeof t === 'object' ? firstNew + t.piece : t);
+  const embed = new Float32Array(V * H), lmHead = new Float32Array(V * H);
+  const slots = new Map();
+  for (const [from, to, weight] of edges) {
+    const f = id(from);
+    if (!slots.has(f)) {
+      slots.set(f, slots.size);
+      embed[f * H + slots.get(f)] = 1; // the token lights its slot
+    }
+    lmHead[id(to) * H + slots.get(f)] = weight; // the slot votes for the next token
+  }
+  const zeros = (...shape) => [shape, new Float32Array(shape.reduce((a, b) => a * b))];
+  const ones = (n) => [[n], new Float32Array(n).fill(1)];
+  const p = 'model.layers.0.';
+  writeFileSync(`${dir}/model.safetensors`, safetensors({
+    'lm_head.weight': [[V, H], lmHead], 'model.embed_tokens.weight': [[V, H], embed],
+    [`${p}input_layernorm.weight`]: ones(H), [`${p}mlp.down_proj.weight`]: zeros(H, H),
+    [`${p}mlp.gate_proj.weight`]: zeros(H, H), [`${p}mlp.up_proj.weight`]: zeros(H, H),
+    [`${p}post_attention_layernorm.weight`]: ones(H),
+    [`${p}self_attn.k_proj.bias`]: zeros(H), [`${p}self_attn.k_proj.weight`]: zeros(H, H),
+    [`${p}self_attn.o_proj.weight`]: zeros(H, H),
+    [`${p}self_attn.q_proj.bias`]: zeros(H), [`${p}self_attn.q_proj.weight`]: zeros(H, H),
+    [`${p}self_attn.v_proj.bias`]: zeros(H), [`${p}self_attn.v_proj.weight`]: zeros(H, H),
+    'model.norm.weight': ones(H),
+  }));
+}
+
+let dir, server, client, think;
+before(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'vlmd-reasoning-'));
+  const ref = JSON.parse(readFileSync(`${FIXTURES}/qwen3/reference.json`, 'utf8'));
+  think = ref.special_ids['<think>'];
+  const unthink = ref.special_ids['</think>'];
+  // the prompts' last tokens: "\n" of "<|im_start|>assistant\n", and (thinking off) "\n\n"
+  const ids = ref.cases[0].input_ids, newline = ids.at(-5), blank = ids.at(-1);
+  writeScriptedModel(dir, [
+    [newline, think, 10], [newline, { piece: 3 }, 5], // <think> first; banned, the runner-up
+    [think, { piece: 0 }, 10], [{ piece: 0 }, unthink, 10], [{ piece: 3 }, unthink, 10],
+    [unthink, { piece: 1 }, 10], [{ piece: 1 }, { piece: 2 }, 10], [{ piece: 2 }, 'end', 10],
+    [blank, { piece: 4 }, 10], [{ piece: 4 }, 'end', 10],
+  ]);
+  server = await startServer(['--model', dir, '--port', '0', '--served-model-name', 'thinker']);
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+});
+after(async () => {
+  assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  rmSync(dir, { recursive: true, force: true });
+});
+
+const ask = (extra = {}) => client.chat.completions.create({ model: 'thinker', messages, temperature: 0, ...extra });
+
+// A stream read through the SDK: each delta kind accumulated, chunks that carry a delta counted.
+async function streamed(extra = {}) {
+  const out = { reasoning: '', content: '', calls: [], finish: null, deltas: 0, usage: null, reasoningAfterContent: false };
+  for await (const chunk of await ask({ ...extra, stream: true, stream_options: { include_usage: true } })) {
+    out.usage = chunk.usage ?? out.usage;
+    for (const c of chunk.choices) {
+      if (c.finish_reason) out.finish = c.finish_reason;
+      else out.deltas++;
+      if (c.delta.reasoning_content && out.content) out.reasoningAfterContent = true;
+      out.reasoning += c.delta.reasoning_content ?? '';
+      out.content += c.delta.content ?? '';
+      for (const t of c.delta.tool_calls ?? []) out.calls.push([t.function.name, JSON.parse(t.function.arguments)]);
+    }
+  }
+  return out;
+}
+
+test('the think block is reasoning_content, the rest content', async () => {
+  const r = await ask();
+  const m = r.choices[0].message;
+  assert.equal(m.reasoning_content, REASONING);
+  assert.equal(m.content, CONTENT + CALL, 'without tools a call is text');
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  const s = await streamed();
+  assert.equal(s.reasoning, REASONING);
+  assert.equal(s.content, CONTENT + CALL);
+  assert.equal(s.reasoningAfterContent, false);
+  assert.equal(s.finish, 'stop');
+  // one chunk per generated token, <think> and </think> too (<|im_end|>'s is the finish chunk)
+  assert.equal(s.deltas, s.usage.completion_tokens - 1);
+  // the SDK's own accumulation of the stream keeps the content
+  const final = await client.chat.completions.stream({ model: 'thinker', messages, temperature: 0 }).finalChatCompletion();
+  assert.equal(final.choices[0].message.content, CONTENT + CALL);
+});
+
+test('with tools the call after the reasoning is a call', async () => {
+  const r = await ask({ tools });
+  const m = r.choices[0].message;
+  assert.equal(r.choices[0].finish_reason, 'tool_calls');
+  assert.equal(m.reasoning_content, REASONING);
+  assert.equal(m.content, CONTENT);
+  assert.deepEqual(m.tool_calls.map((c) => [c.function.name, JSON.parse(c.function.arguments)]), [['get_weather', { city: 'Paris' }]]);
+  const s = await streamed({ tools });
+  assert.equal(s.reasoning, REASONING);
+  assert.equal(s.content, CONTENT);
+  assert.deepEqual(s.calls, [['get_weather', { city: 'Paris' }]]);
+  assert.equal(s.finish, 'tool_calls');
+});
+
+test('an answer with only </think> (the prompt opened the block) is split the same way', async () => {
+  const bias = { logit_bias: { [think]: -100 } };
+  const r = await ask(bias);
+  assert.equal(r.choices[0].message.reasoning_content, REASONING_2);
+  assert.equal(r.choices[0].message.content, CONTENT + CALL);
+  const s = await streamed(bias);
+  assert.equal(s.reasoning, REASONING_2);
+  assert.equal(s.content, CONTENT + CALL);
+});
+
+test('with enable_thinking false there is no reasoning', async () => {
+  const r = await ask(off);
+  assert.equal(r.choices[0].message.content, PLAIN);
+  assert.equal(r.choices[0].message.reasoning_content, undefined);
+  const s = await streamed(off);
+  assert.equal(s.reasoning, '');
+  assert.equal(s.content, PLAIN);
+});
+
+test('an answer cut inside its reasoning is all reasoning; stop strings look only at content', async () => {
+  const cut = await ask({ max_tokens: 2 });
+  assert.equal(cut.choices[0].finish_reason, 'length');
+  assert.equal(cut.choices[0].message.reasoning_content, REASONING);
+  assert.equal(cut.choices[0].message.content, null);
+  const s = await streamed({ max_tokens: 2 });
+  assert.equal(s.reasoning, REASONING);
+  assert.equal(s.content, '');
+  assert.equal(s.deltas, 2);
+  // "weather" is in the reasoning too: only the content's stops the answer
+  const stop = { stop: ['weather'] };
+  const r = await ask(stop);
+  assert.equal(r.choices[0].finish_reason, 'stop');
+  assert.equal(r.choices[0].message.reasoning_content, REASONING);
+  assert.equal(r.choices[0].message.content, `${CONTENT}<tool_call>\n{"name": "get_`);
+  const t = await streamed(stop);
+  assert.equal(t.reasoning, REASONING);
+  assert.equal(t.content, `${CONTENT}<tool_call>\n{"name": "get_`);
+});
