@@ -243,7 +243,8 @@ Test(encoder, a_tower_wider_than_the_text_model_is_refused)
     encoder_config cfg = {1, 1u << 24};
     image_encoder *enc = NULL;
     cr_expect_eq(image_encoder_create(b, &mc, st, &p, &cfg, &enc, &err), VLMD_ERR_MODEL);
-    cr_expect(strstr(err.msg, "3 rows 64 wide") && strstr(err.msg, "hidden_size 128"), "%s", err.msg);
+    cr_expect(strstr(err.msg, "3 rows 64 wide") && strstr(err.msg, "hidden_size 128"), "%s",
+              err.msg);
     cr_expect_null(enc);
     vlmd_safetensors_close(st);
     vlmd_backend_destroy(b);
