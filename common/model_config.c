@@ -401,3 +401,8 @@ vlmd_status vlmd_model_config_load(const char *dir, vlmd_model_config *out, vlmd
     vlmd_buf_free(&text);
     return st;
 }
+
+uint64_t vlmd_image_token_bytes(const vlmd_model_config *mc)
+{
+    return (1 + (uint64_t)mc->vision.n_deepstack) * (uint64_t)mc->text.hidden_size * sizeof(float);
+}

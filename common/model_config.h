@@ -100,4 +100,11 @@ vlmd_status vlmd_model_config_parse(const char *json_text, const char *path,
                                     vlmd_model_config *out, vlmd_error *err);
 const char *vlmd_arch_str(vlmd_arch arch);
 
+/* Bytes one image token takes in the embedding arena: rows of the text
+ * model's hidden_size float32s, its embedding and then (Qwen3-VL) one
+ * DeepStack feature per deepstack_visual_indexes entry. An image's tokens
+ * are stored row block by row block: all its embeddings, then all of
+ * feature 0, ... (docs/ARCHITECTURE.md, "An image's path"). */
+uint64_t vlmd_image_token_bytes(const vlmd_model_config *mc);
+
 #endif

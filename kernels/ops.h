@@ -49,6 +49,14 @@ typedef struct vlmd_rope {
     float norm_eps;
 } vlmd_rope;
 
+/* The forms of gelu. */
+typedef enum vlmd_gelu_form {
+    VLMD_GELU_ERF = 0,          /* x/2 (1 + erf(x / sqrt 2)): nn.GELU(), the patch mergers */
+    VLMD_GELU_QUICK,            /* x sigmoid(1.702 x): Qwen2-VL's quick_gelu */
+    VLMD_GELU_TANH,             /* x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))):
+                                 * gelu_pytorch_tanh, Qwen3-VL's vision MLP */
+} vlmd_gelu_form;
+
 #define VLMD_SAMPLE_MAX_TOP 20
 
 /* How one row of logits becomes a token. */
@@ -111,8 +119,8 @@ typedef struct vlmd_op_table {
     /* out[n,dim] = layernorm(x) * w + bias (out may be x) */
     void (*layernorm)(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
                       int n, int dim, float eps);
-    /* out = gelu(x) (the erf form) or quick_gelu(x) = x * sigmoid(1.702 x), count elements */
-    void (*gelu)(vlmd_backend *b, void *out, const void *x, size_t count, bool quick);
+    /* out = gelu(x) in the given form, count elements (out may be x) */
+    void (*gelu)(vlmd_backend *b, void *out, const void *x, size_t count, vlmd_gelu_form form);
     /* out += x, count elements */
     void (*add)(vlmd_backend *b, void *out, const void *x, size_t count);
     /* The vision tower's 2-D rotary embedding on q and k, both [n, nh, hd]:
@@ -120,6 +128,12 @@ typedef struct vlmd_op_table {
      * it is wpos * theta^(-4(i - hd/4)/hd); rotate-half form. */
     void (*vision_rope)(vlmd_backend *b, void *q, void *k, const int32_t *hpos,
                         const int32_t *wpos, int n, int nh, int hd, float theta);
+    /* The Qwen3-VL tower's learned position embeddings, interpolated to each
+     * patch: x[r] += sum over the four corners j < 4 of weights[j n + r] *
+     * table[ids[j n + r]] (the corners' sum in fp32, then added). x [n, dim];
+     * ids [4, n] and weights [4, n] (fp32) in backend memory. */
+    void (*vision_pos_embed)(vlmd_backend *b, void *x, const void *table, const int32_t *ids,
+                             const float *weights, int n, int dim);
     /* One token per row of logits[n, vocab] (modified in place). Logprobs
      * (when n_top >= 0) come from the raw row. Then the penalties: repetition
      * (divide a positive logit, multiply a negative one) on every seen token,

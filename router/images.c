@@ -37,7 +37,7 @@ vlmd_status router_images_start(router *rt, vlmd_error *err)
     if ((st = vlmd_shm_arena_create(cfg->embed_arena_path, bytes, err)) != VLMD_OK)
         return st;
     embed_cache_init(&rt->embeds, bytes);
-    rt->embed_row_bytes = (uint64_t)mc.text.hidden_size * sizeof(float);
+    rt->embed_row_bytes = vlmd_image_token_bytes(&mc);
     rt->images_enabled = true;
     VLMD_INFO("embedding arena %s: %lld MiB", cfg->embed_arena_path,
               (long long)cfg->embed_arena_mb);

@@ -75,7 +75,7 @@ typedef struct router {
     router_counters counts;
     session_table sessions;
     bool images_enabled;        /* the model has a vision tower and the arena exists */
-    uint64_t embed_row_bytes;   /* one image token's embedding in the arena (hidden x f32) */
+    uint64_t embed_row_bytes;   /* one image token in the arena: vlmd_image_token_bytes */
     embed_cache embeds;         /* the arena's book */
 } router;
 

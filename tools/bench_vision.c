@@ -66,7 +66,8 @@ int main(int argc, char **argv)
     }
     vlmd_safetensors_close(st);
     uint32_t tokens = vision_tower_tokens(vt, &pv);
-    float *out = malloc((size_t)tokens * vision_tower_out_dim(vt) * sizeof *out);
+    float *out = malloc((size_t)tokens * vision_tower_token_features(vt) *
+                        vision_tower_out_dim(vt) * sizeof *out);
     uint64_t *ns = malloc((size_t)(iters + 1) * sizeof *ns);
     for (long long i = 0; i <= iters; i++) { /* the first run warms up */
         uint64_t t0 = vlmd_now_ns();

@@ -15,7 +15,9 @@ struct image_encoder {
     encoder_config cfg;
     uint32_t max_tokens;        /* of one image */
     uint32_t out_dim;
-    float *staging;             /* the tower's output of one batch: batch tokens x out_dim */
+    uint32_t features;          /* rows of out_dim per token: embedding + DeepStack features */
+    float *staging;             /* the tower's output of one batch: batch tokens x features x
+                                 * out_dim */
     vlmd_pixel_values *pixels;  /* one batch's preprocessed images */
     encoder_stress stressed;    /* the pass creation ran: FULL or SHAPES */
 };
@@ -42,17 +44,18 @@ static encoder_stress stress_resolve(const vlmd_backend *b, encoder_stress kind)
     return vlmd_backend_ops_take_memory(b) ? ENCODER_STRESS_FULL : ENCODER_STRESS_SHAPES;
 }
 
-/* Batch images of uh x uw merged units each through the real tower. FULL:
- * the largest grid within max_tokens units (as square as it gets); SHAPES:
- * one unit each. */
+/* Batch images of uh x uw merged units each through the real tower (every
+ * block, merger and DeepStack merger, into the workspace's largest output).
+ * FULL: the largest grid within max_tokens units; SHAPES: one unit each. */
 vlmd_status image_encoder_stress(image_encoder *enc, encoder_stress kind, vlmd_error *err)
 {
     const uint32_t merge = enc->params.merge_size, n = enc->cfg.batch_images;
     kind = stress_resolve(enc->b, kind);
     uint32_t uh = 1, uw = 1;
-    if (kind == ENCODER_STRESS_FULL) {
-        while ((uh + 1) * (uh + 1) <= enc->max_tokens)
-            uh++;
+    if (kind == ENCODER_STRESS_FULL) { /* the largest grid within max_tokens, the squarest of those */
+        for (uint32_t h = 1; h * h <= enc->max_tokens; h++)
+            if (h * (enc->max_tokens / h) >= uh * (enc->max_tokens / uh))
+                uh = h;
         uw = enc->max_tokens / uh;
     }
     uint32_t patches = uh * uw * merge * merge;
@@ -97,13 +100,21 @@ vlmd_status image_encoder_create(vlmd_backend *b, const vlmd_model_config *mc,
     vlmd_status s = vision_tower_load(b, mc, st, &enc->vt, err);
     if (s == VLMD_OK) {
         enc->out_dim = vision_tower_out_dim(enc->vt);
+        enc->features = vision_tower_token_features(enc->vt);
+        /* what the router's arena and the engine count an image token as */
+        if ((uint64_t)enc->out_dim * enc->features * sizeof(float) != vlmd_image_token_bytes(mc))
+            s = vlmd_errorf(err, VLMD_ERR_MODEL, "the vision tower's output (%u rows %u wide a "
+                            "token) is not the text model's hidden_size %lld", enc->features,
+                            enc->out_dim, (long long)mc->text.hidden_size);
+    }
+    if (s == VLMD_OK) {
         uint32_t g = params->merge_size * params->merge_size;
         s = vision_tower_reserve(enc->vt, cfg->batch_images,
                                  image_encoder_batch_tokens(enc) * g, err);
     }
     if (s == VLMD_OK) {
-        enc->staging = malloc((size_t)image_encoder_batch_tokens(enc) * enc->out_dim *
-                              sizeof *enc->staging);
+        enc->staging = malloc((size_t)image_encoder_batch_tokens(enc) * enc->features *
+                              enc->out_dim * sizeof *enc->staging);
         enc->pixels = calloc(cfg->batch_images, sizeof *enc->pixels);
         if (!enc->staging || !enc->pixels)
             s = vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory for a batch's output");
@@ -138,6 +149,11 @@ encoder_stress image_encoder_stressed(const image_encoder *enc)
 uint32_t image_encoder_out_dim(const image_encoder *enc)
 {
     return enc->out_dim;
+}
+
+uint32_t image_encoder_token_features(const image_encoder *enc)
+{
+    return enc->features;
 }
 
 uint32_t image_encoder_batch_images(const image_encoder *enc)
@@ -197,7 +213,8 @@ void image_encoder_run(image_encoder *enc, encode_item *items, int n)
         vlmd_status st = vision_tower_encode(enc->vt, pv, ok, enc->staging, &err);
         const float *row = enc->staging;
         for (int i = 0; i < ok; i++) {
-            size_t count = (size_t)vision_tower_tokens(enc->vt, &pv[i]) * enc->out_dim;
+            size_t count =
+                (size_t)vision_tower_tokens(enc->vt, &pv[i]) * enc->features * enc->out_dim;
             encoded[i]->status = st;
             if (st == VLMD_OK)
                 memcpy(encoded[i]->out, row, count * sizeof *row);

@@ -3,12 +3,13 @@
  *
  * Creation is the stress-reserve (DESIGN.md §4): the tower's workspace is
  * sized for --visual-batch-size images of the largest size the pixel limits
- * allow, and that worst case runs through the real tower once, so that any
- * failure to fit shows at start-up. On a backend whose ops take no device
- * memory of their own (the CPU: vlmd_backend_ops_take_memory), the workspace
- * is all a run uses, so its shapes are the measurement and a batch of the
- * smallest images runs instead (seconds saved at every start and restart).
- * After creation nothing is allocated on the device. */
+ * allow, and that worst case runs through the real tower once (Qwen3-VL's
+ * DeepStack mergers and their outputs included), so that any failure to fit
+ * shows at start-up. On a backend whose ops take no device memory of their
+ * own (the CPU: vlmd_backend_ops_take_memory), the workspace is all a run
+ * uses, so its shapes are the measurement and a batch of the smallest images
+ * runs instead (seconds saved at every start and restart). After creation
+ * nothing is allocated on the device. */
 #ifndef VLMD_ENCODER_H
 #define VLMD_ENCODER_H
 
@@ -39,7 +40,8 @@ typedef struct encoder_config {
 } encoder_config;
 
 /* Loads the vision tower from st (borrowed, may be closed afterwards),
- * reserves its workspace and runs the stress batch (cfg->stress). */
+ * reserves its workspace and runs the stress batch (cfg->stress). VLMD_ERR_MODEL
+ * for a tower whose output is not what vlmd_image_token_bytes(mc) counts. */
 vlmd_status image_encoder_create(vlmd_backend *b, const vlmd_model_config *mc,
                                  const vlmd_safetensors *st, const vlmd_vision_params *params,
                                  const encoder_config *cfg, image_encoder **out, vlmd_error *err);
@@ -53,6 +55,8 @@ vlmd_status image_encoder_stress(image_encoder *enc, encoder_stress kind, vlmd_e
 encoder_stress image_encoder_stressed(const image_encoder *enc);
 
 uint32_t image_encoder_out_dim(const image_encoder *enc);
+/* Rows of out_dim per image token: its embedding, then each DeepStack feature. */
+uint32_t image_encoder_token_features(const image_encoder *enc);
 uint32_t image_encoder_batch_images(const image_encoder *enc);
 /* Image tokens one batch may hold in all (batch images x the largest image). */
 uint32_t image_encoder_batch_tokens(const image_encoder *enc);
@@ -67,7 +71,8 @@ typedef struct encode_item {
     const void *data;           /* the encoded image (borrowed) */
     size_t len;
     uint32_t tokens;            /* as planned from the header */
-    float *out;                 /* tokens x out_dim floats are written here (borrowed) */
+    float *out;                 /* tokens x features x out_dim floats are written here, the
+                                 * vision_tower_encode layout (borrowed) */
     vlmd_status status;         /* set by image_encoder_run */
     vlmd_error err;
 } encode_item;

@@ -10,8 +10,9 @@
  * header or a token count that disagrees with the requester's is answered at
  * once), queued, and encoded in batches on libuv's thread pool, one batch at
  * a time and never larger than the stress-tested one. Each image's
- * embeddings go straight into the shared arena at the offset the router gave;
- * an IMAGE_RESULT says when they are there (or why not). */
+ * embeddings (and Qwen3-VL's DeepStack features after them) go straight into
+ * the shared arena at the offset the router gave; an IMAGE_RESULT says when
+ * they are there (or why not). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,7 +59,7 @@ static void send_result(visual_worker *w, const job *j, vlmd_status st, const ch
         .req_id = j->req_id, .image_index = j->image_index, .status = st,
         .message = (char *)message,
         .image = {.token_count = j->tokens, .arena_offset = j->arena_offset},
-        .embed_bytes = st == VLMD_OK ? (uint64_t)j->tokens * image_encoder_out_dim(w->enc) * 4 : 0};
+        .embed_bytes = st == VLMD_OK ? j->tokens * vlmd_image_token_bytes(&w->svc.model) : 0};
     memcpy(m.u.image_result.image.hash, j->hash, 32);
     vlmd_peer_send(w->svc.peer, &m);
 }
@@ -155,7 +156,7 @@ static bool accept_job(visual_worker *w, const vlmd_msg_image_job *m, job *j)
         send_result(w, j, VLMD_ERR_UNAVAILABLE, err.msg);
         return false;
     }
-    uint64_t bytes = (uint64_t)tokens * image_encoder_out_dim(w->enc) * sizeof(float);
+    uint64_t bytes = tokens * vlmd_image_token_bytes(&w->svc.model);
     if (m->arena_offset % sizeof(float) ||
         !vlmd_shm_arena_holds(&w->arena, m->arena_offset, bytes)) {
         snprintf(why, sizeof why, "offset %llu + %llu bytes is outside the embedding arena",

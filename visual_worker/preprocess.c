@@ -1,4 +1,4 @@
-/* preprocess.c - the Qwen2-VL image processor in C (see preprocess.h). */
+/* preprocess.c - the Qwen2-VL / Qwen3-VL image processor in C (see preprocess.h). */
 #include "preprocess.h"
 
 #include <math.h>
@@ -16,7 +16,7 @@ vlmd_status vlmd_vision_params_load(const char *model_dir, vlmd_vision_params *o
 {
     *out = (vlmd_vision_params){14, 2, 2, 56 * 56, 28 * 28 * 1280,
                                 {0.48145466f, 0.4578275f, 0.40821073f},
-                                {0.26862954f, 0.26130258f, 0.27577711f}, 1.0f / 255.0f};
+                                {0.26862954f, 0.26130258f, 0.27577711f}, 1.0 / 255.0};
     char path[4096];
     snprintf(path, sizeof path, "%s/preprocessor_config.json", model_dir);
     json_error_t jerr;
@@ -37,7 +37,7 @@ vlmd_status vlmd_vision_params_load(const char *model_dir, vlmd_vision_params *o
         json_is_integer(v = json_object_get(size, "longest_edge")))
         out->max_pixels = (uint64_t)json_integer_value(v);
     if (json_is_number(v = json_object_get(j, "rescale_factor")))
-        out->rescale = (float)json_number_value(v);
+        out->rescale = json_number_value(v);
     for (int c = 0; c < 3; c++) {
         if (json_is_number(v = json_array_get(json_object_get(j, "image_mean"), (size_t)c)))
             out->mean[c] = (float)json_number_value(v);
@@ -123,69 +123,102 @@ vlmd_status vlmd_image_tokens(const vlmd_vision_params *p, uint32_t height, uint
     return VLMD_OK;
 }
 
-/* ---- PIL's bicubic resample --------------------------------------------------- */
+/* ---- the bicubic resample of transformers' processor ------------------------------ */
 
-#define PRECISION_BITS (32 - 8 - 2)
-
+/* Keys' cubic with a = -0.5, in the two forms torch evaluates (the rounding
+ * of each form is part of the weights). */
 static double bicubic(double x)
 {
     const double a = -0.5;
     x = fabs(x);
     if (x < 1.0)
-        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
     if (x < 2.0)
-        return (((x - 5) * x + 8) * x - 4) * a;
+        return ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
     return 0.0;
 }
 
-/* Fixed-point weights of each output pixel over the input, as PIL computes them. */
+/* Fixed-point weights of each output pixel over the input, as torch's
+ * antialiased uint8 resize computes them: double weights (the support scaled
+ * when shrinking) normalized per pixel, then int16 with the most fraction
+ * bits the largest weight allows. */
 typedef struct coeffs {
     int ksize;
+    int precision;  /* fraction bits */
     int *bounds;    /* out_size x (first input index, count) */
     int *k;         /* out_size x ksize */
 } coeffs;
 
 static bool precompute(int in_size, int out_size, coeffs *c)
 {
-    double scale = (double)in_size / out_size, filterscale = scale < 1.0 ? 1.0 : scale;
-    double support = 2.0 * filterscale; /* bicubic support is 2 */
+    double scale = (double)in_size / out_size;
+    double support = scale >= 1.0 ? 2.0 * scale : 2.0, invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
     c->ksize = (int)ceil(support) * 2 + 1;
     c->bounds = malloc((size_t)out_size * 2 * sizeof *c->bounds);
     c->k = calloc((size_t)out_size * (size_t)c->ksize, sizeof *c->k);
-    double *kk = malloc((size_t)c->ksize * sizeof *kk);
-    if (!c->bounds || !c->k || !kk) {
-        free(kk);
+    double *w = malloc((size_t)out_size * (size_t)c->ksize * sizeof *w);
+    if (!c->bounds || !c->k || !w) {
+        free(w);
         return false;
     }
+    double w_max = 0.0;
     for (int xx = 0; xx < out_size; xx++) {
-        double center = (xx + 0.5) * scale, ww = 0.0, ss = 1.0 / filterscale;
+        double center = scale * (xx + 0.5), total = 0.0;
         int xmin = (int)(center - support + 0.5), xmax = (int)(center + support + 0.5);
         if (xmin < 0)
             xmin = 0;
         if (xmax > in_size)
             xmax = in_size;
-        xmax -= xmin;
-        for (int x = 0; x < xmax; x++) {
-            double w = bicubic((x + xmin - center + 0.5) * ss);
-            kk[x] = w;
-            ww += w;
-        }
-        for (int x = 0; x < xmax; x++) {
-            double w = ww != 0.0 ? kk[x] / ww : kk[x];
-            c->k[(size_t)xx * c->ksize + x] =
-                (int)(w < 0 ? w * (1 << PRECISION_BITS) - 0.5 : w * (1 << PRECISION_BITS) + 0.5);
+        int n = xmax - xmin < 0 ? 0 : xmax - xmin > c->ksize ? c->ksize : xmax - xmin;
+        double *ww = w + (size_t)xx * c->ksize;
+        for (int x = 0; x < n; x++)
+            total += ww[x] = bicubic((x + xmin - center + 0.5) * invscale);
+        for (int x = 0; x < n; x++) {
+            if (total != 0.0)
+                ww[x] /= total;
+            w_max = fmax(w_max, ww[x]);
         }
         c->bounds[2 * xx] = xmin;
-        c->bounds[2 * xx + 1] = xmax;
+        c->bounds[2 * xx + 1] = n;
     }
-    free(kk);
+    for (c->precision = 0; c->precision < 22; c->precision++)
+        if ((int)(0.5 + w_max * (1 << (c->precision + 1))) >= (1 << 15))
+            break;
+    double one = (double)(1 << c->precision);
+    for (int xx = 0; xx < out_size; xx++)
+        for (int x = 0; x < c->bounds[2 * xx + 1]; x++) {
+            double v = w[(size_t)xx * c->ksize + x];
+            c->k[(size_t)xx * c->ksize + x] = (int)(v < 0 ? -0.5 + v * one : 0.5 + v * one);
+        }
+    free(w);
     return true;
 }
 
-static uint8_t clip8(int64_t v)
+static uint8_t clip8(int64_t v, int precision)
 {
-    v >>= PRECISION_BITS;
+    v >>= precision;
     return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
+}
+
+/* One pass along rows (horizontal) or columns of an 8-bit RGB image. */
+static void resample_pass(const uint8_t *in, uint32_t in_w, uint8_t *out, uint32_t out_w,
+                          uint32_t out_h, const coeffs *c, bool horizontal)
+{
+    for (uint32_t y = 0; y < out_h; y++)
+        for (uint32_t x = 0; x < out_w; x++) {
+            uint32_t o = horizontal ? x : y;
+            int first = c->bounds[2 * o], n = c->bounds[2 * o + 1];
+            const int *k = c->k + (size_t)o * c->ksize;
+            for (int ch = 0; ch < 3; ch++) {
+                int64_t acc = (int64_t)1 << (c->precision - 1);
+                for (int i = 0; i < n; i++) {
+                    size_t at = horizontal ? (size_t)y * in_w + (size_t)(first + i)
+                                           : (size_t)(first + i) * in_w + x;
+                    acc += (int64_t)in[at * 3 + ch] * k[i];
+                }
+                out[((size_t)y * out_w + x) * 3 + ch] = clip8(acc, c->precision);
+            }
+        }
 }
 
 vlmd_status vlmd_resize_bicubic(const vlmd_image *in, uint32_t out_w, uint32_t out_h,
@@ -193,35 +226,24 @@ vlmd_status vlmd_resize_bicubic(const vlmd_image *in, uint32_t out_w, uint32_t o
 {
     memset(out, 0, sizeof *out);
     coeffs ch = {0}, cv = {0};
-    uint8_t *tmp = malloc((size_t)out_w * in->height * 3);
+    /* a pass whose size does not change is skipped, as torch does */
+    bool across = out_w != in->width, down = out_h != in->height;
+    uint8_t *tmp = across && down ? malloc((size_t)out_w * in->height * 3) : NULL;
     out->rgb = malloc((size_t)out_w * out_h * 3);
-    bool ok = tmp && out->rgb && precompute((int)in->width, (int)out_w, &ch) &&
-              precompute((int)in->height, (int)out_h, &cv);
+    bool ok = (tmp || !(across && down)) && out->rgb &&
+              (!across || precompute((int)in->width, (int)out_w, &ch)) &&
+              (!down || precompute((int)in->height, (int)out_h, &cv));
     if (ok) {
-        /* horizontal: in_h rows of out_w pixels */
-        for (uint32_t y = 0; y < in->height; y++)
-            for (uint32_t x = 0; x < out_w; x++) {
-                int first = ch.bounds[2 * x], n = ch.bounds[2 * x + 1];
-                const int *k = ch.k + (size_t)x * ch.ksize;
-                for (int c = 0; c < 3; c++) {
-                    int64_t acc = 1 << (PRECISION_BITS - 1);
-                    for (int i = 0; i < n; i++)
-                        acc += (int64_t)in->rgb[((size_t)y * in->width + first + i) * 3 + c] * k[i];
-                    tmp[((size_t)y * out_w + x) * 3 + c] = clip8(acc);
-                }
-            }
-        /* vertical: out_h rows */
-        for (uint32_t y = 0; y < out_h; y++) {
-            int first = cv.bounds[2 * y], n = cv.bounds[2 * y + 1];
-            const int *k = cv.k + (size_t)y * cv.ksize;
-            for (uint32_t x = 0; x < out_w; x++)
-                for (int c = 0; c < 3; c++) {
-                    int64_t acc = 1 << (PRECISION_BITS - 1);
-                    for (int i = 0; i < n; i++)
-                        acc += (int64_t)tmp[((size_t)(first + i) * out_w + x) * 3 + c] * k[i];
-                    out->rgb[((size_t)y * out_w + x) * 3 + c] = clip8(acc);
-                }
+        const uint8_t *src = in->rgb;
+        if (across) {
+            uint8_t *dst = down ? tmp : out->rgb;
+            resample_pass(src, in->width, dst, out_w, in->height, &ch, true);
+            src = dst;
         }
+        if (down)
+            resample_pass(src, out_w, out->rgb, out_w, out_h, &cv, false);
+        else if (!across)
+            memcpy(out->rgb, in->rgb, (size_t)out_w * out_h * 3);
         out->width = out_w;
         out->height = out_h;
     }
@@ -262,6 +284,11 @@ vlmd_status vlmd_preprocess(const vlmd_vision_params *p, const vlmd_image *img,
         vlmd_image_free(&resized);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "no memory for %u patches", out->n_patches);
     }
+    /* rescale and normalize fused as transformers does: (v - mean/rescale) / (std/rescale)
+     * in float32 (the rounding of the other order differs in the last bit) */
+    float mean[3], std[3], unscale = (float)(1.0 / p->rescale);
+    for (int c = 0; c < 3; c++)
+        mean[c] = p->mean[c] * unscale, std[c] = p->std[c] * unscale;
     /* rows in merge order (block row, block col, row in block, col in block); each row
      * is (channel, temporal copy, y, x) of one patch; the single frame is repeated */
     float *dst = out->values;
@@ -275,7 +302,7 @@ vlmd_status vlmd_preprocess(const vlmd_vision_params *p, const vlmd_image *img,
                             for (uint32_t y = 0; y < P; y++)
                                 for (uint32_t x = 0; x < P; x++) {
                                     uint8_t v = src->rgb[((size_t)(py0 + y) * rw + px0 + x) * 3 + c];
-                                    *dst++ = ((float)v * p->rescale - p->mean[c]) / p->std[c];
+                                    *dst++ = ((float)v - mean[c]) / std[c];
                                 }
                 }
     vlmd_image_free(&resized);

@@ -1,7 +1,9 @@
-/* preprocess.h - Qwen2-VL / Qwen2.5-VL image preprocessing, as the reference
- * processor does it: smart_resize to multiples of patch x merge within the
- * pixel limits, bicubic resize (PIL's, on 8-bit RGB), rescale and normalize,
- * temporal duplication, and the patch order the vision tower expects.
+/* preprocess.h - Qwen2-VL / Qwen2.5-VL / Qwen3-VL image preprocessing, as
+ * transformers' processor (Qwen2VLImageProcessor, which Qwen3-VL uses too)
+ * does it: smart_resize to multiples of patch x merge within the pixel limits
+ * (small images grow), torch's antialiased bicubic resize of 8-bit RGB,
+ * rescale and normalize, temporal duplication, and the patch order the
+ * vision tower expects.
  * vlmd_image_tokens() is the one place an image's token count is computed:
  * the frontend (prompt length, admission) and the worker both call it. */
 #ifndef VLMD_PREPROCESS_H
@@ -15,12 +17,12 @@
 #define VLMD_IMAGE_MAX_ASPECT 200 /* the reference refuses longer/shorter than this */
 
 typedef struct vlmd_vision_params {
-    uint32_t patch_size;        /* 14 */
+    uint32_t patch_size;        /* 14; Qwen3-VL 16 */
     uint32_t merge_size;        /* 2 */
     uint32_t temporal_patch;    /* 2 */
     uint64_t min_pixels, max_pixels;
     float mean[3], std[3];
-    float rescale;              /* 1/255 */
+    double rescale;             /* 1/255 */
 } vlmd_vision_params;
 
 /* Reads DIR/preprocessor_config.json (min/max pixels from "min_pixels" and
@@ -59,8 +61,11 @@ vlmd_status vlmd_preprocess(const vlmd_vision_params *p, const vlmd_image *img,
                             vlmd_pixel_values *out, vlmd_error *err);
 void vlmd_pixel_values_free(vlmd_pixel_values *pv);
 
-/* PIL's bicubic resample of 8-bit RGB (support scaled when shrinking,
- * fixed-point weights, horizontal pass then vertical, each rounded to 8 bit). */
+/* Bicubic resample of 8-bit RGB as torch's antialiased uint8 resize does it
+ * (transformers' processor): support scaled when shrinking, int16 weights
+ * with as many fraction bits as the largest weight allows, horizontal pass
+ * then vertical, each rounded to 8 bit; a pass whose size is unchanged is
+ * skipped. Bit for bit against the fixtures transformers made. */
 vlmd_status vlmd_resize_bicubic(const vlmd_image *in, uint32_t out_w, uint32_t out_h,
                                 vlmd_image *out, vlmd_error *err);
 

@@ -208,14 +208,21 @@ static void cpu_layernorm(vlmd_backend *b, void *out_, const void *x_, const voi
     }
 }
 
-static void cpu_gelu(vlmd_backend *b, void *out_, const void *x_, size_t count, bool quick)
+static void cpu_gelu(vlmd_backend *b, void *out_, const void *x_, size_t count,
+                     vlmd_gelu_form form)
 {
     (void)b;
     float *out = out_;
     const float *x = x_;
-    for (size_t i = 0; i < count; i++)
-        out[i] = quick ? x[i] / (1.0f + expf(-1.702f * x[i]))
-                       : 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+    for (size_t i = 0; i < count; i++) {
+        float v = x[i];
+        if (form == VLMD_GELU_QUICK)
+            out[i] = v / (1.0f + expf(-1.702f * v));
+        else if (form == VLMD_GELU_TANH)
+            out[i] = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+        else
+            out[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+    }
 }
 
 static void cpu_add(vlmd_backend *b, void *out_, const void *x_, size_t count)
@@ -252,6 +259,21 @@ static void cpu_vision_rope(vlmd_backend *b, void *q_, void *k_, const int32_t *
     free(sinv);
 }
 
+static void cpu_vision_pos_embed(vlmd_backend *b, void *x_, const void *table_,
+                                 const int32_t *ids, const float *weights, int n, int dim)
+{
+    (void)b;
+    float *x = x_;
+    const float *table = table_;
+    for (int r = 0; r < n; r++)
+        for (int d = 0; d < dim; d++) {
+            float sum = 0.0f;
+            for (int j = 0; j < 4; j++)
+                sum += weights[(size_t)j * n + r] * table[(size_t)ids[(size_t)j * n + r] * dim + d];
+            x[(size_t)r * dim + d] += sum;
+        }
+}
+
 void vlmd_cpu_sample(vlmd_backend *b, vlmd_sample_out *out, void *logits,
                      const vlmd_sample_row *rows, int n, int vocab); /* cpu_sample.c */
 void vlmd_cpu_moe_route(vlmd_backend *b, int32_t *ids, float *weights, const void *logits, int n,
@@ -272,6 +294,7 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .gelu = cpu_gelu,
     .add = cpu_add,
     .vision_rope = cpu_vision_rope,
+    .vision_pos_embed = cpu_vision_pos_embed,
     .sample = vlmd_cpu_sample,
     .moe_route = vlmd_cpu_moe_route,
     .moe_experts = vlmd_cpu_moe_experts,

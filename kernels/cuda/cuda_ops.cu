@@ -411,21 +411,27 @@ static void cuda_layernorm(vlmd_backend *b, void *out, const void *x, const void
                      (const bf16 *)w, (const bf16 *)bias, dim, eps);
 }
 
-__global__ void k_gelu(bf16 *out, const bf16 *x, size_t count, bool quick)
+__global__ void k_gelu(bf16 *out, const bf16 *x, size_t count, vlmd_gelu_form form)
 {
     vlmd_kernel_start();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < count) {
-        float v = __bfloat162float(x[i]);
-        out[i] = __float2bfloat16(quick ? v / (1.0f + expf(-1.702f * v))
-                                        : 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)));
+        float v = __bfloat162float(x[i]), y;
+        if (form == VLMD_GELU_QUICK)
+            y = v / (1.0f + expf(-1.702f * v));
+        else if (form == VLMD_GELU_TANH)
+            y = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+        else
+            y = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+        out[i] = __float2bfloat16(y);
     }
 }
 
-static void cuda_gelu(vlmd_backend *b, void *out, const void *x, size_t count, bool quick)
+static void cuda_gelu(vlmd_backend *b, void *out, const void *x, size_t count,
+                      vlmd_gelu_form form)
 {
     vlmd_cuda_launch(k_gelu, blocks_for(count, 256), 256, 0, vlmd_cuda_stream(b), (bf16 *)out,
-                     (const bf16 *)x, count, quick);
+                     (const bf16 *)x, count, form);
 }
 
 __global__ void k_add(bf16 *out, const bf16 *x, size_t count)
@@ -467,6 +473,29 @@ static void cuda_vision_rope(vlmd_backend *b, void *q, void *k, const int32_t *h
                      wpos, nh, hd, theta);
 }
 
+/* One block per patch row: its four corners' rows weighted in fp32, added to x. */
+__global__ void k_vision_pos_embed(bf16 *x, const bf16 *table, const int32_t *ids,
+                                   const float *weights, int n, int dim)
+{
+    vlmd_kernel_start();
+    int r = blockIdx.x;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        float sum = 0.0f;
+        for (int j = 0; j < 4; j++)
+            sum += weights[(size_t)j * n + r] *
+                   __bfloat162float(table[(size_t)ids[(size_t)j * n + r] * dim + d]);
+        size_t at = (size_t)r * dim + d;
+        x[at] = __float2bfloat16(__bfloat162float(x[at]) + sum);
+    }
+}
+
+static void cuda_vision_pos_embed(vlmd_backend *b, void *x, const void *table, const int32_t *ids,
+                                  const float *weights, int n, int dim)
+{
+    vlmd_cuda_launch(k_vision_pos_embed, n, 128, 0, vlmd_cuda_stream(b), (bf16 *)x,
+                     (const bf16 *)table, ids, weights, n, dim);
+}
+
 extern "C" void vlmd_cuda_sample(vlmd_backend *b, vlmd_sample_out *out, void *logits,
                                  const vlmd_sample_row *rows, int n, int vocab); /* cuda_sample.cu */
 
@@ -481,6 +510,7 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .gelu = cuda_gelu,
     .add = cuda_add,
     .vision_rope = cuda_vision_rope,
+    .vision_pos_embed = cuda_vision_pos_embed,
     .sample = vlmd_cuda_sample,
     .moe_route = NULL, /* not built yet: a mixture-of-experts model stays on the CPU */
     .moe_experts = NULL,

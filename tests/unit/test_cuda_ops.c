@@ -333,8 +333,10 @@ Test(cuda_ops, an_unknown_kernel_choice_is_refused)
     }
 }
 
-/* The vision tower's ops: layernorm with bias (in place too), GELU in both
- * forms, the residual add, the 2-D rotary embedding, and non-causal
+/* The vision tower's ops: layernorm with bias (in place too), GELU in its
+ * three forms (also on a negative tail, [-4.5, -2), where the erf and tanh
+ * forms part by 3 to 15%: over all inputs they agree within bf16's
+ * rounding), the residual add, the 2-D rotary embedding, and non-causal
  * attention over whole images (head dims 80, as the Qwen2-VL towers have,
  * and 64). */
 Test(cuda_ops, vision_ops)
@@ -346,7 +348,10 @@ Test(cuda_ops, vision_ops)
     size_t count = (size_t)n * dim;
     float *x = random_floats(count, 2), *w = random_floats((size_t)dim, 1);
     float *bias = random_floats((size_t)dim, 0.5f), *y = random_floats(count, 1);
-    void *ln[2], *ln_in_place[2], *gelu[2], *quick[2];
+    float *tail = random_floats(count, 1.25f);
+    for (size_t i = 0; i < count; i++)
+        tail[i] = bf16_round(tail[i] - 3.25f);
+    void *ln[2], *ln_in_place[2], *gelu[2], *quick[2], *tanh_form[2], *tail_erf[2], *tail_tanh[2];
     vlmd_backend *bs[2] = {p.cpu, p.gpu};
     for (int b = 0; b < 2; b++) {
         const vlmd_op_table *op = vlmd_backend_ops(bs[b]);
@@ -356,16 +361,25 @@ Test(cuda_ops, vision_ops)
         ln_in_place[b] = on(bs[b], x, count);
         op->layernorm(bs[b], ln_in_place[b], ln_in_place[b], dw, db, n, dim, 1e-6f);
         gelu[b] = on(bs[b], NULL, count);
-        op->gelu(bs[b], gelu[b], dx, count, false);
+        op->gelu(bs[b], gelu[b], dx, count, VLMD_GELU_ERF);
         quick[b] = on(bs[b], NULL, count);
-        op->gelu(bs[b], quick[b], dx, count, true);
+        op->gelu(bs[b], quick[b], dx, count, VLMD_GELU_QUICK);
         op->add(bs[b], quick[b], on(bs[b], y, count), count);
+        tanh_form[b] = on(bs[b], x, count);
+        op->gelu(bs[b], tanh_form[b], tanh_form[b], count, VLMD_GELU_TANH);
+        tail_erf[b] = on(bs[b], NULL, count);
+        op->gelu(bs[b], tail_erf[b], on(bs[b], tail, count), count, VLMD_GELU_ERF);
+        tail_tanh[b] = on(bs[b], NULL, count);
+        op->gelu(bs[b], tail_tanh[b], on(bs[b], tail, count), count, VLMD_GELU_TANH);
     }
     expect_close("layernorm", p.cpu, ln[0], p.gpu, ln[1], count, 1e-2);
     expect_close("layernorm in place", p.cpu, ln_in_place[0], p.gpu, ln_in_place[1], count, 1e-2);
     expect_close("gelu", p.cpu, gelu[0], p.gpu, gelu[1], count, 1e-2);
     expect_close("quick_gelu + add", p.cpu, quick[0], p.gpu, quick[1], count, 1e-2);
-    free(x), free(w), free(bias), free(y);
+    expect_close("gelu tanh in place", p.cpu, tanh_form[0], p.gpu, tanh_form[1], count, 1e-2);
+    expect_close("gelu tail", p.cpu, tail_erf[0], p.gpu, tail_erf[1], count, 1e-2);
+    expect_close("gelu tanh tail", p.cpu, tail_tanh[0], p.gpu, tail_tanh[1], count, 1e-2);
+    free(x), free(w), free(bias), free(y), free(tail);
 
     for (int hd = 64; hd <= 80; hd += 16) {
         int nh = 4, len[2] = {16, 45}, rows = 61;
@@ -403,6 +417,48 @@ Test(cuda_ops, vision_ops)
         snprintf(what, sizeof what, "non-causal attention hd=%d", hd);
         expect_close(what, p.cpu, out[0], p.gpu, out[1], qn, 1e-2);
         free(q), free(k), free(v);
+    }
+    close_pair(&p);
+}
+
+/* Qwen3-VL's interpolated position embeddings: four rows of a learned table
+ * (64 rows: an 8x8 grid) weighted and added to the patch rows, at the tower
+ * widths of the fixture (32) and of Qwen3-VL-8B (1152), one row and many. */
+Test(cuda_ops, vision_pos_embed)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    vlmd_backend *bs[2] = {p.cpu, p.gpu};
+    const int rows_of[2] = {1, 75}, dims[2] = {32, 1152}, table_rows = 64;
+    for (int s = 0; s < 2; s++) {
+        int n = rows_of[s], dim = dims[s];
+        size_t count = (size_t)n * dim;
+        float *x = random_floats(count, 1), *table = random_floats((size_t)table_rows * dim, 1);
+        int32_t *ids = malloc(4 * (size_t)n * sizeof *ids);
+        float *weights = malloc(4 * (size_t)n * sizeof *weights);
+        for (int i = 0; i < 4 * n; i++) {
+            ids[i] = (int32_t)(random_u32() % (uint32_t)table_rows);
+            weights[i] = (float)(random_u32() >> 8) / (float)(1 << 24);
+        }
+        void *out[2];
+        for (int b = 0; b < 2; b++) {
+            void *dw = NULL;
+            cr_assert_eq(vlmd_backend_alloc(bs[b], 4 * (size_t)n * sizeof(float), &dw, NULL),
+                         VLMD_OK);
+            cr_assert_eq(vlmd_backend_copy_to_device(bs[b], dw, weights,
+                                                     4 * (size_t)n * sizeof(float), NULL),
+                         VLMD_OK);
+            out[b] = on(bs[b], x, count);
+            vlmd_backend_ops(bs[b])->vision_pos_embed(bs[b], out[b],
+                                                      on(bs[b], table, (size_t)table_rows * dim),
+                                                      ints_on(bs[b], ids, 4 * (size_t)n), dw, n,
+                                                      dim);
+        }
+        char what[48];
+        snprintf(what, sizeof what, "vision_pos_embed n=%d dim=%d", n, dim);
+        expect_close(what, p.cpu, out[0], p.gpu, out[1], count, 1e-2);
+        free(x), free(table), free(ids), free(weights);
     }
     close_pair(&p);
 }

@@ -114,3 +114,29 @@ Test(image_input, matching_types_aliases_and_no_claim_are_taken)
         cr_expect(take(right[i].type, right[i].bytes, &e), "data:%s: %s", right[i].type,
                   e.message);
 }
+
+/* Qwen3-VL (patch 16, at least 65536 pixels): the frontend counts what the
+ * visual worker and the reference count, through the one function both call:
+ * 150x100 grows to 320x224 (grid 14x20), 224x320 stays (grid 20x14), 70
+ * tokens each. */
+Test(image_input_qwen3_vl, small_images_grow_and_count_as_the_worker_counts)
+{
+    vlmd_vision_params p;
+    cr_assert_eq(vlmd_vision_params_load(test_fixture("qwen3_vl"), &p, NULL), VLMD_OK);
+    image_limits lim = {&p, 1 << 24, 1 << 24, "", 1000};
+    const char *names[2] = {"image_150x100.png", "image_224x320.png"};
+    const uint32_t grid[2][2] = {{14, 20}, {20, 14}};
+    for (int i = 0; i < 2; i++) {
+        vlmd_buf bytes = VLMD_BUF_INIT;
+        cr_assert_eq(vlmd_read_file(test_model_file("qwen3_vl", names[i]), 1 << 20, &bytes, NULL),
+                     VLMD_OK);
+        api_image img = {.param = "messages[0].content[0].image_url",
+                         .data = (uint8_t *)bytes.data, .len = bytes.len};
+        api_error e = {0};
+        cr_assert(image_input_measure(&img, &lim, &e), "%s: %s", names[i], e.message);
+        cr_expect_eq(img.tokens, 70, "%s", names[i]);
+        cr_expect(img.grid_h == grid[i][0] && img.grid_w == grid[i][1], "%s: grid %ux%u",
+                  names[i], img.grid_h, img.grid_w);
+        vlmd_buf_free(&bytes);
+    }
+}

@@ -1,11 +1,12 @@
-/* test_preprocess.c - image decoding and the Qwen2-VL processor against the
- * fixtures made by Hugging Face transformers: pixel_values within 1e-5 for
- * image_84x56 (no resize) and 1e-2 for image_150x100 (bicubic to 140x112),
+/* test_preprocess.c - image decoding and the Qwen2-VL / Qwen3-VL processor
+ * against the fixtures (made by Hugging Face transformers, Qwen3-VL's by the
+ * validated port): pixel_values bit for bit, resized (shrunk, grown) or not,
  * grid_thw and token counts identical; bad images refused with a reason:
  * JPEGs made here by libjpeg and then cut, corrupted or given a lying size,
  * and an animated WebP made by libwebpmux. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,59 +28,100 @@ static vlmd_buf read_fixture(const char *model, const char *file)
     return b;
 }
 
-static void check_case(const char *model, int case_index, const char *image, double tol)
+/* Max |a - b| over n floats. */
+static double max_abs_diff(const float *a, const float *b, size_t n)
+{
+    double m = 0;
+    for (size_t i = 0; i < n; i++)
+        m = fmax(m, fabs((double)a[i] - (double)b[i]));
+    return m;
+}
+
+/* Each image of a reference case (its "images", else its "image") through
+ * the processor: grid_thw, the token count (the case's image pads) and the
+ * pixel values, the images' rows one after the other in caseN.pixel_values,
+ * within max_abs of the reference (0: bit for bit) and rel_tol overall. */
+static void check_case(const char *model, int case_index, double max_abs, double rel_tol)
 {
     vlmd_vision_params p;
     vlmd_error err = {0};
     cr_assert_eq(vlmd_vision_params_load(test_fixture(model), &p, &err), VLMD_OK, "%s", err.msg);
-    vlmd_buf png = read_fixture(model, image);
-    vlmd_image img;
-    cr_assert_eq(vlmd_image_decode(png.data, png.len, 1 << 24, &img, &err), VLMD_OK, "%s",
-                 err.msg);
-    vlmd_pixel_values pv;
-    cr_assert_eq(vlmd_preprocess(&p, &img, &pv, &err), VLMD_OK, "%s", err.msg);
-
     json_t *ref = test_reference_json(model);
     json_t *c = json_array_get(json_object_get(ref, "cases"), (size_t)case_index);
-    json_t *thw = json_array_get(json_object_get(c, "image_grid_thw"), 0);
-    cr_expect_eq(pv.grid_t, json_integer_value(json_array_get(thw, 0)));
-    cr_expect_eq(pv.grid_h, json_integer_value(json_array_get(thw, 1)));
-    cr_expect_eq(pv.grid_w, json_integer_value(json_array_get(thw, 2)));
-    /* the token count: the image pads in the reference prompt */
-    uint32_t tokens = 0, pads = 0;
-    cr_assert_eq(vlmd_image_tokens(&p, img.height, img.width, &tokens, NULL), VLMD_OK);
-    size_t i;
-    json_t *id;
-    json_array_foreach(json_object_get(c, "input_ids"), i, id) pads += json_integer_value(id) == 1022;
-    cr_expect_eq(tokens, pads, "%s: %u tokens, the reference prompt has %u pads", image, tokens,
-                 pads);
-
+    json_t *images = json_object_get(c, "images");
+    size_t n_images = images ? json_array_size(images) : 1;
     vlmd_safetensors *st = test_reference_tensors(model);
     char name[64];
     snprintf(name, sizeof name, "case%d.pixel_values", case_index);
     const vlmd_tensor_view *t = vlmd_safetensors_find(st, name);
     cr_assert_not_null(t);
-    cr_assert_eq(t->shape[0], pv.n_patches);
-    cr_assert_eq(t->shape[1], pv.patch_dim);
-    double rel_err = test_rel_error(pv.values, t->data, (size_t)pv.n_patches * pv.patch_dim);
-    cr_expect_lt(rel_err, tol, "%s: pixel_values relative error %.3g", image, rel_err);
+    const float *want = (const float *)t->data;
+    uint32_t tokens = 0, pads = 0;
+    size_t rows = 0;
+    for (size_t k = 0; k < n_images; k++) {
+        const char *image = json_string_value(images ? json_array_get(images, k)
+                                                     : json_object_get(c, "image"));
+        vlmd_buf png = read_fixture(model, image);
+        vlmd_image img;
+        cr_assert_eq(vlmd_image_decode(png.data, png.len, 1 << 24, &img, &err), VLMD_OK, "%s",
+                     err.msg);
+        vlmd_pixel_values pv;
+        cr_assert_eq(vlmd_preprocess(&p, &img, &pv, &err), VLMD_OK, "%s", err.msg);
+        json_t *thw = json_array_get(json_object_get(c, "image_grid_thw"), k);
+        cr_expect_eq(pv.grid_t, json_integer_value(json_array_get(thw, 0)), "%s", image);
+        cr_expect_eq(pv.grid_h, json_integer_value(json_array_get(thw, 1)), "%s", image);
+        cr_expect_eq(pv.grid_w, json_integer_value(json_array_get(thw, 2)), "%s", image);
+        uint32_t n = 0;
+        cr_assert_eq(vlmd_image_tokens(&p, img.height, img.width, &n, NULL), VLMD_OK);
+        tokens += n;
+        cr_assert_eq(t->shape[1], pv.patch_dim);
+        cr_assert_leq(rows + pv.n_patches, (size_t)t->shape[0], "%s: more patches than the "
+                      "reference", image);
+        size_t count = (size_t)pv.n_patches * pv.patch_dim;
+        const float *w = want + rows * pv.patch_dim;
+        double rel = test_rel_error(pv.values, w, count), diff = max_abs_diff(pv.values, w, count);
+        cr_expect_lt(rel, rel_tol, "%s %s: pixel_values relative error %.3g", model, image, rel);
+        cr_expect_leq(diff, max_abs, "%s %s: pixel_values differ by up to %.3g", model, image,
+                      diff);
+        rows += pv.n_patches;
+        vlmd_pixel_values_free(&pv);
+        vlmd_image_free(&img);
+        vlmd_buf_free(&png);
+    }
+    cr_expect_eq(rows, (size_t)t->shape[0], "case %d: every reference patch", case_index);
+    /* the token count: the image pads in the reference prompt */
+    size_t i;
+    json_t *id;
+    json_array_foreach(json_object_get(c, "input_ids"), i, id) pads += json_integer_value(id) ==
+        json_integer_value(json_object_get(json_object_get(ref, "special_ids"), "<|image_pad|>"));
+    cr_expect_eq(tokens, pads, "%s case %d: %u tokens, the reference prompt has %u pads", model,
+                 case_index, tokens, pads);
     vlmd_safetensors_close(st);
     json_decref(ref);
-    vlmd_pixel_values_free(&pv);
-    vlmd_image_free(&img);
-    vlmd_buf_free(&png);
 }
 
+/* bit for bit: image_84x56 needs no resize, image_150x100 is shrunk to 140x112 */
 Test(preprocess, no_resize_matches_the_reference)
 {
-    check_case("qwen2_vl", 2, "image_84x56.png", 1e-5);
-    check_case("qwen2_5_vl", 2, "image_84x56.png", 1e-5);
+    check_case("qwen2_vl", 2, 0, 1e-7);
+    check_case("qwen2_5_vl", 2, 0, 1e-7);
 }
 
 Test(preprocess, bicubic_resize_matches_the_reference)
 {
-    check_case("qwen2_vl", 3, "image_150x100.png", 1e-2);
-    check_case("qwen2_5_vl", 3, "image_150x100.png", 1e-2);
+    check_case("qwen2_vl", 3, 0, 1e-7);
+    check_case("qwen2_5_vl", 3, 0, 1e-7);
+}
+
+/* Qwen3-VL's processor (patch 16, mean = std = 0.5, min pixels 65536): both
+ * fixture images are upscaled (150x100 to 320x224; 224x320, already a
+ * multiple of 32, is not resized), bit for bit as transformers' uint8
+ * antialiased bicubic resize and fused normalization make them; case 3 has
+ * both images in one prompt. */
+Test(preprocess, qwen3_vl_matches_the_reference)
+{
+    check_case("qwen3_vl", 2, 0, 1e-7);
+    check_case("qwen3_vl", 3, 0, 1e-7);
 }
 
 Test(preprocess, smart_resize_limits)

@@ -107,7 +107,7 @@ static vlmd_peer *connect_as(fixture *f, vlmd_role role, seen *s)
 
 /* A router for the qwen2_vl fixture (hidden 128: 512 arena bytes a token)
  * with an arena of 1 MiB, and the three processes around it; change sets
- * flags before the router starts. */
+ * flags (the model too) before the router starts. */
 static void setup_with(fixture *f, const char *endpoint, int64_t wait_ms, uint64_t capacity,
                        void (*change)(vlmd_config *))
 {
@@ -132,7 +132,8 @@ static void setup_with(fixture *f, const char *endpoint, int64_t wait_ms, uint64
     vlmd_error err = {0};
     cr_assert_eq(router_start(&f->rt, &f->cfg, &f->loop, f->zctx, &err), VLMD_OK, "%s", err.msg);
     cr_assert(f->rt.images_enabled);
-    cr_assert_eq(f->rt.embed_row_bytes, 512);
+    /* qwen3_vl: hidden 64, each token's embedding and two DeepStack features */
+    cr_assert_eq(f->rt.embed_row_bytes, strstr(f->cfg.model, "qwen3_vl") ? 3 * 64 * 4 : 512);
     f->fe_peer = connect_as(f, VLMD_ROLE_FRONTEND, &f->fe);
     f->visual_peer = connect_as(f, VLMD_ROLE_VISUAL, &f->visual);
     f->llm_peer = connect_as(f, VLMD_ROLE_LLM, &f->llm);
@@ -248,6 +249,35 @@ Test(router_images, a_full_arena_waits_for_room_then_evicts)
     answer(&f, 1, VLMD_OK, "");
     cr_assert(wait_for(&f, &f.llm.n_submits, 2));
     cr_expect_eq(f.rt.embeds.evictions, 1, "image 1 was evicted for image 2");
+    teardown(&f);
+}
+
+static void use_qwen3_vl(vlmd_config *cfg)
+{
+    free(cfg->model);
+    cfg->model = strdup(test_fixture("qwen3_vl"));
+}
+
+/* Qwen3-VL: an image token's room in the arena holds its embedding and its
+ * DeepStack features (3 x 64 floats: 768 bytes), so the next image starts
+ * after all of them, and a request whose images' features exceed the arena
+ * is refused though their embeddings alone would fit. */
+Test(router_images, qwen3_vl_image_room_holds_the_deepstack_features)
+{
+    fixture f;
+    setup_with(&f, "inproc://router-images-q3", 30000, 100000, use_qwen3_vl);
+    submit(&f, 1, 0x01, 500);
+    submit(&f, 2, 0x02, 500);
+    cr_assert(wait_for(&f, &f.visual.n_jobs, 2));
+    uint64_t a = f.visual.jobs[0].arena_offset, b = f.visual.jobs[1].arena_offset;
+    uint64_t gap = a > b ? a - b : b - a;
+    cr_expect_geq(gap, 500 * 768, "the images' rooms do not overlap (%llu apart)",
+                  (unsigned long long)gap);
+    submit(&f, 3, 0x03, 1400); /* 1075200 bytes: over 1 MiB (358400 without the features) */
+    cr_assert(wait_for(&f, &f.fe.n_errors, 1));
+    cr_expect_eq(f.fe.errors[0].req_id, 3);
+    cr_expect_eq(f.fe.errors[0].status, VLMD_ERR_TOO_LARGE);
+    cr_expect(strstr(f.fe.messages[0], "--embed-arena-mb"), "%s", f.fe.messages[0]);
     teardown(&f);
 }
 
