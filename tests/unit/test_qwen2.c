@@ -434,11 +434,11 @@ Test(qwen2, missing_and_misshaped_tensors_are_named)
 
 /* A prompt prefilled in chunks (each attending to the chunks before it in
  * the KV cache) gives the logits of the one-shot prefill: within 1e-4 of the
- * reference for chunks of 7, 64 and 4096 tokens (F32, CPU). */
+ * reference for chunks of 7, 64 and 4096 tokens (F32, CPU), dense and MoE. */
 Test(qwen2, chunked_prefill_matches_one_shot)
 {
-    const char *models[] = {"qwen2", "qwen2_vl"};
-    for (int mi = 0; mi < 2; mi++) {
+    const char *models[] = {"qwen2", "qwen2_vl", "qwen3", "qwen3_moe"};
+    for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
         fixture f;
         open_fixture(&f, models[mi], "model.safetensors");
         const int V = (int)qwen2_vocab_size(f.m), max = 256;
@@ -562,3 +562,392 @@ Test(qwen2, decode_graphs_pad_a_batch_and_give_the_eager_logits)
     close_fixture(&f);
 }
 
+
+/* Every case of a model in one step, packed (each its own sequence, all
+ * rows' logits): each within 1e-4 of its reference, as alone. A MoE layer
+ * routes each token on its own, whatever shares its step. */
+Test(qwen2, a_packed_batch_of_every_case_matches_each_alone)
+{
+    const char *models[] = {"qwen3", "qwen3_moe"};
+    for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
+        fixture f;
+        open_fixture(&f, models[mi], "model.safetensors");
+        const int V = (int)qwen2_vocab_size(f.m), max = 512;
+        json_t *cases = json_object_get(f.json, "cases");
+        int n_seqs = (int)json_array_size(cases), n = 0;
+        int32_t ids[512], pos[3 * 512], slots[512], rows[512];
+        vlmd_attn_seq seqs[8];
+        cr_assert_leq(n_seqs, 8);
+        for (int q = 0; q < n_seqs; q++) {
+            json_t *ids_j = json_object_get(json_array_get(cases, (size_t)q), "input_ids");
+            int len = (int)json_array_size(ids_j);
+            cr_assert_leq(n + len, max);
+            seqs[q] = (vlmd_attn_seq){n, len, len, slots + n};
+            for (int i = 0; i < len; i++) {
+                ids[n + i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
+                slots[n + i] = max - 1 - (n + i);
+                rows[n + i] = n + i;
+            }
+            n += len;
+        }
+        for (int q = 0, i = 0; q < n_seqs; q++)
+            for (int k = 0; k < seqs[q].q_len; k++, i++)
+                for (int r = 0; r < 3; r++)
+                    pos[r * n + i] = k;
+        qwen2_kv *kv = NULL;
+        qwen2_workspace *ws = NULL;
+        vlmd_error err = {0};
+        cr_assert_eq(qwen2_kv_create(f.m, max, &kv, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(qwen2_workspace_create(f.m, max, max, max, &ws, &err), VLMD_OK, "%s",
+                     err.msg);
+        float *logits = malloc((size_t)n * V * sizeof *logits);
+        qwen2_batch bt = {n, ids, pos, slots, seqs, n_seqs, rows, n, NULL, 0};
+        cr_assert_eq(qwen2_forward(f.m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
+        for (int q = 0; q < n_seqs; q++) {
+            char name[64];
+            snprintf(name, sizeof name, "case%d.logits", q);
+            const vlmd_tensor_view *lt = vlmd_safetensors_find(f.ref, name);
+            cr_assert_not_null(lt);
+            double rel = test_rel_error(logits + (size_t)seqs[q].q_start * V, lt->data,
+                                        (size_t)seqs[q].q_len * V);
+            cr_expect_lt(rel, 1e-4, "%s case %d in the batch: relative error %.3g", models[mi],
+                         q, rel);
+        }
+        free(logits);
+        qwen2_workspace_free(f.m, ws);
+        qwen2_kv_free(f.m, kv);
+        close_fixture(&f);
+    }
+}
+
+/* ---- what the backend's ops can run ------------------------------------------------- */
+
+/* The CPU's op table less one piece at a time: a model that needs it is
+ * refused at load, naming the backend, the piece and the architecture
+ * (qwen2_backend_check reads the table, not the architecture), and a
+ * model that does not need it still loads. */
+Test(qwen2, a_backend_without_the_ops_a_model_needs_refuses_it)
+{
+    static const struct {
+        const char *lacks, *model, *needs, *fine;
+    } cases[] = {
+        {"moe", "qwen3_moe", "no mixture-of-experts ops yet, which Qwen3MoeForCausalLM needs",
+         "qwen3"},
+        {"qk_norm", "qwen3", "no q/k norm in its rotary op yet, which Qwen3ForCausalLM needs",
+         "qwen2_vl"},
+        {"interleaved", "qwen3_vl", "no interleaved M-RoPE yet, which "
+         "Qwen3VLForConditionalGeneration needs", "qwen2"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        vlmd_backend *b = NULL;
+        cr_assert_eq(vlmd_backend_create("cpu", &b, NULL), VLMD_OK);
+        vlmd_op_table table = *vlmd_backend_ops(b);
+        if (strcmp(cases[i].lacks, "moe") == 0)
+            table.moe_route = NULL; /* any of the three */
+        else if (strcmp(cases[i].lacks, "qk_norm") == 0)
+            table.rope_qk_norm = false;
+        else
+            table.rope_interleaved = false;
+        b->op_table = &table;
+        const char *models[] = {cases[i].model, cases[i].fine};
+        for (int k = 0; k < 2; k++) {
+            vlmd_model_config mc;
+            vlmd_safetensors *st = NULL;
+            vlmd_error err = {0};
+            qwen2_model *m = NULL;
+            uint64_t bytes = 1;
+            cr_assert_eq(vlmd_model_config_load(test_fixture(models[k]), &mc, NULL), VLMD_OK);
+            cr_assert_eq(vlmd_safetensors_open_dir(test_fixture(models[k]), &st, NULL), VLMD_OK);
+            vlmd_status want = k ? VLMD_OK : VLMD_ERR_UNAVAILABLE;
+            cr_expect_eq(qwen2_backend_check(b, &mc, &err), want, "%s: %s", models[k], err.msg);
+            cr_expect_eq(qwen2_weight_bytes(b, &mc, st, &bytes, &err), want, "%s", err.msg);
+            cr_expect_eq(qwen2_load(b, &mc, st, &m, &err), want, "%s", err.msg);
+            if (!k) {
+                cr_expect(strstr(err.msg, cases[i].needs), "%s", err.msg);
+                cr_expect(strncmp(err.msg, "the cpu", 7) == 0, "the backend named: %s", err.msg);
+                cr_expect(strstr(err.msg, "(use --device cpu)"), "%s", err.msg);
+                cr_expect_null(m);
+                cr_expect_eq(vlmd_backend_allocated_bytes(b), 0, "nothing loaded");
+            }
+            qwen2_free(m);
+            vlmd_safetensors_close(st);
+        }
+        vlmd_backend_destroy(b);
+    }
+}
+
+/* ---- checkpoints as published -------------------------------------------------------- */
+
+/* Builds safetensors images in memory (F32), for checkpoints the fixtures
+ * do not ship: renamed, fused or broken copies of theirs. */
+typedef struct st_writer {
+    json_t *header;
+    char *data;
+    size_t len, cap;
+} st_writer;
+
+static void st_add(st_writer *w, const char *name, int ndim, const int64_t *shape,
+                   const float *values)
+{
+    size_t count = 1;
+    json_t *dims = json_array();
+    for (int i = 0; i < ndim; i++) {
+        count *= (size_t)shape[i];
+        json_array_append_new(dims, json_integer(shape[i]));
+    }
+    size_t bytes = count * sizeof(float);
+    if (w->len + bytes > w->cap) {
+        w->cap = 2 * (w->len + bytes);
+        w->data = realloc(w->data, w->cap);
+        cr_assert_not_null(w->data);
+    }
+    memcpy(w->data + w->len, values, bytes);
+    json_object_set_new(w->header, name,
+                        json_pack("{s:s, s:o, s:[I, I]}", "dtype", "F32", "shape", dims,
+                                  "data_offsets", (json_int_t)w->len,
+                                  (json_int_t)(w->len + bytes)));
+    w->len += bytes;
+}
+
+/* The image (the caller frees it) opened as *out; w is emptied. */
+static char *st_open(st_writer *w, vlmd_safetensors **out)
+{
+    char *text = json_dumps(w->header, JSON_COMPACT);
+    size_t hlen = (strlen(text) + 7) / 8 * 8; /* padded with spaces, as writers do */
+    char *image = malloc(8 + hlen + w->len);
+    cr_assert_not_null(image);
+    uint64_t le = hlen;
+    for (int i = 0; i < 8; i++)
+        image[i] = (char)(le >> (8 * i));
+    memset(image + 8, ' ', hlen);
+    memcpy(image + 8, text, strlen(text));
+    memcpy(image + 8 + hlen, w->data, w->len);
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_safetensors_open_memory(image, 8 + hlen + w->len, out, &err), VLMD_OK,
+                 "%s", err.msg);
+    free(text);
+    json_decref(w->header);
+    free(w->data);
+    *w = (st_writer){0};
+    return image;
+}
+
+/* The qwen3_moe fixture as Qwen3-VL-MoE publishes its text model: names
+ * under model.language_model., each layer's experts in two fused tensors
+ * stored for x . W, mlp.experts.gate_up_proj [E, H, 2 I] (gate columns,
+ * then up) and mlp.experts.down_proj [E, I, H]. skip: a name left out;
+ * grow: a name whose first dimension gets one more row. */
+static char *fused_moe_checkpoint(const vlmd_model_config *mc, const char *skip, const char *grow,
+                                  vlmd_safetensors **out)
+{
+    vlmd_safetensors *src = NULL;
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file("qwen3_moe", "model.safetensors"),
+                                            &src, NULL), VLMD_OK);
+    const int64_t E = mc->text.num_experts, H = mc->text.hidden_size,
+                  I = mc->text.moe_intermediate_size;
+    st_writer w = {.header = json_object()};
+    float *gate_up = malloc((size_t)(E * H * 2 * I) * sizeof(float));
+    float *down = malloc((size_t)(E * I * H) * sizeof(float));
+    for (size_t i = 0; i < vlmd_safetensors_count(src); i++) {
+        const vlmd_tensor_view *t = vlmd_safetensors_at(src, i);
+        if (strstr(t->name, ".mlp.experts."))
+            continue; /* fused below */
+        char name[256];
+        snprintf(name, sizeof name, "%s", t->name);
+        if (strncmp(name, "model.", 6) == 0)
+            snprintf(name, sizeof name, "model.language_model.%s", t->name + 6);
+        st_add(&w, name, t->ndim, t->shape, t->data);
+    }
+    for (int64_t l = 0; l < mc->text.num_layers; l++) {
+        if (!vlmd_text_layer_is_moe(&mc->text, l))
+            continue;
+        for (int64_t e = 0; e < E; e++) {
+            const char *proj[] = {"gate_proj", "up_proj", "down_proj"};
+            const float *part[3];
+            for (int p = 0; p < 3; p++) {
+                char name[256];
+                snprintf(name, sizeof name, "model.layers.%lld.mlp.experts.%lld.%s.weight",
+                         (long long)l, (long long)e, proj[p]);
+                const vlmd_tensor_view *t = vlmd_safetensors_find(src, name);
+                cr_assert_not_null(t, "%s", name);
+                part[p] = t->data;
+            }
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t r = 0; r < 2 * I; r++) /* gate [I, H], up [I, H] */
+                    gate_up[(e * H + h) * 2 * I + r] =
+                        r < I ? part[0][r * H + h] : part[1][(r - I) * H + h];
+            for (int64_t r = 0; r < I; r++)
+                for (int64_t h = 0; h < H; h++) /* down [H, I] */
+                    down[(e * I + r) * H + h] = part[2][h * I + r];
+        }
+        char name[256];
+        snprintf(name, sizeof name, "model.language_model.layers.%lld.mlp.experts.gate_up_proj",
+                 (long long)l);
+        if (!skip || strcmp(skip, name) != 0)
+            st_add(&w, name, 3, (int64_t[]){E, H, 2 * I}, gate_up);
+        snprintf(name, sizeof name, "model.language_model.layers.%lld.mlp.experts.down_proj",
+                 (long long)l);
+        bool grown = grow && strcmp(grow, name) == 0;
+        if (grown) /* one more expert's worth of rows: the shape is all that is read */
+            down = realloc(down, (size_t)((E + 1) * I * H) * sizeof(float));
+        if (!skip || strcmp(skip, name) != 0)
+            st_add(&w, name, 3, (int64_t[]){E + grown, I, H}, down);
+    }
+    free(gate_up);
+    free(down);
+    vlmd_safetensors_close(src);
+    return st_open(&w, out);
+}
+
+/* Qwen3-VL-MoE's fused experts, transposed at load into the op's layout,
+ * give the per-expert checkpoint's logits (the reference's, within 1e-4);
+ * a missing or mis-shaped fused tensor is named. */
+Test(qwen2, fused_experts_as_qwen3_vl_moe_publishes_them)
+{
+    fixture f;
+    open_fixture(&f, "qwen3_moe", "model.safetensors");
+    vlmd_safetensors *st = NULL;
+    char *image = fused_moe_checkpoint(&f.mc, NULL, NULL, &st);
+    qwen2_model *m = NULL;
+    vlmd_error err = {0};
+    uint64_t bytes = 0, per_expert = 0;
+    cr_assert_eq(qwen2_weight_bytes(f.b, &f.mc, st, &bytes, &err), VLMD_OK, "%s", err.msg);
+    vlmd_safetensors *orig = NULL;
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file("qwen3_moe", "model.safetensors"),
+                                            &orig, NULL), VLMD_OK);
+    cr_assert_eq(qwen2_weight_bytes(f.b, &f.mc, orig, &per_expert, &err), VLMD_OK);
+    vlmd_safetensors_close(orig);
+    cr_expect_eq(bytes, per_expert, "the same weights either way");
+    cr_assert_eq(qwen2_load(f.b, &f.mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+    vlmd_safetensors_close(st);
+    free(image);
+
+    json_t *ids_j = json_object_get(json_array_get(json_object_get(f.json, "cases"), 1),
+                                    "input_ids");
+    int n = (int)json_array_size(ids_j), V = (int)qwen2_vocab_size(m);
+    int32_t ids[256], pos[3 * 256], slots[256], rows[256];
+    cr_assert_leq(n, 256);
+    for (int i = 0; i < n; i++) {
+        ids[i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
+        slots[i] = rows[i] = i;
+        for (int r = 0; r < 3; r++)
+            pos[r * n + i] = i;
+    }
+    qwen2_kv *kv = NULL;
+    qwen2_workspace *ws = NULL;
+    cr_assert_eq(qwen2_kv_create(m, n, &kv, NULL), VLMD_OK);
+    cr_assert_eq(qwen2_workspace_create(m, n, n, n, &ws, NULL), VLMD_OK);
+    float *logits = malloc((size_t)n * V * sizeof *logits);
+    vlmd_attn_seq seq = {0, n, n, slots};
+    qwen2_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0};
+    cr_assert_eq(qwen2_forward(m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
+    const vlmd_tensor_view *lt = vlmd_safetensors_find(f.ref, "case1.logits");
+    double rel = test_rel_error(logits, lt->data, (size_t)n * V);
+    cr_expect_lt(rel, 1e-4, "fused experts: relative error %.3g", rel);
+    free(logits);
+    qwen2_workspace_free(m, ws);
+    qwen2_kv_free(m, kv);
+    qwen2_free(m);
+
+    char *bad = fused_moe_checkpoint(&f.mc, "model.language_model.layers.2.mlp.experts.gate_up_proj",
+                                     NULL, &st);
+    cr_expect_eq(qwen2_load(f.b, &f.mc, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "missing tensor model.language_model.layers.2.mlp.experts.0."
+                              "gate_proj.weight"), "%s", err.msg);
+    vlmd_safetensors_close(st);
+    free(bad);
+    bad = fused_moe_checkpoint(&f.mc, NULL, "model.language_model.layers.1.mlp.experts.down_proj",
+                               &st);
+    cr_expect_eq(qwen2_weight_bytes(f.b, &f.mc, st, &bytes, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "layers.1.mlp.experts.down_proj has shape [9, 64, 128], expected "
+                              "[8, 64, 128]"), "%s", err.msg);
+    cr_expect_eq(qwen2_load(f.b, &f.mc, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect_null(m);
+    vlmd_safetensors_close(st);
+    free(bad);
+    close_fixture(&f);
+}
+
+/* Qwen3's own tensors are checked as Qwen2's: a q/k norm, a router or an
+ * expert missing or mis-shaped is named with its shapes. */
+Test(qwen2, missing_and_misshaped_qwen3_tensors_are_named)
+{
+    fixture f;
+    open_fixture(&f, "qwen3_moe", "model.safetensors");
+    vlmd_safetensors *st = NULL;
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file("qwen3_moe", "model.safetensors"),
+                                            &st, NULL), VLMD_OK);
+    qwen2_model *m = NULL;
+    vlmd_error err = {0};
+    vlmd_model_config wrong = f.mc;
+    wrong.text.head_dim = 16, wrong.text.num_heads *= 2, wrong.text.num_kv_heads *= 2;
+    cr_expect_eq(qwen2_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "model.layers.0.self_attn.q_norm.weight has shape [32], expected "
+                              "[16]"), "%s", err.msg);
+    wrong = f.mc;
+    wrong.text.num_experts = 9;
+    cr_expect_eq(qwen2_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "model.layers.1.mlp.gate.weight has shape [8, 128], expected "
+                              "[9, 128]"), "%s", err.msg);
+    wrong = f.mc;
+    wrong.text.moe_intermediate_size = 32;
+    cr_expect_eq(qwen2_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "model.layers.1.mlp.experts.0.gate_proj.weight has shape "
+                              "[64, 128], expected [32, 128]"), "%s", err.msg);
+    wrong = f.mc;
+    wrong.text.mlp_only_layers[0] = 0; /* layer 0 a MoE layer: it has no experts */
+    cr_expect_eq(qwen2_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "missing tensor model.layers.0.mlp.gate.weight"), "%s", err.msg);
+    cr_expect_null(m);
+    vlmd_safetensors_close(st);
+    close_fixture(&f);
+}
+
+/* ---- the stress's worst-case routing ------------------------------------------------- */
+
+/* With worst-case routing on, a MoE model's step sends every token to
+ * experts 0..k-1 (its logits are not the model's) and is counted; off
+ * again, the step is the model's own (the reference logits). Dense
+ * models count nothing. */
+Test(qwen2, worst_case_routing_is_on_only_while_asked)
+{
+    const char *models[] = {"qwen3_moe", "qwen3"};
+    for (int mi = 0; mi < 2; mi++) {
+        fixture f;
+        open_fixture(&f, models[mi], "model.safetensors");
+        json_t *ids_j = json_object_get(json_array_get(json_object_get(f.json, "cases"), 0),
+                                        "input_ids");
+        int n = (int)json_array_size(ids_j), V = (int)qwen2_vocab_size(f.m);
+        int32_t ids[256], pos[3 * 256], slots[256], rows[256];
+        for (int i = 0; i < n; i++) {
+            ids[i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
+            slots[i] = rows[i] = i;
+            for (int r = 0; r < 3; r++)
+                pos[r * n + i] = i;
+        }
+        qwen2_kv *kv = NULL;
+        qwen2_workspace *ws = NULL;
+        cr_assert_eq(qwen2_kv_create(f.m, n, &kv, NULL), VLMD_OK);
+        cr_assert_eq(qwen2_workspace_create(f.m, n, n, n, &ws, NULL), VLMD_OK);
+        float *logits = malloc((size_t)n * V * sizeof *logits);
+        vlmd_attn_seq seq = {0, n, n, slots};
+        qwen2_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0};
+        const vlmd_tensor_view *lt = vlmd_safetensors_find(f.ref, "case0.logits");
+        bool moe = mi == 0;
+        for (int on = 1; on >= 0; on--) {
+            qwen2_set_worst_case_routing(ws, on);
+            uint64_t before = qwen2_worst_case_steps(f.m);
+            cr_assert_eq(qwen2_forward(f.m, kv, ws, &bt, logits, NULL), VLMD_OK);
+            cr_expect_eq(qwen2_worst_case_steps(f.m) - before, (uint64_t)(on && moe));
+            double rel = test_rel_error(logits, lt->data, (size_t)n * V);
+            if (on && moe)
+                cr_expect_gt(rel, 1e-2, "worst-case routing is not the model's: %.3g", rel);
+            else
+                cr_expect_lt(rel, 1e-4, "%s, worst case %d: %.3g", models[mi], on, rel);
+        }
+        free(logits);
+        qwen2_workspace_free(f.m, ws);
+        qwen2_kv_free(f.m, kv);
+        close_fixture(&f);
+    }
+}
