@@ -26,65 +26,88 @@
 
 /* ---- replaying one model's expert choices in another ------------------------------ */
 
-/* The CPU's op table with moe_route taped: recording keeps each call's
- * expert ids; replaying makes the next call take the recorded ids in the
- * same order, weighted by its own router's probabilities of them. The
- * F32 model records a step, then the BF16 model replays it. (Ops have no
- * context pointer: one tape per process.) */
-typedef enum tape_mode { TAPE_OFF, TAPE_RECORD, TAPE_REPLAY } tape_mode;
+/* moe_route taped: the router model, F32 on a CPU backend of its own,
+ * records each call's expert ids; the model under test (any backend)
+ * replays them, call for call, weighted by its own router's probabilities
+ * of them. Ids, weights and logits move through the backend's copies, so
+ * a device's ops are taped too. (Ops have no context pointer: one tape
+ * per process.) */
 static struct {
-    const vlmd_op_table *base;
-    vlmd_op_table table;
-    tape_mode mode;
-    int32_t *ids;
+    vlmd_backend *rec_b, *play_b;
+    const vlmd_op_table *rec_base, *play_base;
+    vlmd_op_table rec_table, play_table;
+    int32_t *ids;                   /* recorded, in call order */
     size_t len, cap, at;
+    float *host;                    /* replay staging: logits, then weights */
+    int32_t *host_ids;
 } tape;
 
-static void taped_route(vlmd_backend *b, int32_t *ids, float *weights, const void *logits_,
+static void taped_route(vlmd_backend *b, int32_t *ids, float *weights, const void *logits,
                         int n, int n_experts, int k, bool renormalize, bool worst_case)
 {
-    tape.base->moe_route(b, ids, weights, logits_, n, n_experts, k, renormalize, worst_case);
+    bool rec = b == tape.rec_b;
+    (rec ? tape.rec_base : tape.play_base)
+        ->moe_route(b, ids, weights, logits, n, n_experts, k, renormalize, worst_case);
     size_t count = (size_t)n * k;
-    if (tape.mode == TAPE_RECORD) {
+    if (rec) {
         if (tape.len + count > tape.cap) {
             tape.cap = 2 * (tape.len + count);
             tape.ids = realloc(tape.ids, tape.cap * sizeof *tape.ids);
             cr_assert_not_null(tape.ids);
         }
-        memcpy(tape.ids + tape.len, ids, count * sizeof *ids);
+        cr_assert_eq(vlmd_backend_copy_to_host(b, tape.ids + tape.len, ids,
+                                               count * sizeof *ids, NULL), VLMD_OK);
         tape.len += count;
         return;
     }
-    if (tape.mode != TAPE_REPLAY)
-        return;
     cr_assert_leq(tape.at + count, tape.len, "the replay follows the recording");
-    const float *logits = logits_; /* the CPU's activations are fp32 host memory */
+    tape.host = realloc(tape.host, (size_t)n * (n_experts + k) * sizeof *tape.host);
+    tape.host_ids = realloc(tape.host_ids, count * sizeof *tape.host_ids);
+    cr_assert(tape.host && tape.host_ids);
+    float *row_w = tape.host + (size_t)n * n_experts;
+    cr_assert_eq(vlmd_backend_download_f32(b, tape.host, logits, (size_t)n * n_experts, NULL),
+                 VLMD_OK);
     for (int t = 0; t < n; t++) {
-        const float *row = logits + (size_t)t * n_experts;
+        const float *row = tape.host + (size_t)t * n_experts;
         float mx = row[0], total = 0;
         for (int e = 1; e < n_experts; e++)
             mx = row[e] > mx ? row[e] : mx;
         double sum = 0;
         for (int e = 0; e < n_experts; e++)
             sum += exp((double)(row[e] - mx));
+        float *w = row_w + (size_t)t * k;
         for (int j = 0; j < k; j++) {
             int32_t id = tape.ids[tape.at++];
-            ids[(size_t)t * k + j] = id;
-            weights[(size_t)t * k + j] = (float)(exp((double)(row[id] - mx)) / sum);
-            total += weights[(size_t)t * k + j];
+            tape.host_ids[(size_t)t * k + j] = id;
+            w[j] = (float)(exp((double)(row[id] - mx)) / sum);
+            total += w[j];
         }
         for (int j = 0; renormalize && j < k; j++)
-            weights[(size_t)t * k + j] /= total;
+            w[j] /= total;
     }
+    cr_assert_eq(vlmd_backend_copy_to_device(b, ids, tape.host_ids, count * sizeof *ids, NULL),
+                 VLMD_OK);
+    cr_assert_eq(vlmd_backend_copy_to_device(b, weights, row_w, count * sizeof *weights, NULL),
+                 VLMD_OK);
 }
 
-/* Models loaded on b after this use the taped moe_route. */
-static void tape_install(vlmd_backend *b)
+/* Models loaded on rec (a CPU backend) record; those on play replay. */
+static void tape_install(vlmd_backend *rec, vlmd_backend *play)
 {
-    tape.base = vlmd_backend_ops(b);
-    tape.table = *tape.base;
-    tape.table.moe_route = taped_route;
-    b->op_table = &tape.table;
+    tape.rec_b = rec, tape.play_b = play;
+    tape.rec_base = vlmd_backend_ops(rec), tape.play_base = vlmd_backend_ops(play);
+    tape.rec_table = *tape.rec_base, tape.play_table = *tape.play_base;
+    tape.rec_table.moe_route = tape.play_table.moe_route = taped_route;
+    rec->op_table = &tape.rec_table;
+    play->op_table = &tape.play_table;
+}
+
+static void tape_free(void)
+{
+    free(tape.ids);
+    free(tape.host);
+    free(tape.host_ids);
+    memset(&tape, 0, sizeof tape);
 }
 
 /* ---- fixtures ---------------------------------------------------------------------- */
@@ -93,25 +116,29 @@ typedef struct fixture {
     vlmd_model_config mc;
     vlmd_backend *b;
     qwen2_model *m;
+    vlmd_backend *router_b;     /* a CPU backend for the router model */
     qwen2_model *router;        /* whose expert choices m replays (NULL: its own) */
     vlmd_safetensors *ref;
     json_t *json;
 } fixture;
 
-static qwen2_model *load_model(fixture *f, const char *model, const char *weights)
+static qwen2_model *load_model(vlmd_backend *b, const vlmd_model_config *mc, const char *model,
+                               const char *weights)
 {
     vlmd_safetensors *st = NULL;
     vlmd_error err = {0};
     qwen2_model *m = NULL;
     cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, weights), &st, &err), VLMD_OK,
                  "%s", err.msg);
-    cr_assert_eq(qwen2_load(f->b, &f->mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(qwen2_load(b, mc, st, &m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st); /* the model holds its own copy */
     return m;
 }
 
-/* false when the device is not there (only "cuda" may be missing). routing_from: the
- * weights whose expert choices the model replays (CPU only), or NULL. */
+/* false when the device is not there (only "cuda" may be missing), or when
+ * its ops cannot run the model yet: then its load must be refused, naming
+ * what is missing. routing_from: the weights (on the CPU) whose expert
+ * choices the model replays, or NULL. */
 static bool open_fixture_routed(fixture *f, const char *model, const char *weights,
                                 const char *device, const char *routing_from)
 {
@@ -120,12 +147,26 @@ static bool open_fixture_routed(fixture *f, const char *model, const char *weigh
     cr_assert_eq(vlmd_model_config_load(test_fixture(model), &f->mc, &err), VLMD_OK, "%s", err.msg);
     if (!test_backend_open(device, &f->b))
         return false;
-    if (routing_from) {
-        cr_assert_str_eq(device, "cpu");
-        tape_install(f->b);
-        f->router = load_model(f, model, routing_from);
+    if (qwen2_backend_check(f->b, &f->mc, &err) != VLMD_OK) {
+        cr_assert_str_neq(device, "cpu", "%s", err.msg);
+        vlmd_safetensors *st = NULL;
+        qwen2_model *m = NULL;
+        cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, weights), &st, NULL),
+                     VLMD_OK);
+        cr_expect_eq(qwen2_load(f->b, &f->mc, st, &m, &err), VLMD_ERR_UNAVAILABLE);
+        cr_expect(strstr(err.msg, "(use --device cpu)") && strstr(err.msg, f->mc.architecture),
+                  "%s", err.msg);
+        cr_log_warn("%s on %s: %s", model, device, err.msg);
+        vlmd_safetensors_close(st);
+        vlmd_backend_destroy(f->b);
+        return false;
     }
-    f->m = load_model(f, model, weights);
+    if (routing_from) {
+        cr_assert_eq(vlmd_backend_create("cpu", &f->router_b, NULL), VLMD_OK);
+        tape_install(f->router_b, f->b);
+        f->router = load_model(f->router_b, &f->mc, model, routing_from);
+    }
+    f->m = load_model(f->b, &f->mc, model, weights);
     f->ref = test_reference_tensors(model);
     f->json = test_reference_json(model);
     return true;
@@ -147,9 +188,9 @@ static void close_fixture(fixture *f)
     qwen2_free(f->router);
     vlmd_safetensors_close(f->ref);
     vlmd_backend_destroy(f->b);
+    vlmd_backend_destroy(f->router_b);
     json_decref(f->json);
-    free(tape.ids);
-    memset(&tape, 0, sizeof tape);
+    tape_free();
 }
 
 static int argmax(const float *x, int n)
@@ -213,17 +254,13 @@ static void runner_forward(runner *r, const qwen2_batch *bt, float *logits)
 {
     vlmd_error err = {0};
     if (r->f->router) {
-        tape.mode = TAPE_RECORD;
-        tape.len = 0;
+        tape.len = tape.at = 0;
         cr_assert_eq(qwen2_forward(r->f->router, r->router_kv, r->router_ws, bt, NULL, &err),
                      VLMD_OK, "%s", err.msg);
-        tape.mode = TAPE_REPLAY;
-        tape.at = 0;
     }
     cr_assert_eq(qwen2_forward(r->f->m, r->kv, r->ws, bt, logits, &err), VLMD_OK, "%s", err.msg);
     if (r->f->router)
         cr_assert_eq(tape.at, tape.len, "every recorded choice replayed");
-    tape.mode = TAPE_OFF;
 }
 
 /* What check_model runs: every case of a fixture model on a device. */
@@ -399,13 +436,27 @@ Test(qwen2, qwen3_vl_text_bf16) { check_model_with(&qwen3_checks[5]); }
 /* Through the CUDA backend (bf16 weights and activations): where a GPU is
  * visible, the logits of every text case of every model against the
  * reference and the greedy continuation up to any near tie; elsewhere the
- * backend's clear refusal. A Qwen3 model joins the list once the CUDA table
- * has its ops (qwen2_backend_check; until then its load is refused, below). */
+ * backend's clear refusal. */
 Test(qwen2, cuda_bf16_all_models)
 {
     const char *models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
         check_model_on("cuda", models[i], BF16, 3e-2, GREEDY_UNTIL_NEAR_TIE);
+}
+
+/* The Qwen3 generation the same way, once the CUDA table has what each
+ * model needs (qwen2_backend_check); until then its load is refused, naming
+ * what is missing (open_fixture_routed). The MoE model replays the CPU F32
+ * model's expert choices. */
+Test(qwen2, cuda_bf16_qwen3_models)
+{
+    static const model_check checks[] = {
+        {"cuda", "qwen3", BF16, 3e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
+        {"cuda", "qwen3_moe", BF16, 3e-2, GREEDY_UNTIL_NEAR_TIE, false, F32},
+        {"cuda", "qwen3_vl", BF16, 3e-2, GREEDY_UNTIL_NEAR_TIE, true, NULL},
+    };
+    for (size_t i = 0; i < sizeof checks / sizeof *checks; i++)
+        check_model_with(&checks[i]);
 }
 
 Test(qwen2, missing_and_misshaped_tensors_are_named)
