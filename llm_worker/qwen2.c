@@ -201,6 +201,10 @@ static vlmd_status load_experts(qwen2_model *m, const vlmd_safetensors *st, cons
                           &down_at, err);
         return s;
     }
+    snprintf(name, sizeof name, "%sexperts.0.gate_proj.weight", at);
+    if (!vlmd_safetensors_find(st, name)) /* neither form */
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "missing tensor %s (or the fused "
+                           "%sexperts.gate_up_proj)", name, at);
     static const char *const parts[] = {"gate_proj", "up_proj", "down_proj"};
     for (int64_t e = 0; s == VLMD_OK && e < E; e++)
         for (int p = 0; s == VLMD_OK && p < 3; p++) {

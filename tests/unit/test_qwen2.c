@@ -904,7 +904,8 @@ Test(qwen2, fused_experts_as_qwen3_vl_moe_publishes_them)
                                      NULL, &st);
     cr_expect_eq(qwen2_load(f.b, &f.mc, st, &m, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "missing tensor model.language_model.layers.2.mlp.experts.0."
-                              "gate_proj.weight"), "%s", err.msg);
+                              "gate_proj.weight (or the fused model.language_model.layers.2."
+                              "mlp.experts.gate_up_proj)"), "%s", err.msg);
     vlmd_safetensors_close(st);
     free(bad);
     bad = fused_moe_checkpoint(&f.mc, NULL, "model.language_model.layers.1.mlp.experts.down_proj",
