@@ -55,7 +55,8 @@ static bool open_named_on(fixture *f, const char *device, const char *model)
         return false;
     if (qwen2_backend_check(f->b, &f->mc, &err) != VLMD_OK) {
         cr_assert_str_neq(device, "cpu", "%s", err.msg);
-        cr_log_warn("%s on %s: %s", model, device, err.msg);
+        /* said, not failed: a cr_log_warn makes the run exit 1 */
+        fprintf(stderr, "%s on %s: %s\n", model, device, err.msg);
         vlmd_backend_destroy(f->b);
         return false;
     }

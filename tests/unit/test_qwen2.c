@@ -156,7 +156,8 @@ static bool open_fixture_routed(fixture *f, const char *model, const char *weigh
         cr_expect_eq(qwen2_load(f->b, &f->mc, st, &m, &err), VLMD_ERR_UNAVAILABLE);
         cr_expect(strstr(err.msg, "(use --device cpu)") && strstr(err.msg, f->mc.architecture),
                   "%s", err.msg);
-        cr_log_warn("%s on %s: %s", model, device, err.msg);
+        /* said, not failed: a cr_log_warn makes the run exit 1 */
+        fprintf(stderr, "%s on %s: %s\n", model, device, err.msg);
         vlmd_safetensors_close(st);
         vlmd_backend_destroy(f->b);
         return false;
