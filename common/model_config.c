@@ -210,6 +210,9 @@ static vlmd_status parse_text(const json_t *root, vlmd_arch arch, const char *pa
     if ((arch == VLMD_ARCH_QWEN3_MOE || arch == VLMD_ARCH_QWEN3_VL_MOE) && !t->num_experts)
         return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: a mixture-of-experts model needs "
                            "'num_experts'", path);
+    /* transformers' Qwen3VLMoeTextRouter renormalises whatever the config says */
+    if (arch == VLMD_ARCH_QWEN3_VL_MOE)
+        t->norm_topk_prob = true;
 
     const json_t *rope = find_rope(text, root);
     double theta_default = 10000.0;

@@ -184,20 +184,53 @@ vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *sr
     return n ? b->ops->copy_to_host(b, dst, src, n, err) : VLMD_OK;
 }
 
-/* One checkpoint tensor to dst, in the backend's element type. */
-static vlmd_status upload_tensor(vlmd_backend *b, void *dst, const vlmd_tensor_view *t,
-                                 vlmd_error *err)
+/* Widens matrix i of a tensor [..., r, c] and uploads it transposed to dst ([c, r]). */
+static vlmd_status upload_transposed(vlmd_backend *b, void *dst, const vlmd_tensor_view *t,
+                                     int64_t r, int64_t c, float *host, float *out,
+                                     vlmd_error *err)
+{
+    size_t es = vlmd_dtype_size(t->dtype), n = (size_t)(r * c), count = 0;
+    if (n)
+        count = (size_t)vlmd_tensor_numel(t) / n;
+    vlmd_status s = VLMD_OK;
+    for (size_t i = 0; s == VLMD_OK && i < count; i++) {
+        vlmd_tensor_view one = *t;
+        one.ndim = 2;
+        one.shape[0] = r, one.shape[1] = c;
+        one.data = (const char *)t->data + i * n * es;
+        one.nbytes = n * es;
+        if ((s = vlmd_tensor_to_f32(&one, host, err)) != VLMD_OK)
+            break;
+        for (int64_t y = 0; y < r; y++)
+            for (int64_t x = 0; x < c; x++)
+                out[x * r + y] = host[y * c + x];
+        s = vlmd_backend_upload_f32(b, (char *)dst + i * n * b->elem_size, out, n, err);
+    }
+    return s;
+}
+
+vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst, const vlmd_tensor_view *t,
+                                       bool transpose, vlmd_error *err)
 {
     size_t n = (size_t)vlmd_tensor_numel(t);
-    if ((int)t->dtype == b->native_dtype) /* straight from the mapped file */
+    VLMD_ASSERT(!transpose || t->ndim >= 2);
+    if (!transpose && (int)t->dtype == b->native_dtype) /* straight from the mapped file */
         return vlmd_backend_copy_to_device(b, dst, t->data, n * b->elem_size, err);
-    float *host = malloc(n ? n * sizeof *host : 1);
-    if (!host)
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory to widen %s", t->name);
-    vlmd_status s = vlmd_tensor_to_f32(t, host, err);
-    if (s == VLMD_OK)
+    size_t rows = n; /* how much is widened at once: all, or one matrix */
+    if (transpose)
+        rows = (size_t)(t->shape[t->ndim - 2] * t->shape[t->ndim - 1]);
+    float *host = malloc(rows ? rows * sizeof *host : 1);
+    float *out = transpose ? malloc(rows ? rows * sizeof *out : 1) : NULL;
+    vlmd_status s;
+    if (!host || (transpose && !out))
+        s = vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory to widen %s", t->name);
+    else if (transpose)
+        s = upload_transposed(b, dst, t, t->shape[t->ndim - 2], t->shape[t->ndim - 1], host, out,
+                              err);
+    else if ((s = vlmd_tensor_to_f32(t, host, err)) == VLMD_OK)
         s = vlmd_backend_upload_f32(b, dst, host, n, err);
     free(host);
+    free(out);
     return s;
 }
 
@@ -221,7 +254,7 @@ vlmd_status vlmd_backend_load_stacked(vlmd_backend *b, const vlmd_safetensors *s
         return s;
     char *dst = *out;
     for (int i = 0; s == VLMD_OK && i < n; i++) {
-        s = upload_tensor(b, dst, t[i], err);
+        s = vlmd_backend_upload_tensor(b, dst, t[i], false, err);
         dst += (size_t)vlmd_tensor_numel(t[i]) * b->elem_size;
     }
     if (s != VLMD_OK) {

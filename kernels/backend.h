@@ -81,9 +81,17 @@ size_t vlmd_backend_elem_size(const vlmd_backend *b);
  * allocated: the shapes are checked and *bytes given. */
 #define VLMD_BACKEND_MAX_STACKED 4
 struct vlmd_safetensors;
+struct vlmd_tensor_view;
 vlmd_status vlmd_backend_load_stacked(vlmd_backend *b, const struct vlmd_safetensors *st, int n,
                                       const char *const *names, int ndim, const int64_t *shapes,
                                       void **out, size_t *bytes, vlmd_error *err);
+/* One checkpoint tensor into dst (backend memory for its elements), as
+ * vlmd_backend_load_stacked loads each part. With transpose, a tensor
+ * [..., r, c] goes in as [..., c, r] (a checkpoint that stores a weight for
+ * x . W instead of x . W^T), widened on the host one matrix at a time. */
+vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst,
+                                       const struct vlmd_tensor_view *t, bool transpose,
+                                       vlmd_error *err);
 /* Copies n floats to device memory in the backend's element type (rounding
  * to bf16 to nearest even where that is the type). */
 vlmd_status vlmd_backend_upload_f32(vlmd_backend *b, void *dst, const float *src, size_t n,

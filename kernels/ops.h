@@ -166,6 +166,10 @@ typedef struct vlmd_op_table {
                         const float *weights, const void *gate_up, const void *down,
                         void *scratch, int n, int k, int n_experts, int hidden, int inter);
     size_t (*moe_scratch_bytes)(int n, int k, int n_experts, int hidden, int inter);
+    /* The vlmd_rope forms rope_kv_write does beyond theta and block M-RoPE
+     * sections: a model that needs one the backend lacks does not load there
+     * (qwen2_backend_check), so no op is given what it cannot do. */
+    bool rope_qk_norm, rope_interleaved;
 } vlmd_op_table;
 
 /* The backend's ops, or NULL when it cannot run models yet. */

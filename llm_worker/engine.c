@@ -264,6 +264,8 @@ vlmd_status engine_stress(engine *e, vlmd_error *err)
     }
     qwen2_batch prefill = {n, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
                            n_seq, NULL, 0};
+    /* experts see the worst routing there is: every token on the same ones */
+    qwen2_set_worst_case_routing(e->ws, true);
     vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &prefill, NULL, err);
     /* r sequences of one token each, every one attending to its own slot */
     for (int32_t i = 0; s == VLMD_OK && i < r; i++) {
@@ -278,6 +280,7 @@ vlmd_status engine_stress(engine *e, vlmd_error *err)
                           NULL, 0};
     if (s == VLMD_OK)
         s = qwen2_forward(e->m, e->kv, e->ws, &decode, NULL, err);
+    qwen2_set_worst_case_routing(e->ws, false);
     /* and the sampler at its widest: every row with logprobs */
     for (int32_t i = 0; i < r; i++)
         e->sample_rows[i] = (vlmd_sample_row){.temperature = 1, .top_p = 0.9f, .top_k = 50,

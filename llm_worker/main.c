@@ -424,14 +424,12 @@ static void load_model(llm_worker *w)
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }
-    if (!vlmd_backend_ops(w->backend)) {
+    if (qwen2_backend_check(w->backend, &w->svc.model, &err) != VLMD_OK) {
         if (strcmp(w->svc.cfg.device, "auto") != 0) {
-            VLMD_ERROR("--device %s: the %s backend cannot run models yet; use --device cpu or "
-                       "auto", w->svc.cfg.device, vlmd_backend_info(w->backend)->name);
+            VLMD_ERROR("--device %s: %s; use --device cpu or auto", w->svc.cfg.device, err.msg);
             exit(VLMD_EXIT_CONFIG);
         }
-        VLMD_WARN("the %s backend cannot run models yet; the engine runs on the CPU",
-                  vlmd_backend_info(w->backend)->name);
+        VLMD_WARN("%s; the engine runs on the CPU", err.msg);
         vlmd_backend_destroy(w->backend);
         if (vlmd_backend_create("cpu", &w->backend, &err) != VLMD_OK)
             VLMD_FATAL("%s", err.msg);

@@ -1,14 +1,19 @@
-/* qwen2.c - Qwen2-family text forward: a straight line of small named ops.
+/* qwen2.c - the Qwen2 and Qwen3 text forward (dense and mixture of
+ * experts): a straight line of small named ops.
  *
  *   residual = embed(ids)
  *   per layer:  h = rmsnorm(residual += x)           (fused add; layer 0: no x yet)
- *               qkv = h.Wqkv + bqkv;  rope(q, k), cache <- k, v   (one fused op)
+ *               qkv = h.Wqkv (+ bqkv: Qwen2);  (Qwen3: rmsnorm of each q, k head)
+ *               rope(q, k), cache <- k, v         (one fused op)
  *               x = attention(q, cache).Wo
- *               gate_up = rmsnorm(residual += x).Wgu;  x = (silu(gate) * up).Wd
+ *               h = rmsnorm(residual += x)
+ *     dense:    gate_up = h.Wgu;  x = (silu(gate) * up).Wd
+ *     experts:  ids, weights = top-k(softmax(h.Wrouter));
+ *               x = sum_j weights_j expert_ids_j(h)   (each expert a SwiGLU)
+ *   logits = rmsnorm(x + residual)[rows] . lm_head
  *
  * The q, k and v projections are stacked into one weight at load, and so are
- * gate and up: one GEMM each instead of three and two.
- *   logits = rmsnorm(x + residual)[rows] . lm_head
+ * gate and up (every expert's too): one GEMM each instead of three and two.
  *
  * Owns every backend allocation it makes (weights, cache, workspace) and
  * frees them with their sizes. */
@@ -22,8 +27,14 @@
 #include "log.h"
 
 typedef struct qwen2_layer {
-    void *ln_in, *w_qkv, *b_qkv, *wo;       /* attention: [Q + 2 KV, H], [Q + 2 KV], [H, Q] */
-    void *ln_post, *w_gate_up, *w_down;     /* MLP: [2 I, H] (gate rows, then up), [H, I] */
+    void *ln_in, *w_qkv, *wo;               /* attention: [Q + 2 KV, H], [H, Q] */
+    void *b_qkv;                            /* [Q + 2 KV]; NULL without qkv bias (Qwen3) */
+    void *q_norm, *k_norm;                  /* Qwen3: [hd] each; NULL without */
+    void *ln_post;                          /* [H] */
+    void *w_gate_up, *w_down;               /* dense MLP: [2 I, H] (gate rows, then up), [H, I] */
+    /* a mixture-of-experts layer instead (the dense pair NULL): the router [E, H], each
+     * expert's gate and up rows [E][2 Ie, H], its down projection [E][H, Ie] */
+    void *router, *experts_gate_up, *experts_down;
 } qwen2_layer;
 
 struct qwen2_model {
@@ -31,8 +42,13 @@ struct qwen2_model {
     const vlmd_op_table *op;
     int H, I, L, nh, nkv, hd, V;
     float eps, theta;
-    bool mrope;
+    bool mrope, interleaved;    /* M-RoPE; its sections interleaved (Qwen3-VL) */
     int sections[3];
+    bool qkv_bias, qk_norm;
+    int E, K, Ie;               /* experts, chosen per token, their MLP width (E 0: dense) */
+    bool renormalize;           /* the chosen experts' weights sum to 1 */
+    int n_dense, n_moe;         /* layers of each kind */
+    uint64_t worst_case_steps;  /* steps that routed the stress's worst case */
     void *embed;                /* [V, H] */
     void *lm_head;              /* [V, H]; the embedding when tied */
     void *final_norm;           /* [H] */
@@ -62,8 +78,13 @@ struct qwen2_workspace {
     void *x, *h, *residual;     /* [n, H] */
     void *qkv;                  /* [n, (nh + 2 nkv) * hd] */
     void *attn;                 /* [n, nh * hd] */
-    void *gate_up;              /* [n, 2 I] */
-    void *act;                  /* [n, I] */
+    void *gate_up;              /* [n, 2 I]; NULL without dense layers */
+    void *act;                  /* [n, I]; likewise */
+    void *router_logits;        /* [n, E]; MoE only, as the next three */
+    int32_t *expert_ids;        /* [n, K] */
+    float *expert_weights;      /* [n, K] fp32 */
+    void *moe_scratch;          /* moe_scratch_bytes(n, ...) */
+    bool worst_case;            /* route as the stress does (qwen2_set_worst_case_routing) */
     void *rows, *logits;        /* [n_logits, H], [n_logits, V] */
     int32_t *ids, *positions, *slots, *logit_rows; /* backend copies of the batch */
     vlmd_attn_seq *seqs;        /* backend copy of the attention batch [max_logits] */
@@ -121,8 +142,8 @@ static vlmd_status load_stacked(qwen2_model *m, const vlmd_safetensors *st, int 
     return s;
 }
 
-/* Text tensors live under "model." (Qwen2, older VL checkpoints) or
- * "model.language_model." (newer VL checkpoints). */
+/* Text tensors live under "model." (Qwen2, Qwen3, older VL checkpoints) or
+ * "model.language_model." (newer VL checkpoints, Qwen3-VL). */
 static const char *text_prefix(const vlmd_safetensors *st)
 {
     return vlmd_safetensors_find(st, "model.language_model.embed_tokens.weight")
@@ -130,14 +151,103 @@ static const char *text_prefix(const vlmd_safetensors *st)
                : "model.";
 }
 
+/* Puts t (checked against `shape`) at byte `at` of dst, transposed or not;
+ * a dry model only checks it. */
+static vlmd_status load_part(qwen2_model *m, const vlmd_safetensors *st, const char *name,
+                             int ndim, const int64_t *shape, bool transpose, void *dst,
+                             size_t *at, vlmd_error *err)
+{
+    const vlmd_tensor_view *t;
+    vlmd_status s = vlmd_safetensors_get(st, name, ndim, shape, &t, err);
+    if (s != VLMD_OK || m->dry)
+        return s;
+    s = vlmd_backend_upload_tensor(m->b, (char *)dst + *at, t, transpose, err);
+    *at += (size_t)vlmd_tensor_numel(t) * vlmd_backend_elem_size(m->b);
+    return s;
+}
+
+/* A layer's experts in the op's layout, gate_up [E][2 Ie, H] and down
+ * [E][H, Ie], from `at` ("...mlp."): one tensor per expert and projection
+ * (Qwen3-MoE: experts.N.{gate,up,down}_proj.weight), or all experts in two
+ * fused tensors stored for x . W (Qwen3-VL-MoE: experts.gate_up_proj
+ * [E, H, 2 Ie], gate columns then up, and experts.down_proj [E, Ie, H]),
+ * transposed here. Two allocations the model owns; a dry model counts them. */
+static vlmd_status load_experts(qwen2_model *m, const vlmd_safetensors *st, const char *at,
+                                qwen2_layer *y, vlmd_error *err)
+{
+    const int64_t E = m->E, H = m->H, Ie = m->Ie;
+    size_t es = vlmd_backend_elem_size(m->b);
+    size_t gu_bytes = (size_t)(E * 2 * Ie * H) * es, down_bytes = (size_t)(E * H * Ie) * es;
+    char name[320];
+    snprintf(name, sizeof name, "%sexperts.gate_up_proj", at);
+    bool fused = vlmd_safetensors_find(st, name) != NULL;
+    vlmd_status s = VLMD_OK;
+    if (m->dry) {
+        m->dry_bytes += gu_bytes + down_bytes;
+    } else {
+        if ((s = vlmd_backend_alloc_owned(m->b, &m->weights, gu_bytes, &y->experts_gate_up,
+                                          err)) != VLMD_OK ||
+            (s = vlmd_backend_alloc_owned(m->b, &m->weights, down_bytes, &y->experts_down,
+                                          err)) != VLMD_OK)
+            return s;
+    }
+    size_t gu_at = 0, down_at = 0;
+    if (fused) {
+        s = load_part(m, st, name, 3, (int64_t[]){E, H, 2 * Ie}, true, y->experts_gate_up,
+                      &gu_at, err);
+        snprintf(name, sizeof name, "%sexperts.down_proj", at);
+        if (s == VLMD_OK)
+            s = load_part(m, st, name, 3, (int64_t[]){E, Ie, H}, true, y->experts_down,
+                          &down_at, err);
+        return s;
+    }
+    snprintf(name, sizeof name, "%sexperts.0.gate_proj.weight", at);
+    if (!vlmd_safetensors_find(st, name)) /* neither form */
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "missing tensor %s (or the fused "
+                           "%sexperts.gate_up_proj)", name, at);
+    static const char *const parts[] = {"gate_proj", "up_proj", "down_proj"};
+    for (int64_t e = 0; s == VLMD_OK && e < E; e++)
+        for (int p = 0; s == VLMD_OK && p < 3; p++) {
+            snprintf(name, sizeof name, "%sexperts.%lld.%s.weight", at, (long long)e, parts[p]);
+            s = p < 2 ? load_part(m, st, name, 2, (int64_t[]){Ie, H}, false, y->experts_gate_up,
+                                  &gu_at, err)
+                      : load_part(m, st, name, 2, (int64_t[]){H, Ie}, false, y->experts_down,
+                                  &down_at, err);
+        }
+    return s;
+}
+
+/* Whether the backend's ops do what this model needs (see qwen2.h). */
+vlmd_status qwen2_backend_check(const vlmd_backend *b, const vlmd_model_config *mc,
+                                vlmd_error *err)
+{
+    const vlmd_op_table *op = vlmd_backend_ops(b);
+    const char *name = vlmd_backend_info(b)->name, *arch = mc->architecture;
+    const vlmd_text_config *t = &mc->text;
+    if (!op)
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend cannot run models yet",
+                           name);
+    if (t->num_experts && (!op->moe_route || !op->moe_experts || !op->moe_scratch_bytes))
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no mixture-of-experts "
+                           "ops yet, which %s needs", name, arch);
+    if (t->qk_norm && !op->rope_qk_norm)
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no q/k norm in its "
+                           "rotary op yet, which %s needs", name, arch);
+    if (t->mrope_interleaved && !op->rope_interleaved)
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no interleaved M-RoPE "
+                           "yet, which %s needs", name, arch);
+    return VLMD_OK;
+}
+
 static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
                         bool dry, qwen2_model **out, vlmd_error *err)
 {
     *out = NULL;
+    vlmd_error why = {0};
+    vlmd_status s = qwen2_backend_check(b, mc, &why);
+    if (s != VLMD_OK)
+        return vlmd_errorf(err, s, "%s (use --device cpu)", why.msg);
     const vlmd_op_table *op = vlmd_backend_ops(b);
-    if (!op)
-        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend cannot run models yet "
-                           "(use --device cpu)", vlmd_backend_info(b)->name);
     qwen2_model *m = calloc(1, sizeof *m);
     if (!m)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
@@ -147,6 +257,10 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         .L = (int)t->num_layers, .nh = (int)t->num_heads, .nkv = (int)t->num_kv_heads,
         .hd = (int)t->head_dim, .V = (int)t->vocab_size, .eps = (float)t->rms_norm_eps,
         .theta = (float)t->rope_theta, .mrope = t->n_mrope_section == 3,
+        .interleaved = t->n_mrope_section == 3 && t->mrope_interleaved,
+        .qkv_bias = t->qkv_bias, .qk_norm = t->qk_norm, .E = (int)t->num_experts,
+        .K = (int)t->num_experts_per_tok, .Ie = (int)t->moe_intermediate_size,
+        .renormalize = t->norm_topk_prob,
     };
     for (int i = 0; i < 3; i++)
         m->sections[i] = (int)t->mrope_section[i];
@@ -157,10 +271,9 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
     const int64_t H = m->H, I = m->I, Q = (int64_t)m->nh * m->hd, KV = (int64_t)m->nkv * m->hd,
-                  V = m->V;
+                  V = m->V, hd = m->hd, E = m->E;
     const char *pre = text_prefix(st);
     char names[3][256], at[200];
-    vlmd_status s;
     /* NAME(i, "x") names part i "<at>x"; LOAD(field, parts, cols, rows...) loads the
      * named parts stacked (cols 0: vectors) */
 #define NAME(i, suffix) snprintf(names[i], sizeof names[i], "%s%s", at, suffix)
@@ -188,19 +301,37 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         NAME(1, "self_attn.k_proj.weight");
         NAME(2, "self_attn.v_proj.weight");
         LOAD(y->w_qkv, 3, H, Q, KV, KV)
-        NAME(0, "self_attn.q_proj.bias");
-        NAME(1, "self_attn.k_proj.bias");
-        NAME(2, "self_attn.v_proj.bias");
-        LOAD(y->b_qkv, 3, 0, Q, KV, KV)
+        if (m->qkv_bias) {
+            NAME(0, "self_attn.q_proj.bias");
+            NAME(1, "self_attn.k_proj.bias");
+            NAME(2, "self_attn.v_proj.bias");
+            LOAD(y->b_qkv, 3, 0, Q, KV, KV)
+        }
+        if (m->qk_norm) {
+            NAME(0, "self_attn.q_norm.weight");
+            LOAD(y->q_norm, 1, 0, hd)
+            NAME(0, "self_attn.k_norm.weight");
+            LOAD(y->k_norm, 1, 0, hd)
+        }
         NAME(0, "self_attn.o_proj.weight");
         LOAD(y->wo, 1, Q, H)
         NAME(0, "post_attention_layernorm.weight");
         LOAD(y->ln_post, 1, 0, H)
-        NAME(0, "mlp.gate_proj.weight");
-        NAME(1, "mlp.up_proj.weight");
-        LOAD(y->w_gate_up, 2, H, I, I)
-        NAME(0, "mlp.down_proj.weight");
-        LOAD(y->w_down, 1, I, H)
+        if (vlmd_text_layer_is_moe(t, l)) {
+            m->n_moe++;
+            NAME(0, "mlp.gate.weight");
+            LOAD(y->router, 1, H, E)
+            NAME(0, "mlp.");
+            if ((s = load_experts(m, st, names[0], y, err)) != VLMD_OK)
+                goto fail;
+        } else {
+            m->n_dense++;
+            NAME(0, "mlp.gate_proj.weight");
+            NAME(1, "mlp.up_proj.weight");
+            LOAD(y->w_gate_up, 2, H, I, I)
+            NAME(0, "mlp.down_proj.weight");
+            LOAD(y->w_down, 1, I, H)
+        }
     }
 #undef NAME
 #undef LOAD
@@ -255,6 +386,16 @@ uint32_t qwen2_hidden_size(const qwen2_model *m)
 bool qwen2_uses_mrope(const qwen2_model *m)
 {
     return m->mrope;
+}
+
+void qwen2_set_worst_case_routing(qwen2_workspace *ws, bool on)
+{
+    ws->worst_case = on;
+}
+
+uint64_t qwen2_worst_case_steps(const qwen2_model *m)
+{
+    return m->worst_case_steps;
 }
 
 /* ---- KV cache and workspace -------------------------------------------------- */
@@ -328,8 +469,17 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     WS(residual, n * m->H * f)
     WS(qkv, n * (Q + 2 * KV) * f)
     WS(attn, n * Q * f)
-    WS(gate_up, n * 2 * m->I * f)
-    WS(act, n * m->I * f)
+    if (m->n_dense) {
+        WS(gate_up, n * 2 * m->I * f)
+        WS(act, n * m->I * f)
+    }
+    if (m->n_moe) {
+        WS(router_logits, n * (size_t)m->E * f)
+        WS(expert_ids, n * (size_t)m->K * i32)
+        WS(expert_weights, n * (size_t)m->K * sizeof(float))
+        /* the op's scratch for max_tokens holds any routing, the worst case included */
+        WS(moe_scratch, m->op->moe_scratch_bytes(max_tokens, m->K, m->E, m->H, m->Ie))
+    }
     WS(rows, (size_t)max_logits * m->H * f)
     WS(logits, (size_t)max_logits * m->V * f)
     WS(ids, n * i32)
@@ -464,17 +614,28 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
         else
             op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_in, n, H, m->eps);
         op->linear(b, ws->qkv, ws->h, y->w_qkv, NULL, n, H, QKV);
-        vlmd_rope rope = {.theta = m->theta, .sections = m->mrope ? m->sections : NULL};
+        vlmd_rope rope = {.theta = m->theta, .sections = m->mrope ? m->sections : NULL,
+                          .interleaved = m->interleaved, .q_norm = y->q_norm,
+                          .k_norm = y->k_norm, .norm_eps = m->eps};
         op->rope_kv_write(b, ws->qkv, y->b_qkv, kv->k[l], kv->v[l], ws->positions, ws->slots, n,
                           m->nh, m->nkv, m->hd, &rope);
         op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], ws->seqs, n_seqs, n, m->nh,
                       m->nkv, m->hd, true);
         op->linear(b, ws->x, ws->attn, y->wo, NULL, n, Q, H);
-        /* MLP block */
+        /* MLP block: dense, or the experts the router picks */
         op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, m->eps);
-        op->linear(b, ws->gate_up, ws->h, y->w_gate_up, NULL, n, H, 2 * m->I);
-        op->silu_mul(b, ws->act, ws->gate_up, n, m->I);
-        op->linear(b, ws->x, ws->act, y->w_down, NULL, n, m->I, H);
+        if (y->router) {
+            op->linear(b, ws->router_logits, ws->h, y->router, NULL, n, H, m->E);
+            op->moe_route(b, ws->expert_ids, ws->expert_weights, ws->router_logits, n, m->E,
+                          m->K, m->renormalize, ws->worst_case);
+            op->moe_experts(b, ws->x, ws->h, ws->expert_ids, ws->expert_weights,
+                            y->experts_gate_up, y->experts_down, ws->moe_scratch, n, m->K, m->E,
+                            H, m->Ie);
+        } else {
+            op->linear(b, ws->gate_up, ws->h, y->w_gate_up, NULL, n, H, 2 * m->I);
+            op->silu_mul(b, ws->act, ws->gate_up, n, m->I);
+            op->linear(b, ws->x, ws->act, y->w_down, NULL, n, m->I, H);
+        }
     }
     if (!n_logits)
         return;
@@ -493,10 +654,12 @@ static void decode_graph_run(void *ctx)
 
 /* The smallest captured batch that holds bt, when bt is a plain decode
  * step (one new text token per sequence, in order, each wanting logits). */
-static decode_graph *graph_for(qwen2_workspace *ws, const qwen2_kv *kv, const qwen2_batch *bt)
+static decode_graph *graph_for(const qwen2_model *m, qwen2_workspace *ws, const qwen2_kv *kv,
+                               const qwen2_batch *bt)
 {
+    /* a graph holds the normal routing: the stress's worst case runs eagerly */
     if (!ws->n_graphs || ws->graph_kv != kv || bt->n_embeds || bt->n_seqs != bt->n_tokens ||
-        bt->n_logits != bt->n_tokens)
+        bt->n_logits != bt->n_tokens || (ws->worst_case && m->n_moe))
         return NULL;
     for (int i = 0; i < bt->n_seqs; i++)
         if (bt->seqs[i].q_len != 1 || bt->seqs[i].q_start != i || bt->logit_rows[i] != i)
@@ -532,7 +695,7 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
     if (s != VLMD_OK)
         return s;
     vlmd_backend *b = m->b;
-    decode_graph *g = graph_for(ws, kv, bt);
+    decode_graph *g = graph_for(m, ws, kv, bt);
     if (g) {
         qwen2_batch padded = pad_batch(ws, bt, g->rows);
         if ((s = upload_batch(m, ws, &padded, err)) == VLMD_OK)
@@ -554,6 +717,7 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
                                         err);
         if (s == VLMD_OK)
             run_layers(m, kv, ws, n, bt->n_seqs, bt->n_logits);
+        m->worst_case_steps += s == VLMD_OK && ws->worst_case && m->n_moe;
     }
     if (s != VLMD_OK || !bt->n_logits || !logits)
         return s;

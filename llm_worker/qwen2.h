@@ -1,5 +1,7 @@
-/* qwen2.h - the Qwen2 / Qwen2.5 text model and the text tower of Qwen2-VL and
- * Qwen2.5-VL (M-RoPE with mrope_section, positions given per token), written
+/* qwen2.h - the Qwen2 and Qwen3 text model: Qwen2 / Qwen2.5, Qwen3 (q/k
+ * norm, no qkv bias), Qwen3-MoE (mixture-of-experts layers), and the text
+ * tower of Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (M-RoPE with
+ * mrope_section, block or interleaved, positions given per token), written
  * once against the backend's op table.
  *
  * Config / Weights / KV cache / Workspace are kept apart: the weights are
@@ -22,10 +24,21 @@ typedef struct qwen2_model qwen2_model;
 typedef struct qwen2_kv qwen2_kv;
 typedef struct qwen2_workspace qwen2_workspace;
 
-/* Loads the text weights from st (F32, BF16 or F16, widened to the backend's
- * type). A missing or mis-shaped tensor is VLMD_ERR_MODEL naming it with
- * the expected and found shapes. The backend and st are borrowed (st may be
- * closed after loading). */
+/* Whether the backend's op table does what this model needs: the ops at
+ * all, the MoE ops for experts, q/k norm and interleaved M-RoPE in its
+ * rope_kv_write (the table's entries and flags, not the architecture).
+ * VLMD_ERR_UNAVAILABLE naming the backend, the missing piece and the
+ * architecture otherwise; --device auto then takes the CPU. */
+vlmd_status qwen2_backend_check(const vlmd_backend *b, const vlmd_model_config *mc,
+                                vlmd_error *err);
+
+/* Loads the text weights from st as published (F32, BF16 or F16, widened to
+ * the backend's type): names under "model." or "model.language_model.";
+ * experts one tensor each (Qwen3-MoE) or fused (Qwen3-VL-MoE), restacked.
+ * A missing or mis-shaped tensor is VLMD_ERR_MODEL naming it with the
+ * expected and found shapes; a backend qwen2_backend_check refuses is
+ * VLMD_ERR_UNAVAILABLE. The backend and st are borrowed (st may be closed
+ * after loading). */
 vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
                        qwen2_model **out, vlmd_error *err);
 void qwen2_free(qwen2_model *m);
@@ -40,6 +53,15 @@ uint32_t qwen2_vocab_size(const qwen2_model *m);
 uint32_t qwen2_hidden_size(const qwen2_model *m);
 /* True when positions have three rows (M-RoPE: the VL models' text tower). */
 bool qwen2_uses_mrope(const qwen2_model *m);
+
+/* The auto-profile's stress: while on, every mixture-of-experts layer of a
+ * step run with this workspace sends every token to experts 0..k-1 (ops.h's
+ * moe_route worst_case: each of them given every token), and a MoE model's
+ * decode steps run eagerly (its graphs hold the normal routing). Dense
+ * models are unchanged. Never on while serving. */
+void qwen2_set_worst_case_routing(qwen2_workspace *ws, bool on);
+/* Steps of this model that ran with worst-case routing (MoE models only). */
+uint64_t qwen2_worst_case_steps(const qwen2_model *m);
 
 vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err);
 void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv);

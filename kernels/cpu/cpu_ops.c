@@ -299,4 +299,6 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .moe_route = vlmd_cpu_moe_route,
     .moe_experts = vlmd_cpu_moe_experts,
     .moe_scratch_bytes = vlmd_cpu_moe_scratch_bytes,
+    .rope_qk_norm = true,
+    .rope_interleaved = true,
 };

@@ -1,7 +1,8 @@
 // generation.test.mjs - text generated through the four processes: the
 // frontend tokenizes, the router routes, the engine generates, the frontend
 // detokenizes. Checked against the greedy continuations Hugging Face
-// transformers computed for the fixture model.
+// transformers computed for the fixture model (and, for Qwen3 and
+// Qwen3-MoE, the validated port of its code computed for theirs).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -65,3 +66,30 @@ test('--enforce-eager shows in /health', async () => {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   }
 });
+
+// The Qwen3 generation's text models, dense and mixture of experts: each case's ids give its
+// greedy continuation, alone and with every case in flight at once.
+for (const name of ['qwen3', 'qwen3_moe']) {
+  test(`${name}: greedy completions from the case ids match the reference`, async () => {
+    const model = `${FIXTURES}/${name}`;
+    const ref = JSON.parse(readFileSync(`${model}/reference.json`, 'utf8'));
+    const decodeIds = makeDecoder(JSON.parse(readFileSync(`${model}/tokenizer.json`, 'utf8')));
+    const server = await startServer(['--model', model, '--port', '0']);
+    try {
+      const ask = (c) => postJson(`${server.url}/v1/completions`, {
+        prompt: c.input_ids, max_tokens: c.greedy_continuation.length, temperature: 0,
+      }, { timeoutMs: 30000 });
+      const check = (c, { status, body }) => {
+        assert.equal(status, 200, JSON.stringify(body));
+        assert.equal(body.usage.prompt_tokens, c.input_ids.length);
+        assert.equal(body.usage.completion_tokens, c.greedy_continuation.length);
+        assert.equal(body.choices[0].text, decodeIds(c.greedy_continuation));
+      };
+      for (const c of ref.cases) check(c, await ask(c));
+      const together = await Promise.all(ref.cases.map(ask));
+      ref.cases.forEach((c, i) => check(c, together[i]));
+    } finally {
+      assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+    }
+  });
+}

@@ -1,6 +1,8 @@
 /* test_engine.c - continuous batching: requests joining at different steps
  * produce exactly the tokens each produces alone (greedy and seeded
- * sampling); slots all come back; what cannot fit is refused. */
+ * sampling); slots all come back; what cannot fit is refused. Batching,
+ * preemption and the prefix cache run again with a mixture-of-experts
+ * model (qwen3_moe), wherever the backend's ops can run it. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,20 +43,33 @@ typedef struct fixture {
     vlmd_model_config mc;
 } fixture;
 
-/* false when the device is not there (only "cuda" may be missing) */
-static bool open_model_on(fixture *f, const char *device)
+/* false when the device is not there (only "cuda" may be missing) or its
+ * ops cannot run the model yet (qwen2_backend_check; never the CPU) */
+static bool open_named_on(fixture *f, const char *device, const char *model)
 {
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s", test_fixture("qwen2"));
+    snprintf(dir, sizeof dir, "%s", test_fixture(model));
     vlmd_error err = {0};
     cr_assert_eq(vlmd_model_config_load(dir, &f->mc, &err), VLMD_OK, "%s", err.msg);
     if (!test_backend_open(device, &f->b))
         return false;
+    if (qwen2_backend_check(f->b, &f->mc, &err) != VLMD_OK) {
+        cr_assert_str_neq(device, "cpu", "%s", err.msg);
+        /* said, not failed: a cr_log_warn makes the run exit 1 */
+        fprintf(stderr, "%s on %s: %s\n", model, device, err.msg);
+        vlmd_backend_destroy(f->b);
+        return false;
+    }
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_dir(dir, &st, &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(qwen2_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
     return true;
+}
+
+static bool open_model_on(fixture *f, const char *device)
+{
+    return open_named_on(f, device, "qwen2");
 }
 
 static void open_model(fixture *f)
@@ -145,10 +160,10 @@ static void run_until_idle(engine *e, int max_steps)
 /* Requests run alone (eagerly) and then together, one arriving every step;
  * together, decode steps go through the graphs when `graphs` (batches of 3,
  * 5, 6... padded to the captured sizes). */
-static void batched_equals_alone_on(const char *device, bool graphs)
+static void batched_equals_alone_on(const char *device, const char *model, bool graphs)
 {
     fixture f;
-    if (!open_model_on(&f, device))
+    if (!open_named_on(&f, device, model))
         return;
     static outputs alone, together;
     memset(&alone, 0, sizeof alone);
@@ -187,12 +202,21 @@ static void batched_equals_alone_on(const char *device, bool graphs)
     close_model(&f);
 }
 
-Test(engine, batched_equals_alone) { batched_equals_alone_on("cpu", false); }
-Test(engine, batched_decode_graphs_equal_alone) { batched_equals_alone_on("cpu", true); }
+Test(engine, batched_equals_alone) { batched_equals_alone_on("cpu", "qwen2", false); }
+Test(engine, batched_decode_graphs_equal_alone) { batched_equals_alone_on("cpu", "qwen2", true); }
+/* experts are chosen per token, whatever shares the step */
+Test(engine, moe_batched_equals_alone) { batched_equals_alone_on(TEST_DEVICE, "qwen3_moe", false); }
+Test(engine, moe_batched_decode_graphs_equal_alone)
+{
+    batched_equals_alone_on(TEST_DEVICE, "qwen3_moe", true);
+}
 
 /* The same on the GPU, where a GPU is visible (elsewhere: the clear refusal). */
-Test(engine, batched_equals_alone_on_cuda) { batched_equals_alone_on("cuda", false); }
-Test(engine, batched_decode_graphs_equal_alone_on_cuda) { batched_equals_alone_on("cuda", true); }
+Test(engine, batched_equals_alone_on_cuda) { batched_equals_alone_on("cuda", "qwen2", false); }
+Test(engine, batched_decode_graphs_equal_alone_on_cuda)
+{
+    batched_equals_alone_on("cuda", "qwen2", true);
+}
 
 Test(engine, a_prompt_the_cache_cannot_hold_is_refused_and_a_lone_request_ends_with_length)
 {
@@ -225,10 +249,11 @@ Test(engine, a_prompt_the_cache_cannot_hold_is_refused_and_a_lone_request_ends_w
 /* More demand than the cache: requests are paused and recomputed, and every
  * one ends with exactly the tokens it produces alone (greedy and seeded).
  * With the prefix cache, paused requests leave their KV to it. */
-static void preempted_requests_finish_as_alone(bool cache)
+static void preempted_requests_finish_as_alone(const char *model, bool cache)
 {
     fixture f;
-    open_model(&f);
+    if (!open_named_on(&f, TEST_DEVICE, model))
+        return;
     static outputs alone, together;
     memset(&alone, 0, sizeof alone);
     memset(&together, 0, sizeof together);
@@ -265,12 +290,22 @@ static void preempted_requests_finish_as_alone(bool cache)
 
 Test(engine, preempted_requests_finish_with_the_tokens_they_produce_alone)
 {
-    preempted_requests_finish_as_alone(false);
+    preempted_requests_finish_as_alone("qwen2", false);
 }
 
 Test(engine, preemption_with_the_prefix_cache)
 {
-    preempted_requests_finish_as_alone(true);
+    preempted_requests_finish_as_alone("qwen2", true);
+}
+
+Test(engine, moe_preempted_requests_finish_with_the_tokens_they_produce_alone)
+{
+    preempted_requests_finish_as_alone("qwen3_moe", false);
+}
+
+Test(engine, moe_preemption_with_the_prefix_cache)
+{
+    preempted_requests_finish_as_alone("qwen3_moe", true);
 }
 
 /* A prompt longer than a step takes is prefilled in chunks: the same tokens. */
@@ -577,10 +612,11 @@ static void cached_run(fixture *f, bool cache, int32_t slots, outputs *o, engine
     engine_free(e);
 }
 
-Test(engine, the_prefix_cache_gives_the_same_tokens_from_fewer_computed)
+static void prefix_cache_gives_the_same_tokens(const char *model)
 {
     fixture f;
-    open_model(&f);
+    if (!open_named_on(&f, TEST_DEVICE, model))
+        return;
     static outputs off, on;
     engine_cache_info info_off, info_on;
     cached_run(&f, false, 1024, &off, &info_off);
@@ -609,3 +645,12 @@ Test(engine, the_prefix_cache_gives_the_same_tokens_from_fewer_computed)
     close_model(&f);
 }
 
+Test(engine, the_prefix_cache_gives_the_same_tokens_from_fewer_computed)
+{
+    prefix_cache_gives_the_same_tokens("qwen2");
+}
+
+Test(engine, moe_prefix_cache_gives_the_same_tokens_from_fewer_computed)
+{
+    prefix_cache_gives_the_same_tokens("qwen3_moe");
+}

@@ -200,7 +200,7 @@ Test(model_config, qwen3_vl_moe_with_rope_parameters)
         "\"text_config\":{\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":4,"
         "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,\"vocab_size\":300,"
         "\"max_position_embeddings\":2048,\"num_experts\":16,\"num_experts_per_tok\":4,"
-        "\"moe_intermediate_size\":32,\"decoder_sparse_step\":2,\"norm_topk_prob\":true,"
+        "\"moe_intermediate_size\":32,\"decoder_sparse_step\":2,\"norm_topk_prob\":false,"
         "\"mlp_only_layers\":[],"
         "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":5000000.0,"
         "\"mrope_section\":[6,5,5],\"mrope_interleaved\":true}},"
@@ -215,6 +215,7 @@ Test(model_config, qwen3_vl_moe_with_rope_parameters)
     cr_expect_float_eq(mc.text.rope_theta, 5e6, 1e-3);
     cr_expect(mc.text.mrope_interleaved);
     cr_expect_eq(mc.text.num_experts, 16);
+    cr_expect(mc.text.norm_topk_prob, "its router renormalises whatever the config says");
     cr_expect_not(vlmd_text_layer_is_moe(&mc.text, 0), "decoder_sparse_step 2");
     cr_expect(vlmd_text_layer_is_moe(&mc.text, 1));
     cr_expect_eq(mc.vision.num_position_embeddings, 2304);

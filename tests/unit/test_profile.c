@@ -3,7 +3,8 @@
  * mem-fraction, canary), the probe freed before the rebuild, the escape
  * hatch, a peer taking memory between probe and rebuild, validations that
  * fail and are retried 5% smaller, the cap of 4 attempts with every knob
- * named, and weights that cannot fit refused before loading. */
+ * named, weights that cannot fit refused before loading, and a
+ * mixture-of-experts model's stress routed to the worst case. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
@@ -27,20 +28,34 @@ static void on_emit(const engine_output *o, void *ud)
     (void)o, (void)ud;
 }
 
-static void open_fixture(fixture *f)
+/* false where TEST_DEVICE's ops cannot run the model yet (never the CPU) */
+static bool open_model(fixture *f, const char *model)
 {
     vlmd_model_config mc;
     vlmd_error err = {0};
-    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen2"), &mc, &err), VLMD_OK);
+    cr_assert_eq(vlmd_model_config_load(test_fixture(model), &mc, &err), VLMD_OK);
     cr_assert_eq(vlmd_backend_create(TEST_DEVICE, &f->b, &err), VLMD_OK);
+    if (qwen2_backend_check(f->b, &mc, &err) != VLMD_OK) {
+        cr_assert_str_neq(TEST_DEVICE, "cpu", "%s", err.msg);
+        /* said, not failed: a cr_log_warn makes the run exit 1 */
+        fprintf(stderr, "%s on %s: %s\n", model, TEST_DEVICE, err.msg);
+        vlmd_backend_destroy(f->b);
+        return false;
+    }
     vlmd_backend_limit(f->b, DEVICE);
     vlmd_safetensors *st = NULL;
-    cr_assert_eq(vlmd_safetensors_open_dir(test_fixture("qwen2"), &st, &err), VLMD_OK);
+    cr_assert_eq(vlmd_safetensors_open_dir(test_fixture(model), &st, &err), VLMD_OK);
     cr_assert_eq(qwen2_load(f->b, &mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
     f->cfg = (engine_config){.max_batch_tokens = 256, .max_running = 8, .eos_id = -1,
                              .max_model_len = 1024, .image_token_id = -1};
     f->pc = (profile_config){.mem_fraction = 0.9, .canary_bytes = CANARY};
+    return true;
+}
+
+static void open_fixture(fixture *f)
+{
+    open_model(f, "qwen2");
 }
 
 static void close_fixture(fixture *f)
@@ -241,4 +256,91 @@ Test(profile, weights_that_cannot_fit_are_refused_before_loading)
     cr_expect(strstr(err.msg, "800 MiB") && strstr(err.msg, "1024 MiB"), "%s", err.msg);
     cr_expect_eq(vlmd_backend_alloc_count(b), allocations, "nothing allocated");
     vlmd_backend_destroy(b);
+}
+
+/* What a MoE test's requests produced. */
+typedef struct served {
+    int32_t tokens[4][16];
+    int32_t n[4];
+} served;
+
+static void on_served(const engine_output *o, void *ud)
+{
+    served *sv = ud;
+    cr_assert_lt(o->req_id, 4);
+    for (int32_t i = 0; i < o->n_tokens && sv->n[o->req_id] < 16; i++)
+        sv->tokens[o->req_id][sv->n[o->req_id]++] = o->tokens[i];
+}
+
+/* A mixture-of-experts model: the profile's stress steps route every token
+ * to the same experts (counted by the model: the probe's and the
+ * validation's prefill and decode), and the peak they reserve is that of a
+ * step with every token on one expert (nothing allocated beyond the
+ * workspace). Serving then routes as the model does (the fixture's greedy
+ * continuations, every case in one batch), with no worst-case step and
+ * never past the reserved peak. */
+Test(profile, moe_stress_routes_the_worst_case_and_serving_stays_under_its_peak)
+{
+    fixture f;
+    if (!open_model(&f, "qwen3_moe"))
+        return;
+    static served sv;
+    engine *e = NULL;
+    void *canary = NULL;
+    profile_report rep;
+    vlmd_error err = {0};
+    cr_expect_eq(qwen2_worst_case_steps(f.m), 0);
+    cr_assert_eq(profile_run(f.m, f.b, &f.cfg, on_served, &sv, &f.pc, NULL, NULL, &e, &canary,
+                             &rep, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(qwen2_worst_case_steps(f.m), 4, "probe and validation: prefill and decode");
+    cr_expect_eq(rep.probe_peak_bytes, rep.weights_bytes + rep.probe_kv_bytes +
+                                           rep.workspace_bytes,
+                 "the worst-case steps took nothing beyond the workspace");
+    uint64_t reserved = vlmd_backend_allocated_bytes(f.b);
+    cr_expect_eq(reserved, rep.weights_bytes + rep.kv_bytes + rep.workspace_bytes +
+                               rep.canary_bytes);
+
+    /* a step with every token on one expert, at the final size */
+    vlmd_backend_reset_peak(f.b);
+    cr_assert_eq(engine_stress(e, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(qwen2_worst_case_steps(f.m), 6);
+    cr_expect_eq(vlmd_backend_peak_bytes(f.b), reserved, "the reserved peak is the worst step's");
+
+    /* serving: the model's own routing */
+    vlmd_backend_reset_peak(f.b);
+    json_t *ref = test_reference_json("qwen3_moe"), *c;
+    size_t ci;
+    uint32_t prompts[4][128];
+    json_array_foreach(json_object_get(ref, "cases"), ci, c)
+    {
+        json_t *ids = json_object_get(c, "input_ids");
+        cr_assert_lt(ci, 4);
+        cr_assert_leq(json_array_size(ids), 128);
+        for (size_t i = 0; i < json_array_size(ids); i++)
+            prompts[ci][i] = (uint32_t)json_integer_value(json_array_get(ids, i));
+        vlmd_msg_request_submit r = {
+            .req_id = ci, .tokens = prompts[ci], .n_tokens = (uint32_t)json_array_size(ids),
+            .max_tokens = (uint32_t)json_array_size(json_object_get(c, "greedy_continuation")),
+            .sampling = {.top_p = 1, .top_k = -1, .repetition_penalty = 1}};
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    }
+    bool worked = true;
+    for (int steps = 0; worked; steps++) {
+        cr_assert_lt(steps, 100);
+        cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+    }
+    json_array_foreach(json_object_get(ref, "cases"), ci, c)
+    {
+        json_t *want = json_object_get(c, "greedy_continuation");
+        cr_expect_eq(sv.n[ci], (int32_t)json_array_size(want));
+        for (size_t k = 0; k < json_array_size(want); k++)
+            cr_expect_eq(sv.tokens[ci][k], json_integer_value(json_array_get(want, k)),
+                         "case %zu token %zu", ci, k);
+    }
+    cr_expect_eq(qwen2_worst_case_steps(f.m), 6, "serving never routes the worst case");
+    cr_expect_leq(vlmd_backend_peak_bytes(f.b), reserved);
+    json_decref(ref);
+    engine_free(e);
+    vlmd_backend_free(f.b, canary, rep.canary_bytes);
+    close_fixture(&f);
 }
