@@ -515,4 +515,6 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .moe_route = NULL, /* not built yet: a mixture-of-experts model stays on the CPU */
     .moe_experts = NULL,
     .moe_scratch_bytes = NULL,
+    .rope_qk_norm = false,
+    .rope_interleaved = false,
 };
