@@ -187,16 +187,18 @@ Test(cuda_ops, rope_kv_write)
     pair p;
     if (!open_pair(&p))
         return;
+    /* (theta 1e4 where the last frequencies should turn visibly over these positions) */
     static const struct {
         int hd, sections[3];
         bool mrope, interleaved, norm, bias;
+        float theta;
     } cases[] = {
-        {32, {4, 6, 6}, false, false, false, false},  /* Qwen2 */
-        {32, {4, 6, 6}, true, false, false, true},    /* Qwen2-VL */
-        {32, {6, 5, 5}, true, true, true, false},     /* Qwen3-VL */
-        {128, {0}, false, false, true, false},        /* Qwen3 */
-        {128, {24, 20, 20}, true, true, true, true},  /* Qwen3-VL's sections, and a bias */
-        {80, {16, 12, 12}, true, false, true, true},  /* a head dim not a multiple of 32 */
+        {32, {4, 6, 6}, false, false, false, false, 1e6f}, /* Qwen2 */
+        {32, {4, 6, 6}, true, false, false, true, 1e6f},   /* Qwen2-VL */
+        {32, {6, 5, 5}, true, true, true, false, 1e4f},    /* Qwen3-VL */
+        {128, {0}, false, false, true, false, 1e6f},       /* Qwen3 */
+        {128, {24, 20, 20}, true, true, true, true, 1e4f}, /* Qwen3-VL's sections, and a bias */
+        {80, {16, 12, 12}, true, false, true, true, 1e4f}, /* a head dim not a multiple of 32 */
     };
     int n = 9, nh = 4, nkv = 2, n_slots = 40;
     int32_t pos[27], slots[9];
@@ -216,7 +218,8 @@ Test(cuda_ops, rope_kv_write)
             dqkv[b] = on(bs[b], qkv, (size_t)n * stride);
             dk[b] = on(bs[b], kc, (size_t)n_slots * kv_dim);
             dv[b] = on(bs[b], vc, (size_t)n_slots * kv_dim);
-            vlmd_rope rope = {.theta = 1e6f, .sections = cases[c].mrope ? cases[c].sections : NULL,
+            vlmd_rope rope = {.theta = cases[c].theta,
+                              .sections = cases[c].mrope ? cases[c].sections : NULL,
                               .interleaved = cases[c].interleaved, .norm_eps = 1e-6f};
             if (cases[c].norm) {
                 rope.q_norm = on(bs[b], qn, hd);
