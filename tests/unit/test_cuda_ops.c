@@ -620,8 +620,9 @@ static void moe_case_free(moe_case *c)
 }
 
 /* The experts of case c on backend b; returns out [n, H] (backend memory).
- * x starts `offset` elements into its buffer (an input not 16-byte aligned). */
-static void *moe_run(vlmd_backend *b, const moe_case *c, int offset)
+ * x starts `offset` elements into its buffer (an input not 16-byte aligned);
+ * the scratch is sized for max(n, scratch_n) tokens. */
+static void *moe_run_in(vlmd_backend *b, const moe_case *c, int offset, int scratch_n)
 {
     const vlmd_op_table *op = vlmd_backend_ops(b);
     size_t nk = (size_t)c->n * c->k;
@@ -629,13 +630,19 @@ static void *moe_run(vlmd_backend *b, const moe_case *c, int offset)
     x = (char *)x + (size_t)offset * vlmd_backend_elem_size(b);
     cr_assert_eq(vlmd_backend_upload_f32(b, x, c->x, (size_t)c->n * c->H, NULL), VLMD_OK);
     void *out = on(b, NULL, (size_t)c->n * c->H);
-    void *scratch = bytes_on(b, NULL, op->moe_scratch_bytes(c->n, c->k, c->E, c->H, c->I));
+    int sn = scratch_n > c->n ? scratch_n : c->n;
+    void *scratch = bytes_on(b, NULL, op->moe_scratch_bytes(sn, c->k, c->E, c->H, c->I));
     op->moe_experts(b, out, x, bytes_on(b, c->ids, nk * sizeof(int32_t)),
                     bytes_on(b, c->weights, nk * sizeof(float)),
                     on(b, c->gate_up, (size_t)c->E * 2 * c->I * c->H),
                     on(b, c->down, (size_t)c->E * c->H * c->I), scratch, c->n, c->k, c->E, c->H,
                     c->I);
     return out;
+}
+
+static void *moe_run(vlmd_backend *b, const moe_case *c, int offset)
+{
+    return moe_run_in(b, c, offset, 0);
 }
 
 static void check_moe_experts(pair *p, int n, int k, int E, int H, int I, int only, int offset)
@@ -692,7 +699,9 @@ Test(cuda_ops, moe_experts_are_deterministic_and_batch_invariant)
         part.x = c.x + (size_t)t * H;
         part.ids = c.ids + (size_t)t * k;
         part.weights = c.weights + (size_t)t * k;
-        unsigned char *alone = bytes_back(p.gpu, moe_run(p.gpu, &part, 0), (size_t)part.n * row);
+        /* (in a scratch sized for the whole batch, as a model sizes it for its largest step) */
+        unsigned char *alone = bytes_back(p.gpu, moe_run_in(p.gpu, &part, 0, n),
+                                          (size_t)part.n * row);
         for (int j = 0; j < part.n; j++)
             cr_expect(memcmp(alone + (size_t)j * row, batch + (size_t)(t + j) * row, row) == 0,
                       "token %d in a batch of %d differs from it in the batch of %d", t + j,
@@ -701,6 +710,12 @@ Test(cuda_ops, moe_experts_are_deterministic_and_batch_invariant)
     }
     free(batch), free(again);
     moe_case_free(&c);
+    size_t last = 0;
+    for (int m = 1; m <= 2048; m++) { /* a scratch for m tokens holds every smaller step */
+        size_t bytes_m = vlmd_backend_ops(p.gpu)->moe_scratch_bytes(m, 8, 128, 2048, 768);
+        cr_expect_geq(bytes_m, last, "scratch for %d tokens", m);
+        last = bytes_m;
+    }
     close_pair(&p);
 }
 
