@@ -657,7 +657,7 @@ static void check_moe_experts(pair *p, int n, int k, int E, int H, int I, int on
 }
 
 /* The grouped expert GEMMs: both tile shapes (few rows an expert, as in a
- * decode step, and many), k = 1, 2 and 8, 8 to 128 experts, every token on
+ * decode step, and many), k = 1, 2, 8 and 16, 8 to 1024 experts, every token on
  * one expert, H and I that are not multiples of a tile, and operands that
  * are not 16-byte aligned (the element-by-element loads). */
 Test(cuda_ops, moe_experts_against_the_reference)
@@ -669,6 +669,7 @@ Test(cuda_ops, moe_experts_against_the_reference)
     check_moe_experts(&p, 7, 2, 8, 200, 72, -1, 0);
     check_moe_experts(&p, 33, 8, 128, 128, 64, -1, 0);
     check_moe_experts(&p, 300, 8, 64, 136, 88, -1, 0);
+    check_moe_experts(&p, 3, 16, 1024, 32, 16, -1, 0); /* the most experts the sort takes */
     check_moe_experts(&p, 300, 1, 8, 64, 40, 5, 0);   /* 300 rows of one expert */
     check_moe_experts(&p, 40, 2, 8, 72, 48, 0, 0);    /* the stress's routing: experts 0 and 1 */
     check_moe_experts(&p, 9, 2, 8, 36, 20, -1, 0);    /* rows of 36 and 20: not 16-byte pieces */
