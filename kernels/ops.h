@@ -154,14 +154,16 @@ typedef struct vlmd_op_table {
      * ids[n, k], and their probabilities (divided by their sum when
      * renormalize) into weights[n, k] (fp32). worst_case sends every token to
      * experts 0..k-1 with weights 1/k: the auto-profile's stress, one expert
-     * given every token. ids and weights in backend memory. */
+     * given every token. ids and weights in backend memory. (The CUDA kernels
+     * take up to 1024 experts and k up to 32; past them the process stops.) */
     void (*moe_route)(vlmd_backend *b, int32_t *ids, float *weights, const void *logits, int n,
                       int n_experts, int k, bool renormalize, bool worst_case);
     /* Mixture of experts, the experts: out[n, H] = sum over j of weights[t, j]
      * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j], the terms added in
      * expert order. gate_up[E][2I, H] holds each expert's gate rows, then its
-     * up rows; down[E][H, I]. scratch: moe_scratch_bytes(n, k, H, I) bytes of
-     * backend memory (ops allocate nothing). out must not overlap x. */
+     * up rows; down[E][H, I]. scratch: moe_scratch_bytes(n, k, E, H, I) bytes of
+     * backend memory (ops allocate nothing; enough for any smaller n too). out
+     * must not overlap x. */
     void (*moe_experts)(vlmd_backend *b, void *out, const void *x, const int32_t *ids,
                         const float *weights, const void *gate_up, const void *down,
                         void *scratch, int n, int k, int n_experts, int hidden, int inter);

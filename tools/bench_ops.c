@@ -1,9 +1,12 @@
 /* bench_ops.c - `vlmd-bench-ops [--device D] [--bandwidth-gbs X] [--gemm-tflops Y]
- * [--shape 7b|tiny] [--runs N] [--only linear|rows|attention|sample]`: each op
- * of the backend (or of one group) timed alone on random inputs (STYLE.md
- * habit 8; that each op is right is test_cuda_ops's job). Shapes: those of Qwen2.5-7B's text model (hidden 3584, 28 query and
- * 4 KV heads of 128, intermediate 18944, vocabulary 152064), or a tiny model
- * for a quick run on the CPU. Per op: the time of one call (the mean of
+ * [--shape 7b|30b-a3b|tiny] [--runs N] [--only linear|rows|attention|sample|moe]`:
+ * each op of the backend (or of one group) timed alone on random inputs
+ * (STYLE.md habit 8; that each op is right is test_cuda_ops's job). Shapes:
+ * those of Qwen2.5-7B's text model (hidden 3584, 28 query and 4 KV heads of
+ * 128, intermediate 18944, vocabulary 152064), of Qwen3-30B-A3B's (hidden
+ * 2048, 32 query and 4 KV heads of 128 with q/k norm, 128 experts of 768, 8 a
+ * token, vocabulary 151936; the mixture-of-experts ops at decode batches 1
+ * and 32 and a prefill of 2048), or a tiny model for a quick run on the CPU. Per op: the time of one call (the mean of
  * --runs after a warm-up, the device synchronized around them), the bytes it
  * must move or the FLOPs it must do, and the achieved rate as a fraction of
  * the ceiling given (--bandwidth-gbs: the measured copy bandwidth;
@@ -26,11 +29,18 @@ typedef struct shape {
     int tokens[4];      /* linear rows: decode batches and a prefill */
     int kv_lens[3];     /* decode attention context lengths */
     int prefill;        /* causal prefill attention length */
+    bool qk_norm;       /* rope_kv_write with Qwen3's per-head q/k RMSNorm */
+    int experts, topk, moe_I;   /* the mixture of experts (0 experts: none) */
+    int moe_tokens[3];  /* its decode batches and a prefill */
 } shape;
 
 static const shape shapes[] = {
-    {"7b", 3584, 18944, 28, 4, 128, 152064, {1, 32, 128, 8192}, {512, 4096, 32768}, 8192},
-    {"tiny", 256, 512, 4, 2, 64, 1024, {1, 8, 32, 256}, {64, 256, 1024}, 256},
+    {"7b", 3584, 18944, 28, 4, 128, 152064, {1, 32, 128, 8192}, {512, 4096, 32768}, 8192, false,
+     0, 0, 0, {0}},
+    {"30b-a3b", 2048, 6144, 32, 4, 128, 151936, {1, 32, 128, 8192}, {512, 4096, 32768}, 8192,
+     true, 128, 8, 768, {1, 32, 2048}},
+    {"tiny", 256, 512, 4, 2, 64, 1024, {1, 8, 32, 256}, {64, 256, 1024}, 256, true, 8, 2, 128,
+     {1, 8, 256}},
 };
 
 typedef struct bench {
@@ -156,7 +166,7 @@ static void bench_linears(bench *k, const shape *sh)
 }
 
 typedef struct rows_ctx {
-    void *out, *x, *res, *w, *bias, *k_cache, *v_cache;
+    void *out, *x, *res, *w, *bias, *k_cache, *v_cache, *qk_norm;
     const int32_t *positions, *slots;
     int n, H, I, nh, nkv, hd;
 } rows_ctx;
@@ -176,7 +186,7 @@ static void run_silu_mul(bench *k, void *c)
 static void run_rope_kv_write(bench *k, void *c)
 {
     rows_ctx *r = c;
-    vlmd_rope rope = {.theta = 1e6f};
+    vlmd_rope rope = {.theta = 1e6f, .q_norm = r->qk_norm, .k_norm = r->qk_norm, .norm_eps = 1e-6f};
     k->op->rope_kv_write(k->b, r->x, r->bias, r->k_cache, r->v_cache, r->positions, r->slots, r->n,
                          r->nh, r->nkv, r->hd, &rope);
 }
@@ -191,9 +201,10 @@ static void bench_rows(bench *k, const shape *sh)
     rows_ctx c = {.out = dev(k, (size_t)n * 2 * sh->I * k->es),
                   .x = random_dev(k, (size_t)n * 2 * sh->I, 1),
                   .res = random_dev(k, (size_t)n * sh->H, 1), .w = random_dev(k, sh->H, 1),
-                  .bias = random_dev(k, QKV, 1),
+                  .bias = sh->qk_norm ? NULL : random_dev(k, QKV, 1), /* Qwen3: no qkv bias */
                   .k_cache = dev(k, (size_t)n * kv_dim * k->es),
                   .v_cache = dev(k, (size_t)n * kv_dim * k->es),
+                  .qk_norm = sh->qk_norm ? random_dev(k, sh->hd, 1) : NULL,
                   .positions = ints_dev(k, host, 3 * (size_t)n), .slots = ints_dev(k, host, n),
                   .n = n, .H = sh->H, .I = sh->I, .nh = sh->nh, .nkv = sh->nkv, .hd = sh->hd};
     char what[64];
@@ -202,7 +213,7 @@ static void bench_rows(bench *k, const shape *sh)
     report(k, "rmsnorm+add", what, time_call(k, run_rmsnorm, &c), 4.0 * n * sh->H * k->es, 0);
     snprintf(what, sizeof what, "n=%d I=%d", n, sh->I);
     report(k, "silu_mul", what, time_call(k, run_silu_mul, &c), 3.0 * n * sh->I * k->es, 0);
-    snprintf(what, sizeof what, "n=%d qkv=%d", n, QKV);
+    snprintf(what, sizeof what, "n=%d qkv=%d%s", n, QKV, sh->qk_norm ? " q/k norm" : "");
     /* reads q, k, v and the bias; writes q, and k, v to the cache */
     report(k, "rope_kv_write", what, time_call(k, run_rope_kv_write, &c),
            ((double)n * (QKV + sh->nh * sh->hd + 2 * kv_dim) + QKV) * k->es, 0);
@@ -293,6 +304,92 @@ static void bench_sample(bench *k, const shape *sh, int n, float top_p)
     free(rows);
 }
 
+/* ---- the mixture of experts ----------------------------------------------------- */
+
+typedef struct moe_ctx {
+    void *out, *x, *logits, *gate_up, *down, *scratch;
+    int32_t *ids, *route_ids;
+    float *weights, *route_weights;
+    int n, k, E, H, I;
+} moe_ctx;
+
+static void run_moe_route(bench *k, void *c)
+{
+    moe_ctx *m = c;
+    k->op->moe_route(k->b, m->route_ids, m->route_weights, m->logits, m->n, m->E, m->k, true,
+                     false);
+}
+
+static void run_moe_experts(bench *k, void *c)
+{
+    moe_ctx *m = c;
+    k->op->moe_experts(k->b, m->out, m->x, m->ids, m->weights, m->gate_up, m->down, m->scratch,
+                       m->n, m->k, m->E, m->H, m->I);
+}
+
+/* The router and the experts at n tokens. The experts' ids are k distinct
+ * experts a token drawn at random on the host (a balanced router, as trained
+ * ones roughly are; the router's own output on random logits would be as
+ * good, but this keeps the draw the same on every backend). Decode batches
+ * are bound by streaming the weights of the experts they touch (counted from
+ * the draw), the prefill by the FLOPs of its n k rows through 3 H I weights. */
+static void bench_moe_case(bench *k, const shape *sh, int n)
+{
+    int E = sh->experts, K = sh->topk, H = sh->H, I = sh->moe_I, distinct = 0;
+    size_t nk = (size_t)n * K, w_n = (size_t)E * 3 * I * H;
+    int32_t *ids = malloc(nk * sizeof *ids), *perm = malloc((size_t)E * sizeof *perm);
+    float *w = malloc(nk * sizeof *w);
+    bool *touched = calloc((size_t)E, sizeof *touched);
+    VLMD_ASSERT(ids && perm && w && touched);
+    uint64_t s = 0x2545f4914f6cdd1dull ^ (uint64_t)n;
+    for (int t = 0; t < n; t++) {
+        for (int e = 0; e < E; e++)
+            perm[e] = e;
+        for (int j = 0; j < K; j++) { /* a partial shuffle: K distinct experts */
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            int pick = j + (int)((s >> 33) % (uint64_t)(E - j)), e = perm[pick];
+            perm[pick] = perm[j];
+            perm[j] = e;
+            ids[(size_t)t * K + j] = e;
+            w[(size_t)t * K + j] = 1.0f / (float)K;
+            distinct += !touched[e];
+            touched[e] = true;
+        }
+    }
+    size_t scratch_bytes = k->op->moe_scratch_bytes(n, K, E, H, I);
+    moe_ctx c = {dev(k, (size_t)n * H * k->es), random_dev(k, (size_t)n * H, 1),
+                 random_dev(k, (size_t)n * E, 4), random_dev(k, (size_t)E * 2 * I * H, 0.02f),
+                 random_dev(k, (size_t)E * H * I, 0.02f), dev(k, scratch_bytes),
+                 ints_dev(k, ids, nk), dev(k, nk * sizeof(int32_t)), dev(k, nk * sizeof(float)),
+                 dev(k, nk * sizeof(float)), n, K, E, H, I};
+    vlmd_error err = {0};
+    if (vlmd_backend_copy_to_device(k->b, c.weights, w, nk * sizeof *w, &err) != VLMD_OK)
+        VLMD_FATAL("%s", err.msg);
+    char what[64];
+    snprintf(what, sizeof what, "n=%d E=%d k=%d", n, E, K);
+    /* reads the logits, writes ids and weights */
+    report(k, "moe_route", what, time_call(k, run_moe_route, &c),
+           (double)n * E * k->es + (double)nk * 8, 0);
+    snprintf(what, sizeof what, "n=%d E=%d k=%d (%d used)", n, E, K, distinct);
+    double s_exp = time_call(k, run_moe_experts, &c);
+    if (n <= 128) /* the touched experts' weights, x read and out written */
+        report(k, "moe_experts", what, s_exp,
+               (double)distinct * 3 * I * H * k->es + 2.0 * n * H * k->es, 0);
+    else
+        report(k, "moe_experts", what, s_exp, 0, 2.0 * nk * 3 * (double)H * I);
+    vlmd_backend_free(k->b, c.out, (size_t)n * H * k->es);
+    vlmd_backend_free(k->b, c.x, (size_t)n * H * k->es);
+    vlmd_backend_free(k->b, c.logits, (size_t)n * E * k->es);
+    vlmd_backend_free(k->b, c.gate_up, w_n / 3 * 2 * k->es);
+    vlmd_backend_free(k->b, c.down, w_n / 3 * k->es);
+    vlmd_backend_free(k->b, c.scratch, scratch_bytes);
+    vlmd_backend_free(k->b, c.ids, nk * sizeof(int32_t));
+    vlmd_backend_free(k->b, c.route_ids, nk * sizeof(int32_t));
+    vlmd_backend_free(k->b, c.weights, nk * sizeof(float));
+    vlmd_backend_free(k->b, c.route_weights, nk * sizeof(float));
+    free(ids), free(perm), free(w), free(touched);
+}
+
 int main(int argc, char **argv)
 {
     const char *device = "auto", *shape_name = "7b", *only = NULL;
@@ -312,15 +409,16 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
         else {
-            fprintf(stderr, "usage: vlmd-bench-ops [--device auto|cpu|cuda] [--shape 7b|tiny] "
-                            "[--runs N] [--bandwidth-gbs X] [--gemm-tflops Y] "
-                            "[--only linear|rows|attention|sample]\n");
+            fprintf(stderr, "usage: vlmd-bench-ops [--device auto|cpu|cuda] "
+                            "[--shape 7b|30b-a3b|tiny] [--runs N] [--bandwidth-gbs X] "
+                            "[--gemm-tflops Y] [--only linear|rows|attention|sample|moe]\n");
             return 2;
         }
     }
     if (only && strcmp(only, "linear") && strcmp(only, "rows") && strcmp(only, "attention") &&
-        strcmp(only, "sample")) {
-        fprintf(stderr, "vlmd-bench-ops: --only %s: linear, rows, attention or sample\n", only);
+        strcmp(only, "sample") && strcmp(only, "moe")) {
+        fprintf(stderr, "vlmd-bench-ops: --only %s: linear, rows, attention, sample or moe\n",
+                only);
         return 2;
     }
     const shape *sh = NULL;
@@ -330,7 +428,7 @@ int main(int argc, char **argv)
     vlmd_error err = {0};
     bench k = {.runs = (int)runs, .bandwidth_gbs = bandwidth, .gemm_tflops = tflops};
     if (!sh || vlmd_backend_create(device, &k.b, &err) != VLMD_OK) {
-        fprintf(stderr, "vlmd-bench-ops: %s\n", sh ? err.msg : "--shape: 7b or tiny");
+        fprintf(stderr, "vlmd-bench-ops: %s\n", sh ? err.msg : "--shape: 7b, 30b-a3b or tiny");
         return 2;
     }
     k.op = vlmd_backend_ops(k.b);
@@ -355,6 +453,9 @@ int main(int argc, char **argv)
         bench_sample(&k, sh, 128, 1.0f);
         bench_sample(&k, sh, 128, 0.9f);
     }
+    if ((!only || strcmp(only, "moe") == 0) && sh->experts)
+        for (int i = 0; i < 3; i++)
+            bench_moe_case(&k, sh, sh->moe_tokens[i]);
     vlmd_backend_destroy(k.b);
     return 0;
 }

@@ -1,7 +1,8 @@
 /* cuda_ops.cu - the op table of the CUDA backend: bf16 weights and
  * activations, fp32 arithmetic, cuBLAS (bf16 in, fp32 compute) for the
  * matmuls, the element-wise and row kernels. Attention is in
- * cuda_attention.cu, sampling in cuda_sample.cu. Every op is checked against
+ * cuda_attention.cu, sampling in cuda_sample.cu, the mixture of experts in
+ * cuda_moe.cu. Every op is checked against
  * the CPU reference (tests/unit/test_cuda_ops.c); every launch is checked
  * (vlmd_cuda_launch) and goes to the backend's stream. */
 #include <cublas_v2.h>
@@ -196,38 +197,75 @@ static void cuda_linear(vlmd_backend *b, void *out, const void *x, const void *w
 
 /* ---- rope fused with the KV-cache write ---------------------------------------- */
 
-/* One block per token: adds the bias, rotates its q heads in place and its
- * k heads on the way into the cache; v is copied. The k heads follow the q
- * heads in a row. */
-__global__ void k_rope_kv_write(bf16 *qkv, const bf16 *bias, bf16 *k_cache, bf16 *v_cache,
-                                const int32_t *positions, const int32_t *slots, int n, int nh,
-                                int nkv, int hd, float theta, int s0, int s1, bool mrope)
+#define ROPE_MAX_HD 256
+#define ROPE_WARPS 4
+
+/* The positions row (t 0, h 1, w 2) frequency i takes, as vlmd_rope says:
+ * 1-D RoPE (row 0), M-RoPE's contiguous sections or Qwen3-VL's interleaved ones. */
+enum { ROPE_1D, ROPE_MROPE, ROPE_MROPE_INTERLEAVED };
+
+__device__ static int rope_row(int mode, int s0, int s1, int s2, int i)
+{
+    if (mode == ROPE_MROPE_INTERLEAVED)
+        return i % 3 == 1 && i < 3 * s1 ? 1 : i % 3 == 2 && i < 3 * s2 ? 2 : 0;
+    if (mode == ROPE_MROPE)
+        return i < s0 ? 0 : i < s0 + s1 ? 1 : 2;
+    return 0;
+}
+
+/* One block per token. The token's cos/sin table first (a frequency per
+ * half-dimension, shared by its heads); then a warp per head, q heads then k
+ * heads: the bias added, the head's RMSNorm when it has one (all in fp32,
+ * kept in shared memory, since the rotation pairs dimension i with i + hd/2),
+ * the rotation, q back in place and k into the cache; v is copied (with its
+ * bias). */
+__global__ void __launch_bounds__(ROPE_WARPS * 32)
+    k_rope_kv_write(bf16 *qkv, const bf16 *bias, bf16 *k_cache, bf16 *v_cache,
+                    const int32_t *positions, const int32_t *slots, int n, int nh, int nkv, int hd,
+                    float theta, int mode, int s0, int s1, int s2, const bf16 *q_norm,
+                    const bf16 *k_norm, float eps)
 {
     vlmd_kernel_start();
-    int t = blockIdx.x, half = hd / 2, kv_dim = nkv * hd;
+    __shared__ float cos_t[ROPE_MAX_HD / 2], sin_t[ROPE_MAX_HD / 2];
+    __shared__ float head[ROPE_WARPS][ROPE_MAX_HD];
+    const int t = blockIdx.x, half = hd / 2, kv_dim = nkv * hd;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     bf16 *row = qkv + (size_t)t * (nh + 2 * nkv) * hd;
-    size_t slot = (size_t)slots[t] * kv_dim;
-    for (int idx = threadIdx.x; idx < (nh + nkv) * half; idx += blockDim.x) {
-        int head = idx / half, i = idx % half;
-        int prow = !mrope ? 0 : i < s0 ? 0 : i < s0 + s1 ? 1 : 2;
+    const size_t slot = (size_t)slots[t] * kv_dim;
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
         double inv_freq = 1.0 / pow((double)theta, (double)(2 * i) / hd);
+        int prow = rope_row(mode, s0, s1, s2, i);
+        /* the angle in float32, as the reference computes it */
         float angle = (float)positions[(size_t)prow * n + t] * (float)inv_freq;
-        float c = cosf(angle), s = sinf(angle);
-        bf16 *v = row + (size_t)head * hd;
-        float x1 = __bfloat162float(v[i]), x2 = __bfloat162float(v[i + half]);
-        if (bias) {
-            x1 += __bfloat162float(bias[head * hd + i]);
-            x2 += __bfloat162float(bias[head * hd + i + half]);
+        cos_t[i] = cosf(angle);
+        sin_t[i] = sinf(angle);
+    }
+    __syncthreads();
+    float *v = head[warp];
+    for (int h = warp; h < nh + nkv; h += ROPE_WARPS) { /* warp-uniform: the shuffles are safe */
+        const bf16 *src = row + (size_t)h * hd, *hb = bias ? bias + (size_t)h * hd : NULL;
+        const bf16 *w = h < nh ? q_norm : k_norm;
+        float ss = 0;
+        for (int j = lane; j < hd; j += 32) {
+            float x = __bfloat162float(src[j]) + (hb ? __bfloat162float(hb[j]) : 0.0f);
+            v[j] = x;
+            ss += x * x;
         }
-        bf16 y1 = __float2bfloat16(x1 * c - x2 * s), y2 = __float2bfloat16(x2 * c + x1 * s);
-        if (head < nh) {
-            v[i] = y1;
-            v[i + half] = y2;
-        } else {
-            bf16 *dst = k_cache + slot + (size_t)(head - nh) * hd;
-            dst[i] = y1;
-            dst[i + half] = y2;
+        if (w) {
+            for (int o = 16; o > 0; o /= 2)
+                ss += __shfl_xor_sync(0xffffffffu, ss, o);
+            float inv = rsqrtf(ss / hd + eps);
+            for (int j = lane; j < hd; j += 32)
+                v[j] = __bfloat162float(w[j]) * (v[j] * inv);
         }
+        __syncwarp();
+        bf16 *dst = h < nh ? row + (size_t)h * hd : k_cache + slot + (size_t)(h - nh) * hd;
+        for (int i = lane; i < half; i += 32) {
+            float x1 = v[i], x2 = v[i + half];
+            dst[i] = __float2bfloat16(x1 * cos_t[i] - x2 * sin_t[i]);
+            dst[i + half] = __float2bfloat16(x2 * cos_t[i] + x1 * sin_t[i]);
+        }
+        __syncwarp(); /* the next head overwrites v */
     }
     const bf16 *vsrc = row + (size_t)(nh + nkv) * hd;
     const bf16 *vbias = bias ? bias + (size_t)(nh + nkv) * hd : NULL;
@@ -241,12 +279,15 @@ static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, const void *bias, voi
                                void *v_cache, const int32_t *positions, const int32_t *slots,
                                int n, int nh, int nkv, int hd, const vlmd_rope *rope)
 {
-    const int *sections = rope->sections;
-    VLMD_ASSERT(!rope->q_norm && !rope->k_norm && !rope->interleaved); /* not built yet */
-    vlmd_cuda_launch(k_rope_kv_write, n, 128, 0, vlmd_cuda_stream(b), (bf16 *)qkv,
+    if (hd > ROPE_MAX_HD || hd % 2)
+        VLMD_FATAL("head dimension %d: the rotary kernel takes even ones up to %d", hd,
+                   ROPE_MAX_HD);
+    const int *s = rope->sections;
+    int mode = !s ? ROPE_1D : rope->interleaved ? ROPE_MROPE_INTERLEAVED : ROPE_MROPE;
+    vlmd_cuda_launch(k_rope_kv_write, n, ROPE_WARPS * 32, 0, vlmd_cuda_stream(b), (bf16 *)qkv,
                      (const bf16 *)bias, (bf16 *)k_cache, (bf16 *)v_cache, positions, slots, n, nh,
-                     nkv, hd, rope->theta, sections ? sections[0] : 0, sections ? sections[1] : 0,
-                     sections != NULL);
+                     nkv, hd, rope->theta, mode, s ? s[0] : 0, s ? s[1] : 0, s ? s[2] : 0,
+                     (const bf16 *)rope->q_norm, (const bf16 *)rope->k_norm, rope->norm_eps);
 }
 
 /* ---- attention ----------------------------------------------------------------- */
@@ -498,6 +539,15 @@ static void cuda_vision_pos_embed(vlmd_backend *b, void *x, const void *table, c
 
 extern "C" void vlmd_cuda_sample(vlmd_backend *b, vlmd_sample_out *out, void *logits,
                                  const vlmd_sample_row *rows, int n, int vocab); /* cuda_sample.cu */
+/* cuda_moe.cu */
+extern "C" void vlmd_cuda_moe_route(vlmd_backend *b, int32_t *ids, float *weights,
+                                    const void *logits, int n, int n_experts, int k,
+                                    bool renormalize, bool worst_case);
+extern "C" void vlmd_cuda_moe_experts(vlmd_backend *b, void *out, const void *x,
+                                      const int32_t *ids, const float *weights,
+                                      const void *gate_up, const void *down, void *scratch, int n,
+                                      int k, int n_experts, int hidden, int inter);
+extern "C" size_t vlmd_cuda_moe_scratch_bytes(int n, int k, int n_experts, int hidden, int inter);
 
 extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .embedding = cuda_embedding,
@@ -512,9 +562,9 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .vision_rope = cuda_vision_rope,
     .vision_pos_embed = cuda_vision_pos_embed,
     .sample = vlmd_cuda_sample,
-    .moe_route = NULL, /* not built yet: a mixture-of-experts model stays on the CPU */
-    .moe_experts = NULL,
-    .moe_scratch_bytes = NULL,
-    .rope_qk_norm = false,
-    .rope_interleaved = false,
+    .moe_route = vlmd_cuda_moe_route,
+    .moe_experts = vlmd_cuda_moe_experts,
+    .moe_scratch_bytes = vlmd_cuda_moe_scratch_bytes,
+    .rope_qk_norm = true,
+    .rope_interleaved = true,
 };

@@ -179,42 +179,70 @@ Test(cuda_ops, linear_at_several_shapes)
     close_pair(&p);
 }
 
-/* The bias and the rotary embedding (plain and M-RoPE) on the fused qkv rows,
- * and the K/V write into scattered cache slots. */
+/* The bias, Qwen3's RMSNorm of each q and k head, and the rotary embedding
+ * (1-D, M-RoPE's contiguous sections, Qwen3-VL's interleaved ones) on the
+ * fused qkv rows, and the K/V write into scattered cache slots. */
 Test(cuda_ops, rope_kv_write)
 {
     pair p;
     if (!open_pair(&p))
         return;
-    int n = 9, nh = 4, nkv = 2, hd = 32, n_slots = 40, stride = (nh + 2 * nkv) * hd;
-    int kv_dim = nkv * hd, sections[3] = {4, 6, 6};
+    /* (theta 1e4 where the last frequencies should turn visibly over these positions) */
+    static const struct {
+        int hd, sections[3];
+        bool mrope, interleaved, norm, bias;
+        float theta;
+    } cases[] = {
+        {32, {4, 6, 6}, false, false, false, false, 1e6f}, /* Qwen2 */
+        {32, {4, 6, 6}, true, false, false, true, 1e6f},   /* Qwen2-VL */
+        {32, {6, 5, 5}, true, true, true, false, 1e4f},    /* Qwen3-VL */
+        {128, {0}, false, false, true, false, 1e6f},       /* Qwen3 */
+        {128, {24, 20, 20}, true, true, true, true, 1e4f}, /* Qwen3-VL's sections, and a bias */
+        {80, {16, 12, 12}, true, false, true, true, 1e4f}, /* a head dim not a multiple of 32 */
+    };
+    int n = 9, nh = 4, nkv = 2, n_slots = 40;
     int32_t pos[27], slots[9];
     for (int i = 0; i < 27; i++)
         pos[i] = (i * 3701) % 30011; /* long-context positions: the angle's precision shows */
     for (int i = 0; i < n; i++)
         slots[i] = (i * 13 + 5) % n_slots;
-    for (int mrope = 0; mrope < 2; mrope++) {
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int hd = cases[c].hd, stride = (nh + 2 * nkv) * hd, kv_dim = nkv * hd;
         float *qkv = random_floats((size_t)n * stride, 1), *bias = random_floats(stride, 1);
         float *kc = random_floats((size_t)n_slots * kv_dim, 1);
         float *vc = random_floats((size_t)n_slots * kv_dim, 1);
+        float *qn = random_floats(hd, 2), *kn = random_floats(hd, 2);
         void *dqkv[2], *dk[2], *dv[2];
         vlmd_backend *bs[2] = {p.cpu, p.gpu};
         for (int b = 0; b < 2; b++) {
             dqkv[b] = on(bs[b], qkv, (size_t)n * stride);
             dk[b] = on(bs[b], kc, (size_t)n_slots * kv_dim);
             dv[b] = on(bs[b], vc, (size_t)n_slots * kv_dim);
-            vlmd_rope rope = {.theta = 1e6f, .sections = mrope ? sections : NULL};
+            vlmd_rope rope = {.theta = cases[c].theta,
+                              .sections = cases[c].mrope ? cases[c].sections : NULL,
+                              .interleaved = cases[c].interleaved, .norm_eps = 1e-6f};
+            if (cases[c].norm) {
+                rope.q_norm = on(bs[b], qn, hd);
+                rope.k_norm = on(bs[b], kn, hd);
+            }
             vlmd_backend_ops(bs[b])->rope_kv_write(
-                bs[b], dqkv[b], mrope ? on(bs[b], bias, stride) : NULL, dk[b], dv[b],
+                bs[b], dqkv[b], cases[c].bias ? on(bs[b], bias, stride) : NULL, dk[b], dv[b],
                 ints_on(bs[b], pos, 27), ints_on(bs[b], slots, n), n, nh, nkv, hd, &rope);
         }
-        expect_close_cols("rope q", p.cpu, dqkv[0], p.gpu, dqkv[1], n, (size_t)nh * hd, stride,
-                          1e-2);
-        expect_close("k cache", p.cpu, dk[0], p.gpu, dk[1], (size_t)n_slots * kv_dim, 1e-2);
+        char what[96];
+        snprintf(what, sizeof what, "case %zu hd=%d%s%s%s%s: ", c, hd,
+                 cases[c].mrope ? " mrope" : "", cases[c].interleaved ? " interleaved" : "",
+                 cases[c].norm ? " q/k norm" : "", cases[c].bias ? " bias" : "");
+        size_t at = strlen(what);
+        snprintf(what + at, sizeof what - at, "rope q");
+        expect_close_cols(what, p.cpu, dqkv[0], p.gpu, dqkv[1], n, (size_t)nh * hd, stride, 1e-2);
+        snprintf(what + at, sizeof what - at, "k cache");
+        expect_close(what, p.cpu, dk[0], p.gpu, dk[1], (size_t)n_slots * kv_dim, 1e-2);
         /* copied as it is without a bias, rounded once with one */
-        expect_close("v cache", p.cpu, dv[0], p.gpu, dv[1], (size_t)n_slots * kv_dim,
-                     mrope ? 1e-2 : 1e-6);
-        free(qkv), free(bias), free(kc), free(vc);
+        snprintf(what + at, sizeof what - at, "v cache");
+        expect_close(what, p.cpu, dv[0], p.gpu, dv[1], (size_t)n_slots * kv_dim,
+                     cases[c].bias ? 1e-2 : 1e-6);
+        free(qkv), free(bias), free(kc), free(vc), free(qn), free(kn);
     }
     close_pair(&p);
 }
@@ -532,5 +560,297 @@ Test(cuda_ops, sample_against_the_reference)
     }
     cr_expect_leq(differ, 1, "%d of %d tokens differ", differ, N);
     free(logits);
+    close_pair(&p);
+}
+
+/* ---- mixture of experts ----------------------------------------------------------------- */
+
+static void *bytes_on(vlmd_backend *b, const void *host, size_t bytes)
+{
+    void *d = NULL;
+    cr_assert_eq(vlmd_backend_alloc(b, bytes ? bytes : 4, &d, NULL), VLMD_OK);
+    if (host)
+        cr_assert_eq(vlmd_backend_copy_to_device(b, d, host, bytes, NULL), VLMD_OK);
+    return d;
+}
+
+static void *bytes_back(vlmd_backend *b, const void *d, size_t bytes)
+{
+    void *h = malloc(bytes);
+    cr_assert_eq(vlmd_backend_copy_to_host(b, h, d, bytes, NULL), VLMD_OK);
+    return h;
+}
+
+/* The router on both backends over n rows of E logits (levels > 0: each logit
+ * one of that many values, so that equal probabilities are common): the same
+ * experts in the same order, weights within 1e-5. */
+static void check_moe_route(pair *p, int n, int E, int k, bool renormalize, bool worst_case,
+                            int levels)
+{
+    float *logits = random_floats((size_t)n * E, 4);
+    for (size_t i = 0; levels && i < (size_t)n * E; i++)
+        logits[i] = (float)(random_u32() % (unsigned)levels) - 1.5f;
+    size_t nk = (size_t)n * k;
+    int32_t *ids[2];
+    float *w[2];
+    vlmd_backend *bs[2] = {p->cpu, p->gpu};
+    for (int b = 0; b < 2; b++) {
+        void *dids = bytes_on(bs[b], NULL, nk * sizeof(int32_t));
+        void *dw = bytes_on(bs[b], NULL, nk * sizeof(float));
+        vlmd_backend_ops(bs[b])->moe_route(bs[b], dids, dw, on(bs[b], logits, (size_t)n * E), n,
+                                           E, k, renormalize, worst_case);
+        ids[b] = bytes_back(bs[b], dids, nk * sizeof(int32_t));
+        w[b] = bytes_back(bs[b], dw, nk * sizeof(float));
+    }
+    int shown = 0, bad = 0;
+    for (size_t i = 0; i < nk; i++)
+        if (ids[1][i] != ids[0][i] || fabsf(w[1][i] - w[0][i]) > 1e-5f) {
+            if (shown++ < 5)
+                cr_log_info("route n=%d E=%d k=%d: token %zu choice %zu: cpu %d %g gpu %d %g", n,
+                            E, k, i / k, i % k, ids[0][i], w[0][i], ids[1][i], w[1][i]);
+            bad++;
+        }
+    cr_expect_eq(bad, 0, "route n=%d E=%d k=%d renormalize=%d worst_case=%d levels=%d: %d of "
+                 "%zu choices differ", n, E, k, renormalize, worst_case, levels, bad, nk);
+    free(logits);
+    for (int b = 0; b < 2; b++)
+        free(ids[b]), free(w[b]);
+}
+
+/* The router's softmax and top-k at the shapes models have (8 to 512
+ * experts, 1 to 16 a token, up to the 1024 and 32 the kernel takes), with
+ * many equal logits (the lower id first), without renormalization, and the
+ * stress's worst case. */
+Test(cuda_ops, moe_route_against_the_reference)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    check_moe_route(&p, 1, 8, 1, true, false, 0);
+    check_moe_route(&p, 7, 8, 2, true, false, 0);
+    check_moe_route(&p, 300, 128, 8, true, false, 0);
+    check_moe_route(&p, 33, 64, 8, false, false, 0);
+    check_moe_route(&p, 5, 512, 16, true, false, 0);
+    check_moe_route(&p, 3, 1024, 32, true, false, 0);
+    check_moe_route(&p, 64, 128, 8, true, false, 3); /* ties everywhere */
+    check_moe_route(&p, 9, 100, 10, false, false, 2);
+    check_moe_route(&p, 7, 64, 8, true, true, 0);
+    close_pair(&p);
+}
+
+/* A MoE layer's inputs: x [n, H], each token's k distinct experts (or all of
+ * them the same: `only`, when >= 0, is every token's first choice), its
+ * weights, and the experts' weights. */
+typedef struct moe_case {
+    int n, k, E, H, I;
+    float *x, *weights, *gate_up, *down;
+    int32_t *ids;
+} moe_case;
+
+static moe_case moe_case_make(int n, int k, int E, int H, int I, int only)
+{
+    moe_case c = {n, k, E, H, I, random_floats((size_t)n * H, 1), malloc((size_t)n * k * 4),
+                  random_floats((size_t)E * 2 * I * H, 0.1f), random_floats((size_t)E * H * I, 0.1f),
+                  malloc((size_t)n * k * sizeof(int32_t))};
+    int32_t *perm = malloc((size_t)E * sizeof *perm);
+    for (int t = 0; t < n; t++) {
+        for (int e = 0; e < E; e++)
+            perm[e] = e;
+        for (int j = 0; j < k; j++) { /* a partial shuffle: k distinct experts */
+            int pick = j + (int)(random_u32() % (unsigned)(E - j)), e = perm[pick];
+            perm[pick] = perm[j];
+            perm[j] = e;
+            c.ids[(size_t)t * k + j] = e;
+            c.weights[(size_t)t * k + j] = (float)(random_u32() % 1000 + 1) / 1000.0f;
+        }
+        for (int j = 0; only >= 0 && j < k; j++) /* experts only, only + 1, ...: distinct */
+            c.ids[(size_t)t * k + j] = (only + j) % E;
+    }
+    free(perm);
+    return c;
+}
+
+static void moe_case_free(moe_case *c)
+{
+    free(c->x), free(c->weights), free(c->gate_up), free(c->down), free(c->ids);
+}
+
+/* The experts of case c on backend b; returns out [n, H] (backend memory).
+ * x starts `offset` elements into its buffer (an input not 16-byte aligned);
+ * the scratch is sized for max(n, scratch_n) tokens. */
+static void *moe_run_in(vlmd_backend *b, const moe_case *c, int offset, int scratch_n)
+{
+    const vlmd_op_table *op = vlmd_backend_ops(b);
+    size_t nk = (size_t)c->n * c->k;
+    void *x = on(b, NULL, (size_t)c->n * c->H + (size_t)offset);
+    x = (char *)x + (size_t)offset * vlmd_backend_elem_size(b);
+    cr_assert_eq(vlmd_backend_upload_f32(b, x, c->x, (size_t)c->n * c->H, NULL), VLMD_OK);
+    void *out = on(b, NULL, (size_t)c->n * c->H);
+    int sn = scratch_n > c->n ? scratch_n : c->n;
+    void *scratch = bytes_on(b, NULL, op->moe_scratch_bytes(sn, c->k, c->E, c->H, c->I));
+    op->moe_experts(b, out, x, bytes_on(b, c->ids, nk * sizeof(int32_t)),
+                    bytes_on(b, c->weights, nk * sizeof(float)),
+                    on(b, c->gate_up, (size_t)c->E * 2 * c->I * c->H),
+                    on(b, c->down, (size_t)c->E * c->H * c->I), scratch, c->n, c->k, c->E, c->H,
+                    c->I);
+    return out;
+}
+
+static void *moe_run(vlmd_backend *b, const moe_case *c, int offset)
+{
+    return moe_run_in(b, c, offset, 0);
+}
+
+static void check_moe_experts(pair *p, int n, int k, int E, int H, int I, int only, int offset)
+{
+    moe_case c = moe_case_make(n, k, E, H, I, only);
+    void *cpu = moe_run(p->cpu, &c, 0), *gpu = moe_run(p->gpu, &c, offset);
+    char what[128];
+    snprintf(what, sizeof what, "moe_experts n=%d k=%d E=%d H=%d I=%d%s%s", n, k, E, H, I,
+             only >= 0 ? " all on one expert" : "", offset ? " x unaligned" : "");
+    expect_close(what, p->cpu, cpu, p->gpu, gpu, (size_t)n * H, 1e-2);
+    moe_case_free(&c);
+}
+
+/* The grouped expert GEMMs: both tile shapes (few rows an expert, as in a
+ * decode step, and many), k = 1, 2, 8 and 16, 8 to 1024 experts, every token on
+ * one expert, H and I that are not multiples of a tile, and operands that
+ * are not 16-byte aligned (the element-by-element loads). */
+Test(cuda_ops, moe_experts_against_the_reference)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    check_moe_experts(&p, 1, 1, 8, 64, 32, -1, 0);
+    check_moe_experts(&p, 7, 2, 8, 200, 72, -1, 0);
+    check_moe_experts(&p, 33, 8, 128, 128, 64, -1, 0);
+    check_moe_experts(&p, 300, 8, 64, 136, 88, -1, 0);
+    check_moe_experts(&p, 3, 16, 1024, 32, 16, -1, 0); /* the most experts the sort takes */
+    check_moe_experts(&p, 300, 1, 8, 64, 40, 5, 0);   /* 300 rows of one expert */
+    check_moe_experts(&p, 40, 2, 8, 72, 48, 0, 0);    /* the stress's routing: experts 0 and 1 */
+    check_moe_experts(&p, 9, 2, 8, 36, 20, -1, 0);    /* rows of 36 and 20: not 16-byte pieces */
+    check_moe_experts(&p, 5, 2, 8, 64, 32, -1, 3);    /* x at an odd element */
+    close_pair(&p);
+}
+
+/* A token's output does not depend on the batch it is in (each row's GEMMs
+ * are its own and the sum runs in expert order: no atomics), even where the
+ * batch takes the other tile shape: 300 tokens at once (64-row tiles: more
+ * than 16 rows an expert) give what they give in batches of 1, 99 and 100
+ * (16-row tiles), bit for bit, and two runs agree. */
+Test(cuda_ops, moe_experts_are_deterministic_and_batch_invariant)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    int n = 300, k = 8, E = 64, H = 72, I = 48;
+    moe_case c = moe_case_make(n, k, E, H, I, -1);
+    size_t row = (size_t)H * vlmd_backend_elem_size(p.gpu), bytes = (size_t)n * row;
+    unsigned char *batch = bytes_back(p.gpu, moe_run(p.gpu, &c, 0), bytes);
+    unsigned char *again = bytes_back(p.gpu, moe_run(p.gpu, &c, 0), bytes);
+    cr_expect(memcmp(batch, again, bytes) == 0, "two runs differ");
+    static const int sizes[] = {1, 99, 100, 100};
+    for (int i = 0, t = 0; i < 4; t += sizes[i++]) {
+        moe_case part = c;
+        part.n = sizes[i];
+        part.x = c.x + (size_t)t * H;
+        part.ids = c.ids + (size_t)t * k;
+        part.weights = c.weights + (size_t)t * k;
+        /* (in a scratch sized for the whole batch, as a model sizes it for its largest step) */
+        unsigned char *alone = bytes_back(p.gpu, moe_run_in(p.gpu, &part, 0, n),
+                                          (size_t)part.n * row);
+        for (int j = 0; j < part.n; j++)
+            cr_expect(memcmp(alone + (size_t)j * row, batch + (size_t)(t + j) * row, row) == 0,
+                      "token %d in a batch of %d differs from it in the batch of %d", t + j,
+                      part.n, n);
+        free(alone);
+    }
+    free(batch), free(again);
+    moe_case_free(&c);
+    size_t last = 0;
+    for (int m = 1; m <= 2048; m++) { /* a scratch for m tokens holds every smaller step */
+        size_t bytes_m = vlmd_backend_ops(p.gpu)->moe_scratch_bytes(m, 8, 128, 2048, 768);
+        cr_expect_geq(bytes_m, last, "scratch for %d tokens", m);
+        last = bytes_m;
+    }
+    close_pair(&p);
+}
+
+/* A step of the MoE ops captured as a graph (recorded and replayed on the
+ * emulator) routes the inputs present when it is replayed: the host never
+ * learns the groups' sizes, so new logits that send the tokens elsewhere
+ * still give the reference's output. */
+typedef struct moe_step {
+    vlmd_backend *b;
+    void *out, *x, *logits, *gate_up, *down, *scratch;
+    int32_t *ids;
+    float *weights;
+    int n, k, E, H, I;
+} moe_step;
+
+static void moe_step_run(void *ctx)
+{
+    moe_step *s = ctx;
+    const vlmd_op_table *op = vlmd_backend_ops(s->b);
+    op->moe_route(s->b, s->ids, s->weights, s->logits, s->n, s->E, s->k, true, false);
+    op->moe_experts(s->b, s->out, s->x, s->ids, s->weights, s->gate_up, s->down, s->scratch, s->n,
+                    s->k, s->E, s->H, s->I);
+}
+
+static moe_step moe_step_make(vlmd_backend *b, const moe_case *c, const float *logits)
+{
+    moe_step s = {b, on(b, NULL, (size_t)c->n * c->H), on(b, c->x, (size_t)c->n * c->H),
+                  on(b, logits, (size_t)c->n * c->E),
+                  on(b, c->gate_up, (size_t)c->E * 2 * c->I * c->H),
+                  on(b, c->down, (size_t)c->E * c->H * c->I),
+                  bytes_on(b, NULL, vlmd_backend_ops(b)->moe_scratch_bytes(c->n, c->k, c->E, c->H,
+                                                                           c->I)),
+                  bytes_on(b, NULL, (size_t)c->n * c->k * sizeof(int32_t)),
+                  bytes_on(b, NULL, (size_t)c->n * c->k * sizeof(float)), c->n, c->k, c->E, c->H,
+                  c->I};
+    return s;
+}
+
+Test(cuda_ops, a_captured_moe_step_routes_what_it_is_given)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    moe_case c = moe_case_make(12, 4, 16, 64, 40, -1);
+    float *first = random_floats((size_t)c.n * c.E, 3), *second = random_floats((size_t)c.n * c.E, 3);
+    for (int e = 0; e < c.E; e++) /* the second logits send everyone to experts 12..15 */
+        for (int t = 0; t < c.n; t++)
+            second[(size_t)t * c.E + e] = bf16_round(second[(size_t)t * c.E + e] + (e >= 12 ? 8 : 0));
+    float *x2 = random_floats((size_t)c.n * c.H, 1);
+    moe_step gpu = moe_step_make(p.gpu, &c, first);
+    vlmd_graph *g = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_backend_graph_capture(p.gpu, moe_step_run, &gpu, &g, &err), VLMD_OK, "%s",
+                 err.msg);
+    for (int round = 0; round < 2; round++) { /* the first inputs, then the second */
+        const float *logits = round ? second : first;
+        if (round) {
+            memcpy(c.x, x2, (size_t)c.n * c.H * sizeof(float));
+            cr_assert_eq(vlmd_backend_upload_f32(p.gpu, gpu.x, c.x, (size_t)c.n * c.H, NULL),
+                         VLMD_OK);
+            cr_assert_eq(vlmd_backend_upload_f32(p.gpu, gpu.logits, logits, (size_t)c.n * c.E,
+                                                 NULL), VLMD_OK);
+        }
+        cr_assert_eq(vlmd_backend_graph_launch(p.gpu, g, &err), VLMD_OK, "%s", err.msg);
+        moe_step cpu = moe_step_make(p.cpu, &c, logits);
+        moe_step_run(&cpu);
+        size_t nk = (size_t)c.n * c.k;
+        int32_t *ids[2] = {bytes_back(p.cpu, cpu.ids, nk * 4), bytes_back(p.gpu, gpu.ids, nk * 4)};
+        cr_expect_arr_eq(ids[1], ids[0], nk * 4, "round %d: the replayed routing", round);
+        for (size_t i = 0; round && i < nk; i++)
+            cr_expect_geq(ids[1][i], 12, "round 1 routes to experts 12..15");
+        char what[48];
+        snprintf(what, sizeof what, "captured moe step, round %d", round);
+        expect_close(what, p.cpu, cpu.out, p.gpu, gpu.out, (size_t)c.n * c.H, 1e-2);
+        free(ids[0]), free(ids[1]);
+    }
+    vlmd_backend_graph_free(p.gpu, g);
+    free(first), free(second), free(x2);
+    moe_case_free(&c);
     close_pair(&p);
 }

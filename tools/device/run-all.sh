@@ -6,7 +6,7 @@
 # OUT_DIR/PART/; a table of the parts, the issue each serves, their exit
 # codes and times is printed last. Where each part's numbers go:
 # docs/PERFORMANCE.md (check, bench-7b, bench-serve-7b, bench-prefix-7b,
-# bench-vision-7b) and docs/MEMORY.md §6 (bench-memory-vl7b).
+# bench-vision-7b, bench-ops-qwen3) and docs/MEMORY.md §6 (bench-memory-vl7b).
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 bundle_tar=$(realpath "$1")
@@ -33,6 +33,7 @@ run_part bench-serve-7b 5 "$here/bench-serve-7b.sh" "$bundle_tar" "$out/bench-se
 run_part bench-prefix-7b 9 "$here/bench-prefix-7b.sh" "$bundle_tar" "$out/bench-prefix-7b"
 run_part bench-memory-vl7b 7 "$here/bench-memory-vl7b.sh" "$bundle_tar" "$out/bench-memory-vl7b"
 run_part bench-vision-7b 6 "$here/bench-vision-7b.sh" "$bundle_tar" "$out/bench-vision-7b"
+run_part bench-ops-qwen3 18 "$here/bench-ops-qwen3.sh" "$bundle_tar" "$out/bench-ops-qwen3"
 
 echo
 printf '%-20s %-6s %s\n' part issue result

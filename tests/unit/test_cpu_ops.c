@@ -1,0 +1,258 @@
+/* test_cpu_ops.c - the CPU reference's ops of the Qwen3 generation (the
+ * reference every CUDA op is tested against) against brute force written
+ * from their definitions: the router's softmax and top-k by sorting every
+ * expert, the experts as one token at a time through each chosen expert in
+ * double precision, and rope_kv_write's q/k RMSNorm and M-RoPE sections from
+ * the formulas (the interleaved frequencies by transformers' slices). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "ops.h"
+
+static uint64_t rng = 0x9e3779b9;
+
+static float uniform(float scale)
+{
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return scale * ((float)(rng >> 40) / (float)(1 << 24) * 2.0f - 1.0f);
+}
+
+static float *random_floats(size_t n, float scale)
+{
+    float *x = malloc(n * sizeof *x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = uniform(scale);
+    return x;
+}
+
+static vlmd_backend *cpu_open(void)
+{
+    vlmd_backend *b = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_backend_create("cpu", &b, &err), VLMD_OK, "%s", err.msg);
+    return b;
+}
+
+/* ---- the router ------------------------------------------------------------------------ */
+
+typedef struct ranked {
+    double p;
+    int id;
+} ranked;
+
+static int by_probability_then_id(const void *a_, const void *b_)
+{
+    const ranked *a = a_, *b = b_;
+    if (a->p != b->p)
+        return a->p > b->p ? -1 : 1;
+    return a->id - b->id;
+}
+
+/* Every expert's probability, all of them sorted (largest first, the lower
+ * id first among equals), the first k taken. */
+static void check_route(int n, int E, int k, bool renormalize, bool worst_case, int levels)
+{
+    vlmd_backend *b = cpu_open();
+    float *logits = random_floats((size_t)n * E, 4);
+    for (size_t i = 0; levels && i < (size_t)n * E; i++) { /* levels values only: ties */
+        int v = (int)((uniform(1) + 1.0f) * 0.5f * (float)levels);
+        logits[i] = (float)(v < levels ? v : levels - 1);
+    }
+    int32_t *ids = malloc((size_t)n * k * sizeof *ids);
+    float *w = malloc((size_t)n * k * sizeof *w);
+    vlmd_backend_ops(b)->moe_route(b, ids, w, logits, n, E, k, renormalize, worst_case);
+    ranked *r = malloc((size_t)E * sizeof *r);
+    int bad = 0;
+    for (int t = 0; t < n; t++) {
+        const float *row = logits + (size_t)t * E;
+        double mx = -INFINITY, sum = 0, taken = 0;
+        for (int e = 0; e < E; e++)
+            mx = fmax(mx, row[e]);
+        for (int e = 0; e < E; e++)
+            sum += exp(row[e] - mx);
+        for (int e = 0; e < E; e++)
+            r[e] = (ranked){exp(row[e] - mx) / sum, e};
+        qsort(r, (size_t)E, sizeof *r, by_probability_then_id);
+        for (int j = 0; j < k; j++)
+            taken += r[j].p;
+        for (int j = 0; j < k; j++) {
+            int want_id = worst_case ? j : r[j].id;
+            double want_w = worst_case ? 1.0 / k : renormalize ? r[j].p / taken : r[j].p;
+            int got_id = ids[(size_t)t * k + j];
+            float got_w = w[(size_t)t * k + j];
+            if (got_id != want_id || fabs(got_w - want_w) > 1e-6) {
+                if (bad++ < 5)
+                    cr_log_info("token %d choice %d: expert %d weight %g, want %d %g", t, j,
+                                got_id, got_w, want_id, want_w);
+            }
+        }
+    }
+    cr_expect_eq(bad, 0, "route n=%d E=%d k=%d renormalize=%d worst_case=%d: %d wrong", n, E, k,
+                 renormalize, worst_case, bad);
+    free(logits), free(ids), free(w), free(r);
+    vlmd_backend_destroy(b);
+}
+
+Test(cpu_ops, moe_route_is_a_sorted_softmax)
+{
+    check_route(1, 8, 1, true, false, 0);
+    check_route(7, 8, 2, true, false, 0);
+    check_route(50, 128, 8, true, false, 0);
+    check_route(20, 64, 8, false, false, 0);
+    check_route(30, 16, 4, true, false, 2); /* two values: ties, the lower id first */
+    check_route(5, 64, 8, true, true, 0);
+}
+
+/* ---- the experts --------------------------------------------------------------------- */
+
+/* out[t] = sum over t's choices, in expert-id order, of
+ * w down_e(silu(gate_e x) * up_e x), one token at a time, in double. */
+static void check_experts(int n, int k, int E, int H, int I, bool one_expert)
+{
+    vlmd_backend *b = cpu_open();
+    float *x = random_floats((size_t)n * H, 1), *gate_up = random_floats((size_t)E * 2 * I * H, 0.1f);
+    float *down = random_floats((size_t)E * H * I, 0.1f), *w = malloc((size_t)n * k * sizeof *w);
+    int32_t *ids = malloc((size_t)n * k * sizeof *ids);
+    for (int t = 0; t < n; t++)
+        for (int j = 0; j < k; j++) { /* distinct: (t * 5 + j * 3) mod E, 3 coprime to E */
+            ids[(size_t)t * k + j] = one_expert ? (E - 1 - j) : (t * 5 + j * 3) % E;
+            w[(size_t)t * k + j] = 0.1f + (float)((t + j) % 7) / 7.0f;
+        }
+    const vlmd_op_table *op = vlmd_backend_ops(b);
+    float *out = malloc((size_t)n * H * sizeof *out);
+    void *scratch = malloc(op->moe_scratch_bytes(n, k, E, H, I));
+    op->moe_experts(b, out, x, ids, w, gate_up, down, scratch, n, k, E, H, I);
+    double *act = malloc((size_t)I * sizeof *act), *want = malloc((size_t)H * sizeof *want);
+    double diff = 0, norm = 0;
+    for (int t = 0; t < n; t++) {
+        const float *xt = x + (size_t)t * H;
+        memset(want, 0, (size_t)H * sizeof *want);
+        for (int e = 0; e < E; e++) /* expert order */
+            for (int j = 0; j < k; j++) {
+                if (ids[(size_t)t * k + j] != e)
+                    continue;
+                const float *gu = gate_up + (size_t)e * 2 * I * H, *dn = down + (size_t)e * H * I;
+                for (int i = 0; i < I; i++) {
+                    double g = 0, u = 0;
+                    for (int h = 0; h < H; h++) {
+                        g += (double)gu[(size_t)i * H + h] * xt[h];
+                        u += (double)gu[(size_t)(I + i) * H + h] * xt[h];
+                    }
+                    act[i] = g / (1 + exp(-g)) * u;
+                }
+                for (int h = 0; h < H; h++) {
+                    double y = 0;
+                    for (int i = 0; i < I; i++)
+                        y += (double)dn[(size_t)h * I + i] * act[i];
+                    want[h] += w[(size_t)t * k + j] * y;
+                }
+            }
+        for (int h = 0; h < H; h++) {
+            double d = out[(size_t)t * H + h] - want[h];
+            diff += d * d;
+            norm += want[h] * want[h];
+        }
+    }
+    double rel = sqrt(diff / norm);
+    cr_expect_lt(rel, 1e-5, "experts n=%d k=%d E=%d H=%d I=%d: relative error %g", n, k, E, H, I,
+                 rel);
+    free(x), free(gate_up), free(down), free(w), free(ids), free(out), free(scratch);
+    free(act), free(want);
+    vlmd_backend_destroy(b);
+}
+
+Test(cpu_ops, moe_experts_are_each_tokens_sum_over_its_experts)
+{
+    check_experts(1, 1, 8, 16, 8, false);
+    check_experts(9, 2, 8, 24, 12, false);
+    check_experts(33, 8, 64, 32, 20, false);
+    check_experts(20, 2, 8, 16, 8, true); /* every token on experts 7 and 6 */
+}
+
+/* ---- rope with q/k norm ---------------------------------------------------------------- */
+
+/* The positions row of each frequency: contiguous sections (t for the first
+ * s0, then h, then w), or Qwen3-VL's interleaving as transformers writes it
+ * (apply_interleaved_mrope: freqs[..., 1:3 s1:3] from h, freqs[..., 2:3 s2:3]
+ * from w, the rest t). */
+static void section_rows(int *row, int half, const int *s, bool interleaved)
+{
+    for (int i = 0; i < half; i++)
+        row[i] = !s ? 0 : interleaved ? 0 : i < s[0] ? 0 : i < s[0] + s[1] ? 1 : 2;
+    if (s && interleaved) {
+        for (int i = 1; i < 3 * s[1]; i += 3)
+            row[i] = 1;
+        for (int i = 2; i < 3 * s[2]; i += 3)
+            row[i] = 2;
+    }
+}
+
+static void check_rope(int hd, const int *sections, bool interleaved, bool norm, bool with_bias)
+{
+    vlmd_backend *b = cpu_open();
+    enum { N = 5, NH = 3, NKV = 2, SLOTS = 11 };
+    int stride = (NH + 2 * NKV) * hd, kv_dim = NKV * hd, half = hd / 2;
+    float *qkv = random_floats((size_t)N * stride, 1), *bias = random_floats(stride, 0.5f);
+    float *qn = random_floats(hd, 2), *kn = random_floats(hd, 2);
+    float *kc = calloc((size_t)SLOTS * kv_dim, sizeof *kc);
+    float *vc = calloc((size_t)SLOTS * kv_dim, sizeof *vc);
+    float *in = malloc((size_t)N * stride * sizeof *in);
+    memcpy(in, qkv, (size_t)N * stride * sizeof *in);
+    int32_t pos[3 * N], slots[N];
+    for (int i = 0; i < 3 * N; i++)
+        pos[i] = (i * 337) % 1009;
+    for (int t = 0; t < N; t++)
+        slots[t] = (t * 4 + 3) % SLOTS;
+    vlmd_rope rope = {.theta = 1e4f, .sections = sections, .interleaved = interleaved,
+                      .q_norm = norm ? qn : NULL, .k_norm = norm ? kn : NULL, .norm_eps = 1e-6f};
+    vlmd_backend_ops(b)->rope_kv_write(b, qkv, with_bias ? bias : NULL, kc, vc, pos, slots, N, NH,
+                                       NKV, hd, &rope);
+    int *row = malloc((size_t)half * sizeof *row);
+    section_rows(row, half, sections, interleaved);
+    double *v = malloc((size_t)hd * sizeof *v), worst = 0;
+    for (int t = 0; t < N; t++)
+        for (int h = 0; h < NH + 2 * NKV; h++) {
+            const float *src = in + (size_t)t * stride + (size_t)h * hd;
+            for (int j = 0; j < hd; j++)
+                v[j] = src[j] + (with_bias ? bias[(size_t)h * hd + j] : 0.0f);
+            const float *got = h < NH ? qkv + (size_t)t * stride + (size_t)h * hd
+                               : h < NH + NKV ? kc + (size_t)slots[t] * kv_dim + (size_t)(h - NH) * hd
+                                              : vc + (size_t)slots[t] * kv_dim + (size_t)(h - NH - NKV) * hd;
+            if (h < NH + NKV) {
+                if (norm) {
+                    double ss = 0;
+                    for (int j = 0; j < hd; j++)
+                        ss += v[j] * v[j];
+                    for (int j = 0; j < hd; j++)
+                        v[j] = v[j] / sqrt(ss / hd + 1e-6) * (h < NH ? qn : kn)[j];
+                }
+                for (int i = 0; i < half; i++) {
+                    /* the angle in float32, as transformers computes it */
+                    float inv_freq = (float)(1.0 / pow(1e4, 2.0 * i / hd));
+                    float angle = (float)pos[row[i] * N + t] * inv_freq;
+                    double c = cos(angle), s = sin(angle), x1 = v[i], x2 = v[i + half];
+                    v[i] = x1 * c - x2 * s;
+                    v[i + half] = x2 * c + x1 * s;
+                }
+            }
+            for (int j = 0; j < hd; j++)
+                worst = fmax(worst, fabs(got[j] - v[j]));
+        }
+    cr_expect_lt(worst, 1e-5, "rope hd=%d sections=%s interleaved=%d norm=%d bias=%d: off by %g",
+                 hd, sections ? "yes" : "no", interleaved, norm, with_bias, worst);
+    free(qkv), free(bias), free(qn), free(kn), free(kc), free(vc), free(in), free(row), free(v);
+    vlmd_backend_destroy(b);
+}
+
+Test(cpu_ops, rope_kv_write_normalizes_each_head_then_rotates_by_its_sections)
+{
+    static const int qwen2_vl[3] = {4, 6, 6}, qwen3_vl[3] = {6, 5, 5}, vl_128[3] = {24, 20, 20};
+    check_rope(32, NULL, false, false, true);   /* Qwen2 */
+    check_rope(32, qwen2_vl, false, false, true); /* Qwen2-VL */
+    check_rope(32, NULL, false, true, false);   /* Qwen3 */
+    check_rope(32, qwen3_vl, true, true, false); /* Qwen3-VL */
+    check_rope(128, vl_128, true, true, true);
+}
