@@ -347,7 +347,8 @@ static mask_entry *compute_entry(const vlmd_grammar *g, const vlmd_vocab *v, uin
         entry_free(e);
         return NULL;
     }
-    memcpy(e->unc, s->unc, s->n_unc * sizeof *e->unc);
+    if (s->n_unc)
+        memcpy(e->unc, s->unc, s->n_unc * sizeof *e->unc);
     for (uint32_t k = 0; k < e->n_unc; k++) {
         uint32_t lcp = 0;
         if (k) {

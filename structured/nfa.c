@@ -680,7 +680,8 @@ static bool closure(sg_build *b, subsets *ss, const uint32_t *seeds, size_t n, s
         if (reads && !push_u32(&ss->items, &ni, &ss->cap_items, s))
             return false;
     }
-    qsort(ss->items, ni, sizeof *ss->items, u32_cmp);
+    if (ni > 1)
+        qsort(ss->items, ni, sizeof *ss->items, u32_cmp);
     *n_items = ni;
     return sg_work(b, ni + 1);
 }
@@ -710,7 +711,7 @@ static uint32_t set_state(sg_build *b, sg_dfa *d, subsets *ss, uint32_t rule, si
     size_t h = hash_set(ss->items, n) & (ss->table_cap - 1);
     for (; ss->table[h] != SG_NONE; h = (h + 1) & (ss->table_cap - 1)) {
         uint32_t i = ss->table[h];
-        if (ss->len[i] == n && !memcmp(ss->pool + ss->off[i], ss->items, n * sizeof *ss->items))
+        if (ss->len[i] == n && (!n || !memcmp(ss->pool + ss->off[i], ss->items, n * sizeof *ss->items)))
             return ss->first_dfa + i;
     }
     uint32_t id = dfa_add(b, d, rule);
@@ -738,7 +739,8 @@ static uint32_t set_state(sg_build *b, sg_dfa *d, subsets *ss, uint32_t rule, si
         ss->len = len;
         ss->cap_sets = cap;
     }
-    memcpy(ss->pool + ss->n_pool, ss->items, n * sizeof *ss->items);
+    if (n)
+        memcpy(ss->pool + ss->n_pool, ss->items, n * sizeof *ss->items);
     ss->off[ss->n_sets] = (uint32_t)ss->n_pool;
     ss->len[ss->n_sets] = (uint32_t)n;
     ss->n_pool += n;
@@ -864,7 +866,8 @@ uint32_t sg_determinize(sg_build *b, sg_dfa *d, uint32_t rule, uint32_t start, u
             last_target = target;
         }
         /* calls: one edge per rule, to the closure of all its return points */
-        qsort(cs, n_cs, sizeof *cs, call_seed_cmp);
+        if (n_cs > 1)
+            qsort(cs, n_cs, sizeof *cs, call_seed_cmp);
         for (size_t k = 0; k < n_cs && !b->failed;) {
             size_t j = k;
             n_seeds = 0;
