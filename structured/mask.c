@@ -3,23 +3,35 @@
  * Per DFA state n, once (on first use), a walk of the token trie from the
  * single configuration [n] sorts every text token into accepted (its bytes
  * stay within n's rule and what it calls: true whatever lies below n on the
- * stack), uncertain (a path ends n's rule inside the token: the rest of the
- * token meets the caller's continuation) or refused; this is xgrammar's
- * context-independent / context-dependent split. The entry keeps the
- * smallest form (accepted ids, refused ids or a bitset) and the uncertain
- * ids in trie order.
+ * stack), uncertain (a path ends n's rule inside the token: the rest meets
+ * the caller's continuation) or refused: xgrammar's context-independent /
+ * context-dependent split. The entry keeps the accepted set in its smallest
+ * form (ids, refused ids or a bitset) and the uncertain ids in trie order.
  *
- * A fill is then, per configuration of the state: its top's entry OR'ed
- * into the mask, and its uncertain tokens run against the whole stack
- * (consecutive ones share the walk of their common prefix). An entry also
- * records how deep its walk pushed (max_need); a configuration so deep that
- * the entry's paths could pass VLMD_GRAMMAR_MAX_DEPTH walks the trie from
- * its own stack instead. Every step of every walk is sg_step, the same as
- * vlmd_grammar_accept_bytes, so a mask allows exactly what accept accepts
- * (barring a state that overflows its words, which accept refuses).
+ * The uncertain tokens are then resolved per caller: a context entry for
+ * (n, r), r the state the caller returns to, walks them from [r, n] once;
+ * only tokens that end r's rule too stay uncertain, and those are run
+ * against the whole stack at each step (consecutive ones sharing the walk
+ * of their common prefix).
  *
- * Thread safety: entries are filled under the masker's lock and published
- * with release/acquire; fills run concurrently, each with its own scratch. */
+ * Depth: a configuration of depth B exists only if B + need[top] fits
+ * VLMD_GRAMMAR_MAX_DEPTH, so an accepted token whose walk went no deeper
+ * than its state needs is accepted at any depth. The others are listed with
+ * how deep they went, and near the limit only they are checked against the
+ * real stack.
+ *
+ * A walk skips what it can: a subtree of plain bytes (printable ASCII but
+ * '"' and '\') from a state where every plain byte leads to the same next
+ * state, and so on for as many bytes as the subtree's longest token (a
+ * string's characters, a counted run of them), is accepted at once.
+ *
+ * Every step of every walk is sg_step, as in vlmd_grammar_accept_bytes, so
+ * a mask allows exactly what accept accepts (barring a state that
+ * overflows its words, which accept refuses).
+ *
+ * Thread safety: entries and contexts are made under the masker's lock,
+ * entries published with release/acquire; contexts are looked up under the
+ * lock; fills run concurrently, each with its own scratch. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,41 +41,96 @@
 
 enum { ENTRY_ACCEPT, ENTRY_REJECT, ENTRY_BITS };
 
+/* Token ids in trie order with the bytes each shares with the one before. */
+typedef struct tok_list {
+    uint32_t n;
+    uint32_t *id;
+    uint16_t *lcp;
+} tok_list;
+
+/* Accepted tokens with the depth (relative, need included) their walk reached. */
+typedef struct deep_list {
+    uint32_t n;
+    uint32_t *id;
+    uint8_t *need;
+    uint32_t max;               /* the largest need */
+} deep_list;
+
+/* A state's uncertain tokens walked from [r, n]. */
+typedef struct ctx_entry {
+    uint32_t r;
+    deep_list acc;              /* accepted (need relative to [r, n] at depth 2) */
+    tok_list unc;               /* still depend on what lies below r */
+    size_t bytes;
+    struct ctx_entry *next;
+} ctx_entry;
+
 typedef struct mask_entry {
     uint32_t kind;
-    uint32_t max_need;          /* largest relative depth + need its walk met */
     uint32_t n_list;
     uint32_t *list;             /* ENTRY_ACCEPT: allowed ids; ENTRY_REJECT: text ids not allowed */
     uint32_t *bits;             /* ENTRY_BITS: [n_words] allowed */
-    uint32_t n_unc;
-    uint32_t *unc;              /* uncertain ids, in trie order */
-    uint16_t *unc_lcp;          /* bytes shared with the previous uncertain token */
+    deep_list deep;             /* accepted ids that went deeper than the state needs */
+    tok_list unc;
+    ctx_entry *ctx;             /* under the masker's lock */
     size_t bytes;
 } mask_entry;
 
 struct vlmd_mask_scratch {
-    uint32_t *walk;             /* one state per trie depth, VLMD_GRAMMAR_STATE_WORDS apart */
-    size_t walk_levels;
-    uint32_t *bits;             /* a mask's worth of words */
+    uint32_t *walk;             /* one state per trie depth, STRIDE words apart */
+    uint32_t *fast;             /* [levels] a walk's fast levels */
+    uint8_t *esc;               /* [levels] */
+    uint8_t *lneed;             /* [levels] depth + need reached so far */
+    size_t levels;
+    uint32_t *bits, *tmp;       /* a mask's worth of words each */
     size_t n_bits;
-    uint32_t *unc;              /* uncertain ids being collected */
-    size_t n_unc, cap_unc;
-    uint32_t *fast;             /* [walk_levels] compute_entry's fast levels */
-    uint8_t *esc;               /* [walk_levels] */
+    uint32_t *ids;              /* tokens collected: uncertain ones, or rechecks */
+    uint16_t *lcp;
+    size_t n_ids, cap_ids;
+    uint32_t *dids;             /* deep tokens collected */
+    uint8_t *dneed;
+    size_t n_deep, cap_deep;
 };
 
 struct vlmd_masker {
     const vlmd_grammar *g;
     const vlmd_vocab *v;
-    mask_entry **entries;       /* [states] published once filled */
-    pthread_mutex_t lock;       /* guards filling entries, cache_bytes, fill_scratch */
+    mask_entry **entries;       /* [states] published once made */
+    uint16_t *run;              /* [states] 1 + plain steps from the state (0: unknown) */
+    uint8_t *run_need;          /* [states] the largest need along that run */
+    pthread_mutex_t lock;       /* guards making entries and contexts, run[], cache_bytes */
     size_t cache_bytes;
-    vlmd_mask_scratch fill_scratch;
-    uint8_t *loops;             /* [states] plain_loop's cache (under lock) */
-    uint64_t fills, computed, checks, slow;     /* atomic counters */
+    vlmd_mask_scratch fill_scratch;     /* under the lock */
+    uint64_t fills, computed, contexts, checks, deep_checks;   /* atomic counters */
 };
 
 #define STRIDE VLMD_GRAMMAR_STATE_WORDS
+#define RUN_MAX 0xfffe
+
+/* ---- memory ------------------------------------------------------------------------ */
+
+static void tok_list_free(tok_list *l)
+{
+    free(l->id);
+    free(l->lcp);
+}
+
+static void deep_list_free(deep_list *l)
+{
+    free(l->id);
+    free(l->need);
+}
+
+static void ctx_free(ctx_entry *c)
+{
+    while (c) {
+        ctx_entry *next = c->next;
+        deep_list_free(&c->acc);
+        tok_list_free(&c->unc);
+        free(c);
+        c = next;
+    }
+}
 
 static void entry_free(mask_entry *e)
 {
@@ -71,18 +138,24 @@ static void entry_free(mask_entry *e)
         return;
     free(e->list);
     free(e->bits);
-    free(e->unc);
-    free(e->unc_lcp);
+    deep_list_free(&e->deep);
+    tok_list_free(&e->unc);
+    ctx_free(e->ctx);
     free(e);
 }
 
 static void scratch_release(vlmd_mask_scratch *s)
 {
     free(s->walk);
-    free(s->bits);
-    free(s->unc);
     free(s->fast);
     free(s->esc);
+    free(s->lneed);
+    free(s->bits);
+    free(s->tmp);
+    free(s->ids);
+    free(s->lcp);
+    free(s->dids);
+    free(s->dneed);
     memset(s, 0, sizeof *s);
 }
 
@@ -99,34 +172,120 @@ void vlmd_mask_scratch_free(vlmd_mask_scratch *s)
     free(s);
 }
 
-/* Room for a walk as deep as the longest token and one mask. */
+/* Room for a walk as deep as the longest token and two masks. */
 static bool scratch_fit(vlmd_mask_scratch *s, const vlmd_vocab *v)
 {
     size_t levels = (size_t)v->max_len + 1;
-    if (s->walk_levels < levels) {
+    if (s->levels < levels) {
         uint32_t *w = realloc(s->walk, levels * STRIDE * sizeof *w);
-        if (!w)
-            return false;
-        s->walk = w;
+        if (w)
+            s->walk = w;
         uint32_t *f = realloc(s->fast, levels * sizeof *f);
-        if (!f)
-            return false;
-        s->fast = f;
+        if (f)
+            s->fast = f;
         uint8_t *e = realloc(s->esc, levels);
-        if (!e)
+        if (e)
+            s->esc = e;
+        uint8_t *ln = realloc(s->lneed, levels);
+        if (ln)
+            s->lneed = ln;
+        if (!w || !f || !e || !ln)
             return false;
-        s->esc = e;
-        s->walk_levels = levels;
+        s->levels = levels;
     }
-    if (s->n_bits < v->n_words) {
-        uint32_t *b = realloc(s->bits, (v->n_words ? v->n_words : 1) * sizeof *b);
-        if (!b)
+    if (s->n_bits < v->n_words || !s->bits) {
+        size_t n = v->n_words ? v->n_words : 1;
+        uint32_t *b = realloc(s->bits, n * sizeof *b);
+        if (b)
+            s->bits = b;
+        uint32_t *t = realloc(s->tmp, n * sizeof *t);
+        if (t)
+            s->tmp = t;
+        if (!b || !t)
             return false;
-        s->bits = b;
-        s->n_bits = v->n_words;
+        s->n_bits = n;
     }
     return true;
 }
+
+static bool push_id(vlmd_mask_scratch *s, uint32_t id)
+{
+    if (s->n_ids == s->cap_ids) {
+        size_t cap = s->cap_ids ? s->cap_ids * 2 : 1024;
+        uint32_t *i = realloc(s->ids, cap * sizeof *i);
+        if (i)
+            s->ids = i;
+        uint16_t *l = realloc(s->lcp, cap * sizeof *l);
+        if (l)
+            s->lcp = l;
+        if (!i || !l)
+            return false;
+        s->cap_ids = cap;
+    }
+    s->ids[s->n_ids++] = id;
+    return true;
+}
+
+static bool push_deep(vlmd_mask_scratch *s, uint32_t id, uint32_t need)
+{
+    if (s->n_deep == s->cap_deep) {
+        size_t cap = s->cap_deep ? s->cap_deep * 2 : 256;
+        uint32_t *i = realloc(s->dids, cap * sizeof *i);
+        if (i)
+            s->dids = i;
+        uint8_t *n = realloc(s->dneed, cap);
+        if (n)
+            s->dneed = n;
+        if (!i || !n)
+            return false;
+        s->cap_deep = cap;
+    }
+    s->dids[s->n_deep] = id;
+    s->dneed[s->n_deep++] = (uint8_t)(need > 255 ? 255 : need);
+    return true;
+}
+
+/* The collected ids as a tok_list (lcp computed from the bytes). */
+static bool make_tok_list(const vlmd_vocab *v, const uint32_t *ids, size_t n, tok_list *out)
+{
+    out->n = (uint32_t)n;
+    out->id = malloc((n ? n : 1) * sizeof *out->id);
+    out->lcp = malloc((n ? n : 1) * sizeof *out->lcp);
+    if (!out->id || !out->lcp)
+        return false;
+    for (size_t k = 0; k < n; k++) {
+        out->id[k] = ids[k];
+        uint32_t lcp = 0;
+        if (k) {
+            uint32_t a = ids[k - 1], b = ids[k];
+            uint32_t la = v->off[a + 1] - v->off[a], lb = v->off[b + 1] - v->off[b];
+            const uint8_t *pa = v->bytes + v->off[a], *pb = v->bytes + v->off[b];
+            while (lcp < la && lcp < lb && pa[lcp] == pb[lcp])
+                lcp++;
+        }
+        out->lcp[k] = (uint16_t)lcp;
+    }
+    return true;
+}
+
+static bool make_deep_list(const vlmd_mask_scratch *s, deep_list *out)
+{
+    out->n = (uint32_t)s->n_deep;
+    out->id = malloc((s->n_deep ? s->n_deep : 1) * sizeof *out->id);
+    out->need = malloc(s->n_deep ? s->n_deep : 1);
+    if (!out->id || !out->need)
+        return false;
+    out->max = 0;
+    for (size_t k = 0; k < s->n_deep; k++) {
+        out->id[k] = s->dids[k];
+        out->need[k] = s->dneed[k];
+        if (s->dneed[k] > out->max)
+            out->max = s->dneed[k];
+    }
+    return true;
+}
+
+/* ---- the masker ------------------------------------------------------------------------ */
 
 vlmd_status vlmd_masker_create(const vlmd_grammar *g, const vlmd_vocab *v, vlmd_masker **out,
                                vlmd_error *err)
@@ -137,11 +296,14 @@ vlmd_status vlmd_masker_create(const vlmd_grammar *g, const vlmd_vocab *v, vlmd_
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     m->g = g;
     m->v = v;
-    m->entries = calloc(g->dfa.n ? g->dfa.n : 1, sizeof *m->entries);
-    m->loops = calloc(g->dfa.n ? g->dfa.n : 1, 1);
-    if (!m->entries || !m->loops) {
+    size_t n = g->dfa.n ? g->dfa.n : 1;
+    m->entries = calloc(n, sizeof *m->entries);
+    m->run = calloc(n, sizeof *m->run);
+    m->run_need = calloc(n, 1);
+    if (!m->entries || !m->run || !m->run_need) {
         free(m->entries);
-        free(m->loops);
+        free(m->run);
+        free(m->run_need);
         free(m);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
@@ -157,7 +319,8 @@ void vlmd_masker_free(vlmd_masker *m)
     for (uint32_t i = 0; i < m->g->dfa.n; i++)
         entry_free(m->entries[i]);
     free(m->entries);
-    free(m->loops);
+    free(m->run);
+    free(m->run_need);
     scratch_release(&m->fill_scratch);
     pthread_mutex_destroy(&m->lock);
     free(m);
@@ -167,8 +330,9 @@ void vlmd_masker_get_stats(vlmd_masker *m, vlmd_masker_stats *out)
 {
     out->fills = __atomic_load_n(&m->fills, __ATOMIC_RELAXED);
     out->states_computed = __atomic_load_n(&m->computed, __ATOMIC_RELAXED);
+    out->contexts_computed = __atomic_load_n(&m->contexts, __ATOMIC_RELAXED);
     out->stack_checks = __atomic_load_n(&m->checks, __ATOMIC_RELAXED);
-    out->slow_walks = __atomic_load_n(&m->slow, __ATOMIC_RELAXED);
+    out->deep_checks = __atomic_load_n(&m->deep_checks, __ATOMIC_RELAXED);
     pthread_mutex_lock(&m->lock);
     out->cache_bytes = m->cache_bytes;
     pthread_mutex_unlock(&m->lock);
@@ -179,57 +343,78 @@ static inline void set_bit(uint32_t *bits, uint32_t i)
     bits[i / 32] |= 1u << (i % 32);
 }
 
+static inline void clear_bit(uint32_t *bits, uint32_t i)
+{
+    bits[i / 32] &= ~(1u << (i % 32));
+}
+
 static inline bool get_bit(const uint32_t *bits, uint32_t i)
 {
     return bits[i / 32] >> (i % 32) & 1;
 }
 
-/* ---- computing an entry ---------------------------------------------------------- */
+/* ---- runs of plain bytes ------------------------------------------------------------- */
 
-static bool unc_push(vlmd_mask_scratch *s, uint32_t id)
+/* The state every plain byte leads t to, when it is one plain state. */
+static uint32_t plain_next(const vlmd_grammar *g, uint32_t t)
 {
-    if (s->n_unc == s->cap_unc) {
-        size_t cap = s->cap_unc ? s->cap_unc * 2 : 1024;
-        uint32_t *u = realloc(s->unc, cap * sizeof *u);
-        if (!u)
-            return false;
-        s->unc = u;
-        s->cap_unc = cap;
+    if (!sg_plain(g, t))
+        return SG_NONE;
+    uint32_t u = SG_NONE;
+    for (int b = 0x20; b < 0x7f; b++) {
+        if (!vocab_plain_byte((uint8_t)b))
+            continue;
+        uint32_t x = g->dfa.next[(size_t)t * g->dfa.ncls + g->dfa.cls[b]];
+        if (x == SG_NONE || (u != SG_NONE && x != u))
+            return SG_NONE;
+        u = x;
     }
-    s->unc[s->n_unc++] = id;
-    return true;
+    return u != SG_NONE && sg_plain(g, u) ? u : SG_NONE;
 }
 
-
-/* Does every plain byte (vocab_plain_byte) lead from state t back to t, a
- * plain state? loops[t] caches it: 0 unknown, 1 no, 2 yes. */
-static bool plain_loop(const vlmd_grammar *g, uint32_t t, uint8_t *loops)
+/* How many plain bytes t can take in a row through such states (up to the
+ * longest token: more is as good as endless), and the largest need met. */
+static uint32_t plain_run(vlmd_masker *m, uint32_t t, uint32_t *need)
 {
-    if (!loops[t]) {
-        bool yes = sg_plain(g, t);
-        for (int b = 0x20; b < 0x7f && yes; b++)
-            if (vocab_plain_byte((uint8_t)b))
-                yes = g->dfa.next[(size_t)t * g->dfa.ncls + g->dfa.cls[b]] == t;
-        loops[t] = yes ? 2 : 1;
+    const vlmd_grammar *g = m->g;
+    if (!m->run[t]) {
+        uint32_t steps = 0, cap = m->v->max_len + 1, nd = g->need[t];
+        for (uint32_t x = t; steps < cap && (x = plain_next(g, x)) != SG_NONE; steps++)
+            if (g->need[x] > nd)
+                nd = g->need[x];
+        m->run[t] = (uint16_t)(steps + 1 > RUN_MAX ? RUN_MAX : steps + 1);
+        m->run_need[t] = (uint8_t)(nd > 255 ? 255 : nd);
     }
-    return loops[t] == 2;
+    *need = m->run_need[t];
+    return m->run[t] - 1u;
+}
+
+/* ---- making an entry --------------------------------------------------------------------- */
+
+/* An accepted token, listed as deep when its walk went past base. */
+static bool accept_token(vlmd_mask_scratch *s, uint32_t id, uint32_t need, uint32_t base)
+{
+    set_bit(s->bits, id);
+    return need <= base || push_deep(s, id, need);
 }
 
 /* The entry of DFA state n (a fresh allocation; NULL when out of memory).
- * A level of the walk is either "fast" (the single configuration [t] at
- * depth 1 through plain states: fast[d] = t, esc[d] its SG_ESCAPED) or a
- * full state in the walk buffer (fast[d] = SG_NONE). */
-static mask_entry *compute_entry(const vlmd_grammar *g, const vlmd_vocab *v, uint32_t n,
-                                 vlmd_mask_scratch *s, uint8_t *loops)
+ * Runs under the masker's lock (uses its run[] cache). A level of the walk
+ * is "fast" (the single configuration [t] at depth 1 through plain states:
+ * fast[d] = t, esc[d] its SG_ESCAPED) or a full state in the walk buffer
+ * (fast[d] = SG_NONE); lneed[d] is the largest depth + need on the way. */
+static mask_entry *compute_entry(vlmd_masker *m, uint32_t n, vlmd_mask_scratch *s)
 {
-    uint32_t *acc = s->bits;
-    memset(acc, 0, v->n_words * sizeof *acc);
-    s->n_unc = 0;
+    const vlmd_grammar *g = m->g;
+    const vlmd_vocab *v = m->v;
+    memset(s->bits, 0, v->n_words * sizeof *s->bits);
+    s->n_ids = s->n_deep = 0;
     uint32_t *w = s->walk, *fast = s->fast;
-    uint8_t *esc_at = s->esc;
+    uint8_t *esc_at = s->esc, *lneed = s->lneed;
+    uint32_t base = 1 + g->need[n];
     fast[0] = n;
     esc_at[0] = 0;
-    uint32_t max_need = 1 + g->need[n];
+    lneed[0] = (uint8_t)base;
     const uint32_t ncls = g->dfa.ncls;
     /* nothing calls the root: bytes after its end are refused, not uncertain */
     bool ends_output = g->dfa.rule[n] == g->root && !g->root_called;
@@ -237,14 +422,19 @@ static mask_entry *compute_entry(const vlmd_grammar *g, const vlmd_vocab *v, uin
     for (uint32_t i = 1; i < v->n_nodes && ok;) {
         uint32_t d = v->ndepth[i];
         uint32_t *cur = w + (size_t)d * STRIDE;
+        uint32_t t = fast[d - 1], ln = lneed[d - 1];
         bool has, bf, esc;
-        uint32_t t = fast[d - 1];
-        if (t != SG_NONE && v->nplain[i] && plain_loop(g, t, loops)) {
-            /* the subtree's bytes all lead back to t: every token in it is accepted */
-            for (uint32_t r = v->nrank[i]; r < v->nrank[v->nend[i]]; r++)
-                set_bit(acc, v->rank_id[r]);
-            i = v->nend[i];
-            continue;
+        if (t != SG_NONE && v->nplain[i]) {
+            uint32_t run_need, steps = plain_run(m, t, &run_need);
+            if (v->nmaxlen[i] <= d - 1 + steps) {
+                /* every token below stays on the run of plain states */
+                if (1 + run_need > ln)
+                    ln = 1 + run_need;
+                for (uint32_t r = v->nrank[i]; r < v->nrank[v->nend[i]] && ok; r++)
+                    ok = accept_token(s, v->rank_id[r], ln, base);
+                i = v->nend[i];
+                continue;
+            }
         }
         if (t != SG_NONE) {
             uint32_t tn = g->dfa.next[(size_t)t * ncls + g->dfa.cls[v->nbyte[i]]];
@@ -254,24 +444,24 @@ static mask_entry *compute_entry(const vlmd_grammar *g, const vlmd_vocab *v, uin
                 fast[d] = SG_NONE;
                 cur[0] = SG_HDR;
                 cur[1] = esc ? SG_ESCAPED : 0;
-            } else if (sg_plain(g, tn)) {
-                if (1 + g->need[tn] > max_need)
-                    max_need = 1 + g->need[tn];
-                fast[d] = tn;
-                esc_at[d] = esc;
-                has = true;
-                bf = false;
             } else {
-                sg_state_from(g, &tn, 1, cur, STRIDE, esc ? SG_ESCAPED : 0, &max_need);
-                if (1 + g->need[tn] > max_need)
-                    max_need = 1 + g->need[tn];
-                fast[d] = SG_NONE;
-                has = sg_has_configs(cur);
-                bf = cur[1] & SG_BOTTOM_FINAL;
+                if (1 + g->need[tn] > ln)
+                    ln = 1 + g->need[tn];
+                if (sg_plain(g, tn)) {
+                    fast[d] = tn;
+                    esc_at[d] = esc;
+                    has = true;
+                    bf = false;
+                } else {
+                    sg_state_from(g, &tn, 1, cur, STRIDE, esc ? SG_ESCAPED : 0, &ln);
+                    fast[d] = SG_NONE;
+                    has = sg_has_configs(cur);
+                    bf = cur[1] & SG_BOTTOM_FINAL;
+                }
             }
         } else {
-            uint32_t *prev = w + (size_t)(d - 1) * STRIDE;
-            sg_step(g, prev, v->nbyte[i], cur, STRIDE, VLMD_GRAMMAR_MAX_DEPTH, &max_need);
+            sg_step(g, w + (size_t)(d - 1) * STRIDE, v->nbyte[i], cur, STRIDE,
+                    VLMD_GRAMMAR_MAX_DEPTH, &ln);
             fast[d] = SG_NONE;
             has = sg_has_configs(cur);
             bf = cur[1] & SG_BOTTOM_FINAL;
@@ -279,7 +469,7 @@ static mask_entry *compute_entry(const vlmd_grammar *g, const vlmd_vocab *v, uin
             if (cur[1] & SG_OVERFLOW) {
                 /* too ambiguous to tell here: the whole subtree is checked at run time */
                 for (uint32_t r = v->nrank[i]; r < v->nrank[v->nend[i]] && ok; r++)
-                    ok = unc_push(s, v->rank_id[r]);
+                    ok = push_id(s, v->rank_id[r]);
                 i = v->nend[i];
                 continue;
             }
@@ -289,15 +479,16 @@ static mask_entry *compute_entry(const vlmd_grammar *g, const vlmd_vocab *v, uin
                 esc_at[d] = esc;
             }
         }
+        lneed[d] = (uint8_t)(ln > 255 ? 255 : ln);
         if (ends_output)
             esc = false;
         const uint32_t *own = v->rank_id + v->nrank[i];
         if (has || bf) {
-            for (uint32_t k = 0; k < v->nown[i]; k++)
-                set_bit(acc, own[k]);
+            for (uint32_t k = 0; k < v->nown[i] && ok; k++)
+                ok = accept_token(s, own[k], ln, base);
         } else if (esc) {
             for (uint32_t k = 0; k < v->nown[i] && ok; k++)
-                ok = unc_push(s, own[k]);
+                ok = push_id(s, own[k]);
         }
         if (has) {
             i++;
@@ -306,7 +497,7 @@ static mask_entry *compute_entry(const vlmd_grammar *g, const vlmd_vocab *v, uin
         /* nothing reads on from here: the subtree depends on the caller, or is refused */
         if ((esc || bf) && !ends_output)
             for (uint32_t r = v->nrank[i] + v->nown[i]; r < v->nrank[v->nend[i]] && ok; r++)
-                ok = unc_push(s, v->rank_id[r]);
+                ok = push_id(s, v->rank_id[r]);
         i = v->nend[i];
     }
     mask_entry *e = calloc(1, sizeof *e);
@@ -314,7 +505,7 @@ static mask_entry *compute_entry(const vlmd_grammar *g, const vlmd_vocab *v, uin
         free(e);
         return NULL;
     }
-    e->max_need = max_need;
+    const uint32_t *acc = s->bits;
     size_t n_acc = 0;
     for (uint32_t k = 0; k < v->n_words; k++)
         n_acc += (size_t)__builtin_popcount(acc[k]);
@@ -340,32 +531,17 @@ static mask_entry *compute_entry(const vlmd_grammar *g, const vlmd_vocab *v, uin
         if (e->bits)
             memcpy(e->bits, acc, bytes_bits);
     }
-    e->n_unc = (uint32_t)s->n_unc;
-    e->unc = malloc((s->n_unc ? s->n_unc : 1) * sizeof *e->unc);
-    e->unc_lcp = malloc((s->n_unc ? s->n_unc : 1) * sizeof *e->unc_lcp);
-    if ((!e->list && !e->bits) || !e->unc || !e->unc_lcp) {
+    if ((!e->list && !e->bits) || !make_tok_list(v, s->ids, s->n_ids, &e->unc) ||
+        !make_deep_list(s, &e->deep)) {
         entry_free(e);
         return NULL;
     }
-    if (s->n_unc)
-        memcpy(e->unc, s->unc, s->n_unc * sizeof *e->unc);
-    for (uint32_t k = 0; k < e->n_unc; k++) {
-        uint32_t lcp = 0;
-        if (k) {
-            uint32_t a = e->unc[k - 1], b = e->unc[k];
-            uint32_t la = v->off[a + 1] - v->off[a], lb = v->off[b + 1] - v->off[b];
-            const uint8_t *pa = v->bytes + v->off[a], *pb = v->bytes + v->off[b];
-            while (lcp < la && lcp < lb && pa[lcp] == pb[lcp])
-                lcp++;
-        }
-        e->unc_lcp[k] = (uint16_t)lcp;
-    }
-    e->bytes = sizeof *e + e->n_list * 4 + (e->bits ? bytes_bits : 0) + e->n_unc * 6;
+    e->bytes = sizeof *e + e->n_list * 4 + (e->bits ? bytes_bits : 0) + e->unc.n * 6 + e->deep.n * 5;
     return e;
 }
 
-/* State n's entry: cached, or computed now (*temp: the caller frees it when
- * the cache is full). NULL when out of memory. */
+/* State n's entry: cached, or made now (*temp: the caller frees it when the
+ * cache is full). NULL when out of memory. */
 static mask_entry *get_entry(vlmd_masker *m, uint32_t n, bool *temp)
 {
     *temp = false;
@@ -375,7 +551,7 @@ static mask_entry *get_entry(vlmd_masker *m, uint32_t n, bool *temp)
     pthread_mutex_lock(&m->lock);
     e = m->entries[n];
     if (!e && scratch_fit(&m->fill_scratch, m->v)) {
-        e = compute_entry(m->g, m->v, n, &m->fill_scratch, m->loops);
+        e = compute_entry(m, n, &m->fill_scratch);
         if (e) {
             __atomic_fetch_add(&m->computed, 1, __ATOMIC_RELAXED);
             if (m->cache_bytes + e->bytes <= VLMD_MASKER_MAX_CACHE_BYTES) {
@@ -389,7 +565,7 @@ static mask_entry *get_entry(vlmd_masker *m, uint32_t n, bool *temp)
     return e;
 }
 
-/* ---- filling a mask -------------------------------------------------------------------- */
+/* ---- walking tokens from a stack --------------------------------------------------------- */
 
 /* Level 0 of a walk: the configuration frames[0..depth) as it is. */
 static void walk_root(uint32_t *w, const uint32_t *frames, uint32_t depth)
@@ -400,76 +576,107 @@ static void walk_root(uint32_t *w, const uint32_t *frames, uint32_t depth)
     memcpy(w + 3, frames, depth * sizeof *frames);
 }
 
-/* Steps level pos of the walk into pos + 1; false when nothing can follow
- * (no configuration left, or an overflow). */
-static bool walk_step(const vlmd_grammar *g, uint32_t *w, uint32_t pos, uint8_t byte)
+/* The tokens ids[0..n) (lcp: shared bytes with the one before, NULL: none)
+ * walked from the configuration frames[0..depth), levels shared along
+ * common prefixes. relative: an end below the bottom frame is SG_ESCAPED
+ * and such tokens go to s->ids (uncertain); otherwise the stack is the
+ * whole one. Accepted tokens are set in dst (relative: pushed to the deep
+ * list with their need, base 0). Tokens already set in dst are skipped.
+ * Returns how many were walked. */
+static uint32_t walk_tokens(const vlmd_grammar *g, const vlmd_vocab *v, const uint32_t *frames,
+                            uint32_t depth, const uint32_t *ids, const uint16_t *lcp, uint32_t n,
+                            bool relative, bool ends_output, uint32_t *dst, vlmd_mask_scratch *s,
+                            bool *ok)
 {
-    uint32_t *next = w + (size_t)(pos + 1) * STRIDE;
-    sg_step(g, w + (size_t)pos * STRIDE, byte, next, STRIDE, VLMD_GRAMMAR_MAX_DEPTH, NULL);
-    next[1] &= ~(uint32_t)SG_ESCAPED;
-    if (next[1] & SG_OVERFLOW) {
-        next[0] = SG_HDR;
-        next[1] = 0;
-        return false;
-    }
-    return sg_has_configs(next) || next[1] & SG_BOTTOM_FINAL;
-}
-
-static bool walk_accepts(const uint32_t *level)
-{
-    return sg_has_configs(level) || level[1] & SG_BOTTOM_FINAL;
-}
-
-/* The uncertain tokens of e that the whole configuration accepts, into mask.
- * Levels 0..valid of the walk hold the prefix of the last token walked;
- * a dead level stays dead (nothing steps out of it). */
-static void check_uncertain(vlmd_masker *m, const mask_entry *e, const uint32_t *frames,
-                            uint32_t depth, uint32_t *mask, vlmd_mask_scratch *s)
-{
-    const vlmd_vocab *v = m->v;
     uint32_t *w = s->walk;
-    uint32_t valid = 0, checked = 0;
+    uint8_t *lneed = s->lneed;
+    uint32_t valid = 0, walked = 0;     /* levels 1..valid hold the last walked token's prefix */
     walk_root(w, frames, depth);
-    for (uint32_t k = 0; k < e->n_unc; k++) {
-        uint32_t id = e->unc[k];
-        if (k && e->unc_lcp[k] < valid)
-            valid = e->unc_lcp[k];
-        if (get_bit(mask, id))
+    lneed[0] = 0;
+    for (uint32_t k = 0; k < n && *ok; k++) {
+        uint32_t id = ids[k];
+        uint32_t shared = lcp ? lcp[k] : 0;
+        if (k && shared < valid)
+            valid = shared;
+        if (!relative && get_bit(dst, id))
             continue;
         const uint8_t *t = v->bytes + v->off[id];
         uint32_t len = v->off[id + 1] - v->off[id];
-        bool alive = true;
-        for (uint32_t pos = valid; pos < len && alive; pos++) {
-            alive = walk_step(m->g, w, pos, t[pos]);
-            valid = pos + 1;
+        for (uint32_t pos = valid; pos < len; pos++) {
+            uint32_t *next = w + (size_t)(pos + 1) * STRIDE, ln = lneed[pos];
+            sg_step(g, w + (size_t)pos * STRIDE, t[pos], next, STRIDE, VLMD_GRAMMAR_MAX_DEPTH, &ln);
+            lneed[pos + 1] = (uint8_t)(ln > 255 ? 255 : ln);
+            if (!relative)
+                next[1] &= ~(uint32_t)SG_ESCAPED;
+            if (next[1] & SG_OVERFLOW) {
+                next[0] = SG_HDR;   /* dead: nothing steps out of it */
+                next[1] = relative ? SG_ESCAPED : 0;
+            }
         }
-        checked++;
-        if (alive && walk_accepts(w + (size_t)len * STRIDE))
-            set_bit(mask, id);
+        valid = len;
+        walked++;
+        const uint32_t *end = w + (size_t)len * STRIDE;
+        bool esc = relative && end[1] & SG_ESCAPED && !ends_output;
+        if (sg_has_configs(end) || end[1] & SG_BOTTOM_FINAL) {
+            if (relative)
+                *ok = push_deep(s, id, lneed[len]);
+            else
+                set_bit(dst, id);
+        } else if (esc)
+            *ok = push_id(s, id);
     }
-    __atomic_fetch_add(&m->checks, checked, __ATOMIC_RELAXED);
+    return walked;
 }
 
-/* The whole trie from the configuration (a stack deeper than the cached
- * entry could vouch for). */
-static void walk_all(vlmd_masker *m, const uint32_t *frames, uint32_t depth, uint32_t *mask,
-                     vlmd_mask_scratch *s)
+/* The context entry of (n, r) for e (n's entry): made under the lock. */
+static ctx_entry *compute_ctx(vlmd_masker *m, uint32_t n, uint32_t r, const mask_entry *e,
+                              vlmd_mask_scratch *s)
 {
-    const vlmd_vocab *v = m->v;
-    uint32_t *w = s->walk;
-    walk_root(w, frames, depth);
-    for (uint32_t i = 1; i < v->n_nodes;) {
-        uint32_t d = v->ndepth[i];
-        if (!walk_step(m->g, w, d - 1, v->nbyte[i])) {
-            i = v->nend[i];
-            continue;
-        }
-        for (uint32_t k = 0; k < v->nown[i]; k++)
-            set_bit(mask, v->rank_id[v->nrank[i] + k]);
-        i = sg_has_configs(w + (size_t)d * STRIDE) ? i + 1 : v->nend[i];
+    const vlmd_grammar *g = m->g;
+    s->n_ids = s->n_deep = 0;
+    uint32_t frames[2] = {r, n};
+    bool ok = true;
+    bool ends_output = g->dfa.rule[r] == g->root && !g->root_called;
+    walk_tokens(g, m->v, frames, 2, e->unc.id, e->unc.lcp, e->unc.n, true, ends_output, NULL, s, &ok);
+    ctx_entry *c = calloc(1, sizeof *c);
+    if (!ok || !c) {
+        free(c);
+        return NULL;
     }
-    __atomic_fetch_add(&m->slow, 1, __ATOMIC_RELAXED);
+    c->r = r;
+    if (!make_deep_list(s, &c->acc) || !make_tok_list(m->v, s->ids, s->n_ids, &c->unc)) {
+        ctx_free(c);
+        return NULL;
+    }
+    c->bytes = sizeof *c + c->acc.n * 5 + c->unc.n * 6;
+    return c;
 }
+
+/* (n, r)'s context, found or made (*temp: the caller frees it). */
+static ctx_entry *get_ctx(vlmd_masker *m, mask_entry *e, uint32_t n, uint32_t r, bool *temp)
+{
+    *temp = false;
+    pthread_mutex_lock(&m->lock);
+    ctx_entry *c = e->ctx;
+    while (c && c->r != r)
+        c = c->next;
+    if (!c && scratch_fit(&m->fill_scratch, m->v)) {
+        c = compute_ctx(m, n, r, e, &m->fill_scratch);
+        if (c) {
+            __atomic_fetch_add(&m->contexts, 1, __ATOMIC_RELAXED);
+            if (m->cache_bytes + c->bytes <= VLMD_MASKER_MAX_CACHE_BYTES) {
+                m->cache_bytes += c->bytes;
+                c->next = e->ctx;
+                e->ctx = c;
+            } else
+                *temp = true;
+        }
+    }
+    pthread_mutex_unlock(&m->lock);
+    return c;
+}
+
+/* ---- filling a mask -------------------------------------------------------------------- */
 
 static void apply_entry(const vlmd_vocab *v, const mask_entry *e, uint32_t *mask, bool first,
                         uint32_t *tmp)
@@ -491,13 +698,83 @@ static void apply_entry(const vlmd_vocab *v, const mask_entry *e, uint32_t *mask
         uint32_t *dst = first ? mask : tmp;
         memcpy(dst, v->text_bits, nw * sizeof *dst);
         for (uint32_t k = 0; k < e->n_list; k++)
-            dst[e->list[k] / 32] &= ~(1u << (e->list[k] % 32));
+            clear_bit(dst, e->list[k]);
         if (!first)
             for (uint32_t k = 0; k < nw; k++)
                 mask[k] |= tmp[k];
         break;
     }
     }
+}
+
+/* One configuration's tokens into mask (first: mask holds nothing yet). */
+static bool fill_config(vlmd_masker *m, const uint32_t *frames, uint32_t depth, uint32_t *mask,
+                        bool first, vlmd_mask_scratch *s)
+{
+    const vlmd_grammar *g = m->g;
+    const vlmd_vocab *v = m->v;
+    uint32_t n = frames[depth - 1];
+    bool temp, ok = true;
+    mask_entry *e = get_entry(m, n, &temp);
+    if (!e)
+        return false;
+    /* near the depth limit some accepted tokens may go too deep: work apart */
+    bool near = e->deep.n && depth - 1 + e->deep.max > VLMD_GRAMMAR_MAX_DEPTH;
+    uint32_t *dst = mask;
+    if (near) {
+        dst = s->tmp;
+        memset(dst, 0, v->n_words * sizeof *dst);
+        first = true;
+    }
+    /* s->bits is apply_entry's spare mask; walks below reuse s->ids */
+    apply_entry(v, e, dst, first, s->bits);
+    s->n_ids = 0;
+    if (near)
+        for (uint32_t k = 0; k < e->deep.n && ok; k++)
+            if (depth - 1 + e->deep.need[k] > VLMD_GRAMMAR_MAX_DEPTH) {
+                clear_bit(dst, e->deep.id[k]);
+                ok = push_id(s, e->deep.id[k]);
+            }
+    if (e->unc.n && ok) {
+        if (depth >= 2) {
+            bool ctemp;
+            ctx_entry *c = get_ctx(m, e, n, frames[depth - 2], &ctemp);
+            if (!c)
+                ok = false;
+            else {
+                for (uint32_t k = 0; k < c->acc.n && ok; k++) {
+                    if (depth - 2 + c->acc.need[k] <= VLMD_GRAMMAR_MAX_DEPTH)
+                        set_bit(dst, c->acc.id[k]);
+                    else
+                        ok = push_id(s, c->acc.id[k]);
+                }
+                if (ok && c->unc.n) {
+                    uint32_t walked = walk_tokens(g, v, frames, depth, c->unc.id, c->unc.lcp, c->unc.n,
+                                                  false, false, dst, s, &ok);
+                    __atomic_fetch_add(&m->checks, walked, __ATOMIC_RELAXED);
+                }
+                if (ctemp)
+                    ctx_free(c);
+            }
+        } else {
+            uint32_t walked = walk_tokens(g, v, frames, depth, e->unc.id, e->unc.lcp, e->unc.n, false,
+                                          false, dst, s, &ok);
+            __atomic_fetch_add(&m->checks, walked, __ATOMIC_RELAXED);
+        }
+    }
+    if (s->n_ids && ok) {
+        /* the tokens that went too deep for the cache's word, one by one
+         * (walk_tokens reuses s->ids only when relative) */
+        uint32_t walked = walk_tokens(g, v, frames, depth, s->ids, NULL, (uint32_t)s->n_ids, false,
+                                      false, dst, s, &ok);
+        __atomic_fetch_add(&m->deep_checks, walked, __ATOMIC_RELAXED);
+    }
+    if (near)
+        for (uint32_t k = 0; k < v->n_words; k++)
+            mask[k] |= dst[k];
+    if (temp)
+        entry_free(e);
+    return ok;
 }
 
 vlmd_status vlmd_masker_fill(vlmd_masker *m, const vlmd_grammar_state *st, const uint32_t *eos,
@@ -518,27 +795,13 @@ vlmd_status vlmd_masker_fill(vlmd_masker *m, const vlmd_grammar_state *st, const
     __atomic_fetch_add(&m->fills, 1, __ATOMIC_RELAXED);
     memset(mask, 0, n_words * sizeof *mask);
     const uint32_t *w = st->w;
-    bool first = true;
     vlmd_status status = VLMD_OK;
-    for (uint32_t i = SG_HDR; i < w[0]; i += w[i] + 1) {
-        uint32_t depth = w[i];
-        const uint32_t *frames = w + i + 1;
-        bool temp;
-        mask_entry *e = get_entry(m, frames[depth - 1], &temp);
-        if (!e) {
+    bool first = true;
+    for (uint32_t i = SG_HDR; i < w[0]; i += w[i] + 1, first = false)
+        if (!fill_config(m, w + i + 1, w[i], mask, first, s)) {
             status = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory computing a token mask");
             break;
         }
-        if (depth - 1 + e->max_need > VLMD_GRAMMAR_MAX_DEPTH)
-            walk_all(m, frames, depth, mask, s);
-        else {
-            apply_entry(v, e, mask, first, s->bits);
-            check_uncertain(m, e, frames, depth, mask, s);
-        }
-        first = false;
-        if (temp)
-            entry_free(e);
-    }
     if (w[1] & SG_BOTTOM_FINAL)
         for (size_t k = 0; k < n_eos; k++)
             if (eos[k] < n_words * 32)

@@ -28,9 +28,11 @@
  *             through vlmd_masker_accept from vlmd_grammar_state_init.
  *
  * A step costs the union of cached per-automaton-state masks (a few
- * microseconds at 150k tokens) plus a check of the tokens whose acceptance
- * depends on the stack (the end of a recursive value); a state's mask is
- * computed once, on first use, by a walk of the token trie.
+ * microseconds at 150k tokens) plus the tokens whose acceptance depends on
+ * the stack (they end a recursive value): resolved once per (state,
+ * caller) and cached too, except those that end two values, which are run
+ * against the stack. A state's mask is computed once, on first use, by a
+ * walk of the token trie (docs/PERFORMANCE.md has the costs).
  *
  * Grammar rules (docs/API.md lists every keyword):
  * - properties come in the schema's order; required ones are always there,
@@ -175,10 +177,11 @@ bool vlmd_masker_accept(const vlmd_masker *m, vlmd_grammar_state *st, uint32_t i
 
 /* Cache statistics (benchmarks, tests). */
 typedef struct vlmd_masker_stats {
-    uint64_t fills;            /* vlmd_masker_fill calls */
-    uint64_t states_computed;  /* per-state masks computed by a trie walk */
-    uint64_t stack_checks;     /* tokens checked against the actual stack */
-    uint64_t slow_walks;       /* fills that walked the trie (deep stack, cache full) */
+    uint64_t fills;             /* vlmd_masker_fill calls */
+    uint64_t states_computed;   /* per-state masks made by a trie walk */
+    uint64_t contexts_computed; /* a state's stack-dependent tokens resolved for one caller */
+    uint64_t stack_checks;      /* tokens run against a whole stack (they end two rules) */
+    uint64_t deep_checks;       /* tokens run against a stack near the depth limit */
     size_t cache_bytes;
 } vlmd_masker_stats;
 void vlmd_masker_get_stats(vlmd_masker *m, vlmd_masker_stats *out);

@@ -23,6 +23,7 @@ void vlmd_vocab_free(vlmd_vocab *v)
     free(v->nend);
     free(v->nown);
     free(v->nplain);
+    free(v->nmaxlen);
     free(v->nrank);
     free(v->rank_id);
     free(v);
@@ -55,6 +56,15 @@ static int by_bytes(const void *a, const void *b, void *ctx)
     return x < y ? -1 : x > y;
 }
 
+/* Ends the subtree of path[depth] at node n; its longest token counts for its parent. */
+static void close_node(vlmd_vocab *v, const uint32_t *path, uint32_t depth, uint32_t n)
+{
+    uint32_t node = path[depth], parent = path[depth - 1];
+    v->nend[node] = n;
+    if (v->nmaxlen[node] > v->nmaxlen[parent])
+        v->nmaxlen[parent] = v->nmaxlen[node];
+}
+
 /* The trie over the text tokens, in preorder. */
 static vlmd_status build_trie(vlmd_vocab *v, vlmd_error *err)
 {
@@ -73,9 +83,10 @@ static vlmd_status build_trie(vlmd_vocab *v, vlmd_error *err)
     v->nend = malloc(cap * sizeof *v->nend);
     v->nown = malloc(cap * sizeof *v->nown);
     v->nplain = malloc(cap);
+    v->nmaxlen = calloc(cap, sizeof *v->nmaxlen);
     v->nrank = malloc((cap + 1) * sizeof *v->nrank);
     uint32_t *path = malloc(((size_t)VLMD_VOCAB_MAX_TOKEN_BYTES + 2) * sizeof *path);
-    if (!v->rank_id || !v->nbyte || !v->ndepth || !v->nend || !v->nown || !v->nplain ||
+    if (!v->rank_id || !v->nbyte || !v->ndepth || !v->nend || !v->nown || !v->nplain || !v->nmaxlen ||
         !v->nrank || !path) {
         free(path);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory building the token trie");
@@ -102,7 +113,7 @@ static vlmd_status build_trie(vlmd_vocab *v, vlmd_error *err)
             lcp++;
         /* close the nodes deeper than the common prefix */
         for (; depth > lcp; depth--)
-            v->nend[path[depth]] = n;
+            close_node(v, path, depth, n);
         for (uint32_t d = lcp; d < len; d++) {
             v->nbyte[n] = t[d];
             v->ndepth[n] = (uint16_t)(d + 1);
@@ -117,11 +128,12 @@ static vlmd_status build_trie(vlmd_vocab *v, vlmd_error *err)
                                UINT16_MAX);
         }
         v->nown[path[len]]++;
+        v->nmaxlen[path[len]] = (uint16_t)len;
         prev = t;
         prev_len = len;
     }
     for (; depth > 0; depth--)
-        v->nend[path[depth]] = n;
+        close_node(v, path, depth, n);
     v->nend[0] = n;
     v->nrank[n] = nt;
     v->n_nodes = n;

@@ -27,7 +27,8 @@ struct vlmd_vocab {
     uint8_t *nbyte;             /* [n_nodes] the byte into the node */
     uint16_t *ndepth;           /* [n_nodes] its prefix's length */
     uint32_t *nend;             /* [n_nodes] first node after its subtree */
-    uint8_t *nplain;            /* [n_nodes] 1: the subtree's bytes are all VOCAB_PLAIN_BYTE */
+    uint8_t *nplain;            /* [n_nodes] 1: the subtree's bytes are all vocab_plain_byte */
+    uint16_t *nmaxlen;          /* [n_nodes] the longest token in the subtree (0: none) */
     uint16_t *nown;             /* [n_nodes] tokens of exactly this prefix: ranks nrank[i].. */
     uint32_t *nrank;            /* [n_nodes+1] rank of the subtree's first token */
     uint32_t *rank_id;          /* [n_ranked] text tokens sorted by their bytes */

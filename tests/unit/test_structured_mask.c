@@ -186,8 +186,9 @@ Test(structured_mask, stack_dependent_states)
     st_vocab_free(&t);
 }
 
-/* A stack so deep that a cached mask could push past the limit: the mask
- * walks the trie from the real stack, and still matches brute force. */
+/* A stack so deep that a cached mask could push past the limit: the tokens
+ * that go deep are checked on the real stack, and the mask still matches
+ * brute force. */
 Test(structured_mask, deep_stacks_walk_from_the_real_stack)
 {
     st_vocab t = st_synth(3000, 7);
@@ -212,8 +213,8 @@ Test(structured_mask, deep_stacks_walk_from_the_real_stack)
     }
     vlmd_masker_stats ms;
     vlmd_masker_get_stats(m, &ms);
-    cr_expect_gt(ms.slow_walks, 0, "deep stacks should walk from the real stack");
-    cr_expect_gt(ms.stack_checks, 0, "any JSON has stack-dependent tokens");
+    cr_expect_gt(ms.deep_checks, 0, "near the limit tokens that go deep are checked on the real stack");
+    cr_expect_gt(ms.contexts_computed, 0, "any JSON has stack-dependent tokens");
     vlmd_masker_free(m);
     vlmd_grammar_free(g);
     free(mask);
@@ -498,7 +499,53 @@ Test(structured_mask, stack_checks_reuse_only_what_was_walked)
     }
     vlmd_masker_stats ms;
     vlmd_masker_get_stats(m, &ms);
-    cr_expect_gt(ms.stack_checks, 0);
+    cr_expect_gt(ms.stack_checks, 0, "'\"}xq' ends two values: run against the stack");
+    vlmd_masker_free(m);
+    vlmd_grammar_free(g);
+    vlmd_vocab_free(v);
+    free(bytes);
+    free(lens);
+}
+
+/* Near the depth limit, a token that ends a string and then opens arrays
+ * ('",[[[') is resolved per caller like any stack-dependent token, but
+ * only as deep as the real stack allows. */
+Test(structured_mask, stack_dependent_tokens_near_the_depth_limit)
+{
+    static const char *const pieces[] = {"\",[", "\",[[", "\",[[[", "\",[[[[", "\"]", "\"],[[", "\"]]", "[[",
+                                         "[[[", "\",{\"", "\",\"", "x\",[["};
+    size_t np = sizeof pieces / sizeof *pieces;
+    uint32_t n = 256 + (uint32_t)np + 1;
+    const uint8_t **bytes = calloc(n, sizeof *bytes);
+    size_t *lens = calloc(n, sizeof *lens);
+    uint8_t single[256];
+    for (int b = 0; b < 256; b++) {
+        single[b] = (uint8_t)b;
+        bytes[b] = &single[b];
+        lens[b] = 1;
+    }
+    for (size_t i = 0; i < np; i++) {
+        bytes[256 + i] = (const uint8_t *)pieces[i];
+        lens[256 + i] = strlen(pieces[i]);
+    }
+    vlmd_vocab *v = NULL;
+    cr_assert_eq(vlmd_vocab_create(n, bytes, lens, &v, NULL), VLMD_OK);
+    vlmd_grammar *g = st_compile(NULL);
+    vlmd_masker *m = NULL;
+    cr_assert_eq(vlmd_masker_create(g, v, &m, NULL), VLMD_OK);
+    uint32_t mask[(256 + 16 + 31) / 32];
+    vlmd_grammar_state st;
+    vlmd_grammar_state_init(g, &st);
+    cr_assert(vlmd_grammar_accept_bytes(g, &st, (const uint8_t *)"{\"a\":", 5));
+    for (int d = 0; d < VLMD_GRAMMAR_MAX_DEPTH; d++) {
+        vlmd_grammar_state in_string = st;
+        char what[64];
+        snprintf(what, sizeof what, "a string %d arrays deep", d + 1);
+        if (!vlmd_grammar_accept_bytes(g, &in_string, (const uint8_t *)"[\"x", 3))
+            break;
+        st_check_mask(g, m, v, &in_string, n - 1, mask, (n + 31) / 32, NULL, what);
+        cr_assert(vlmd_grammar_accept_bytes(g, &st, (const uint8_t *)"[", 1));
+    }
     vlmd_masker_free(m);
     vlmd_grammar_free(g);
     vlmd_vocab_free(v);
