@@ -348,11 +348,6 @@ static inline void clear_bit(uint32_t *bits, uint32_t i)
     bits[i / 32] &= ~(1u << (i % 32));
 }
 
-static inline bool get_bit(const uint32_t *bits, uint32_t i)
-{
-    return bits[i / 32] >> (i % 32) & 1;
-}
-
 /* ---- runs of plain bytes ------------------------------------------------------------- */
 
 /* The state every plain byte leads t to, when it is one plain state. */
@@ -581,8 +576,7 @@ static void walk_root(uint32_t *w, const uint32_t *frames, uint32_t depth)
  * common prefixes. relative: an end below the bottom frame is SG_ESCAPED
  * and such tokens go to s->ids (uncertain); otherwise the stack is the
  * whole one. Accepted tokens are set in dst (relative: pushed to the deep
- * list with their need, base 0). Tokens already set in dst are skipped.
- * Returns how many were walked. */
+ * list with their need, base 0). Returns how many were walked. */
 static uint32_t walk_tokens(const vlmd_grammar *g, const vlmd_vocab *v, const uint32_t *frames,
                             uint32_t depth, const uint32_t *ids, const uint16_t *lcp, uint32_t n,
                             bool relative, bool ends_output, uint32_t *dst, vlmd_mask_scratch *s,
@@ -590,16 +584,13 @@ static uint32_t walk_tokens(const vlmd_grammar *g, const vlmd_vocab *v, const ui
 {
     uint32_t *w = s->walk;
     uint8_t *lneed = s->lneed;
-    uint32_t valid = 0, walked = 0;     /* levels 1..valid hold the last walked token's prefix */
+    uint32_t walked = 0;
     walk_root(w, frames, depth);
     lneed[0] = 0;
     for (uint32_t k = 0; k < n && *ok; k++) {
         uint32_t id = ids[k];
-        uint32_t shared = lcp ? lcp[k] : 0;
-        if (k && shared < valid)
-            valid = shared;
-        if (!relative && get_bit(dst, id))
-            continue;
+        /* every token is walked to its end, so levels 1..lcp hold this one's prefix */
+        uint32_t valid = k && lcp ? lcp[k] : 0;
         const uint8_t *t = v->bytes + v->off[id];
         uint32_t len = v->off[id + 1] - v->off[id];
         for (uint32_t pos = valid; pos < len; pos++) {
@@ -613,7 +604,6 @@ static uint32_t walk_tokens(const vlmd_grammar *g, const vlmd_vocab *v, const ui
                 next[1] = relative ? SG_ESCAPED : 0;
             }
         }
-        valid = len;
         walked++;
         const uint32_t *end = w + (size_t)len * STRIDE;
         bool esc = relative && end[1] & SG_ESCAPED && !ends_output;

@@ -22,6 +22,7 @@ static json_t *corpus_schemas(void)
         "{\"type\":\"array\",\"items\":{\"type\":\"number\",\"minimum\":-2.5,\"exclusiveMaximum\":100},\"maxItems\":4}",
         "{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"pattern\":\"^[\\u00e0-\\u00ff\\u4e00-\\u4e10]{1,4}$\"},"
         "\"w\":{\"type\":\"string\",\"maxLength\":3}},\"required\":[\"s\",\"w\"]}",
+        "{\"type\":\"array\",\"items\":{\"type\":\"string\",\"pattern\":\"^(ab|[^a])*$\"},\"maxItems\":3}",
         "{\"$defs\":{\"e\":{\"anyOf\":[{\"type\":\"integer\"},{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/e\"},\"maxItems\":3},"
         "{\"type\":\"object\",\"additionalProperties\":{\"$ref\":\"#/$defs/e\"}}]}},\"$ref\":\"#/$defs/e\"}",
     };
