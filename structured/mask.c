@@ -505,15 +505,17 @@ static mask_entry *compute_entry(vlmd_masker *m, uint32_t n, vlmd_mask_scratch *
     for (uint32_t k = 0; k < v->n_words; k++)
         n_acc += (size_t)__builtin_popcount(acc[k]);
     size_t n_not = v->n_ranked - n_acc;
-    size_t bytes_acc = n_acc * 4, bytes_rej = n_not * 4, bytes_bits = (size_t)v->n_words * 4;
-    if (bytes_acc <= bytes_rej && bytes_acc <= bytes_bits) {
+    /* a list costs a scattered write per id, a bitset a copy of sequential
+     * words: lists only where they are a fraction of the bitset */
+    size_t bytes_bits = (size_t)v->n_words * 4, list_max = v->n_words / 4;
+    if (n_acc <= n_not && n_acc <= list_max) {
         e->kind = ENTRY_ACCEPT;
         e->list = malloc((n_acc ? n_acc : 1) * sizeof *e->list);
         if (e->list)
             for (uint32_t k = 0; k < v->n_words; k++)
                 for (uint32_t x = acc[k]; x; x &= x - 1)
                     e->list[e->n_list++] = k * 32 + (uint32_t)__builtin_ctz(x);
-    } else if (bytes_rej <= bytes_bits) {
+    } else if (n_not <= list_max) {
         e->kind = ENTRY_REJECT;
         e->list = malloc((n_not ? n_not : 1) * sizeof *e->list);
         if (e->list)

@@ -1483,8 +1483,12 @@ static vlmd_status compile(const json_t *root, bool compact, vlmd_grammar **out,
     }
     if (b.failed)
         st = err ? err->status : VLMD_ERR_INVALID_ARG;
-    else
+    else {
+        /* the whole grammar's limits are the whole schema's */
+        vlmd_strlcpy(b.path, "#", sizeof b.path);
+        b.path_len = 1;
         st = sg_grammar_finish(&b, frags, (uint32_t)c.n_rules, out, err);
+    }
 done:
     for (size_t r = 0; r < c.n_rules; r++)
         free(c.rules[r].path);

@@ -43,6 +43,9 @@ static const bench_schema schemas[] = {
      "{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"label\":{\"type\":\"string\"},"
      "\"children\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"}}},\"required\":[\"label\"]}},"
      "\"$ref\":\"#/$defs/n\"}"},
+    {"long counted string",
+     "{\"type\":\"object\",\"properties\":{\"text\":{\"type\":\"string\",\"minLength\":100,\"maxLength\":600}},"
+     "\"required\":[\"text\"]}"},
     {"json_object", NULL},
 };
 
@@ -75,19 +78,14 @@ static uint64_t rnd(uint64_t *s)
     return *s >> 33;
 }
 
-static uint32_t nth_bit(const uint32_t *mask, size_t n_words, uint32_t k)
+/* The ids set in mask, into ids; returns how many. */
+static uint32_t allowed_ids(const uint32_t *mask, size_t n_words, uint32_t *ids)
 {
-    for (size_t w = 0; w < n_words; w++) {
-        uint32_t c = (uint32_t)__builtin_popcount(mask[w]);
-        if (k < c) {
-            uint32_t x = mask[w];
-            while (k--)
-                x &= x - 1;
-            return (uint32_t)(w * 32 + (uint32_t)__builtin_ctz(x));
-        }
-        k -= c;
-    }
-    return UINT32_MAX;
+    uint32_t n = 0;
+    for (size_t w = 0; w < n_words; w++)
+        for (uint32_t x = mask[w]; x; x &= x - 1)
+            ids[n++] = (uint32_t)(w * 32 + (uint32_t)__builtin_ctz(x));
+    return n;
 }
 
 static vlmd_status compile(const bench_schema *bs, vlmd_grammar **g, vlmd_error *err)
@@ -101,7 +99,7 @@ static void generate(const vlmd_grammar *g, vlmd_masker *m, const vlmd_vocab *v,
                      int steps, uint64_t seed, double *t, size_t *nt, int *ended)
 {
     size_t n_words = (vlmd_vocab_size(v) + 31) / 32;
-    uint32_t *mask = malloc(n_words * sizeof *mask);
+    uint32_t *mask = malloc(n_words * sizeof *mask), *ids = malloc(n_words * 32 * sizeof *ids);
     vlmd_mask_scratch *s = vlmd_mask_scratch_create();
     *ended = 0;
     for (int w = 0; w < walks; w++) {
@@ -115,14 +113,12 @@ static void generate(const vlmd_grammar *g, vlmd_masker *m, const vlmd_vocab *v,
                 exit(1);
             }
             t[(*nt)++] = now_us() - a;
-            uint32_t allowed = 0;
-            for (size_t i = 0; i < n_words; i++)
-                allowed += (uint32_t)__builtin_popcount(mask[i]);
-            uint32_t pick = nth_bit(mask, n_words, (uint32_t)(rnd(&r) % allowed));
+            uint32_t allowed = allowed_ids(mask, n_words, ids);
+            uint32_t pick = ids[rnd(&r) % allowed];
             if (rnd(&r) % 4) {  /* steer toward an end, as a trained model would get there */
                 size_t best = SIZE_MAX;
-                for (int c = 0; c < 32; c++) {
-                    uint32_t id = nth_bit(mask, n_words, (uint32_t)(rnd(&r) % allowed));
+                for (int c = 0; c < 512; c++) {
+                    uint32_t id = ids[rnd(&r) % allowed];
                     vlmd_grammar_state x;
                     memcpy(x.w, st.w, st.w[0] * sizeof st.w[0]);
                     size_t mc = id == eos ? 0 : vlmd_masker_accept(m, &x, id) ? vlmd_grammar_min_completion(g, &x) : SIZE_MAX;
@@ -140,6 +136,7 @@ static void generate(const vlmd_grammar *g, vlmd_masker *m, const vlmd_vocab *v,
         }
     }
     free(mask);
+    free(ids);
     vlmd_mask_scratch_free(s);
 }
 
