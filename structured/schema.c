@@ -52,7 +52,6 @@ typedef struct rule_def {
     const json_t *node;         /* the subschema; NULL for the any-value rule */
     char *path;                 /* where it is, for errors */
     sg_frag frag;
-    bool done;
 } rule_def;
 
 typedef struct sc {
@@ -1472,7 +1471,6 @@ static vlmd_status compile(const json_t *root, bool compact, vlmd_grammar **out,
             f = schema(&c, rd->node);
         }
         c.rules[r].frag = f;     /* c.rules may have moved */
-        c.rules[r].done = true;
     }
     if (!b.failed) {
         frags = malloc(c.n_rules * sizeof *frags);

@@ -83,8 +83,9 @@ typedef struct vlmd_grammar_options {
 } vlmd_grammar_options;
 
 /* Compiles a JSON Schema (text of at most VLMD_GRAMMAR_MAX_SCHEMA_BYTES, or a
- * parsed one, borrowed) to a grammar of the JSON values it accepts. opt may
- * be NULL. On failure *out is NULL and err names the place (a JSON pointer)
+ * parsed one, borrowed: its parts' reference counts change while it runs, so
+ * no other thread may use that json_t meanwhile) to a grammar of the JSON
+ * values it accepts. opt may be NULL. On failure *out is NULL and err names the place (a JSON pointer)
  * and the keyword: VLMD_ERR_INVALID_ARG for a schema that is malformed or
  * uses what is not supported, VLMD_ERR_TOO_LARGE past a limit. */
 vlmd_status vlmd_grammar_compile_schema(const char *text, size_t len,
@@ -159,6 +160,8 @@ typedef struct vlmd_mask_scratch vlmd_mask_scratch;
 vlmd_status vlmd_masker_create(const vlmd_grammar *g, const vlmd_vocab *v, vlmd_masker **out,
                                vlmd_error *err);
 void vlmd_masker_free(vlmd_masker *m);  /* accepts NULL */
+/* A thread's working memory for fills: up to (longest token + 1) * 2 KiB,
+ * grown on first use. A fill without one allocates and frees its own. */
 vlmd_mask_scratch *vlmd_mask_scratch_create(void);     /* NULL when out of memory */
 void vlmd_mask_scratch_free(vlmd_mask_scratch *s);     /* accepts NULL */
 
