@@ -11,7 +11,8 @@ DEMO_FLAGS ?= --port 8000
 CMAKE_FLAGS ?=
 FUZZ_BUILD   ?= build-fuzz
 FUZZ_SECONDS ?= 30
-FUZZ_TARGETS  = fuzz_proto fuzz_api_request fuzz_tokenizer fuzz_safetensors fuzz_image
+FUZZ_TARGETS  = fuzz_proto fuzz_api_request fuzz_tokenizer fuzz_safetensors fuzz_image \
+                fuzz_schema fuzz_grammar
 
 .PHONY: all deps build e2e-deps test asan fuzz demo clean
 
