@@ -479,9 +479,10 @@ static void openai_call_arguments(completions *c, inflight_entry *e, uint32_t in
                                       "arguments", piece, len), false);
 }
 
-static void openai_call_end(completions *c, inflight_entry *e, uint32_t index, uint32_t k)
+static void openai_call_end(completions *c, inflight_entry *e, uint32_t index, uint32_t k,
+                            bool complete)
 {
-    (void)c, (void)e, (void)index, (void)k;
+    (void)c, (void)e, (void)index, (void)k, (void)complete;
 }
 
 static void openai_choice_end(completions *c, inflight_entry *e, uint32_t index,
@@ -912,7 +913,7 @@ static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size
                 w->call_arguments(c, e, index, ch->n_calls - 1, text + from, ch->args.end - from);
             if (!ch->args.closed && !final)
                 return;
-            w->call_end(c, e, index, ch->n_calls - 1);
+            w->call_end(c, e, index, ch->n_calls - 1, ch->args.closed);
             ch->in_arguments = false;
             ch->after_arguments = true;
             ch->call_pos = ch->args.end;
@@ -952,7 +953,7 @@ static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size
         if (call.name) {
             w->call_begin(c, e, index, ch->n_calls++, call.name, call.arguments,
                           strlen(call.arguments), first);
-            w->call_end(c, e, index, ch->n_calls - 1);
+            w->call_end(c, e, index, ch->n_calls - 1, !call.cut);
         } else {
             w->text(c, e, index, NULL, 0, text + call.start, call.end - call.start, first, NULL);
         }

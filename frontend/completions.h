@@ -66,12 +66,14 @@ typedef struct answer_writer {
                  size_t reasoning_len, const char *content, size_t len, bool first,
                  json_t *logprobs);
     /* streamed: call k of choice `index` begins (its name; arguments so far,
-     * maybe none), its arguments go on, it ends */
+     * maybe none), its arguments go on, it ends (complete: false when the
+     * answer ended inside it) */
     void (*call_begin)(completions *c, inflight_entry *e, uint32_t index, uint32_t k,
                        const char *name, const char *arguments, size_t len, bool first);
     void (*call_arguments)(completions *c, inflight_entry *e, uint32_t index, uint32_t k,
                            const char *piece, size_t len);
-    void (*call_end)(completions *c, inflight_entry *e, uint32_t index, uint32_t k);
+    void (*call_end)(completions *c, inflight_entry *e, uint32_t index, uint32_t k,
+                     bool complete);
     /* streamed: choice `index` ended ("stop", "length" or "tool_calls") */
     void (*choice_end)(completions *c, inflight_entry *e, uint32_t index, const char *finish);
     /* streamed: every choice ended; the stream's last bytes */

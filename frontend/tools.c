@@ -350,7 +350,8 @@ bool tool_call_next(const char *text, size_t len, bool final, size_t *pos, tool_
             free(name);
             return false;
         }
-        *out = (tool_call){name, strndup(text + args.start, args.end - args.start), open, end};
+        *out = (tool_call){name, strndup(text + args.start, args.end - args.start), open, end,
+                           !args.closed};
         if (!out->arguments)
             tool_call_free(out); /* (out of memory: not a call) */
         *pos = end;
@@ -362,6 +363,7 @@ bool tool_call_next(const char *text, size_t len, bool final, size_t *pos, tool_
     size_t end = close == len ? len : close + strlen(CALL_CLOSE);
     out->start = open;
     out->end = end;
+    out->cut = close == len;
     parse_call(text + body, close - body, out);
     *pos = end;
     return true;

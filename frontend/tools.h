@@ -105,6 +105,7 @@ typedef struct tool_call {
     char *name;                 /* owned; NULL when the block is not a call */
     char *arguments;            /* owned: the arguments object as JSON text */
     size_t start, end;          /* the block's bytes in the text */
+    bool cut;                   /* the text ended inside it (its arguments, or its block) */
 } tool_call;
 
 /* The next block starting at or after *pos: a complete one (and, when final,

@@ -202,3 +202,34 @@ test('an answer cut inside its reasoning is all reasoning; stop strings look onl
   assert.equal(t.reasoning, REASONING);
   assert.equal(t.content, `${CONTENT}<tool_call>\n{"name": "get_`);
 });
+
+test('the Responses API: the reasoning is a reasoning item; reasoning.effort "none" turns thinking off', async () => {
+  const rtools = [{ type: 'function', name: 'get_weather', parameters: tools[0].function.parameters }];
+  const params = { model: 'thinker', input: messages, temperature: 0, tools: rtools };
+  const r = await client.responses.create(params);
+  assert.deepEqual(r.output.map((i) => i.type), ['reasoning', 'message', 'function_call']);
+  assert.deepEqual(r.output[0].content, [{ type: 'reasoning_text', text: REASONING }]);
+  assert.equal(r.output_text, CONTENT);
+  assert.equal(r.output[2].name, 'get_weather');
+  assert.deepEqual(JSON.parse(r.output[2].arguments), { city: 'Paris' });
+  // <think>, the reasoning and </think> are the reasoning's tokens
+  assert.equal(r.usage.output_tokens_details.reasoning_tokens, 3);
+  // streamed: reasoning_text deltas first; the SDK's final response is the one above
+  const stream = client.responses.stream(params);
+  const types = [];
+  for await (const ev of stream) types.push(ev.type);
+  assert.ok(types.indexOf('response.reasoning_text.delta') < types.indexOf('response.output_text.delta'), types.join());
+  const final = await stream.finalResponse();
+  assert.deepEqual(final.output.map((i) => [i.type, i.content?.[0]?.text ?? i.arguments]),
+    r.output.map((i) => [i.type, i.content?.[0]?.text ?? i.arguments]));
+  // effort "none": the prompt closes the think block, the answer is all text
+  const off = await client.responses.create({ ...params, tools: undefined, reasoning: { effort: 'none' } });
+  assert.deepEqual(off.output.map((i) => i.type), ['message']);
+  assert.equal(off.output_text, PLAIN);
+  assert.deepEqual(off.reasoning, { effort: 'none', summary: null });
+  // the reasoning item goes back in as the next turn's reasoning: accepted with the call's output
+  const call = r.output[2];
+  const next = await client.responses.create({ ...params, input: [...messages, ...r.output,
+    { type: 'function_call_output', call_id: call.call_id, output: '18 C' }] });
+  assert.equal(next.status, 'completed');
+});
