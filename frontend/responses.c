@@ -992,6 +992,7 @@ static void w_fail(completions *c, inflight_entry *e, const char *message, const
         return;
     char id[40];
     response_id(e, id, sizeof id);
+    responses_events_close(ev, false); /* what was written stays, incomplete */
     responses_events_error(ev, message, code);
     responses_events_response(
         ev, "response.failed",

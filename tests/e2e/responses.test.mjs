@@ -291,3 +291,38 @@ test('images: input_image in a response, a file part in chat, on qwen2_vl', asyn
     assert.deepEqual(await stopServer(vl), { code: 0, signal: null }, vl.stderr.slice(-3000));
   }
 });
+
+test('an error after the stream began: an error event, then response.failed', async () => {
+  // a model that never stops ("tick tock tick ..."), and a server that gives a request 1 s
+  const loopDir = mkdtempSync(join(tmpdir(), 'vlmd-responses-loop-'));
+  writeScriptedModel(loopDir, { pieces: ['tick ', 'tock '], edges: [[vocabId('qwen2', 'Ċ'), { piece: 0 }, 10],
+    [{ piece: 0 }, { piece: 1 }, 10], [{ piece: 1 }, { piece: 0 }, 10]] });
+  const loop = await startServer(['--model', loopDir, '--port', '0', '--request-timeout-s', '1']);
+  const loopClient = new OpenAI({ baseURL: `${loop.url}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+  try {
+    // the SDK ends the stream at the error event, as an error
+    const stream = loopClient.responses.stream({ input: 'go' });
+    const events = [];
+    for await (const ev of stream) events.push(ev);
+    assert.equal(events.at(-1).type, 'error');
+    assert.equal(events.at(-1).code, 'timeout');
+    assert.match(events.at(-1).message, /--request-timeout-s/);
+    assert.ok(events.some((e) => e.type === 'response.output_text.delta' && e.delta === 'tick '));
+    await assert.rejects(stream.finalResponse(), (e) => /--request-timeout-s/.test(e.message));
+    // on the wire, response.failed follows with the response as it stood
+    const raw = await fetch(`${loop.url}/v1/responses`, { method: 'POST', headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ input: 'go', stream: true }) }).then((r) => r.text());
+    const wire = raw.trim().split('\n\n').map((block) => JSON.parse(block.split('\n')[1].slice('data: '.length)));
+    assert.deepEqual(wire.slice(-2).map((e) => e.type), ['error', 'response.failed']);
+    const failed = wire.at(-1).response;
+    assert.equal(failed.status, 'failed');
+    assert.equal(failed.error.code, 'server_error');
+    assert.match(failed.error.message, /--request-timeout-s/);
+    assert.equal(failed.output[0].type, 'message', 'what came before the error stays');
+    // not streamed, the same timeout is a 504
+    await assert.rejects(loopClient.responses.create({ input: 'go' }), (e) => e.status === 504);
+  } finally {
+    assert.deepEqual(await stopServer(loop), { code: 0, signal: null }, loop.stderr.slice(-3000));
+    rmSync(loopDir, { recursive: true, force: true });
+  }
+});
