@@ -165,6 +165,16 @@ const vlmd_flag vlmd_flags[] = {
     {"max-output-tokens", VLMD_FLAG_INT, OFF(max_output_tokens), "0", 0, 1 << 24, NULL,
      R(LAUNCHER) | R(FRONTEND),
      "Most tokens one request may ask to generate (400 beyond); 0: up to the model's room"},
+    {"responses-store-entries", VLMD_FLAG_INT, OFF(responses_store_entries), "1024", 0, 100000,
+     NULL, R(LAUNCHER) | R(FRONTEND),
+     "Most responses of the Responses API kept in the frontend's memory for GET "
+     "/v1/responses/{id} and previous_response_id (the oldest go first); 0: none are kept"},
+    {"responses-store-mb", VLMD_FLAG_INT, OFF(responses_store_mb), "256", 1, 1 << 20, NULL,
+     R(LAUNCHER) | R(FRONTEND),
+     "Most MiB the kept responses may take, their conversations (input items, images "
+     "included) counted whole in each"},
+    {"responses-store-ttl-s", VLMD_FLAG_INT, OFF(responses_store_ttl_s), "3600", 1, 7 * 86400,
+     NULL, R(LAUNCHER) | R(FRONTEND), "How long a kept response stays after it was answered"},
     {"max-connections", VLMD_FLAG_INT, OFF(max_connections), "1024", 1, 1 << 20, NULL,
      R(LAUNCHER) | R(FRONTEND), "Open client connections; more are closed as they arrive"},
     {"http2-reset-budget", VLMD_FLAG_INT, OFF(http2_reset_budget), "100", 0, 1 << 20, NULL,

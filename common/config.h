@@ -67,6 +67,9 @@ typedef struct vlmd_config {
     int64_t max_messages;           /* --max-messages */
     int64_t max_prompt_bytes;       /* --max-prompt-bytes: text before tokenizing */
     int64_t max_output_tokens;      /* --max-output-tokens: 0 = the model's room */
+    int64_t responses_store_entries;/* --responses-store-entries: 0 = none are stored */
+    int64_t responses_store_mb;     /* --responses-store-mb */
+    int64_t responses_store_ttl_s;  /* --responses-store-ttl-s */
     int64_t max_connections;        /* --max-connections */
     int64_t http2_reset_budget;     /* --http2-reset-budget: early cancels per connection */
     int64_t request_timeout_s;      /* --request-timeout-s: queue wait + generation */

@@ -17,8 +17,8 @@ static const json_t *opt(const json_t *body, const char *key)
     return v && !json_is_null(v) ? v : NULL;
 }
 
-static bool get_number(const json_t *body, const char *key, double min, double max, bool min_open,
-                       double *out, api_error *e)
+bool api_field_number(const json_t *body, const char *key, double min, double max, bool min_open,
+                      double *out, api_error *e)
 {
     const json_t *v = opt(body, key);
     if (!v)
@@ -33,8 +33,8 @@ static bool get_number(const json_t *body, const char *key, double min, double m
     return true;
 }
 
-static bool get_integer(const json_t *body, const char *key, int64_t min, int64_t max,
-                        int64_t *out, bool *given, api_error *e)
+bool api_field_integer(const json_t *body, const char *key, int64_t min, int64_t max,
+                       int64_t *out, bool *given, api_error *e)
 {
     const json_t *v = opt(body, key);
     if (given)
@@ -51,7 +51,7 @@ static bool get_integer(const json_t *body, const char *key, int64_t min, int64_
     return true;
 }
 
-static bool get_bool(const json_t *body, const char *key, bool *out, api_error *e)
+bool api_field_bool(const json_t *body, const char *key, bool *out, api_error *e)
 {
     const json_t *v = opt(body, key);
     if (!v)
@@ -62,9 +62,6 @@ static bool get_bool(const json_t *body, const char *key, bool *out, api_error *
     return true;
 }
 
-/* A JSON string with no NUL inside (API_JSON_FLAGS lets text, a prompt or a
- * message's content, carry "\u0000"; names, URLs and stop strings, used as
- * C strings, may not). */
 bool api_token_id(const json_t *v, const vlmd_tokenizer *tok, uint32_t *id)
 {
     if (!json_is_integer(v) || json_integer_value(v) < 0 ||
@@ -74,7 +71,9 @@ bool api_token_id(const json_t *v, const vlmd_tokenizer *tok, uint32_t *id)
     return true;
 }
 
-static bool plain_string(const json_t *s)
+/* (API_JSON_FLAGS lets text, a prompt or a message's content, carry
+ * "\u0000"; names, URLs and stop strings, used as C strings, may not.) */
+bool api_plain_string(const json_t *s)
 {
     return json_is_string(s) && strlen(json_string_value(s)) == json_string_length(s);
 }
@@ -147,7 +146,7 @@ static bool parse_stops(const json_t *body, api_request *r, api_error *e)
                         API_MAX_STOPS);
     for (size_t i = 0; i < n; i++) {
         const json_t *s = json_is_array(v) ? json_array_get(v, i) : one[0];
-        if (!plain_string(s) || json_string_length(s) == 0 ||
+        if (!api_plain_string(s) || json_string_length(s) == 0 ||
             json_string_length(s) > API_MAX_STOP_LEN)
             return api_fail(e, 400, "stop", "invalid_value",
                             "'stop' entries must be non-empty strings of at most %d bytes, "
@@ -169,38 +168,187 @@ static bool text_fits(const api_limits *lim, size_t bytes, const char *param, ap
     return true;
 }
 
-/* An image part: {"type": "image_url", "image_url": {"url": ...}} (or the
- * URL as a plain string), appended to *images; NULL images refuses it. */
-static bool add_image(const json_t *part, const char *param, api_image **images,
-                      uint32_t *n_images, uint32_t max_images, api_error *e)
+/* ---- the chat, turn by turn ---------------------------------------------------------- */
+
+struct api_chat_turn {
+    const char *role;
+    size_t first_part, n_parts;
+    vlmd_chat_tool_call *calls;     /* owned */
+    size_t n_calls, cap_calls;
+    const char *reasoning;          /* borrowed; NULL: none given */
+    size_t reasoning_len;
+};
+
+void api_chat_init(api_chat *c, const api_limits *lim, bool images_allowed, const char *param)
 {
-    if (!images)
+    *c = (api_chat){.lim = lim, .param = param, .images_allowed = images_allowed};
+}
+
+void api_chat_free(api_chat *c)
+{
+    for (size_t i = 0; i < c->n_turns; i++) {
+        for (size_t k = 0; k < c->turns[i].n_calls; k++)
+            api_tool_call_free(&c->turns[i].calls[k]);
+        free(c->turns[i].calls);
+    }
+    free(c->turns);
+    free(c->parts);
+    for (uint32_t i = 0; i < c->n_images; i++)
+        api_image_free(&c->images[i]);
+    free(c->images);
+    *c = (api_chat){0};
+}
+
+bool api_chat_turn_add(api_chat *c, const char *role, const char *param, api_error *e)
+{
+    if (c->lim->max_messages && c->n_turns == c->lim->max_messages)
+        return api_fail(e, 400, param, "too_many_messages", "more than %u messages "
+                        "(--max-messages)", c->lim->max_messages);
+    api_chat_turn *t = vlmd_grow(c->turns, c->n_turns, &c->cap_turns, sizeof *t, 16);
+    if (!t)
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    c->turns = t;
+    /* OpenAI's current name for system instructions */
+    c->turns[c->n_turns++] = (api_chat_turn){
+        .role = strcmp(role, "developer") == 0 ? "system" : role, .first_part = c->n_parts};
+    return true;
+}
+
+static bool add_part(api_chat *c, vlmd_chat_part part, api_error *e)
+{
+    vlmd_chat_part *p = vlmd_grow(c->parts, c->n_parts, &c->cap_parts, sizeof *p, 16);
+    if (!p)
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    c->parts = p;
+    c->parts[c->n_parts++] = part;
+    c->turns[c->n_turns - 1].n_parts++;
+    return true;
+}
+
+bool api_chat_text(api_chat *c, const char *text, size_t len, const char *param, api_error *e)
+{
+    (void)param; /* (the limit names the request's whole text) */
+    c->text_bytes += len;
+    return text_fits(c->lim, c->text_bytes, c->param, e) &&
+           add_part(c, (vlmd_chat_part){VLMD_CHAT_TEXT, text, len}, e);
+}
+
+bool api_chat_image(api_chat *c, const json_t *url, const char *param, api_error *e)
+{
+    if (!c->images_allowed)
         return api_fail(e, 400, param, "unsupported_content",
                         "this endpoint does not take images");
-    const json_t *iu = json_object_get(part, "image_url");
-    const json_t *url = json_is_object(iu) ? json_object_get(iu, "url") : iu;
-    char where[64];
-    if (snprintf(where, sizeof where, "%s.image_url", param) >= (int)sizeof where)
-        return api_fail(e, 400, "messages", "invalid_value", "too many messages or parts");
-    if (!plain_string(url) || json_string_length(url) == 0)
-        return api_fail(e, 400, where, "invalid_type",
-                        "'%s' must be {\"url\": \"data:image/...;base64,...\"} or a URL", where);
-    if (*n_images == max_images)
-        return api_fail(e, 400, where, "too_many_images",
+    if (!api_plain_string(url) || json_string_length(url) == 0)
+        return api_fail(e, 400, param, "invalid_type",
+                        "'%s' must be {\"url\": \"data:image/...;base64,...\"} or a URL", param);
+    if (c->n_images == c->lim->max_images)
+        return api_fail(e, 400, param, "too_many_images",
                         "a request may carry at most %u images (--max-images-per-request)",
-                        max_images);
-    api_image *grown = realloc(*images, (*n_images + 1) * sizeof *grown);
+                        c->lim->max_images);
+    api_image *grown = realloc(c->images, (c->n_images + 1) * sizeof *grown);
     if (!grown)
         return api_fail(e, 500, NULL, NULL, "out of memory");
-    *images = grown;
-    api_image *img = &grown[*n_images];
+    c->images = grown;
+    api_image *img = &grown[c->n_images];
     *img = (api_image){0};
-    snprintf(img->param, sizeof img->param, "%s", where);
+    snprintf(img->param, sizeof img->param, "%s", param);
     img->url = strdup(json_string_value(url));
     if (!img->url)
         return api_fail(e, 500, NULL, NULL, "out of memory");
-    (*n_images)++;
-    return true;
+    c->n_images++;
+    return add_part(c, (vlmd_chat_part){VLMD_CHAT_IMAGE, NULL, 0}, e);
+}
+
+bool api_chat_file(api_chat *c, const json_t *file_data, const json_t *file_id,
+                   const char *param, api_error *e)
+{
+    char where[96];
+    if (!file_data || json_is_null(file_data)) {
+        snprintf(where, sizeof where, "%s.%s", param, file_id ? "file_id" : "file_data");
+        return api_fail(e, 400, where, file_id ? "unsupported_content" : "invalid_value",
+                        file_id ? "vlmd stores no files: send the file's bytes in 'file_data' "
+                                  "(a data: URI)"
+                                : "a file part needs 'file_data' (a data: URI)");
+    }
+    snprintf(where, sizeof where, "%s.file_data", param);
+    const char *uri = json_string_value(file_data);
+    if (!uri || strncmp(uri, "data:", 5) != 0)
+        return api_fail(e, 400, where, "invalid_value", "'%s' must be a data: URI "
+                        "(\"data:image/png;base64,...\")", where);
+    size_t type_len = strcspn(uri + 5, ";,");
+    if (type_len < 6 || strncasecmp(uri + 5, "image/", 6) != 0)
+        return api_fail(e, 400, where, "unsupported_content", "a file of type '%.*s' is not "
+                        "supported: vlmd reads images only (image/png, image/jpeg, image/webp)",
+                        (int)(type_len > 64 ? 64 : type_len), type_len ? uri + 5 : "");
+    return api_chat_image(c, file_data, where, e);
+}
+
+bool api_chat_call(api_chat *c, const json_t *name, const json_t *arguments, const char *param,
+                   api_error *e)
+{
+    api_chat_turn *t = &c->turns[c->n_turns - 1];
+    if (t->n_calls == API_MAX_TOOLS)
+        return api_fail(e, 400, param, "invalid_value", "a turn makes at most %d calls",
+                        API_MAX_TOOLS);
+    vlmd_chat_tool_call *calls = vlmd_grow(t->calls, t->n_calls, &t->cap_calls, sizeof *calls, 4);
+    if (!calls)
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    t->calls = calls;
+    if (!api_tool_call_read(name, arguments, param, &t->calls[t->n_calls], e))
+        return false;
+    c->text_bytes += strlen(t->calls[t->n_calls].arguments);
+    t->n_calls++;
+    return text_fits(c->lim, c->text_bytes, c->param, e);
+}
+
+bool api_chat_reasoning(api_chat *c, const char *text, size_t len, const char *param,
+                        api_error *e)
+{
+    (void)param;
+    api_chat_turn *t = &c->turns[c->n_turns - 1];
+    t->reasoning = text;
+    t->reasoning_len = len;
+    c->text_bytes += len;
+    return text_fits(c->lim, c->text_bytes, c->param, e);
+}
+
+bool api_chat_render(api_chat *c, const json_t *tools_body, bool thinking,
+                     vlmd_prompt_text *out, api_error *e)
+{
+    vlmd_prompt_text tools = VLMD_PROMPT_TEXT_INIT;
+    bool ok = api_tools_parse(tools_body, &tools, e);
+    if (ok && tools.n_pieces)
+        ok = text_fits(c->lim, c->text_bytes + tools.text.len, "tools", e);
+    vlmd_chat_message *msgs = ok ? calloc(c->n_turns ? c->n_turns : 1, sizeof *msgs) : NULL;
+    if (ok && !msgs)
+        ok = api_fail(e, 500, NULL, NULL, "out of memory");
+    for (size_t i = 0; ok && i < c->n_turns; i++) {
+        const api_chat_turn *t = &c->turns[i];
+        msgs[i] = (vlmd_chat_message){.role = t->role, .parts = c->parts + t->first_part,
+                                      .n_parts = t->n_parts, .tool_calls = t->calls,
+                                      .n_tool_calls = t->n_calls, .reasoning = t->reasoning,
+                                      .reasoning_len = t->reasoning_len};
+    }
+    if (ok) {
+        vlmd_chat_options copt = {.family = c->lim->chat_family, .add_generation_prompt = true,
+                                  .enable_thinking = thinking,
+                                  .tools = tools.n_pieces ? &tools : NULL};
+        vlmd_error err = {0};
+        vlmd_status st = vlmd_chat_render_with(msgs, c->n_turns, &copt, out, &err);
+        if (st == VLMD_ERR_INVALID_ARG) {
+            /* the message starts with the offending "messages[i]..." */
+            char where[64];
+            const char *colon = strchr(err.msg, ':');
+            snprintf(where, sizeof where, "%.*s", colon ? (int)(colon - err.msg) : 0, err.msg);
+            ok = api_fail(e, 400, colon && strcmp(c->param, "messages") == 0 ? where : c->param,
+                          "invalid_value", "%s", err.msg);
+        } else if (st != VLMD_OK || api_tool_answer_prefix_add(tools_body, out) != VLMD_OK) {
+            ok = api_fail(e, 500, NULL, NULL, "out of memory"); /* (a forced call ends it) */
+        }
+    }
+    free(msgs);
+    vlmd_prompt_free(&tools);
+    return ok;
 }
 
 /* chat_template_kwargs (vLLM's): an object whose enable_thinking is a
@@ -224,6 +372,85 @@ static bool thinking_wanted(const json_t *body, bool *on, api_error *e)
     return true;
 }
 
+/* messages[i] -> a turn of c. */
+static bool chat_message(const json_t *m, size_t i, api_chat *c, api_error *e)
+{
+    char param[96];
+    snprintf(param, sizeof param, "messages[%zu]", i);
+    if (!json_is_object(m))
+        return api_fail(e, 400, param, "invalid_type", "each message must be an object");
+    const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
+    snprintf(param, sizeof param, "messages[%zu].role", i);
+    if (!api_plain_string(role))
+        return api_fail(e, 400, param, "invalid_type", "'%s' must be a string (without "
+                        "\\u0000)", param);
+    snprintf(param, sizeof param, "messages[%zu]", i);
+    if (!api_chat_turn_add(c, json_string_value(role), param, e))
+        return false;
+    const char *r = json_string_value(role);
+    const json_t *calls = opt(m, "tool_calls"), *call_id = json_object_get(m, "tool_call_id");
+    snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
+    if (calls && strcmp(r, "assistant") != 0)
+        return api_fail(e, 400, param, "invalid_value", "only assistant messages make calls");
+    if (calls && (!json_is_array(calls) || json_array_size(calls) > API_MAX_TOOLS))
+        return api_fail(e, 400, param, "invalid_type", "'%s' must be a list of at most %d calls",
+                        param, API_MAX_TOOLS);
+    for (size_t k = 0; k < json_array_size(calls); k++) {
+        const json_t *fn = json_object_get(json_array_get(calls, k), "function");
+        snprintf(param, sizeof param, "messages[%zu].tool_calls[%zu].function", i, k);
+        if (!api_chat_call(c, json_object_get(fn, "name"), json_object_get(fn, "arguments"), param,
+                           e))
+            return false;
+    }
+    const json_t *reasoning = opt(m, "reasoning_content");
+    snprintf(param, sizeof param, "messages[%zu].reasoning_content", i);
+    if (strcmp(r, "assistant") == 0 && reasoning) {
+        if (!json_is_string(reasoning))
+            return api_fail(e, 400, param, "invalid_type", "'%s' must be a string", param);
+        if (!api_chat_reasoning(c, json_string_value(reasoning), json_string_length(reasoning),
+                                param, e))
+            return false;
+    }
+    snprintf(param, sizeof param, "messages[%zu].tool_call_id", i);
+    if (strcmp(r, "tool") == 0 && !api_plain_string(call_id))
+        return api_fail(e, 400, param, "invalid_type", "a tool message must name the call it "
+                        "answers in 'tool_call_id'");
+    snprintf(param, sizeof param, "messages[%zu].content", i);
+    if (json_is_string(content) || json_is_null(content) || !content)
+        return api_chat_text(c, json_is_string(content) ? json_string_value(content) : "",
+                             json_string_length(content), param, e);
+    if (!json_is_array(content))
+        return api_fail(e, 400, param, "invalid_type", "'%s' must be a string or a list of parts",
+                        param);
+    for (size_t j = 0; j < json_array_size(content); j++) {
+        const json_t *p = json_array_get(content, j), *type_j = json_object_get(p, "type");
+        const char *type = api_plain_string(type_j) ? json_string_value(type_j) : "";
+        const json_t *text = json_object_get(p, "text"), *file = json_object_get(p, "file");
+        snprintf(param, sizeof param, "messages[%zu].content[%zu]", i, j);
+        bool ok;
+        if (strcmp(type, "text") == 0 && json_is_string(text)) {
+            ok = api_chat_text(c, json_string_value(text), json_string_length(text), param, e);
+        } else if (strcmp(type, "image_url") == 0) {
+            /* {"url": ...} or the URL as a plain string; "detail" is not used */
+            const json_t *iu = json_object_get(p, "image_url");
+            size_t n = strlen(param);
+            snprintf(param + n, sizeof param - n, ".image_url");
+            ok = api_chat_image(c, json_is_object(iu) ? json_object_get(iu, "url") : iu, param, e);
+        } else if (strcmp(type, "file") == 0 && json_is_object(file)) {
+            size_t n = strlen(param);
+            snprintf(param + n, sizeof param - n, ".file");
+            ok = api_chat_file(c, opt(file, "file_data"), opt(file, "file_id"), param, e);
+        } else {
+            ok = api_fail(e, 400, param, "invalid_type", "a content part must be {\"type\": "
+                          "\"text\", \"text\": ...}, an image_url part or a file part (an "
+                          "image's data URI)");
+        }
+        if (!ok)
+            return false;
+    }
+    return true;
+}
+
 /* messages -> the ChatML prompt's pieces (and the images, in order). */
 static bool render_chat(const json_t *body, const api_limits *lim, vlmd_prompt_text *text,
                         api_image **images, uint32_t *n_images, api_error *e)
@@ -232,129 +459,24 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_prompt_t
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
         return api_fail(e, 400, "messages", json_is_array(msgs) ? "invalid_value" : "invalid_type",
                         "'messages' must be a non-empty list of messages");
-    size_t n = json_array_size(msgs), total_parts = 0, text_bytes = 0;
+    size_t n = json_array_size(msgs);
     if (lim->max_messages && n > lim->max_messages)
         return api_fail(e, 400, "messages", "too_many_messages", "%zu messages; at most %u "
                         "(--max-messages)", n, lim->max_messages);
-    for (size_t i = 0; i < n; i++) {
-        const json_t *c = json_object_get(json_array_get(msgs, i), "content");
-        total_parts += json_is_array(c) ? json_array_size(c) : 1;
+    api_chat c;
+    api_chat_init(&c, lim, images != NULL, "messages");
+    bool thinking = true, ok = true;
+    for (size_t i = 0; ok && i < n; i++)
+        ok = chat_message(json_array_get(msgs, i), i, &c, e);
+    ok = ok && thinking_wanted(body, &thinking, e) &&
+         api_chat_render(&c, body, thinking, text, e);
+    if (ok && images) { /* handed over in prompt order */
+        *images = c.images;
+        *n_images = c.n_images;
+        c.images = NULL;
+        c.n_images = 0;
     }
-    vlmd_chat_message *cm = calloc(n, sizeof *cm);
-    vlmd_chat_part *parts = calloc(total_parts ? total_parts : 1, sizeof *parts);
-    bool ok = cm && parts;
-    if (!ok)
-        api_fail(e, 500, NULL, NULL, "out of memory");
-    char param[64];
-    size_t k = 0;
-    for (size_t i = 0; ok && i < n; i++) {
-        const json_t *m = json_array_get(msgs, i);
-        const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
-        snprintf(param, sizeof param, "messages[%zu].role", i);
-        if (!json_is_object(m)) {
-            snprintf(param, sizeof param, "messages[%zu]", i);
-            ok = api_fail(e, 400, param, "invalid_type", "each message must be an object");
-            break;
-        }
-        if (!plain_string(role)) {
-            ok = api_fail(e, 400, param, "invalid_type", "'%s' must be a string (without "
-                          "\\u0000)", param);
-            break;
-        }
-        cm[i].role = json_string_value(role);
-        cm[i].parts = &parts[k];
-        const json_t *calls = json_object_get(m, "tool_calls");
-        const json_t *call_id = json_object_get(m, "tool_call_id");
-        snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
-        if (calls && !json_is_null(calls) && strcmp(cm[i].role, "assistant") != 0) {
-            ok = api_fail(e, 400, param, "invalid_value", "only assistant messages make calls");
-            break;
-        }
-        if (calls && !json_is_null(calls) &&
-            !(ok = api_tool_calls_parse(calls, i, (vlmd_chat_tool_call **)&cm[i].tool_calls,
-                                        &cm[i].n_tool_calls, e)))
-            break;
-        const json_t *reasoning = json_object_get(m, "reasoning_content");
-        snprintf(param, sizeof param, "messages[%zu].reasoning_content", i);
-        if (strcmp(cm[i].role, "assistant") == 0 && reasoning && !json_is_null(reasoning)) {
-            if (!json_is_string(reasoning)) {
-                ok = api_fail(e, 400, param, "invalid_type", "'%s' must be a string", param);
-                break;
-            }
-            cm[i].reasoning = json_string_value(reasoning);
-            cm[i].reasoning_len = json_string_length(reasoning);
-            text_bytes += cm[i].reasoning_len;
-        }
-        snprintf(param, sizeof param, "messages[%zu].tool_call_id", i);
-        if (strcmp(cm[i].role, "tool") == 0 && !plain_string(call_id)) {
-            ok = api_fail(e, 400, param, "invalid_type", "a tool message must name the call it "
-                          "answers in 'tool_call_id'");
-            break;
-        }
-        snprintf(param, sizeof param, "messages[%zu].content", i);
-        if (json_is_string(content) || json_is_null(content) || !content) {
-            parts[k++] = (vlmd_chat_part){VLMD_CHAT_TEXT,
-                                          json_is_string(content) ? json_string_value(content)
-                                                                  : "",
-                                          json_string_length(content)};
-            cm[i].n_parts = 1;
-            text_bytes += json_string_length(content);
-            ok = text_fits(lim, text_bytes, "messages", e);
-            continue;
-        }
-        if (!json_is_array(content)) {
-            ok = api_fail(e, 400, param, "invalid_type", "'%s' must be a string or a list of parts",
-                          param);
-            break;
-        }
-        for (size_t j = 0; ok && j < json_array_size(content); j++) {
-            const json_t *p = json_array_get(content, j);
-            const json_t *type_j = json_object_get(p, "type");
-            const char *type = plain_string(type_j) ? json_string_value(type_j) : NULL;
-            snprintf(param, sizeof param, "messages[%zu].content[%zu]", i, j);
-            if (type && strcmp(type, "text") == 0 &&
-                json_is_string(json_object_get(p, "text"))) {
-                const json_t *t = json_object_get(p, "text");
-                parts[k++] = (vlmd_chat_part){VLMD_CHAT_TEXT, json_string_value(t),
-                                              json_string_length(t)};
-                cm[i].n_parts++;
-                text_bytes += json_string_length(t);
-                ok = text_fits(lim, text_bytes, "messages", e);
-            } else if (type && strcmp(type, "image_url") == 0) {
-                ok = add_image(p, param, images, n_images, lim->max_images, e);
-                parts[k++] = (vlmd_chat_part){VLMD_CHAT_IMAGE, NULL, 0};
-                cm[i].n_parts++;
-            } else {
-                ok = api_fail(e, 400, param, "invalid_type",
-                              "a content part must be {\"type\": \"text\", \"text\": ...} or an "
-                              "image_url part");
-            }
-        }
-    }
-    vlmd_prompt_text tools = VLMD_PROMPT_TEXT_INIT;
-    vlmd_chat_options copt = {.family = lim->chat_family, .add_generation_prompt = true};
-    if (ok && (ok = api_tools_parse(body, &tools, e)) && tools.n_pieces)
-        ok = text_fits(lim, text_bytes + tools.text.len, "tools", e);
-    if (ok)
-        ok = thinking_wanted(body, &copt.enable_thinking, e);
-    if (ok) {
-        vlmd_error err = {0};
-        copt.tools = tools.n_pieces ? &tools : NULL;
-        vlmd_status st = vlmd_chat_render_with(cm, n, &copt, text, &err);
-        if (st == VLMD_ERR_INVALID_ARG) {
-            /* the message starts with the offending "messages[i]..." */
-            char *space = strchr(err.msg, ':');
-            snprintf(param, sizeof param, "%.*s", space ? (int)(space - err.msg) : 0, err.msg);
-            ok = api_fail(e, 400, space ? param : "messages", "invalid_value", "%s", err.msg);
-        } else if (st != VLMD_OK || api_tool_answer_prefix_add(body, text) != VLMD_OK) {
-            ok = api_fail(e, 500, NULL, NULL, "out of memory"); /* (a forced call ends it) */
-        }
-    }
-    for (size_t i = 0; cm && i < n; i++)
-        api_tool_calls_free((vlmd_chat_tool_call *)cm[i].tool_calls, cm[i].n_tool_calls);
-    vlmd_prompt_free(&tools);
-    free(cm);
-    free(parts);
+    api_chat_free(&c);
     return ok;
 }
 
@@ -436,7 +558,7 @@ bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
  * many for the room left (after the longest prompt) are shrunk, never an error. */
 static bool fit_output(api_request *r, const api_limits *lim, api_error *e)
 {
-    const char *param = r->chat ? "messages" : "prompt";
+    const char *param = r->prompt_param;
     size_t longest = 0;
     for (uint32_t i = 0; i < r->n_prompts; i++)
         longest = r->prompts[i].n > longest ? r->prompts[i].n : longest;
@@ -472,16 +594,80 @@ static bool parse_stop_token_ids(const json_t *body, const vlmd_tokenizer *tok, 
     return true;
 }
 
+/* The formats vlmd can produce: only text, until output is constrained to a
+ * grammar. The one place a JSON format is refused, for every endpoint. */
+static bool format_supported(const api_format *f, const char *param, api_error *e)
+{
+    if (f->type == API_FORMAT_TEXT)
+        return true;
+    return api_fail(e, 400, param, "unsupported_parameter", "vlmd does not constrain output to "
+                    "JSON yet: '%s' may only be {\"type\": \"text\"}", param);
+}
+
+bool api_format_parse(const json_t *v, bool flat, const char *param, api_format *out,
+                      api_error *e)
+{
+    *out = (api_format){API_FORMAT_TEXT};
+    if (!v || json_is_null(v))
+        return true;
+    char where[96];
+    snprintf(where, sizeof where, "%s.type", param);
+    const char *type = json_string_value(json_object_get(v, "type"));
+    if (!json_is_object(v) || !type)
+        return api_fail(e, 400, json_is_object(v) ? where : param, "invalid_type", "'%s' must "
+                        "be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}",
+                        param);
+    if (strcmp(type, "text") == 0)
+        return true;
+    if (strcmp(type, "json_object") == 0) {
+        out->type = API_FORMAT_JSON_OBJECT;
+        return format_supported(out, param, e);
+    }
+    if (strcmp(type, "json_schema") != 0)
+        return api_fail(e, 400, where, "invalid_value", "'%s' is '%.64s'; it must be \"text\", "
+                        "\"json_object\" or \"json_schema\"", where, type);
+    /* chat: {"type", "json_schema": {"name", "schema", "strict"}}; flat: the same keys at
+     * the top */
+    const json_t *js = v;
+    char base[48];
+    snprintf(base, sizeof base, "%s", param);
+    if (!flat) {
+        snprintf(base, sizeof base, "%s.json_schema", param);
+        js = json_object_get(v, "json_schema");
+        if (!json_is_object(js))
+            return api_fail(e, 400, base, "invalid_type", "'%s' must be an object with 'name' "
+                            "and 'schema'", base);
+    }
+    const json_t *name = json_object_get(js, "name"), *schema = opt(js, "schema");
+    const json_t *strict = opt(js, "strict"), *desc = opt(js, "description");
+    snprintf(where, sizeof where, "%s.name", base);
+    if (!api_function_name_ok(name))
+        return api_fail(e, 400, where, "invalid_value", "'%s' must be 1 to 64 letters, digits, "
+                        "'_' or '-'", where);
+    snprintf(where, sizeof where, "%s.schema", base);
+    if (schema && !json_is_object(schema))
+        return api_fail(e, 400, where, "invalid_type", "'%s' must be a JSON Schema object",
+                        where);
+    snprintf(where, sizeof where, "%s.strict", base);
+    if (strict && !json_is_boolean(strict))
+        return api_fail(e, 400, where, "invalid_type", "'%s' must be true or false", where);
+    snprintf(where, sizeof where, "%s.description", base);
+    if (desc && !json_is_string(desc))
+        return api_fail(e, 400, where, "invalid_type", "'%s' must be a string", where);
+    out->type = API_FORMAT_JSON_SCHEMA;
+    snprintf(out->name, sizeof out->name, "%s", json_string_value(name));
+    out->strict = json_is_true(strict);
+    out->schema = schema ? json_incref((json_t *)schema) : json_object();
+    if (!out->schema)
+        return api_fail(e, 500, NULL, NULL, "out of memory");
+    return format_supported(out, param, e);
+}
+
 /* OpenAI fields whose answer vlmd cannot give yet: refused by name rather
  * than ignored, since ignoring them gives an answer of another kind (free
  * text for JSON, no audio). Their neutral values pass. */
 static bool refuse_unsupported(const json_t *body, bool chat, int64_t n, api_error *e)
 {
-    const json_t *rf = opt(body, "response_format"), *type = json_object_get(rf, "type");
-    if (chat && rf && !(json_is_string(type) && strcmp(json_string_value(type), "text") == 0))
-        return api_fail(e, 400, "response_format", "unsupported_parameter", "vlmd does not "
-                        "constrain output to JSON yet: 'response_format' may only be "
-                        "{\"type\": \"text\"}");
     const json_t *functions = opt(body, "functions");
     if (chat && functions && (!json_is_array(functions) || json_array_size(functions) > 0))
         return api_fail(e, 400, "functions", "unsupported_parameter", "'functions' is "
@@ -513,45 +699,43 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     memset(r, 0, sizeof *r);
     memset(e, 0, sizeof *e);
     r->chat = chat;
+    r->prompt_param = chat ? "messages" : "prompt";
     r->sampling = lim->defaults;
     bool ok = true;
     if (!json_is_object(body))
         return api_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
-    const json_t *model = opt(body, "model");
-    if (model && !plain_string(model))
-        return api_fail(e, 400, "model", "invalid_type",
-                        "'model' must be a string (without NUL characters)");
-    if (model && strcmp(json_string_value(model), lim->model_name))
-        return api_fail(e, 404, "model", "model_not_found", "the model '%s' does not exist; this "
-                        "server serves '%s'", json_string_value(model), lim->model_name);
+    if (!api_model_check(body, lim, e))
+        return false;
 
     int64_t n = 1, max_tokens = 0, max_completion = 0, top_k = r->sampling.top_k, seed = 0;
     bool max_given = false, completion_given = false, seed_given = false, logprobs = false;
     int64_t top_logprobs = 0, completion_logprobs = 0, min_tokens = 0;
-    ok = get_integer(body, "n", 1, API_MAX_N, &n, NULL, e) &&
-         get_integer(body, "max_tokens", 1, INT32_MAX, &max_tokens, &max_given, e) &&
-         get_integer(body, "max_completion_tokens", 1, INT32_MAX, &max_completion,
+    ok = api_field_integer(body, "n", 1, API_MAX_N, &n, NULL, e) &&
+         api_field_integer(body, "max_tokens", 1, INT32_MAX, &max_tokens, &max_given, e) &&
+         api_field_integer(body, "max_completion_tokens", 1, INT32_MAX, &max_completion,
                      &completion_given, e) &&
-         get_number(body, "temperature", 0, 2, false, &r->sampling.temperature, e) &&
-         get_number(body, "top_p", 0, 1, true, &r->sampling.top_p, e) &&
-         get_integer(body, "top_k", -1, INT32_MAX, &top_k, NULL, e) &&
-         get_number(body, "min_p", 0, 1, false, &r->sampling.min_p, e) &&
-         get_number(body, "presence_penalty", -2, 2, false, &r->sampling.presence_penalty, e) &&
-         get_number(body, "frequency_penalty", -2, 2, false, &r->sampling.frequency_penalty, e) &&
-         get_number(body, "repetition_penalty", 0, 2, true, &r->sampling.repetition_penalty, e) &&
-         get_integer(body, "seed", INT64_MIN, INT64_MAX, &seed, &seed_given, e) &&
-         get_bool(body, "stream", &r->stream, e) &&
-         get_bool(body, "ignore_eos", &r->ignore_eos, e) && parse_stops(body, r, e) &&
+         api_field_number(body, "temperature", 0, 2, false, &r->sampling.temperature, e) &&
+         api_field_number(body, "top_p", 0, 1, true, &r->sampling.top_p, e) &&
+         api_field_integer(body, "top_k", -1, INT32_MAX, &top_k, NULL, e) &&
+         api_field_number(body, "min_p", 0, 1, false, &r->sampling.min_p, e) &&
+         api_field_number(body, "presence_penalty", -2, 2, false, &r->sampling.presence_penalty, e) &&
+         api_field_number(body, "frequency_penalty", -2, 2, false, &r->sampling.frequency_penalty, e) &&
+         api_field_number(body, "repetition_penalty", 0, 2, true, &r->sampling.repetition_penalty, e) &&
+         api_field_integer(body, "seed", INT64_MIN, INT64_MAX, &seed, &seed_given, e) &&
+         api_field_bool(body, "stream", &r->stream, e) &&
+         api_field_bool(body, "ignore_eos", &r->ignore_eos, e) && parse_stops(body, r, e) &&
          parse_logit_bias(body, vlmd_tokenizer_size(tok), r, e) &&
          parse_stop_token_ids(body, tok, r, e) &&
-         get_integer(body, "min_tokens", 0, INT32_MAX, &min_tokens, NULL, e) &&
-         refuse_unsupported(body, chat, n, e);
+         api_field_integer(body, "min_tokens", 0, INT32_MAX, &min_tokens, NULL, e) &&
+         refuse_unsupported(body, chat, n, e) &&
+         (!chat ||
+          api_format_parse(opt(body, "response_format"), false, "response_format", &r->format, e));
     if (ok && chat)
-        ok = get_bool(body, "logprobs", &logprobs, e) &&
-             get_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e);
+        ok = api_field_bool(body, "logprobs", &logprobs, e) &&
+             api_field_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e);
     if (ok && !chat)
-        ok = get_integer(body, "logprobs", 0, 20, &completion_logprobs, NULL, e) &&
-             get_bool(body, "echo", &r->echo, e);
+        ok = api_field_integer(body, "logprobs", 0, 20, &completion_logprobs, NULL, e) &&
+             api_field_bool(body, "echo", &r->echo, e);
     const json_t *user = opt(body, "user");
     if (ok && user && !json_is_string(user))
         ok = api_fail(e, 400, "user", "invalid_type", "'user' must be a string");
@@ -564,7 +748,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
             ok = api_fail(e, 400, "stream_options", "invalid_value",
                           "'stream_options' is only allowed with \"stream\": true");
         else
-            ok = get_bool(so, "include_usage", &r->include_usage, e);
+            ok = api_field_bool(so, "include_usage", &r->include_usage, e);
         if (!ok && strcmp(e->param, "include_usage") == 0)
             snprintf(e->param, sizeof e->param, "stream_options.include_usage");
     }
@@ -597,30 +781,46 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     bool thinking = false; /* (the prompt's rendering checked it) */
     r->reasoning = ok && chat && lim->chat_family && lim->chat_family->thinking &&
                    !r->answer_prefix && thinking_wanted(body, &thinking, e) && thinking;
-    for (uint32_t i = 0; ok && i < r->n_prompts; i++)
-        if (r->prompts[i].n == 0)
-            ok = api_fail(e, 400, chat ? "messages" : "prompt", "invalid_value",
-                          "the prompt is empty");
     /* max_completion_tokens wins over the older max_tokens; neither: chat gets the room
      * left, completions OpenAI's 16 */
     r->asked_max_tokens = completion_given ? max_completion
                           : max_given      ? max_tokens
                           : chat           ? 0
                                            : 16;
-    if (ok && r->asked_max_tokens && r->min_tokens > r->asked_max_tokens)
-        ok = api_fail(e, 400, "min_tokens", "invalid_value", "min_tokens (%u) is more than the "
-                      "%lld tokens asked for", r->min_tokens, (long long)r->asked_max_tokens);
-    if (ok && lim->max_output_tokens && r->asked_max_tokens > lim->max_output_tokens)
-        ok = api_fail(e, 400, completion_given ? "max_completion_tokens" : "max_tokens",
-                      "invalid_value", "%lld tokens asked; at most %u (--max-output-tokens)",
-                      (long long)r->asked_max_tokens, lim->max_output_tokens);
-    if (ok && !r->n_images)
-        ok = fit_output(r, lim, e);
-    if (!ok) {
+    ok = ok && api_request_finish(r, lim, completion_given ? "max_completion_tokens"
+                                                           : "max_tokens", e);
+    if (!ok)
         api_request_free(r);
-        return false;
-    }
+    return ok;
+}
+
+bool api_model_check(const json_t *body, const api_limits *lim, api_error *e)
+{
+    const json_t *model = opt(body, "model");
+    if (model && !api_plain_string(model))
+        return api_fail(e, 400, "model", "invalid_type",
+                        "'model' must be a string (without NUL characters)");
+    if (model && strcmp(json_string_value(model), lim->model_name))
+        return api_fail(e, 404, "model", "model_not_found", "the model '%s' does not exist; this "
+                        "server serves '%s'", json_string_value(model), lim->model_name);
     return true;
+}
+
+bool api_request_finish(api_request *r, const api_limits *lim, const char *max_param,
+                        api_error *e)
+{
+    for (uint32_t i = 0; i < r->n_prompts; i++)
+        if (r->prompts[i].n == 0)
+            return api_fail(e, 400, r->prompt_param, "invalid_value", "the prompt is empty");
+    if (r->asked_max_tokens && r->min_tokens > r->asked_max_tokens)
+        return api_fail(e, 400, "min_tokens", "invalid_value", "min_tokens (%u) is more than "
+                        "the %lld tokens asked for", r->min_tokens,
+                        (long long)r->asked_max_tokens);
+    if (lim->max_output_tokens && r->asked_max_tokens > lim->max_output_tokens)
+        return api_fail(e, 400, max_param, "invalid_value", "%lld tokens asked; at most %u "
+                        "(--max-output-tokens)", (long long)r->asked_max_tokens,
+                        lim->max_output_tokens);
+    return r->n_images || fit_output(r, lim, e);
 }
 
 bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *token_offsets,
@@ -639,7 +839,7 @@ bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *
                                             &ids, &n, &err);
     free(counts);
     if (st != VLMD_OK) /* a check: only the template writes pads, request text cannot */
-        return api_fail(e, 400, "messages", "invalid_value", "the prompt's image placeholders "
+        return api_fail(e, 400, r->prompt_param, "invalid_value", "the prompt's image placeholders "
                         "do not match its %u images: %s", r->n_images, err.msg);
     free(prompt->ids);
     prompt->ids = ids;
@@ -676,6 +876,8 @@ void api_request_free(api_request *r)
     free(r->answer_prefix);
     r->answer_prefix = NULL;
     r->n_logit_bias = 0;
+    json_decref(r->format.schema);
+    r->format = (api_format){API_FORMAT_TEXT};
 }
 
 void api_sampling_defaults(const char *model_dir, vlmd_sampling *out)

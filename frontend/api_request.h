@@ -40,8 +40,23 @@ typedef struct api_limits {
     const vlmd_chat_family *chat_family; /* the model's chat template; NULL: qwen2 */
 } api_limits;
 
+/* The answer's format: response_format (chat) or text.format (Responses). */
+typedef enum api_format_type {
+    API_FORMAT_TEXT,
+    API_FORMAT_JSON_OBJECT,
+    API_FORMAT_JSON_SCHEMA,
+} api_format_type;
+
+typedef struct api_format {
+    api_format_type type;
+    json_t *schema;                 /* JSON_SCHEMA: a reference (owned) to the request's */
+    char name[65];                  /* JSON_SCHEMA: its name */
+    bool strict;
+} api_format;
+
 typedef struct api_request {
     bool chat;
+    const char *prompt_param;       /* static: "messages", "prompt" or "input", for errors */
     bool stream, include_usage, echo;
     bool ignore_eos;                /* generate past end-of-sequence (benchmarks; vLLM's extension) */
     uint32_t n;                     /* choices per prompt, each its own engine request */
@@ -66,6 +81,7 @@ typedef struct api_request {
     api_image *images;              /* owned; in prompt order */
     uint32_t n_images;
     int64_t asked_max_tokens;       /* max_(completion_)tokens as given; 0 = not given */
+    api_format format;
 } api_request;
 
 /* Parses body for /v1/completions (chat false) or /v1/chat/completions.
@@ -95,6 +111,78 @@ void api_request_free(api_request *r);
 bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
                        const api_limits *lim, vlmd_tokens *out, api_image **images,
                        uint32_t *n_images, api_error *e);
+
+/* ---- parts shared with the Responses API (responses.h) ---------------------------- */
+
+/* The chat of a request being built turn by turn (from chat messages, or
+ * Responses items), then rendered through the model's chat template. Text is
+ * borrowed from the request's JSON, which must outlive it; images and calls
+ * are owned. Each function returns false with e filled (a 400 naming param,
+ * or a 500 when out of memory). */
+typedef struct api_chat_turn api_chat_turn;
+typedef struct api_chat {
+    const api_limits *lim;
+    const char *param;              /* static: the request's list of turns ("messages",
+                                     * "input"), named by errors about the whole */
+    api_chat_turn *turns;           /* owned */
+    size_t n_turns, cap_turns;
+    vlmd_chat_part *parts;          /* owned; each turn's are consecutive */
+    size_t n_parts, cap_parts;
+    api_image *images;              /* owned until api_chat_take_images; in prompt order */
+    uint32_t n_images;
+    bool images_allowed;            /* false: an image is refused (/tokenize, completions) */
+    size_t text_bytes;              /* counted against --max-prompt-bytes */
+} api_chat;
+
+void api_chat_init(api_chat *c, const api_limits *lim, bool images_allowed, const char *param);
+void api_chat_free(api_chat *c);
+/* Starts a turn of role (borrowed; "developer" is a system turn; the
+ * template refuses what it does not know); --max-messages applies. */
+bool api_chat_turn_add(api_chat *c, const char *role, const char *param, api_error *e);
+/* Appends to the current turn: text, an image (url: a JSON string, a data
+ * URI or URL; param names it), a file part (file_data an image's data URI,
+ * else refused naming its type; file_id alone: files are not stored), a
+ * call (api_tool_call_read's checks), reasoning (an assistant's). */
+bool api_chat_text(api_chat *c, const char *text, size_t len, const char *param, api_error *e);
+bool api_chat_image(api_chat *c, const json_t *url, const char *param, api_error *e);
+bool api_chat_file(api_chat *c, const json_t *file_data, const json_t *file_id,
+                   const char *param, api_error *e);
+bool api_chat_call(api_chat *c, const json_t *name, const json_t *arguments, const char *param,
+                   api_error *e);
+bool api_chat_reasoning(api_chat *c, const char *text, size_t len, const char *param,
+                        api_error *e);
+/* The prompt: the turns through the chat template, with the tools section
+ * and forced call of tools_body (a body in chat's shape: "tools",
+ * "tool_choice"; tools.h) and thinking on or off. */
+bool api_chat_render(api_chat *c, const json_t *tools_body, bool thinking,
+                     vlmd_prompt_text *out, api_error *e);
+
+/* Optional fields of a body: absent or null keeps *out (the default);
+ * else type and range are checked, a failure naming key. */
+bool api_field_number(const json_t *body, const char *key, double min, double max,
+                      bool min_open, double *out, api_error *e);
+bool api_field_integer(const json_t *body, const char *key, int64_t min, int64_t max,
+                       int64_t *out, bool *given, api_error *e);
+bool api_field_bool(const json_t *body, const char *key, bool *out, api_error *e);
+/* A JSON string holding no NUL (names, URLs: used as C strings). */
+bool api_plain_string(const json_t *s);
+/* "model", when given, must be the served one (404 otherwise). */
+bool api_model_check(const json_t *body, const api_limits *lim, api_error *e);
+
+/* The answer's format from v (absent or null: text): chat's response_format
+ * {"type", "json_schema": {"name", "schema", "strict"}}, or flat (the
+ * Responses text.format: {"type", "name", "schema", "strict"}). Its shape is
+ * checked (a 400 naming param or the field within it); then a format vlmd
+ * cannot produce yet is refused, here for both endpoints. */
+bool api_format_parse(const json_t *v, bool flat, const char *param, api_format *out,
+                      api_error *e);
+
+/* The end of a parse, once prompts, images and sampling are set: the prompt
+ * must not be empty; asked_max_tokens within --max-output-tokens (a 400
+ * naming max_param) and min_tokens; without images, max_tokens fitted to the
+ * room the prompt leaves. */
+bool api_request_finish(api_request *r, const api_limits *lim, const char *max_param,
+                        api_error *e);
 
 /* True when v is an integer id of tok's vocabulary, written to *id. */
 bool api_token_id(const json_t *v, const vlmd_tokenizer *tok, uint32_t *id);

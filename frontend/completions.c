@@ -133,7 +133,7 @@ static void stream_flush(completions *c, uint64_t req_id)
     h2o_send(req, &buf, 1, final ? H2O_SEND_STATE_FINAL : H2O_SEND_STATE_IN_PROGRESS);
 }
 
-static void stream_start(completions *c, inflight_entry *e)
+void completions_stream_begin(completions *c, inflight_entry *e)
 {
     if (e->started)
         return;
@@ -154,6 +154,8 @@ static void stream_start(completions *c, inflight_entry *e)
     stream_gen *g = h2o_mem_alloc_pool(&req->pool, sizeof *g);
     *g = (stream_gen){{on_proceed, NULL}, c, e->req_id};
     h2o_start_response(req, &g->super);
+    if (e->writer->begin)
+        e->writer->begin(c, e);
 }
 
 /* Queues one SSE event (takes the reference). */
@@ -257,16 +259,25 @@ static size_t prompt_tokens(const api_request *r)
     return n;
 }
 
+void completions_usage(const inflight_entry *e, uint32_t *prompt, uint32_t *completion,
+                       uint32_t *reasoning, uint32_t *cached)
+{
+    *prompt = (uint32_t)prompt_tokens(&e->api);
+    *completion = *reasoning = 0;
+    *cached = e->choices[0].cached_tokens;
+    for (uint32_t i = 0; i < e->n_choices; i++) {
+        *completion += e->choices[i].completion_tokens;
+        *reasoning += e->choices[i].reasoning_tokens;
+        *cached = e->choices[i].cached_tokens < *cached ? e->choices[i].cached_tokens : *cached;
+    }
+}
+
 /* Each prompt counts once; completion tokens are every choice's; cached
  * tokens the fewest any choice was given. */
 static json_t *usage_json(const inflight_entry *e)
 {
-    uint32_t completion = 0, cached = e->choices[0].cached_tokens;
-    for (uint32_t i = 0; i < e->n_choices; i++) {
-        completion += e->choices[i].completion_tokens;
-        cached = e->choices[i].cached_tokens < cached ? e->choices[i].cached_tokens : cached;
-    }
-    size_t prompt = prompt_tokens(&e->api);
+    uint32_t prompt, completion, reasoning, cached;
+    completions_usage(e, &prompt, &completion, &reasoning, &cached);
     return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", (int)prompt,
                      "completion_tokens", (int)completion, "total_tokens",
                      (int)(prompt + completion), "prompt_tokens_details",
@@ -314,14 +325,11 @@ static json_t *chunk_json(const completions *c, const inflight_entry *e, uint32_
     return stream_chunk(c, e, json_pack("[o]", choice));
 }
 
-/* Call k of choice i as OpenAI writes one: {"id", "type", "function": {"name", "arguments"}}. */
-static json_t *call_json(const inflight_entry *e, uint32_t i, uint32_t k, const tool_call *call)
+void completions_call_id(const inflight_entry *e, uint32_t index, uint32_t k, char *out,
+                         size_t outsz)
 {
-    char id[48];
-    snprintf(id, sizeof id, "call_%016llx%02x%02x", (unsigned long long)e->req_id, i & 0xff,
+    snprintf(out, outsz, "call_%016llx%02x%02x", (unsigned long long)e->req_id, index & 0xff,
              k & 0xff);
-    return json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function", "function",
-                     "name", call->name, "arguments", call->arguments);
 }
 
 /* A choice that stopped after making calls finished with "tool_calls". */
@@ -330,44 +338,81 @@ static const char *finish_reason(const char *finish, bool called)
     return called && strcmp(finish, "stop") == 0 ? "tool_calls" : finish;
 }
 
-/* An answer's text split into content and calls (tools.h): the message with
- * "tool_calls" (content null when there is none before them) when every
- * <tool_call> block is a call, else with the whole text as content. */
-static json_t *chat_message(const inflight_entry *e, uint32_t i, const char **finish)
+void completions_answer_of(const inflight_entry *e, uint32_t index, completions_answer *a)
 {
-    const inflight_choice *ch = &e->choices[i];
+    const inflight_choice *ch = &e->choices[index];
     const char *text = ch->text.data ? ch->text.data : "";
+    *a = (completions_answer){.finish = ch->finish};
     bool begun = false;
     size_t content_end = e->api.tools ? tool_content_end(text, ch->sent, true, &begun) : 0;
-    json_t *calls = json_array();
-    tool_call call;
     bool all_calls = begun;
     size_t pos = content_end;
+    tool_call call;
     while (all_calls && tool_call_next(text, ch->sent, true, &pos, &call)) {
         all_calls = call.name != NULL;
-        if (all_calls)
-            json_array_append_new(calls, call_json(e, i, (uint32_t)json_array_size(calls), &call));
-        tool_call_free(&call);
+        tool_call *grown = all_calls ? realloc(a->calls, (a->n_calls + 1) * sizeof *grown) : NULL;
+        if (grown) {
+            a->calls = grown;
+            a->calls[a->n_calls++] = call;
+        } else {
+            all_calls = false; /* (out of memory: the text as it is) */
+            tool_call_free(&call);
+        }
     }
-    json_t *message;
-    if (!all_calls || json_array_size(calls) == 0) {
-        json_decref(calls);
+    if (!all_calls || a->n_calls == 0) {
+        completions_answer_free(a);
+        a->finish = ch->finish;
         /* a thinking model's answer may be all reasoning: no content */
-        message = json_pack("{s:s, s:o}", "role", "assistant", "content",
-                            ch->sent || !e->api.reasoning ? json_stringn(text, ch->sent)
-                                                          : json_null());
+        a->content = ch->sent || !e->api.reasoning ? text : NULL;
+        a->content_len = ch->sent;
     } else {
-        *finish = finish_reason(*finish, true);
-        message = json_pack("{s:s, s:o, s:o}", "role", "assistant", "content",
-                            content_end ? json_stringn(text, content_end) : json_null(),
-                            "tool_calls", calls);
+        a->finish = finish_reason(ch->finish, true);
+        a->content = content_end ? text : NULL;
+        a->content_len = content_end;
     }
     if (e->api.reasoning) {
         size_t start, end;
         const char *r = ch->reasoning.data ? ch->reasoning.data : "";
         reasoning_shown(r, ch->reasoning.len, true, &start, &end);
-        json_object_set_new(message, "reasoning_content", json_stringn(r + start, end - start));
+        a->reasoning = r + start;
+        a->reasoning_len = end - start;
     }
+}
+
+void completions_answer_free(completions_answer *a)
+{
+    for (size_t k = 0; k < a->n_calls; k++)
+        tool_call_free(&a->calls[k]);
+    free(a->calls);
+    a->calls = NULL;
+    a->n_calls = 0;
+}
+
+/* A choice's message: content (null when there is none), tool_calls (each
+ * {"id", "type", "function": {"name", "arguments"}}), reasoning_content. */
+static json_t *chat_message(const inflight_entry *e, uint32_t i, const char **finish)
+{
+    completions_answer a;
+    completions_answer_of(e, i, &a);
+    *finish = a.finish;
+    json_t *message = json_pack("{s:s, s:o}", "role", "assistant", "content",
+                                a.content ? json_stringn(a.content, a.content_len) : json_null());
+    if (a.n_calls) {
+        json_t *calls = json_array();
+        for (size_t k = 0; k < a.n_calls; k++) {
+            char id[48];
+            completions_call_id(e, i, (uint32_t)k, id, sizeof id);
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type",
+                                                   "function", "function", "name",
+                                                   a.calls[k].name, "arguments",
+                                                   a.calls[k].arguments));
+        }
+        json_object_set_new(message, "tool_calls", calls);
+    }
+    if (a.reasoning)
+        json_object_set_new(message, "reasoning_content",
+                            json_stringn(a.reasoning, a.reasoning_len));
+    completions_answer_free(&a);
     return message;
 }
 
@@ -393,6 +438,88 @@ static json_t *full_json(const completions *c, const inflight_entry *e)
                      (json_int_t)e->created_unix_s, "model", c->limits.model_name, "choices",
                      choices, "usage", usage_json(e));
 }
+
+/* ---- the chat and completions writer ------------------------------------------------ */
+
+static void openai_text(completions *c, inflight_entry *e, uint32_t index, const char *reasoning,
+                        size_t reasoning_len, const char *content, size_t len, bool first,
+                        json_t *logprobs)
+{
+    stream_event(e, chunk_json(c, e, index, reasoning, reasoning_len, content, len, NULL, first,
+                               logprobs));
+}
+
+/* A tool_calls delta of choice `index` (entry taken). */
+static void call_delta(completions *c, inflight_entry *e, uint32_t index, json_t *entry,
+                       bool first)
+{
+    json_t *delta = json_pack("{s:[o]}", "tool_calls", entry);
+    if (first)
+        json_object_set_new(delta, "role", json_string("assistant"));
+    stream_event(e, stream_chunk(c, e, json_pack("[{s:i, s:o, s:n, s:n}]", "index", (int)index,
+                                                 "delta", delta, "logprobs", "finish_reason")));
+}
+
+/* As OpenAI streams a call: its index, id, type and name first, then its
+ * arguments in pieces (each {"index", "function": {"arguments"}}). */
+static void openai_call_begin(completions *c, inflight_entry *e, uint32_t index, uint32_t k,
+                              const char *name, const char *arguments, size_t len, bool first)
+{
+    char id[48];
+    completions_call_id(e, index, k, id, sizeof id);
+    call_delta(c, e, index, json_pack("{s:i, s:s, s:s, s:{s:s, s:s%}}", "index", (int)k, "id", id,
+                                      "type", "function", "function", "name", name, "arguments",
+                                      arguments, len), first);
+}
+
+static void openai_call_arguments(completions *c, inflight_entry *e, uint32_t index, uint32_t k,
+                                  const char *piece, size_t len)
+{
+    call_delta(c, e, index, json_pack("{s:i, s:{s:s%}}", "index", (int)k, "function",
+                                      "arguments", piece, len), false);
+}
+
+static void openai_call_end(completions *c, inflight_entry *e, uint32_t index, uint32_t k,
+                            bool complete)
+{
+    (void)c, (void)e, (void)index, (void)k, (void)complete;
+}
+
+static void openai_choice_end(completions *c, inflight_entry *e, uint32_t index,
+                              const char *finish)
+{
+    stream_event(e, chunk_json(c, e, index, NULL, 0, "", 0, finish, false, NULL));
+}
+
+static void openai_end(completions *c, inflight_entry *e)
+{
+    if (e->api.include_usage) {
+        json_t *last = stream_chunk(c, e, json_array());
+        json_object_set_new(last, "usage", usage_json(e));
+        stream_event(e, last);
+    }
+    vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
+}
+
+static void openai_fail(completions *c, inflight_entry *e, const char *message, const char *code)
+{
+    (void)c;
+    stream_event(e, json_pack("{s:{s:s, s:s, s:n, s:o}}", "error", "message", message, "type",
+                              "server_error", "param", "code",
+                              code ? json_string(code) : json_null()));
+    vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
+}
+
+static json_t *openai_whole(completions *c, inflight_entry *e)
+{
+    return full_json(c, e);
+}
+
+static const answer_writer openai_writer = {
+    .text = openai_text, .call_begin = openai_call_begin,
+    .call_arguments = openai_call_arguments, .call_end = openai_call_end,
+    .choice_end = openai_choice_end, .end = openai_end, .fail = openai_fail,
+    .whole = openai_whole};
 
 /* ---- stop strings ------------------------------------------------------------------ */
 
@@ -615,41 +742,49 @@ static bool session_header(h2o_req_t *req, char *out, size_t outsz, api_error *e
     return true;
 }
 
-static void handle(h2o_req_t *req, completions *c, bool chat)
+bool completions_accepting(completions *c, h2o_req_t *req)
 {
     if (c->draining) {
         vlmd_send_api_error_with_header(req, 503, "the server is shutting down", NULL,
                                         "shutting_down", "retry-after", "1");
-        return;
+        return false;
     }
     if (c->router_down) {
         vlmd_send_api_error_with_header(req, 503, "the router is not answering; try again", NULL,
                                         "router_unavailable", "retry-after", "1");
-        return;
+        return false;
     }
+    return true;
+}
+
+json_t *completions_read_body(h2o_req_t *req)
+{
     json_error_t jerr;
     json_t *body = json_loadb(req->entity.base, req->entity.len, API_JSON_FLAGS, &jerr);
-    api_error err;
-    api_request r;
     if (!body) {
         char msg[300];
         snprintf(msg, sizeof msg, "the body is not valid JSON: %s", jerr.text);
         vlmd_send_api_error(req, 400, msg, NULL, "invalid_json");
-        return;
     }
-    bool ok = api_request_parse(body, chat, &c->limits, c->tok, &r, &err);
-    json_decref(body);
-    if (!ok) {
-        send_api_error(req, &err);
-        return;
-    }
-    inflight_entry *e = inflight_add(&c->table, req, r.n * r.n_prompts);
+    return body;
+}
+
+void completions_start(completions *c, h2o_req_t *req, api_request *r, const answer_writer *w,
+                       void *state, void (*state_free)(void *state))
+{
+    api_error err;
+    inflight_entry *e = inflight_add(&c->table, req, r->n * r->n_prompts);
     if (!e) {
-        api_request_free(&r);
+        api_request_free(r);
+        if (state_free)
+            state_free(state);
         vlmd_send_api_error(req, 500, "out of memory", NULL, NULL);
         return;
     }
-    e->api = r;
+    e->api = *r;
+    e->writer = w;
+    e->writer_state = state;
+    e->writer_state_free = state_free;
     if (!session_header(req, e->session, sizeof e->session, &err)) {
         fail_entry(c, e, &err);
         return;
@@ -657,19 +792,37 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
     for (uint32_t i = 0; i < e->n_choices; i++) {
         inflight_choice *ch = &e->choices[i];
         ch->detok.skip_special = true;
-        ch->thinking = r.reasoning;
-        const vlmd_tokens *prompt = &r.prompts[i / r.n];
-        if (r.echo) /* its prompt comes first, as written (its specials included) */
+        ch->thinking = r->reasoning;
+        const vlmd_tokens *prompt = &r->prompts[i / r->n];
+        if (r->echo) /* its prompt comes first, as written (its specials included) */
             vlmd_tokenizer_decode(c->tok, prompt->ids, prompt->n, false, &ch->text, NULL);
-        if (r.answer_prefix) /* a forced call: read as if the model had written its start */
-            vlmd_buf_puts(&ch->text, r.answer_prefix);
+        if (r->answer_prefix) /* a forced call: read as if the model had written its start */
+            vlmd_buf_puts(&ch->text, r->answer_prefix);
         ch->prompt_text_len = ch->text.len;
         ch->checked = ch->text.len; /* the echoed prompt is not searched for stops */
     }
-    if (r.n_images)
+    if (r->n_images)
         start_images(c, e);
     else
         submit(c, e, NULL);
+}
+
+static void handle(h2o_req_t *req, completions *c, bool chat)
+{
+    if (!completions_accepting(c, req))
+        return;
+    json_t *body = completions_read_body(req);
+    if (!body)
+        return;
+    api_error err;
+    api_request r;
+    bool ok = api_request_parse(body, chat, &c->limits, c->tok, &r, &err);
+    json_decref(body);
+    if (!ok) {
+        send_api_error(req, &err);
+        return;
+    }
+    completions_start(c, req, &r, &openai_writer, NULL, NULL);
 }
 
 void completions_handle_text(h2o_req_t *req, void *ud)
@@ -695,7 +848,7 @@ static void finish(completions *c, inflight_entry *e)
     c->metrics.finished[stopped ? 0 : 1]++;
     if (!e->api.stream) {
         h2o_req_t *req = e->req;
-        json_t *resp = full_json(c, e);
+        json_t *resp = e->writer->whole(c, e);
         char capped[16];
         snprintf(capped, sizeof capped, "%u", e->capped);
         const char *header = e->capped ? CAPPED_HEADER : NULL;
@@ -703,13 +856,8 @@ static void finish(completions *c, inflight_entry *e)
         vlmd_send_json(req, 200, resp, header, capped);
         return;
     }
-    stream_start(c, e);
-    if (e->api.include_usage) {
-        json_t *last = stream_chunk(c, e, json_array());
-        json_object_set_new(last, "usage", usage_json(e));
-        stream_event(e, last);
-    }
-    vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
+    completions_stream_begin(c, e);
+    e->writer->end(c, e);
     e->final_queued = true;
     stream_flush(c, id);
 }
@@ -746,32 +894,70 @@ static size_t streamed_content_end(inflight_choice *ch, size_t end, bool final)
     return content_end;
 }
 
-/* tools, streamed: each <tool_call> block complete in text[0..end) (final:
- * an unfinished one too) goes out as a call; a block that is not a call goes
- * out as the text it is. */
+/* tools, streamed: the calls of text[call_pos..end) as they come. A block
+ * that starts as a call (tools.h) begins with its name, then its arguments
+ * go out as they are generated, up to the brace that closes them; any other
+ * block goes out once it closes, as a whole call or as the text it is. */
 static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size_t end,
                          bool final)
 {
     inflight_choice *ch = &e->choices[index];
+    const answer_writer *w = e->writer;
     const char *text = ch->text.data ? ch->text.data : "";
-    tool_call call;
-    while (tool_call_next(text, end, final, &ch->call_pos, &call)) {
-        json_t *delta;
+    for (;;) {
+        if (ch->in_arguments) {
+            size_t from = ch->args.end;
+            tool_args_scan(&ch->args, text, end);
+            completions_stream_begin(c, e);
+            if (ch->args.end > from)
+                w->call_arguments(c, e, index, ch->n_calls - 1, text + from, ch->args.end - from);
+            if (!ch->args.closed && !final)
+                return;
+            w->call_end(c, e, index, ch->n_calls - 1, ch->args.closed);
+            ch->in_arguments = false;
+            ch->after_arguments = true;
+            ch->call_pos = ch->args.end;
+        }
+        if (ch->after_arguments) { /* the rest of the block, up to its </tool_call> */
+            bool found;
+            size_t after = tool_call_close(text, end, ch->call_pos, &found);
+            if (!found && !final)
+                return;
+            ch->after_arguments = false;
+            ch->call_pos = after;
+        }
+        size_t open = tool_call_find(text, end, ch->call_pos);
+        if (open == end)
+            return;
+        char *name;
+        tool_args args;
+        tool_head head = tool_call_head(text, end, open, &name, &args);
+        if (head == TOOL_HEAD_WAIT && !final)
+            return;
+        bool first = !ch->spoke;
+        completions_stream_begin(c, e);
+        if (head == TOOL_HEAD_CALL) {
+            ch->spoke = true;
+            w->call_begin(c, e, index, ch->n_calls++, name, "", 0, first);
+            free(name);
+            ch->args = args;
+            ch->in_arguments = true;
+            continue;
+        }
+        tool_call call;
+        size_t pos = ch->call_pos;
+        if (!tool_call_next(text, end, final, &pos, &call))
+            return;
+        ch->call_pos = pos;
+        ch->spoke = true;
         if (call.name) {
-            json_t *entry = call_json(e, index, ch->n_calls, &call);
-            json_object_set_new(entry, "index", json_integer(ch->n_calls++));
-            delta = json_pack("{s:[o]}", "tool_calls", entry);
+            w->call_begin(c, e, index, ch->n_calls++, call.name, call.arguments,
+                          strlen(call.arguments), first);
+            w->call_end(c, e, index, ch->n_calls - 1, !call.cut);
         } else {
-            delta = json_pack("{s:s%}", "content", text + call.start, call.end - call.start);
+            w->text(c, e, index, NULL, 0, text + call.start, call.end - call.start, first, NULL);
         }
         tool_call_free(&call);
-        if (!ch->spoke)
-            json_object_set_new(delta, "role", json_string("assistant"));
-        ch->spoke = true;
-        stream_start(c, e);
-        stream_event(e, stream_chunk(c, e, json_pack("[{s:i, s:o, s:n, s:n}]", "index",
-                                                     (int)index, "delta", delta, "logprobs",
-                                                     "finish_reason")));
     }
 }
 
@@ -808,9 +994,7 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
             return;
         }
         c->metrics.finished[2]++;
-        stream_event(e, json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", m->message,
-                                  "type", "server_error", "param", "code"));
-        vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
+        e->writer->fail(c, e, m->message, NULL);
         e->final_queued = true;
         stream_flush(c, e->req_id);
         return;
@@ -828,6 +1012,8 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         c->metrics.completion_tokens += m->n_tokens;
     }
     ch->completion_tokens += m->n_tokens;
+    if (ch->thinking)
+        ch->reasoning_tokens += m->n_tokens;
     size_t text_before = ch->text.len;
     /* until </think> the text is reasoning (end_reasoning moves what follows it) */
     vlmd_buf *into = ch->thinking ? &ch->reasoning : &ch->text;
@@ -878,15 +1064,14 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
          * of reasoning held back: an empty reasoning_content) */
         bool first = !ch->spoke;
         ch->spoke = true;
-        stream_start(c, e);
+        completions_stream_begin(c, e);
         json_t *lp = n_chunk_lps ? logprobs_json(c, e, chunk_lps, n_chunk_lps, text_before)
                                  : NULL;
         bool with_reasoning = reasoned || (ch->thinking && show <= ch->sent);
-        stream_event(e, chunk_json(c, e, index,
-                                   with_reasoning ? reasoning + ch->reasoning_sent : NULL,
-                                   reasoned ? shown - ch->reasoning_sent : 0,
-                                   ch->text.data ? ch->text.data + ch->sent : "",
-                                   show - ch->sent, NULL, first, lp));
+        e->writer->text(c, e, index, with_reasoning ? reasoning + ch->reasoning_sent : NULL,
+                        reasoned ? shown - ch->reasoning_sent : 0,
+                        ch->text.data ? ch->text.data + ch->sent : "", show - ch->sent, first,
+                        lp);
     }
     ch->reasoning_sent = shown > ch->reasoning_sent ? shown : ch->reasoning_sent;
     ch->sent = show > ch->sent ? show : ch->sent;
@@ -895,9 +1080,8 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
     if (final) {
         ch->finish = hit || m->finish == VLMD_FINISH_STOP ? "stop" : "length";
         if (e->api.stream) {
-            stream_start(c, e);
-            stream_event(e, chunk_json(c, e, index, NULL, 0, "", 0,
-                                       finish_reason(ch->finish, ch->n_calls), false, NULL));
+            completions_stream_begin(c, e);
+            e->writer->choice_end(c, e, index, finish_reason(ch->finish, ch->n_calls));
         }
         if (++e->n_finished == e->n_choices) {
             finish(c, e);
@@ -926,9 +1110,7 @@ static void time_out(completions *c, inflight_entry *e)
     if (e->final_queued)
         return;
     c->metrics.finished[2]++;
-    stream_event(e, json_pack("{s:{s:s, s:s, s:n, s:s}}", "error", "message", msg, "type",
-                              "server_error", "param", "code", "timeout"));
-    vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
+    e->writer->fail(c, e, msg, "timeout");
     e->final_queued = true;
     stream_flush(c, e->req_id);
 }

@@ -16,6 +16,7 @@
 
 #include <stdint.h>
 
+#include <jansson.h>
 #include <uv.h>
 
 #include "api_request.h"
@@ -24,6 +25,7 @@
 #include "metrics.h"
 #include "peer.h"
 #include "tokenizer.h"
+#include "tools.h"
 
 typedef struct st_h2o_req_t h2o_req_t;
 
@@ -44,6 +46,82 @@ typedef struct completions {
     bool draining;              /* SIGTERM: new requests get 503 */
     bool router_down;           /* the router stopped answering: new requests get 503 */
 } completions;
+
+/* ---- writers: how an endpoint writes the answer ----------------------------------- */
+
+/* The generation below is one for every endpoint; what differs is how its
+ * answer is written: chat.completion(.chunk)s, text_completions, or the
+ * Responses API's objects and events (responses.h). The generation calls a
+ * writer at each step; "streamed" calls come only for stream requests, after
+ * the response has begun (completions_stream_begin), and append to
+ * e->pending; what they queue is sent after them. */
+typedef struct answer_writer {
+    /* streamed: the stream's first bytes, before any other (NULL: none) */
+    void (*begin)(completions *c, inflight_entry *e);
+    /* streamed: one generated token's new text of choice `index`: reasoning
+     * (NULL when it has none this token; else len bytes, maybe none) then
+     * content (len bytes, maybe none); first: the choice's first piece;
+     * logprobs: the token's (taken; NULL: none) */
+    void (*text)(completions *c, inflight_entry *e, uint32_t index, const char *reasoning,
+                 size_t reasoning_len, const char *content, size_t len, bool first,
+                 json_t *logprobs);
+    /* streamed: call k of choice `index` begins (its name; arguments so far,
+     * maybe none), its arguments go on, it ends (complete: false when the
+     * answer ended inside it) */
+    void (*call_begin)(completions *c, inflight_entry *e, uint32_t index, uint32_t k,
+                       const char *name, const char *arguments, size_t len, bool first);
+    void (*call_arguments)(completions *c, inflight_entry *e, uint32_t index, uint32_t k,
+                           const char *piece, size_t len);
+    void (*call_end)(completions *c, inflight_entry *e, uint32_t index, uint32_t k,
+                     bool complete);
+    /* streamed: choice `index` ended ("stop", "length" or "tool_calls") */
+    void (*choice_end)(completions *c, inflight_entry *e, uint32_t index, const char *finish);
+    /* streamed: every choice ended; the stream's last bytes */
+    void (*end)(completions *c, inflight_entry *e);
+    /* streamed: an error ends the stream (code may be NULL) */
+    void (*fail)(completions *c, inflight_entry *e, const char *message, const char *code);
+    /* not streamed: the whole answer (a new reference; NULL: out of memory) */
+    json_t *(*whole)(completions *c, inflight_entry *e);
+} answer_writer;
+
+/* A finished choice's answer, split as a thinking model with tools writes
+ * it (tools.h, reasoning.h): the same for every writer. Strings point into
+ * the choice's text (borrowed); calls are owned (completions_answer_free). */
+typedef struct completions_answer {
+    const char *content;        /* NULL: none (chat's null) */
+    size_t content_len;
+    tool_call *calls;           /* every <tool_call> block, when all are calls */
+    size_t n_calls;
+    const char *reasoning;      /* NULL: the request does not think */
+    size_t reasoning_len;
+    const char *finish;         /* "stop", "length" or (calls made) "tool_calls" */
+} completions_answer;
+
+void completions_answer_of(const inflight_entry *e, uint32_t index, completions_answer *out);
+void completions_answer_free(completions_answer *a);
+
+/* The id of call k of choice `index`: "call_..." (out: 48 bytes). */
+void completions_call_id(const inflight_entry *e, uint32_t index, uint32_t k, char *out,
+                         size_t outsz);
+/* Usage: the prompts' tokens (each once), generated tokens of every choice,
+ * of those before </think>, and the fewest prompt tokens a choice got from
+ * the prefix cache. */
+void completions_usage(const inflight_entry *e, uint32_t *prompt, uint32_t *completion,
+                       uint32_t *reasoning, uint32_t *cached);
+/* Starts the streamed response (200, text/event-stream; the writer's begin)
+ * when it has not started. */
+void completions_stream_begin(completions *c, inflight_entry *e);
+
+/* A new request: false (answered with 503) while draining or while the
+ * router is silent. */
+bool completions_accepting(completions *c, h2o_req_t *req);
+/* The request's body as JSON (a new reference); NULL: answered with 400. */
+json_t *completions_read_body(h2o_req_t *req);
+/* Generates r (taken: freed here on failure) for req, written by w;
+ * state (taken) is the writer's, freed by state_free with the request. A
+ * failure is answered here. */
+void completions_start(completions *c, h2o_req_t *req, api_request *r, const answer_writer *w,
+                       void *state, void (*state_free)(void *state));
 
 void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok,
                       const api_limits *limits, const image_limits *images);

@@ -507,7 +507,7 @@ static int on_request(h2o_handler_t *self, h2o_req_t *req)
         if (method_is(req, "OPTIONS")) { /* the preflight */
             h2o_add_header_by_str(&req->pool, &req->res.headers,
                                   H2O_STRLIT("access-control-allow-methods"), 0, NULL,
-                                  H2O_STRLIT("GET, POST, OPTIONS"));
+                                  H2O_STRLIT("GET, POST, DELETE, OPTIONS"));
             h2o_add_header_by_str(&req->pool, &req->res.headers,
                                   H2O_STRLIT("access-control-allow-headers"), 0, NULL,
                                   H2O_STRLIT("authorization, content-type, x-session-id"));

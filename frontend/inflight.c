@@ -76,6 +76,8 @@ void inflight_remove(inflight *t, inflight_entry *e)
             *p = e->next;
             t->count--;
             api_request_free(&e->api);
+            if (e->writer_state_free)
+                e->writer_state_free(e->writer_state);
             for (uint32_t i = 0; i < e->n_choices; i++) {
                 vlmd_buf_free(&e->choices[i].text);
                 vlmd_buf_free(&e->choices[i].reasoning);

@@ -14,6 +14,7 @@
 
 #include "api_request.h"
 #include "tokenizer.h"
+#include "tools.h"
 
 typedef struct st_h2o_req_t h2o_req_t;
 typedef struct inflight inflight;
@@ -44,14 +45,23 @@ typedef struct inflight_choice {
     size_t reasoning_checked;   /* reasoning: bytes of it searched for </think> */
     size_t reasoning_sent;      /* reasoning: bytes of it streamed (past a leading <think>) */
     size_t call_pos;            /* tools: text before this is split into content and calls */
-    uint32_t n_calls;           /* tools: calls sent (stream) */
+    uint32_t n_calls;           /* tools: calls begun (stream) */
+    bool in_arguments;          /* tools, stream: call n_calls - 1's arguments are streaming */
+    bool after_arguments;       /* tools, stream: they closed; its </tool_call> is awaited */
+    tool_args args;             /* tools, stream: where they are */
+    uint32_t reasoning_tokens;  /* reasoning: tokens generated before </think> */
     const char *finish;         /* "stop" or "length" once it ended; NULL while running */
     token_logprobs *lps;        /* non-streamed logprobs: one per generated token */
     size_t n_lps, cap_lps;
 } inflight_choice;
 
+struct answer_writer;
+
 typedef struct inflight_entry {
     uint64_t req_id;            /* choice i is the engine's request req_id + i */
+    const struct answer_writer *writer; /* how the answer is written (completions.h) */
+    void *writer_state;         /* owned: the writer's own, freed by writer_state_free */
+    void (*writer_state_free)(void *state);
     uint32_t n_choices, n_finished;
     inflight_choice *choices;
     h2o_req_t *req;             /* NULL once the client is gone */

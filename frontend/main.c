@@ -18,6 +18,7 @@
 #include "models.h"
 #include "process.h"
 #include "response.h"
+#include "responses.h"
 #include "service.h"
 
 #define FRONTEND_CLOSE_GRACE_MS 1000
@@ -34,6 +35,8 @@ typedef struct frontend {
     bool welcomed;              /* registered with a router at least once */
     uint64_t drain_deadline_ms;
     completions completions;
+    responses_store *responses_store;   /* the Responses API's kept responses */
+    responses responses;
     vlmd_msg snapshot;          /* latest STATS_SNAPSHOT, deep copy (owned); type 0 when none */
     uint64_t snapshot_at_ms;
     uv_timer_t router_watch;    /* finds a router that stopped answering */
@@ -102,6 +105,21 @@ static void handle_chat(h2o_req_t *req, void *ud)
     completions_handle_chat(req, &((frontend *)ud)->completions);
 }
 
+static void handle_responses(h2o_req_t *req, void *ud)
+{
+    responses_handle_create(req, &((frontend *)ud)->responses);
+}
+
+static void handle_response_get(h2o_req_t *req, void *ud)
+{
+    responses_handle_get(req, &((frontend *)ud)->responses);
+}
+
+static void handle_response_delete(h2o_req_t *req, void *ud)
+{
+    responses_handle_delete(req, &((frontend *)ud)->responses);
+}
+
 static void handle_metrics(h2o_req_t *req, void *ud)
 {
     frontend *fe = ud;
@@ -134,6 +152,9 @@ static const http_route routes[] = {
     {"GET", "/v1/models/", handle_model, HTTP_KEY},
     {"POST", "/v1/completions", handle_completions, HTTP_KEY},
     {"POST", "/v1/chat/completions", handle_chat, HTTP_KEY},
+    {"POST", "/v1/responses", handle_responses, HTTP_KEY},
+    {"GET", "/v1/responses/", handle_response_get, HTTP_KEY},
+    {"DELETE", "/v1/responses/", handle_response_delete, HTTP_KEY},
     {"POST", "/tokenize", handle_tokenize, HTTP_KEY},
     {"POST", "/detokenize", handle_detokenize, HTTP_KEY},
     {"GET", "/metrics", handle_metrics, HTTP_METRICS},
@@ -302,6 +323,17 @@ int main(int argc, char **argv)
     }
     image_input_global_init();
     completions_init(&fe.completions, &fe.svc.loop, fe.tok, &limits, &images);
+    responses_store_limits store_limits = {
+        .max_entries = (uint32_t)cfg->responses_store_entries,
+        .max_bytes = (uint64_t)cfg->responses_store_mb << 20,
+        .ttl_ms = (uint64_t)cfg->responses_store_ttl_s * 1000};
+    fe.responses_store = responses_store_create(&store_limits);
+    if (!fe.responses_store) {
+        VLMD_ERROR("out of memory for --responses-store-entries %lld",
+                   (long long)cfg->responses_store_entries);
+        exit(VLMD_EXIT_CONFIG);
+    }
+    fe.responses = (responses){&fe.completions, fe.responses_store};
     if (auth_load(&fe.auth, cfg->api_key_file, getenv("VLMD_API_KEY"), &err) != VLMD_OK) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
@@ -334,6 +366,7 @@ int main(int argc, char **argv)
     fe.completions.peer = fe.svc.peer;
     int rc = vlmd_service_run(&fe.svc);
     completions_free(&fe.completions);
+    responses_store_destroy(fe.responses_store);
     auth_free(&fe.auth);
     vlmd_tokenizer_free(fe.tok);
     vlmd_msg_free(&fe.snapshot);

@@ -17,8 +17,7 @@ static const char TOOLS_OUTRO[] =
     "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
     "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>";
 
-/* OpenAI's rule for function names: 1-64 of a-z, A-Z, 0-9, '_' and '-'. */
-static bool function_name_ok(const json_t *name)
+bool api_function_name_ok(const json_t *name)
 {
     size_t n = json_string_length(name);
     const char *s = json_string_value(name);
@@ -43,7 +42,7 @@ static bool check_tool(const json_t *tool, size_t i, api_error *e)
     snprintf(param, sizeof param, "tools[%zu].function", i);
     const json_t *desc = json_object_get(fn, "description");
     const json_t *params = json_object_get(fn, "parameters");
-    if (!function_name_ok(json_object_get(fn, "name")))
+    if (!api_function_name_ok(json_object_get(fn, "name")))
         return api_fail(e, 400, param, "invalid_value", "'%s.name' must be 1 to 64 letters, "
                         "digits, '_' or '-'", param);
     if ((desc && !json_is_string(desc) && !json_is_null(desc)) ||
@@ -147,56 +146,32 @@ bool api_tools_active(const json_t *body)
            !(json_is_string(choice) && strcmp(json_string_value(choice), "none") == 0);
 }
 
-void api_tool_calls_free(vlmd_chat_tool_call *calls, size_t n_calls)
+void api_tool_call_free(vlmd_chat_tool_call *call)
 {
-    for (size_t i = 0; calls && i < n_calls; i++) {
-        free((char *)calls[i].name);
-        free((char *)calls[i].arguments);
-    }
-    free(calls);
+    free((char *)call->name);
+    free((char *)call->arguments);
+    call->name = call->arguments = NULL;
 }
 
-bool api_tool_calls_parse(const json_t *tool_calls, size_t index, vlmd_chat_tool_call **calls,
-                          size_t *n_calls, api_error *e)
+bool api_tool_call_read(const json_t *name, const json_t *arguments, const char *param,
+                        vlmd_chat_tool_call *out, api_error *e)
 {
-    *calls = NULL;
-    *n_calls = 0;
-    char param[96];
-    snprintf(param, sizeof param, "messages[%zu].tool_calls", index);
-    if (!json_is_array(tool_calls) || json_array_size(tool_calls) > API_MAX_TOOLS)
-        return api_fail(e, 400, param, "invalid_type", "'%s' must be a list of at most %d calls",
-                        param, API_MAX_TOOLS);
-    size_t n = json_array_size(tool_calls);
-    if (n == 0)
-        return true;
-    *calls = calloc(n, sizeof **calls);
-    if (!*calls)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
-    for (size_t i = 0; i < n; i++) {
-        const json_t *fn = json_object_get(json_array_get(tool_calls, i), "function");
-        const json_t *name = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
-        snprintf(param, sizeof param, "messages[%zu].tool_calls[%zu].function", index, i);
-        json_t *parsed = json_is_string(args) ? json_loadb(json_string_value(args),
-                                                           json_string_length(args), 0, NULL)
-                                              : NULL;
-        if (!function_name_ok(name) || !json_is_object(parsed)) {
-            json_decref(parsed);
-            api_tool_calls_free(*calls, *n_calls);
-            *calls = NULL;
-            *n_calls = 0;
-            return api_fail(e, 400, param, "invalid_value", "'%s' must have a name and arguments "
-                            "as a string of a JSON object", param);
-        }
-        (*calls)[i].name = strdup(json_string_value(name));
-        (*calls)[i].arguments = json_dumps(parsed, 0); /* as the template's tojson writes it */
+    *out = (vlmd_chat_tool_call){0};
+    json_t *parsed = json_is_string(arguments) ? json_loadb(json_string_value(arguments),
+                                                            json_string_length(arguments), 0,
+                                                            NULL)
+                                               : NULL;
+    if (!api_function_name_ok(name) || !json_is_object(parsed)) {
         json_decref(parsed);
-        (*n_calls)++;
-        if (!(*calls)[i].name || !(*calls)[i].arguments) {
-            api_tool_calls_free(*calls, *n_calls);
-            *calls = NULL;
-            *n_calls = 0;
-            return api_fail(e, 500, NULL, NULL, "out of memory");
-        }
+        return api_fail(e, 400, param, "invalid_value", "'%s' must have a name and arguments "
+                        "as a string of a JSON object", param);
+    }
+    out->name = strdup(json_string_value(name));
+    out->arguments = json_dumps(parsed, 0); /* as the template's tojson writes it */
+    json_decref(parsed);
+    if (!out->name || !out->arguments) {
+        api_tool_call_free(out);
+        return api_fail(e, 500, NULL, NULL, "out of memory");
     }
     return true;
 }
@@ -245,18 +220,150 @@ static void parse_call(const char *json, size_t len, tool_call *out)
     json_decref(j);
 }
 
+/* ---- a call as it streams ------------------------------------------------- */
+
+static bool json_space(char c)
+{
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+/* Matches `want` at text[*at..len) after JSON whitespace: 1 matched (*at
+ * past it), 0 the text ends first (a prefix of it), -1 something else. */
+static int expect(const char *text, size_t len, size_t *at, const char *want)
+{
+    while (*at < len && json_space(text[*at]))
+        (*at)++;
+    size_t n = strlen(want), have = len - *at < n ? len - *at : n;
+    if (memcmp(text + *at, want, have) != 0)
+        return -1;
+    if (have < n)
+        return 0;
+    *at += n;
+    return 1;
+}
+
+/* A JSON string starting at text[*at] ('"'): 1 (*at past it, *out owned,
+ * decoded; no NUL in it), 0 not closed yet, -1 not a string one can use. */
+static int json_string_at(const char *text, size_t len, size_t *at, char **out)
+{
+    size_t i = *at + 1;
+    for (bool esc = false; i < len; i++) {
+        if (esc)
+            esc = false;
+        else if (text[i] == '\\')
+            esc = true;
+        else if (text[i] == '"')
+            break;
+    }
+    if (i == len)
+        return 0;
+    json_t *s = json_loadb(text + *at, i + 1 - *at, JSON_DECODE_ANY, NULL);
+    int r = -1;
+    if (json_is_string(s) && json_string_length(s) > 0 &&
+        strlen(json_string_value(s)) == json_string_length(s)) {
+        *out = strdup(json_string_value(s));
+        r = *out ? 1 : -1;
+        *at = i + 1;
+    }
+    json_decref(s);
+    return r;
+}
+
+tool_head tool_call_head(const char *text, size_t len, size_t open, char **name, tool_args *args)
+{
+    *name = NULL;
+    size_t at = open + strlen(CALL_OPEN);
+    if (at > len)
+        return TOOL_HEAD_WAIT;
+    static const char *const before_name[] = {"{", "\"name\"", ":", "\""};
+    for (size_t k = 0; k < 4; k++) {
+        int m = expect(text, len, &at, before_name[k]);
+        if (m <= 0)
+            return m < 0 ? TOOL_HEAD_OTHER : TOOL_HEAD_WAIT;
+    }
+    at--; /* back on the name's opening quote */
+    int m = json_string_at(text, len, &at, name);
+    if (m <= 0)
+        return m < 0 ? TOOL_HEAD_OTHER : TOOL_HEAD_WAIT;
+    static const char *const after_name[] = {",", "\"arguments\"", ":", "{"};
+    for (size_t k = 0; k < 4; k++) {
+        m = expect(text, len, &at, after_name[k]);
+        if (m <= 0) {
+            free(*name);
+            *name = NULL;
+            return m < 0 ? TOOL_HEAD_OTHER : TOOL_HEAD_WAIT;
+        }
+    }
+    *args = (tool_args){.start = at - 1, .end = at - 1};
+    return TOOL_HEAD_CALL;
+}
+
+void tool_args_scan(tool_args *a, const char *text, size_t len)
+{
+    for (; !a->closed && a->end < len; a->end++) {
+        char c = text[a->end];
+        if (a->in_string) {
+            if (a->escaped)
+                a->escaped = false;
+            else if (c == '\\')
+                a->escaped = true;
+            else if (c == '"')
+                a->in_string = false;
+        } else if (c == '"') {
+            a->in_string = true;
+        } else if (c == '{' || c == '[') {
+            a->depth++;
+        } else if ((c == '}' || c == ']') && --a->depth == 0) {
+            a->closed = true; /* (the loop's increment steps past it) */
+        }
+    }
+}
+
+size_t tool_call_find(const char *text, size_t len, size_t from)
+{
+    return find(text, len, from, CALL_OPEN);
+}
+
+size_t tool_call_close(const char *text, size_t len, size_t from, bool *found)
+{
+    size_t at = find(text, len, from, CALL_CLOSE);
+    *found = at < len;
+    return *found ? at + strlen(CALL_CLOSE) : len;
+}
+
 bool tool_call_next(const char *text, size_t len, bool final, size_t *pos, tool_call *out)
 {
     *out = (tool_call){0};
     size_t open = find(text, len, *pos, CALL_OPEN);
     if (open == len)
         return false;
+    char *name = NULL;
+    tool_args args;
+    tool_head head = tool_call_head(text, len, open, &name, &args);
+    if (head == TOOL_HEAD_WAIT && !final)
+        return false;
+    if (head == TOOL_HEAD_CALL) {
+        tool_args_scan(&args, text, len);
+        bool found = false;
+        size_t end = args.closed ? tool_call_close(text, len, args.end, &found) : len;
+        if (!found && !final) {
+            free(name);
+            return false;
+        }
+        *out = (tool_call){name, strndup(text + args.start, args.end - args.start), open, end,
+                           !args.closed};
+        if (!out->arguments)
+            tool_call_free(out); /* (out of memory: not a call) */
+        *pos = end;
+        return true;
+    }
     size_t body = open + strlen(CALL_OPEN), close = find(text, len, body, CALL_CLOSE);
     if (close == len && !final)
         return false;
     size_t end = close == len ? len : close + strlen(CALL_CLOSE);
     out->start = open;
     out->end = end;
+    out->cut = close == len;
     parse_call(text + body, close - body, out);
     *pos = end;
     return true;

@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include <jansson.h>
 
@@ -45,12 +46,18 @@ char *api_tool_answer_prefix(const json_t *body);
  * and a tool_choice other than "none". */
 bool api_tools_active(const json_t *body);
 
-/* The tool_calls of messages[index] (an assistant's), each arguments string
- * parsed and written back as the template's tojson does. *calls and their
- * strings are owned (api_tool_calls_free). */
-bool api_tool_calls_parse(const json_t *tool_calls, size_t index, vlmd_chat_tool_call **calls,
-                          size_t *n_calls, api_error *e);
-void api_tool_calls_free(vlmd_chat_tool_call *calls, size_t n_calls);
+/* One call an assistant made (a chat message's tool_calls[k].function, or a
+ * Responses function_call item): a name by OpenAI's rule and arguments as a
+ * string of a JSON object, written back as the template's tojson does.
+ * out's strings are owned (api_tool_call_free); a failure is a 400 naming
+ * param. */
+bool api_tool_call_read(const json_t *name, const json_t *arguments, const char *param,
+                        vlmd_chat_tool_call *out, api_error *e);
+void api_tool_call_free(vlmd_chat_tool_call *call);
+
+/* True when name is a function name by OpenAI's rule: 1-64 of a-z, A-Z,
+ * 0-9, '_' and '-'. */
+bool api_function_name_ok(const json_t *name);
 
 /* ---- the answer ---------------------------------------------------------- */
 
@@ -58,17 +65,58 @@ void api_tool_calls_free(vlmd_chat_tool_call *calls, size_t n_calls);
  * set), or (not final) before a tail that could still become one; else at len. */
 size_t tool_content_end(const char *text, size_t len, bool final, bool *begun);
 
+/* A call as it streams. A block whose JSON begins
+ *     {"name": "NAME", "arguments": {
+ * (any JSON whitespace between; the templates and forced calls write it so)
+ * is a call from there on: its arguments are the object's bytes as the model
+ * generates them, up to the brace that closes it (or the end of the answer,
+ * when it is cut short), so they can go out before the block closes. Any
+ * other block is read whole once it closes (tool_call_next). */
+typedef enum tool_head {
+    TOOL_HEAD_WAIT,             /* the text so far may still become such a start */
+    TOOL_HEAD_CALL,             /* it is one: the name and the arguments' start are known */
+    TOOL_HEAD_OTHER,            /* it is not: the block is read whole */
+} tool_head;
+
+/* Where a call's arguments object is, scanned as far as the text goes. */
+typedef struct tool_args {
+    size_t start;               /* its '{' */
+    size_t end;                 /* bytes scanned: [start, end) may go out */
+    uint32_t depth;             /* objects and arrays open at end */
+    bool in_string, escaped;
+    bool closed;                /* end is just past the brace that closes it */
+} tool_args;
+
+/* The first "<tool_call>" in text[from, len), or len. */
+size_t tool_call_find(const char *text, size_t len, size_t from);
+/* Reads the start of the block whose "<tool_call>" is at text + open. On
+ * TOOL_HEAD_CALL, *name (owned) is the call's name and *args is at its '{',
+ * nothing scanned yet. */
+tool_head tool_call_head(const char *text, size_t len, size_t open, char **name, tool_args *args);
+/* Scans the arguments on through text[0..len), stopping at the brace that
+ * closes them. */
+void tool_args_scan(tool_args *a, const char *text, size_t len);
+/* Where a block whose arguments closed at `from` ends: past its
+ * "</tool_call>", else (the text has none yet) len and *found false. */
+size_t tool_call_close(const char *text, size_t len, size_t from, bool *found);
+
 /* One <tool_call> block of the answer. */
 typedef struct tool_call {
     char *name;                 /* owned; NULL when the block is not a call */
     char *arguments;            /* owned: the arguments object as JSON text */
     size_t start, end;          /* the block's bytes in the text */
+    bool cut;                   /* the text ended inside it (its arguments, or its block) */
 } tool_call;
 
 /* The next block starting at or after *pos: a complete one (and, when final,
- * one the text ends inside) gives true with *pos past it; its name is NULL
- * when its JSON is not {"name": string, "arguments": object (or a JSON string
- * of one)}. False when no block is complete yet (or none is left when final). */
+ * one the text ends inside) gives true with *pos past it. A block that starts
+ * as a call (above) is one, its arguments the bytes generated (the block is
+ * complete once they close and its </tool_call> follows); else its name is
+ * NULL unless its JSON is {"name": string, "arguments": object (or a JSON
+ * string of one)}, whose arguments are then written compact. False when no
+ * block is complete yet (or none is left when final). The calls a stream
+ * makes of an answer (tool_call_head, tool_args_scan) are the ones this
+ * reads from it whole. */
 bool tool_call_next(const char *text, size_t len, bool final, size_t *pos, tool_call *out);
 void tool_call_free(tool_call *c);
 

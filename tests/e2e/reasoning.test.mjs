@@ -4,8 +4,8 @@
 // input_ids, asked of a frontend alone (it tokenizes without an engine), with thinking off as
 // the fixtures were rendered, and on.
 //
-// The answer: a scripted model (as tools.test.mjs builds one: the last token alone decides
-// the next) with Qwen3's tokenizer and chat template on a Qwen2 body, whose greedy answer to a
+// The answer: a scripted model (scripted_model.mjs: the last token alone decides the next)
+// with Qwen3's tokenizer and chat template on a Qwen2 body, whose greedy answer to a
 // chat is
 //     <think>\nI need the weather.\n</think>\n\nLet me check.<tool_call>...</tool_call>
 // It comes back as reasoning_content and content (and a call, with tools), whole and streamed
@@ -16,16 +16,16 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync, copyFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI from 'openai';
 import { BIN, FIXTURES, startServer, stopServer, postJson, waitFor } from './harness.mjs';
+import { writeScriptedModel } from './scripted_model.mjs';
 
 const CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>';
 const PIECES = ['\nI need the weather.\n', '\n\nLet me check.', CALL, 'Thinking already.\n', 'Plain answer.'];
 const [REASONING, CONTENT, , REASONING_2, PLAIN] = PIECES;
-const H = 64, V = 1048;
 const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } }];
 const messages = [{ role: 'user', content: 'Weather in Paris?' }];
 const off = { chat_template_kwargs: { enable_thinking: false } };
@@ -87,62 +87,6 @@ test('/tokenize gives each Qwen3 fixture chat its input_ids', async () => {
 
 // ---- the scripted thinking model ----------------------------------------------------------
 
-// A safetensors file of F32 tensors ({name: [shape, Float32Array]}).
-function safetensors(tensors) {
-  const header = {};
-  let offset = 0;
-  for (const [name, [shape, data]] of Object.entries(tensors)) {
-    header[name] = { dtype: 'F32', shape, data_offsets: [offset, offset + data.byteLength] };
-    offset += data.byteLength;
-  }
-  let json = JSON.stringify(header);
-  json += ' '.repeat((8 - (json.length % 8)) % 8);
-  const head = Buffer.alloc(8);
-  head.writeBigUInt64LE(BigInt(json.length));
-  return Buffer.concat([head, Buffer.from(json), ...Object.values(tensors).map(([, d]) => Buffer.from(d.buffer))]);
-}
-
-// edges: [from, to, weight]: token `from` (an id, {piece: i} or 'end') votes for `to`.
-function writeScriptedModel(dir, edges) {
-  const tokenizer = JSON.parse(readFileSync(`${FIXTURES}/qwen3/tokenizer.json`, 'utf8'));
-  const firstNew = Math.max(...tokenizer.added_tokens.map((t) => t.id)) + 1;
-  PIECES.forEach((content, i) => tokenizer.added_tokens.push({ id: firstNew + i, content, single_word: false,
-    lstrip: false, rstrip: false, normalized: false, special: false }));
-  assert.ok(firstNew + PIECES.length <= V);
-  writeFileSync(`${dir}/tokenizer.json`, JSON.stringify(tokenizer));
-  copyFileSync(`${FIXTURES}/qwen3/tokenizer_config.json`, `${dir}/tokenizer_config.json`); // Qwen3's template
-  const config = JSON.parse(readFileSync(`${FIXTURES}/qwen2/config.json`, 'utf8'));
-  Object.assign(config, { hidden_size: H, intermediate_size: H, num_hidden_layers: 1, layer_types: ['full_attention'],
-    num_attention_heads: 1, num_key_value_heads: 1, vocab_size: V, tie_word_embeddings: false });
-  writeFileSync(`${dir}/config.json`, JSON.stringify(config));
-  const imEnd = tokenizer.added_tokens.find((t) => t.content === '<|im_end|>').id;
-  const id = (t) => (t === 'end' ? imEnd : typeof t === 'object' ? firstNew + t.piece : t);
-  const embed = new Float32Array(V * H), lmHead = new Float32Array(V * H);
-  const slots = new Map();
-  for (const [from, to, weight] of edges) {
-    const f = id(from);
-    if (!slots.has(f)) {
-      slots.set(f, slots.size);
-      embed[f * H + slots.get(f)] = 1; // the token lights its slot
-    }
-    lmHead[id(to) * H + slots.get(f)] = weight; // the slot votes for the next token
-  }
-  const zeros = (...shape) => [shape, new Float32Array(shape.reduce((a, b) => a * b))];
-  const ones = (n) => [[n], new Float32Array(n).fill(1)];
-  const p = 'model.layers.0.';
-  writeFileSync(`${dir}/model.safetensors`, safetensors({
-    'lm_head.weight': [[V, H], lmHead], 'model.embed_tokens.weight': [[V, H], embed],
-    [`${p}input_layernorm.weight`]: ones(H), [`${p}mlp.down_proj.weight`]: zeros(H, H),
-    [`${p}mlp.gate_proj.weight`]: zeros(H, H), [`${p}mlp.up_proj.weight`]: zeros(H, H),
-    [`${p}post_attention_layernorm.weight`]: ones(H),
-    [`${p}self_attn.k_proj.bias`]: zeros(H), [`${p}self_attn.k_proj.weight`]: zeros(H, H),
-    [`${p}self_attn.o_proj.weight`]: zeros(H, H),
-    [`${p}self_attn.q_proj.bias`]: zeros(H), [`${p}self_attn.q_proj.weight`]: zeros(H, H),
-    [`${p}self_attn.v_proj.bias`]: zeros(H), [`${p}self_attn.v_proj.weight`]: zeros(H, H),
-    'model.norm.weight': ones(H),
-  }));
-}
-
 let dir, server, client, think;
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'vlmd-reasoning-'));
@@ -151,12 +95,12 @@ before(async () => {
   const unthink = ref.special_ids['</think>'];
   // the prompts' last tokens: "\n" of "<|im_start|>assistant\n", and (thinking off) "\n\n"
   const ids = ref.cases[0].input_ids, newline = ids.at(-5), blank = ids.at(-1);
-  writeScriptedModel(dir, [
+  writeScriptedModel(dir, { tokenizer: 'qwen3', pieces: PIECES, vocab: 1048, edges: [
     [newline, think, 10], [newline, { piece: 3 }, 5], // <think> first; banned, the runner-up
     [think, { piece: 0 }, 10], [{ piece: 0 }, unthink, 10], [{ piece: 3 }, unthink, 10],
     [unthink, { piece: 1 }, 10], [{ piece: 1 }, { piece: 2 }, 10], [{ piece: 2 }, 'end', 10],
     [blank, { piece: 4 }, 10], [{ piece: 4 }, 'end', 10],
-  ]);
+  ] });
   server = await startServer(['--model', dir, '--port', '0', '--served-model-name', 'thinker']);
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
 });
@@ -178,9 +122,13 @@ async function streamed(extra = {}) {
       if (c.delta.reasoning_content && out.content) out.reasoningAfterContent = true;
       out.reasoning += c.delta.reasoning_content ?? '';
       out.content += c.delta.content ?? '';
-      for (const t of c.delta.tool_calls ?? []) out.calls.push([t.function.name, JSON.parse(t.function.arguments)]);
+      for (const t of c.delta.tool_calls ?? []) { // a name begins a call; its arguments come in pieces
+        if (t.function.name) out.calls.push([t.function.name, '']);
+        out.calls[t.index][1] += t.function.arguments ?? '';
+      }
     }
   }
+  out.calls = out.calls.map(([name, args]) => [name, JSON.parse(args)]);
   return out;
 }
 
@@ -253,4 +201,35 @@ test('an answer cut inside its reasoning is all reasoning; stop strings look onl
   const t = await streamed(stop);
   assert.equal(t.reasoning, REASONING);
   assert.equal(t.content, `${CONTENT}<tool_call>\n{"name": "get_`);
+});
+
+test('the Responses API: the reasoning is a reasoning item; reasoning.effort "none" turns thinking off', async () => {
+  const rtools = [{ type: 'function', name: 'get_weather', parameters: tools[0].function.parameters }];
+  const params = { model: 'thinker', input: messages, temperature: 0, tools: rtools };
+  const r = await client.responses.create(params);
+  assert.deepEqual(r.output.map((i) => i.type), ['reasoning', 'message', 'function_call']);
+  assert.deepEqual(r.output[0].content, [{ type: 'reasoning_text', text: REASONING }]);
+  assert.equal(r.output_text, CONTENT);
+  assert.equal(r.output[2].name, 'get_weather');
+  assert.deepEqual(JSON.parse(r.output[2].arguments), { city: 'Paris' });
+  // <think>, the reasoning and </think> are the reasoning's tokens
+  assert.equal(r.usage.output_tokens_details.reasoning_tokens, 3);
+  // streamed: reasoning_text deltas first; the SDK's final response is the one above
+  const stream = client.responses.stream(params);
+  const types = [];
+  for await (const ev of stream) types.push(ev.type);
+  assert.ok(types.indexOf('response.reasoning_text.delta') < types.indexOf('response.output_text.delta'), types.join());
+  const final = await stream.finalResponse();
+  assert.deepEqual(final.output.map((i) => [i.type, i.content?.[0]?.text ?? i.arguments]),
+    r.output.map((i) => [i.type, i.content?.[0]?.text ?? i.arguments]));
+  // effort "none": the prompt closes the think block, the answer is all text
+  const off = await client.responses.create({ ...params, tools: undefined, reasoning: { effort: 'none' } });
+  assert.deepEqual(off.output.map((i) => i.type), ['message']);
+  assert.equal(off.output_text, PLAIN);
+  assert.deepEqual(off.reasoning, { effort: 'none', summary: null });
+  // the reasoning item goes back in as the next turn's reasoning: accepted with the call's output
+  const call = r.output[2];
+  const next = await client.responses.create({ ...params, input: [...messages, ...r.output,
+    { type: 'function_call_output', call_id: call.call_id, output: '18 C' }] });
+  assert.equal(next.status, 'completed');
 });

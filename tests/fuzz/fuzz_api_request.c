@@ -1,23 +1,33 @@
 /* fuzz_api_request.c - libFuzzer target: any bytes as the body of
- * /v1/chat/completions and /v1/completions, through the JSON parser, the
- * validator, each family's chat template and the tokenizer (the qwen2
- * fixture's), with the server's default limits. Bad input must only ever be
- * a 4xx. */
+ * /v1/chat/completions, /v1/completions and /v1/responses, through the JSON
+ * parser, the validators, each family's chat template and the tokenizer (the
+ * qwen2 fixture's), with the server's default limits and (for
+ * previous_response_id) a store holding "resp_fuzz". Bad input must only ever
+ * be a 4xx. */
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
 
 #include "api_request.h"
+#include "responses.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static vlmd_tokenizer *tok;
+static responses_store *store;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
     if (vlmd_tokenizer_load(VLMD_FIXTURES_DIR "/qwen2/tokenizer.json", &tok, NULL) != VLMD_OK)
+        abort();
+    responses_store_limits sl = {.max_entries = 4, .max_bytes = 1 << 20, .ttl_ms = UINT64_MAX};
+    json_t *items = json_loads("[{\"type\": \"message\", \"role\": \"user\", \"content\": "
+                               "\"hi\"}, {\"type\": \"function_call\", \"call_id\": \"c\", "
+                               "\"name\": \"f\", \"arguments\": \"{}\"}]", 0, NULL);
+    store = responses_store_create(&sl);
+    if (!store || !responses_store_put(store, "resp_fuzz", json_object(), items, 0))
         abort();
     return 0;
 }
@@ -52,6 +62,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         } else if (e.status < 400 || (e.status >= 500 && e.status != 500)) {
             abort(); /* refused input is the client's error (500 only for out of memory) */
         }
+    }
+    lim.chat_family = NULL;
+    api_request r;
+    responses_job *job;
+    api_error e;
+    if (responses_request_parse(body, &lim, tok, store, 0, &r, &job, &e)) {
+        if (r.n_prompts != 1 || r.n != 1 || r.prompts[0].n == 0 || !job ||
+            (!r.n_images && (r.max_tokens == 0 || r.prompts[0].n >= 4096)))
+            abort();
+        api_request_free(&r);
+        responses_job_free(job);
+    } else if (e.status < 400 || (e.status >= 500 && e.status != 500) || job) {
+        abort();
     }
     json_decref(body);
     return 0;

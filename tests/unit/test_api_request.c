@@ -391,3 +391,120 @@ Test(api_request, special_tokens_in_request_text_are_text)
                        ids_of(NULL, 0, raw, N_OF(raw), NULL, 0), "token ids pass through");
     vlmd_tokenizer_free(tok);
 }
+
+/* ---- shapes client libraries send ---------------------------------------- */
+
+/* "developer" (OpenAI's current name for system instructions) is a system
+ * turn: the same prompt as "system". */
+Test(api_request, the_developer_role_is_a_system_turn)
+{
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("qwen2/tokenizer.json"), &tok, NULL), VLMD_OK);
+    api_limits lim = {.model_name = "m", .max_model_len = 4096, .image_token_id = -1};
+    vlmd_tokens dev = prompt_of(tok, &lim, true, "{\"messages\": [{\"role\": \"developer\", "
+                                "\"content\": \"be brief\"}, {\"role\": \"user\", \"content\": "
+                                "\"hi\"}]}");
+    vlmd_tokens sys = prompt_of(tok, &lim, true, "{\"messages\": [{\"role\": \"system\", "
+                                "\"content\": \"be brief\"}, {\"role\": \"user\", \"content\": "
+                                "\"hi\"}]}");
+    expect_same_tokens(dev, sys, "developer as system");
+    vlmd_tokenizer_free(tok);
+}
+
+/* A file part whose file_data is an image's data URI is an image (named so in
+ * errors); any other type is refused naming it, and a file_id without data is
+ * refused: vlmd stores no files. */
+Test(api_request, a_file_part_with_an_image_is_an_image)
+{
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("qwen2/tokenizer.json"), &tok, NULL), VLMD_OK);
+    api_limits lim = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
+                      .image_token_id = 1022};
+    json_t *body = json_loads("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": "
+                              "\"file\", \"file\": {\"file_data\": \"data:image/png;base64,AAAA\","
+                              " \"filename\": \"a.png\"}}, {\"type\": \"text\", \"text\": "
+                              "\"what?\"}]}]}", 0, NULL);
+    api_request r;
+    api_error e;
+    cr_assert(api_request_parse(body, true, &lim, tok, &r, &e), "%s", e.message);
+    cr_assert_eq(r.n_images, 1);
+    cr_expect_str_eq(r.images[0].url, "data:image/png;base64,AAAA");
+    cr_expect_str_eq(r.images[0].param, "messages[0].content[0].file.file_data");
+    size_t pads = 0;
+    for (size_t i = 0; i < r.prompts[0].n; i++)
+        pads += r.prompts[0].ids[i] == 1022;
+    cr_expect_eq(pads, 1, "one image slot");
+    api_request_free(&r);
+    json_decref(body);
+
+    static const char *const refused[][3] = {
+        {"{\"file_data\": \"data:application/pdf;base64,AAAA\", \"filename\": \"a.pdf\"}",
+         "messages[0].content[0].file.file_data", "application/pdf"},
+        {"{\"file_data\": \"data:;base64,AAAA\"}", "messages[0].content[0].file.file_data",
+         "''"},
+        {"{\"file_data\": \"AAAA\"}", "messages[0].content[0].file.file_data", "data: URI"},
+        {"{\"file_id\": \"file-abc\"}", "messages[0].content[0].file.file_id", "stores no files"},
+        {"{\"filename\": \"a.png\"}", "messages[0].content[0].file.file_data", "file_data"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"messages\": [{\"role\": \"user\", \"content\": "
+                 "[{\"type\": \"file\", \"file\": %s}]}]}", refused[i][0]);
+        body = json_loads(text, 0, NULL);
+        cr_assert_not_null(body, "%s", text);
+        cr_expect_not(api_request_parse(body, true, &lim, tok, &r, &e), "%s", text);
+        cr_expect_eq(e.status, 400, "%s", text);
+        cr_expect_str_eq(e.param, refused[i][1], "%s", text);
+        cr_expect(strstr(e.message, refused[i][2]), "%s: %s", text, e.message);
+        json_decref(body);
+    }
+    vlmd_tokenizer_free(tok);
+}
+
+/* response_format: its shape is checked field by field; then a JSON format is
+ * refused by name (one place, for chat and Responses), text passes. */
+Test(api_request, response_format_is_checked_then_json_is_refused)
+{
+    api_format f;
+    api_error e;
+    json_t *v = json_loads("{\"type\": \"text\"}", 0, NULL);
+    cr_expect(api_format_parse(v, false, "response_format", &f, &e));
+    cr_expect_eq(f.type, API_FORMAT_TEXT);
+    json_decref(v);
+    cr_expect(api_format_parse(NULL, false, "response_format", &f, &e));
+    static const char *const cases[][3] = {
+        {"{\"type\": \"json_object\"}", "response_format", "unsupported_parameter"},
+        {"{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {}}}",
+         "response_format", "unsupported_parameter"},
+        {"{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a b\", \"schema\": {}}}",
+         "response_format.json_schema.name", "invalid_value"},
+        {"{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": 5}}",
+         "response_format.json_schema.schema", "invalid_type"},
+        {"{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"strict\": 1}}",
+         "response_format.json_schema.strict", "invalid_type"},
+        {"{\"type\": \"json_schema\"}", "response_format.json_schema", "invalid_type"},
+        {"{\"type\": \"xml\"}", "response_format.type", "invalid_value"},
+        {"{}", "response_format.type", "invalid_type"},
+        {"\"json\"", "response_format", "invalid_type"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        v = json_loads(cases[i][0], JSON_DECODE_ANY, NULL);
+        cr_assert_not_null(v, "%s", cases[i][0]);
+        cr_expect_not(api_format_parse(v, false, "response_format", &f, &e), "%s", cases[i][0]);
+        cr_expect_str_eq(e.param, cases[i][1], "%s", cases[i][0]);
+        cr_expect_str_eq(e.code, cases[i][2], "%s", cases[i][0]);
+        json_decref(f.schema);
+        json_decref(v);
+    }
+    /* the flat shape of the Responses API's text.format */
+    v = json_loads("{\"type\": \"json_schema\", \"name\": \"x\", \"schema\": {\"type\": "
+                   "\"object\"}, \"strict\": true}", 0, NULL);
+    cr_expect_not(api_format_parse(v, true, "text.format", &f, &e));
+    cr_expect_str_eq(e.param, "text.format");
+    cr_expect_str_eq(e.code, "unsupported_parameter");
+    cr_expect_eq(f.type, API_FORMAT_JSON_SCHEMA, "parsed before it is refused");
+    cr_expect_str_eq(f.name, "x");
+    cr_expect(f.strict);
+    json_decref(f.schema);
+    json_decref(v);
+}

@@ -221,7 +221,7 @@ Test(tools, blocks_become_calls_as_they_complete)
     tool_call c;
     cr_assert(tool_call_next(t, len, false, &pos, &c));
     cr_expect_str_eq(c.name, "f");
-    cr_expect_str_eq(c.arguments, "{\"a\":1}");
+    cr_expect_str_eq(c.arguments, "{\"a\": 1}", "the arguments as the model wrote them");
     cr_expect_eq(c.start, 0);
     tool_call_free(&c);
     cr_assert(tool_call_next(t, len, false, &pos, &c));
@@ -239,6 +239,86 @@ Test(tools, blocks_become_calls_as_they_complete)
     pos = 0;
     cr_assert(tool_call_next(no_args, strlen(no_args), false, &pos, &c));
     cr_expect_null(c.name, "a call has arguments");
+}
+
+/* A call as it streams: the name once its head is complete, then the
+ * arguments' bytes as they come, ending at the brace that closes them (braces
+ * and quotes inside strings do not count). */
+Test(tools, a_call_streams_its_name_then_its_arguments)
+{
+    const char *t = "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"q\": \"}{\\\"\", "
+                    "\"days\": [1, {\"x\": 2}]}}\n</tool_call>";
+    size_t len = strlen(t);
+    size_t args_at = strstr(t, "\"arguments\": {") - t + strlen("\"arguments\": ");
+    char *name = NULL;
+    tool_args a;
+    /* every prefix that stops before the arguments' '{' is still a possible start */
+    for (size_t n = strlen("<tool_call>"); n <= args_at; n++)
+        cr_expect_eq(tool_call_head(t, n, 0, &name, &a), TOOL_HEAD_WAIT, "at %zu", n);
+    cr_assert_eq(tool_call_head(t, args_at + 1, 0, &name, &a), TOOL_HEAD_CALL);
+    cr_expect_str_eq(name, "get_weather");
+    cr_expect_eq(a.start, args_at);
+    free(name);
+    /* fed one byte at a time, the scan ends just past the closing brace */
+    size_t close = strstr(t, "}}\n</tool_call>") - t + 1;
+    for (size_t n = args_at; n <= len; n++) {
+        tool_args_scan(&a, t, n);
+        cr_expect_eq(a.closed, n >= close, "closed at %zu", n);
+        cr_expect_eq(a.end, n >= close ? close : n);
+    }
+    bool found;
+    cr_expect_eq(tool_call_close(t, len, a.end, &found), len);
+    cr_expect(found);
+    cr_expect_eq(tool_call_close(t, len - 1, a.end, &found), len - 1);
+    cr_expect_not(found, "its </tool_call> has not come yet");
+
+    /* the whole answer reads the same call, arguments as generated */
+    size_t pos = 0;
+    tool_call c;
+    cr_assert(tool_call_next(t, len, false, &pos, &c));
+    cr_expect_str_eq(c.name, "get_weather");
+    cr_expect_eq(strlen(c.arguments), close - args_at);
+    cr_expect_eq(strncmp(c.arguments, t + args_at, close - args_at), 0);
+    cr_expect_eq(pos, len);
+    tool_call_free(&c);
+    pos = 0;
+    cr_expect_not(tool_call_next(t, len - 1, false, &pos, &c), "not complete before its close");
+    /* cut short inside its arguments: a call with the arguments generated */
+    cr_assert(tool_call_next(t, close - 3, true, &pos, &c));
+    cr_expect_str_eq(c.name, "get_weather");
+    cr_expect_eq(strlen(c.arguments), close - 3 - args_at);
+    tool_call_free(&c);
+}
+
+Test(tools, other_blocks_are_read_whole)
+{
+    char *name = NULL;
+    tool_args a;
+    static const char *const other[] = {
+        "<tool_call>\n{\"arguments\": {}, \"name\": \"f\"}</tool_call>", /* the other order */
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": \"{}\"}</tool_call>", /* quoted */
+        "<tool_call>\n{\"name\": \"\", \"arguments\": {}}</tool_call>",       /* no name */
+        "<tool_call>\n{\"name\": 5, \"arguments\": {}}</tool_call>",
+        "<tool_call>\nSure: {\"name\": \"f\"}</tool_call>",
+    };
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+        cr_expect_eq(tool_call_head(other[i], strlen(other[i]), 0, &name, &a), TOOL_HEAD_OTHER,
+                     "%s", other[i]);
+    cr_expect_null(name);
+    /* whitespace between the tokens is JSON's */
+    const char *spaced = "<tool_call>{ \"name\" :\"f\" ,\n\t\"arguments\":{}}</tool_call>";
+    cr_assert_eq(tool_call_head(spaced, strlen(spaced), 0, &name, &a), TOOL_HEAD_CALL);
+    cr_expect_str_eq(name, "f");
+    free(name);
+    /* a quoted object is read once the block closes, written compact */
+    size_t pos = 0;
+    tool_call c;
+    cr_assert(tool_call_next(other[1], strlen(other[1]), false, &pos, &c));
+    cr_expect_str_eq(c.name, "f");
+    cr_expect_str_eq(c.arguments, "{}");
+    tool_call_free(&c);
+    cr_expect_eq(tool_call_find("ab<tool_call>", 13, 0), 2);
+    cr_expect_eq(tool_call_find("ab<tool_call>", 13, 3), 13);
 }
 
 /* Special tokens written in a tool's description, a call's arguments and a
