@@ -2,7 +2,7 @@
 // reads the data URI (or fetches an allowed URL), the router has the visual
 // worker encode it into the shared arena, the engine splices the embeddings
 // in. Checked against what Hugging Face transformers computed for the VL
-// fixtures; bad images get a 400 naming the image and the server keeps
+// fixtures (and, for Qwen3-VL, the validated port of its code); bad images get a 400 naming the image and the server keeps
 // serving; a visual worker killed mid-request gives a 503 and comes back.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -83,6 +83,43 @@ for (const model of ['qwen2_vl', 'qwen2_5_vl']) {
     }
   });
 }
+
+// Qwen3-VL: every fixture case as a chat, its messages as the reference rendered them (image
+// items as data URIs, in place): Qwen3-VL-Instruct's template, the image token count the
+// frontend and the visual worker share, the DeepStack features through the arena, case 3's two
+// images in one turn; the text cases as chats too. Streamed and not, then all four at once.
+test('qwen3_vl: chats with the case images (and the text cases) give the reference greedy text', async () => {
+  const dir = `${FIXTURES}/qwen3_vl`;
+  const reference = JSON.parse(readFileSync(`${dir}/reference.json`, 'utf8'));
+  const decode = makeDecoder(JSON.parse(readFileSync(`${dir}/tokenizer.json`, 'utf8')));
+  // 71680 pixels: the fixture's images (70 tokens each) are the largest a request may send
+  const server = await startServer(['--model', dir, '--port', '0', '--vision-max-pixels', '71680']);
+  const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+  const asChat = (messages) => messages.map((m) => ({ role: m.role, content: typeof m.content === 'string' ? m.content
+    : m.content.map((p) => (p.type === 'image'
+      ? { type: 'image_url', image_url: { url: dataUri(readFileSync(`${dir}/${p.image}`)) } }
+      : { type: 'text', text: p.text })) }));
+  try {
+    const ask = (c, extra = {}) => client.chat.completions.create({ model: 'qwen3_vl', messages: asChat(c.messages),
+      max_tokens: c.greedy_continuation.length, temperature: 0, ...extra });
+    for (const [i, c] of reference.cases.entries()) {
+      const want = decode(c.greedy_continuation);
+      const r = await ask(c);
+      assert.equal(r.choices[0].message.content, want, `case ${i}`);
+      assert.equal(r.choices[0].finish_reason, 'length');
+      assert.equal(r.usage.prompt_tokens, c.input_ids.length, `case ${i}: the reference's prompt length`);
+      let streamed = '';
+      for await (const chunk of await ask(c, { stream: true }))
+        streamed += chunk.choices[0]?.delta?.content ?? '';
+      assert.equal(streamed, want, `case ${i}: streamed`);
+    }
+    const together = await Promise.all(reference.cases.map((c) => ask(c)));
+    together.forEach((r, i) => assert.equal(r.choices[0].message.content,
+      decode(reference.cases[i].greedy_continuation), `case ${i} among the others`));
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
 
 // A PNG whose header says width x height (the rest is not a valid image).
 function pngHeader(width, height) {
