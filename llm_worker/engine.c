@@ -13,6 +13,7 @@
 typedef enum req_state { REQ_WAITING, REQ_RUNNING } req_state;
 
 #define STRESS_PROMPT 256 /* tokens per prompt of engine_stress's prefill (at least) */
+#define STRESS_IMAGE 16   /* rows of it that take an image's input, for a VL model */
 
 /* An image of a prompt: its tokens' rows in the arena. */
 typedef struct req_image {
@@ -263,11 +264,23 @@ vlmd_status engine_stress(engine *e, vlmd_error *err)
         e->seqs[n_seq] = (vlmd_attn_seq){at, q, q, e->step_slots + at};
         e->logit_rows[n_seq] = at + q - 1;
     }
+    /* a model that takes images: the prefill starts with an image's rows (zeros, and
+     * Qwen3-VL's DeepStack features), so the image path's copies and ops have run
+     * before serving (on CUDA a kernel's first launch may take device memory) */
+    int32_t image_rows = e->cfg.image_token_id >= 0 ? (n < STRESS_IMAGE ? n : STRESS_IMAGE) : 0;
+    size_t H = qwen2_hidden_size(e->m);
+    float *image = image_rows ? calloc((1 + (size_t)qwen2_deepstack_features(e->m)) *
+                                           (size_t)image_rows * H, sizeof *image)
+                              : NULL;
+    if (image_rows && !image)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the stress's image rows");
+    qwen2_embed_run run = {0, image_rows, image, (size_t)image_rows * H};
     qwen2_batch prefill = {n, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
-                           n_seq, NULL, 0};
+                           n_seq, &run, image_rows ? 1 : 0};
     /* experts see the worst routing there is: every token on the same ones */
     qwen2_set_worst_case_routing(e->ws, true);
     vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &prefill, NULL, err);
+    free(image);
     /* r sequences of one token each, every one attending to its own slot */
     for (int32_t i = 0; s == VLMD_OK && i < r; i++) {
         e->ids[i] = i % V;

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "backend_impl.h"
 #include "encoder.h"
 #include "engine.h"
 #include "test_support.h"
@@ -564,4 +565,53 @@ Test(engine_images, qwen3_vl_features_past_the_arena_are_refused)
     cr_expect_eq(engine_submit(e, &r, &err), VLMD_OK, "all its rows fit: %s", err.msg);
     engine_free(e);
     close_fixture(&f);
+}
+
+/* The CPU's add, counted: the DeepStack additions a step makes. */
+static const vlmd_op_table *counted_base;
+static int counted_adds;
+
+static void counted_add(vlmd_backend *b, void *out, const void *x, size_t count)
+{
+    counted_adds++;
+    counted_base->add(b, out, x, count);
+}
+
+/* The start-up stress of a Qwen3-VL engine runs the image path: its prefill
+ * has an image's rows, whose two DeepStack features are added after layers 0
+ * and 1 (so on CUDA their kernels have run before the memory is measured);
+ * a text model's stress adds none. */
+Test(engine_images, qwen3_vl_stress_runs_the_deepstack_addition)
+{
+    const char *models[] = {"qwen3_vl", "qwen3"};
+    for (int mi = 0; mi < 2; mi++) {
+        vlmd_model_config mc;
+        vlmd_backend *b = NULL;
+        vlmd_safetensors *st = NULL;
+        qwen2_model *m = NULL;
+        vlmd_error err = {0};
+        cr_assert_eq(vlmd_model_config_load(test_fixture(models[mi]), &mc, &err), VLMD_OK);
+        cr_assert_eq(vlmd_backend_create("cpu", &b, &err), VLMD_OK);
+        counted_base = vlmd_backend_ops(b);
+        vlmd_op_table table = *counted_base;
+        table.add = counted_add;
+        b->op_table = &table;
+        cr_assert_eq(vlmd_safetensors_open_dir(test_fixture(models[mi]), &st, &err), VLMD_OK);
+        cr_assert_eq(qwen2_load(b, &mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+        vlmd_safetensors_close(st);
+        bool vl = mc.has_vision;
+        engine_config cfg = {.kv_slots = 512, .max_batch_tokens = 256, .max_running = 4,
+                             .eos_id = -1, .max_model_len = 512,
+                             .image_token_id = vl ? (int32_t)mc.image_token_id : -1,
+                             .merge_size = 2};
+        engine *e = NULL;
+        cr_assert_eq(engine_create(m, &cfg, on_emit, NULL, &e, &err), VLMD_OK, "%s", err.msg);
+        counted_adds = 0;
+        cr_assert_eq(engine_stress(e, &err), VLMD_OK, "%s", err.msg);
+        cr_expect_eq(counted_adds, vl ? mc.vision.n_deepstack : 0, "%s: %d additions",
+                     models[mi], counted_adds);
+        engine_free(e);
+        qwen2_free(m);
+        vlmd_backend_destroy(b);
+    }
 }
