@@ -18,7 +18,12 @@
 
 const vlmd_flag vlmd_flags[] = {
     {"model", VLMD_FLAG_STRING, OFF(model), "", 0, 0, NULL, VLMD_ROLES_ALL,
-     "Model directory in Hugging Face layout (config.json, *.safetensors, tokenizer.json)"},
+     "Model directory as downloaded from the Hugging Face Hub, no conversion (config.json, "
+     "*.safetensors, tokenizer.json; preprocessor_config.json for images): Qwen2 and Qwen2.5 "
+     "(Qwen2ForCausalLM), Qwen2-VL (Qwen2VLForConditionalGeneration), Qwen2.5-VL "
+     "(Qwen2_5_VLForConditionalGeneration), Qwen3 (Qwen3ForCausalLM), Qwen3-MoE "
+     "(Qwen3MoeForCausalLM), Qwen3-VL (Qwen3VLForConditionalGeneration), Qwen3-VL-MoE "
+     "(Qwen3VLMoeForConditionalGeneration)"},
     {"host", VLMD_FLAG_STRING, OFF(host), "127.0.0.1", 0, 0, NULL, R(LAUNCHER) | R(FRONTEND),
      "Address the HTTP server listens on; loopback by default, 0.0.0.0 or :: for every interface"},
     {"port", VLMD_FLAG_INT, OFF(port), "8000", 0, 65535, NULL, R(LAUNCHER) | R(FRONTEND),

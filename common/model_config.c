@@ -373,6 +373,12 @@ vlmd_status vlmd_model_config_parse(const char *json_text, const char *path,
         }
         if ((st = parse_vision(v, out->arch, path, &out->vision, err)) != VLMD_OK)
             goto done;
+        if (out->vision.n_deepstack > out->text.num_layers) {
+            st = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: %d deepstack_visual_indexes, but the text "
+                             "model has %lld layers to add their features after", path,
+                             out->vision.n_deepstack, (long long)out->text.num_layers);
+            goto done;
+        }
         if (out->text.n_mrope_section != 3) {
             st = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: %s needs rope mrope_section", path, name);
             goto done;

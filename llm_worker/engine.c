@@ -13,11 +13,13 @@
 typedef enum req_state { REQ_WAITING, REQ_RUNNING } req_state;
 
 #define STRESS_PROMPT 256 /* tokens per prompt of engine_stress's prefill (at least) */
+#define STRESS_IMAGE 16   /* rows of it that take an image's input, for a VL model */
 
-/* An image of a prompt: its tokens' embeddings in the arena. */
+/* An image of a prompt: its tokens' rows in the arena. */
 typedef struct req_image {
     int32_t start, count;       /* its pad tokens in the prompt */
-    const float *data;          /* count x hidden, in the arena (borrowed) */
+    const float *data;          /* count x hidden embeddings, then (Qwen3-VL) each DeepStack
+                                 * feature's count x hidden, in the arena (borrowed) */
 } req_image;
 
 /* Prefix-cache keys of an image's tokens: pseudo ids from its content hash,
@@ -262,11 +264,23 @@ vlmd_status engine_stress(engine *e, vlmd_error *err)
         e->seqs[n_seq] = (vlmd_attn_seq){at, q, q, e->step_slots + at};
         e->logit_rows[n_seq] = at + q - 1;
     }
+    /* a model that takes images: the prefill starts with an image's rows (zeros, and
+     * Qwen3-VL's DeepStack features), so the image path's copies and ops have run
+     * before serving (on CUDA a kernel's first launch may take device memory) */
+    int32_t image_rows = e->cfg.image_token_id >= 0 ? (n < STRESS_IMAGE ? n : STRESS_IMAGE) : 0;
+    size_t H = qwen2_hidden_size(e->m);
+    float *image = image_rows ? calloc((1 + (size_t)qwen2_deepstack_features(e->m)) *
+                                           (size_t)image_rows * H, sizeof *image)
+                              : NULL;
+    if (image_rows && !image)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the stress's image rows");
+    qwen2_embed_run run = {0, image_rows, image, (size_t)image_rows * H};
     qwen2_batch prefill = {n, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
-                           n_seq, NULL, 0};
+                           n_seq, &run, image_rows ? 1 : 0};
     /* experts see the worst routing there is: every token on the same ones */
     qwen2_set_worst_case_routing(e->ws, true);
     vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &prefill, NULL, err);
+    free(image);
     /* r sequences of one token each, every one attending to its own slot */
     for (int32_t i = 0; s == VLMD_OK && i < r; i++) {
         e->ids[i] = i % V;
@@ -323,7 +337,7 @@ static vlmd_status attach_images(engine *e, request *q, const vlmd_msg_request_s
     vlmd_status st = q->images && q->mrope && grids
                          ? VLMD_OK
                          : vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for request %llu", id);
-    uint64_t row_bytes = (uint64_t)qwen2_hidden_size(e->m) * sizeof(float);
+    uint64_t row_bytes = qwen2_image_token_bytes(e->m);
     int32_t merge = e->cfg.merge_size, end = 0;
     for (uint32_t i = 0; st == VLMD_OK && i < r->n_images; i++) {
         const vlmd_image_ref *im = &r->images[i];
@@ -566,15 +580,17 @@ static void add_chunk(engine *e, request *q, int32_t count, step_plan *p)
     }
     e->seq_req[p->n_seq] = q;
     e->seqs[p->n_seq++] = (vlmd_attn_seq){p->n_tok, count, first + count, q->slots};
-    /* the image tokens among these rows take their embeddings from the arena */
+    /* the image tokens among these rows take their embeddings (and DeepStack
+     * features) from the arena, whenever they are computed */
+    size_t H = qwen2_hidden_size(e->m);
     for (uint32_t i = 0; i < q->n_images; i++) {
         const req_image *im = &q->images[i];
         int32_t lo = im->start > first ? im->start : first;
         int32_t hi = im->start + im->count < first + count ? im->start + im->count : first + count;
         if (lo < hi)
             e->embeds[e->n_embeds++] = (qwen2_embed_run){
-                p->n_tok + lo - first, hi - lo,
-                im->data + (size_t)(lo - im->start) * qwen2_hidden_size(e->m)};
+                p->n_tok + lo - first, hi - lo, im->data + (size_t)(lo - im->start) * H,
+                (size_t)im->count * H};
     }
     q->n_cached = first + count;
     if (q->n_cached == q->n_tokens) {

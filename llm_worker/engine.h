@@ -105,8 +105,10 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err);
 
 /* The worst step the configuration allows, run for real on an idle engine:
  * a prefill of max_batch_tokens tokens (capped at the KV slots; prompts of a
- * few hundred tokens each, at most max_running of them), then a decode step
- * of max_running sequences, both with the worst-case expert routing
+ * few hundred tokens each, at most max_running of them; a model that takes
+ * images gets its first rows as an image's, DeepStack features included),
+ * then a decode step of max_running sequences, both with the worst-case
+ * expert routing
  * (qwen2_set_worst_case_routing; normal routing again after). Leaves the cache's contents
  * meaningless and no request changed. The auto-profile measures the device's
  * peak use with it. VLMD_ERR_INVALID_ARG when the engine is not idle. */

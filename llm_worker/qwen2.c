@@ -10,6 +10,7 @@
  *     dense:    gate_up = h.Wgu;  x = (silu(gate) * up).Wd
  *     experts:  ids, weights = top-k(softmax(h.Wrouter));
  *               x = sum_j weights_j expert_ids_j(h)   (each expert a SwiGLU)
+ *     Qwen3-VL, layer l < DeepStack features: residual[image rows] += feature l
  *   logits = rmsnorm(x + residual)[rows] . lm_head
  *
  * The q, k and v projections are stacked into one weight at load, and so are
@@ -47,6 +48,8 @@ struct qwen2_model {
     bool qkv_bias, qk_norm;
     int E, K, Ie;               /* experts, chosen per token, their MLP width (E 0: dense) */
     bool renormalize;           /* the chosen experts' weights sum to 1 */
+    int n_deepstack;            /* Qwen3-VL: features per image token (0: none) */
+    uint64_t image_token_bytes; /* an image token in the arena (vlmd_image_token_bytes) */
     int n_dense, n_moe;         /* layers of each kind */
     uint64_t worst_case_steps;  /* steps that routed the stress's worst case */
     void *embed;                /* [V, H] */
@@ -84,6 +87,7 @@ struct qwen2_workspace {
     int32_t *expert_ids;        /* [n, K] */
     float *expert_weights;      /* [n, K] fp32 */
     void *moe_scratch;          /* moe_scratch_bytes(n, ...) */
+    void *deepstack;            /* [n_deepstack][n, H]: the step's image rows of each feature */
     bool worst_case;            /* route as the stress does (qwen2_set_worst_case_routing) */
     void *rows, *logits;        /* [n_logits, H], [n_logits, V] */
     int32_t *ids, *positions, *slots, *logit_rows; /* backend copies of the batch */
@@ -261,6 +265,8 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         .qkv_bias = t->qkv_bias, .qk_norm = t->qk_norm, .E = (int)t->num_experts,
         .K = (int)t->num_experts_per_tok, .Ie = (int)t->moe_intermediate_size,
         .renormalize = t->norm_topk_prob,
+        .n_deepstack = mc->has_vision ? mc->vision.n_deepstack : 0,
+        .image_token_bytes = vlmd_image_token_bytes(mc),
     };
     for (int i = 0; i < 3; i++)
         m->sections[i] = (int)t->mrope_section[i];
@@ -388,6 +394,16 @@ bool qwen2_uses_mrope(const qwen2_model *m)
     return m->mrope;
 }
 
+int32_t qwen2_deepstack_features(const qwen2_model *m)
+{
+    return m->n_deepstack;
+}
+
+uint64_t qwen2_image_token_bytes(const qwen2_model *m)
+{
+    return m->image_token_bytes;
+}
+
 void qwen2_set_worst_case_routing(qwen2_workspace *ws, bool on)
 {
     ws->worst_case = on;
@@ -480,6 +496,9 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
         /* the op's scratch for max_tokens holds any routing, the worst case included */
         WS(moe_scratch, m->op->moe_scratch_bytes(max_tokens, m->K, m->E, m->H, m->Ie))
     }
+    if (m->n_deepstack) { /* any row of a step may be an image's */
+        WS(deepstack, (size_t)m->n_deepstack * n * m->H * f)
+    }
     WS(rows, (size_t)max_logits * m->H * f)
     WS(logits, (size_t)max_logits * m->V * f)
     WS(ids, n * i32)
@@ -551,12 +570,16 @@ static vlmd_status check_batch(const qwen2_model *m, const qwen2_kv *kv,
             bt->ids[i] >= m->V)
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "token %d: id %d or slot %d out of "
                                "range", i, bt->ids[i], bt->slots[i]);
-    for (int i = 0; i < bt->n_embeds; i++)
-        if (bt->embeds[i].row < 0 || bt->embeds[i].n_rows < 0 ||
-            bt->embeds[i].row > n - bt->embeds[i].n_rows || !bt->embeds[i].data)
+    for (int i = 0; i < bt->n_embeds; i++) {
+        const qwen2_embed_run *r = &bt->embeds[i];
+        if (r->row < 0 || r->n_rows < 0 || r->row > n - r->n_rows || !r->data)
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "embedding run %d (rows %d + %d) is "
-                               "outside the batch of %d", i, bt->embeds[i].row,
-                               bt->embeds[i].n_rows, n);
+                               "outside the batch of %d", i, r->row, r->n_rows, n);
+        if (m->n_deepstack && r->feature_stride < (size_t)r->n_rows * m->H)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "embedding run %d: its %d DeepStack "
+                               "features are %zu floats apart, less than its %d rows", i,
+                               m->n_deepstack, r->feature_stride, r->n_rows);
+    }
     size_t packed = 0;
     for (int q = 0; q < bt->n_seqs; q++) {
         const vlmd_attn_seq *sq = &bt->seqs[q];
@@ -599,10 +622,42 @@ static vlmd_status upload_batch(qwen2_model *m, qwen2_workspace *ws, const qwen2
     return s;
 }
 
+/* Row r of a [rows, H] buffer in the backend's type. */
+static void *row_at(const qwen2_model *m, void *buf, int32_t r)
+{
+    return (char *)buf + (size_t)r * m->H * vlmd_backend_elem_size(m->b);
+}
+
+/* DeepStack feature k's rows of the step: [max_tokens, H] in ws->deepstack. */
+static void *deepstack_rows(const qwen2_model *m, const qwen2_workspace *ws, int k)
+{
+    return row_at(m, ws->deepstack, k * ws->max_tokens);
+}
+
+/* The step's inputs that are not token ids: each embedding run's rows of
+ * the residual stream, and of each DeepStack feature's buffer. */
+static vlmd_status upload_embeds(qwen2_model *m, qwen2_workspace *ws, const qwen2_batch *bt,
+                                 vlmd_error *err)
+{
+    vlmd_status s = VLMD_OK;
+    for (int i = 0; s == VLMD_OK && i < bt->n_embeds; i++) {
+        const qwen2_embed_run *r = &bt->embeds[i];
+        size_t count = (size_t)r->n_rows * m->H;
+        s = vlmd_backend_upload_f32(m->b, row_at(m, ws->residual, r->row), r->data, count, err);
+        for (int k = 0; s == VLMD_OK && k < m->n_deepstack; k++)
+            s = vlmd_backend_upload_f32(m->b, row_at(m, deepstack_rows(m, ws, k), r->row),
+                                        r->data + (size_t)(k + 1) * r->feature_stride, count,
+                                        err);
+    }
+    return s;
+}
+
 /* The step's ops once its inputs are in backend memory, from the residual
- * stream's first rows (embedded before, by the caller) to the logits. */
+ * stream's first rows (embedded before, by the caller) to the logits.
+ * images: the batch's embedding runs, whose DeepStack features (in
+ * ws->deepstack) are added after the first layers; none in a graph. */
 static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n, int n_seqs,
-                       int n_logits)
+                       int n_logits, const qwen2_embed_run *images, int n_images)
 {
     vlmd_backend *b = m->b;
     const vlmd_op_table *op = m->op;
@@ -636,6 +691,11 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
             op->silu_mul(b, ws->act, ws->gate_up, n, m->I);
             op->linear(b, ws->x, ws->act, y->w_down, NULL, n, m->I, H);
         }
+        /* the layer's output is residual + x: feature l goes into the residual */
+        for (int i = 0; l < m->n_deepstack && i < n_images; i++)
+            op->add(b, row_at(m, ws->residual, images[i].row),
+                    row_at(m, deepstack_rows(m, ws, l), images[i].row),
+                    (size_t)images[i].n_rows * H);
     }
     if (!n_logits)
         return;
@@ -649,7 +709,7 @@ static void decode_graph_run(void *ctx)
 {
     decode_graph *g = ctx;
     g->m->op->embedding(g->m->b, g->ws->residual, g->m->embed, g->ws->ids, g->rows, g->m->H);
-    run_layers(g->m, g->kv, g->ws, g->rows, g->rows, g->rows);
+    run_layers(g->m, g->kv, g->ws, g->rows, g->rows, g->rows, NULL, 0);
 }
 
 /* The smallest captured batch that holds bt, when bt is a plain decode
@@ -707,16 +767,11 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
         /* The residual stream starts as the embeddings (an image's rows as the
          * vision tower made them); each block's output is added to it by the
          * next fused rmsnorm. */
-        int n = bt->n_tokens, H = m->H;
-        m->op->embedding(b, ws->residual, m->embed, ws->ids, n, H);
-        size_t es = vlmd_backend_elem_size(b);
-        for (int i = 0; s == VLMD_OK && i < bt->n_embeds; i++)
-            s = vlmd_backend_upload_f32(b, (char *)ws->residual +
-                                               (size_t)bt->embeds[i].row * H * es,
-                                        bt->embeds[i].data, (size_t)bt->embeds[i].n_rows * H,
-                                        err);
+        int n = bt->n_tokens;
+        m->op->embedding(b, ws->residual, m->embed, ws->ids, n, m->H);
+        s = upload_embeds(m, ws, bt, err);
         if (s == VLMD_OK)
-            run_layers(m, kv, ws, n, bt->n_seqs, bt->n_logits);
+            run_layers(m, kv, ws, n, bt->n_seqs, bt->n_logits, bt->embeds, bt->n_embeds);
         m->worst_case_steps += s == VLMD_OK && ws->worst_case && m->n_moe;
     }
     if (s != VLMD_OK || !bt->n_logits || !logits)

@@ -1,8 +1,9 @@
 /* qwen2.h - the Qwen2 and Qwen3 text model: Qwen2 / Qwen2.5, Qwen3 (q/k
  * norm, no qkv bias), Qwen3-MoE (mixture-of-experts layers), and the text
  * tower of Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (M-RoPE with
- * mrope_section, block or interleaved, positions given per token), written
- * once against the backend's op table.
+ * mrope_section, block or interleaved, positions given per token; Qwen3-VL's
+ * DeepStack features added at the image rows after the first layers),
+ * written once against the backend's op table.
  *
  * Config / Weights / KV cache / Workspace are kept apart: the weights are
  * read-only after load, the KV cache is token-slot granular (slot s of every
@@ -53,6 +54,12 @@ uint32_t qwen2_vocab_size(const qwen2_model *m);
 uint32_t qwen2_hidden_size(const qwen2_model *m);
 /* True when positions have three rows (M-RoPE: the VL models' text tower). */
 bool qwen2_uses_mrope(const qwen2_model *m);
+/* DeepStack features an image token brings (Qwen3-VL: one per
+ * deepstack_visual_indexes entry, feature k added after text layer k; 0
+ * otherwise), and the arena bytes of one image token (vlmd_image_token_bytes:
+ * its embedding and those features). */
+int32_t qwen2_deepstack_features(const qwen2_model *m);
+uint64_t qwen2_image_token_bytes(const qwen2_model *m);
 
 /* The auto-profile's stress: while on, every mixture-of-experts layer of a
  * step run with this workspace sends every token to experts 0..k-1 (ops.h's
@@ -73,10 +80,17 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
 void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws);
 
 /* Consecutive rows of a batch whose input is given as embeddings (an
- * image's tokens, from the vision tower) instead of looked up by id. */
+ * image's tokens, from the vision tower) instead of looked up by id. A
+ * model with DeepStack features finds feature k of the same rows at
+ * data + (k + 1) x feature_stride floats (the arena's layout: all the
+ * image's embeddings, then each feature's block) and adds it to those rows'
+ * residual stream after text layer k, as transformers' Qwen3VLTextModel
+ * does; other rows get none. */
 typedef struct qwen2_embed_run {
     int32_t row, n_rows;
     const float *data;              /* n_rows x hidden floats, host memory (borrowed) */
+    size_t feature_stride;          /* floats from a block to the next: the image's tokens x
+                                     * hidden (DeepStack models only; 0 otherwise) */
 } qwen2_embed_run;
 
 /* One step over a batch of sequences, their new tokens packed together.

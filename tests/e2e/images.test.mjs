@@ -2,12 +2,14 @@
 // reads the data URI (or fetches an allowed URL), the router has the visual
 // worker encode it into the shared arena, the engine splices the embeddings
 // in. Checked against what Hugging Face transformers computed for the VL
-// fixtures; bad images get a 400 naming the image and the server keeps
+// fixtures (and, for Qwen3-VL, the validated port of its code); bad images get a 400 naming the image and the server keeps
 // serving; a visual worker killed mid-request gives a 503 and comes back.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { readFileSync } from 'node:fs';
+import { copyFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import OpenAI from 'openai';
 import { FIXTURES, startServer, stopServer, postJson, getJson, makeDecoder, waitFor } from './harness.mjs';
 
@@ -83,6 +85,152 @@ for (const model of ['qwen2_vl', 'qwen2_5_vl']) {
     }
   });
 }
+
+// Qwen3-VL: every fixture case as a chat, its messages as the reference rendered them (image
+// items as data URIs, in place): Qwen3-VL-Instruct's template, the image token count the
+// frontend and the visual worker share, the DeepStack features through the arena, case 3's two
+// images in one turn; the text cases as chats too. Streamed and not, then all four at once.
+test('qwen3_vl: chats with the case images (and the text cases) give the reference greedy text', async () => {
+  const dir = `${FIXTURES}/qwen3_vl`;
+  const reference = JSON.parse(readFileSync(`${dir}/reference.json`, 'utf8'));
+  const decode = makeDecoder(JSON.parse(readFileSync(`${dir}/tokenizer.json`, 'utf8')));
+  // 71680 pixels: the fixture's images (70 tokens each) are the largest a request may send
+  const server = await startServer(['--model', dir, '--port', '0', '--vision-max-pixels', '71680']);
+  const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
+  const asChat = (messages) => messages.map((m) => ({ role: m.role, content: typeof m.content === 'string' ? m.content
+    : m.content.map((p) => (p.type === 'image'
+      ? { type: 'image_url', image_url: { url: dataUri(readFileSync(`${dir}/${p.image}`)) } }
+      : { type: 'text', text: p.text })) }));
+  try {
+    const ask = (c, extra = {}) => client.chat.completions.create({ model: 'qwen3_vl', messages: asChat(c.messages),
+      max_tokens: c.greedy_continuation.length, temperature: 0, ...extra });
+    for (const [i, c] of reference.cases.entries()) {
+      const want = decode(c.greedy_continuation);
+      const r = await ask(c);
+      assert.equal(r.choices[0].message.content, want, `case ${i}`);
+      assert.equal(r.choices[0].finish_reason, 'length');
+      assert.equal(r.usage.prompt_tokens, c.input_ids.length, `case ${i}: the reference's prompt length`);
+      let streamed = '';
+      for await (const chunk of await ask(c, { stream: true }))
+        streamed += chunk.choices[0]?.delta?.content ?? '';
+      assert.equal(streamed, want, `case ${i}: streamed`);
+    }
+    const together = await Promise.all(reference.cases.map((c) => ask(c)));
+    together.forEach((r, i) => assert.equal(r.choices[0].message.content,
+      decode(reference.cases[i].greedy_continuation), `case ${i} among the others`));
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+// Every F32 tensor of a safetensors file: name -> { shape, data }.
+function readTensors(path) {
+  const buf = readFileSync(path);
+  const n = Number(buf.readBigUInt64LE(0));
+  const header = JSON.parse(buf.subarray(8, 8 + n).toString('utf8'));
+  const out = new Map();
+  for (const [name, t] of Object.entries(header)) {
+    if (name === '__metadata__') continue;
+    assert.equal(t.dtype, 'F32', name);
+    const bytes = buf.subarray(8 + n + t.data_offsets[0], 8 + n + t.data_offsets[1]);
+    out.set(name, { shape: t.shape, data: new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length)) });
+  }
+  return out;
+}
+
+function writeTensors(path, tensors) {
+  const header = {};
+  let at = 0;
+  for (const [name, t] of tensors) {
+    header[name] = { dtype: 'F32', shape: t.shape, data_offsets: [at, at + t.data.byteLength] };
+    at += t.data.byteLength;
+  }
+  let text = JSON.stringify(header);
+  text += ' '.repeat((8 - (text.length % 8)) % 8);
+  const len = Buffer.alloc(8);
+  len.writeBigUInt64LE(BigInt(text.length));
+  writeFileSync(path, Buffer.concat([len, Buffer.from(text), ...[...tensors.values()].map((t) => Buffer.from(t.data.buffer))]));
+}
+
+// A Qwen3-VL-MoE checkpoint as published: Qwen3-VL's tower (model.visual.*, its mergers'
+// output widened to the text model's 128 by repeating their rows) in front of the qwen3_moe
+// fixture's text model under model.language_model.*, each MoE layer's experts fused as
+// mlp.experts.gate_up_proj [E, H, 2I] (gate columns, then up) and mlp.experts.down_proj
+// [E, I, H]; Qwen3-VL's tokenizer, template and processor. Its text is the qwen3_moe model's:
+// M-RoPE with equal rows is 1-D RoPE, and both renormalise the top-k.
+function writeQwen3VlMoe(dir) {
+  const moe = JSON.parse(readFileSync(`${FIXTURES}/qwen3_moe/config.json`, 'utf8'));
+  const vl = JSON.parse(readFileSync(`${FIXTURES}/qwen3_vl/config.json`, 'utf8'));
+  const H = moe.hidden_size, E = moe.num_experts, I = moe.moe_intermediate_size;
+  const text = readTensors(`${FIXTURES}/qwen3_moe/model.safetensors`);
+  const vision = readTensors(`${FIXTURES}/qwen3_vl/model.safetensors`);
+  const out = new Map();
+  for (const [name, t] of vision) {
+    if (!name.startsWith('model.visual.')) continue;
+    const widen = /merger.*\.linear_fc2\./.test(name);
+    out.set(name, widen ? { shape: [2 * t.shape[0], ...t.shape.slice(1)],
+      data: Float32Array.from([...t.data, ...t.data]) } : t);
+  }
+  for (const [name, t] of text) {
+    if (name.includes('.mlp.experts.')) continue;
+    out.set(name.replace(/^model\./, 'model.language_model.'), t);
+  }
+  for (let l = 0; l < moe.num_hidden_layers; l++) {
+    if (moe.mlp_only_layers.includes(l)) continue;
+    const gateUp = new Float32Array(E * H * 2 * I), down = new Float32Array(E * I * H);
+    for (let e = 0; e < E; e++) {
+      const w = (p) => text.get(`model.layers.${l}.mlp.experts.${e}.${p}_proj.weight`).data;
+      const [g, u, d] = [w('gate'), w('up'), w('down')];
+      for (let h = 0; h < H; h++)
+        for (let r = 0; r < I; r++) {
+          gateUp[(e * H + h) * 2 * I + r] = g[r * H + h];
+          gateUp[(e * H + h) * 2 * I + I + r] = u[r * H + h];
+          down[(e * I + r) * H + h] = d[h * I + r];
+        }
+    }
+    out.set(`model.language_model.layers.${l}.mlp.experts.gate_up_proj`, { shape: [E, H, 2 * I], data: gateUp });
+    out.set(`model.language_model.layers.${l}.mlp.experts.down_proj`, { shape: [E, I, H], data: down });
+  }
+  writeTensors(`${dir}/model.safetensors`, out);
+  const textConfig = { ...moe, model_type: 'qwen3_vl_moe_text', architectures: undefined,
+    rope_scaling: { rope_type: 'default', mrope_section: vl.text_config.rope_scaling.mrope_section, mrope_interleaved: true } };
+  writeFileSync(`${dir}/config.json`, JSON.stringify({ ...vl, architectures: ['Qwen3VLMoeForConditionalGeneration'],
+    model_type: 'qwen3_vl_moe', text_config: textConfig,
+    vision_config: { ...vl.vision_config, out_hidden_size: H, model_type: 'qwen3_vl_moe' } }, null, 2));
+  for (const f of ['tokenizer.json', 'tokenizer_config.json', 'preprocessor_config.json', 'generation_config.json'])
+    copyFileSync(`${FIXTURES}/qwen3_vl/${f}`, `${dir}/${f}`);
+}
+
+// Qwen3-VL-MoE, composed from the same pieces: it loads as published, a completion from each
+// qwen3_moe case's ids gives that model's greedy continuation, and an image chat is served
+// (no reference: this model was never run elsewhere).
+test('qwen3_vl_moe: the composed checkpoint serves text as its MoE text model does, and images', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'vlmd-e2e-qwen3-vl-moe-'));
+  writeQwen3VlMoe(dir);
+  const server = await startServer(['--model', dir, '--port', '0', '--vision-max-pixels', '71680']);
+  try {
+    const moeRef = JSON.parse(readFileSync(`${FIXTURES}/qwen3_moe/reference.json`, 'utf8'));
+    const decode = makeDecoder(JSON.parse(readFileSync(`${dir}/tokenizer.json`, 'utf8')));
+    for (const [i, c] of moeRef.cases.entries()) {
+      const { status, body } = await postJson(`${server.url}/v1/completions`, {
+        prompt: c.input_ids, max_tokens: c.greedy_continuation.length, temperature: 0 }, { timeoutMs: 30000 });
+      assert.equal(status, 200, JSON.stringify(body));
+      assert.equal(body.choices[0].text, decode(c.greedy_continuation), `qwen3_moe case ${i}`);
+    }
+    const vlRef = JSON.parse(readFileSync(`${FIXTURES}/qwen3_vl/reference.json`, 'utf8'));
+    const png = readFileSync(`${FIXTURES}/qwen3_vl/${vlRef.cases[2].image}`);
+    const { status, body } = await postJson(`${server.url}/v1/chat/completions`, {
+      messages: imageMessage(dataUri(png)), max_tokens: 6, temperature: 0 }, { timeoutMs: 30000 });
+    assert.equal(status, 200, JSON.stringify(body));
+    assert.equal(body.usage.prompt_tokens, vlRef.cases[2].input_ids.length, "Qwen3-VL's template and image tokens");
+    assert.equal(body.usage.completion_tokens, 6);
+    const llm = (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === 'llm');
+    assert.equal(llm.state, 'ready');
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
 
 // A PNG whose header says width x height (the rest is not a valid image).
 function pngHeader(width, height) {

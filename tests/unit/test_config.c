@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "config.h"
+#include "model_config.h"
 
 static vlmd_status parse(vlmd_config *cfg, vlmd_role role, vlmd_error *err, int argc, char **argv)
 {
@@ -255,4 +256,21 @@ Test(config, switches)
     cr_expect_eq(parse(&cfg, VLMD_ROLE_LLM, &err, 1, bad), VLMD_ERR_INVALID_ARG);
     cr_expect(strstr(err.msg, "'maybe' is not true or false"), "%s", err.msg);
     vlmd_config_free(&cfg);
+}
+
+/* --help says which checkpoints --model takes: every architecture the
+ * model config reads, by the name its config.json gives. */
+Test(config, model_help_names_every_architecture)
+{
+    const vlmd_flag *model = NULL;
+    for (const vlmd_flag *f = vlmd_flags; f->name; f++)
+        if (strcmp(f->name, "model") == 0)
+            model = f;
+    cr_assert_not_null(model);
+    for (int a = VLMD_ARCH_QWEN2; a <= VLMD_ARCH_QWEN3_VL_MOE; a++) {
+        char name[80];
+        snprintf(name, sizeof name, "(%s)", vlmd_arch_str((vlmd_arch)a));
+        cr_expect(strstr(model->help, name), "--model's help names %s", name);
+    }
+    cr_expect(strstr(model->help, "Hugging Face Hub, no conversion"), "%s", model->help);
 }

@@ -361,6 +361,38 @@ Test(cuda_ops, an_unknown_kernel_choice_is_refused)
     }
 }
 
+/* Qwen3-VL's DeepStack addition as the model makes it: add over a run of
+ * rows inside the residual stream (from row 3, rows of 72: not 16-byte
+ * pieces), from the same rows of the feature buffer; the rows around the run
+ * stay as they were. */
+Test(cuda_ops, add_over_a_run_of_rows_as_deepstack_does)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    const int n = 11, H = 72, row = 3, rows = 5;
+    float *x = random_floats((size_t)n * H, 1), *f = random_floats((size_t)n * H, 0.5f);
+    vlmd_backend *bs[2] = {p.cpu, p.gpu};
+    void *out[2];
+    for (int b = 0; b < 2; b++) {
+        size_t es = vlmd_backend_elem_size(bs[b]), at = (size_t)row * H * es;
+        out[b] = on(bs[b], x, (size_t)n * H);
+        void *feature = on(bs[b], f, (size_t)n * H);
+        vlmd_backend_ops(bs[b])->add(bs[b], (char *)out[b] + at, (char *)feature + at,
+                                     (size_t)rows * H);
+    }
+    expect_close("add over rows 3..7", p.cpu, out[0], p.gpu, out[1], (size_t)n * H, 1e-2);
+    float *got = back(p.gpu, out[1], (size_t)n * H);
+    for (int i = 0; i < n * H; i++) {
+        bool in_run = i >= row * H && i < (row + rows) * H;
+        float want = in_run ? bf16_round(bf16_round(x[i]) + bf16_round(f[i])) : bf16_round(x[i]);
+        cr_expect_eq(got[i], want, "element %d (row %d): %g, not %g", i, i / H, got[i], want);
+        if (got[i] != want)
+            break;
+    }
+    free(got), free(x), free(f);
+}
+
 /* The vision tower's ops: layernorm with bias (in place too), GELU in its
  * three forms (also on a negative tail, [-4.5, -2), where the erf and tanh
  * forms part by 3 to 15%: over all inputs they agree within bf16's

@@ -2,7 +2,8 @@
  * produce exactly the tokens each produces alone (greedy and seeded
  * sampling); slots all come back; what cannot fit is refused. Batching,
  * preemption and the prefix cache run again with a mixture-of-experts
- * model (qwen3_moe), wherever the backend's ops can run it. */
+ * model (qwen3_moe) on the CPU, and a small batch of it on TEST_DEVICE
+ * (the emulated CUDA device in test_engine_emu). */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -157,10 +158,11 @@ static void run_until_idle(engine *e, int max_steps)
     cr_assert_fail("still busy after %d steps", max_steps);
 }
 
-/* Requests run alone (eagerly) and then together, one arriving every step;
- * together, decode steps go through the graphs when `graphs` (batches of 3,
- * 5, 6... padded to the captured sizes). */
-static void batched_equals_alone_on(const char *device, const char *model, bool graphs)
+/* The first n_req requests run alone (eagerly) and then together, one
+ * arriving every step; together, decode steps go through the graphs when
+ * `graphs` (batches of 3, 5, 6... padded to the captured sizes). */
+static void batched_equals_alone_on(const char *device, const char *model, bool graphs,
+                                    uint32_t n_req)
 {
     fixture f;
     if (!open_named_on(&f, device, model))
@@ -170,7 +172,7 @@ static void batched_equals_alone_on(const char *device, const char *model, bool 
     memset(&together, 0, sizeof together);
     uint32_t prompt[64];
     vlmd_error err = {0};
-    for (uint32_t i = 0; i < N_REQ; i++) {
+    for (uint32_t i = 0; i < n_req; i++) {
         engine *e = make_engine(&f, &alone, 1024);
         vlmd_msg_request_submit r = request(i, prompt);
         cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
@@ -182,7 +184,7 @@ static void batched_equals_alone_on(const char *device, const char *model, bool 
     engine *e = make_engine_graphs(&f, &together, 1024, false, graphs);
     cr_expect_eq(engine_graph_count(e), graphs ? 5 : 0, "1, 2, 4, 8 and 16 sequences");
     int32_t start_free = engine_free_slots(e);
-    for (uint32_t i = 0; i < N_REQ; i++) { /* one new request every step */
+    for (uint32_t i = 0; i < n_req; i++) { /* one new request every step */
         vlmd_msg_request_submit r = request(i, prompt);
         cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
         bool worked;
@@ -191,10 +193,10 @@ static void batched_equals_alone_on(const char *device, const char *model, bool 
     run_until_idle(e, 200);
     if (graphs)
         cr_expect_gt(engine_graph_steps(e), 10, "the decode steps went through the graphs");
-    for (int i = 0; i < N_REQ; i++) {
-        cr_assert_eq(together.n[i], alone.n[i], "request %d length", i);
+    for (uint32_t i = 0; i < n_req; i++) {
+        cr_assert_eq(together.n[i], alone.n[i], "request %u length", i);
         cr_expect_arr_eq(together.tokens[i], alone.tokens[i], (size_t)alone.n[i] * sizeof(int32_t),
-                         "request %d: same tokens in a batch as alone", i);
+                         "request %u: same tokens in a batch as alone", i);
     }
     cr_expect_eq(engine_free_slots(e), start_free, "every slot came back");
     cr_expect_eq(engine_active(e), 0);
@@ -202,20 +204,36 @@ static void batched_equals_alone_on(const char *device, const char *model, bool 
     close_model(&f);
 }
 
-Test(engine, batched_equals_alone) { batched_equals_alone_on("cpu", "qwen2", false); }
-Test(engine, batched_decode_graphs_equal_alone) { batched_equals_alone_on("cpu", "qwen2", true); }
+Test(engine, batched_equals_alone) { batched_equals_alone_on("cpu", "qwen2", false, N_REQ); }
+Test(engine, batched_decode_graphs_equal_alone)
+{
+    batched_equals_alone_on("cpu", "qwen2", true, N_REQ);
+}
 /* experts are chosen per token, whatever shares the step */
-Test(engine, moe_batched_equals_alone) { batched_equals_alone_on(TEST_DEVICE, "qwen3_moe", false); }
+Test(engine, moe_batched_equals_alone)
+{
+    batched_equals_alone_on("cpu", "qwen3_moe", false, N_REQ);
+}
 Test(engine, moe_batched_decode_graphs_equal_alone)
 {
-    batched_equals_alone_on(TEST_DEVICE, "qwen3_moe", true);
+    batched_equals_alone_on("cpu", "qwen3_moe", true, N_REQ);
+}
+/* The MoE model through TEST_DEVICE's ops and decode graphs (the emulated
+ * CUDA device in test_engine_emu): four requests show the device runs the
+ * same engine; the scenarios above and below run the MoE model on the CPU. */
+Test(engine, moe_batched_decode_graphs_equal_alone_on_device)
+{
+    batched_equals_alone_on(TEST_DEVICE, "qwen3_moe", true, 4);
 }
 
 /* The same on the GPU, where a GPU is visible (elsewhere: the clear refusal). */
-Test(engine, batched_equals_alone_on_cuda) { batched_equals_alone_on("cuda", "qwen2", false); }
+Test(engine, batched_equals_alone_on_cuda)
+{
+    batched_equals_alone_on("cuda", "qwen2", false, N_REQ);
+}
 Test(engine, batched_decode_graphs_equal_alone_on_cuda)
 {
-    batched_equals_alone_on("cuda", "qwen2", true);
+    batched_equals_alone_on("cuda", "qwen2", true, N_REQ);
 }
 
 Test(engine, a_prompt_the_cache_cannot_hold_is_refused_and_a_lone_request_ends_with_length)
@@ -249,10 +267,10 @@ Test(engine, a_prompt_the_cache_cannot_hold_is_refused_and_a_lone_request_ends_w
 /* More demand than the cache: requests are paused and recomputed, and every
  * one ends with exactly the tokens it produces alone (greedy and seeded).
  * With the prefix cache, paused requests leave their KV to it. */
-static void preempted_requests_finish_as_alone(const char *model, bool cache)
+static void preempted_requests_finish_as_alone(const char *device, const char *model, bool cache)
 {
     fixture f;
-    if (!open_named_on(&f, TEST_DEVICE, model))
+    if (!open_named_on(&f, device, model))
         return;
     static outputs alone, together;
     memset(&alone, 0, sizeof alone);
@@ -290,22 +308,22 @@ static void preempted_requests_finish_as_alone(const char *model, bool cache)
 
 Test(engine, preempted_requests_finish_with_the_tokens_they_produce_alone)
 {
-    preempted_requests_finish_as_alone("qwen2", false);
+    preempted_requests_finish_as_alone(TEST_DEVICE, "qwen2", false);
 }
 
 Test(engine, preemption_with_the_prefix_cache)
 {
-    preempted_requests_finish_as_alone("qwen2", true);
+    preempted_requests_finish_as_alone(TEST_DEVICE, "qwen2", true);
 }
 
 Test(engine, moe_preempted_requests_finish_with_the_tokens_they_produce_alone)
 {
-    preempted_requests_finish_as_alone("qwen3_moe", false);
+    preempted_requests_finish_as_alone("cpu", "qwen3_moe", false);
 }
 
 Test(engine, moe_preemption_with_the_prefix_cache)
 {
-    preempted_requests_finish_as_alone("qwen3_moe", true);
+    preempted_requests_finish_as_alone("cpu", "qwen3_moe", true);
 }
 
 /* A prompt longer than a step takes is prefilled in chunks: the same tokens. */
@@ -612,10 +630,10 @@ static void cached_run(fixture *f, bool cache, int32_t slots, outputs *o, engine
     engine_free(e);
 }
 
-static void prefix_cache_gives_the_same_tokens(const char *model)
+static void prefix_cache_gives_the_same_tokens(const char *device, const char *model)
 {
     fixture f;
-    if (!open_named_on(&f, TEST_DEVICE, model))
+    if (!open_named_on(&f, device, model))
         return;
     static outputs off, on;
     engine_cache_info info_off, info_on;
@@ -647,10 +665,10 @@ static void prefix_cache_gives_the_same_tokens(const char *model)
 
 Test(engine, the_prefix_cache_gives_the_same_tokens_from_fewer_computed)
 {
-    prefix_cache_gives_the_same_tokens("qwen2");
+    prefix_cache_gives_the_same_tokens(TEST_DEVICE, "qwen2");
 }
 
 Test(engine, moe_prefix_cache_gives_the_same_tokens_from_fewer_computed)
 {
-    prefix_cache_gives_the_same_tokens("qwen3_moe");
+    prefix_cache_gives_the_same_tokens("cpu", "qwen3_moe");
 }

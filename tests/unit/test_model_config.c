@@ -221,3 +221,28 @@ Test(model_config, qwen3_vl_moe_with_rope_parameters)
     cr_expect_eq(mc.vision.num_position_embeddings, 2304);
     cr_expect_eq(mc.vision.n_deepstack, 1);
 }
+
+/* Feature k of DeepStack is added after text layer k: a config with more
+ * features than text layers is refused, naming both counts. */
+Test(model_config, more_deepstack_features_than_text_layers_are_refused)
+{
+    const char *json =
+        "{\"architectures\":[\"Qwen3VLForConditionalGeneration\"],\"image_token_id\":299,"
+        "\"text_config\":{\"hidden_size\":64,\"intermediate_size\":128,\"num_hidden_layers\":%d,"
+        "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"head_dim\":32,\"vocab_size\":300,"
+        "\"max_position_embeddings\":2048,\"rope_theta\":5000000,"
+        "\"rope_scaling\":{\"rope_type\":\"default\",\"mrope_section\":[6,5,5]}},"
+        "\"vision_config\":{\"depth\":4,\"hidden_size\":32,\"out_hidden_size\":64,"
+        "\"intermediate_size\":64,\"num_heads\":2,\"patch_size\":16,\"spatial_merge_size\":2,"
+        "\"temporal_patch_size\":2,\"num_position_embeddings\":64,"
+        "\"deepstack_visual_indexes\":[0,1,2]}}";
+    char text[2048];
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    snprintf(text, sizeof text, json, 3);
+    cr_expect_eq(vlmd_model_config_parse(text, "inline", &mc, &err), VLMD_OK, "%s", err.msg);
+    snprintf(text, sizeof text, json, 2);
+    cr_expect_eq(vlmd_model_config_parse(text, "inline", &mc, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "3 deepstack_visual_indexes, but the text model has 2 layers"), "%s",
+              err.msg);
+}

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "chat_template.h"
+#include "model_config.h"
 #include "mrope.h"
 #include "preprocess.h"
 #include "safetensors.h"
@@ -79,6 +80,57 @@ Test(mrope, image_prompts_of_both_vl_fixtures)
     check("qwen2_vl", 3);
     check("qwen2_5_vl", 2);
     check("qwen2_5_vl", 3);
+}
+
+/* Qwen3-VL's get_rope_index places an image's tokens as Qwen2-VL's does
+ * (grid t, h, w offset by where the image starts; the text after it goes
+ * on from the largest position + 1): the reference position_ids of one
+ * image (case 2) and of two in one turn (case 3), from its input_ids. */
+Test(mrope, qwen3_vl_one_and_two_images)
+{
+    json_t *ref = test_reference_json("qwen3_vl");
+    vlmd_safetensors *st = test_reference_tensors("qwen3_vl");
+    vlmd_vision_params vp;
+    vlmd_model_config mc;
+    cr_assert_eq(vlmd_vision_params_load(test_fixture("qwen3_vl"), &vp, NULL), VLMD_OK);
+    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen3_vl"), &mc, NULL), VLMD_OK);
+    cr_assert_eq(vp.merge_size, 2);
+    for (int ci = 2; ci < 4; ci++) {
+        json_t *c = json_array_get(json_object_get(ref, "cases"), (size_t)ci);
+        json_t *ids_j = json_object_get(c, "input_ids"), *thw = json_object_get(c, "image_grid_thw");
+        size_t n = json_array_size(ids_j), n_images = json_array_size(thw);
+        cr_assert_eq(n_images, (size_t)ci - 1, "case %d: %d image(s)", ci, ci - 1);
+        uint32_t *ids = malloc(n * sizeof *ids);
+        for (size_t i = 0; i < n; i++)
+            ids[i] = (uint32_t)json_integer_value(json_array_get(ids_j, i));
+        vlmd_image_grid grids[2];
+        for (size_t k = 0; k < n_images; k++) {
+            json_t *g = json_array_get(thw, k);
+            grids[k] = (vlmd_image_grid){(uint32_t)json_integer_value(json_array_get(g, 0)),
+                                         (uint32_t)json_integer_value(json_array_get(g, 1)),
+                                         (uint32_t)json_integer_value(json_array_get(g, 2))};
+        }
+        int32_t *pos = malloc(3 * n * sizeof *pos), next = 0;
+        vlmd_error err = {0};
+        cr_assert_eq(vlmd_mrope_positions(ids, n, (uint32_t)mc.image_token_id, grids, n_images, vp.merge_size, pos,
+                                          &next, &err), VLMD_OK, "%s", err.msg);
+        char name[64];
+        snprintf(name, sizeof name, "case%d.position_ids", ci);
+        const vlmd_tensor_view *t = vlmd_safetensors_find(st, name);
+        cr_assert(t && t->shape[0] == 3 && t->shape[1] == (int64_t)n, "%s", name);
+        const int64_t *want = t->data;
+        int32_t max = 0;
+        for (size_t i = 0; i < 3 * n; i++) {
+            cr_assert_eq(pos[i], (int32_t)want[i], "case %d: row %zu, token %zu", ci, i / n,
+                         i % n);
+            max = pos[i] > max ? pos[i] : max;
+        }
+        cr_expect_eq(next, max + 1, "decoding continues after the largest position");
+        free(pos);
+        free(ids);
+    }
+    vlmd_safetensors_close(st);
+    json_decref(ref);
 }
 
 Test(mrope, mismatched_image_counts_are_errors)

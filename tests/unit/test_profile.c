@@ -272,19 +272,51 @@ static void on_served(const engine_output *o, void *ud)
         sv->tokens[o->req_id][sv->n[o->req_id]++] = o->tokens[i];
 }
 
+/* Submits the first n_cases fixture cases (greedy, n_tokens each) at once
+ * and runs e until it is idle. */
+static void serve_cases(engine *e, json_t *ref, int n_cases, int n_tokens,
+                        uint32_t prompts[4][128])
+{
+    vlmd_error err = {0};
+    for (int ci = 0; ci < n_cases; ci++) {
+        json_t *ids = json_object_get(json_array_get(json_object_get(ref, "cases"), (size_t)ci),
+                                      "input_ids");
+        cr_assert_leq(json_array_size(ids), 128);
+        for (size_t i = 0; i < json_array_size(ids); i++)
+            prompts[ci][i] = (uint32_t)json_integer_value(json_array_get(ids, i));
+        vlmd_msg_request_submit r = {
+            .req_id = (uint64_t)ci, .tokens = prompts[ci],
+            .n_tokens = (uint32_t)json_array_size(ids), .max_tokens = (uint32_t)n_tokens,
+            .sampling = {.top_p = 1, .top_k = -1, .repetition_penalty = 1}};
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    }
+    bool worked = true;
+    for (int steps = 0; worked; steps++) {
+        cr_assert_lt(steps, 100);
+        cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+    }
+}
+
 /* A mixture-of-experts model: the profile's stress steps route every token
  * to the same experts (counted by the model: the probe's and the
  * validation's prefill and decode), and the peak they reserve is that of a
  * step with every token on one expert (nothing allocated beyond the
- * workspace). Serving then routes as the model does (the fixture's greedy
- * continuations, every case in one batch), with no worst-case step and
- * never past the reserved peak. */
+ * workspace). Serving then routes as the model does, with no worst-case
+ * step and never past the reserved peak: on the CPU the fixture's greedy
+ * continuations (every case in one batch); elsewhere (bf16 weights and
+ * arithmetic, where rounding flips some expert choices: the fixture's
+ * README) the tokens a fresh engine on the same device gives, one that never
+ * ran the stress (steps of 64 tokens, two cases of six: the emulated device
+ * is slow). */
 Test(profile, moe_stress_routes_the_worst_case_and_serving_stays_under_its_peak)
 {
     fixture f;
     if (!open_model(&f, "qwen3_moe"))
         return;
-    static served sv;
+    const bool cpu = strcmp(TEST_DEVICE, "cpu") == 0;
+    if (!cpu) /* the worst case at a quarter of the size shows the same on the emulator */
+        f.cfg.max_batch_tokens = 64, f.cfg.max_running = 4;
+    static served sv, fresh;
     engine *e = NULL;
     void *canary = NULL;
     profile_report rep;
@@ -307,40 +339,35 @@ Test(profile, moe_stress_routes_the_worst_case_and_serving_stays_under_its_peak)
     cr_expect_eq(vlmd_backend_peak_bytes(f.b), reserved, "the reserved peak is the worst step's");
 
     /* serving: the model's own routing */
+    const int n_cases = cpu ? 4 : 2, n_tokens = cpu ? 12 : 6;
     vlmd_backend_reset_peak(f.b);
-    json_t *ref = test_reference_json("qwen3_moe"), *c;
-    size_t ci;
-    uint32_t prompts[4][128];
-    json_array_foreach(json_object_get(ref, "cases"), ci, c)
-    {
-        json_t *ids = json_object_get(c, "input_ids");
-        cr_assert_lt(ci, 4);
-        cr_assert_leq(json_array_size(ids), 128);
-        for (size_t i = 0; i < json_array_size(ids); i++)
-            prompts[ci][i] = (uint32_t)json_integer_value(json_array_get(ids, i));
-        vlmd_msg_request_submit r = {
-            .req_id = ci, .tokens = prompts[ci], .n_tokens = (uint32_t)json_array_size(ids),
-            .max_tokens = (uint32_t)json_array_size(json_object_get(c, "greedy_continuation")),
-            .sampling = {.top_p = 1, .top_k = -1, .repetition_penalty = 1}};
-        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
-    }
-    bool worked = true;
-    for (int steps = 0; worked; steps++) {
-        cr_assert_lt(steps, 100);
-        cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
-    }
-    json_array_foreach(json_object_get(ref, "cases"), ci, c)
-    {
-        json_t *want = json_object_get(c, "greedy_continuation");
-        cr_expect_eq(sv.n[ci], (int32_t)json_array_size(want));
-        for (size_t k = 0; k < json_array_size(want); k++)
-            cr_expect_eq(sv.tokens[ci][k], json_integer_value(json_array_get(want, k)),
-                         "case %zu token %zu", ci, k);
-    }
+    json_t *ref = test_reference_json("qwen3_moe");
+    static uint32_t prompts[4][128];
+    serve_cases(e, ref, n_cases, n_tokens, prompts);
     cr_expect_eq(qwen2_worst_case_steps(f.m), 6, "serving never routes the worst case");
     cr_expect_leq(vlmd_backend_peak_bytes(f.b), reserved);
-    json_decref(ref);
     engine_free(e);
     vlmd_backend_free(f.b, canary, rep.canary_bytes);
+
+    if (!cpu) { /* the reference: the same model and device, no profile */
+        engine_config cfg = f.cfg;
+        cfg.kv_slots = 1024;
+        cr_assert_eq(engine_create(f.m, &cfg, on_served, &fresh, &e, &err), VLMD_OK, "%s",
+                     err.msg);
+        serve_cases(e, ref, n_cases, n_tokens, prompts);
+        engine_free(e);
+        cr_expect_eq(qwen2_worst_case_steps(f.m), 6);
+    }
+    for (int ci = 0; ci < n_cases; ci++) {
+        json_t *want = json_object_get(json_array_get(json_object_get(ref, "cases"), (size_t)ci),
+                                       "greedy_continuation");
+        cr_expect_eq(sv.n[ci], n_tokens);
+        for (int k = 0; k < n_tokens; k++) {
+            int32_t expected = cpu ? (int32_t)json_integer_value(json_array_get(want, (size_t)k))
+                                   : fresh.tokens[ci][k];
+            cr_expect_eq(sv.tokens[ci][k], expected, "case %d token %d", ci, k);
+        }
+    }
+    json_decref(ref);
     close_fixture(&f);
 }

@@ -10,10 +10,9 @@
  * F32 model's expert choices (see the tape below): its own choices differ
  * where bf16 rounding reorders two router logits, which moves its logits
  * by 2.7e-2 to 6.3e-2 (measured; the fixture README says 3e-2 to 6e-2), and
- * with the F32 choices 0.9e-2 to 1.01e-2, as the dense models. The
- * Qwen2-VL image cases take the reference vision embeddings at their pad
- * tokens; Qwen3-VL's also need the DeepStack features (not given here), so
- * its text cases run. */
+ * with the F32 choices 0.9e-2 to 1.01e-2, as the dense models. The image
+ * cases take the reference vision embeddings at their pad tokens and,
+ * Qwen3-VL's, each DeepStack feature beside them, as the arena holds them. */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -264,6 +263,50 @@ static void runner_forward(runner *r, const qwen2_batch *bt, float *logits)
         cr_assert_eq(tape.at, tape.len, "every recorded choice replayed");
 }
 
+/* A case's images as the engine reads them from the arena: the reference
+ * vision embeddings of all its images (one run of pads each, in prompt
+ * order), then each DeepStack feature's rows (Qwen3-VL), in one buffer
+ * (returned; the caller frees it, NULL for a text case) that runs[i] point
+ * into. */
+static float *image_rows(const fixture *f, size_t ci, const int32_t *ids, int n,
+                         qwen2_embed_run *runs, int *n_runs)
+{
+    char name[64];
+    snprintf(name, sizeof name, "case%zu.vision_embeds", ci);
+    const vlmd_tensor_view *ve = vlmd_safetensors_find(f->ref, name);
+    *n_runs = 0;
+    if (!ve)
+        return NULL;
+    const size_t H = qwen2_hidden_size(f->m), T = (size_t)ve->shape[0];
+    const int features = qwen2_deepstack_features(f->m);
+    cr_assert_eq(ve->shape[1], (int64_t)H);
+    float *buf = malloc((1 + (size_t)features) * T * H * sizeof *buf);
+    cr_assert_not_null(buf);
+    memcpy(buf, ve->data, T * H * sizeof *buf);
+    for (int k = 0; k < features; k++) {
+        snprintf(name, sizeof name, "case%zu.deepstack_%d", ci, k);
+        const vlmd_tensor_view *ds = vlmd_safetensors_find(f->ref, name);
+        cr_assert(ds && ds->shape[0] == (int64_t)T && ds->shape[1] == (int64_t)H, "%s", name);
+        memcpy(buf + (1 + (size_t)k) * T * H, ds->data, T * H * sizeof *buf);
+    }
+    const int32_t pad = (int32_t)f->mc.image_token_id;
+    size_t used = 0;
+    for (int i = 0; i < n;) {
+        if (ids[i] != pad) {
+            i++;
+            continue;
+        }
+        int start = i;
+        while (i < n && ids[i] == pad)
+            i++;
+        cr_assert_lt(*n_runs, 4);
+        runs[(*n_runs)++] = (qwen2_embed_run){start, i - start, buf + used * H, T * H};
+        used += (size_t)(i - start);
+    }
+    cr_assert_eq(used, T, "case %zu: the pads run for the images' tokens", ci);
+    return buf;
+}
+
 /* What check_model runs: every case of a fixture model on a device. */
 typedef struct model_check {
     const char *device, *model, *weights;
@@ -312,23 +355,14 @@ static void check_model_with(const model_check *mk)
                 pos[i] = (int32_t)p64[i];
         }
         /* an image case: its pad tokens take the reference vision embeddings */
-        qwen2_embed_run image = {0};
-        snprintf(name, sizeof name, "case%zu.vision_embeds", ci);
-        const vlmd_tensor_view *ve = vlmd_safetensors_find(f.ref, name);
-        if (ve) {
-            cr_assert_eq(ve->shape[1], qwen2_hidden_size(f.m));
-            int32_t pad = (int32_t)f.mc.image_token_id;
-            while (image.row < n && ids[image.row] != pad)
-                image.row++;
-            image.n_rows = (int32_t)ve->shape[0];
-            image.data = ve->data;
-            for (int i = 0; i < image.n_rows; i++)
-                cr_assert_eq(ids[image.row + i], pad, "the pads run for the image's tokens");
-        }
+        qwen2_embed_run images[4];
+        int n_images = 0;
+        float *arena = image_rows(&f, ci, ids, n, images, &n_images);
         float *logits = malloc((size_t)n * V * sizeof *logits);
         vlmd_attn_seq seq = {0, n, n, slots};
-        qwen2_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, &image, ve ? 1 : 0};
+        qwen2_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, images, n_images};
         runner_forward(&run, &bt, logits);
+        free(arena);
 
         snprintf(name, sizeof name, "case%zu.logits", ci);
         const vlmd_tensor_view *lt = vlmd_safetensors_find(f.ref, name);
@@ -423,16 +457,18 @@ static const model_check qwen3_checks[] = {
     {"cpu", "qwen3", BF16, 2e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
     {"cpu", "qwen3_moe", F32, 1e-4, GREEDY_EXACT, false, NULL},
     {"cpu", "qwen3_moe", BF16, 2e-2, GREEDY_UNTIL_NEAR_TIE, false, F32},
-    /* the text model of Qwen3-VL (interleaved M-RoPE, model.language_model.*) */
-    {"cpu", "qwen3_vl", F32, 1e-4, GREEDY_EXACT, true, NULL},
-    {"cpu", "qwen3_vl", BF16, 2e-2, GREEDY_UNTIL_NEAR_TIE, true, NULL},
+    /* Qwen3-VL's text model (interleaved M-RoPE, model.language_model.*), its image
+     * cases with the DeepStack features (case 3: two images); BF16 weights move its
+     * logits by 4.1e-3 to 6.9e-3 (measured), under the issue's 1e-2 */
+    {"cpu", "qwen3_vl", F32, 1e-4, GREEDY_EXACT, false, NULL},
+    {"cpu", "qwen3_vl", BF16, 1e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
 };
 Test(qwen2, qwen3_f32) { check_model_with(&qwen3_checks[0]); }
 Test(qwen2, qwen3_bf16) { check_model_with(&qwen3_checks[1]); }
 Test(qwen2, qwen3_moe_f32) { check_model_with(&qwen3_checks[2]); }
 Test(qwen2, qwen3_moe_bf16_with_f32_routing) { check_model_with(&qwen3_checks[3]); }
-Test(qwen2, qwen3_vl_text_f32) { check_model_with(&qwen3_checks[4]); }
-Test(qwen2, qwen3_vl_text_bf16) { check_model_with(&qwen3_checks[5]); }
+Test(qwen2, qwen3_vl_f32) { check_model_with(&qwen3_checks[4]); }
+Test(qwen2, qwen3_vl_bf16) { check_model_with(&qwen3_checks[5]); }
 
 /* Through the CUDA backend (bf16 weights and activations): where a GPU is
  * visible, the logits of every text case of every model against the
@@ -448,13 +484,17 @@ Test(qwen2, cuda_bf16_all_models)
 /* The Qwen3 generation the same way, once the CUDA table has what each
  * model needs (qwen2_backend_check); until then its load is refused, naming
  * what is missing (open_fixture_routed). The MoE model replays the CPU F32
- * model's expert choices. */
+ * model's expert choices; Qwen3-VL's image cases take their DeepStack
+ * features. bf16 activations on top of the bf16 weights: on the emulator
+ * (bf16 storage, fp32 arithmetic as on tensor cores) the logits moved by
+ * 1.28e-2 to 1.42e-2 (qwen3), 1.26e-2 to 1.38e-2 (qwen3_moe with the F32
+ * routing) and 0.73e-2 to 0.97e-2 (qwen3_vl), so the bound is 2e-2. */
 Test(qwen2, cuda_bf16_qwen3_models)
 {
     static const model_check checks[] = {
-        {"cuda", "qwen3", BF16, 3e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
-        {"cuda", "qwen3_moe", BF16, 3e-2, GREEDY_UNTIL_NEAR_TIE, false, F32},
-        {"cuda", "qwen3_vl", BF16, 3e-2, GREEDY_UNTIL_NEAR_TIE, true, NULL},
+        {"cuda", "qwen3", BF16, 2e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
+        {"cuda", "qwen3_moe", BF16, 2e-2, GREEDY_UNTIL_NEAR_TIE, false, F32},
+        {"cuda", "qwen3_vl", BF16, 2e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
     };
     for (size_t i = 0; i < sizeof checks / sizeof *checks; i++)
         check_model_with(&checks[i]);
