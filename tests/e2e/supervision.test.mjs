@@ -218,7 +218,10 @@ test('a SIGKILLed launcher leaves its runtime directory behind; the next vlmd se
     next = await startServer(args, { env });
     assert.ok(!existsSync(killedDir), `${killedDir} was removed by the next launcher`);
     assert.ok(existsSync(aliveDir), 'a running instance\'s directory is left alone');
-    assert.equal((await getJson(`${alive.url}/health`)).status, 200, 'and it keeps serving');
+    // Three instances share the loaded machine under a 1 s heartbeat timeout: the survivor may be
+    // restarting a worker at this instant, and serving again is what matters.
+    await waitFor('the running instance to keep serving',
+      async () => (await getJson(`${alive.url}/health`)).status === 200, 20000);
   } finally {
     for (const s of [next, alive]) if (s) assert.deepEqual(await stopServer(s), { code: 0, signal: null });
     rmSync(base, { recursive: true, force: true });
