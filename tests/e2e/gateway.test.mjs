@@ -21,13 +21,13 @@ async function scrape(url) {
 test('under load the vLLM gauges count what the router and the engine hold', async () => {
   const N = 4;
   const server = await startServer(['--model', MODEL, '--port', '0', '--max-num-seqs', '1',
-    '--max-total-token-num', '16384', '--max-model-len', '3072', '--batch-max-tokens', '256',
+    '--max-total-token-num', '16384', '--max-model-len', '1024', '--batch-max-tokens', '256',
     '--heartbeat-ms', '50'], { readyTimeoutMs: 120000 });
   try {
     let inFlight = N;
     const replies = Array.from({ length: N }, (_, i) =>
       postJson(`${server.url}/v1/completions`,
-        { prompt: `gateway request ${i}`, max_tokens: 3000, ignore_eos: true, temperature: 0 },
+        { prompt: `gateway request ${i}`, max_tokens: 400, ignore_eos: true, temperature: 0 },
         { timeoutMs: 170000 }).finally(() => { inFlight--; }));
     // one runs (--max-num-seqs 1), the rest wait: in the router's queue or
     // at the engine unscheduled; a scrape agrees once the heartbeat and the
@@ -51,7 +51,7 @@ test('under load the vLLM gauges count what the router and the engine hold', asy
     for (const r of done) assert.equal(r.status, 200, JSON.stringify(r.body));
     const prompt = done.reduce((a, r) => a + r.body.usage.prompt_tokens, 0);
     const generated = done.reduce((a, r) => a + r.body.usage.completion_tokens, 0);
-    assert.equal(generated, N * 3000);
+    assert.equal(generated, N * 400);
     // the engine's counters arrive with its next heartbeat
     await waitFor('idle gauges and the token counters', async () => {
       const m = await scrape(server.url);
@@ -72,13 +72,13 @@ test('under load the vLLM gauges count what the router and the engine hold', asy
 
 test('a full queue answers 503 with Retry-After at once, and the others are served', async () => {
   // room for one request's KV at a time, and one more may wait for it
-  const server = await startServer(['--model', MODEL, '--port', '0', '--max-total-token-num', '1536', '--max-model-len', '1536',
+  const server = await startServer(['--model', MODEL, '--port', '0', '--max-total-token-num', '512', '--max-model-len', '512',
     '--max-queued-requests', '1', '--batch-max-tokens', '256', '--heartbeat-ms', '50'],
     { readyTimeoutMs: 120000 });
   try {
     const replies = await Promise.all(Array.from({ length: 3 }, (_, i) =>
       postJson(`${server.url}/v1/completions`,
-        { prompt: `queue ${i}`, max_tokens: 1200, ignore_eos: true, temperature: 0 }, { timeoutMs: 170000 })));
+        { prompt: `queue ${i}`, max_tokens: 400, ignore_eos: true, temperature: 0 }, { timeoutMs: 170000 })));
     const statuses = replies.map((r) => r.status).sort();
     assert.deepEqual(statuses, [200, 200, 503], JSON.stringify(replies.map((r) => r.body)));
     const refused = replies.find((r) => r.status === 503);
