@@ -310,6 +310,7 @@ Test(engine, moe_preemption_with_the_prefix_cache)
     preempted_requests_finish_as_alone("qwen3_moe", true);
 }
 
+#ifndef VLMD_CUDA_EMULATED /* the books do not depend on the device: no emulator time */
 /* ---- KV events ------------------------------------------------------------------- */
 
 #define EV_B 4
@@ -425,6 +426,7 @@ Test(engine, kv_events_replayed_hold_the_caches_blocks)
     engine_free(e);
     close_model(&f);
 }
+#endif
 
 /* A prompt longer than a step takes is prefilled in chunks: the same tokens. */
 Test(engine, long_prompts_are_prefilled_in_chunks)
