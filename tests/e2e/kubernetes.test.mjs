@@ -16,6 +16,7 @@ import { ConfigMap } from 'kubernetes-models/v1/ConfigMap';
 import { ServiceAccount } from 'kubernetes-models/v1/ServiceAccount';
 import { Role } from 'kubernetes-models/rbac.authorization.k8s.io/v1/Role';
 import { RoleBinding } from 'kubernetes-models/rbac.authorization.k8s.io/v1/RoleBinding';
+import { NetworkPolicy } from 'kubernetes-models/networking.k8s.io/v1/NetworkPolicy';
 import { HTTPRoute } from '@kubernetes-models/gateway-api/gateway.networking.k8s.io/v1/HTTPRoute';
 import { BIN, FIXTURES } from './harness.mjs';
 
@@ -39,6 +40,7 @@ const KINDS = {
   'v1 ServiceAccount': (o) => new ServiceAccount(o).validate(),
   'rbac.authorization.k8s.io/v1 Role': (o) => new Role(o).validate(),
   'rbac.authorization.k8s.io/v1 RoleBinding': (o) => new RoleBinding(o).validate(),
+  'networking.k8s.io/v1 NetworkPolicy': (o) => new NetworkPolicy(o).validate(),
   'gateway.networking.k8s.io/v1 HTTPRoute': (o) => new HTTPRoute(o).validate(),
   'inference.networking.k8s.io/v1 InferencePool': validatePool,
 };
@@ -103,6 +105,15 @@ test('the pool, its picker, the route and vlmd\'s pods refer to each other', () 
   // the KV events stay off the Service (they carry prompts' token ids)
   const svc = find('Service', 'vlmd');
   assert.deepEqual(svc.spec.ports.map((p) => p.targetPort), ['http']);
+  // and only the picker reaches them
+  const kv = container.ports.find((p) => p.name === 'kv-events').containerPort;
+  const policy = find('NetworkPolicy', 'vlmd');
+  assert.deepEqual(policy.spec.podSelector.matchLabels, pool.spec.selector.matchLabels);
+  const open = policy.spec.ingress.filter((r) => !r.from).flatMap((r) => r.ports.map((p) => p.port));
+  assert.deepEqual(open, [http], 'only the API port is open to all');
+  const kvRule = policy.spec.ingress.find((r) => r.ports.some((p) => p.port === kv));
+  const eppLabels = find('Deployment', 'vlmd-epp').spec.template.metadata.labels;
+  assert.deepEqual(kvRule.from.map((f) => Object.entries(f.podSelector.matchLabels).every(([k, v]) => eppLabels[k] === v)), [true]);
 
   const eppSvc = find('Service', pool.spec.endpointPickerRef.name);
   assert.equal(eppSvc.spec.ports[0].port, pool.spec.endpointPickerRef.port.number);
