@@ -29,7 +29,9 @@ const vlmd_flag vlmd_flags[] = {
     {"port", VLMD_FLAG_INT, OFF(port), "8000", 0, 65535, NULL, R(LAUNCHER) | R(FRONTEND),
      "HTTP port; 0 picks a free port (the launcher prints the one chosen)"},
     {"served-model-name", VLMD_FLAG_STRING, OFF(served_model_name), "", 0, 0, NULL,
-     R(LAUNCHER) | R(FRONTEND), "Model name in the API; empty means the model directory's name"},
+     R(LAUNCHER) | R(FRONTEND) | R(LLM),
+     "Model name in the API (and in the KV-event block hashes); empty means the model "
+     "directory's name"},
     {"runtime-dir", VLMD_FLAG_STRING, OFF(runtime_dir), "", 0, 0, NULL, R(LAUNCHER),
      "Directory for this instance's ipc sockets and embedding arena; empty means a private new "
      "directory under $XDG_RUNTIME_DIR, /dev/shm or /tmp, removed at exit"},
@@ -215,6 +217,21 @@ const vlmd_flag vlmd_flags[] = {
      R(LAUNCHER) | R(LLM),
      "Launch every kernel of a decode step one by one instead of replaying the CUDA graphs "
      "captured at start-up (slower; for debugging). /health shows the effective setting"},
+    {"kv-events-endpoint", VLMD_FLAG_STRING, OFF(kv_events_endpoint), "", 0, 0, NULL,
+     R(LAUNCHER) | R(LLM),
+     "ZeroMQ endpoint where the engine publishes its prefix cache's changes as vLLM's "
+     "KV-cache events (BlockStored, BlockRemoved, AllBlocksCleared; for prefix-aware "
+     "gateways): tcp://*:PORT or ipc://PATH binds, tcp://HOST:PORT connects; empty: off"},
+    {"kv-events-topic", VLMD_FLAG_STRING, OFF(kv_events_topic), "", 0, 0, NULL,
+     R(LAUNCHER) | R(LLM),
+     "Topic (first frame) of every KV-event batch; llm-d reads kv@POD_ADDRESS@MODEL"},
+    {"kv-events-block-size", VLMD_FLAG_INT, OFF(kv_events_block_size), "16", 1, 4096, NULL,
+     R(LAUNCHER) | R(LLM),
+     "Tokens per block of the KV events (cached prefixes are cut into blocks of this many "
+     "tokens), also the block_size of vllm:cache_config_info"},
+    {"kv-events-hash-seed", VLMD_FLAG_STRING, OFF(kv_events_hash_seed), "", 0, 0, NULL,
+     R(LAUNCHER) | R(LLM),
+     "Seed of the KV-event block hashes (llm-d's hashSeed; vLLM's PYTHONHASHSEED)"},
     {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, 0},
 };
 
@@ -402,12 +419,44 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
                            "--max-num-seqs %lld is more than --batch-max-tokens %lld: every "
                            "running request takes one token of each step",
                            (long long)cfg->max_num_seqs, (long long)cfg->batch_max_tokens);
+    if (cfg->kv_events_endpoint[0] && strncmp(cfg->kv_events_endpoint, "tcp://", 6) != 0 &&
+        strncmp(cfg->kv_events_endpoint, "ipc://", 6) != 0)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--kv-events-endpoint: '%s' is not tcp://HOST:PORT or ipc://PATH",
+                           cfg->kv_events_endpoint);
+    if (cfg->kv_events_endpoint[0] && cfg->disable_prefix_cache)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--kv-events-endpoint publishes the prefix cache's changes: it "
+                           "needs the prefix cache (drop --disable-prefix-cache)");
     if (cfg->restart_backoff_max_ms < cfg->restart_backoff_ms)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--restart-backoff-max-ms %lld is less than --restart-backoff-ms %lld",
                            (long long)cfg->restart_backoff_max_ms,
                            (long long)cfg->restart_backoff_ms);
     return VLMD_OK;
+}
+
+void vlmd_served_model_name(const char *flag_value, const char *model_dir, char *out, size_t outsz)
+{
+    if (flag_value && flag_value[0]) {
+        vlmd_strlcpy(out, flag_value, outsz);
+        return;
+    }
+    size_t end = strlen(model_dir);
+    while (end > 1 && model_dir[end - 1] == '/')
+        end--;
+    size_t start = end;
+    while (start > 0 && model_dir[start - 1] != '/')
+        start--;
+    size_t n = end - start;
+    if (n == 0) { /* "/" itself */
+        vlmd_strlcpy(out, model_dir, outsz);
+        return;
+    }
+    if (n >= outsz)
+        n = outsz - 1;
+    memcpy(out, model_dir + start, n);
+    out[n] = '\0';
 }
 
 void vlmd_config_value_str(const vlmd_config *cfg, const vlmd_flag *f, char *out, size_t outsz)

@@ -79,6 +79,10 @@ typedef struct vlmd_config {
     bool disable_prefix_cache;      /* --disable-prefix-cache */
     int64_t chunked_prefill_size;   /* --chunked-prefill-size: prompt tokens per request per step */
     bool enforce_eager;             /* --enforce-eager: no CUDA graphs for decode steps */
+    char *kv_events_endpoint;       /* --kv-events-endpoint: ZMQ PUB of KV-cache events; "" = off */
+    char *kv_events_topic;          /* --kv-events-topic: each batch's first frame */
+    int64_t kv_events_block_size;   /* --kv-events-block-size: tokens per event block */
+    char *kv_events_hash_seed;      /* --kv-events-hash-seed: the block hash chain's seed */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {
@@ -117,6 +121,10 @@ vlmd_status vlmd_config_parse(vlmd_config *cfg, vlmd_role role, int argc, char *
 
 /* Checks what one flag cannot: required values and relations between flags. */
 vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_error *err);
+
+/* The name to serve: --served-model-name, or the last component of the model
+ * directory (trailing slashes ignored). Writes into out. */
+void vlmd_served_model_name(const char *flag_value, const char *model_dir, char *out, size_t outsz);
 
 /* Start-up helper for main(): defaults, parse, validate; prints --help and
  * exits 0, or prints the error and exits 2. */

@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config clang libclang-rt-14-dev
   libzmq3-dev libmsgpack-dev libuv1-dev libh2o-dev libssl-dev zlib1g-dev
-  libjansson-dev libpcre2-dev libunistring-dev libopenblas-dev libcriterion-dev
+  libjansson-dev libpcre2-dev libcbor-dev libunistring-dev libopenblas-dev libcriterion-dev
   libpng-dev libjpeg62-turbo-dev libwebp-dev libcurl4-openssl-dev
   nodejs curl
 )

@@ -66,6 +66,7 @@ void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok
                       const api_limits *limits, const image_limits *images)
 {
     memset(c, 0, sizeof *c);
+    metrics_init(&c->metrics);
     c->loop = loop;
     c->tok = tok;
     c->limits = *limits;
@@ -843,7 +844,7 @@ static void finish(completions *c, inflight_entry *e)
     bool stopped = true;
     for (uint32_t i = 0; i < e->n_choices; i++)
         stopped = stopped && strcmp(e->choices[i].finish, "stop") == 0;
-    metrics_observe(&c->metrics.e2e, (double)(vlmd_now_ns() - e->start_ns) / 1e9);
+    metrics_observe_e2e(&c->metrics, (double)(vlmd_now_ns() - e->start_ns) / 1e9);
     c->metrics.prompt_tokens += prompt_tokens(&e->api);
     c->metrics.finished[stopped ? 0 : 1]++;
     if (!e->api.stream) {
@@ -1005,9 +1006,9 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
     if (m->n_tokens) {
         uint64_t now = vlmd_now_ns();
         if (!e->last_token_ns)
-            metrics_observe(&c->metrics.ttft, (double)(now - e->start_ns) / 1e9);
+            metrics_observe_ttft(&c->metrics, (double)(now - e->start_ns) / 1e9);
         else
-            metrics_observe(&c->metrics.itl, (double)(now - e->last_token_ns) / 1e9);
+            metrics_observe_itl(&c->metrics, (double)(now - e->last_token_ns) / 1e9);
         e->last_token_ns = now;
         c->metrics.completion_tokens += m->n_tokens;
     }

@@ -5,35 +5,95 @@
 #include <stdlib.h>
 #include <string.h>
 
-const double metrics_bucket_bounds[METRICS_BUCKETS] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                                                       1,     2.5,  5,     10,   30,  60,  120};
+/* vlmd's buckets, shared by its three histograms */
+static const double vlmd_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                                     1,     2.5,  5,     10,   30,  60,  120};
+/* vLLM's (vllm/v1/metrics/loggers.py), so that a dashboard's quantiles read the same */
+static const double vllm_ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                          0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+                                          20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+static const double vllm_itl_bounds[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
+                                         0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
+                                         7.5,  10.0,  20.0, 40.0,  80.0};
+static const double vllm_e2e_bounds[] = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,
+                                         5.0,  10.0, 15.0, 20.0, 30.0,  40.0,  50.0,
+                                         60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
 
-void metrics_observe(histogram *h, double seconds)
+#define BOUNDS(a) a, (int)(sizeof a / sizeof a[0])
+
+static void histogram_init(histogram *h, const double *bounds, int n)
+{
+    *h = (histogram){.bounds = bounds, .n_bounds = n};
+}
+
+void metrics_init(frontend_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    histogram_init(&m->ttft, BOUNDS(vlmd_bounds));
+    histogram_init(&m->itl, BOUNDS(vlmd_bounds));
+    histogram_init(&m->e2e, BOUNDS(vlmd_bounds));
+    histogram_init(&m->vllm_ttft, BOUNDS(vllm_ttft_bounds));
+    histogram_init(&m->vllm_itl, BOUNDS(vllm_itl_bounds));
+    histogram_init(&m->vllm_e2e, BOUNDS(vllm_e2e_bounds));
+}
+
+static void observe(histogram *h, double seconds)
 {
     int b = 0;
-    while (b < METRICS_BUCKETS && seconds > metrics_bucket_bounds[b])
+    while (b < h->n_bounds && seconds > h->bounds[b])
         b++;
     h->counts[b]++;
     h->count++;
     h->sum += seconds;
 }
 
+void metrics_observe_ttft(frontend_metrics *m, double seconds)
+{
+    observe(&m->ttft, seconds);
+    observe(&m->vllm_ttft, seconds);
+}
+
+void metrics_observe_itl(frontend_metrics *m, double seconds)
+{
+    observe(&m->itl, seconds);
+    observe(&m->vllm_itl, seconds);
+}
+
+void metrics_observe_e2e(frontend_metrics *m, double seconds)
+{
+    observe(&m->e2e, seconds);
+    observe(&m->vllm_e2e, seconds);
+}
+
+/* A label value as the text format wants it: \\, \" and \n escaped. */
+static void label_value(char *out, size_t outsz, const char *s)
+{
+    size_t k = 0;
+    for (; *s && k + 3 < outsz; s++) {
+        if (*s == '\\' || *s == '"' || *s == '\n')
+            out[k++] = '\\';
+        out[k++] = *s == '\n' ? 'n' : *s;
+    }
+    out[k] = '\0';
+}
+
+/* A histogram's series; labels ("model=\"m\"", or two of them) go on each. */
 static void histogram_text(vlmd_buf *out, const char *name, const char *help, const histogram *h,
-                           const char *model)
+                           const char *labels)
 {
     vlmd_buf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cumulative = 0;
-    for (int b = 0; b <= METRICS_BUCKETS; b++) {
+    for (int b = 0; b <= h->n_bounds; b++) {
         cumulative += h->counts[b];
-        if (b < METRICS_BUCKETS)
-            vlmd_buf_printf(out, "%s_bucket{model=\"%s\",le=\"%g\"} %llu\n", name, model,
-                            metrics_bucket_bounds[b], (unsigned long long)cumulative);
+        if (b < h->n_bounds)
+            vlmd_buf_printf(out, "%s_bucket{%s,le=\"%g\"} %llu\n", name, labels, h->bounds[b],
+                            (unsigned long long)cumulative);
         else
-            vlmd_buf_printf(out, "%s_bucket{model=\"%s\",le=\"+Inf\"} %llu\n", name, model,
+            vlmd_buf_printf(out, "%s_bucket{%s,le=\"+Inf\"} %llu\n", name, labels,
                             (unsigned long long)cumulative);
     }
-    vlmd_buf_printf(out, "%s_sum{model=\"%s\"} %.6f\n%s_count{model=\"%s\"} %llu\n", name, model,
-                    h->sum, name, model, (unsigned long long)h->count);
+    vlmd_buf_printf(out, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", name, labels, h->sum, name,
+                    labels, (unsigned long long)h->count);
 }
 
 static const char *kv_get(const vlmd_kv *kv, uint32_t n, const char *key)
@@ -84,15 +144,150 @@ static void http_counters(const http_server_stats *h, vlmd_buf *out)
                         (unsigned long long)rows[i].value);
 }
 
-void metrics_render(const frontend_metrics *m, const http_server_stats *http,
-                    const vlmd_msg_stats_snapshot *snap, const char *model, vlmd_buf *out)
+/* ---- vLLM's names ---------------------------------------------------------------- */
+
+static uint64_t counter_of(const vlmd_worker_info *w, const char *key)
 {
+    const char *v = kv_get(w->counters, w->n_counters, key);
+    return v ? strtoull(v, NULL, 10) : 0;
+}
+
+static const vlmd_worker_info *find_role(const vlmd_msg_stats_snapshot *snap, vlmd_role role)
+{
+    for (uint32_t i = 0; snap && i < snap->n_workers; i++)
+        if (snap->workers[i].role == role)
+            return &snap->workers[i];
+    return NULL;
+}
+
+metrics_engine_load metrics_engine_load_of(const vlmd_msg_stats_snapshot *snap,
+                                           const vlmd_worker_info *engine)
+{
+    metrics_engine_load l = {counter_of(engine, "running"), counter_of(engine, "waiting")};
+    const vlmd_worker_info *rt = find_role(snap, VLMD_ROLE_ROUTER);
+    if (!rt)
+        return l; /* the engine's own numbers */
+    /* The router's counts are of the snapshot's moment, the engine's of its
+     * last heartbeat: what the router sent to the engine is running as far
+     * as the engine had scheduled it, and waiting otherwise, so the two add
+     * up to every request the router holds. (With several engines the
+     * router's count at each engine and its queue per engine group go here.) */
+    uint64_t at_engine = counter_of(rt, "requests_at_engine");
+    if (l.running > at_engine)
+        l.running = at_engine; /* some ended since that heartbeat */
+    l.waiting = counter_of(rt, "requests_waiting_for_images") +
+                counter_of(rt, "requests_queued") + (at_engine - l.running);
+    return l;
+}
+
+static void gauge_head(vlmd_buf *out, const char *name, const char *type, const char *help)
+{
+    vlmd_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+/* The series the gateways read, with vLLM's names, meanings and labels. */
+static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapshot *snap,
+                         const char *model, vlmd_buf *out)
+{
+    const char *gauges[][2] = {
+        {"vllm:num_requests_running", "Requests in the engine's batches (prefilling or decoding)"},
+        {"vllm:num_requests_waiting", "Requests waiting to be scheduled: in the router's queue "
+                                      "(for KV room or images) or at the engine, not yet in a "
+                                      "batch"},
+        {"vllm:kv_cache_usage_perc", "KV-cache usage: 1 means 100 percent (slots requests "
+                                     "hold; unused cached prefixes count as free)"},
+        {"vllm:gpu_cache_usage_perc", "The same as vllm:kv_cache_usage_perc (its older name, "
+                                      "which older gateways read)"},
+    };
+    const char *counters[][3] = {
+        {"vllm:num_preemptions_total", "preemptions_total",
+         "Requests paused for KV room (recomputed when they resume)"},
+        {"vllm:prompt_tokens_total", "prefix_cache_query_tokens_total",
+         "Prompt tokens of the requests the engine admitted"},
+        {"vllm:generation_tokens_total", "generation_tokens_total", "Tokens generated"},
+        {"vllm:prefix_cache_queries_total", "prefix_cache_query_tokens_total",
+         "Prompt tokens looked up in the prefix cache"},
+        {"vllm:prefix_cache_hits_total", "prefix_cache_hit_tokens_total",
+         "Prompt tokens the prefix cache gave"},
+    };
+    char name[512], labels[640];
+    label_value(name, sizeof name, model);
+    for (size_t g = 0; g < sizeof gauges / sizeof gauges[0]; g++) {
+        gauge_head(out, gauges[g][0], "gauge", gauges[g][1]);
+        for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
+            const vlmd_worker_info *w = &snap->workers[i];
+            if (w->role != VLMD_ROLE_LLM)
+                continue;
+            metrics_engine_load l = metrics_engine_load_of(snap, w);
+            double usage = w->kv_capacity_tokens
+                               ? (double)w->kv_used_tokens / (double)w->kv_capacity_tokens
+                               : 0;
+            vlmd_buf_printf(out, "%s{model_name=\"%s\",engine=\"%u\"} ", gauges[g][0], name,
+                            w->rank);
+            if (g < 2)
+                vlmd_buf_printf(out, "%llu\n", (unsigned long long)(g == 0 ? l.running
+                                                                          : l.waiting));
+            else
+                vlmd_buf_printf(out, "%.6f\n", usage);
+        }
+    }
+    gauge_head(out, "vllm:cache_config_info", "gauge",
+               "The KV cache's configuration: its blocks are the KV events' (vlmd's cache is "
+               "token-granular: num_gpu_blocks is its tokens / block_size)");
+    for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
+        const vlmd_worker_info *w = &snap->workers[i];
+        if (w->role != VLMD_ROLE_LLM || !w->kv_capacity_tokens)
+            continue;
+        const char *bs = kv_get(w->config, w->n_config, "kv-events-block-size");
+        const char *off = kv_get(w->config, w->n_config, "disable-prefix-cache");
+        uint64_t block = bs ? strtoull(bs, NULL, 10) : 16;
+        vlmd_buf_printf(out,
+                        "vllm:cache_config_info{block_size=\"%llu\",enable_prefix_caching="
+                        "\"%s\",engine=\"%u\",num_gpu_blocks=\"%llu\"} 1\n",
+                        (unsigned long long)block,
+                        off && strcmp(off, "true") == 0 ? "False" : "True", w->rank,
+                        (unsigned long long)(w->kv_capacity_tokens / (block ? block : 1)));
+    }
+    for (size_t c = 0; c < sizeof counters / sizeof counters[0]; c++) {
+        gauge_head(out, counters[c][0], "counter", counters[c][2]);
+        for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
+            const vlmd_worker_info *w = &snap->workers[i];
+            if (w->role == VLMD_ROLE_LLM)
+                vlmd_buf_printf(out, "%s{model_name=\"%s\",engine=\"%u\"} %llu\n",
+                                counters[c][0], name, w->rank,
+                                (unsigned long long)counter_of(w, counters[c][1]));
+        }
+    }
+    /* the frontend's own observations: every request went to engine 0 */
+    snprintf(labels, sizeof labels, "model_name=\"%s\",engine=\"0\"", name);
+    gauge_head(out, "vllm:request_success_total", "counter",
+               "Requests finished, by reason (abort: the client left; error: failed)");
+    static const char *const reasons[4] = {"stop", "length", "error", "abort"};
+    for (int i = 0; i < 4; i++)
+        vlmd_buf_printf(out, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n",
+                        labels, reasons[i], (unsigned long long)m->finished[i]);
+    histogram_text(out, "vllm:time_to_first_token_seconds",
+                   "Time from a request's arrival to its first token", &m->vllm_ttft, labels);
+    histogram_text(out, "vllm:inter_token_latency_seconds", "Time between a request's tokens",
+                   &m->vllm_itl, labels);
+    histogram_text(out, "vllm:e2e_request_latency_seconds",
+                   "Time from a request's arrival to its last token", &m->vllm_e2e, labels);
+}
+
+/* ---- all of it ------------------------------------------------------------------- */
+
+void metrics_render(const frontend_metrics *m, const http_server_stats *http,
+                    const vlmd_msg_stats_snapshot *snap, const char *model_name, vlmd_buf *out)
+{
+    char model[512], labels[600];
+    label_value(model, sizeof model, model_name);
+    snprintf(labels, sizeof labels, "model=\"%s\"", model);
     histogram_text(out, "vlmd_time_to_first_token_seconds",
-                   "Time from a request's arrival to its first token", &m->ttft, model);
+                   "Time from a request's arrival to its first token", &m->ttft, labels);
     histogram_text(out, "vlmd_inter_token_latency_seconds", "Time between a request's tokens",
-                   &m->itl, model);
+                   &m->itl, labels);
     histogram_text(out, "vlmd_e2e_request_latency_seconds",
-                   "Time from a request's arrival to its last token", &m->e2e, model);
+                   "Time from a request's arrival to its last token", &m->e2e, labels);
     vlmd_buf_printf(out, "# TYPE vlmd_prompt_tokens_total counter\n"
                          "vlmd_prompt_tokens_total{model=\"%s\"} %llu\n"
                          "# TYPE vlmd_generation_tokens_total counter\n"
@@ -130,6 +325,7 @@ void metrics_render(const frontend_metrics *m, const http_server_stats *http,
                             w->counters[k].value);
         }
     }
+    vllm_metrics(m, snap, model_name, out);
 }
 
 /* A map of name -> number from string pairs (values that are not numbers stay strings). */

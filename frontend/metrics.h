@@ -4,7 +4,14 @@
  * process's counters and memory as the router's latest snapshot carries
  * them (the engine's KV use, preemptions and allocations since ready, the
  * profile's numbers, the router's queue, admissions, rejections and
- * sessions, the visual worker's reservation). */
+ * sessions, the visual worker's reservation).
+ *
+ * Beside vlmd's own, the same numbers under vLLM's names and meanings
+ * (vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ...; docs/API.md),
+ * which the Kubernetes inference gateways read to route. Each of those
+ * carries vLLM's labels: model_name (the served name) and engine (the
+ * engine's rank; the frontend's own timings are of engine 0, the one engine
+ * today). */
 #ifndef VLMD_METRICS_H
 #define VLMD_METRICS_H
 
@@ -16,24 +23,40 @@
 #include "http_server.h"
 #include "proto.h"
 
-#define METRICS_BUCKETS 14
+#define METRICS_MAX_BUCKETS 22
 
 typedef struct histogram {
-    uint64_t counts[METRICS_BUCKETS + 1];   /* per bucket; the last is +Inf */
+    const double *bounds;                   /* upper bounds (seconds), n_bounds of them */
+    int n_bounds;
+    uint64_t counts[METRICS_MAX_BUCKETS + 1]; /* per bucket; [n_bounds] is +Inf */
     uint64_t count;
     double sum;
 } histogram;
 
 typedef struct frontend_metrics {
-    histogram ttft, itl, e2e;               /* seconds */
+    histogram ttft, itl, e2e;               /* seconds; vlmd's buckets */
+    histogram vllm_ttft, vllm_itl, vllm_e2e; /* the same, in vLLM's buckets */
     uint64_t prompt_tokens, completion_tokens;
     uint64_t finished[4];                   /* by outcome: stop, length, error, cancelled */
 } frontend_metrics;
 
-/* The upper bounds (seconds) the histograms share. */
-extern const double metrics_bucket_bounds[METRICS_BUCKETS];
+/* Zeroes m and gives each histogram its buckets. */
+void metrics_init(frontend_metrics *m);
 
-void metrics_observe(histogram *h, double seconds);
+/* A request's first token came after `seconds`; another token `seconds`
+ * after the one before; its last one `seconds` after it arrived. */
+void metrics_observe_ttft(frontend_metrics *m, double seconds);
+void metrics_observe_itl(frontend_metrics *m, double seconds);
+void metrics_observe_e2e(frontend_metrics *m, double seconds);
+
+/* The vLLM gauges of one engine, from a snapshot: its running requests and
+ * the waiting ones (those the router holds, waiting for images or for KV
+ * room, and those sent to the engine that it has not scheduled). */
+typedef struct metrics_engine_load {
+    uint64_t running, waiting;
+} metrics_engine_load;
+metrics_engine_load metrics_engine_load_of(const vlmd_msg_stats_snapshot *snap,
+                                           const vlmd_worker_info *engine);
 
 /* Appends the Prometheus text of m, of the HTTP layer's counters and of the
  * snapshot (http and snap may be NULL). */

@@ -18,29 +18,6 @@ json_t *vlmd_models_render(const char *name, int64_t created_unix_s, int64_t max
                      vlmd_model_render(name, created_unix_s, max_model_len));
 }
 
-void vlmd_served_model_name(const char *flag_value, const char *model_dir, char *out, size_t outsz)
-{
-    if (flag_value && flag_value[0]) {
-        vlmd_strlcpy(out, flag_value, outsz);
-        return;
-    }
-    size_t end = strlen(model_dir);
-    while (end > 1 && model_dir[end - 1] == '/')
-        end--;
-    size_t start = end;
-    while (start > 0 && model_dir[start - 1] != '/')
-        start--;
-    size_t n = end - start;
-    if (n == 0) { /* "/" itself */
-        vlmd_strlcpy(out, model_dir, outsz);
-        return;
-    }
-    if (n >= outsz)
-        n = outsz - 1;
-    memcpy(out, model_dir + start, n);
-    out[n] = '\0';
-}
-
 static int hex_digit(char c)
 {
     return c >= '0' && c <= '9'   ? c - '0'

@@ -7,6 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h" /* vlmd_served_model_name */
+
 /* The served model as OpenAI's model object (GET /v1/models/{id}); a new reference. */
 json_t *vlmd_model_render(const char *name, int64_t created_unix_s, int64_t max_model_len);
 /* OpenAI's list shape with the one served model; a new reference. */
@@ -16,9 +18,5 @@ json_t *vlmd_models_render(const char *name, int64_t created_unix_s, int64_t max
  * decoded, into out; false when an escape is malformed, it holds a NUL, or it
  * does not fit. */
 bool vlmd_model_id_decode(const char *s, size_t len, char *out, size_t outsz);
-
-/* The name to serve: --served-model-name, or the last component of the model
- * directory (trailing slashes ignored). Writes into out. */
-void vlmd_served_model_name(const char *flag_value, const char *model_dir, char *out, size_t outsz);
 
 #endif

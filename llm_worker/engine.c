@@ -2,9 +2,11 @@
 #include "engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kv_events.h"
 #include "kv_slots.h"
 #include "log.h"
 #include "mrope.h"
@@ -53,6 +55,11 @@ typedef struct request {
     uint32_t n_images;
     int32_t *mrope;             /* [3][n_prompt] positions of an image prompt; NULL for text */
     int32_t rope_delta;         /* beyond the prompt: position of token i is i + rope_delta */
+    /* KV events only: the hash of each event block of its tokens computed so
+     * far ([n_hashed] of (n_prompt + max_tokens) / B), its images' ids */
+    uint64_t *block_hash;
+    int32_t n_hashed;
+    kv_image_span *spans;
     struct request *next;       /* in arrival order */
 } request;
 
@@ -69,6 +76,9 @@ struct engine {
     int32_t n_running, n_active;
     uint64_t preemptions;
     uint64_t prompt_tokens, cached_tokens; /* over first admissions: the cache's hit rate */
+    uint64_t generated_tokens;
+    bool events_on;             /* the cache's changes are logged in `events` */
+    kv_event_log events;
     request **running;          /* one step's running requests, oldest first [max_running] */
     request **seq_req;          /* the request of each attention sequence of the step */
     /* one step's batch, sized for max_batch_tokens */
@@ -87,6 +97,13 @@ struct engine {
 
 /* ---- lifetime ----------------------------------------------------------------- */
 
+/* The prefix cache evicted these blocks. */
+static void blocks_removed(const uint64_t *hashes, int32_t n, void *ud)
+{
+    engine *e = ud;
+    kv_event_removed(&e->events, hashes, n);
+}
+
 vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,
                           engine **out, vlmd_error *err)
 {
@@ -104,6 +121,11 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     vlmd_status s = kv_slots_init(&e->slots, cfg->kv_slots, err);
     if (s == VLMD_OK && cfg->prefix_cache)
         s = prefix_cache_create(&e->slots, &e->cache, err);
+    if (s == VLMD_OK && e->cache && cfg->event_block_size > 0) {
+        e->events_on = true;
+        kv_event_log_init(&e->events, cfg->event_block_size);
+        prefix_cache_track_blocks(e->cache, cfg->event_block_size, blocks_removed, e);
+    }
     if (s == VLMD_OK)
         s = qwen2_kv_create(m, cfg->kv_slots, &e->kv, err);
     if (s == VLMD_OK)
@@ -139,6 +161,8 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
 
 static void request_free(request *q)
 {
+    free(q->block_hash);
+    free(q->spans);
     free(q->tokens);
     free(q->slots);
     free(q->keys);
@@ -159,6 +183,7 @@ void engine_free(engine *e)
     qwen2_workspace_free(e->m, e->ws);
     qwen2_kv_free(e->m, e->kv);
     prefix_cache_free(e->cache);
+    kv_event_log_free(&e->events);
     kv_slots_free(&e->slots);
     free(e->ids);
     free(e->positions);
@@ -220,7 +245,19 @@ void engine_cache_stats(const engine *e, engine_cache_info *out)
 {
     *out = (engine_cache_info){e->prompt_tokens, e->cached_tokens,
                                e->cache ? prefix_cache_tokens(e->cache) : 0,
-                               e->cache ? prefix_cache_evictable(e->cache) : 0};
+                               e->cache ? prefix_cache_evictable(e->cache) : 0,
+                               e->cache ? prefix_cache_blocks(e->cache) : 0,
+                               e->generated_tokens};
+}
+
+kv_event_log *engine_events(engine *e)
+{
+    return e->events_on ? &e->events : NULL;
+}
+
+int32_t engine_event_blocks(const engine *e, uint64_t *out, int32_t max)
+{
+    return e->cache ? prefix_cache_block_hashes(e->cache, out, max) : 0;
 }
 
 int32_t engine_kv_in_use(const engine *e)
@@ -405,6 +442,25 @@ static vlmd_status check_logit_bias(engine *e, const vlmd_msg_request_submit *r,
     return st;
 }
 
+/* Room for the hashes of the event blocks a request's tokens can fill, and
+ * its images' ids (the hex SHA-256 of their bytes). */
+static vlmd_status track_blocks(engine *e, request *q, const vlmd_msg_request_submit *r,
+                                int64_t total, vlmd_error *err)
+{
+    q->block_hash = malloc((size_t)(total / e->events.block_size + 1) * sizeof *q->block_hash);
+    q->spans = r->n_images ? calloc(r->n_images, sizeof *q->spans) : NULL;
+    if (!q->block_hash || (r->n_images && !q->spans))
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for request %llu",
+                           (unsigned long long)r->req_id);
+    for (uint32_t i = 0; i < r->n_images; i++) {
+        q->spans[i].start = (int32_t)r->images[i].token_offset;
+        q->spans[i].count = (int32_t)r->images[i].token_count;
+        for (int k = 0; k < 32; k++)
+            snprintf(q->spans[i].id + 2 * k, 3, "%02x", r->images[i].hash[k]);
+    }
+    return VLMD_OK;
+}
+
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err)
 {
     int64_t total = (int64_t)r->n_tokens + r->max_tokens;
@@ -467,6 +523,10 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
             return st;
         }
     }
+    if (e->events_on && (st = track_blocks(e, q, r, total, err)) != VLMD_OK) {
+        request_free(q);
+        return st;
+    }
     for (uint32_t i = 0; i < r->n_tokens; i++)
         q->keys[i] = q->tokens[i] = (int32_t)r->tokens[i];
     for (uint32_t i = 0; i < r->n_images; i++) {
@@ -497,12 +557,33 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     return VLMD_OK;
 }
 
+/* Hands q's computed tokens to the prefix cache (prefix_cache_insert's
+ * ownership rules), logging the event blocks that this stores. */
+static vlmd_status cache_insert(engine *e, request *q)
+{
+    if (!e->events_on)
+        return prefix_cache_insert(e->cache, q->keys, q->slots, q->n_cached);
+    int32_t B = e->events.block_size, end = q->n_cached / B, first;
+    for (int32_t b = q->n_hashed; b < end; b++) /* each block once: its tokens never change */
+        q->block_hash[b] = kv_events_block_hash(b ? q->block_hash[b - 1] : e->cfg.event_hash_root,
+                                                q->tokens + (int64_t)b * B, B, b * B, q->spans,
+                                                q->n_images);
+    if (end > q->n_hashed)
+        q->n_hashed = end;
+    vlmd_status st = prefix_cache_insert_blocks(e->cache, q->keys, q->slots, q->n_cached,
+                                                q->block_hash, &first);
+    if (first < end)
+        kv_event_stored(&e->events, q->block_hash + first, first, end - first,
+                        first ? q->block_hash[first - 1] : 0, q->tokens, q->spans, q->n_images);
+    return st;
+}
+
 /* A request's KV slots go back: into the prefix cache (which keeps them
  * until it needs room, and returns the duplicates), or to the free list. */
 static void release_kv(engine *e, request *q)
 {
     if (e->cache) {
-        prefix_cache_insert(e->cache, q->keys, q->slots, q->n_cached); /* NOMEM: all freed */
+        cache_insert(e, q); /* NOMEM: all freed */
         prefix_cache_unlock(e->cache, q->lock);
     } else {
         kv_slots_give(&e->slots, q->slots, q->n_cached);
@@ -652,7 +733,7 @@ static void share_prompt(engine *e, request *q)
 {
     prefix_cache_unlock(e->cache, q->lock);
     q->lock = NULL;
-    if (prefix_cache_insert(e->cache, q->keys, q->slots, q->n_cached) != VLMD_OK) {
+    if (cache_insert(e, q) != VLMD_OK) {
         q->n_cached = q->n_shared = 0; /* its slots went back: recomputed, as if preempted */
         q->state = REQ_WAITING;
         e->n_running--;
@@ -897,6 +978,7 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
         }
         q->keys[q->n_tokens] = (uint32_t)tok;
         q->tokens[q->n_tokens++] = tok;
+        e->generated_tokens++;
         vlmd_finish_reason fin = finished(e, q, tok);
         engine_output o = {q->id, &tok, 1, fin, (uint32_t)q->n_prompt,
                            (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens,

@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kv_events.h"
 #include "proto.h"
 #include "qwen2.h"
 #include "shm_arena.h"
@@ -53,6 +54,10 @@ typedef struct engine_config {
     bool prefix_cache;          /* reuse the KV of cached prefixes (prefix_cache.h) */
     int32_t chunk_tokens;       /* most prompt tokens of one request per step; 0: the budget */
     bool decode_graphs;         /* decode steps through captured graphs (qwen2_capture_decode) */
+    /* KV events (kv_events.h; needs the prefix cache): its blocks of this
+     * many tokens are logged as they are stored and removed; 0: off */
+    int32_t event_block_size;
+    uint64_t event_hash_root;   /* the block hash chain's root (kv_events_hash_init) */
 } engine_config;
 
 #define ENGINE_MAX_TOP_LOGPROBS 20
@@ -130,8 +135,17 @@ int32_t engine_kv_in_use(const engine *e);
 typedef struct engine_cache_info {
     uint64_t prompt_tokens, cached_tokens;  /* of admitted prompts so far: the hit rate */
     int32_t tokens, evictable;              /* the cache now */
+    int32_t blocks;                         /* its event blocks (0 when events are off) */
+    uint64_t generated_tokens;              /* tokens sampled so far (recomputations not counted) */
 } engine_cache_info;
 void engine_cache_stats(const engine *e, engine_cache_info *out);
+
+/* The KV events logged since the caller last emptied the log (NULL when
+ * they are off); read it between steps only. */
+kv_event_log *engine_events(engine *e);
+/* The hashes of the event blocks the cache holds (at most max, into out);
+ * returns how many. */
+int32_t engine_event_blocks(const engine *e, uint64_t *out, int32_t max);
 
 /* The KV books: slots the prefix cache holds, plus the free ones, plus
  * those requests hold privately, make the capacity (and a waiting request

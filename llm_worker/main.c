@@ -14,7 +14,10 @@
  * thread's: new requests and cancels wait in `deferred` and tokens the step
  * emits wait in `out`; both are handled on the loop thread when the step is
  * done, then the next step starts. Each generated token leaves as a
- * TOKEN_CHUNK. */
+ * TOKEN_CHUNK. With --kv-events-endpoint, the prefix cache's changes of each
+ * step (and of the cancels between steps) leave as one KV-event batch on
+ * the loop thread once the step is done (kv_events.h): the publisher never
+ * blocks, so a slow subscriber costs dropped batches, never a step. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +25,7 @@
 #include "buf.h"
 #include "clock.h"
 #include "engine.h"
+#include "kv_events.h"
 #include "log.h"
 #include "process.h"
 #include "profile.h"
@@ -63,7 +67,13 @@ typedef struct llm_worker {
     void *canary;               /* the profile's headroom, held for good */
     uint64_t canary_bytes;
     uint64_t allocs_at_ready;   /* the device allocator's count when READY was sent */
+    kv_publisher events;        /* --kv-events-endpoint (sock NULL: off) */
+    vlmd_buf event_batch;       /* the batch being sent */
 } llm_worker;
+
+/* The engine's rank among engines (one engine today); KV-event batches
+ * carry it as their data_parallel_rank. */
+#define ENGINE_RANK 0
 
 /* ---- engine output (on the pool thread during a step) --------------------------- */
 
@@ -100,11 +110,30 @@ static void refuse(llm_worker *w, uint64_t req_id, vlmd_status st, const char *w
     vlmd_peer_send(w->svc.peer, &m);
 }
 
+/* Sends the KV events the engine logged since the last batch, as one batch
+ * (loop thread, no step running). */
+static void publish_kv_events(llm_worker *w)
+{
+    kv_event_log *log = engine_events(w->engine);
+    if (!log || !w->events.sock || log->n_events == 0)
+        return;
+    if (kv_event_log_batch(log, (double)vlmd_wall_ms() / 1000.0, ENGINE_RANK, &w->event_batch) !=
+        VLMD_OK) {
+        VLMD_ERROR("out of memory encoding %u KV events; they go with the next batch",
+                   log->n_events);
+        return;
+    }
+    kv_publisher_send(&w->events, w->event_batch.data, w->event_batch.len);
+}
+
+/* After the engine changed: its KV events leave, and the next heartbeats
+ * carry its KV use and counters. */
 static void report_kv(llm_worker *w)
 {
     vlmd_peer *p = w->svc.peer;
     engine_cache_info cache;
     engine_cache_stats(w->engine, &cache);
+    publish_kv_events(w);
     vlmd_peer_set_kv_used(p, (uint64_t)engine_kv_in_use(w->engine));
     vlmd_peer_set_counter(p, "prefix_cache_tokens", (uint64_t)cache.tokens);
     vlmd_peer_set_counter(p, "prefix_cache_query_tokens_total", cache.prompt_tokens);
@@ -113,6 +142,12 @@ static void report_kv(llm_worker *w)
                           vlmd_backend_alloc_count(w->backend) - w->allocs_at_ready);
     vlmd_peer_set_counter(p, "preemptions_total", engine_preemptions(w->engine));
     vlmd_peer_set_counter(p, "decode_graph_steps_total", engine_graph_steps(w->engine));
+    vlmd_peer_set_counter(p, "generation_tokens_total", cache.generated_tokens);
+    if (w->events.sock) {
+        vlmd_peer_set_counter(p, "kv_event_blocks", (uint64_t)cache.blocks);
+        vlmd_peer_set_counter(p, "kv_event_batches_total", w->events.sent);
+        vlmd_peer_set_counter(p, "kv_event_batches_dropped_total", w->events.dropped);
+    }
     vlmd_peer_set_counter(p, "running", (uint64_t)engine_running(w->engine));
     vlmd_peer_set_counter(p, "waiting",
                           (uint64_t)(engine_active(w->engine) - engine_running(w->engine)));
@@ -263,6 +298,8 @@ static engine_config engine_base(llm_worker *w)
     const vlmd_config *cfg = &w->svc.cfg;
     const vlmd_text_config *t = &w->svc.model.text;
     int64_t max_len = cfg->max_model_len ? cfg->max_model_len : t->max_position_embeddings;
+    char name[256];
+    vlmd_served_model_name(cfg->served_model_name, cfg->model, name, sizeof name);
     return (engine_config){
         .max_batch_tokens = (int32_t)cfg->batch_max_tokens,
         .max_running = (int32_t)cfg->max_num_seqs,
@@ -275,6 +312,8 @@ static engine_config engine_base(llm_worker *w)
         .chunk_tokens = (int32_t)cfg->chunked_prefill_size,
         /* on the CPU a "graph" only replays the same calls: nothing to gain there */
         .decode_graphs = !cfg->enforce_eager && vlmd_backend_graphs_native(w->backend),
+        .event_block_size = cfg->kv_events_endpoint[0] ? (int32_t)cfg->kv_events_block_size : 0,
+        .event_hash_root = kv_events_hash_init(cfg->kv_events_hash_seed, name),
     };
 }
 
@@ -344,6 +383,8 @@ static void on_profile_done(uv_work_t *req, int status)
                             .settings = settings,
                             .n_settings = 1};
     w->allocs_at_ready = vlmd_backend_alloc_count(w->backend);
+    if (engine_events(w->engine)) /* a new engine holds nothing: forget what an earlier one held */
+        kv_event_all_cleared(engine_events(w->engine));
     report_kv(w);
     vlmd_peer_set_ready(w->svc.peer, &ready);
 }
@@ -406,6 +447,7 @@ static void free_engine(llm_worker *w)
     free(w->deferred);
     free(w->out);
     vlmd_shm_arena_close(&w->arena);
+    vlmd_buf_free(&w->event_batch);
 }
 
 static void on_stop(vlmd_service *svc, void *ud)
@@ -413,6 +455,7 @@ static void on_stop(vlmd_service *svc, void *ud)
     (void)svc;
     llm_worker *w = ud;
     w->stopping = true; /* a step in flight finishes; no new one starts */
+    kv_publisher_close(&w->events); /* before the ZMQ context ends */
 }
 
 /* Loads the weights before the process says it is ready; a model that
@@ -460,6 +503,14 @@ int main(int argc, char **argv)
 {
     llm_worker w = {0};
     vlmd_service_init(&w.svc, VLMD_ROLE_LLM, argc, argv);
+    const vlmd_config *cfg = &w.svc.cfg;
+    vlmd_error err = {0};
+    if (cfg->kv_events_endpoint[0] &&
+        kv_publisher_open(&w.events, w.svc.zctx, cfg->kv_events_endpoint, cfg->kv_events_topic,
+                          &err) != VLMD_OK) {
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
     load_model(&w);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
     int rc = vlmd_service_run(&w.svc); /* returns after any step in flight is done */

@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <msgpack.h>
+
 #include "engine.h"
 #include "test_support.h"
 
@@ -325,6 +327,124 @@ Test(engine, moe_preemption_with_the_prefix_cache)
 {
     preempted_requests_finish_as_alone("cpu", "qwen3_moe", true);
 }
+
+#ifndef VLMD_CUDA_EMULATED /* the books do not depend on the device: no emulator time */
+/* ---- KV events ------------------------------------------------------------------- */
+
+#define EV_B 4
+#define EV_MAX 4096
+
+/* The blocks a subscriber holds after replaying the events. */
+typedef struct ev_replica {
+    uint64_t h[EV_MAX];
+    int32_t n, stored, removed;
+} ev_replica;
+
+static const msgpack_object *ev_at(const msgpack_object *o, uint32_t i)
+{
+    cr_assert(o->type == MSGPACK_OBJECT_ARRAY && i < o->via.array.size);
+    return &o->via.array.ptr[i];
+}
+
+/* Decodes the engine's events as a batch and applies them to r, checking each
+ * stored block's hash against its parent and token ids. */
+static void ev_apply(engine *e, uint64_t root, ev_replica *r)
+{
+    vlmd_buf batch = VLMD_BUF_INIT;
+    cr_assert_eq(kv_event_log_batch(engine_events(e), 0, 0, &batch), VLMD_OK);
+    msgpack_unpacked u;
+    msgpack_unpacked_init(&u);
+    size_t off = 0;
+    cr_assert_eq(msgpack_unpack_next(&u, batch.data, batch.len, &off), MSGPACK_UNPACK_SUCCESS);
+    const msgpack_object *events = ev_at(&u.data, 1);
+    for (uint32_t k = 0; k < events->via.array.size; k++) {
+        const msgpack_object *ev = ev_at(events, k), *tag = ev_at(ev, 0);
+        const msgpack_object *hashes = ev_at(ev, 1);
+        if (tag->via.str.size == 11 && memcmp(tag->via.str.ptr, "BlockStored", 11) == 0) {
+            const msgpack_object *parent = ev_at(ev, 2), *tokens = ev_at(ev, 3);
+            uint64_t prev = parent->type == MSGPACK_OBJECT_NIL ? root : parent->via.u64;
+            cr_assert_eq(tokens->via.array.size, EV_B * hashes->via.array.size);
+            for (uint32_t b = 0; b < hashes->via.array.size; b++) {
+                int32_t t[EV_B];
+                for (int i = 0; i < EV_B; i++)
+                    t[i] = (int32_t)ev_at(tokens, b * EV_B + (uint32_t)i)->via.u64;
+                uint64_t h = ev_at(hashes, b)->via.u64;
+                cr_assert_eq(h, kv_events_block_hash(prev, t, EV_B, 0, NULL, 0),
+                             "a block's hash chains its parent's and its tokens");
+                for (int32_t i = 0; i < r->n; i++)
+                    cr_assert_neq(r->h[i], h, "stored twice");
+                r->h[r->n++] = prev = h;
+                r->stored++;
+            }
+        } else if (tag->via.str.size == 12 && memcmp(tag->via.str.ptr, "BlockRemoved", 12) == 0) {
+            for (uint32_t b = 0; b < hashes->via.array.size; b++) {
+                int32_t i = 0;
+                while (i < r->n && r->h[i] != ev_at(hashes, b)->via.u64)
+                    i++;
+                cr_assert_lt(i, r->n, "removed but never stored");
+                r->h[i] = r->h[--r->n];
+                r->removed++;
+            }
+        }
+    }
+    msgpack_unpacked_destroy(&u);
+    vlmd_buf_free(&batch);
+}
+
+static int ev_by_value(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Requests sharing a prefix in a cache too small for them all (prompts
+ * shared while computed, preemptions, evictions): after every step the
+ * events replayed hold exactly the blocks the engine's cache holds. */
+Test(engine, kv_events_replayed_hold_the_caches_blocks)
+{
+    fixture f;
+    if (!open_named_on(&f, TEST_DEVICE, "qwen2"))
+        return;
+    static outputs o;
+    memset(&o, 0, sizeof o);
+    uint64_t root = kv_events_hash_init("", "qwen2");
+    engine_config cfg = {.kv_slots = 72, .max_batch_tokens = 256, .max_running = 16,
+                         .eos_id = -1, .max_model_len = 4096, .image_token_id = -1,
+                         .prefix_cache = true, .event_block_size = EV_B,
+                         .event_hash_root = root};
+    engine *e = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(engine_create(f.m, &cfg, on_emit, &o, &e, &err), VLMD_OK, "%s", err.msg);
+    uint32_t prompts[N_REQ][64];
+    static ev_replica r;
+    memset(&r, 0, sizeof r);
+    for (uint32_t i = 0; i < 8; i++) {
+        vlmd_msg_request_submit q = request(i, prompts[i]);
+        for (uint32_t k = 0; k < 9 && k < q.n_tokens; k++)
+            prompts[i][k] = 100 + k; /* a shared head */
+        cr_assert_eq(engine_submit(e, &q, &err), VLMD_OK, "%s", err.msg);
+    }
+    for (int step = 0;; step++) {
+        cr_assert_lt(step, 2000);
+        bool worked = false;
+        cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        ev_apply(e, root, &r);
+        static uint64_t held[EV_MAX];
+        int32_t n = engine_event_blocks(e, held, EV_MAX);
+        cr_assert_eq(n, r.n, "step %d: the cache holds %d blocks, the events %d", step, n, r.n);
+        qsort(held, (size_t)n, sizeof *held, ev_by_value);
+        qsort(r.h, (size_t)r.n, sizeof *r.h, ev_by_value);
+        cr_assert_arr_eq(held, r.h, (size_t)n * sizeof *held, "step %d", step);
+        if (!worked)
+            break;
+    }
+    cr_expect_gt(engine_preemptions(e), 0, "the cache was too small for all at once");
+    cr_expect_gt(r.removed, 0, "blocks were evicted");
+    cr_expect_gt(r.n, 0, "blocks are still cached");
+    engine_free(e);
+    close_model(&f);
+}
+#endif
 
 /* A prompt longer than a step takes is prefilled in chunks: the same tokens. */
 Test(engine, long_prompts_are_prefilled_in_chunks)

@@ -1,0 +1,114 @@
+/* test_metrics.c - the gateway-facing series of /metrics (vLLM's names):
+ * waiting and running add up what the router and the engine hold, the KV
+ * ratio and cache_config_info come from the engine's heartbeat, the
+ * histograms have vLLM's buckets, labels are escaped. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "buf.h"
+#include "metrics.h"
+
+/* A snapshot of one router and one engine with these counters. */
+typedef struct fixture {
+    vlmd_kv router_counters[3], engine_counters[3], engine_config[1];
+    vlmd_worker_info workers[2];
+    vlmd_msg_stats_snapshot snap;
+    char v[6][24];
+} fixture;
+
+static void fixture_make(fixture *f, unsigned images, unsigned queued, unsigned at_engine,
+                         unsigned running, unsigned waiting)
+{
+    memset(f, 0, sizeof *f);
+    unsigned vals[5] = {images, queued, at_engine, running, waiting};
+    for (int i = 0; i < 5; i++)
+        snprintf(f->v[i], sizeof f->v[i], "%u", vals[i]);
+    f->router_counters[0] = (vlmd_kv){"requests_waiting_for_images", f->v[0]};
+    f->router_counters[1] = (vlmd_kv){"requests_queued", f->v[1]};
+    f->router_counters[2] = (vlmd_kv){"requests_at_engine", f->v[2]};
+    f->engine_counters[0] = (vlmd_kv){"running", f->v[3]};
+    f->engine_counters[1] = (vlmd_kv){"waiting", f->v[4]};
+    f->engine_counters[2] = (vlmd_kv){"preemptions_total", "7"};
+    f->engine_config[0] = (vlmd_kv){"kv-events-block-size", "32"};
+    f->workers[0] = (vlmd_worker_info){.role = VLMD_ROLE_ROUTER, .counters = f->router_counters,
+                                       .n_counters = 3};
+    f->workers[1] = (vlmd_worker_info){.role = VLMD_ROLE_LLM,
+                                       .kv_capacity_tokens = 4096,
+                                       .kv_used_tokens = 1024,
+                                       .counters = f->engine_counters,
+                                       .n_counters = 3,
+                                       .config = f->engine_config,
+                                       .n_config = 1};
+    f->snap = (vlmd_msg_stats_snapshot){.workers = f->workers, .n_workers = 2};
+}
+
+Test(metrics, waiting_counts_the_routers_queue_and_what_the_engine_has_not_scheduled)
+{
+    fixture f;
+    /* 1 waiting for images, 2 queued for KV room, 5 at the engine of which 3 run */
+    fixture_make(&f, 1, 2, 5, 3, 2);
+    metrics_engine_load l = metrics_engine_load_of(&f.snap, &f.workers[1]);
+    cr_expect_eq(l.running, 3);
+    cr_expect_eq(l.waiting, 1 + 2 + 2);
+    /* the engine's heartbeat is older than the snapshot: 6 ran then, 4 are left */
+    fixture_make(&f, 0, 3, 4, 6, 0);
+    l = metrics_engine_load_of(&f.snap, &f.workers[1]);
+    cr_expect_eq(l.running, 4, "no more running than the router has at the engine");
+    cr_expect_eq(l.waiting, 3);
+    /* without the router's counters: the engine's own */
+    f.snap.workers = &f.workers[1];
+    f.snap.n_workers = 1;
+    l = metrics_engine_load_of(&f.snap, &f.workers[1]);
+    cr_expect_eq(l.running, 6);
+    cr_expect_eq(l.waiting, 0);
+}
+
+Test(metrics, the_vllm_series_carry_vllms_names_labels_and_buckets)
+{
+    fixture f;
+    fixture_make(&f, 0, 1, 2, 2, 0);
+    frontend_metrics m;
+    metrics_init(&m);
+    metrics_observe_ttft(&m, 0.03);
+    metrics_observe_itl(&m, 0.012);
+    metrics_observe_e2e(&m, 0.4);
+    m.finished[0] = 5;
+    m.finished[1] = 2;
+    vlmd_buf out = VLMD_BUF_INIT;
+    metrics_render(&m, NULL, &f.snap, "qwen\"vl", &out);
+    const char *want[] = {
+        "vllm:num_requests_running{model_name=\"qwen\\\"vl\",engine=\"0\"} 2\n",
+        "vllm:num_requests_waiting{model_name=\"qwen\\\"vl\",engine=\"0\"} 1\n",
+        "vllm:kv_cache_usage_perc{model_name=\"qwen\\\"vl\",engine=\"0\"} 0.250000\n",
+        "vllm:gpu_cache_usage_perc{model_name=\"qwen\\\"vl\",engine=\"0\"} 0.250000\n",
+        "vllm:cache_config_info{block_size=\"32\",enable_prefix_caching=\"True\",engine=\"0\","
+        "num_gpu_blocks=\"128\"} 1\n",
+        "vllm:num_preemptions_total{model_name=\"qwen\\\"vl\",engine=\"0\"} 7\n",
+        "vllm:request_success_total{model_name=\"qwen\\\"vl\",engine=\"0\",finished_reason=\"stop\"} "
+        "5\n",
+        "vllm:request_success_total{model_name=\"qwen\\\"vl\",engine=\"0\",finished_reason=\"length\"}"
+        " 2\n",
+        /* vLLM's TTFT buckets: 0.03 falls between 0.02 and 0.04 */
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"qwen\\\"vl\",engine=\"0\",le=\"0.02\"} "
+        "0\n",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"qwen\\\"vl\",engine=\"0\",le=\"0.04\"} "
+        "1\n",
+        "vllm:time_to_first_token_seconds_bucket{model_name=\"qwen\\\"vl\",engine=\"0\","
+        "le=\"2560\"} 1\n",
+        "vllm:inter_token_latency_seconds_bucket{model_name=\"qwen\\\"vl\",engine=\"0\",le=\"0.025\"}"
+        " 1\n",
+        "vllm:e2e_request_latency_seconds_bucket{model_name=\"qwen\\\"vl\",engine=\"0\",le=\"0.3\"} "
+        "0\n",
+        "vllm:e2e_request_latency_seconds_bucket{model_name=\"qwen\\\"vl\",engine=\"0\",le=\"0.5\"} "
+        "1\n",
+        "vllm:e2e_request_latency_seconds_count{model_name=\"qwen\\\"vl\",engine=\"0\"} 1\n",
+        /* vlmd's own stay as they were */
+        "vlmd_time_to_first_token_seconds_bucket{model=\"qwen\\\"vl\",le=\"0.05\"} 1\n",
+        "# TYPE vllm:num_requests_waiting gauge\n",
+        "# TYPE vllm:prompt_tokens_total counter\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect(strstr(out.data, want[i]), "missing: %s", want[i]);
+    vlmd_buf_free(&out);
+}
