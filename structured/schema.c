@@ -1745,3 +1745,55 @@ vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
     json_decref(spec);
     return st;
 }
+
+/* A JSON list of strings (choice's text) into vlmd_grammar_compile_choice. */
+static vlmd_status compile_choice_text(const char *text, size_t len, vlmd_grammar **out,
+                                       vlmd_error *err)
+{
+    json_error_t je;
+    json_t *list = json_loadb(text, len, JSON_ALLOW_NUL, &je);
+    size_t n = json_array_size(list);
+    const char **items = n ? calloc(n, sizeof *items) : NULL;
+    size_t *lens = n ? calloc(n, sizeof *lens) : NULL;
+    vlmd_status st = VLMD_OK;
+    if (!json_is_array(list) || n == 0)
+        st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "choice: a non-empty JSON list of strings "
+                         "is needed%s%s", list ? "" : ": ", list ? "" : je.text);
+    else if (!items || !lens)
+        st = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; st == VLMD_OK && i < n; i++) {
+        const json_t *s = json_array_get(list, i);
+        if (!json_is_string(s))
+            st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "choice[%zu] is not a string", i);
+        items[i] = json_string_value(s);
+        lens[i] = json_string_length(s);
+    }
+    if (st == VLMD_OK)
+        st = vlmd_grammar_compile_choice(items, lens, n, out, err);
+    free(items);
+    free(lens);
+    json_decref(list);
+    return st;
+}
+
+vlmd_status vlmd_grammar_compile_text(const char *form, const char *text, size_t len,
+                                      vlmd_grammar **out, vlmd_error *err)
+{
+    *out = NULL;
+    if (!text && len)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: NULL text of %zu bytes", form, len);
+    if (len > VLMD_GRAMMAR_MAX_SCHEMA_BYTES)
+        return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "%s: a text over %u bytes", form,
+                           VLMD_GRAMMAR_MAX_SCHEMA_BYTES);
+    if (!strcmp(form, "json_schema"))
+        return vlmd_grammar_compile_schema(text ? text : "", len, NULL, out, err);
+    if (!strcmp(form, "json_object"))
+        return vlmd_grammar_compile_json_object(NULL, out, err);
+    if (!strcmp(form, "regex"))
+        return vlmd_grammar_compile_regex(text ? text : "", len, out, err);
+    if (!strcmp(form, "choice"))
+        return compile_choice_text(text ? text : "", len, out, err);
+    if (!strcmp(form, "tool_calls"))
+        return vlmd_grammar_compile_tool_calls_spec(text ? text : "", len, NULL, out, err);
+    return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "'%s' is not a grammar form", form);
+}

@@ -143,6 +143,14 @@ vlmd_status vlmd_grammar_compile_tool_calls(const vlmd_tool_function *fns, size_
 vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
                                                  const vlmd_grammar_options *opt,
                                                  vlmd_grammar **out, vlmd_error *err);
+/* One entry point for a grammar as a request carries it (proto.h's
+ * vlmd_grammar_kind by its name, vlmd_grammar_kind_str): "json_schema" (the
+ * schema's text), "json_object" (text ignored), "regex" (the pattern),
+ * "choice" (a JSON list of strings), "tool_calls" (the spec above); at most
+ * VLMD_GRAMMAR_MAX_SCHEMA_BYTES of text. Fails as the form's compiler does;
+ * an unknown form is VLMD_ERR_INVALID_ARG. */
+vlmd_status vlmd_grammar_compile_text(const char *form, const char *text, size_t len,
+                                      vlmd_grammar **out, vlmd_error *err);
 void vlmd_grammar_free(vlmd_grammar *g);    /* accepts NULL */
 
 /* Automaton states after compilation (for logs and benchmarks). */
