@@ -473,15 +473,10 @@ static bool parse_stop_token_ids(const json_t *body, const vlmd_tokenizer *tok, 
 }
 
 /* OpenAI fields whose answer vlmd cannot give yet: refused by name rather
- * than ignored, since ignoring them gives an answer of another kind (free
- * text for JSON, no audio). Their neutral values pass. */
+ * than ignored, since ignoring them gives an answer of another kind (no
+ * audio). Their neutral values pass. */
 static bool refuse_unsupported(const json_t *body, bool chat, int64_t n, api_error *e)
 {
-    const json_t *rf = opt(body, "response_format"), *type = json_object_get(rf, "type");
-    if (chat && rf && !(json_is_string(type) && strcmp(json_string_value(type), "text") == 0))
-        return api_fail(e, 400, "response_format", "unsupported_parameter", "vlmd does not "
-                        "constrain output to JSON yet: 'response_format' may only be "
-                        "{\"type\": \"text\"}");
     const json_t *functions = opt(body, "functions");
     if (chat && functions && (!json_is_array(functions) || json_array_size(functions) > 0))
         return api_fail(e, 400, "functions", "unsupported_parameter", "'functions' is "
@@ -597,6 +592,17 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     bool thinking = false; /* (the prompt's rendering checked it) */
     r->reasoning = ok && chat && lim->chat_family && lim->chat_family->thinking &&
                    !r->answer_prefix && thinking_wanted(body, &thinking, e) && thinking;
+    if (ok)
+        ok = api_grammar_parse(body, chat, tok, r->reasoning, &r->grammar, e);
+    if (ok && r->grammar.kind && r->ignore_eos)
+        ok = api_fail(e, 400, "ignore_eos", "invalid_value", "'ignore_eos' and a constrained "
+                      "output together: the grammar decides where the output ends");
+    if (ok && r->grammar.kind && r->grammar.trigger < 0) {
+        /* the grammar decides where the output ends: a stop string would cut the value */
+        for (int i = 0; i < r->n_stops; i++)
+            free(r->stops[i]);
+        r->n_stops = 0;
+    }
     for (uint32_t i = 0; ok && i < r->n_prompts; i++)
         if (r->prompts[i].n == 0)
             ok = api_fail(e, 400, chat ? "messages" : "prompt", "invalid_value",
@@ -676,6 +682,7 @@ void api_request_free(api_request *r)
     free(r->answer_prefix);
     r->answer_prefix = NULL;
     r->n_logit_bias = 0;
+    api_grammar_free(&r->grammar);
 }
 
 void api_sampling_defaults(const char *model_dir, vlmd_sampling *out)

@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "api_error.h"
+#include "api_grammar.h"
 #include "chat_template.h"
 #include "image_input.h"
 #include "proto.h"
@@ -66,6 +67,7 @@ typedef struct api_request {
     api_image *images;              /* owned; in prompt order */
     uint32_t n_images;
     int64_t asked_max_tokens;       /* max_(completion_)tokens as given; 0 = not given */
+    api_grammar grammar;            /* owned: what the output is held to (api_grammar.h) */
 } api_request;
 
 /* Parses body for /v1/completions (chat false) or /v1/chat/completions.

@@ -1,0 +1,120 @@
+// structured.test.mjs - constrained decoding end to end through the official
+// SDK: the fixture model has random weights, so only the grammar makes its
+// answers valid. chat.completions.parse(zodResponseFormat(...)) gives a parsed
+// object the zod schema accepts (many seeds, n > 1, streamed too),
+// json_object an object, vLLM's structured_outputs / guided_* a choice or a
+// regex match, forced tool calls arguments that parse and fit the function's
+// parameters with finish_reason "tool_calls"; a schema vlmd cannot hold
+// output to is a 400 naming the field and the keyword.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import { z } from 'zod';
+import { zodResponseFormat } from 'openai/helpers/zod';
+import { FIXTURES, startServer, stopServer, postJson } from './harness.mjs';
+
+const MODEL = `${FIXTURES}/qwen2`;
+const messages = [{ role: 'user', content: 'Describe a person as JSON.' }];
+const Person = z.object({
+  name: z.string().max(12), age: z.number().int().min(0).max(120), pet: z.enum(['cat', 'dog']),
+  tags: z.array(z.string().max(6)).max(3), nick: z.string().nullable(),
+});
+const weather = { type: 'object', properties: { city: { type: 'string', maxLength: 10 },
+  days: { type: 'integer', minimum: 1, maximum: 7 } }, required: ['city', 'days'], additionalProperties: false };
+const tools = [
+  { type: 'function', function: { name: 'get_weather', parameters: weather } },
+  { type: 'function', function: { name: 'get_time' } },
+];
+const Weather = z.object({ city: z.string().max(10), days: z.number().int().min(1).max(7) }).strict();
+
+let server, client;
+before(async () => {
+  server = await startServer(['--model', MODEL, '--port', '0', '--max-model-len', '1024']);
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'not-needed', maxRetries: 0, timeout: 60000 });
+});
+after(async () => {
+  assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+});
+
+test('chat.completions.parse with zodResponseFormat: every seed and choice parses and fits', async () => {
+  for (let seed = 0; seed < 6; seed++) {
+    const c = await client.chat.completions.parse({ model: 'qwen2', messages, seed, n: 2, temperature: 1,
+      max_tokens: 300, response_format: zodResponseFormat(Person, 'person') });
+    assert.equal(c.choices.length, 2);
+    for (const ch of c.choices) {
+      assert.equal(ch.finish_reason, 'stop', ch.message.content);
+      assert.ok(ch.message.parsed, ch.message.content);
+      assert.deepEqual(Person.parse(JSON.parse(ch.message.content)), ch.message.parsed);
+    }
+  }
+});
+
+test('chat.completions.stream with response_format: the streamed answer parses and fits', async () => {
+  const stream = client.chat.completions.stream({ model: 'qwen2', messages, seed: 7, temperature: 1,
+    max_tokens: 300, response_format: zodResponseFormat(Person, 'person') });
+  let text = '';
+  stream.on('content.delta', ({ delta }) => { text += delta; });
+  const done = await stream.finalChatCompletion();
+  const ch = done.choices[0];
+  assert.equal(ch.finish_reason, 'stop');
+  assert.equal(text, ch.message.content);
+  Person.parse(ch.message.parsed);
+});
+
+test('json_object gives a JSON object', async () => {
+  for (let seed = 0; seed < 4; seed++) {
+    const c = await client.chat.completions.create({ model: 'qwen2', messages, seed, temperature: 1,
+      max_tokens: 200, response_format: { type: 'json_object' } });
+    const v = JSON.parse(c.choices[0].message.content);
+    assert.equal(typeof v, 'object');
+    assert.ok(v !== null && !Array.isArray(v), c.choices[0].message.content);
+  }
+});
+
+test("vLLM's structured_outputs and guided_* hold the answer to a choice or a regex", async () => {
+  for (let seed = 0; seed < 4; seed++) {
+    const choice = await client.chat.completions.create({ model: 'qwen2', messages, seed, temperature: 1,
+      max_tokens: 20, structured_outputs: { choice: ['yes', 'no', 'maybe so'] } });
+    assert.ok(['yes', 'no', 'maybe so'].includes(choice.choices[0].message.content));
+    const regex = await client.completions.create({ model: 'qwen2', prompt: 'A code:', seed, temperature: 1,
+      max_tokens: 20, structured_outputs: { regex: '[A-Z]{2}-[0-9]{3}' } });
+    assert.match(regex.choices[0].text, /^[A-Z]{2}-[0-9]{3}$/);
+    const guided = await client.chat.completions.create({ model: 'qwen2', messages, seed, temperature: 1,
+      max_tokens: 20, guided_choice: ['left', 'right'] });
+    assert.ok(['left', 'right'].includes(guided.choices[0].message.content));
+  }
+});
+
+test('forced tool calls parse and fit their parameters, finish_reason tool_calls', async () => {
+  for (let seed = 0; seed < 4; seed++) {
+    for (const tool_choice of ['required', { type: 'function', function: { name: 'get_weather' } }]) {
+      const c = await client.chat.completions.create({ model: 'qwen2', messages, seed, temperature: 1,
+        max_tokens: 200, tools, tool_choice, parallel_tool_calls: false });
+      const ch = c.choices[0];
+      assert.equal(ch.finish_reason, 'tool_calls', JSON.stringify(ch.message));
+      assert.equal(ch.message.tool_calls.length, 1);
+      const fn = ch.message.tool_calls[0].function;
+      if (tool_choice !== 'required') assert.equal(fn.name, 'get_weather');
+      const args = JSON.parse(fn.arguments);
+      if (fn.name === 'get_weather') Weather.parse(args);
+      else assert.equal(fn.name, 'get_time');
+    }
+  }
+});
+
+test('a schema vlmd cannot hold output to is a 400 naming the field and the keyword', async () => {
+  const r = await postJson(`${server.url}/v1/chat/completions`, { model: 'qwen2', messages,
+    response_format: { type: 'json_schema', json_schema: { name: 'x',
+      schema: { type: 'object', properties: { n: { type: 'integer', multipleOf: 3 } } } } } });
+  assert.equal(r.status, 400);
+  assert.equal(r.body.error.param, 'response_format.json_schema.schema');
+  assert.match(r.body.error.message, /multipleOf/);
+  const both = await postJson(`${server.url}/v1/chat/completions`, { model: 'qwen2', messages,
+    response_format: { type: 'json_object' }, guided_regex: 'a+' });
+  assert.equal(both.status, 400);
+  assert.equal(both.body.error.param, 'response_format');
+  const regex = await postJson(`${server.url}/v1/completions`, { model: 'qwen2', prompt: 'x',
+    structured_outputs: { regex: '(?=a)b' } });
+  assert.equal(regex.status, 400);
+  assert.equal(regex.body.error.param, 'structured_outputs.regex');
+});
