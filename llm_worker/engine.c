@@ -74,6 +74,7 @@ typedef struct request {
     int32_t trigger, trigger_after;         /* the phases' tokens (-1: none) */
     uint32_t end_ids[VLMD_PROTO_MAX_STOPS + 1]; /* eos_id and the stop tokens */
     uint32_t n_end;
+    bool mask_failed;           /* this step's mask could not be made: it ends in an error */
     struct request *next;       /* in arrival order */
 } request;
 
@@ -970,21 +971,25 @@ static vlmd_status fill_mask(engine *e, const request *q, uint32_t *mask, vlmd_e
 }
 
 /* Every sampling row's mask (NULL when its request's output is free), once
- * a step, while the device runs the forward pass. */
-static vlmd_status fill_masks(engine *e, int32_t n_logits, vlmd_error *err)
+ * a step, while the device runs the forward pass. A mask that cannot be
+ * made (out of memory) ends its request with an error after sampling, not
+ * the step. */
+static void fill_masks(engine *e, int32_t n_logits)
 {
     for (int32_t i = 0; i < n_logits; i++) {
-        const request *q = e->in_step[i];
+        request *q = e->in_step[i];
         e->row_masks[i] = NULL;
         if (q->gphase != GRAMMAR_ACTIVE)
             continue;
         uint32_t *mask = e->masks + (size_t)i * e->mask_words;
-        vlmd_status s = fill_mask(e, q, mask, err);
-        if (s != VLMD_OK)
-            return s;
+        vlmd_error err = {0};
+        if (fill_mask(e, q, mask, &err) != VLMD_OK) {
+            VLMD_REQ_WARN(q->id, "no token mask: %s", err.msg);
+            q->mask_failed = true;
+            continue;
+        }
         e->row_masks[i] = mask;
     }
-    return VLMD_OK;
 }
 
 static bool is_end(const request *q, int32_t tok)
@@ -1095,7 +1100,7 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
                       plan.n_logits, e->embeds, e->n_embeds};
     vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &bt, NULL, err);
     if (s == VLMD_OK)
-        s = fill_masks(e, plan.n_logits, err);
+        fill_masks(e, plan.n_logits);
     if (s == VLMD_OK)
         s = sample_step(e, plan.n_logits, err);
     if (s != VLMD_OK)
@@ -1121,7 +1126,11 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
         q->tokens[q->n_tokens++] = tok;
         char why[256] = "";
         bool held = q->gphase == GRAMMAR_ACTIVE; /* only the grammar says where it ends */
-        vlmd_finish_reason fin = grammar_token(e, q, tok, why, sizeof why);
+        vlmd_finish_reason fin = VLMD_FINISH_ERROR;
+        if (q->mask_failed)
+            snprintf(why, sizeof why, "out of memory for the grammar's token mask");
+        else
+            fin = grammar_token(e, q, tok, why, sizeof why);
         if (fin == VLMD_FINISH_NONE)
             fin = held ? (q->n_tokens - q->n_prompt >= q->max_tokens ? VLMD_FINISH_LENGTH
                                                                      : VLMD_FINISH_NONE)
