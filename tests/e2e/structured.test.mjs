@@ -5,12 +5,17 @@
 // json_object an object, vLLM's structured_outputs / guided_* a choice or a
 // regex match, forced tool calls arguments that parse and fit the function's
 // parameters with finish_reason "tool_calls"; a schema vlmd cannot hold
-// output to is a 400 naming the field and the keyword.
+// output to is a 400 naming the field and the keyword. A strict tool under
+// tool_choice auto is held from the model's own <tool_call> token on (a model
+// whose tokenizer has one: the fixture's <|video_pad|> renamed).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import { z } from 'zod';
 import { zodResponseFormat } from 'openai/helpers/zod';
+import { mkdtempSync, readFileSync, writeFileSync, symlinkSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { FIXTURES, startServer, stopServer, postJson } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
@@ -117,4 +122,32 @@ test('a schema vlmd cannot hold output to is a 400 naming the field and the keyw
     structured_outputs: { regex: '(?=a)b' } });
   assert.equal(regex.status, 400);
   assert.equal(regex.body.error.param, 'structured_outputs.regex');
+});
+
+test('a strict tool under auto is held to its schema from the <tool_call> token on', async () => {
+  // the fixture with its last added token (<|video_pad|>, unused by text chats) as Qwen's
+  // non-special <tool_call>; a bias makes the model open a call at once
+  const dir = mkdtempSync(join(tmpdir(), 'vlmd-strict-'));
+  for (const f of readdirSync(MODEL)) if (f !== 'tokenizer.json') symlinkSync(join(MODEL, f), join(dir, f));
+  const tok = JSON.parse(readFileSync(join(MODEL, 'tokenizer.json'), 'utf8'));
+  const open = tok.added_tokens.find((t) => t.content === '<|video_pad|>');
+  Object.assign(open, { content: '<tool_call>', special: false });
+  writeFileSync(join(dir, 'tokenizer.json'), JSON.stringify(tok));
+  const s = await startServer(['--model', dir, '--served-model-name', 'qwen2', '--port', '0', '--max-model-len', '1024']);
+  try {
+    const c2 = new OpenAI({ baseURL: `${s.url}/v1`, apiKey: 'not-needed', maxRetries: 0, timeout: 60000 });
+    const strict = [{ type: 'function', function: { ...tools[0].function, strict: true } }, tools[1]];
+    for (let seed = 0; seed < 4; seed++) {
+      const c = await c2.chat.completions.create({ model: 'qwen2', messages, seed, temperature: 1, max_tokens: 200,
+        tools: strict, parallel_tool_calls: false, logit_bias: { [open.id]: 100 } });
+      const ch = c.choices[0];
+      assert.equal(ch.finish_reason, 'tool_calls', JSON.stringify(ch.message));
+      const fn = ch.message.tool_calls[0].function;
+      if (fn.name === 'get_weather') Weather.parse(JSON.parse(fn.arguments));
+      else assert.equal(typeof JSON.parse(fn.arguments), 'object');
+    }
+  } finally {
+    assert.deepEqual(await stopServer(s), { code: 0, signal: null }, s.stderr.slice(-3000));
+    rmSync(dir, { recursive: true, force: true });
+  }
 });
