@@ -594,78 +594,9 @@ static bool parse_stop_token_ids(const json_t *body, const vlmd_tokenizer *tok, 
     return true;
 }
 
-/* The formats vlmd can produce: only text, until output is constrained to a
- * grammar. The one place a JSON format is refused, for every endpoint. */
-static bool format_supported(const api_format *f, const char *param, api_error *e)
-{
-    if (f->type == API_FORMAT_TEXT)
-        return true;
-    return api_fail(e, 400, param, "unsupported_parameter", "vlmd does not constrain output to "
-                    "JSON yet: '%s' may only be {\"type\": \"text\"}", param);
-}
-
-bool api_format_parse(const json_t *v, bool flat, const char *param, api_format *out,
-                      api_error *e)
-{
-    *out = (api_format){API_FORMAT_TEXT};
-    if (!v || json_is_null(v))
-        return true;
-    char where[96];
-    snprintf(where, sizeof where, "%s.type", param);
-    const char *type = json_string_value(json_object_get(v, "type"));
-    if (!json_is_object(v) || !type)
-        return api_fail(e, 400, json_is_object(v) ? where : param, "invalid_type", "'%s' must "
-                        "be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}",
-                        param);
-    if (strcmp(type, "text") == 0)
-        return true;
-    if (strcmp(type, "json_object") == 0) {
-        out->type = API_FORMAT_JSON_OBJECT;
-        return format_supported(out, param, e);
-    }
-    if (strcmp(type, "json_schema") != 0)
-        return api_fail(e, 400, where, "invalid_value", "'%s' is '%.64s'; it must be \"text\", "
-                        "\"json_object\" or \"json_schema\"", where, type);
-    /* chat: {"type", "json_schema": {"name", "schema", "strict"}}; flat: the same keys at
-     * the top */
-    const json_t *js = v;
-    char base[48];
-    snprintf(base, sizeof base, "%s", param);
-    if (!flat) {
-        snprintf(base, sizeof base, "%s.json_schema", param);
-        js = json_object_get(v, "json_schema");
-        if (!json_is_object(js))
-            return api_fail(e, 400, base, "invalid_type", "'%s' must be an object with 'name' "
-                            "and 'schema'", base);
-    }
-    const json_t *name = json_object_get(js, "name"), *schema = opt(js, "schema");
-    const json_t *strict = opt(js, "strict"), *desc = opt(js, "description");
-    snprintf(where, sizeof where, "%s.name", base);
-    if (!api_function_name_ok(name))
-        return api_fail(e, 400, where, "invalid_value", "'%s' must be 1 to 64 letters, digits, "
-                        "'_' or '-'", where);
-    snprintf(where, sizeof where, "%s.schema", base);
-    if (schema && !json_is_object(schema))
-        return api_fail(e, 400, where, "invalid_type", "'%s' must be a JSON Schema object",
-                        where);
-    snprintf(where, sizeof where, "%s.strict", base);
-    if (strict && !json_is_boolean(strict))
-        return api_fail(e, 400, where, "invalid_type", "'%s' must be true or false", where);
-    snprintf(where, sizeof where, "%s.description", base);
-    if (desc && !json_is_string(desc))
-        return api_fail(e, 400, where, "invalid_type", "'%s' must be a string", where);
-    out->type = API_FORMAT_JSON_SCHEMA;
-    snprintf(out->name, sizeof out->name, "%s", json_string_value(name));
-    out->strict = json_is_true(strict);
-    out->schema = schema ? json_incref((json_t *)schema) : json_object();
-    if (!out->schema)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
-    return format_supported(out, param, e);
-}
-
 /* OpenAI fields whose answer vlmd cannot give yet: refused by name rather
- * than ignored, since ignoring them gives an answer of another kind (free
- * text for JSON, no audio). Their neutral values pass. */
+ * than ignored, since ignoring them gives an answer of another kind (no
+ * audio). Their neutral values pass. */
 static bool refuse_unsupported(const json_t *body, bool chat, int64_t n, api_error *e)
 {
     const json_t *functions = opt(body, "functions");
@@ -727,9 +658,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
          parse_logit_bias(body, vlmd_tokenizer_size(tok), r, e) &&
          parse_stop_token_ids(body, tok, r, e) &&
          api_field_integer(body, "min_tokens", 0, INT32_MAX, &min_tokens, NULL, e) &&
-         refuse_unsupported(body, chat, n, e) &&
-         (!chat ||
-          api_format_parse(opt(body, "response_format"), false, "response_format", &r->format, e));
+         refuse_unsupported(body, chat, n, e);
     if (ok && chat)
         ok = api_field_bool(body, "logprobs", &logprobs, e) &&
              api_field_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e);
@@ -781,6 +710,18 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     bool thinking = false; /* (the prompt's rendering checked it) */
     r->reasoning = ok && chat && lim->chat_family && lim->chat_family->thinking &&
                    !r->answer_prefix && thinking_wanted(body, &thinking, e) && thinking;
+    if (ok)
+        ok = api_grammar_parse(body, chat, chat ? opt(body, "response_format") : NULL, false,
+                               "response_format", tok, r->reasoning, &r->grammar, e);
+    if (ok && r->grammar.kind && r->ignore_eos)
+        ok = api_fail(e, 400, "ignore_eos", "invalid_value", "'ignore_eos' and a constrained "
+                      "output together: the grammar decides where the output ends");
+    if (ok && r->grammar.kind && r->grammar.trigger < 0) {
+        /* the grammar decides where the output ends: a stop string would cut the value */
+        for (int i = 0; i < r->n_stops; i++)
+            free(r->stops[i]);
+        r->n_stops = 0;
+    }
     /* max_completion_tokens wins over the older max_tokens; neither: chat gets the room
      * left, completions OpenAI's 16 */
     r->asked_max_tokens = completion_given ? max_completion
@@ -876,8 +817,7 @@ void api_request_free(api_request *r)
     free(r->answer_prefix);
     r->answer_prefix = NULL;
     r->n_logit_bias = 0;
-    json_decref(r->format.schema);
-    r->format = (api_format){API_FORMAT_TEXT};
+    api_grammar_free(&r->grammar);
 }
 
 void api_sampling_defaults(const char *model_dir, vlmd_sampling *out)

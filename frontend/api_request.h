@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "api_error.h"
+#include "api_grammar.h"
 #include "chat_template.h"
 #include "image_input.h"
 #include "proto.h"
@@ -40,20 +41,6 @@ typedef struct api_limits {
     const vlmd_chat_family *chat_family; /* the model's chat template; NULL: qwen2 */
 } api_limits;
 
-/* The answer's format: response_format (chat) or text.format (Responses). */
-typedef enum api_format_type {
-    API_FORMAT_TEXT,
-    API_FORMAT_JSON_OBJECT,
-    API_FORMAT_JSON_SCHEMA,
-} api_format_type;
-
-typedef struct api_format {
-    api_format_type type;
-    json_t *schema;                 /* JSON_SCHEMA: a reference (owned) to the request's */
-    char name[65];                  /* JSON_SCHEMA: its name */
-    bool strict;
-} api_format;
-
 typedef struct api_request {
     bool chat;
     const char *prompt_param;       /* static: "messages", "prompt" or "input", for errors */
@@ -81,7 +68,7 @@ typedef struct api_request {
     api_image *images;              /* owned; in prompt order */
     uint32_t n_images;
     int64_t asked_max_tokens;       /* max_(completion_)tokens as given; 0 = not given */
-    api_format format;
+    api_grammar grammar;            /* owned: what the output is held to (api_grammar.h) */
 } api_request;
 
 /* Parses body for /v1/completions (chat false) or /v1/chat/completions.
@@ -168,14 +155,6 @@ bool api_field_bool(const json_t *body, const char *key, bool *out, api_error *e
 bool api_plain_string(const json_t *s);
 /* "model", when given, must be the served one (404 otherwise). */
 bool api_model_check(const json_t *body, const api_limits *lim, api_error *e);
-
-/* The answer's format from v (absent or null: text): chat's response_format
- * {"type", "json_schema": {"name", "schema", "strict"}}, or flat (the
- * Responses text.format: {"type", "name", "schema", "strict"}). Its shape is
- * checked (a 400 naming param or the field within it); then a format vlmd
- * cannot produce yet is refused, here for both endpoints. */
-bool api_format_parse(const json_t *v, bool flat, const char *param, api_format *out,
-                      api_error *e);
 
 /* The end of a parse, once prompts, images and sampling are set: the prompt
  * must not be empty; asked_max_tokens within --max-output-tokens (a 400

@@ -614,7 +614,9 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
         .n_stop_tokens = n_stops, .min_tokens = r->min_tokens, .ignore_eos = r->ignore_eos,
         .logprobs = r->logprobs, .top_logprobs = r->top_logprobs, .images = refs,
         .n_images = r->n_images, .session = e->session, .logit_bias = r->logit_bias,
-        .n_logit_bias = r->n_logit_bias};
+        .n_logit_bias = r->n_logit_bias,
+        .grammar = {r->grammar.kind, r->grammar.text, (uint32_t)r->grammar.n_text,
+                    r->grammar.trigger, r->grammar.trigger_after}};
     /* choice k: request req_id + k, of prompt k / n; a seeded request's choices of one
      * prompt differ, each reproducible */
     bool sent = c->peer != NULL;

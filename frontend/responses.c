@@ -170,12 +170,13 @@ static bool read_reasoning(const json_t *body, bool *thinking, api_error *e)
     return true;
 }
 
-/* text: {"format", "verbosity"}; the format goes where chat's
- * response_format goes (api_format_parse). */
-static bool read_text(const json_t *body, api_format *format, api_error *e)
+/* text: {"format", "verbosity"}; the format (*format, NULL when absent) is
+ * read where chat's response_format is (api_grammar_parse). */
+static bool read_text(const json_t *body, const json_t **format, api_error *e)
 {
     static const char *const verbosities[] = {"low", "medium", "high", NULL};
     const json_t *text = opt(body, "text");
+    *format = NULL;
     if (!text)
         return true;
     if (!json_is_object(text))
@@ -184,7 +185,8 @@ static bool read_text(const json_t *body, api_format *format, api_error *e)
     if (verbosity && !one_of(verbosity, verbosities))
         return api_fail(e, 400, "text.verbosity", "invalid_value", "'text.verbosity' must be "
                         "\"low\", \"medium\" or \"high\"");
-    return api_format_parse(opt(text, "format"), true, "text.format", format, e);
+    *format = opt(text, "format");
+    return true;
 }
 
 /* tools: [{"type": "function", "name", "description", "parameters",
@@ -576,6 +578,7 @@ bool responses_request_parse(const json_t *body, const api_limits *lim,
     api_chat_init(&chat, lim, true, "input");
     vlmd_prompt_text text = VLMD_PROMPT_TEXT_INIT;
     int64_t max_out = 0, top_logprobs = 0;
+    const json_t *format = NULL; /* text.format */
     bool max_given = false, thinking = true, parallel = true, ok = job && chat_body;
     if (!ok)
         api_fail(e, 500, NULL, NULL, "out of memory");
@@ -596,7 +599,7 @@ bool responses_request_parse(const json_t *body, const api_limits *lim,
          api_field_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e) &&
          check_strings(body, e) && refuse_unsupported(body, top_logprobs, e) &&
          read_include(body, e) && read_metadata(body, e) && read_reasoning(body, &thinking, e) &&
-         read_text(body, &r->format, e) && read_tools(body, chat_body, e) &&
+         read_text(body, &format, e) && read_tools(body, chat_body, e) &&
          read_tool_choice(body, chat_body, e);
     const json_t *so = opt(body, "stream_options");
     if (ok && so && (!json_is_object(so) || !r->stream))
@@ -622,7 +625,9 @@ bool responses_request_parse(const json_t *body, const api_limits *lim,
         r->reasoning = lim->chat_family && lim->chat_family->thinking && !r->answer_prefix &&
                        thinking;
         r->asked_max_tokens = max_given ? max_out : 0;
-        ok = api_request_finish(r, lim, "max_output_tokens", e);
+        ok = api_grammar_parse(chat_body, true, format, true, "text.format", tok, r->reasoning,
+                               &r->grammar, e) &&
+             api_request_finish(r, lim, "max_output_tokens", e);
     }
     if (ok) {
         job->echo = echo_of(body, r, job->store, parallel, lim);

@@ -72,6 +72,9 @@ typedef struct vlmd_sample_row {
     uint64_t seed, draw;        /* the draw-th number of the request's stream (sample_rng.h) */
     vlmd_seen_token *seen;      /* n_seen entries in backend memory */
     int32_t n_seen;
+    const uint32_t *mask;       /* constrained decoding: ceil(vocab / 32) words in backend
+                                 * memory, bit i % 32 of word i / 32 set = token i allowed
+                                 * (never all clear); NULL: every token */
 } vlmd_sample_row;
 
 typedef struct vlmd_sample_out {
@@ -138,7 +141,9 @@ typedef struct vlmd_op_table {
      * (when n_top >= 0) come from the raw row. Then the penalties: repetition
      * (divide a positive logit, multiply a negative one) on every seen token,
      * presence + frequency x count on output tokens; then each seen entry's
-     * bias is added. Temperature <= 0 takes
+     * bias is added; then the tokens a row's mask leaves out become -inf
+     * (nothing before brings them back: they are never drawn, never greedy,
+     * and a -inf logit is never in the kept set). Temperature <= 0 takes
      * the largest logit (the lowest id among equals). Otherwise the tokens
      * kept are those at or above a threshold that meets top-k (the k-th
      * largest logit: equals of it stay), top-p (the fewest largest logits

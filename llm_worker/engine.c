@@ -1,4 +1,17 @@
-/* engine.c - the scheduler and step loop (see engine.h for the states). */
+/* engine.c - the scheduler and step loop (see engine.h for the states).
+ *
+ * Constrained decoding: a request with a grammar holds a compiled grammar of
+ * the cache (shared) and its own automaton state, which lives with the
+ * request and so survives preemption (recomputing KV changes no token). Each
+ * step, after the forward pass is launched (the masks are host work that
+ * overlaps a device's), every sampling row whose grammar holds gets its
+ * token mask, which the sampler applies; after sampling the token advances
+ * the state. Phases of a request's grammar:
+ *
+ *     ARMING --trigger_after--> WAITING --trigger--> ACTIVE --end token--> finished
+ *     (no trigger_after: starts WAITING; no trigger: starts ACTIVE)
+ *
+ * Before ACTIVE the output is free text and ends as any other. */
 #include "engine.h"
 
 #include <math.h>
@@ -13,6 +26,9 @@
 #include "prefix_cache.h"
 
 typedef enum req_state { REQ_WAITING, REQ_RUNNING } req_state;
+
+/* Where a request's grammar is (see the file comment). */
+typedef enum grammar_phase { GRAMMAR_OFF, GRAMMAR_ARMING, GRAMMAR_WAITING, GRAMMAR_ACTIVE } grammar_phase;
 
 #define STRESS_PROMPT 256 /* tokens per prompt of engine_stress's prefill (at least) */
 #define STRESS_IMAGE 16   /* rows of it that take an image's input, for a VL model */
@@ -60,6 +76,14 @@ typedef struct request {
     uint64_t *block_hash;
     int32_t n_hashed;
     kv_image_span *spans;
+    /* constrained decoding (GRAMMAR_OFF: free text) */
+    grammar_entry *grammar;     /* held from the cache */
+    vlmd_grammar_state *gstate; /* where its output is in the grammar (owned) */
+    grammar_phase gphase;
+    int32_t trigger, trigger_after;         /* the phases' tokens (-1: none) */
+    uint32_t end_ids[VLMD_PROTO_MAX_STOPS + 1]; /* eos_id and the stop tokens */
+    uint32_t n_end;
+    bool mask_failed;           /* this step's mask could not be made: it ends in an error */
     struct request *next;       /* in arrival order */
 } request;
 
@@ -93,6 +117,14 @@ struct engine {
     vlmd_sample_out *sample_out;
     vlmd_seen_token *seen;
     int32_t *seen_at;
+    /* constrained decoding: the grammars, one host mask per logit row (NULL for a
+     * free row), a fill's scratch, and the token that is each byte alone (-1: none) */
+    grammar_cache *grammars;    /* NULL without a vocabulary */
+    size_t mask_words;
+    uint32_t *masks;
+    const uint32_t **row_masks;
+    vlmd_mask_scratch *scratch;
+    int32_t byte_token[256];
 };
 
 /* ---- lifetime ----------------------------------------------------------------- */
@@ -102,6 +134,30 @@ static void blocks_removed(const uint64_t *hashes, int32_t n, void *ud)
 {
     engine *e = ud;
     kv_event_removed(&e->events, hashes, n);
+}
+
+/* The grammar cache, the step's masks, and the single-byte tokens that
+ * steer an output to its end (ENGINE_GRAMMAR_CLOSE_MARGIN). */
+static vlmd_status grammars_init(engine *e, const vlmd_vocab *v, vlmd_error *err)
+{
+    if (vlmd_vocab_size(v) > e->mask_words * 32)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "the tokenizer has %u tokens, more than the "
+                           "model's vocabulary of %u", vlmd_vocab_size(v),
+                           qwen2_vocab_size(e->m));
+    e->masks = malloc((size_t)e->cfg.max_running * e->mask_words * sizeof *e->masks);
+    e->scratch = vlmd_mask_scratch_create();
+    if (!e->masks || !e->scratch)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for token masks");
+    for (int b = 0; b < 256; b++)
+        e->byte_token[b] = -1;
+    for (uint32_t id = vlmd_vocab_size(v); id-- > 0;) { /* the lowest id wins */
+        const uint8_t *bytes;
+        size_t n;
+        if (vlmd_vocab_token(v, id, &bytes, &n) && n == 1)
+            e->byte_token[bytes[0]] = (int32_t)id;
+    }
+    return grammar_cache_create(v, ENGINE_GRAMMAR_CACHE_ENTRIES, ENGINE_GRAMMAR_CACHE_BYTES,
+                                &e->grammars, err);
 }
 
 vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,
@@ -147,10 +203,15 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     e->sample_out = malloc((size_t)r * sizeof *e->sample_out);
     e->seen = s == VLMD_OK ? malloc((size_t)qwen2_seen_capacity(e->ws) * sizeof *e->seen) : NULL;
     e->seen_at = calloc((size_t)V, sizeof *e->seen_at);
+    e->mask_words = qwen2_mask_words(m);
+    e->row_masks = calloc((size_t)r, sizeof *e->row_masks);
     if (s == VLMD_OK && (!e->ids || !e->positions || !e->step_slots || !e->logit_rows ||
                          !e->seqs || !e->embeds || !e->in_step || !e->running || !e->seq_req ||
-                         !e->sample_rows || !e->sample_out || !e->seen || !e->seen_at))
+                         !e->sample_rows || !e->sample_out || !e->seen || !e->seen_at ||
+                         !e->row_masks))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the engine's batch");
+    if (s == VLMD_OK && cfg->vocab)
+        s = grammars_init(e, cfg->vocab, err);
     if (s != VLMD_OK) {
         engine_free(e);
         return s;
@@ -159,10 +220,13 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     return VLMD_OK;
 }
 
-static void request_free(request *q)
+static void request_free(engine *e, request *q)
 {
     free(q->block_hash);
     free(q->spans);
+    if (q->grammar)
+        grammar_cache_release(e->grammars, q->grammar);
+    free(q->gstate);
     free(q->tokens);
     free(q->slots);
     free(q->keys);
@@ -178,8 +242,12 @@ void engine_free(engine *e)
         return;
     for (request *q = e->head, *next; q; q = next) {
         next = q->next;
-        request_free(q);
+        request_free(e, q);
     }
+    grammar_cache_free(e->grammars);
+    vlmd_mask_scratch_free(e->scratch);
+    free(e->masks);
+    free(e->row_masks);
     qwen2_workspace_free(e->m, e->ws);
     qwen2_kv_free(e->m, e->kv);
     prefix_cache_free(e->cache);
@@ -199,6 +267,14 @@ void engine_free(engine *e)
     free(e->seen);
     free(e->seen_at);
     free(e);
+}
+
+void engine_grammar_stats(const engine *e, grammar_cache_stats *out)
+{
+    if (e->grammars)
+        grammar_cache_get_stats(e->grammars, out);
+    else
+        *out = (grammar_cache_stats){0};
 }
 
 int32_t engine_free_slots(const engine *e)
@@ -461,6 +537,58 @@ static vlmd_status track_blocks(engine *e, request *q, const vlmd_msg_request_su
     return VLMD_OK;
 }
 
+/* A request's grammar: checked, taken from the cache (compiled on a miss),
+ * its state at the start, its end tokens. */
+static vlmd_status attach_grammar(engine *e, request *q, const vlmd_msg_request_submit *r,
+                                  vlmd_error *err)
+{
+    const vlmd_request_grammar *gr = &r->grammar;
+    unsigned long long id = (unsigned long long)r->req_id;
+    int64_t V = qwen2_vocab_size(e->m);
+    if (!e->grammars)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu has a grammar; this engine "
+                           "has no vocabulary to match it against", id);
+    if (r->ignore_eos)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: ignore_eos and a grammar "
+                           "together (the grammar decides where the output ends)", id);
+    if (gr->trigger < -1 || gr->trigger >= V || gr->trigger_after < -1 ||
+        gr->trigger_after >= V || (gr->trigger_after >= 0 && gr->trigger < 0))
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: grammar trigger %lld after "
+                           "%lld: tokens of the vocabulary of %lld (a trigger_after needs a "
+                           "trigger)", id, (long long)gr->trigger, (long long)gr->trigger_after,
+                           (long long)V);
+    /* the end tokens: eos_id and the stop tokens that are not text (a text one is held
+     * to the grammar like any text: ending on it would append it to a complete value) */
+    const uint8_t *bytes;
+    size_t n;
+    if (e->cfg.eos_id >= 0)
+        q->end_ids[q->n_end++] = (uint32_t)e->cfg.eos_id;
+    for (uint32_t i = 0; i < r->n_stop_tokens; i++)
+        if (!vlmd_vocab_token(e->cfg.vocab, r->stop_tokens[i], &bytes, &n))
+            q->end_ids[q->n_end++] = r->stop_tokens[i];
+    if (!q->n_end)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: a grammar needs an end "
+                           "token (the model's end-of-sequence or a special stop token)", id);
+    q->gstate = malloc(sizeof *q->gstate);
+    if (!q->gstate)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for request %llu", id);
+    vlmd_status st = grammar_cache_acquire(e->grammars, gr->kind, gr->text, gr->n_text,
+                                           &q->grammar, err);
+    if (st != VLMD_OK) {
+        if (err)
+            vlmd_error_prefix(err, "request %llu: %s", id,
+                              vlmd_grammar_kind_str((vlmd_grammar_kind)gr->kind));
+        return st;
+    }
+    vlmd_grammar_state_init(grammar_entry_grammar(q->grammar), q->gstate);
+    q->trigger = (int32_t)gr->trigger;
+    q->trigger_after = (int32_t)gr->trigger_after;
+    q->gphase = gr->trigger_after >= 0 ? GRAMMAR_ARMING
+                : gr->trigger >= 0     ? GRAMMAR_WAITING
+                                       : GRAMMAR_ACTIVE;
+    return VLMD_OK;
+}
+
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err)
 {
     int64_t total = (int64_t)r->n_tokens + r->max_tokens;
@@ -500,7 +628,7 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     }
     if (!q || !q->tokens || !q->slots || !q->keys) {
         if (q)
-            request_free(q);
+            request_free(e, q);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for request %llu",
                            (unsigned long long)r->req_id);
     }
@@ -509,7 +637,7 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     if (r->n_logit_bias) {
         q->bias = malloc(r->n_logit_bias * sizeof *q->bias);
         if (!q->bias) {
-            request_free(q);
+            request_free(e, q);
             return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for request %llu",
                                (unsigned long long)r->req_id);
         }
@@ -519,12 +647,19 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     if (r->n_images) {
         st = attach_images(e, q, r, err);
         if (st != VLMD_OK) {
-            request_free(q);
+            request_free(e, q);
+            return st;
+        }
+    }
+    if (r->grammar.kind != VLMD_GRAMMAR_NONE) {
+        st = attach_grammar(e, q, r, err);
+        if (st != VLMD_OK) {
+            request_free(e, q);
             return st;
         }
     }
     if (e->events_on && (st = track_blocks(e, q, r, total, err)) != VLMD_OK) {
-        request_free(q);
+        request_free(e, q);
         return st;
     }
     for (uint32_t i = 0; i < r->n_tokens; i++)
@@ -605,7 +740,7 @@ static void remove_request(engine *e, request *q, request *prev)
     if (e->tail == q)
         e->tail = prev;
     e->n_active--;
-    request_free(q);
+    request_free(e, q);
 }
 
 bool engine_cancel(engine *e, uint64_t req_id)
@@ -881,7 +1016,7 @@ static void sample_row(engine *e, const request *q, vlmd_sample_row *row, int32_
     }
     for (uint32_t i = 0; i < q->n_bias; i++)
         bias_token(e, row, (int32_t)q->bias[i].id, (float)q->bias[i].bias);
-    if (n_out < q->min_tokens) { /* nothing may end it yet */
+    if (n_out < q->min_tokens && q->gphase != GRAMMAR_ACTIVE) { /* nothing may end it yet */
         if (e->cfg.eos_id >= 0 && !q->ignore_eos)
             bias_token(e, row, e->cfg.eos_id, -INFINITY);
         for (uint32_t i = 0; i < q->n_stop; i++)
@@ -890,6 +1025,111 @@ static void sample_row(engine *e, const request *q, vlmd_sample_row *row, int32_
     for (int32_t i = 0; i < row->n_seen; i++)
         e->seen_at[row->seen[i].id] = 0;
     *n_seen += row->n_seen;
+}
+
+/* ---- constrained decoding ------------------------------------------------------ */
+
+/* The byte that starts st's shortest completion (min bytes m > 0 to go): one
+ * after which the fewest bytes left are m - 1. -1 when none is found. */
+static int closing_byte(const vlmd_grammar *g, const vlmd_grammar_state *st, size_t m)
+{
+    vlmd_grammar_state c;
+    for (int b = 0; b < 256; b++) {
+        uint8_t byte = (uint8_t)b;
+        memcpy(c.w, st->w, st->w[0] * sizeof st->w[0]);
+        if (vlmd_grammar_accept_bytes(g, &c, &byte, 1) && vlmd_grammar_min_completion(g, &c) == m - 1)
+            return b;
+    }
+    return -1;
+}
+
+/* Row i's mask for request q, whose grammar holds: the grammar's, or near
+ * max_tokens only the way to the end (the end tokens once complete, else
+ * the single-byte token of the shortest completion's next byte). */
+static vlmd_status fill_mask(engine *e, const request *q, uint32_t *mask, vlmd_error *err)
+{
+    const vlmd_grammar *g = grammar_entry_grammar(q->grammar);
+    int32_t left = q->max_tokens - (q->n_tokens - q->n_prompt); /* this one included */
+    size_t need = vlmd_grammar_min_completion(g, q->gstate);
+    if ((size_t)left <= need + ENGINE_GRAMMAR_CLOSE_MARGIN) {
+        int b = need ? closing_byte(g, q->gstate, need) : -1;
+        int32_t tok = b >= 0 ? e->byte_token[b] : -1;
+        if (!need || tok >= 0) {
+            memset(mask, 0, e->mask_words * sizeof *mask);
+            if (need)
+                mask[tok / 32] |= 1u << (tok % 32);
+            for (uint32_t k = 0; !need && k < q->n_end; k++)
+                mask[q->end_ids[k] / 32] |= 1u << (q->end_ids[k] % 32);
+            return VLMD_OK;
+        }
+    }
+    return vlmd_masker_fill(grammar_entry_masker(q->grammar), q->gstate, q->end_ids, q->n_end,
+                            mask, e->mask_words, e->scratch, err);
+}
+
+/* Every sampling row's mask (NULL when its request's output is free), once
+ * a step, while the device runs the forward pass. A mask that cannot be
+ * made (out of memory) ends its request with an error after sampling, not
+ * the step. */
+static void fill_masks(engine *e, int32_t n_logits)
+{
+    for (int32_t i = 0; i < n_logits; i++) {
+        request *q = e->in_step[i];
+        e->row_masks[i] = NULL;
+        if (q->gphase != GRAMMAR_ACTIVE)
+            continue;
+        uint32_t *mask = e->masks + (size_t)i * e->mask_words;
+        vlmd_error err = {0};
+        if (fill_mask(e, q, mask, &err) != VLMD_OK) {
+            VLMD_REQ_WARN(q->id, "no token mask: %s", err.msg);
+            q->mask_failed = true;
+            continue;
+        }
+        e->row_masks[i] = mask;
+    }
+}
+
+static bool is_end(const request *q, int32_t tok)
+{
+    for (uint32_t k = 0; k < q->n_end; k++)
+        if ((uint32_t)tok == q->end_ids[k])
+            return true;
+    return false;
+}
+
+/* How q's output goes on after token tok under its grammar: a trigger moves
+ * the phase; under an active grammar an end token where the value is
+ * complete ends it (STOP), any other token advances the state, and a token
+ * the automaton refuses ends it with an error (*why). NONE: go on (free
+ * text: the usual ends are checked by the caller). */
+static vlmd_finish_reason grammar_token(engine *e, request *q, int32_t tok, char *why,
+                                        size_t why_size)
+{
+    (void)e;
+    switch (q->gphase) {
+    case GRAMMAR_OFF:
+        return VLMD_FINISH_NONE;
+    case GRAMMAR_ARMING:
+        if (tok == q->trigger_after)
+            q->gphase = GRAMMAR_WAITING;
+        return VLMD_FINISH_NONE;
+    case GRAMMAR_WAITING:
+        if (tok == q->trigger)
+            q->gphase = GRAMMAR_ACTIVE; /* the trigger is free text; the grammar follows it */
+        return VLMD_FINISH_NONE;
+    case GRAMMAR_ACTIVE:
+        break;
+    }
+    const vlmd_grammar *g = grammar_entry_grammar(q->grammar);
+    if (vlmd_grammar_is_complete(g, q->gstate) && is_end(q, tok))
+        return VLMD_FINISH_STOP;
+    if (vlmd_masker_accept(grammar_entry_masker(q->grammar), q->gstate, (uint32_t)tok))
+        return VLMD_FINISH_NONE;
+    snprintf(why, why_size, "the grammar's mask allowed token %d but its automaton refused it "
+             "(an ambiguous grammar whose state outgrew %d words); the output ends here",
+             tok, VLMD_GRAMMAR_STATE_WORDS);
+    VLMD_REQ_WARN(q->id, "%s", why);
+    return VLMD_FINISH_ERROR;
 }
 
 /* Samples the step's logit rows, as many at once as the seen tokens allow. */
@@ -908,6 +1148,7 @@ static vlmd_status sample_step(engine *e, int32_t n_logits, vlmd_error *err)
             if (n && n_seen + (to - from) + extra > cap)
                 break;
             sample_row(e, q, &e->sample_rows[first + n], &n_seen);
+            e->sample_rows[first + n].mask = e->row_masks[first + n];
             n++;
         }
         vlmd_status s = qwen2_sample(e->m, e->ws, first, e->sample_rows + first, n,
@@ -923,7 +1164,7 @@ static vlmd_status sample_step(engine *e, int32_t n_logits, vlmd_error *err)
 static void emit_finish(engine *e, request *q, vlmd_finish_reason why)
 {
     engine_output o = {q->id, NULL, 0, why, (uint32_t)q->n_prompt,
-                       (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens, NULL};
+                       (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens, NULL, NULL};
     e->emit(&o, e->ud);
     request *prev = NULL;
     find(e, q->id, &prev);
@@ -956,6 +1197,8 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
                       plan.n_logits, e->embeds, e->n_embeds};
     vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &bt, NULL, err);
     if (s == VLMD_OK)
+        fill_masks(e, plan.n_logits);
+    if (s == VLMD_OK)
         s = sample_step(e, plan.n_logits, err);
     if (s != VLMD_OK)
         return s;
@@ -979,10 +1222,20 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
         q->keys[q->n_tokens] = (uint32_t)tok;
         q->tokens[q->n_tokens++] = tok;
         e->generated_tokens++;
-        vlmd_finish_reason fin = finished(e, q, tok);
+        char why[256] = "";
+        bool held = q->gphase == GRAMMAR_ACTIVE; /* only the grammar says where it ends */
+        vlmd_finish_reason fin = VLMD_FINISH_ERROR;
+        if (q->mask_failed)
+            snprintf(why, sizeof why, "out of memory for the grammar's token mask");
+        else
+            fin = grammar_token(e, q, tok, why, sizeof why);
+        if (fin == VLMD_FINISH_NONE)
+            fin = held ? (q->n_tokens - q->n_prompt >= q->max_tokens ? VLMD_FINISH_LENGTH
+                                                                     : VLMD_FINISH_NONE)
+                       : finished(e, q, tok);
         engine_output o = {q->id, &tok, 1, fin, (uint32_t)q->n_prompt,
                            (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens,
-                           q->logprobs ? &lp : NULL};
+                           q->logprobs ? &lp : NULL, why[0] ? why : NULL};
         e->emit(&o, e->ud);
         if (fin != VLMD_FINISH_NONE) {
             request *prev = NULL;

@@ -36,6 +36,8 @@
 #include "proto.h"
 #include "qwen2.h"
 #include "shm_arena.h"
+#include "grammar_cache.h"
+#include "structured.h"
 
 typedef struct engine engine;
 
@@ -58,7 +60,19 @@ typedef struct engine_config {
      * many tokens are logged as they are stored and removed; 0: off */
     int32_t event_block_size;
     uint64_t event_hash_root;   /* the block hash chain's root (kv_events_hash_init) */
+    /* the tokenizer's tokens as bytes (borrowed; at most the model's vocabulary): what
+     * grammars are matched against. NULL: a request with a grammar is refused */
+    const vlmd_vocab *vocab;
 } engine_config;
+
+/* Compiled grammars the engine keeps for reuse (grammar_cache.h). */
+#define ENGINE_GRAMMAR_CACHE_ENTRIES 64
+#define ENGINE_GRAMMAR_CACHE_BYTES ((size_t)1 << 30)
+/* Constrained decoding near max_tokens: from the step where the tokens left
+ * are at most this many more than the bytes that close the value
+ * (vlmd_grammar_min_completion), the output follows its shortest completion,
+ * one byte a token, so that it ends complete when there is room. */
+#define ENGINE_GRAMMAR_CLOSE_MARGIN 16
 
 #define ENGINE_MAX_TOP_LOGPROBS 20
 
@@ -82,6 +96,7 @@ typedef struct engine_output {
     uint32_t prompt_tokens, completion_tokens;
     uint32_t cached_tokens;             /* prompt tokens the prefix cache gave it */
     const engine_logprobs *logprobs;    /* one per token; NULL unless asked */
+    const char *error;                  /* finish ERROR: why (borrowed for the call) */
 } engine_output;
 
 /* Called after every step for each request that produced tokens (or ended). */
@@ -98,7 +113,22 @@ void engine_free(engine *e);
  * an id already in use, or images that do not match their pad tokens, grids
  * or the arena. An image's embeddings are read from the arena at its offset
  * whenever its tokens are (re)computed, so they must stay there until the
- * request has ended. Image prompts get M-RoPE positions (mrope.h). */
+ * request has ended. Image prompts get M-RoPE positions (mrope.h).
+ *
+ * A grammar (constrained decoding) is compiled here unless the cache has it
+ * (a compile is bounded by structured.h's limits); one that does not compile
+ * is VLMD_ERR_INVALID_ARG (or _TOO_LARGE) naming the place and the keyword,
+ * as is a grammar with ignore_eos, with no end token (no eos_id and no
+ * special stop token), a trigger outside the vocabulary, or an engine
+ * without a vocab. While the grammar holds (from the first token, or from
+ * its trigger token on), each step's mask lets through only tokens that
+ * keep the output in it, and the end tokens (eos_id, the stop tokens that
+ * are not text) only where it is complete, where they end it; a stop token
+ * that is text is text there, held to the grammar, and min_tokens does not
+ * hold (the grammar decides the end). Near max_tokens the output is steered to
+ * close (ENGINE_GRAMMAR_CLOSE_MARGIN); a token the mask allowed that the
+ * automaton then refuses (an ambiguous grammar past its state's size, the
+ * one case) ends the request with finish ERROR and a message. */
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err);
 /* Drops a request wherever it is; emits nothing. false when unknown. */
 bool engine_cancel(engine *e, uint64_t req_id);
@@ -118,6 +148,9 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err);
  * meaningless and no request changed. The auto-profile measures the device's
  * peak use with it. VLMD_ERR_INVALID_ARG when the engine is not idle. */
 vlmd_status engine_stress(engine *e, vlmd_error *err);
+
+/* The grammar cache's numbers (entries, bytes, hits, compiles...). */
+void engine_grammar_stats(const engine *e, grammar_cache_stats *out);
 
 int32_t engine_free_slots(const engine *e);
 /* Decode graphs captured, the largest batch they cover (0, 0 when eager),

@@ -17,7 +17,11 @@
  * TOKEN_CHUNK. With --kv-events-endpoint, the prefix cache's changes of each
  * step (and of the cancels between steps) leave as one KV-event batch on
  * the loop thread once the step is done (kv_events.h): the publisher never
- * blocks, so a slow subscriber costs dropped batches, never a step. */
+ * blocks, so a slow subscriber costs dropped batches, never a step.
+ *
+ * Constrained decoding matches grammars against the model directory's
+ * tokenizer.json, loaded once at start as the vocabulary's bytes (without
+ * it requests with a grammar are refused, and everything else is served). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +35,8 @@
 #include "profile.h"
 #include "service.h"
 #include "shm_arena.h"
+#include "structured.h"
+#include "tokenizer.h"
 
 /* A token the step produced, sent after the step. */
 typedef struct emitted {
@@ -41,6 +47,7 @@ typedef struct emitted {
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
     bool has_logprobs;
     engine_logprobs lp;
+    char *error;                /* finish ERROR: why (owned) */
 } emitted;
 
 typedef struct llm_worker {
@@ -48,6 +55,7 @@ typedef struct llm_worker {
     vlmd_backend *backend;
     qwen2_model *model;
     engine *engine;
+    vlmd_vocab *vocab;          /* the tokenizer's tokens, for grammars; NULL: none */
     uv_work_t step;             /* the step in flight on the pool */
     bool stepping;
     vlmd_status step_status;
@@ -91,7 +99,8 @@ static void emit(const engine_output *eo, void *ud)
             *o = (emitted){.req_id = eo->req_id, .finish = eo->finish,
                            .prompt_tokens = eo->prompt_tokens,
                            .completion_tokens = eo->completion_tokens,
-                           .cached_tokens = eo->cached_tokens};
+                           .cached_tokens = eo->cached_tokens,
+                           .error = eo->error ? vlmd_xstrdup(eo->error) : NULL};
             break;
         }
         *o = (emitted){eo->req_id, eo->tokens[i], true, i + 1 == n ? eo->finish : VLMD_FINISH_NONE,
@@ -99,6 +108,8 @@ static void emit(const engine_output *eo, void *ud)
                        eo->cached_tokens, eo->logprobs != NULL};
         if (eo->logprobs)
             o->lp = eo->logprobs[i];
+        if (i + 1 == n && eo->error)
+            o->error = vlmd_xstrdup(eo->error);
     }
 }
 
@@ -151,6 +162,12 @@ static void report_kv(llm_worker *w)
     vlmd_peer_set_counter(p, "running", (uint64_t)engine_running(w->engine));
     vlmd_peer_set_counter(p, "waiting",
                           (uint64_t)(engine_active(w->engine) - engine_running(w->engine)));
+    grammar_cache_stats gs;
+    engine_grammar_stats(w->engine, &gs);
+    vlmd_peer_set_counter(p, "grammar_cache_entries", gs.entries);
+    vlmd_peer_set_counter(p, "grammar_cache_bytes", gs.bytes);
+    vlmd_peer_set_counter(p, "grammar_compiles_total", gs.compiles);
+    vlmd_peer_set_counter(p, "grammar_cache_hits_total", gs.hits);
 }
 
 /* Applies a request or a cancel to the engine (loop thread, no step running). */
@@ -201,6 +218,8 @@ static void on_step_done(uv_work_t *req, int status)
     if (status != 0 || w->step_status != VLMD_OK)
         VLMD_FATAL("engine step failed: %s", w->step_err.msg); /* an invariant, not a request's */
     if (w->stopping) { /* the peer is gone: nothing more leaves */
+        for (size_t i = 0; i < w->n_out; i++)
+            free(w->out[i].error);
         w->n_out = 0;
         return;
     }
@@ -209,8 +228,10 @@ static void on_step_done(uv_work_t *req, int status)
         vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
         m.u.token_chunk = (vlmd_msg_token_chunk){
             .req_id = o->req_id, .tokens = (uint32_t *)&o->token, .n_tokens = o->has_token,
-            .finish = o->finish, .message = "", .prompt_tokens = o->prompt_tokens,
-            .completion_tokens = o->completion_tokens, .cached_tokens = o->cached_tokens};
+            .finish = o->finish, .message = o->error ? o->error : "",
+            .prompt_tokens = o->prompt_tokens, .completion_tokens = o->completion_tokens,
+            .cached_tokens = o->cached_tokens,
+            .status = o->finish == VLMD_FINISH_ERROR ? VLMD_ERR_INVALID_ARG : VLMD_OK};
         if (o->has_logprobs) {
             vlmd_msg_token_chunk *c = &m.u.token_chunk;
             c->logprobs = (float *)&o->lp.logprob;
@@ -222,6 +243,7 @@ static void on_step_done(uv_work_t *req, int status)
             c->n_top_logprobs = o->lp.n_top;
         }
         vlmd_peer_send(w->svc.peer, &m);
+        free(o->error);
     }
     w->n_out = 0;
     if (w->orphaned)
@@ -314,6 +336,7 @@ static engine_config engine_base(llm_worker *w)
         .decode_graphs = !cfg->enforce_eager && vlmd_backend_graphs_native(w->backend),
         .event_block_size = cfg->kv_events_endpoint[0] ? (int32_t)cfg->kv_events_block_size : 0,
         .event_hash_root = kv_events_hash_init(cfg->kv_events_hash_seed, name),
+        .vocab = w->vocab,
     };
 }
 
@@ -438,6 +461,8 @@ static void free_engine(llm_worker *w)
     engine_free(w->engine);
     vlmd_backend_free(w->backend, w->canary, w->canary_bytes);
     qwen2_free(w->model);
+    vlmd_vocab_free(w->vocab);
+    w->vocab = NULL;
     vlmd_backend_destroy(w->backend);
     w->engine = NULL;
     w->model = NULL;
@@ -456,6 +481,26 @@ static void on_stop(vlmd_service *svc, void *ud)
     llm_worker *w = ud;
     w->stopping = true; /* a step in flight finishes; no new one starts */
     kv_publisher_close(&w->events); /* before the ZMQ context ends */
+}
+
+/* The vocabulary grammars are matched against, from tokenizer.json. */
+static void load_vocab(llm_worker *w)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", w->svc.cfg.model);
+    vlmd_tokenizer *tok = NULL;
+    vlmd_error err = {0};
+    if (vlmd_tokenizer_load(path, &tok, &err) != VLMD_OK ||
+        vlmd_vocab_from_tokenizer(tok, &w->vocab, &err) != VLMD_OK)
+        VLMD_WARN("no vocabulary for constrained decoding (requests with a grammar are "
+                  "refused): %s", err.msg);
+    else if (vlmd_vocab_size(w->vocab) > qwen2_vocab_size(w->model)) {
+        VLMD_WARN("no constrained decoding: %s has %u tokens, more than the model's %u", path,
+                  vlmd_vocab_size(w->vocab), qwen2_vocab_size(w->model));
+        vlmd_vocab_free(w->vocab);
+        w->vocab = NULL;
+    }
+    vlmd_tokenizer_free(tok);
 }
 
 /* Loads the weights before the process says it is ready; a model that
@@ -489,6 +534,7 @@ static void load_model(llm_worker *w)
         exit(VLMD_EXIT_CONFIG);
     }
     vlmd_safetensors_close(st);
+    load_vocab(w);
     const vlmd_text_config *t = &w->svc.model.text;
     VLMD_INFO("%s loaded in %llu ms: %lld layers, hidden %lld, %lld heads (%lld KV), vocab %lld, "
               "%llu MiB of weights on %s",

@@ -110,6 +110,7 @@ struct qwen2_workspace {
     vlmd_sample_out *sample_out;
     vlmd_seen_token *seen;
     int32_t seen_capacity;
+    uint32_t *masks;            /* [max_logits][mask words]: constrained rows' token masks */
 };
 
 /* ---- loading ---------------------------------------------------------------- */
@@ -514,6 +515,7 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     WS(seen, (size_t)ws->seen_capacity * sizeof(vlmd_seen_token))
     WS(sample_rows, (size_t)max_logits * sizeof(vlmd_sample_row))
     WS(sample_out, (size_t)max_logits * sizeof(vlmd_sample_out))
+    WS(masks, (size_t)max_logits * qwen2_mask_words(m) * sizeof(uint32_t))
 #undef WS
     size_t r = (size_t)max_logits;
     ws->seqs_host = malloc(r * sizeof *ws->seqs_host);
@@ -786,6 +788,11 @@ int32_t qwen2_seen_capacity(const qwen2_workspace *ws)
     return ws->seen_capacity;
 }
 
+size_t qwen2_mask_words(const qwen2_model *m)
+{
+    return ((size_t)m->V + 31) / 32;
+}
+
 vlmd_status qwen2_sample(qwen2_model *m, qwen2_workspace *ws, int32_t first,
                          const vlmd_sample_row *rows, int32_t n, vlmd_sample_out *out,
                          vlmd_error *err)
@@ -805,6 +812,12 @@ vlmd_status qwen2_sample(qwen2_model *m, qwen2_workspace *ws, int32_t first,
         s = vlmd_backend_copy_to_device(b, ws->seen + packed, rows[i].seen,
                                         (size_t)rows[i].n_seen * sizeof *rows[i].seen, err);
         packed += rows[i].n_seen;
+        if (s == VLMD_OK && rows[i].mask) { /* row i's mask in its own slot */
+            size_t words = qwen2_mask_words(m);
+            uint32_t *slot = ws->masks + (size_t)i * words;
+            ws->sample_rows_host[i].mask = slot;
+            s = vlmd_backend_copy_to_device(b, slot, rows[i].mask, words * sizeof *slot, err);
+        }
     }
     if (s == VLMD_OK)
         s = vlmd_backend_copy_to_device(b, ws->sample_rows, ws->sample_rows_host,

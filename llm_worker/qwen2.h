@@ -120,10 +120,15 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
 #define QWEN2_SEEN_PER_ROW 2048
 int32_t qwen2_seen_capacity(const qwen2_workspace *ws);
 
+/* Words of one row's token mask: ceil(vocab / 32). */
+size_t qwen2_mask_words(const qwen2_model *m);
+
 /* Picks a token for each of the logit rows [first, first + n) of the last
  * forward step, on the backend (ops.h's sample; the rows' logits are
- * changed). rows and their seen lists are host memory; all seen lists
- * together at most qwen2_seen_capacity. out: n results, host memory. */
+ * changed). rows, their seen lists and their masks (qwen2_mask_words each,
+ * or NULL) are host memory, copied to the workspace (sized for one mask per
+ * logit row); all seen lists together at most qwen2_seen_capacity. out: n
+ * results, host memory. */
 vlmd_status qwen2_sample(qwen2_model *m, qwen2_workspace *ws, int32_t first,
                          const vlmd_sample_row *rows, int32_t n, vlmd_sample_out *out,
                          vlmd_error *err);

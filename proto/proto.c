@@ -31,6 +31,7 @@
  *   ignore_eos               request_submit              false
  *   logit_bias               request_submit              none (NULL, 0)
  *   min_tokens               request_submit              0
+ *   grammar                  request_submit              kind NONE (free text)
  *   max_tokens_capped        token_chunk                 0
  *   cached_tokens            token_chunk                 0
  *   arena_offset, token_count image_job                  0
@@ -92,6 +93,13 @@ const char *vlmd_msg_type_str(vlmd_msg_type t)
     return msg_type_known((uint64_t)t) ? msg_type_names[t] : "?";
 }
 
+const char *vlmd_grammar_kind_str(vlmd_grammar_kind k)
+{
+    static const char *const names[VLMD_GRAMMAR_KIND_COUNT] = {
+        "none", "json_schema", "json_object", "regex", "choice", "tool_calls"};
+    return (unsigned)k < VLMD_GRAMMAR_KIND_COUNT ? names[k] : "?";
+}
+
 const char *vlmd_worker_state_str(vlmd_worker_state s)
 {
     static const char *const names[VLMD_WORKER_STATE_COUNT] = {"down", "starting", "ready"};
@@ -151,6 +159,7 @@ struct struct_desc {
 #define ARR(T, f, n, kind, lim) {#f, kind, false, offsetof(T, f), offsetof(T, n), (lim), NULL}
 #define OPT_ARR(T, f, n, kind, lim) {#f, kind, true, offsetof(T, f), offsetof(T, n), (lim), NULL}
 #define SUB(T, f, d) {#f, F_STRUCT, false, offsetof(T, f), 0, 0, &(d)}
+#define OPT_SUB(T, f, d) {#f, F_STRUCT, true, offsetof(T, f), 0, 0, &(d)}
 #define SUB_ARR(T, f, n, d, lim)                                                                \
     {#f, F_STRUCT_ARRAY, false, offsetof(T, f), offsetof(T, n), (lim), &(d)}
 #define OPT_SUB_ARR(T, f, n, d, lim)                                                            \
@@ -257,6 +266,13 @@ static const field_desc logit_bias_fields[] = {
     FLD(vlmd_logit_bias, bias, F_F64),
 };
 static const struct_desc logit_bias_desc = DESC(vlmd_logit_bias, "logit_bias", logit_bias_fields);
+static const field_desc grammar_fields[] = {
+    ENUM(vlmd_request_grammar, kind, VLMD_GRAMMAR_KIND_COUNT),
+    ARR(vlmd_request_grammar, text, n_text, F_BIN, VLMD_PROTO_MAX_GRAMMAR_BYTES),
+    FLD(vlmd_request_grammar, trigger, F_I64),
+    FLD(vlmd_request_grammar, trigger_after, F_I64),
+};
+static const struct_desc grammar_desc = DESC(vlmd_request_grammar, "grammar", grammar_fields);
 static const field_desc request_submit_fields[] = {
     FLD(vlmd_msg_request_submit, req_id, F_U64),
     ARR(vlmd_msg_request_submit, tokens, n_tokens, F_U32_ARRAY, VLMD_PROTO_MAX_TOKENS),
@@ -271,6 +287,7 @@ static const field_desc request_submit_fields[] = {
     OPT_SUB_ARR(vlmd_msg_request_submit, logit_bias, n_logit_bias, logit_bias_desc,
                 VLMD_PROTO_MAX_LOGIT_BIAS),
     U32_MAX(vlmd_msg_request_submit, min_tokens, UINT32_MAX, true),
+    OPT_SUB(vlmd_msg_request_submit, grammar, grammar_desc),
 };
 static const field_desc request_cancel_fields[] = {
     FLD(vlmd_msg_request_cancel, req_id, F_U64),

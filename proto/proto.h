@@ -34,6 +34,8 @@
 #define VLMD_PROTO_MAX_WORKERS 64                /* entries in a stats snapshot */
 #define VLMD_PROTO_MAX_STOPS 16                  /* stop token ids per request */
 #define VLMD_PROTO_MAX_LOGIT_BIAS 1024           /* logit_bias entries per request */
+#define VLMD_PROTO_MAX_GRAMMAR_BYTES (1u << 20)  /* a grammar's text: structured.h's
+                                                  * VLMD_GRAMMAR_MAX_SCHEMA_BYTES */
 
 /* Wire values, append-only. */
 typedef enum vlmd_msg_type {
@@ -73,7 +75,21 @@ typedef enum vlmd_finish_reason {
     VLMD_FINISH_COUNT
 } vlmd_finish_reason;
 
+/* What a request's output is held to (constrained decoding, structured/);
+ * wire values, append-only. The text each kind carries is in
+ * vlmd_request_grammar. */
+typedef enum vlmd_grammar_kind {
+    VLMD_GRAMMAR_NONE = 0,          /* free text */
+    VLMD_GRAMMAR_JSON_SCHEMA = 1,   /* a JSON Schema */
+    VLMD_GRAMMAR_JSON_OBJECT = 2,   /* any JSON object (no text) */
+    VLMD_GRAMMAR_REGEX = 3,         /* a regular expression the whole output matches */
+    VLMD_GRAMMAR_CHOICE = 4,        /* a JSON list of strings: the output is one of them */
+    VLMD_GRAMMAR_TOOL_CALLS = 5,    /* hermes tool calls: structured.h's tool-call spec */
+    VLMD_GRAMMAR_KIND_COUNT
+} vlmd_grammar_kind;
+
 const char *vlmd_msg_type_str(vlmd_msg_type t);
+const char *vlmd_grammar_kind_str(vlmd_grammar_kind k);
 const char *vlmd_worker_state_str(vlmd_worker_state s);
 const char *vlmd_finish_reason_str(vlmd_finish_reason r);
 
@@ -213,6 +229,19 @@ typedef struct vlmd_logit_bias {
     double bias;                    /* [-100, 100], added to the logit before sampling */
 } vlmd_logit_bias;
 
+/* A request's grammar: its kind and text (not NUL-terminated), and where it
+ * starts: at the first output token, or at the output's token `trigger`
+ * (the token is free text; the grammar holds what follows it), counted only
+ * once `trigger_after` has been generated when that is not -1 (a thinking
+ * model's </think>: a trigger inside the reasoning does not count). */
+typedef struct vlmd_request_grammar {
+    uint32_t kind;                  /* vlmd_grammar_kind; NONE: free text */
+    char *text;                     /* n_text bytes, at most VLMD_PROTO_MAX_GRAMMAR_BYTES */
+    uint32_t n_text;
+    int64_t trigger;                /* -1: from the first token; else a token id */
+    int64_t trigger_after;          /* -1: none; else a token id */
+} vlmd_request_grammar;
+
 typedef struct vlmd_msg_request_submit {
     uint64_t req_id;
     uint32_t *tokens;               /* prompt token ids */
@@ -230,6 +259,7 @@ typedef struct vlmd_msg_request_submit {
     vlmd_logit_bias *logit_bias;    /* distinct ids (optional) */
     uint32_t n_logit_bias;
     uint32_t min_tokens;            /* EOS and stop tokens are banned before this many (optional) */
+    vlmd_request_grammar grammar;   /* constrained decoding (optional: kind NONE) */
 } vlmd_msg_request_submit;
 
 typedef struct vlmd_msg_request_cancel {

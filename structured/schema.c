@@ -50,14 +50,27 @@ static bool in_list(const char *const *list, const char *k)
 
 typedef struct rule_def {
     const json_t *node;         /* the subschema; NULL for the any-value rule */
+    const json_t *root;         /* the schema its $refs resolve in */
+    int fn;                     /* tool calls: the function whose schema it is (-1: none) */
     char *path;                 /* where it is, for errors */
     sg_frag frag;
 } rule_def;
 
+/* A tool-call grammar's functions and shape (vlmd_grammar_compile_tool_calls). */
+typedef struct tool_calls {
+    const vlmd_tool_function *fns;
+    size_t n;
+    vlmd_tool_call_start start;
+    bool parallel;
+} tool_calls;
+
 typedef struct sc {
     sg_build *b;
-    const json_t *root;
+    const json_t *root;         /* the schema being compiled ($refs resolve here) */
     json_t *owned;              /* merged schemas made while compiling */
+    const tool_calls *tools;    /* rule 0 is these calls; NULL: rule 0 is root */
+    int fn;                     /* the function whose schema is being compiled (-1: none) */
+    int failed_fn;              /* the function being compiled at the first failure */
     rule_def *rules;
     size_t n_rules, cap_rules;
     uint32_t any_rule;          /* SG_NONE until a value may be anything */
@@ -128,7 +141,7 @@ static uint32_t rule_for(sc *c, const json_t *node, const char *path)
         return 0;
     }
     c->rules = r;
-    r[c->n_rules] = (rule_def){.node = node, .path = p};
+    r[c->n_rules] = (rule_def){.node = node, .root = c->root, .fn = c->fn, .path = p};
     return (uint32_t)c->n_rules++;
 }
 
@@ -1439,14 +1452,96 @@ static sg_frag schema(sc *c, const json_t *s)
 
 /* ---- entry points ----------------------------------------------------------------------------- */
 
+/* ---- tool calls ------------------------------------------------------------------------- */
+
+#define CALL_NEXT "\n<tool_call>\n{\"name\": \""   /* between two calls */
+#define CALL_END "}\n</tool_call>"                  /* after a call's arguments */
+
+/* Function i's arguments: its schema compiled inline (its $refs resolve in
+ * it; rules it needs queue with it as their root), or any JSON object. */
+static sg_frag call_arguments(sc *c, size_t i)
+{
+    const json_t *params = c->tools->fns[i].parameters;
+    c->fn = (int)i;
+    sg_frag f;
+    if (!params) {
+        f = any_object(c);
+    } else {
+        const json_t *saved = c->root;
+        c->root = params;
+        vlmd_strlcpy(c->b->path, "#", sizeof c->b->path);
+        c->b->path_len = 1;
+        c->n_active = 0;
+        c->active[c->n_active++] = params;
+        f = schema(c, params);
+        c->n_active = 0;
+        c->root = saved;
+    }
+    if (c->b->failed && c->failed_fn < 0)
+        c->failed_fn = (int)i;
+    c->fn = -1;
+    return f;
+}
+
+/* One call from the name on: NAME", "arguments": ARGS}\n</tool_call>, for
+ * any of the functions (first: only function 0's arguments, its name
+ * already written). */
+static sg_frag call_entry(sc *c, bool args_only)
+{
+    sg_build *b = c->b;
+    sg_frag f = sg_nothing(b);
+    for (size_t i = 0; i < (args_only ? 1 : c->tools->n) && !b->failed; i++) {
+        const vlmd_tool_function *fn = &c->tools->fns[i];
+        sg_frag one = call_arguments(c, i);
+        if (!args_only) {
+            char *e;
+            size_t len;
+            if (!sg_json_escape(fn->name, fn->name_len, &e, &len)) {
+                sg_fail(b, VLMD_ERR_NOMEM, "out of memory");
+                break;
+            }
+            sg_frag name = sg_cat(b, sg_literal(b, e, len), lit(c, "\", \"arguments\": "));
+            free(e);
+            one = sg_cat(b, name, one);
+        }
+        one = sg_cat(b, one, lit(c, CALL_END));
+        f = i ? sg_alt(b, f, one) : one;
+    }
+    return f;
+}
+
+/* Rule 0 of a tool-call grammar: the first call from where the prompt (or
+ * the model's <tool_call>) left it, then, when parallel, more calls. */
+static sg_frag tool_calls_body(sc *c)
+{
+    sg_build *b = c->b;
+    const tool_calls *t = c->tools;
+    sg_frag first;
+    if (t->start == VLMD_TOOL_CALL_AT_ARGUMENTS)
+        first = call_entry(c, true);
+    else
+        first = call_entry(c, false);
+    if (t->start == VLMD_TOOL_CALL_AFTER_OPEN)
+        first = sg_cat(b, lit(c, "\n{\"name\": \""), first);
+    if (!t->parallel || b->failed)
+        return first;
+    /* later calls take any function (their schemas compiled again: fragments are used once) */
+    sg_frag next = sg_cat(b, lit(c, CALL_NEXT), call_entry(c, false));
+    return sg_cat(b, first, sg_star(b, next));
+}
+
+/* ---- entry points ----------------------------------------------------------------------------- */
+
 /* Compiles the rules one by one (rule 0 first; a rule found on the way
- * queues behind) and finishes the grammar. root_body: rule 0 from a schema,
- * or the whole any-object grammar when NULL. */
-static vlmd_status compile(const json_t *root, bool compact, vlmd_grammar **out, vlmd_error *err)
+ * queues behind) and finishes the grammar. Rule 0 is the schema root, the
+ * tool calls of `tools`, or (root and tools NULL) any JSON object. */
+static vlmd_status compile(const json_t *root, const tool_calls *tools, bool compact,
+                           vlmd_grammar **out, vlmd_error *err)
 {
     sg_build b;
     sg_build_init(&b, err, compact);
-    sc c = {.b = &b, .root = root, .any_rule = SG_NONE, .owned = json_array()};
+    sc c = {.b = &b, .root = root, .any_rule = SG_NONE, .owned = json_array(), .tools = tools,
+            .fn = -1, .failed_fn = -1};
     sg_frag *frags = NULL;
     vlmd_status st;
     *out = NULL;
@@ -1461,15 +1556,21 @@ static vlmd_status compile(const json_t *root, bool compact, vlmd_grammar **out,
         b.path_len = strlen(b.path);
         c.depth = 0;
         c.n_active = 0;
+        c.root = rd->root;
+        c.fn = rd->fn;
         sg_frag f;
         if (r == c.any_rule)
             f = any_value_body(&c);
+        else if (r == 0 && tools)
+            f = tool_calls_body(&c);
         else if (!rd->node)
             f = any_object(&c);
         else {
             c.active[c.n_active++] = rd->node;
             f = schema(&c, rd->node);
         }
+        if (b.failed && c.failed_fn < 0)
+            c.failed_fn = c.fn;
         c.rules[r].frag = f;     /* c.rules may have moved */
     }
     if (!b.failed) {
@@ -1479,13 +1580,17 @@ static vlmd_status compile(const json_t *root, bool compact, vlmd_grammar **out,
         for (size_t r = 0; frags && r < c.n_rules; r++)
             frags[r] = c.rules[r].frag;
     }
-    if (b.failed)
+    if (b.failed) {
         st = err ? err->status : VLMD_ERR_INVALID_ARG;
-    else {
+        if (tools && c.failed_fn >= 0)
+            vlmd_error_prefix(err, "functions[%d].parameters", c.failed_fn);
+    } else {
         /* the whole grammar's limits are the whole schema's */
         vlmd_strlcpy(b.path, "#", sizeof b.path);
         b.path_len = 1;
         st = sg_grammar_finish(&b, frags, (uint32_t)c.n_rules, out, err);
+        if (st != VLMD_OK && tools)
+            vlmd_error_prefix(err, "functions");
     }
 done:
     for (size_t r = 0; r < c.n_rules; r++)
@@ -1504,7 +1609,7 @@ vlmd_status vlmd_grammar_compile_schema_json(const json_t *schema_json,
     *out = NULL;
     if (!schema_json)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "#: no schema");
-    return compile(schema_json, opt && opt->compact, out, err);
+    return compile(schema_json, NULL, opt && opt->compact, out, err);
 }
 
 vlmd_status vlmd_grammar_compile_schema(const char *text, size_t len,
@@ -1519,7 +1624,7 @@ vlmd_status vlmd_grammar_compile_schema(const char *text, size_t len,
     json_t *s = json_loadb(text, len, JSON_DECODE_ANY, &je);
     if (!s)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "#: the schema is not JSON: %s", je.text);
-    vlmd_status st = compile(s, opt && opt->compact, out, err);
+    vlmd_status st = compile(s, NULL, opt && opt->compact, out, err);
     json_decref(s);
     return st;
 }
@@ -1528,7 +1633,7 @@ vlmd_status vlmd_grammar_compile_json_object(const vlmd_grammar_options *opt, vl
                                              vlmd_error *err)
 {
     *out = NULL;
-    return compile(NULL, opt && opt->compact, out, err);
+    return compile(NULL, NULL, opt && opt->compact, out, err);
 }
 
 /* A single-rule grammar from a builder whose fragment is the whole output. */
@@ -1567,4 +1672,128 @@ vlmd_status vlmd_grammar_compile_regex(const char *pattern, size_t len, vlmd_gra
     b.path_len = strlen(b.path);
     sg_frag f = sg_regex(&b, pattern, len, SG_TEXT_RAW);
     return finish_one(&b, f, out, err);
+}
+
+vlmd_status vlmd_grammar_compile_tool_calls(const vlmd_tool_function *fns, size_t n,
+                                            vlmd_tool_call_start start, bool parallel,
+                                            const vlmd_grammar_options *opt, vlmd_grammar **out,
+                                            vlmd_error *err)
+{
+    *out = NULL;
+    if (n == 0 || n > VLMD_GRAMMAR_MAX_FUNCTIONS)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "functions: %zu; 1 to %d", n,
+                           VLMD_GRAMMAR_MAX_FUNCTIONS);
+    if ((unsigned)start > VLMD_TOOL_CALL_AFTER_OPEN)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "start: %d is not a start", (int)start);
+    for (size_t i = 0; i < n; i++)
+        if (fns[i].name_len == 0 || fns[i].name_len > VLMD_GRAMMAR_MAX_FUNCTION_NAME)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "functions[%zu].name: %zu bytes; 1 to "
+                               "%d", i, fns[i].name_len, VLMD_GRAMMAR_MAX_FUNCTION_NAME);
+    tool_calls t = {fns, n, start, parallel};
+    return compile(NULL, &t, opt && opt->compact, out, err);
+}
+
+/* The spec's start names, in vlmd_tool_call_start order. */
+static const char *const call_starts[] = {"name", "arguments", "open"};
+
+vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
+                                                 const vlmd_grammar_options *opt,
+                                                 vlmd_grammar **out, vlmd_error *err)
+{
+    *out = NULL;
+    if (len > VLMD_GRAMMAR_MAX_SCHEMA_BYTES)
+        return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "tool calls: a spec over %u bytes",
+                           VLMD_GRAMMAR_MAX_SCHEMA_BYTES);
+    json_error_t je;
+    json_t *spec = json_loadb(text, len, 0, &je);
+    if (!spec)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "tool calls: the spec is not JSON: %s",
+                           je.text);
+    const json_t *start = json_object_get(spec, "start"), *fl = json_object_get(spec, "functions");
+    const json_t *parallel = json_object_get(spec, "parallel");
+    int st_i = -1;
+    for (int i = 0; i < 3 && json_is_string(start); i++)
+        if (!strcmp(json_string_value(start), call_starts[i]))
+            st_i = i;
+    size_t n = json_array_size(fl);
+    vlmd_tool_function *fns = n <= VLMD_GRAMMAR_MAX_FUNCTIONS ? calloc(n ? n : 1, sizeof *fns)
+                                                              : NULL;
+    vlmd_status st = VLMD_OK;
+    if (st_i < 0 || !json_is_boolean(parallel) || !json_is_array(fl))
+        st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "tool calls: the spec must be {\"start\": "
+                         "\"name\"|\"arguments\"|\"open\", \"parallel\": bool, \"functions\": "
+                         "[{\"name\", \"parameters\"}]}");
+    else if (!fns)
+        st = n > VLMD_GRAMMAR_MAX_FUNCTIONS
+                 ? vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "functions: %zu; at most %d", n,
+                               VLMD_GRAMMAR_MAX_FUNCTIONS)
+                 : vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; st == VLMD_OK && i < n; i++) {
+        const json_t *fn = json_array_get(fl, i), *name = json_object_get(fn, "name");
+        const json_t *params = json_object_get(fn, "parameters");
+        if (!json_is_string(name) || (params && !json_is_null(params) && !json_is_object(params) &&
+                                      !json_is_boolean(params)))
+            st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "functions[%zu]: a name (a string) and "
+                             "parameters (a schema or null) are needed", i);
+        fns[i] = (vlmd_tool_function){json_string_value(name), json_string_length(name),
+                                      json_is_null(params) ? NULL : params};
+    }
+    if (st == VLMD_OK)
+        st = vlmd_grammar_compile_tool_calls(fns, n, (vlmd_tool_call_start)st_i,
+                                             json_is_true(parallel), opt, out, err);
+    free(fns);
+    json_decref(spec);
+    return st;
+}
+
+/* A JSON list of strings (choice's text) into vlmd_grammar_compile_choice. */
+static vlmd_status compile_choice_text(const char *text, size_t len, vlmd_grammar **out,
+                                       vlmd_error *err)
+{
+    json_error_t je;
+    json_t *list = json_loadb(text, len, JSON_ALLOW_NUL, &je);
+    size_t n = json_array_size(list);
+    const char **items = n ? calloc(n, sizeof *items) : NULL;
+    size_t *lens = n ? calloc(n, sizeof *lens) : NULL;
+    vlmd_status st = VLMD_OK;
+    if (!json_is_array(list) || n == 0)
+        st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "choice: a non-empty JSON list of strings "
+                         "is needed%s%s", list ? "" : ": ", list ? "" : je.text);
+    else if (!items || !lens)
+        st = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; st == VLMD_OK && i < n; i++) {
+        const json_t *s = json_array_get(list, i);
+        if (!json_is_string(s))
+            st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "choice[%zu] is not a string", i);
+        items[i] = json_string_value(s);
+        lens[i] = json_string_length(s);
+    }
+    if (st == VLMD_OK)
+        st = vlmd_grammar_compile_choice(items, lens, n, out, err);
+    free(items);
+    free(lens);
+    json_decref(list);
+    return st;
+}
+
+vlmd_status vlmd_grammar_compile_text(const char *form, const char *text, size_t len,
+                                      vlmd_grammar **out, vlmd_error *err)
+{
+    *out = NULL;
+    if (!text && len)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: NULL text of %zu bytes", form, len);
+    if (len > VLMD_GRAMMAR_MAX_SCHEMA_BYTES)
+        return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "%s: a text over %u bytes", form,
+                           VLMD_GRAMMAR_MAX_SCHEMA_BYTES);
+    if (!strcmp(form, "json_schema"))
+        return vlmd_grammar_compile_schema(text ? text : "", len, NULL, out, err);
+    if (!strcmp(form, "json_object"))
+        return vlmd_grammar_compile_json_object(NULL, out, err);
+    if (!strcmp(form, "regex"))
+        return vlmd_grammar_compile_regex(text ? text : "", len, out, err);
+    if (!strcmp(form, "choice"))
+        return compile_choice_text(text ? text : "", len, out, err);
+    if (!strcmp(form, "tool_calls"))
+        return vlmd_grammar_compile_tool_calls_spec(text ? text : "", len, NULL, out, err);
+    return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "'%s' is not a grammar form", form);
 }

@@ -104,6 +104,53 @@ vlmd_status vlmd_grammar_compile_choice(const char *const *choices, const size_t
  * the syntax of docs/API.md: classes, escapes, quantifiers, groups, alternation). */
 vlmd_status vlmd_grammar_compile_regex(const char *pattern, size_t len, vlmd_grammar **out,
                                        vlmd_error *err);
+
+/* Tool calls as Qwen's hermes template writes them: each call is
+ *     {"name": "NAME", "arguments": ARGS}\n</tool_call>
+ * with NAME one of the functions' names and ARGS a JSON value of that
+ * function's parameters schema (any JSON object when it has none); parallel
+ * calls follow as "\n<tool_call>\n{..." again; then the output ends. The
+ * output starts where the prompt or the model left it (start):
+ *   AT_NAME       after `<tool_call>\n{"name": "` (the prompt forced a call);
+ *   AT_ARGUMENTS  after `<tool_call>\n{"name": "NAME", "arguments": ` with
+ *                 NAME fns[0]'s (a named function forced; later parallel
+ *                 calls may be any function);
+ *   AFTER_OPEN    after the `<tool_call>` the model wrote itself: "\n{..."
+ * The strings match frontend/tools.c's prompt and the template's calls
+ * byte for byte. 1 to VLMD_GRAMMAR_MAX_FUNCTIONS functions, names of 1 to
+ * VLMD_GRAMMAR_MAX_FUNCTION_NAME bytes (JSON-escaped where needed). A
+ * failure in a function's schema names it: "functions[2].parameters: #/...". */
+#define VLMD_GRAMMAR_MAX_FUNCTIONS 128
+#define VLMD_GRAMMAR_MAX_FUNCTION_NAME 256
+typedef enum vlmd_tool_call_start {
+    VLMD_TOOL_CALL_AT_NAME,
+    VLMD_TOOL_CALL_AT_ARGUMENTS,
+    VLMD_TOOL_CALL_AFTER_OPEN,
+} vlmd_tool_call_start;
+typedef struct vlmd_tool_function {
+    const char *name;               /* name_len bytes (borrowed) */
+    size_t name_len;
+    const json_t *parameters;       /* a JSON Schema, borrowed as for _schema_json; NULL: any object */
+} vlmd_tool_function;
+vlmd_status vlmd_grammar_compile_tool_calls(const vlmd_tool_function *fns, size_t n,
+                                            vlmd_tool_call_start start, bool parallel,
+                                            const vlmd_grammar_options *opt, vlmd_grammar **out,
+                                            vlmd_error *err);
+/* The same from its spec as REQUEST_SUBMIT carries it (at most
+ * VLMD_GRAMMAR_MAX_SCHEMA_BYTES of JSON):
+ *   {"start": "name" | "arguments" | "open", "parallel": true | false,
+ *    "functions": [{"name": "...", "parameters": SCHEMA or null}, ...]} */
+vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
+                                                 const vlmd_grammar_options *opt,
+                                                 vlmd_grammar **out, vlmd_error *err);
+/* One entry point for a grammar as a request carries it (proto.h's
+ * vlmd_grammar_kind by its name, vlmd_grammar_kind_str): "json_schema" (the
+ * schema's text), "json_object" (text ignored), "regex" (the pattern),
+ * "choice" (a JSON list of strings), "tool_calls" (the spec above); at most
+ * VLMD_GRAMMAR_MAX_SCHEMA_BYTES of text. Fails as the form's compiler does;
+ * an unknown form is VLMD_ERR_INVALID_ARG. */
+vlmd_status vlmd_grammar_compile_text(const char *form, const char *text, size_t len,
+                                      vlmd_grammar **out, vlmd_error *err);
 void vlmd_grammar_free(vlmd_grammar *g);    /* accepts NULL */
 
 /* Automaton states after compilation (for logs and benchmarks). */

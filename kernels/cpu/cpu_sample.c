@@ -1,5 +1,6 @@
 /* cpu_sample.c - the sampling op of the CPU backend: the reference the CUDA
  * kernel is tested against (the semantics are in ops.h). Sums in double. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,10 +89,16 @@ static void sample_row(vlmd_sample_out *o, float *x, const vlmd_sample_row *r, i
             v -= r->presence_penalty + r->frequency_penalty * (float)e->output_count;
         x[e->id] = v + e->bias;
     }
+    if (r->mask)
+        for (int i = 0; i < vocab; i++)
+            if (!(r->mask[i >> 5] >> (i & 31) & 1u))
+                x[i] = -INFINITY;
     int32_t tok = argmax_except(x, vocab, NULL, 0);
     if (r->temperature > 0) {
         float mx = x[tok], thr = threshold(x, vocab, r, mx, sorted);
         double inv_t = 1.0 / r->temperature, mass = 0, acc = 0;
+        if (thr == -INFINITY) /* a banned or masked token is never kept */
+            thr = -FLT_MAX;
         for (int i = 0; i < vocab; i++)
             if (x[i] >= thr)
                 mass += exp((double)(x[i] - mx) * inv_t);

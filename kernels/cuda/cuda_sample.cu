@@ -220,6 +220,12 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         x[e->id] = __float2bfloat16(v + e->bias);
     }
     __syncthreads();
+    if (r.mask) { /* constrained decoding: what the mask leaves out is -inf */
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+            if (!(r.mask[i >> 5] >> (i & 31) & 1u))
+                x[i] = __float2bfloat16(-INFINITY);
+        __syncthreads();
+    }
     arg_max best = block_argmax(&bs, x, vocab, 0);
     int tok = best.id;
     if (r.temperature > 0) {
@@ -233,6 +239,8 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
         if (r.min_p > 0) /* the smallest bf16 at or above max + T log(min_p) */
             thr = max(thr, key_of(__float2bfloat16_ru(mx + r.temperature * logf(r.min_p))));
+        /* a banned or masked token (-inf) is never kept, even as the draw's fallback */
+        thr = max(thr, key_of(__float2bfloat16(-INFINITY)) + 1);
         float mass = mass_from(&bs, x, vocab, thr, mx, inv_t);
         float u = (float)(vlmd_sample_uniform(r.seed, r.draw) * mass);
         tok = draw(&bs, x, vocab, thr, mx, inv_t, u);

@@ -266,8 +266,9 @@ test('validation: each bad field gets a 400 naming it, and the server keeps serv
     [{ min_tokens: 3, max_tokens: 2 }, 400, 'min_tokens'],
     [{ stop_token_ids: [99999999] }, 400, 'stop_token_ids'],
     [{ stop_token_ids: Array(9).fill(5) }, 400, 'stop_token_ids'],
+    [{ response_format: { type: 'xml' } }, 400, 'response_format.type'],
+    [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { not: {} } } } }, 400, 'response_format.json_schema.schema'],
     // fields whose answer vlmd cannot give are refused by name, not ignored
-    [{ response_format: { type: 'json_object' } }, 400, 'response_format'],
     [{ tools: [{ type: 'function', function: { name: 'a b' } }] }, 400, 'tools[0].function'],
     [{ tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }, 400, 'tool_choice'],
     [{ messages: [{ role: 'tool', content: '18 C' }] }, 400, 'messages[0].tool_call_id'],

@@ -461,21 +461,19 @@ Test(api_request, a_file_part_with_an_image_is_an_image)
     vlmd_tokenizer_free(tok);
 }
 
-/* response_format: its shape is checked field by field; then a JSON format is
- * refused by name (one place, for chat and Responses), text passes. */
-Test(api_request, response_format_is_checked_then_json_is_refused)
+/* response_format: its shape is checked field by field (the grammars it
+ * becomes: test_api_grammar); text is free text. */
+Test(api_request, response_format_shape_is_checked_field_by_field)
 {
-    api_format f;
+    api_grammar g;
     api_error e;
     json_t *v = json_loads("{\"type\": \"text\"}", 0, NULL);
-    cr_expect(api_format_parse(v, false, "response_format", &f, &e));
-    cr_expect_eq(f.type, API_FORMAT_TEXT);
+    cr_expect(api_grammar_format(v, false, "response_format", &g, &e));
+    cr_expect_eq(g.kind, VLMD_GRAMMAR_NONE);
     json_decref(v);
-    cr_expect(api_format_parse(NULL, false, "response_format", &f, &e));
+    cr_expect(api_grammar_format(NULL, false, "response_format", &g, &e));
+    cr_expect_eq(g.kind, VLMD_GRAMMAR_NONE);
     static const char *const cases[][3] = {
-        {"{\"type\": \"json_object\"}", "response_format", "unsupported_parameter"},
-        {"{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": {}}}",
-         "response_format", "unsupported_parameter"},
         {"{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"a b\", \"schema\": {}}}",
          "response_format.json_schema.name", "invalid_value"},
         {"{\"type\": \"json_schema\", \"json_schema\": {\"name\": \"x\", \"schema\": 5}}",
@@ -490,21 +488,16 @@ Test(api_request, response_format_is_checked_then_json_is_refused)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         v = json_loads(cases[i][0], JSON_DECODE_ANY, NULL);
         cr_assert_not_null(v, "%s", cases[i][0]);
-        cr_expect_not(api_format_parse(v, false, "response_format", &f, &e), "%s", cases[i][0]);
+        cr_expect_not(api_grammar_format(v, false, "response_format", &g, &e), "%s", cases[i][0]);
         cr_expect_str_eq(e.param, cases[i][1], "%s", cases[i][0]);
         cr_expect_str_eq(e.code, cases[i][2], "%s", cases[i][0]);
-        json_decref(f.schema);
+        api_grammar_free(&g);
         json_decref(v);
     }
     /* the flat shape of the Responses API's text.format */
     v = json_loads("{\"type\": \"json_schema\", \"name\": \"x\", \"schema\": {\"type\": "
-                   "\"object\"}, \"strict\": true}", 0, NULL);
-    cr_expect_not(api_format_parse(v, true, "text.format", &f, &e));
-    cr_expect_str_eq(e.param, "text.format");
-    cr_expect_str_eq(e.code, "unsupported_parameter");
-    cr_expect_eq(f.type, API_FORMAT_JSON_SCHEMA, "parsed before it is refused");
-    cr_expect_str_eq(f.name, "x");
-    cr_expect(f.strict);
-    json_decref(f.schema);
+                   "\"object\"}, \"strict\": 1}", 0, NULL);
+    cr_expect_not(api_grammar_format(v, true, "text.format", &g, &e));
+    cr_expect_str_eq(e.param, "text.format.strict");
     json_decref(v);
 }

@@ -524,9 +524,12 @@ Test(cuda_ops, vision_pos_embed)
 }
 
 /* Sampling over a real vocabulary (152064, Qwen2's): greedy, temperature
- * alone, top-k, top-p, min-p, penalties, logit biases and logprobs. The same logits and
- * random numbers: greedy rows agree exactly; a drawn token may differ only
- * where the kept set's sums round differently (rare), logprobs within 1e-2. */
+ * alone, top-k, top-p, min-p, penalties, logit biases, logprobs and token
+ * masks (rows 2 and 10: one allowed token; 6: a sparse mask; 4, 12, 14:
+ * dense ones; 4 and 12 greedy). The same logits and random numbers: greedy rows agree
+ * exactly; a drawn token may differ only where the kept set's sums round
+ * differently (rare), logprobs within 1e-2; a masked row's token is one its
+ * mask allows, on both. */
 Test(cuda_ops, sample_against_the_reference)
 {
     pair p;
@@ -557,11 +560,26 @@ Test(cuda_ops, sample_against_the_reference)
             rows[i].n_seen = SEEN;
         }
     }
+    enum { W = (V + 31) / 32 };
+#define MASKED(i) ((i) % 4 == 2 || (i) % 8 == 4)
+    uint32_t *masks = calloc((size_t)N * W, sizeof *masks);
+    for (int i = 2; i < N; i += 2) {
+        if (!MASKED(i))
+            continue;
+        uint32_t *mk = masks + (size_t)i * W;
+        for (int t = 0; t < V; t++) {
+            bool on = i % 8 == 2 ? t == (i * 9973) % V              /* one token */
+                      : i % 16 == 6 ? random_u32() % 64 == 0        /* sparse */
+                                   : random_u32() % 2 == 0;         /* dense */
+            mk[t / 32] |= (uint32_t)on << (t % 32);
+        }
+    }
     vlmd_sample_out out[2][N];
     vlmd_backend *bs[2] = {p.cpu, p.gpu};
     for (int b = 0; b < 2; b++) {
         vlmd_sample_row dev_rows[N];
         void *dseen = NULL, *drows = NULL, *dout = NULL;
+        uint32_t *dmasks = ints_on(bs[b], (const int32_t *)masks, (size_t)N * W);
         cr_assert_eq(vlmd_backend_alloc(bs[b], N * sizeof seen, &dseen, NULL), VLMD_OK);
         cr_assert_eq(vlmd_backend_alloc(bs[b], sizeof dev_rows, &drows, NULL), VLMD_OK);
         cr_assert_eq(vlmd_backend_alloc(bs[b], sizeof out[b], &dout, NULL), VLMD_OK);
@@ -570,6 +588,8 @@ Test(cuda_ops, sample_against_the_reference)
             vlmd_backend_copy_to_device(bs[b], own, seen, sizeof seen, NULL);
             dev_rows[i] = rows[i];
             dev_rows[i].seen = own;
+            if (MASKED(i))
+                dev_rows[i].mask = dmasks + (size_t)i * W;
         }
         vlmd_backend_copy_to_device(bs[b], drows, dev_rows, sizeof dev_rows, NULL);
         vlmd_backend_ops(bs[b])->sample(bs[b], dout, on(bs[b], logits, (size_t)N * V), drows, N,
@@ -581,6 +601,11 @@ Test(cuda_ops, sample_against_the_reference)
         if (rows[i].temperature <= 0)
             cr_expect_eq(out[1][i].token, out[0][i].token, "greedy row %d", i);
         differ += out[1][i].token != out[0][i].token;
+        for (int b = 0; b < 2 && MASKED(i); b++) {
+            int32_t t = out[b][i].token;
+            cr_expect(t >= 0 && t < V && (masks[(size_t)i * W + t / 32] >> (t % 32) & 1),
+                      "row %d (backend %d): token %d is not in its mask", i, b, t);
+        }
         if (rows[i].n_top < 0)
             continue;
         cr_expect_eq(out[1][i].n_top, out[0][i].n_top);
@@ -592,6 +617,8 @@ Test(cuda_ops, sample_against_the_reference)
     }
     cr_expect_leq(differ, 1, "%d of %d tokens differ", differ, N);
     free(logits);
+    free(masks);
+#undef MASKED
     close_pair(&p);
 }
 

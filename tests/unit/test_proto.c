@@ -23,6 +23,8 @@ static float sample_logprobs[] = {-0.5f, -1.25f, -3.0f, 0.0f, -10.5f};
 static uint32_t sample_top_ids[] = {1, 9, 2, 8, 3, 7, 4, 6, 5, 5};      /* 5 tokens x 2 */
 static float sample_top_lps[] = {-0.5f, -2, -1.25f, -3, -3, -4, 0, -1, -10.5f, -11};
 static uint8_t sample_bytes[] = {0x89, 'P', 'N', 'G', 0, 1, 2, 255};
+/* a grammar's text is bytes: no NUL terminator, a NUL inside is fine */
+static char sample_schema[] = "{\"type\": \"object\", \"required\": [\"a\"]}\0!";
 
 static vlmd_image_ref sample_image(int k)
 {
@@ -96,7 +98,9 @@ static vlmd_msg sample(vlmd_msg_type t)
             .sampling = {0.7, 0.9, 40, 0.05, 0.5, -0.5, 1.1, UINT64_MAX - 1, true},
             .stop_tokens = sample_stops, .n_stop_tokens = 3, .top_logprobs = 20,
             .logprobs = true, .images = sample_images, .n_images = 3, .session = "user-42",
-            .ignore_eos = true, .logit_bias = sample_bias, .n_logit_bias = 2, .min_tokens = 9};
+            .ignore_eos = true, .logit_bias = sample_bias, .n_logit_bias = 2, .min_tokens = 9,
+            .grammar = {VLMD_GRAMMAR_TOOL_CALLS, sample_schema, (uint32_t)sizeof sample_schema,
+                        151657, -1}};
         break;
     case VLMD_MSG_REQUEST_CANCEL:
         m.u.request_cancel = (vlmd_msg_request_cancel){8, VLMD_FINISH_CANCELLED};
@@ -246,6 +250,9 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
         EQ(req_id); ARR(tokens, n_tokens); EQ(max_tokens); ARR(stop_tokens, n_stop_tokens);
         EQ(top_logprobs); EQ(logprobs); EQ(n_images); STR(session); EQ(ignore_eos);
         EQ(n_logit_bias); EQ(min_tokens);
+        EQ(grammar.kind); EQ(grammar.n_text); EQ(grammar.trigger); EQ(grammar.trigger_after);
+        if (a->grammar.n_text == b->grammar.n_text && a->grammar.n_text)
+            cr_expect_arr_eq(a->grammar.text, b->grammar.text, a->grammar.n_text);
         for (uint32_t i = 0; i < a->n_logit_bias && i < b->n_logit_bias; i++) {
             EQ(logit_bias[i].id); EQ(logit_bias[i].bias);
         }
@@ -433,8 +440,14 @@ Test(proto, arrays_at_the_limit_round_trip)
         bias[i] = (vlmd_logit_bias){i * 7, (double)i / 16 - 32};
     m.u.request_submit.logit_bias = bias;
     m.u.request_submit.n_logit_bias = VLMD_PROTO_MAX_LOGIT_BIAS;
+    char *schema = malloc(VLMD_PROTO_MAX_GRAMMAR_BYTES);
+    for (uint32_t i = 0; i < VLMD_PROTO_MAX_GRAMMAR_BYTES; i++)
+        schema[i] = (char)(' ' + i % 90);
+    m.u.request_submit.grammar = (vlmd_request_grammar){VLMD_GRAMMAR_JSON_SCHEMA, schema,
+                                                        VLMD_PROTO_MAX_GRAMMAR_BYTES, -1, -1};
     round_trip(&m);
     free(bias);
+    free(schema);
 
     m = sample(VLMD_MSG_TOKEN_CHUNK);
     m.u.token_chunk.tokens = many;
@@ -533,6 +546,15 @@ static void bias_over(vlmd_msg *m)
     m->u.request_submit.n_logit_bias = VLMD_PROTO_MAX_LOGIT_BIAS + 1;
 }
 static void top_logprobs_21(vlmd_msg *m) { m->u.request_submit.top_logprobs = 21; }
+static void grammar_kind_past(vlmd_msg *m)
+{
+    m->u.request_submit.grammar.kind = VLMD_GRAMMAR_KIND_COUNT;
+}
+static void grammar_over(vlmd_msg *m)
+{
+    m->u.request_submit.grammar.n_text = VLMD_PROTO_MAX_GRAMMAR_BYTES + 1;
+}
+static void null_grammar(vlmd_msg *m) { m->u.request_submit.grammar.text = NULL; }
 static void nan_temperature(vlmd_msg *m) { m->u.request_submit.sampling.temperature = NAN; }
 static void inf_top_p(vlmd_msg *m) { m->u.request_submit.sampling.top_p = INFINITY; }
 static void workers_over(vlmd_msg *m)
@@ -574,6 +596,9 @@ static const encode_case encode_cases[] = {
     {"logit_bias over the limit", VLMD_MSG_REQUEST_SUBMIT, bias_over},
     {"NULL images with a count", VLMD_MSG_REQUEST_SUBMIT, null_images},
     {"top_logprobs 21", VLMD_MSG_REQUEST_SUBMIT, top_logprobs_21},
+    {"a grammar kind past the last", VLMD_MSG_REQUEST_SUBMIT, grammar_kind_past},
+    {"a grammar over the limit", VLMD_MSG_REQUEST_SUBMIT, grammar_over},
+    {"NULL grammar text with a length", VLMD_MSG_REQUEST_SUBMIT, null_grammar},
     {"NaN temperature", VLMD_MSG_REQUEST_SUBMIT, nan_temperature},
     {"infinite top_p", VLMD_MSG_REQUEST_SUBMIT, inf_top_p},
     {"workers over the limit", VLMD_MSG_STATS_SNAPSHOT, workers_over},
@@ -964,6 +989,19 @@ static void v_config_nul(msgpack_packer *pk)
     pack_key(pk, "a");
     msgpack_pack_str_with_body(pk, "x\0y", 3);
 }
+static void v_grammar_kinds(msgpack_packer *pk) { msgpack_pack_uint32(pk, VLMD_GRAMMAR_KIND_COUNT); }
+static void v_grammar_over(msgpack_packer *pk)
+{
+    uint8_t *p = calloc(1, VLMD_PROTO_MAX_GRAMMAR_BYTES + 1);
+    msgpack_pack_bin_with_body(pk, p, VLMD_PROTO_MAX_GRAMMAR_BYTES + 1);
+    free(p);
+}
+static void v_grammar_max(msgpack_packer *pk)
+{
+    uint8_t *p = calloc(1, VLMD_PROTO_MAX_GRAMMAR_BYTES);
+    msgpack_pack_bin_with_body(pk, p, VLMD_PROTO_MAX_GRAMMAR_BYTES);
+    free(p);
+}
 static void v_data_over(msgpack_packer *pk)
 {
     uint8_t *p = calloc(1, VLMD_PROTO_MAX_IMAGE_BYTES + 1);
@@ -1042,6 +1080,10 @@ static const mutation bad_bodies[] = {
     SET(REQUEST_SUBMIT, sampling.has_seed, v_one, VLMD_ERR_PROTO),
     SET(REQUEST_SUBMIT, sampling.seed, v_neg, VLMD_ERR_PROTO),
     SET(REQUEST_SUBMIT, images.grid_h, v_2p32, VLMD_ERR_PROTO),
+    SET(REQUEST_SUBMIT, grammar.kind, v_grammar_kinds, VLMD_ERR_PROTO),
+    SET(REQUEST_SUBMIT, grammar.kind, v_neg, VLMD_ERR_PROTO),
+    SET(REQUEST_SUBMIT, grammar.trigger, v_2p63, VLMD_ERR_PROTO),
+    SET(REQUEST_SUBMIT, grammar.trigger_after, v_str, VLMD_ERR_PROTO),
     SET(STATS_SNAPSHOT, workers.state, v_3, VLMD_ERR_PROTO),
     SET(STATS_SNAPSHOT, workers.role, v_5, VLMD_ERR_PROTO),
     SET(IMAGE_RESULT, image.token_count, v_neg, VLMD_ERR_PROTO),
@@ -1061,6 +1103,8 @@ static const mutation bad_bodies[] = {
     SET(IMAGE_JOB, data, v_str, VLMD_ERR_PROTO),
     SET(IMAGE_JOB, data, v_data_over, VLMD_ERR_TOO_LARGE),
     SET(REQUEST_SUBMIT, images.hash, v_hash31, VLMD_ERR_PROTO),
+    SET(REQUEST_SUBMIT, grammar.text, v_str, VLMD_ERR_PROTO),
+    SET(REQUEST_SUBMIT, grammar.text, v_grammar_over, VLMD_ERR_TOO_LARGE),
     SET(IMAGE_RESULT, image.hash, v_hash33, VLMD_ERR_PROTO),
     /* arrays and maps */
     SET(REQUEST_SUBMIT, tokens, v_tokens_over, VLMD_ERR_TOO_LARGE),
@@ -1075,6 +1119,8 @@ static const mutation bad_bodies[] = {
     SET(REQUEST_SUBMIT, images, v_str, VLMD_ERR_PROTO),
     SET(REQUEST_SUBMIT, sampling, v_array, VLMD_ERR_PROTO),
     SET(REQUEST_SUBMIT, sampling, v_map, VLMD_ERR_PROTO),
+    SET(REQUEST_SUBMIT, grammar, v_array, VLMD_ERR_PROTO),
+    SET(REQUEST_SUBMIT, grammar, v_map, VLMD_ERR_PROTO),
     SET(STATS_SNAPSHOT, workers, v_workers_over, VLMD_ERR_TOO_LARGE),
     SET(STATS_SNAPSHOT, workers.config, v_config_over, VLMD_ERR_TOO_LARGE),
     SET(HELLO, config, v_config_over, VLMD_ERR_TOO_LARGE),
@@ -1102,6 +1148,7 @@ static const mutation bad_bodies[] = {
     /* required fields (the test below drops every one of them) */
     DROP(HELLO, config),
     DROP(REQUEST_SUBMIT, sampling.seed),
+    DROP(REQUEST_SUBMIT, grammar.text),
     DROP(REQUEST_SUBMIT, images.hash),
     DROP(STATS_SNAPSHOT, workers.version),
     DROP(IMAGE_RESULT, image.grid_w),
@@ -1118,6 +1165,8 @@ static const mutation good_bodies[] = {
     SET(REQUEST_SUBMIT, sampling.top_p, v_f32, VLMD_OK),
     SET(REQUEST_SUBMIT, sampling.presence_penalty, v_neg, VLMD_OK),
     SET(TOKEN_CHUNK, logprobs, v_logprobs_f64, VLMD_OK),
+    SET(REQUEST_SUBMIT, grammar.text, v_grammar_max, VLMD_OK),
+    SET(REQUEST_SUBMIT, grammar.trigger, v_neg, VLMD_OK),
     SET(SHUTDOWN, reason, v_str_max, VLMD_OK),
     SET(WORKER_EXIT, exit_status, v_neg, VLMD_OK),
 };
@@ -1201,6 +1250,7 @@ static const field_ref optional_fields[] = {
     {VLMD_MSG_REQUEST_SUBMIT, "session"},   {VLMD_MSG_TOKEN_CHUNK, "max_tokens_capped"},
     {VLMD_MSG_REQUEST_SUBMIT, "ignore_eos"}, {VLMD_MSG_TOKEN_CHUNK, "cached_tokens"},
     {VLMD_MSG_REQUEST_SUBMIT, "logit_bias"}, {VLMD_MSG_REQUEST_SUBMIT, "min_tokens"},
+    {VLMD_MSG_REQUEST_SUBMIT, "grammar"},
 };
 /* Optional too, but they travel together: dropping one alone is a shape mismatch. */
 static const field_ref coupled_fields[] = {
@@ -1250,6 +1300,10 @@ static void drop_and_check(vlmd_msg_type t, const char *path)
         cr_expect(!out.u.heartbeat.counters && !out.u.heartbeat.n_counters);
     if (t == VLMD_MSG_REQUEST_SUBMIT && !strcmp(key, "data"))
         cr_expect(!out.u.request_submit.images[0].data && !out.u.request_submit.images[0].n_data);
+    if (t == VLMD_MSG_REQUEST_SUBMIT && !strcmp(path, "grammar"))
+        cr_expect(out.u.request_submit.grammar.kind == VLMD_GRAMMAR_NONE &&
+                  !out.u.request_submit.grammar.text && !out.u.request_submit.grammar.n_text,
+                  "no grammar: free text");
     if (t == VLMD_MSG_TOKEN_CHUNK && !strcmp(key, "error_image"))
         cr_expect_eq(out.u.token_chunk.error_image, 0);
     if (t == VLMD_MSG_IMAGE_JOB && !strcmp(key, "token_count"))
@@ -1470,4 +1524,8 @@ Test(proto, names)
     cr_expect_str_eq(vlmd_finish_reason_str(VLMD_FINISH_ERROR), "error");
     cr_expect_str_eq(vlmd_finish_reason_str(VLMD_FINISH_COUNT), "?");
     cr_expect_str_eq(vlmd_finish_reason_str((vlmd_finish_reason)-1), "?");
+    cr_expect_str_eq(vlmd_grammar_kind_str(VLMD_GRAMMAR_NONE), "none");
+    cr_expect_str_eq(vlmd_grammar_kind_str(VLMD_GRAMMAR_JSON_SCHEMA), "json_schema");
+    cr_expect_str_eq(vlmd_grammar_kind_str(VLMD_GRAMMAR_TOOL_CALLS), "tool_calls");
+    cr_expect_str_eq(vlmd_grammar_kind_str(VLMD_GRAMMAR_KIND_COUNT), "?");
 }

@@ -261,10 +261,9 @@ Test(responses, malformed_and_unsupported_fields_are_refused_by_name, .init = se
         {"{\"input\": \"x\", \"text\": 1}", "text", "invalid_type"},
         {"{\"input\": \"x\", \"text\": {\"verbosity\": \"max\"}}", "text.verbosity",
          "invalid_value"},
-        {"{\"input\": \"x\", \"text\": {\"format\": {\"type\": \"json_object\"}}}", "text.format",
-         "unsupported_parameter"},
         {"{\"input\": \"x\", \"text\": {\"format\": {\"type\": \"json_schema\", \"name\": \"s\", "
-         "\"schema\": {\"type\": \"object\"}}}}", "text.format", "unsupported_parameter"},
+         "\"schema\": {\"type\": \"integer\", \"multipleOf\": 2}}}}", "text.format.schema",
+         "invalid_value"},
         {"{\"input\": \"x\", \"text\": {\"format\": {\"type\": \"json_schema\", \"schema\": "
          "{}}}}", "text.format.name", "invalid_value"},
         {"{\"input\": \"x\", \"text\": {\"format\": {\"type\": \"yaml\"}}}", "text.format.type",

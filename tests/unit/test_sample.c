@@ -216,3 +216,91 @@ Test(sample, logprobs_come_from_the_raw_row)
     cr_expect_float_eq(out.logprob, 3.0 - log(z), 1e-5);
     vlmd_backend_destroy(b);
 }
+
+/* ---- masks (constrained decoding) ------------------------------------------------------ */
+
+enum { MV = 40 }; /* two mask words, the second partly used */
+
+/* Logits rising with the id, and a mask that allows only `ids`. */
+static void masked_row(float *x, uint32_t mask[2], const int *ids, int n)
+{
+    for (int i = 0; i < MV; i++)
+        x[i] = 0.1f * (float)i;
+    mask[0] = mask[1] = 0;
+    for (int k = 0; k < n; k++)
+        mask[ids[k] / 32] |= 1u << (ids[k] % 32);
+}
+
+static int32_t pick_masked(vlmd_backend *b, const int *ids, int n, vlmd_sample_row r)
+{
+    float x[MV];
+    uint32_t mask[2];
+    masked_row(x, mask, ids, n);
+    r.mask = mask;
+    vlmd_sample_out out;
+    vlmd_backend_ops(b)->sample(b, &out, x, &r, 1, MV);
+    return out.token;
+}
+
+Test(sample, a_mask_leaves_only_the_tokens_it_allows)
+{
+    vlmd_backend *b = cpu();
+    const int ids[3] = {3, 17, 33};
+    cr_expect_eq(pick_masked(b, ids, 3, greedy()), 33, "greedy: the largest allowed");
+    cr_expect_eq(pick_masked(b, ids, 2, greedy()), 17);
+    int count[MV] = {0}, n = 6000;
+    for (int d = 0; d < n; d++)
+        count[pick_masked(b, ids, 3, tempered(1.0f, 9, (uint64_t)d))]++;
+    cr_expect_eq(count[3] + count[17] + count[33], n, "only allowed tokens are drawn");
+    double z = exp(0.3) + exp(1.7) + exp(3.3);
+    for (int k = 0; k < 3; k++)
+        cr_expect(fabs((double)count[ids[k]] / n - exp(0.1 * ids[k]) / z) < 0.02,
+                  "token %d: %d of %d", ids[k], count[ids[k]], n);
+    /* top-k counts among the allowed: k = 2 keeps 17 and 33 */
+    vlmd_sample_row r = tempered(1.0f, 9, 0);
+    r.top_k = 2;
+    memset(count, 0, sizeof count);
+    for (int d = 0; d < 2000; d++) {
+        r.draw = (uint64_t)d;
+        count[pick_masked(b, ids, 3, r)]++;
+    }
+    cr_expect(count[17] > 0 && count[17] + count[33] == 2000, "top-k 2 of the allowed");
+    /* one allowed token is taken whatever the sampling says */
+    const int one[1] = {5};
+    r = tempered(1.5f, 4, 0);
+    r.top_p = 0.5f;
+    r.min_p = 0.2f;
+    for (int d = 0; d < 50; d++) {
+        r.draw = (uint64_t)d;
+        cr_expect_eq(pick_masked(b, one, 1, r), 5);
+    }
+    vlmd_backend_destroy(b);
+}
+
+Test(sample, a_bias_cannot_bring_back_a_masked_token_and_logprobs_stay_raw)
+{
+    vlmd_backend *b = cpu();
+    const int ids[2] = {1, 2};
+    float x[MV], raw[MV];
+    uint32_t mask[2];
+    masked_row(x, mask, ids, 2);
+    memcpy(raw, x, sizeof raw);
+    vlmd_seen_token seen[2] = {{.id = 39, .bias = 100}, {.id = 1, .bias = 50}};
+    vlmd_sample_row r = greedy();
+    r.n_top = 2;
+    r.seen = seen;
+    r.n_seen = 2;
+    r.mask = mask;
+    vlmd_sample_out out;
+    vlmd_backend_ops(b)->sample(b, &out, x, &r, 1, MV);
+    cr_expect_eq(out.token, 1, "the bias decides among the allowed; 39 stays out");
+    cr_expect(isinf(x[39]) && x[39] < 0, "a masked token is -inf after its bias");
+    double z = 0;
+    for (int i = 0; i < MV; i++)
+        z += exp(raw[i]);
+    cr_expect_float_eq(out.logprob, raw[1] - log(z), 1e-5, "the model's logprob of token 1");
+    cr_expect_eq(out.top_ids[0], 39, "alternatives from the raw row, masked ones too");
+    cr_expect_eq(out.top_ids[1], 38);
+    cr_expect_float_eq(seen[0].raw, raw[39], 1e-6, "a seen entry keeps its raw logit");
+    vlmd_backend_destroy(b);
+}

@@ -1,0 +1,240 @@
+/* test_structured_tools.c - the hermes tool-call grammar: each start (the
+ * prompt's `{"name": "`, a named function's `"arguments": `, the model's own
+ * <tool_call>) accepts exactly the calls Qwen's template writes, arguments
+ * held to each function's schema (its $refs resolved in it), parallel calls
+ * only when asked; the spec text form; errors naming the function. Random
+ * walks over a real tokenizer's masks give text that frontend/tools.c reads
+ * back as calls whose arguments validate (the independent validator). */
+#include "structured_support.h"
+#include "tools.h"
+
+static const char weather[] =
+    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":12},"
+    "\"unit\":{\"enum\":[\"c\",\"f\"]}},\"required\":[\"city\",\"unit\"]}";
+/* a $ref to its own $defs: "#" must be this schema, not the other function's */
+static const char tree[] =
+    "{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\","
+    "\"minimum\":0,\"maximum\":9},\"kids\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"},"
+    "\"maxItems\":2}},\"required\":[\"v\"]}},\"$ref\":\"#/$defs/n\"}";
+static const char same_defs[] =
+    "{\"$defs\":{\"n\":{\"type\":\"boolean\"}},\"type\":\"object\",\"properties\":{\"ok\":"
+    "{\"$ref\":\"#/$defs/n\"}},\"required\":[\"ok\"]}";
+
+typedef struct fns {
+    json_t *schemas[3];
+    vlmd_tool_function f[3];
+} fns;
+
+static void fns_make(fns *x)
+{
+    const char *const names[3] = {"get_weather", "grow", "check"};
+    const char *const texts[3] = {weather, tree, same_defs};
+    for (int i = 0; i < 3; i++) {
+        x->schemas[i] = json_loads(texts[i], 0, NULL);
+        cr_assert(x->schemas[i]);
+        x->f[i] = (vlmd_tool_function){names[i], strlen(names[i]), x->schemas[i]};
+    }
+}
+
+static void fns_free(fns *x)
+{
+    for (int i = 0; i < 3; i++)
+        json_decref(x->schemas[i]);
+}
+
+static vlmd_grammar *tools_grammar(const vlmd_tool_function *f, size_t n,
+                                   vlmd_tool_call_start start, bool parallel)
+{
+    vlmd_grammar *g = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_grammar_compile_tool_calls(f, n, start, parallel, NULL, &g, &err), VLMD_OK,
+                 "%s", err.msg);
+    return g;
+}
+
+static bool accepts(const vlmd_grammar *g, const char *text)
+{
+    return st_accepts(g, text, strlen(text));
+}
+
+#define CALL(name, args) name "\", \"arguments\": " args "}\n</tool_call>"
+#define NEXT "\n<tool_call>\n{\"name\": \""
+
+Test(structured_tools, a_required_call_starts_at_the_name)
+{
+    fns x;
+    fns_make(&x);
+    vlmd_grammar *g = tools_grammar(x.f, 3, VLMD_TOOL_CALL_AT_NAME, false);
+    cr_expect(accepts(g, CALL("get_weather", "{\"city\": \"Paris\", \"unit\": \"c\"}")));
+    cr_expect(accepts(g, CALL("get_weather", "{\"city\":\"Paris\",\"unit\":\"f\"}")));
+    cr_expect(accepts(g, CALL("grow", "{\"v\": 1, \"kids\": [{\"v\": 2}, {\"v\": 3, \"kids\": []}]}")));
+    cr_expect(accepts(g, CALL("check", "{\"ok\": true}")), "its own $defs/n: a boolean");
+    cr_expect(!accepts(g, CALL("check", "{\"ok\": {\"v\": 1}}")), "not the other function's $defs");
+    cr_expect(!accepts(g, CALL("get_weather", "{\"city\": \"Paris\"}")), "unit is required");
+    cr_expect(!accepts(g, CALL("get_weather", "{\"city\": \"Paris\", \"unit\": \"k\"}")));
+    cr_expect(!accepts(g, CALL("grow", "{\"v\": 10}")), "v at most 9");
+    cr_expect(!accepts(g, CALL("grow", "{\"city\": \"Paris\", \"unit\": \"c\"}")),
+              "another function's arguments");
+    cr_expect(!accepts(g, CALL("get_time", "{}")), "a name no function has");
+    cr_expect(!accepts(g, "get_weather\", \"arguments\": {\"city\": \"a\", \"unit\": \"c\"}}"),
+              "the call must close");
+    cr_expect(!accepts(g, CALL("check", "{\"ok\": true}") NEXT CALL("check", "{\"ok\": true}")),
+              "one call unless parallel");
+    cr_expect(!accepts(g, CALL("check", "{\"ok\": true}") "\n"), "nothing after the call");
+    vlmd_grammar_free(g);
+
+    g = tools_grammar(x.f, 3, VLMD_TOOL_CALL_AT_NAME, true);
+    cr_expect(accepts(g, CALL("check", "{\"ok\": true}")));
+    cr_expect(accepts(g, CALL("check", "{\"ok\": true}") NEXT
+                             CALL("get_weather", "{\"city\": \"Oslo\", \"unit\": \"c\"}") NEXT
+                             CALL("grow", "{\"v\": 0}")));
+    cr_expect(!accepts(g, CALL("check", "{\"ok\": true}") NEXT CALL("grow", "{\"v\": -1}")));
+    cr_expect(!accepts(g, CALL("check", "{\"ok\": true}") NEXT), "a started call must finish");
+    vlmd_grammar_free(g);
+    fns_free(&x);
+}
+
+Test(structured_tools, a_named_call_starts_at_its_arguments)
+{
+    fns x;
+    fns_make(&x);
+    vlmd_grammar *g = tools_grammar(&x.f[1], 1, VLMD_TOOL_CALL_AT_ARGUMENTS, false);
+    cr_expect(accepts(g, "{\"v\": 5}}\n</tool_call>"));
+    cr_expect(!accepts(g, "{\"ok\": true}}\n</tool_call>"));
+    cr_expect(!accepts(g, "{\"v\": 5}}"), "the call's end is written too");
+    vlmd_grammar_free(g);
+    /* parallel: later calls may be any function */
+    g = tools_grammar(x.f, 3, VLMD_TOOL_CALL_AT_ARGUMENTS, true);
+    cr_expect(accepts(g, "{\"city\": \"x\", \"unit\": \"c\"}}\n</tool_call>" NEXT
+                         CALL("grow", "{\"v\": 1}")));
+    vlmd_grammar_free(g);
+    fns_free(&x);
+}
+
+Test(structured_tools, after_the_models_own_open_tag)
+{
+    vlmd_tool_function any = {"note", 4, NULL}; /* no parameters: any JSON object */
+    vlmd_grammar *g = tools_grammar(&any, 1, VLMD_TOOL_CALL_AFTER_OPEN, true);
+    cr_expect(accepts(g, "\n{\"name\": \"" CALL("note", "{}")));
+    cr_expect(accepts(g, "\n{\"name\": \"" CALL("note", "{\"a\": [1, {\"b\": null}]}") NEXT
+                         CALL("note", "{\"x\": \"y\"}")));
+    cr_expect(!accepts(g, "\n{\"name\": \"" CALL("note", "[]")), "arguments are an object");
+    cr_expect(!accepts(g, "{\"name\": \"" CALL("note", "{}")), "the newline after <tool_call>");
+    vlmd_grammar_free(g);
+    /* a name JSON must escape is written escaped */
+    vlmd_tool_function odd = {"a\"b", 3, NULL};
+    g = tools_grammar(&odd, 1, VLMD_TOOL_CALL_AT_NAME, false);
+    cr_expect(accepts(g, CALL("a\\\"b", "{}")));
+    vlmd_grammar_free(g);
+}
+
+Test(structured_tools, the_spec_text_and_its_errors)
+{
+    char spec[2048];
+    snprintf(spec, sizeof spec, "{\"start\": \"name\", \"parallel\": false, \"functions\": "
+             "[{\"name\": \"get_weather\", \"parameters\": %s}, {\"name\": \"note\", "
+             "\"parameters\": null}]}", weather);
+    vlmd_grammar *g = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_grammar_compile_tool_calls_spec(spec, strlen(spec), NULL, &g, &err), VLMD_OK,
+                 "%s", err.msg);
+    cr_expect(accepts(g, CALL("note", "{\"k\": 1}")));
+    cr_expect(accepts(g, CALL("get_weather", "{\"city\": \"x\", \"unit\": \"f\"}")));
+    vlmd_grammar_free(g);
+
+    static const struct {
+        const char *spec, *says;
+    } bad[] = {
+        {"{\"start\": \"name\", \"parallel\": false, \"functions\": [{\"name\": \"a\"}, "
+         "{\"name\": \"b\", \"parameters\": {\"properties\": {\"x\": {\"not\": {}}}}}]}",
+         "functions[1].parameters: #/properties/x: 'not'"},
+        {"{\"start\": \"somewhere\", \"parallel\": false, \"functions\": [{\"name\": \"a\"}]}",
+         "the spec must be"},
+        {"{\"start\": \"name\", \"parallel\": false, \"functions\": []}", "functions: 0"},
+        {"{\"start\": \"name\", \"parallel\": false, \"functions\": [{\"name\": \"\"}]}",
+         "functions[0].name"},
+        {"{\"start\": \"name\", \"parallel\": 1, \"functions\": [{\"name\": \"a\"}]}",
+         "the spec must be"},
+        {"{\"start\": \"name\", \"parallel\": false, \"functions\": [{\"name\": 5}]}",
+         "functions[0]: a name"},
+        {"not json", "not JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        err = (vlmd_error){0};
+        cr_expect_neq(vlmd_grammar_compile_tool_calls_spec(bad[i].spec, strlen(bad[i].spec), NULL,
+                                                           &g, &err),
+                      VLMD_OK, "%s", bad[i].spec);
+        cr_expect_null(g);
+        cr_expect(strstr(err.msg, bad[i].says), "'%s' says '%s'", bad[i].spec, err.msg);
+    }
+}
+
+/* Walks through the qwen3 fixture tokenizer's masks (its <tool_call> and
+ * </tool_call> are added tokens that are text): the prompt's start plus
+ * what the walk wrote reads back as calls of known functions whose
+ * arguments validate. */
+Test(structured_tools, walks_read_back_as_valid_calls, .timeout = 100)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/qwen3/tokenizer.json", VLMD_FIXTURES_DIR);
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(path, &tok, NULL), VLMD_OK);
+    vlmd_vocab *v = NULL;
+    cr_assert_eq(vlmd_vocab_from_tokenizer(tok, &v, NULL), VLMD_OK);
+    int64_t eos = vlmd_tokenizer_find(tok, "<|im_end|>");
+    fns x;
+    fns_make(&x);
+    static const struct {
+        vlmd_tool_call_start start;
+        bool parallel;
+        const char *prefix;
+    } shapes[] = {
+        {VLMD_TOOL_CALL_AT_NAME, true, "<tool_call>\n{\"name\": \""},
+        {VLMD_TOOL_CALL_AT_ARGUMENTS, false, "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "},
+        {VLMD_TOOL_CALL_AFTER_OPEN, true, "Let me look.<tool_call>"},
+    };
+    char *text = malloc(1 << 16), *whole = malloc(1 << 17);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        vlmd_grammar *g = tools_grammar(x.f, 3, shapes[s].start, shapes[s].parallel);
+        vlmd_masker *m = NULL;
+        cr_assert_eq(vlmd_masker_create(g, v, &m, NULL), VLMD_OK);
+        int ended = 0;
+        for (int seed = 0; seed < 12; seed++) {
+            size_t len;
+            char what[64];
+            snprintf(what, sizeof what, "start %d", (int)shapes[s].start);
+            if (!st_walk(g, m, v, (uint32_t)eos, (uint64_t)seed + 1, 400, 5, text, 1 << 16, &len,
+                         what))
+                continue;
+            ended++;
+            int n = snprintf(whole, 1 << 17, "%s%.*s", shapes[s].prefix, (int)len, text);
+            size_t pos = 0, calls = 0;
+            bool begun;
+            tool_content_end(whole, (size_t)n, true, &begun);
+            cr_expect(begun, "%s", whole);
+            tool_call call;
+            while (tool_call_next(whole, (size_t)n, true, &pos, &call)) {
+                cr_assert(call.name, "not a call: %s", whole);
+                int k = -1;
+                for (int i = 0; i < 3; i++)
+                    if (!strcmp(call.name, x.f[i].name))
+                        k = i;
+                cr_assert_geq(k, 0, "unknown function %s", call.name);
+                cr_expect(sv_text_valid(x.schemas[k], call.arguments, strlen(call.arguments)),
+                          "%s's arguments %s", call.name, call.arguments);
+                tool_call_free(&call);
+                calls++;
+            }
+            cr_expect_eq(pos, (size_t)n, "the text ends with its last call: %s", whole);
+            cr_expect_geq(calls, 1);
+        }
+        cr_expect_gt(ended, 6, "start %d: %d walks ended", (int)shapes[s].start, ended);
+        vlmd_masker_free(m);
+        vlmd_grammar_free(g);
+    }
+    free(text);
+    free(whole);
+    fns_free(&x);
+    vlmd_vocab_free(v);
+    vlmd_tokenizer_free(tok);
+}
