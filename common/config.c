@@ -103,10 +103,12 @@ const vlmd_flag vlmd_flags[] = {
      R(LAUNCHER) | R(LLM),
      "Share of the device memory left after weights, activations, the visual worker and the "
      "256 MiB canary that the KV cache takes (the auto-profile's target)", 0.05, 1.0},
-    {"cpu-device-mb", VLMD_FLAG_INT, OFF(cpu_device_mb), "2048", 64, 1 << 24, NULL,
+    {"cpu-device-mb", VLMD_FLAG_INT, OFF(cpu_device_mb), "0", 0, 1 << 24, NULL,
      R(LAUNCHER) | R(VISUAL) | R(LLM),
      "The CPU backend works as a device of this size (host memory, taken as used): the "
-     "auto-profile sizes the KV cache within it"},
+     "auto-profile sizes the KV cache within it. 0: what the machine can spare at start-up, "
+     "the available memory (within a cgroup's limit) less a tenth of it, at least 1 GiB "
+     "(the launcher measures it once for every process)"},
     {"max-queued-requests", VLMD_FLAG_INT, OFF(max_queued_requests), "1024", 1, 1 << 20, NULL,
      R(LAUNCHER) | R(ROUTER),
      "Requests that may wait for room in the KV cache; more get 503 with Retry-After"},

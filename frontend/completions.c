@@ -627,6 +627,12 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
                                         "router_unavailable", "retry-after", "1");
         return;
     }
+    if (!c->length_known) { /* checked against a length the engine may not serve */
+        vlmd_send_api_error_with_header(req, 503, "the LLM engine is not ready yet (the context "
+                                        "length it serves is not known); try again", NULL,
+                                        "engine_not_ready", "retry-after", "1");
+        return;
+    }
     json_error_t jerr;
     json_t *body = json_loadb(req->entity.base, req->entity.len, API_JSON_FLAGS, &jerr);
     api_error err;

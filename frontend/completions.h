@@ -43,6 +43,8 @@ typedef struct completions {
     uv_timer_t sweep;           /* applies the two timeouts */
     bool draining;              /* SIGTERM: new requests get 503 */
     bool router_down;           /* the router stopped answering: new requests get 503 */
+    bool length_known;          /* limits.max_model_len is the engine's (it may have lowered
+                                 * the model's to fit): until then requests get 503 */
 } completions;
 
 void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok,
