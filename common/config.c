@@ -62,7 +62,9 @@ const vlmd_flag vlmd_flags[] = {
      "Most requests decoding at once"},
     {"max-model-len", VLMD_FLAG_INT, OFF(max_model_len), "0", 0, 1 << 24, NULL,
      R(LAUNCHER) | R(LLM) | R(FRONTEND),
-     "Longest prompt + output of one request; 0 means the model's max_position_embeddings"},
+     "Longest prompt + output of one request; 0 means the model's max_position_embeddings, "
+     "lowered at start-up to what the device fits (/health says why); a given length that "
+     "cannot fit stops the engine at once"},
     {"embed-arena-path", VLMD_FLAG_STRING, OFF(embed_arena_path), "", 0, 0, NULL,
      R(LAUNCHER) | R(ROUTER) | R(VISUAL) | R(LLM),
      "Shared-memory file that carries image embeddings from the visual worker to the engine; "
