@@ -391,6 +391,10 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
                            "--max-num-seqs %lld is more than --batch-max-tokens %lld: every "
                            "running request takes one token of each step",
                            (long long)cfg->max_num_seqs, (long long)cfg->batch_max_tokens);
+    if (cfg->cpu_device_mb > 0 && cfg->cpu_device_mb < 64) /* 0 is the spare memory */
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--cpu-device-mb %lld: give at least 64 MiB, or 0 for what the "
+                           "machine can spare", (long long)cfg->cpu_device_mb);
     if (cfg->restart_backoff_max_ms < cfg->restart_backoff_ms)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--restart-backoff-max-ms %lld is less than --restart-backoff-ms %lld",
