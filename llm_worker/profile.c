@@ -125,8 +125,8 @@ vlmd_status profile_fit_length(qwen2_model *m, vlmd_backend *b, const engine_con
         lower, dev->kind == VLMD_DEVICE_CPU ? "a larger --cpu-device-mb, " : "a larger device, ");
 }
 
-/* Probe: a KV cache of probe tokens (at most what the fit found) and the
- * stress step; fills the peak numbers. */
+/* Probe: a KV cache of probe tokens (at most what the fit found) and, where
+ * ops take memory (FULL), the stress step; fills the peak numbers. */
 static vlmd_status probe(qwen2_model *m, vlmd_backend *b, engine_config cfg, engine_emit_fn emit,
                          void *ud, profile_report *rep, vlmd_error *err)
 {
@@ -138,7 +138,8 @@ static vlmd_status probe(qwen2_model *m, vlmd_backend *b, engine_config cfg, eng
     vlmd_backend_reset_peak(b);
     engine *e = NULL;
     vlmd_status st = engine_create(m, &cfg, emit, ud, &e, err);
-    if (st == VLMD_OK)
+    /* SHAPES: the buffers are the peak; validate runs the model in them */
+    if (st == VLMD_OK && rep->stress == ENGINE_STRESS_FULL)
         st = engine_stress(e, rep->stress, err);
     uint64_t free_bytes = 0, total = 0;
     if (st == VLMD_OK)

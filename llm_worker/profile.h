@@ -9,15 +9,16 @@
  *             lowered to what fits. Only an estimate: what ops take beyond
  *             their buffers (CUDA) is the probe's to measure
  *   probe     a KV cache of max(batch_max_tokens + max_num_seqs, 8192) tokens (at
- *             most what the fit found) and a stress step (engine_stress: the
- *             worst step where ops take memory, a few tokens on the CPU); the
- *             device's peak use measured both ways: the allocator's high-water
- *             mark and the driver's free bytes
+ *             most what the fit found) and, where ops take memory (CUDA), the
+ *             worst step (engine_stress); on the CPU no step: its buffers are
+ *             its peak. The device's peak use measured both ways: the
+ *             allocator's high-water mark and the driver's free bytes
  *   target    budget = (total - non-KV peak - peer footprint - canary) x mem_fraction;
  *             tokens = budget / KV bytes per token (a lowered length follows them)
  *   rebuild   the probe freed (the allocator must be back where it was); the engine
  *             created at the target; the canary allocated
- *   validate  the stress step again; any allocation failure in rebuild or validate
+ *   validate  the stress step (on the CPU a few tokens through the real model);
+ *             any allocation failure in rebuild or validate
  *             shrinks the target by 5%, at most 3 times (4 attempts), then the
  *             engine stops with every number and every knob named
  *
