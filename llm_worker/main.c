@@ -319,17 +319,22 @@ static void describe_length(llm_worker *w, char *out, size_t outsz)
                  (unsigned long long)(r->canary_bytes >> 20));
 }
 
+static profile_config profile_base(llm_worker *w)
+{
+    const vlmd_config *cfg = &w->svc.cfg;
+    return (profile_config){.max_total_token_num = cfg->max_total_token_num,
+                            .mem_fraction = cfg->mem_fraction, .peer_bytes = w->peer_bytes,
+                            .canary_bytes = PROFILE_CANARY_BYTES,
+                            .lower_max_model_len = cfg->max_model_len == 0};
+}
+
 /* The auto-profile, on libuv's pool: its stress steps may take seconds on a
  * CPU, and the loop keeps the heartbeats going meanwhile. */
 static void on_profile_work(uv_work_t *req)
 {
     llm_worker *w = req->data;
-    const vlmd_config *cfg = &w->svc.cfg;
     engine_config base = engine_base(w);
-    profile_config pc = {.max_total_token_num = cfg->max_total_token_num,
-                         .mem_fraction = cfg->mem_fraction, .peer_bytes = w->peer_bytes,
-                         .canary_bytes = PROFILE_CANARY_BYTES,
-                         .lower_max_model_len = cfg->max_model_len == 0};
+    profile_config pc = profile_base(w);
     w->profile_status = profile_run(w->model, w->backend, &base, emit, w, &pc, NULL, NULL,
                                     &w->engine, &w->canary, &w->profile, &w->profile_err);
 }
@@ -470,10 +475,21 @@ static void load_model(llm_worker *w)
         vlmd_backend_limit(w->backend, vlmd_cpu_device_bytes(w->svc.cfg.cpu_device_mb));
     uint64_t t0 = vlmd_now_ms(), weight_bytes = 0;
     vlmd_safetensors *st = NULL;
-    if (vlmd_safetensors_open_dir(w->svc.cfg.model, &st, &err) != VLMD_OK ||
-        qwen2_weight_bytes(w->backend, &w->svc.model, st, &weight_bytes, &err) != VLMD_OK ||
-        profile_check_weights(w->backend, weight_bytes, 0, &err) != VLMD_OK ||
-        qwen2_load(w->backend, &w->svc.model, st, &w->model, &err) != VLMD_OK) {
+    qwen2_model *shapes = NULL;
+    engine_config base = engine_base(w);
+    profile_config pc = profile_base(w);
+    vlmd_status s = vlmd_safetensors_open_dir(w->svc.cfg.model, &st, &err);
+    if (s == VLMD_OK)
+        s = qwen2_load_shapes(w->backend, &w->svc.model, st, &shapes, &weight_bytes, &err);
+    if (s == VLMD_OK)
+        s = profile_check_weights(w->backend, weight_bytes, 0, &err);
+    /* a given length that cannot fit is refused before the seconds of loading */
+    if (s == VLMD_OK)
+        s = profile_check_length(shapes, w->backend, weight_bytes, &base, &pc, &err);
+    qwen2_free(shapes);
+    if (s == VLMD_OK)
+        s = qwen2_load(w->backend, &w->svc.model, st, &w->model, &err);
+    if (s != VLMD_OK) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }

@@ -59,8 +59,9 @@ static bool fit_at(qwen2_model *m, const engine_config *base, const profile_conf
     return f->tokens >= len;
 }
 
-vlmd_status profile_fit_length(qwen2_model *m, vlmd_backend *b, const engine_config *base,
-                               const profile_config *pc, profile_fit *fit, vlmd_error *err)
+static vlmd_status fit_length(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+                              const profile_config *pc, uint64_t weights, profile_fit *fit,
+                              vlmd_error *err)
 {
     int64_t wanted = base->max_model_len;
     *fit = (profile_fit){.wanted = wanted, .max_model_len = wanted, .tokens = pc->max_total_token_num};
@@ -77,7 +78,7 @@ vlmd_status profile_fit_length(qwen2_model *m, vlmd_backend *b, const engine_con
                            "or raise --max-total-token-num", (long long)wanted,
                            (long long)pc->max_total_token_num);
     }
-    uint64_t free_bytes = 0, total = 0, weights = vlmd_backend_allocated_bytes(b);
+    uint64_t free_bytes = 0, total = 0;
     vlmd_status st = vlmd_backend_mem_info(b, &free_bytes, &total, err);
     if (st != VLMD_OK)
         return st;
@@ -123,6 +124,26 @@ vlmd_status profile_fit_length(qwen2_model *m, vlmd_backend *b, const engine_con
         (unsigned long long)bpt, dev->name, MIB(total), MIB(fit->room_bytes), MIB(weights),
         MIB(fit->workspace_bytes), MIB(pc->peer_bytes), MIB(pc->canary_bytes), pc->mem_fraction,
         lower, dev->kind == VLMD_DEVICE_CPU ? "a larger --cpu-device-mb, " : "a larger device, ");
+}
+
+vlmd_status profile_fit_length(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+                               const profile_config *pc, profile_fit *fit, vlmd_error *err)
+{
+    return fit_length(m, b, base, pc, vlmd_backend_allocated_bytes(b), fit, err);
+}
+
+vlmd_status profile_check_length(qwen2_model *shapes, vlmd_backend *b, uint64_t weight_bytes,
+                                 const engine_config *base, const profile_config *pc,
+                                 vlmd_error *err)
+{
+    profile_fit fit;
+    profile_config given = *pc;
+    given.lower_max_model_len = false;
+    given.peer_bytes = 0; /* not known yet: 0 can only make the length fit */
+    if (pc->lower_max_model_len)
+        return VLMD_OK;
+    return fit_length(shapes, b, base, &given, vlmd_backend_allocated_bytes(b) + weight_bytes,
+                      &fit, err);
 }
 
 /* Probe: a KV cache of probe tokens (at most what the fit found) and, where

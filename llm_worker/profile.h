@@ -101,6 +101,15 @@ int64_t profile_probe_tokens(const engine_config *cfg);
 vlmd_status profile_fit_length(qwen2_model *m, vlmd_backend *b, const engine_config *base,
                                const profile_config *pc, profile_fit *fit, vlmd_error *err);
 
+/* Before loading, for a given --max-model-len (pc->lower_max_model_len
+ * false; VLMD_OK otherwise): the fit on the model's shapes (from
+ * qwen2_load_shapes) with weight_bytes to come and no peer footprint yet,
+ * so a length that cannot fit is refused without loading (the fit after
+ * loading, with the peer, stays the one that decides). */
+vlmd_status profile_check_length(qwen2_model *shapes, vlmd_backend *b, uint64_t weight_bytes,
+                                 const engine_config *base, const profile_config *pc,
+                                 vlmd_error *err);
+
 /* Before loading: VLMD_ERR_TOO_LARGE, with the numbers, when weights of
  * weight_bytes cannot fit beside the peer's reservation and the canary. */
 vlmd_status profile_check_weights(vlmd_backend *b, uint64_t weight_bytes, uint64_t peer_bytes,

@@ -358,6 +358,15 @@ vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
     return s;
 }
 
+vlmd_status qwen2_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
+                              const vlmd_safetensors *st, qwen2_model **out,
+                              uint64_t *weight_bytes, vlmd_error *err)
+{
+    vlmd_status s = load(b, mc, st, true, out, err);
+    *weight_bytes = *out ? (*out)->dry_bytes : 0;
+    return s;
+}
+
 void qwen2_free(qwen2_model *m)
 {
     if (!m)

@@ -47,6 +47,14 @@ void qwen2_free(qwen2_model *m);
 vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
                                const vlmd_safetensors *st, uint64_t *bytes, vlmd_error *err);
 
+/* The model's shapes without its weights (nothing allocated on b), for
+ * sizing before loading: the workspace and KV functions below take it;
+ * nothing runs on it. *weight_bytes: what qwen2_load would take. Free with
+ * qwen2_free. */
+vlmd_status qwen2_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
+                              const vlmd_safetensors *st, qwen2_model **out,
+                              uint64_t *weight_bytes, vlmd_error *err);
+
 /* The backend the model was loaded on (borrowed). */
 vlmd_backend *qwen2_backend(const qwen2_model *m);
 /* Bytes of KV cache one token takes across all layers. */

@@ -175,6 +175,7 @@ test('a given --max-model-len that cannot fit stops at once with the numbers', a
     const fits = Number(line.match(/lower --max-model-len to (\d+) or less/)?.[1]);
     assert.ok(fits > 0 && fits < LONG, line);
     assert.doesNotMatch(r.stderr, /profile: probe/, 'refused before the probe');
+    assert.doesNotMatch(r.stderr, /loaded in/, 'and before the weights are loaded');
     console.log(`refused in ${seconds.toFixed(2)} s; at most ${fits} tokens fit`);
   } finally {
     rmSync(model, { recursive: true, force: true });

@@ -512,6 +512,57 @@ Test(profile, weights_that_cannot_fit_are_refused_before_loading)
     vlmd_backend_destroy(b);
 }
 
+/* A given length that cannot fit is refused on the model's shapes, before
+ * its weights are loaded (nothing allocated), with the same numbers the fit
+ * after loading gives without a peer; one that fits, or the model's own
+ * length (lowered later), passes. */
+Test(profile, a_given_length_that_cannot_fit_is_refused_before_loading)
+{
+    vlmd_model_config mc;
+    vlmd_backend *b = NULL;
+    vlmd_safetensors *st = NULL;
+    qwen2_model *shapes = NULL;
+    uint64_t weight_bytes = 0;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen2"), &mc, &err), VLMD_OK);
+    cr_assert_eq(vlmd_backend_create(TEST_DEVICE, &b, &err), VLMD_OK);
+    vlmd_backend_limit(b, DEVICE);
+    uint64_t allocations = vlmd_backend_alloc_count(b);
+    cr_assert_eq(vlmd_safetensors_open_dir(test_fixture("qwen2"), &st, &err), VLMD_OK);
+    cr_assert_eq(qwen2_load_shapes(b, &mc, st, &shapes, &weight_bytes, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_expect_gt(weight_bytes, 0);
+    engine_config cfg = {.max_batch_tokens = 256, .max_running = 8, .eos_id = -1,
+                         .max_model_len = 1 << 22, .image_token_id = -1};
+    profile_config pc = {.mem_fraction = 0.9, .canary_bytes = CANARY};
+    cr_expect_eq(profile_check_length(shapes, b, weight_bytes, &cfg, &pc, &err),
+                 VLMD_ERR_TOO_LARGE);
+    cr_expect(strstr(err.msg, "--max-model-len 4194304 does not fit"), "%s", err.msg);
+    char before[sizeof err.msg];
+    memcpy(before, err.msg, sizeof before);
+    cr_expect_eq(vlmd_backend_alloc_count(b), allocations, "nothing allocated");
+    pc.lower_max_model_len = true;
+    cr_expect_eq(profile_check_length(shapes, b, weight_bytes, &cfg, &pc, &err), VLMD_OK,
+                 "the model's own length is lowered after loading, not refused");
+    pc.lower_max_model_len = false;
+    cfg.max_model_len = 1024;
+    cr_expect_eq(profile_check_length(shapes, b, weight_bytes, &cfg, &pc, &err), VLMD_OK, "%s",
+                 err.msg);
+    qwen2_free(shapes);
+
+    /* loaded: the fit says the same */
+    qwen2_model *m = NULL;
+    cr_assert_eq(qwen2_load(b, &mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(vlmd_backend_allocated_bytes(b), weight_bytes);
+    cfg.max_model_len = 1 << 22;
+    profile_fit fit;
+    cr_expect_eq(profile_fit_length(m, b, &cfg, &pc, &fit, &err), VLMD_ERR_TOO_LARGE);
+    cr_expect_str_eq(err.msg, before);
+    qwen2_free(m);
+    vlmd_safetensors_close(st);
+    vlmd_backend_destroy(b);
+}
+
 /* What a MoE test's requests produced. */
 typedef struct served {
     int32_t tokens[4][16];
