@@ -69,7 +69,9 @@ const vlmd_flag vlmd_flags[] = {
      "Most requests decoding at once"},
     {"max-model-len", VLMD_FLAG_INT, OFF(max_model_len), "0", 0, 1 << 24, NULL,
      R(LAUNCHER) | R(LLM) | R(FRONTEND),
-     "Longest prompt + output of one request; 0 means the model's max_position_embeddings"},
+     "Longest prompt + output of one request; 0 means the model's max_position_embeddings, "
+     "lowered at start-up to what the device fits (/health says why); a given length that "
+     "cannot fit stops the engine at once"},
     {"embed-arena-path", VLMD_FLAG_STRING, OFF(embed_arena_path), "", 0, 0, NULL,
      R(LAUNCHER) | R(ROUTER) | R(VISUAL) | R(LLM),
      "Shared-memory file that carries image embeddings from the visual worker to the engine; "
@@ -110,10 +112,12 @@ const vlmd_flag vlmd_flags[] = {
      R(LAUNCHER) | R(LLM),
      "Share of the device memory left after weights, activations, the visual worker and the "
      "256 MiB canary that the KV cache takes (the auto-profile's target)", 0.05, 1.0},
-    {"cpu-device-mb", VLMD_FLAG_INT, OFF(cpu_device_mb), "2048", 64, 1 << 24, NULL,
+    {"cpu-device-mb", VLMD_FLAG_INT, OFF(cpu_device_mb), "0", 0, 1 << 24, NULL,
      R(LAUNCHER) | R(VISUAL) | R(LLM),
      "The CPU backend works as a device of this size (host memory, taken as used): the "
-     "auto-profile sizes the KV cache within it"},
+     "auto-profile sizes the KV cache within it. 0: what the machine can spare at start-up, "
+     "the available memory (within a cgroup's limit) less a tenth of it, at least 1 GiB "
+     "(the launcher measures it once for every process)"},
     {"max-queued-requests", VLMD_FLAG_INT, OFF(max_queued_requests), "1024", 1, 1 << 20, NULL,
      R(LAUNCHER) | R(ROUTER),
      "Requests that may wait for room in the KV cache; more get 503 with Retry-After"},
@@ -428,6 +432,10 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--kv-events-endpoint publishes the prefix cache's changes: it "
                            "needs the prefix cache (drop --disable-prefix-cache)");
+    if (cfg->cpu_device_mb > 0 && cfg->cpu_device_mb < 64) /* 0 is the spare memory */
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--cpu-device-mb %lld: give at least 64 MiB, or 0 for what the "
+                           "machine can spare", (long long)cfg->cpu_device_mb);
     if (cfg->restart_backoff_max_ms < cfg->restart_backoff_ms)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--restart-backoff-max-ms %lld is less than --restart-backoff-ms %lld",

@@ -757,6 +757,12 @@ bool completions_accepting(completions *c, h2o_req_t *req)
                                         "router_unavailable", "retry-after", "1");
         return false;
     }
+    if (!c->length_known) { /* checked against a length the engine may not serve */
+        vlmd_send_api_error_with_header(req, 503, "the LLM engine is not ready yet (the context "
+                                        "length it serves is not known); try again", NULL,
+                                        "engine_not_ready", "retry-after", "1");
+        return false;
+    }
     return true;
 }
 

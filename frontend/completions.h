@@ -45,6 +45,8 @@ typedef struct completions {
     uv_timer_t sweep;           /* applies the two timeouts */
     bool draining;              /* SIGTERM: new requests get 503 */
     bool router_down;           /* the router stopped answering: new requests get 503 */
+    bool length_known;          /* limits.max_model_len is the engine's (it may have lowered
+                                 * the model's to fit): until then requests get 503 */
 } completions;
 
 /* ---- writers: how an endpoint writes the answer ----------------------------------- */

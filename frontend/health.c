@@ -1,6 +1,9 @@
 /* health.c - /health from the router's view of every process. */
 #include "health.h"
 
+#include <stdint.h>
+#include <string.h>
+
 #include "buf.h"
 
 static json_t *config_json(const vlmd_worker_info *w)
@@ -58,4 +61,24 @@ json_t *vlmd_health_render(const vlmd_msg_stats_snapshot *snap, uint64_t snapsho
                      "processes", procs,
                      "dropped_messages", (json_int_t)(snap ? snap->dropped_messages : 0),
                      "snapshot_age_ms", snap ? (json_int_t)snapshot_age_ms : (json_int_t)-1);
+}
+
+bool vlmd_health_engine_length(const vlmd_msg_stats_snapshot *snap, int64_t *max_model_len)
+{
+    *max_model_len = 0;
+    for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
+        const vlmd_worker_info *w = &snap->workers[i];
+        if (w->role != VLMD_ROLE_LLM || w->rank != 0)
+            continue;
+        if (w->state != VLMD_WORKER_READY)
+            return false;
+        for (uint32_t k = 0; k < w->n_config; k++) {
+            long long v;
+            if (strcmp(w->config[k].key, "max_model_len") == 0 &&
+                vlmd_parse_i64(w->config[k].value, 1, INT32_MAX, &v) == VLMD_OK)
+                *max_model_len = v;
+        }
+        return true;
+    }
+    return false;
 }

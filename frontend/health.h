@@ -4,6 +4,7 @@
 #define VLMD_HEALTH_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "proto.h"
@@ -17,5 +18,11 @@
  * Returns a new reference (NULL on allocation failure). */
 json_t *vlmd_health_render(const vlmd_msg_stats_snapshot *snap, uint64_t snapshot_age_ms,
                            uint64_t stale_after_ms, const char *model_name, int *http_status);
+
+/* Whether the snapshot shows the engine (llm rank 0) ready; then
+ * *max_model_len is the length it serves, from its READY settings
+ * ("max_model_len": --max-model-len, the model's, or what fits when the
+ * auto-profile lowered it), or 0 when it published none. */
+bool vlmd_health_engine_length(const vlmd_msg_stats_snapshot *snap, int64_t *max_model_len);
 
 #endif

@@ -37,6 +37,8 @@ typedef struct frontend {
     completions completions;
     responses_store *responses_store;   /* the Responses API's kept responses */
     responses responses;
+    int64_t configured_len;     /* --max-model-len or the model's: what an engine that
+                                 * publishes no length serves */
     vlmd_msg snapshot;          /* latest STATS_SNAPSHOT, deep copy (owned); type 0 when none */
     uint64_t snapshot_at_ms;
     uv_timer_t router_watch;    /* finds a router that stopped answering */
@@ -186,6 +188,27 @@ static bool engine_ready(const vlmd_msg_stats_snapshot *s)
     return false;
 }
 
+/* The length requests are held to is the ready engine's: the auto-profile
+ * may have lowered the model's to what fits. An engine not ready leaves the
+ * last one (the router refuses requests meanwhile). */
+static void learn_length(frontend *fe, const vlmd_msg_stats_snapshot *s)
+{
+    int64_t len;
+    if (!vlmd_health_engine_length(s, &len))
+        return;
+    if (!len)
+        len = fe->configured_len;
+    completions *c = &fe->completions;
+    if (c->length_known && c->limits.max_model_len == len)
+        return;
+    if (len != fe->configured_len)
+        VLMD_WARN("the engine serves requests of up to %lld tokens, not %lld: it lowered the "
+                  "model's length to what fits (/health says why)",
+                  (long long)len, (long long)fe->configured_len);
+    c->limits.max_model_len = len;
+    c->length_known = true;
+}
+
 static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
 {
     frontend *fe = ud;
@@ -210,6 +233,7 @@ static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
         return;
     }
     keep_snapshot(fe, msg);
+    learn_length(fe, &msg->u.stats_snapshot);
     if (!fe->ready && engine_ready(&msg->u.stats_snapshot)) {
         fe->ready = true;
         vlmd_msg_ready ready = {.device = "", .listen_url = (char *)http_server_url(fe->http)};
@@ -293,10 +317,11 @@ int main(int argc, char **argv)
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }
-    int64_t max_len = fe.svc.cfg.max_model_len ? fe.svc.cfg.max_model_len
-                                               : fe.svc.model.text.max_position_embeddings;
+    /* until the engine says what it serves (learn_length) */
+    fe.configured_len = fe.svc.cfg.max_model_len ? fe.svc.cfg.max_model_len
+                                                 : fe.svc.model.text.max_position_embeddings;
     const vlmd_config *cfg = &fe.svc.cfg;
-    api_limits limits = {.model_name = fe.model_name, .max_model_len = max_len,
+    api_limits limits = {.model_name = fe.model_name, .max_model_len = fe.configured_len,
                          .max_images = (uint32_t)cfg->max_images_per_request,
                          .image_token_id = fe.svc.model.has_vision ? fe.svc.model.image_token_id
                                                                    : -1,

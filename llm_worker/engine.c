@@ -29,6 +29,8 @@ typedef enum req_state { REQ_WAITING, REQ_RUNNING } req_state;
 
 /* Where a request's grammar is (see the file comment). */
 typedef enum grammar_phase { GRAMMAR_OFF, GRAMMAR_ARMING, GRAMMAR_WAITING, GRAMMAR_ACTIVE } grammar_phase;
+#define STRESS_SHAPES_TOKENS 16 /* the SHAPES stress's prefill, */
+#define STRESS_SHAPES_SEQS 2    /* and its decode step's sequences */
 
 #define STRESS_PROMPT 256 /* tokens per prompt of engine_stress's prefill (at least) */
 #define STRESS_IMAGE 16   /* rows of it that take an image's input, for a VL model */
@@ -160,6 +162,18 @@ static vlmd_status grammars_init(engine *e, const vlmd_vocab *v, vlmd_error *err
                                 &e->grammars, err);
 }
 
+/* A sequence is never longer than the model length or the cache. */
+static int32_t max_kv_len(const engine_config *cfg)
+{
+    return cfg->max_model_len < cfg->kv_slots ? cfg->max_model_len : cfg->kv_slots;
+}
+
+uint64_t engine_device_bytes(qwen2_model *m, const engine_config *cfg)
+{
+    return qwen2_kv_bytes(m, cfg->kv_slots) +
+           qwen2_workspace_bytes(m, cfg->max_batch_tokens, cfg->max_running, max_kv_len(cfg));
+}
+
 vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,
                           engine **out, vlmd_error *err)
 {
@@ -185,9 +199,7 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     if (s == VLMD_OK)
         s = qwen2_kv_create(m, cfg->kv_slots, &e->kv, err);
     if (s == VLMD_OK)
-        s = qwen2_workspace_create(m, n, r, cfg->max_model_len < cfg->kv_slots
-                                                ? cfg->max_model_len : cfg->kv_slots,
-                                   &e->ws, err); /* a sequence is never longer than either */
+        s = qwen2_workspace_create(m, n, r, max_kv_len(cfg), &e->ws, err);
     if (s == VLMD_OK && cfg->decode_graphs)
         s = qwen2_capture_decode(m, e->kv, e->ws, err);
     e->ids = malloc((size_t)n * sizeof *e->ids);
@@ -354,13 +366,40 @@ bool engine_kv_balanced(const engine *e)
            e->slots.capacity;
 }
 
-vlmd_status engine_stress(engine *e, vlmd_error *err)
+const char *engine_stress_str(engine_stress_kind k)
+{
+    switch (k) {
+    case ENGINE_STRESS_AUTO:
+        return "auto";
+    case ENGINE_STRESS_FULL:
+        return "full";
+    case ENGINE_STRESS_SHAPES:
+        return "shapes";
+    }
+    return "unknown";
+}
+
+/* Only a run measures what ops take beyond their buffers; where they take
+ * nothing, the shapes are the whole reservation and the worst step costs
+ * only time (minutes of a 4096-token prefill on a CPU). */
+engine_stress_kind engine_stress_resolve(const vlmd_backend *b, engine_stress_kind k)
+{
+    if (k != ENGINE_STRESS_AUTO)
+        return k;
+    return vlmd_backend_ops_take_memory(b) ? ENGINE_STRESS_FULL : ENGINE_STRESS_SHAPES;
+}
+
+vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err)
 {
     if (e->n_active)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "the stress runs on an idle engine only");
     int32_t n = e->cfg.max_batch_tokens < e->cfg.kv_slots ? e->cfg.max_batch_tokens
                                                           : e->cfg.kv_slots;
     int32_t r = e->cfg.max_running < n ? e->cfg.max_running : n;
+    if (engine_stress_resolve(qwen2_backend(e->m), kind) == ENGINE_STRESS_SHAPES) {
+        n = n < STRESS_SHAPES_TOKENS ? n : STRESS_SHAPES_TOKENS;
+        r = r < STRESS_SHAPES_SEQS ? r : STRESS_SHAPES_SEQS;
+    }
     int32_t V = (int32_t)qwen2_vocab_size(e->m);
     /* n prompt tokens in slots 0..n-1, as prompts of up to STRESS_PROMPT tokens
      * (the step's memory depends on its rows, not on how they split into

@@ -138,16 +138,35 @@ int32_t engine_cancel_all(engine *e);
 /* Runs one step when there is work; false when idle. */
 vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err);
 
-/* The worst step the configuration allows, run for real on an idle engine:
- * a prefill of max_batch_tokens tokens (capped at the KV slots; prompts of a
- * few hundred tokens each, at most max_running of them; a model that takes
- * images gets its first rows as an image's, DeepStack features included),
- * then a decode step of max_running sequences, both with the worst-case
- * expert routing
- * (qwen2_set_worst_case_routing; normal routing again after). Leaves the cache's contents
- * meaningless and no request changed. The auto-profile measures the device's
- * peak use with it. VLMD_ERR_INVALID_ARG when the engine is not idle. */
-vlmd_status engine_stress(engine *e, vlmd_error *err);
+/* The backend bytes engine_create takes for cfg (KV cache and workspace),
+ * found without allocating. Decode graphs are not in it: on CUDA their
+ * memory is the driver's, which only running shows. */
+uint64_t engine_device_bytes(qwen2_model *m, const engine_config *cfg);
+
+/* What engine_stress runs through the model. */
+typedef enum engine_stress_kind {
+    ENGINE_STRESS_AUTO = 0,     /* FULL where ops take memory of their own (CUDA), else SHAPES */
+    ENGINE_STRESS_FULL,         /* the worst step the configuration allows */
+    ENGINE_STRESS_SHAPES,       /* a few tokens through every op: where ops take no memory
+                                 * (vlmd_backend_ops_take_memory), the buffers engine_create
+                                 * sized from the shapes are all any step uses */
+} engine_stress_kind;
+
+const char *engine_stress_str(engine_stress_kind k);
+/* AUTO resolved for this backend. */
+engine_stress_kind engine_stress_resolve(const vlmd_backend *b, engine_stress_kind k);
+
+/* A step run for real on an idle engine, with the worst-case expert routing
+ * (qwen2_set_worst_case_routing; normal routing again after), then the
+ * sampler with every row asking for logprobs. FULL: a prefill of
+ * max_batch_tokens tokens (capped at the KV slots; prompts of a few hundred
+ * tokens each, at most max_running of them; a model that takes images gets
+ * its first rows as an image's, DeepStack features included), then a decode step of
+ * max_running sequences. SHAPES: a prefill of at most 16 tokens and a decode
+ * step of at most 2 sequences. Leaves the cache's contents meaningless and
+ * no request changed. The auto-profile measures the device's peak use with
+ * it. VLMD_ERR_INVALID_ARG when the engine is not idle. */
+vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err);
 
 /* The grammar cache's numbers (entries, bytes, hits, compiles...). */
 void engine_grammar_stats(const engine *e, grammar_cache_stats *out);

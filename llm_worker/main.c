@@ -27,6 +27,7 @@
 
 #include "backend.h"
 #include "buf.h"
+#include "host_memory.h"
 #include "clock.h"
 #include "engine.h"
 #include "kv_events.h"
@@ -306,12 +307,16 @@ static uint32_t memory_map(const profile_report *r, uint64_t peer, vlmd_kv *kv, 
         {"probe_driver_used_bytes", r->probe_driver_used},
         {"non_kv_peak_bytes", r->non_kv_bytes},    {"target_budget_bytes", r->budget_bytes},
         {"target_tokens", (uint64_t)r->target_tokens}, {"attempts", (uint64_t)r->attempts},
+        {"max_model_len", (uint64_t)r->max_model_len},
+        {"fit_tokens", (uint64_t)r->fit.tokens},
+        {"fit_workspace_bytes", r->fit.workspace_bytes},
     };
     uint32_t n = sizeof rows / sizeof rows[0];
     for (uint32_t i = 0; i < n; i++) {
         snprintf(buf[i], sizeof buf[i], "%llu", (unsigned long long)rows[i].value);
         kv[i] = (vlmd_kv){(char *)rows[i].name, buf[i]};
     }
+    kv[n++] = (vlmd_kv){"stress", (char *)engine_stress_str(r->stress)};
     return n;
 }
 
@@ -353,16 +358,45 @@ static void describe_graphs(llm_worker *w, char *out, size_t outsz)
                  engine_graph_count(w->engine), engine_graph_max_batch(w->engine));
 }
 
+/* /health's word on the effective max model length: where it came from
+ * and, when lowered, why (as llama.cpp's --fit says it). */
+static void describe_length(llm_worker *w, char *out, size_t outsz)
+{
+    const profile_report *r = &w->profile;
+    if (w->svc.cfg.max_model_len)
+        snprintf(out, outsz, "--max-model-len");
+    else if (r->max_model_len == r->fit.wanted)
+        snprintf(out, outsz, "the model's max_position_embeddings");
+    else
+        snprintf(out, outsz, "lowered from the model's max_position_embeddings %lld to what "
+                 "fits: the KV cache holds %lld tokens (%llu bytes each) on a device of %llu MiB "
+                 "beside the weights (%llu MiB), the workspace (%llu MiB), the visual worker "
+                 "(%llu MiB) and the canary (%llu MiB); --max-model-len sets it",
+                 (long long)r->fit.wanted, (long long)r->tokens,
+                 (unsigned long long)r->bytes_per_token,
+                 (unsigned long long)(r->total_bytes >> 20),
+                 (unsigned long long)(r->weights_bytes >> 20),
+                 (unsigned long long)(r->workspace_bytes >> 20),
+                 (unsigned long long)(w->peer_bytes >> 20),
+                 (unsigned long long)(r->canary_bytes >> 20));
+}
+
+static profile_config profile_base(llm_worker *w)
+{
+    const vlmd_config *cfg = &w->svc.cfg;
+    return (profile_config){.max_total_token_num = cfg->max_total_token_num,
+                            .mem_fraction = cfg->mem_fraction, .peer_bytes = w->peer_bytes,
+                            .canary_bytes = PROFILE_CANARY_BYTES,
+                            .lower_max_model_len = cfg->max_model_len == 0};
+}
+
 /* The auto-profile, on libuv's pool: its stress steps may take seconds on a
  * CPU, and the loop keeps the heartbeats going meanwhile. */
 static void on_profile_work(uv_work_t *req)
 {
     llm_worker *w = req->data;
-    const vlmd_config *cfg = &w->svc.cfg;
     engine_config base = engine_base(w);
-    profile_config pc = {.max_total_token_num = cfg->max_total_token_num,
-                         .mem_fraction = cfg->mem_fraction, .peer_bytes = w->peer_bytes,
-                         .canary_bytes = PROFILE_CANARY_BYTES};
+    profile_config pc = profile_base(w);
     w->profile_status = profile_run(w->model, w->backend, &base, emit, w, &pc, NULL, NULL,
                                     &w->engine, &w->canary, &w->profile, &w->profile_err);
 }
@@ -382,10 +416,10 @@ static void on_profile_done(uv_work_t *req, int status)
     w->canary_bytes = rep->canary_bytes;
     w->profiled = true;
     VLMD_INFO("KV cache: %lld tokens (%llu MiB) after %d attempt(s); %d per step, %d sequences, "
-              "max length %d; device %s: %llu MiB, weights %llu MiB, workspace %llu MiB, peers "
+              "max length %lld; device %s: %llu MiB, weights %llu MiB, workspace %llu MiB, peers "
               "%llu MiB, canary %llu MiB, %llu MiB free",
               (long long)rep->tokens, (unsigned long long)(rep->kv_bytes >> 20), rep->attempts,
-              base.max_batch_tokens, base.max_running, base.max_model_len,
+              base.max_batch_tokens, base.max_running, (long long)rep->max_model_len,
               vlmd_backend_info(w->backend)->name, (unsigned long long)(rep->total_bytes >> 20),
               (unsigned long long)(rep->weights_bytes >> 20),
               (unsigned long long)(rep->workspace_bytes >> 20),
@@ -395,16 +429,19 @@ static void on_profile_done(uv_work_t *req, int status)
     if (w->stopping)
         return;
     vlmd_kv memory[24];
-    char values[24][24], graphs[96];
+    char values[24][24], graphs[96], length[24], why[512];
     describe_graphs(w, graphs, sizeof graphs);
-    vlmd_kv settings[] = {{"cuda_graphs", graphs}};
+    snprintf(length, sizeof length, "%lld", (long long)rep->max_model_len);
+    describe_length(w, why, sizeof why);
+    vlmd_kv settings[] = {{"cuda_graphs", graphs}, {"max_model_len", length},
+                          {"max_model_len_reason", why}};
     vlmd_msg_ready ready = {.kv_capacity_tokens = (uint64_t)rep->tokens,
                             .reserved_bytes = vlmd_backend_allocated_bytes(w->backend),
                             .device = (char *)vlmd_backend_info(w->backend)->name,
                             .memory = memory,
                             .n_memory = memory_map(rep, w->peer_bytes, memory, values),
                             .settings = settings,
-                            .n_settings = 1};
+                            .n_settings = sizeof settings / sizeof settings[0]};
     w->allocs_at_ready = vlmd_backend_alloc_count(w->backend);
     if (engine_events(w->engine)) /* a new engine holds nothing: forget what an earlier one held */
         kv_event_all_cleared(engine_events(w->engine));
@@ -523,13 +560,24 @@ static void load_model(llm_worker *w)
             VLMD_FATAL("%s", err.msg);
     }
     if (vlmd_backend_info(w->backend)->kind == VLMD_DEVICE_CPU)
-        vlmd_backend_limit(w->backend, (uint64_t)w->svc.cfg.cpu_device_mb << 20);
+        vlmd_backend_limit(w->backend, vlmd_cpu_device_bytes(w->svc.cfg.cpu_device_mb));
     uint64_t t0 = vlmd_now_ms(), weight_bytes = 0;
     vlmd_safetensors *st = NULL;
-    if (vlmd_safetensors_open_dir(w->svc.cfg.model, &st, &err) != VLMD_OK ||
-        qwen2_weight_bytes(w->backend, &w->svc.model, st, &weight_bytes, &err) != VLMD_OK ||
-        profile_check_weights(w->backend, weight_bytes, 0, &err) != VLMD_OK ||
-        qwen2_load(w->backend, &w->svc.model, st, &w->model, &err) != VLMD_OK) {
+    qwen2_model *shapes = NULL;
+    engine_config base = engine_base(w);
+    profile_config pc = profile_base(w);
+    vlmd_status s = vlmd_safetensors_open_dir(w->svc.cfg.model, &st, &err);
+    if (s == VLMD_OK)
+        s = qwen2_load_shapes(w->backend, &w->svc.model, st, &shapes, &weight_bytes, &err);
+    if (s == VLMD_OK)
+        s = profile_check_weights(w->backend, weight_bytes, 0, &err);
+    /* a given length that cannot fit is refused before the seconds of loading */
+    if (s == VLMD_OK)
+        s = profile_check_length(shapes, w->backend, weight_bytes, &base, &pc, &err);
+    qwen2_free(shapes);
+    if (s == VLMD_OK)
+        s = qwen2_load(w->backend, &w->svc.model, st, &w->model, &err);
+    if (s != VLMD_OK) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }

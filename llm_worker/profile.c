@@ -36,18 +36,132 @@ int64_t profile_probe_tokens(const engine_config *cfg)
     return tokens > PROFILE_MIN_PROBE_TOKENS ? tokens : PROFILE_MIN_PROBE_TOKENS;
 }
 
-/* Probe: a KV cache of probe tokens and the worst step; fills the peak numbers. */
+static int64_t length_step_down(int64_t len)
+{
+    return len >= PROFILE_LENGTH_STEP ? len / PROFILE_LENGTH_STEP * PROFILE_LENGTH_STEP : len;
+}
+
+/* The target's arithmetic with the non-KV peak estimated from the shapes:
+ * the engine at `len` (a cache of len tokens, its workspace for sequences of
+ * len) beside the weights, the peer and the canary. True when len tokens fit. */
+static bool fit_at(qwen2_model *m, const engine_config *base, const profile_config *pc,
+                   uint64_t total, uint64_t weights, int64_t len, profile_fit *f)
+{
+    engine_config cfg = *base;
+    cfg.kv_slots = (int32_t)len;
+    cfg.max_model_len = (int32_t)len;
+    uint64_t bpt = qwen2_kv_bytes_per_token(m);
+    f->workspace_bytes = engine_device_bytes(m, &cfg) - (uint64_t)len * bpt;
+    double left = (double)total - (double)weights - (double)f->workspace_bytes -
+                  (double)pc->peer_bytes - (double)pc->canary_bytes;
+    f->room_bytes = left > 0 ? (uint64_t)left : 0;
+    f->tokens = (int64_t)((uint64_t)((double)f->room_bytes * pc->mem_fraction) / bpt);
+    return f->tokens >= len;
+}
+
+static vlmd_status fit_length(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+                              const profile_config *pc, uint64_t weights, profile_fit *fit,
+                              vlmd_error *err)
+{
+    int64_t wanted = base->max_model_len;
+    *fit = (profile_fit){.wanted = wanted, .max_model_len = wanted, .tokens = pc->max_total_token_num};
+    if (pc->max_total_token_num) { /* the cache's size is given: the length must fit it */
+        if (wanted <= pc->max_total_token_num)
+            return VLMD_OK;
+        if (pc->lower_max_model_len) {
+            fit->max_model_len = pc->max_total_token_num;
+            fit->lowered = true;
+            return VLMD_OK;
+        }
+        return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "--max-model-len %lld does not fit a KV "
+                           "cache of %lld tokens (--max-total-token-num): lower --max-model-len, "
+                           "or raise --max-total-token-num", (long long)wanted,
+                           (long long)pc->max_total_token_num);
+    }
+    uint64_t free_bytes = 0, total = 0;
+    vlmd_status st = vlmd_backend_mem_info(b, &free_bytes, &total, err);
+    if (st != VLMD_OK)
+        return st;
+    if (fit_at(m, base, pc, total, weights, wanted, fit))
+        return VLMD_OK;
+    profile_fit at_wanted = *fit;
+    int64_t lo = 0, hi = wanted; /* fits(lo) (0 trivially), !fits(hi); a shorter length needs less */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        profile_fit probe_fit;
+        if (fit_at(m, base, pc, total, weights, mid, &probe_fit))
+            lo = mid;
+        else
+            hi = mid;
+    }
+    int64_t fits = length_step_down(lo);
+    if (pc->lower_max_model_len && fits > 0) {
+        fit_at(m, base, pc, total, weights, fits, fit);
+        fit->wanted = wanted;
+        fit->max_model_len = fits;
+        fit->lowered = true;
+        return VLMD_OK;
+    }
+    *fit = at_wanted;
+    const vlmd_device_info *dev = vlmd_backend_info(b);
+    uint64_t bpt = qwen2_kv_bytes_per_token(m);
+    char lower[160] = "not one token fits: ";
+    if (fits > 0)
+        snprintf(lower, sizeof lower, "lower --max-model-len to %lld or less (or leave it out: "
+                 "the engine then takes what fits), or ", (long long)fits);
+    return vlmd_errorf(
+        err, VLMD_ERR_TOO_LARGE,
+        "%s%lld does not fit a KV cache of what this device holds, as estimated before the "
+        "probe: one request of %lld tokens needs %llu MiB of KV cache (%llu bytes per token); "
+        "the device (%s, %llu MiB) has %llu MiB left after the weights (%llu MiB), the "
+        "engine's workspace at that length (%llu MiB, from the shapes), the visual worker "
+        "(%llu MiB) and the canary (%llu MiB), of which --mem-fraction %g may hold KV. To fit, "
+        "%sgive the cache more room: %sa higher --mem-fraction, a smaller --batch-max-tokens or "
+        "--max-num-seqs (the workspace), or the visual worker's reservation "
+        "(--visual-batch-size, --vision-max-pixels, --max-image-pixels)",
+        pc->lower_max_model_len ? "the model's max_position_embeddings " : "--max-model-len ",
+        (long long)wanted, (long long)wanted, MIB((uint64_t)wanted * bpt),
+        (unsigned long long)bpt, dev->name, MIB(total), MIB(fit->room_bytes), MIB(weights),
+        MIB(fit->workspace_bytes), MIB(pc->peer_bytes), MIB(pc->canary_bytes), pc->mem_fraction,
+        lower, dev->kind == VLMD_DEVICE_CPU ? "a larger --cpu-device-mb, " : "a larger device, ");
+}
+
+vlmd_status profile_fit_length(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+                               const profile_config *pc, profile_fit *fit, vlmd_error *err)
+{
+    return fit_length(m, b, base, pc, vlmd_backend_allocated_bytes(b), fit, err);
+}
+
+vlmd_status profile_check_length(qwen2_model *shapes, vlmd_backend *b, uint64_t weight_bytes,
+                                 const engine_config *base, const profile_config *pc,
+                                 vlmd_error *err)
+{
+    profile_fit fit;
+    profile_config given = *pc;
+    given.lower_max_model_len = false;
+    given.peer_bytes = 0; /* not known yet: 0 can only make the length fit */
+    if (pc->lower_max_model_len)
+        return VLMD_OK;
+    return fit_length(shapes, b, base, &given, vlmd_backend_allocated_bytes(b) + weight_bytes,
+                      &fit, err);
+}
+
+/* Probe: a KV cache of probe tokens (at most what the fit found) and, where
+ * ops take memory (FULL), the stress step; fills the peak numbers. */
 static vlmd_status probe(qwen2_model *m, vlmd_backend *b, engine_config cfg, engine_emit_fn emit,
                          void *ud, profile_report *rep, vlmd_error *err)
 {
     rep->probe_tokens = profile_probe_tokens(&cfg);
+    if (rep->probe_tokens > rep->fit.tokens)
+        rep->probe_tokens = rep->fit.tokens;
     rep->probe_kv_bytes = (uint64_t)rep->probe_tokens * rep->bytes_per_token;
     cfg.kv_slots = (int32_t)rep->probe_tokens;
     vlmd_backend_reset_peak(b);
     engine *e = NULL;
     vlmd_status st = engine_create(m, &cfg, emit, ud, &e, err);
-    if (st == VLMD_OK)
-        st = engine_stress(e, err);
+    /* SHAPES: the buffers are the peak; validate runs the model in them */
+    if (st == VLMD_OK && rep->stress == ENGINE_STRESS_FULL)
+        st = engine_stress(e, rep->stress, err);
     uint64_t free_bytes = 0, total = 0;
     if (st == VLMD_OK)
         st = vlmd_backend_mem_info(b, &free_bytes, &total, err);
@@ -62,10 +176,11 @@ static vlmd_status probe(qwen2_model *m, vlmd_backend *b, engine_config cfg, eng
     return VLMD_OK;
 }
 
-/* One attempt at `tokens`: the engine, the canary, the worst step. */
+/* One attempt at `tokens`: the engine, the canary, the stress step. */
 static vlmd_status attempt(qwen2_model *m, vlmd_backend *b, engine_config cfg, engine_emit_fn emit,
-                           void *ud, int64_t tokens, uint64_t canary_bytes, engine **out,
-                           void **canary, vlmd_error *err)
+                           void *ud, int64_t tokens, uint64_t canary_bytes,
+                           engine_stress_kind stress, engine **out, void **canary,
+                           vlmd_error *err)
 {
     cfg.kv_slots = (int32_t)tokens;
     engine *e = NULL;
@@ -74,7 +189,7 @@ static vlmd_status attempt(qwen2_model *m, vlmd_backend *b, engine_config cfg, e
     if (st == VLMD_OK)
         st = vlmd_backend_alloc(b, canary_bytes, &c, err);
     if (st == VLMD_OK)
-        st = engine_stress(e, err);
+        st = engine_stress(e, stress, err);
     if (st != VLMD_OK) {
         vlmd_backend_free(b, c, canary_bytes);
         engine_free(e);
@@ -85,6 +200,20 @@ static vlmd_status attempt(qwen2_model *m, vlmd_backend *b, engine_config cfg, e
     return VLMD_OK;
 }
 
+/* A lowered length follows a cache that holds fewer tokens than it (what
+ * the probe measured, or a shrunk attempt); a given one cannot. */
+static void follow_tokens(engine_config *cfg, const profile_config *pc, int64_t tokens,
+                          profile_report *rep)
+{
+    if (!pc->lower_max_model_len || tokens >= cfg->max_model_len || tokens < 1)
+        return;
+    int64_t len = length_step_down(tokens);
+    VLMD_WARN("profile: max model length %d lowered to %lld: the KV cache holds %lld tokens",
+              cfg->max_model_len, (long long)len, (long long)tokens);
+    cfg->max_model_len = (int32_t)len;
+    rep->max_model_len = len;
+}
+
 vlmd_status profile_run(qwen2_model *m, vlmd_backend *b, const engine_config *base,
                         engine_emit_fn emit, void *ud, const profile_config *pc,
                         profile_hook_fn hook, void *hook_ud, engine **out, void **canary,
@@ -93,16 +222,29 @@ vlmd_status profile_run(qwen2_model *m, vlmd_backend *b, const engine_config *ba
     *out = NULL;
     *canary = NULL;
     *rep = (profile_report){.bytes_per_token = qwen2_kv_bytes_per_token(m),
-                            .canary_bytes = pc->canary_bytes};
+                            .canary_bytes = pc->canary_bytes,
+                            .stress = engine_stress_resolve(b, pc->stress)};
     uint64_t free_bytes = 0;
     vlmd_status st = vlmd_backend_mem_info(b, &free_bytes, &rep->total_bytes, err);
     if (st != VLMD_OK)
         return st;
     rep->weights_bytes = vlmd_backend_allocated_bytes(b);
+    if ((st = profile_fit_length(m, b, base, pc, &rep->fit, err)) != VLMD_OK)
+        return st;
+    engine_config cfg = *base;
+    cfg.max_model_len = (int32_t)rep->fit.max_model_len;
+    rep->max_model_len = rep->fit.max_model_len;
+    if (rep->fit.lowered)
+        VLMD_WARN("profile: max model length lowered from the model's %lld to %lld, what fits "
+                  "(estimated before the probe: %lld KV tokens in %llu MiB beside %llu MiB of "
+                  "weights and %llu MiB of workspace; --max-model-len sets it)",
+                  (long long)rep->fit.wanted, (long long)rep->fit.max_model_len,
+                  (long long)rep->fit.tokens, MIB(rep->fit.room_bytes), MIB(rep->weights_bytes),
+                  MIB(rep->fit.workspace_bytes));
     int64_t tokens = pc->max_total_token_num;
     int attempts = tokens ? 1 : PROFILE_ATTEMPTS;
     if (!tokens) {
-        if ((st = probe(m, b, *base, emit, ud, rep, err)) != VLMD_OK)
+        if ((st = probe(m, b, cfg, emit, ud, rep, err)) != VLMD_OK)
             return st;
         if (vlmd_backend_allocated_bytes(b) != rep->weights_bytes)
             return vlmd_errorf(err, VLMD_ERR_INTERNAL, "the probe was not freed: %llu bytes "
@@ -122,22 +264,24 @@ vlmd_status profile_run(qwen2_model *m, vlmd_backend *b, const engine_config *ba
         tokens = rep->target_tokens;
         if (tokens > INT32_MAX)
             tokens = INT32_MAX;
-        VLMD_INFO("profile: probe %lld tokens, peak %llu MiB (driver %llu MiB), non-KV %llu MiB; "
-                  "target %lld tokens (%llu MiB of %llu MiB)",
-                  (long long)rep->probe_tokens, MIB(rep->probe_peak_bytes),
-                  MIB(rep->probe_driver_used), MIB(rep->non_kv_bytes), (long long)tokens,
-                  MIB(rep->budget_bytes), MIB(rep->total_bytes));
+        VLMD_INFO("profile: probe %lld tokens (%s stress), peak %llu MiB (driver %llu MiB), "
+                  "non-KV %llu MiB; target %lld tokens (%llu MiB of %llu MiB)",
+                  (long long)rep->probe_tokens, engine_stress_str(rep->stress),
+                  MIB(rep->probe_peak_bytes), MIB(rep->probe_driver_used),
+                  MIB(rep->non_kv_bytes), (long long)tokens, MIB(rep->budget_bytes),
+                  MIB(rep->total_bytes));
     }
     vlmd_error last = {0};
     int64_t first = tokens;
     for (int a = 0; a < attempts; a++) {
-        if (tokens < base->max_model_len)
+        follow_tokens(&cfg, pc, tokens, rep);
+        if (tokens < cfg.max_model_len || tokens < 1)
             return vlmd_errorf(err, VLMD_ERR_TOO_LARGE,
                                "--max-model-len %d does not fit a KV cache of %lld tokens (%s; "
                                "device %llu MiB: weights %llu MiB, activations %llu MiB, visual "
                                "worker %llu MiB, canary %llu MiB, %llu bytes per token): lower "
                                "--max-model-len, or give the cache more room (%s)",
-                               base->max_model_len, (long long)tokens,
+                               cfg.max_model_len, (long long)tokens,
                                pc->max_total_token_num ? "--max-total-token-num"
                                : a ? "after shrinking" : "what this device holds",
                                MIB(rep->total_bytes), MIB(rep->weights_bytes),
@@ -147,7 +291,8 @@ vlmd_status profile_run(qwen2_model *m, vlmd_backend *b, const engine_config *ba
         if (hook)
             hook(a, hook_ud);
         rep->attempts = a + 1;
-        st = attempt(m, b, *base, emit, ud, tokens, pc->canary_bytes, out, canary, &last);
+        st = attempt(m, b, cfg, emit, ud, tokens, pc->canary_bytes, rep->stress, out, canary,
+                     &last);
         if (st == VLMD_OK) {
             rep->tokens = tokens;
             rep->kv_bytes = (uint64_t)tokens * rep->bytes_per_token;

@@ -1,14 +1,24 @@
 /* profile.h - the engine's four-phase auto-profile (DESIGN.md §4): how many
  * KV tokens this device can hold beside everything else, measured once.
  *
- *   probe     a KV cache of max(batch_max_tokens + max_num_seqs, 8192) tokens and
- *             the real worst step (engine_stress); the device's peak use measured
- *             both ways: the allocator's high-water mark and the driver's free bytes
+ *   fit       before anything runs: whether one request of max_model_len tokens
+ *             can fit at all, from the weights (held), the engine's buffers at
+ *             that length (sized from the shapes), the peer footprint, the
+ *             canary and mem_fraction. A given --max-model-len that cannot is
+ *             refused at once with the numbers; the model's own length is
+ *             lowered to what fits. Only an estimate: what ops take beyond
+ *             their buffers (CUDA) is the probe's to measure
+ *   probe     a KV cache of max(batch_max_tokens + max_num_seqs, 8192) tokens (at
+ *             most what the fit found) and, where ops take memory (CUDA), the
+ *             worst step (engine_stress); on the CPU no step: its buffers are
+ *             its peak. The device's peak use measured both ways: the
+ *             allocator's high-water mark and the driver's free bytes
  *   target    budget = (total - non-KV peak - peer footprint - canary) x mem_fraction;
- *             tokens = budget / KV bytes per token
+ *             tokens = budget / KV bytes per token (a lowered length follows them)
  *   rebuild   the probe freed (the allocator must be back where it was); the engine
  *             created at the target; the canary allocated
- *   validate  the worst step again; any allocation failure in rebuild or validate
+ *   validate  the stress step (on the CPU a few tokens through the real model);
+ *             any allocation failure in rebuild or validate
  *             shrinks the target by 5%, at most 3 times (4 attempts), then the
  *             engine stops with every number and every knob named
  *
@@ -25,18 +35,42 @@
 #define PROFILE_MIN_PROBE_TOKENS 8192
 #define PROFILE_ATTEMPTS 4
 
+/* Lengths lowered to fit are rounded down to a multiple of this (when at
+ * least this), so a little more or less memory gives the same length. */
+#define PROFILE_LENGTH_STEP 256
+
 typedef struct profile_config {
     int64_t max_total_token_num;    /* 0: search; N: one attempt at N */
     double mem_fraction;
     uint64_t peer_bytes;            /* the visual worker's reservation on this device */
     uint64_t canary_bytes;          /* held for good as headroom (PROFILE_CANARY_BYTES) */
+    bool lower_max_model_len;       /* the length is the model's own (no --max-model-len):
+                                     * lowered to what fits instead of refused */
+    engine_stress_kind stress;      /* AUTO: FULL where ops take memory (CUDA), else SHAPES */
 } profile_config;
+
+/* The fit: the longest request, up to the wanted length, whose KV cache fits
+ * beside what is known before anything runs. */
+typedef struct profile_fit {
+    int64_t wanted;                 /* base's max_model_len */
+    int64_t max_model_len;          /* what the engine takes: wanted, or lowered */
+    bool lowered;
+    int64_t tokens;                 /* KV tokens the estimate gives at max_model_len (at
+                                     * wanted when refused) */
+    uint64_t workspace_bytes;       /* the engine's buffers besides the KV at that length,
+                                     * from the shapes (engine_device_bytes) */
+    uint64_t room_bytes;            /* total - weights - workspace - peer - canary */
+} profile_fit;
 
 /* Called before each rebuild attempt (attempt 0..3), after the probe was freed:
  * where tests make a peer take memory or a validation fail. */
 typedef void (*profile_hook_fn)(int attempt, void *ud);
 
 typedef struct profile_report {
+    profile_fit fit;
+    int64_t max_model_len;          /* the engine's: the fit's, lowered again when the
+                                     * measured target holds fewer tokens */
+    engine_stress_kind stress;      /* the stress steps that ran: FULL or SHAPES */
     uint64_t total_bytes;           /* the device */
     uint64_t weights_bytes;         /* held before the profile (the model's weights) */
     int64_t probe_tokens;
@@ -58,13 +92,32 @@ typedef struct profile_report {
 /* The probe's KV tokens: max(batch_max_tokens + max_num_seqs, 8192). */
 int64_t profile_probe_tokens(const engine_config *cfg);
 
+/* The fit step for a loaded model (its weights held on b) and the engine
+ * configuration base (its max_model_len the wanted length). VLMD_OK with
+ * fit->max_model_len the length to take; VLMD_ERR_TOO_LARGE, with the numbers
+ * and what to change, when a given length (or, lowering, even one token)
+ * cannot fit. With max_total_token_num the cache is that size: the length
+ * must fit it (or is lowered to it). Allocates nothing. */
+vlmd_status profile_fit_length(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+                               const profile_config *pc, profile_fit *fit, vlmd_error *err);
+
+/* Before loading, for a given --max-model-len (pc->lower_max_model_len
+ * false; VLMD_OK otherwise): the fit on the model's shapes (from
+ * qwen2_load_shapes) with weight_bytes to come and no peer footprint yet,
+ * so a length that cannot fit is refused without loading (the fit after
+ * loading, with the peer, stays the one that decides). */
+vlmd_status profile_check_length(qwen2_model *shapes, vlmd_backend *b, uint64_t weight_bytes,
+                                 const engine_config *base, const profile_config *pc,
+                                 vlmd_error *err);
+
 /* Before loading: VLMD_ERR_TOO_LARGE, with the numbers, when weights of
  * weight_bytes cannot fit beside the peer's reservation and the canary. */
 vlmd_status profile_check_weights(vlmd_backend *b, uint64_t weight_bytes, uint64_t peer_bytes,
                                   vlmd_error *err);
 
 /* Runs the protocol for a loaded model. On success *out is the engine at the
- * final size (engine_config's kv_slots replaced), *canary the held canary
+ * final size (engine_config's kv_slots replaced, its max_model_len
+ * rep->max_model_len), *canary the held canary
  * (free it with vlmd_backend_free(b, *canary, rep->canary_bytes)). On failure
  * nothing stays allocated and err gives the numbers and names every knob. */
 vlmd_status profile_run(qwen2_model *m, vlmd_backend *b, const engine_config *base,

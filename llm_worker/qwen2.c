@@ -365,6 +365,15 @@ vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
     return s;
 }
 
+vlmd_status qwen2_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
+                              const vlmd_safetensors *st, qwen2_model **out,
+                              uint64_t *weight_bytes, vlmd_error *err)
+{
+    vlmd_status s = load(b, mc, st, true, out, err);
+    *weight_bytes = *out ? (*out)->dry_bytes : 0;
+    return s;
+}
+
 void qwen2_free(qwen2_model *m)
 {
     if (!m)
@@ -372,6 +381,11 @@ void qwen2_free(qwen2_model *m)
     vlmd_backend_free_owned(m->b, &m->weights);
     free(m->layers);
     free(m);
+}
+
+vlmd_backend *qwen2_backend(const qwen2_model *m)
+{
+    return m->b;
 }
 
 uint64_t qwen2_kv_bytes_per_token(const qwen2_model *m)
@@ -417,6 +431,13 @@ uint64_t qwen2_worst_case_steps(const qwen2_model *m)
 
 /* ---- KV cache and workspace -------------------------------------------------- */
 
+uint64_t qwen2_kv_bytes(const qwen2_model *m, int32_t n_slots)
+{
+    /* per layer a K and a V of n_slots + 1 rows: the last is the pad slot */
+    return 2u * (uint64_t)m->L * ((uint64_t)n_slots + 1) * (uint64_t)m->nkv * (uint64_t)m->hd *
+           vlmd_backend_elem_size(m->b);
+}
+
 vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err)
 {
     *out = NULL;
@@ -434,8 +455,7 @@ vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlm
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
     kv->n_slots = n_slots;
-    size_t bytes = ((size_t)n_slots + 1) * (size_t)m->nkv * (size_t)m->hd *
-                   vlmd_backend_elem_size(m->b);
+    size_t bytes = qwen2_kv_bytes(m, n_slots) / (2 * (size_t)m->L);
     for (int l = 0; l < m->L; l++) {
         vlmd_status s = vlmd_backend_alloc(m->b, bytes, &kv->k[l], err);
         if (s == VLMD_OK)
@@ -453,8 +473,7 @@ void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv)
 {
     if (!kv)
         return;
-    size_t bytes = ((size_t)kv->n_slots + 1) * (size_t)m->nkv * (size_t)m->hd *
-                   vlmd_backend_elem_size(m->b);
+    size_t bytes = qwen2_kv_bytes(m, kv->n_slots) / (2 * (size_t)m->L);
     for (int l = 0; l < m->L; l++) {
         vlmd_backend_free(m->b, kv->k[l], bytes);
         vlmd_backend_free(m->b, kv->v[l], bytes);
@@ -464,23 +483,33 @@ void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv)
     free(kv);
 }
 
-vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
-                                   int32_t max_kv_len, qwen2_workspace **out, vlmd_error *err)
+/* The workspace's backend buffers: allocated into ws, or with ws NULL only
+ * counted into *bytes (as vlmd_backend_alloc_owned takes them), so the sizing
+ * and the allocation are one list. */
+static vlmd_status workspace_buffers(qwen2_model *m, qwen2_workspace *ws, int32_t max_tokens,
+                                     int32_t max_logits, int32_t max_kv_len, uint64_t *bytes,
+                                     vlmd_error *err)
 {
-    *out = NULL;
-    qwen2_workspace *ws = calloc(1, sizeof *ws);
-    if (!ws)
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
-    ws->max_tokens = max_tokens;
-    ws->max_logits = max_logits;
     size_t n = (size_t)max_tokens, f = vlmd_backend_elem_size(m->b), i32 = sizeof(int32_t);
-    size_t Q = (size_t)m->nh * m->hd, KV = (size_t)m->nkv * m->hd;
+    size_t Q = (size_t)m->nh * m->hd, KV = (size_t)m->nkv * m->hd, r = (size_t)max_logits;
+    /* + max_logits: a padded decode batch's padding sequences list the pad slot */
+    size_t table_len = r * (size_t)max_kv_len + r;
+    /* seen tokens: a budget for the average row, and room for one row's whole vocabulary */
+    int32_t seen_capacity = max_logits * QWEN2_SEEN_PER_ROW + m->V;
     vlmd_status s = VLMD_OK;
     void *p;
-#define WS(field, bytes)                                                                       \
-    if (s == VLMD_OK &&                                                                        \
-        (s = vlmd_backend_alloc_owned(m->b, &ws->buffers, (bytes), &p, err)) == VLMD_OK)       \
-        ws->field = p;
+    *bytes = 0;
+    if (ws) {
+        ws->table_len = table_len;
+        ws->seen_capacity = seen_capacity;
+    }
+#define WS(field, size)                                                                        \
+    if (s == VLMD_OK) {                                                                        \
+        size_t sz_ = (size);                                                                   \
+        *bytes += sz_ ? sz_ : 4;                                                               \
+        if (ws && (s = vlmd_backend_alloc_owned(m->b, &ws->buffers, sz_, &p, err)) == VLMD_OK) \
+            ws->field = p;                                                                     \
+    }
     WS(x, n * m->H * f)
     WS(h, n * m->H * f)
     WS(residual, n * m->H * f)
@@ -500,23 +529,42 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     if (m->n_deepstack) { /* any row of a step may be an image's */
         WS(deepstack, (size_t)m->n_deepstack * n * m->H * f)
     }
-    WS(rows, (size_t)max_logits * m->H * f)
-    WS(logits, (size_t)max_logits * m->V * f)
+    WS(rows, r * m->H * f)
+    WS(logits, r * m->V * f)
     WS(ids, n * i32)
     WS(positions, 3 * n * i32)
     WS(slots, n * i32)
-    WS(logit_rows, (size_t)max_logits * i32)
-    WS(seqs, (size_t)max_logits * sizeof(vlmd_attn_seq))
-    /* + max_logits: a padded decode batch's padding sequences list the pad slot */
-    ws->table_len = (size_t)max_logits * (size_t)max_kv_len + (size_t)max_logits;
-    WS(slot_table, ws->table_len * i32)
-    /* seen tokens: a budget for the average row, and room for one row's whole vocabulary */
-    ws->seen_capacity = max_logits * QWEN2_SEEN_PER_ROW + m->V;
-    WS(seen, (size_t)ws->seen_capacity * sizeof(vlmd_seen_token))
-    WS(sample_rows, (size_t)max_logits * sizeof(vlmd_sample_row))
-    WS(sample_out, (size_t)max_logits * sizeof(vlmd_sample_out))
-    WS(masks, (size_t)max_logits * qwen2_mask_words(m) * sizeof(uint32_t))
+    WS(logit_rows, r * i32)
+    WS(seqs, r * sizeof(vlmd_attn_seq))
+    WS(slot_table, table_len * i32)
+    WS(seen, (size_t)seen_capacity * sizeof(vlmd_seen_token))
+    WS(sample_rows, r * sizeof(vlmd_sample_row))
+    WS(sample_out, r * sizeof(vlmd_sample_out))
+    WS(masks, r * qwen2_mask_words(m) * sizeof(uint32_t))
 #undef WS
+    return s;
+}
+
+uint64_t qwen2_workspace_bytes(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+                               int32_t max_kv_len)
+{
+    uint64_t bytes = 0;
+    workspace_buffers(m, NULL, max_tokens, max_logits, max_kv_len, &bytes, NULL);
+    return bytes;
+}
+
+vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+                                   int32_t max_kv_len, qwen2_workspace **out, vlmd_error *err)
+{
+    *out = NULL;
+    qwen2_workspace *ws = calloc(1, sizeof *ws);
+    if (!ws)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    ws->max_tokens = max_tokens;
+    ws->max_logits = max_logits;
+    size_t i32 = sizeof(int32_t);
+    uint64_t bytes = 0;
+    vlmd_status s = workspace_buffers(m, ws, max_tokens, max_logits, max_kv_len, &bytes, err);
     size_t r = (size_t)max_logits;
     ws->seqs_host = malloc(r * sizeof *ws->seqs_host);
     ws->slot_table_host = malloc(ws->table_len * i32);

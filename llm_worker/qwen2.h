@@ -48,6 +48,16 @@ void qwen2_free(qwen2_model *m);
 vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
                                const vlmd_safetensors *st, uint64_t *bytes, vlmd_error *err);
 
+/* The model's shapes without its weights (nothing allocated on b), for
+ * sizing before loading: the workspace and KV functions below take it;
+ * nothing runs on it. *weight_bytes: what qwen2_load would take. Free with
+ * qwen2_free. */
+vlmd_status qwen2_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
+                              const vlmd_safetensors *st, qwen2_model **out,
+                              uint64_t *weight_bytes, vlmd_error *err);
+
+/* The backend the model was loaded on (borrowed). */
+vlmd_backend *qwen2_backend(const qwen2_model *m);
 /* Bytes of KV cache one token takes across all layers. */
 uint64_t qwen2_kv_bytes_per_token(const qwen2_model *m);
 uint32_t qwen2_vocab_size(const qwen2_model *m);
@@ -70,6 +80,8 @@ void qwen2_set_worst_case_routing(qwen2_workspace *ws, bool on);
 /* Steps of this model that ran with worst-case routing (MoE models only). */
 uint64_t qwen2_worst_case_steps(const qwen2_model *m);
 
+/* The backend bytes qwen2_kv_create takes for n_slots (the pad slot included). */
+uint64_t qwen2_kv_bytes(const qwen2_model *m, int32_t n_slots);
 vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err);
 void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv);
 
@@ -77,6 +89,10 @@ void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv);
  * rows) of up to max_kv_len cached tokens each. */
 vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
                                    int32_t max_kv_len, qwen2_workspace **out, vlmd_error *err);
+/* The backend bytes qwen2_workspace_create takes for these sizes, found
+ * without allocating (the same list of buffers). */
+uint64_t qwen2_workspace_bytes(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+                               int32_t max_kv_len);
 void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws);
 
 /* Consecutive rows of a batch whose input is given as embeddings (an

@@ -20,6 +20,7 @@
 
 #include "buf.h"
 #include "clock.h"
+#include "host_memory.h"
 #include "log.h"
 #include "model_config.h"
 #include "peer.h"
@@ -377,6 +378,10 @@ static int serve(int argc, char **argv)
     }
     VLMD_INFO("model %s (%s); runtime directory %s; router at %s", l.cfg.model,
               l.model.architecture, l.dir.path, l.cfg.router_endpoint);
+    /* measured once, so the visual worker and the engine (and their restarts)
+     * share one device */
+    if (l.cfg.cpu_device_mb == 0 && strcmp(l.cfg.device, "cuda") != 0)
+        l.cfg.cpu_device_mb = (int64_t)(vlmd_cpu_device_bytes(0) >> 20);
 
     uv_loop_init(&l.loop);
     l.zctx = zmq_ctx_new();

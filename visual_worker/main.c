@@ -18,6 +18,7 @@
 
 #include "backend.h"
 #include "buf.h"
+#include "host_memory.h"
 #include "encoder.h"
 #include "log.h"
 #include "process.h"
@@ -257,7 +258,7 @@ int main(int argc, char **argv)
         exit(VLMD_EXIT_CONFIG);
     }
     if (vlmd_backend_info(w.backend)->kind == VLMD_DEVICE_CPU)
-        vlmd_backend_limit(w.backend, (uint64_t)w.svc.cfg.cpu_device_mb << 20);
+        vlmd_backend_limit(w.backend, vlmd_cpu_device_bytes(w.svc.cfg.cpu_device_mb));
     reserve(&w);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
     /* device and memory are borrowed for the call (set_ready copies them) */

@@ -2,10 +2,18 @@
 // failure: 64 concurrent requests that need ten times the KV cache all finish
 // with the tokens each produces alone (greedy), preemptions show in /metrics,
 // no request is lost, no process restarts, and no device memory is allocated
-// after start-up. /memory_stats shows the auto-profile's numbers.
+// after start-up. /memory_stats shows the auto-profile's numbers. The fit
+// before the probe: a model whose own length cannot fit the device starts
+// with the length that does (in /health, /v1/models and held to), a given
+// --max-model-len that cannot fit stops at once with the numbers, and a
+// frontend that does not know the engine's length yet admits nothing.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor } from './harness.mjs';
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync, readdirSync, symlinkSync, readFileSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { BIN, FIXTURES, startServer, stopServer, postJson, getJson, waitFor, runToExit } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
 const KV = 640;
@@ -88,13 +96,130 @@ test('the auto-profile sizes the cache from the device and /memory_stats shows i
   }
 });
 
-test('a configuration the device cannot hold stops with every knob named', async () => {
-  const { runToExit } = await import('./harness.mjs');
-  // 270 MiB: the weights, the probe and the 256 MiB canary leave no room for a 4096-token request
+test('a KV cache the device cannot hold stops with every knob named', async () => {
+  // 270 MiB: the weights and the 256 MiB canary leave no room for 100000 tokens
   const r = await runToExit(['serve', '--model', MODEL, '--port', '0', '--cpu-device-mb', '270',
-    '--max-model-len', '4096'], 60000);
+    '--max-total-token-num', '100000'], 60000);
   assert.equal(r.code, 1, r.stderr.slice(-2000)); // the launcher stops: a worker's configuration error
   for (const knob of ['--max-total-token-num', '--mem-fraction', '--max-num-seqs', '--batch-max-tokens',
     '--max-model-len', '--visual-batch-size', '--max-image-pixels'])
     assert.ok(r.stderr.includes(knob), `${knob} is named:\n${r.stderr.slice(-2000)}`);
+});
+
+// ---- the fit before the probe -------------------------------------------------------
+
+const LONG = 1 << 20; // positions the fixture model claims: 1.5 GiB of KV at 1536 bytes a token
+
+// The qwen2 fixture with max_position_embeddings LONG, in a directory of its own.
+function longModel() {
+  const dir = mkdtempSync(join(tmpdir(), 'vlmd-e2e-long-'));
+  for (const f of readdirSync(MODEL))
+    if (f !== 'config.json') symlinkSync(join(MODEL, f), join(dir, f));
+  const config = JSON.parse(readFileSync(join(MODEL, 'config.json'), 'utf8'));
+  writeFileSync(join(dir, 'config.json'), JSON.stringify({ ...config, max_position_embeddings: LONG }));
+  return dir;
+}
+
+test("the model's length that cannot fit is lowered to what does, shown and held to", async () => {
+  const model = longModel();
+  // a small step keeps the workspace small: beside the 256 MiB canary, about a thousand tokens fit
+  const server = await startServer(['--model', model, '--port', '0', '--cpu-device-mb', '262',
+    '--batch-max-tokens', '256', '--max-num-seqs', '8']);
+  try {
+    const llm = (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === 'llm');
+    assert.equal(llm.config['max-model-len'], '0', 'the flag was not given');
+    const len = Number(llm.config.max_model_len);
+    assert.ok(len > 0 && len < LONG && len % 256 === 0, `the effective length: ${len}`);
+    assert.match(llm.config.max_model_len_reason,
+      new RegExp(`^lowered from the model's max_position_embeddings ${LONG} to what fits: `));
+    assert.match(server.stderr, new RegExp(`max model length lowered from the model's ${LONG} to ${len}`));
+    const mem = (await getJson(`${server.url}/memory_stats`)).body.llm.memory;
+    assert.equal(mem.max_model_len, len);
+    assert.ok(mem.kv_capacity_tokens >= len, 'the cache holds one request of it');
+    assert.equal(mem.stress, 'shapes', "the CPU's stress is sized by the shapes");
+    const models = (await getJson(`${server.url}/v1/models`)).body;
+    assert.equal(models.data[0].max_model_len, len);
+    assert.equal((await getJson(`${server.url}/v1/models/${models.data[0].id}`)).body.max_model_len, len);
+
+    const past = await postJson(`${server.url}/v1/completions`, { prompt: Array(len).fill(7), max_tokens: 1 });
+    assert.equal(past.status, 400, JSON.stringify(past.body));
+    assert.equal(past.body.error.code, 'context_length_exceeded');
+    assert.match(past.body.error.message, new RegExp(`maximum context length is ${len} tokens`));
+    // within it: answered, the output shrunk to the room left
+    const within = await postJson(`${server.url}/v1/completions`, { prompt: Array(len - 1).fill(7) },
+      { timeoutMs: 60000 });
+    assert.equal(within.status, 200, JSON.stringify(within.body));
+    assert.equal(within.body.usage.completion_tokens, 1);
+    assert.equal(within.body.choices[0].finish_reason, 'length');
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+    rmSync(model, { recursive: true, force: true });
+  }
+});
+
+test('a given --max-model-len that cannot fit stops at once with the numbers', async () => {
+  const model = longModel();
+  try {
+    const started = Date.now();
+    const r = await runToExit(['serve', '--model', model, '--port', '0', '--cpu-device-mb', '300',
+      '--max-model-len', String(LONG)], 60000);
+    const seconds = (Date.now() - started) / 1000;
+    assert.equal(r.code, 1, r.stderr.slice(-2000)); // the launcher stops: a worker's configuration error
+    assert.match(r.stderr, /vlmd-llm exited with a configuration error/);
+    const line = r.stderr.split('\n').find((l) => l.includes(`--max-model-len ${LONG} does not fit`));
+    assert.ok(line, r.stderr.slice(-3000));
+    for (const part of [`one request of ${LONG} tokens needs 1536 MiB of KV cache (1536 bytes per token)`,
+      '300 MiB)', 'the canary (256 MiB)', '--mem-fraction 0.95', 'a larger --cpu-device-mb',
+      '--batch-max-tokens', '--max-num-seqs', '--visual-batch-size'])
+      assert.ok(line.includes(part), `'${part}' in: ${line}`);
+    const fits = Number(line.match(/lower --max-model-len to (\d+) or less/)?.[1]);
+    assert.ok(fits > 0 && fits < LONG, line);
+    assert.doesNotMatch(r.stderr, /profile: probe/, 'refused before the probe');
+    assert.doesNotMatch(r.stderr, /loaded in/, 'and before the weights are loaded');
+    console.log(`refused in ${seconds.toFixed(2)} s; at most ${fits} tokens fit`);
+  } finally {
+    rmSync(model, { recursive: true, force: true });
+  }
+});
+
+// The arguments vlmd-ROLE gets (`vlmd args` quotes each one for a shell).
+function roleArgs(role, flags) {
+  const line = execFileSync(`${BIN}/vlmd`, ['args', role, ...flags], { encoding: 'utf8' }).trim();
+  return line.match(/'[^']*'/g).map((a) => a.slice(1, -1));
+}
+
+test('a frontend that does not know the engine\'s length yet admits nothing', async () => {
+  // router and frontend only: no engine has said what length it serves
+  const dir = mkdtempSync(join(tmpdir(), 'vlmd-e2e-nolen-'));
+  const flags = ['--model', MODEL, '--router-endpoint', `ipc://${dir}/router.sock`,
+    '--embed-arena-path', `${dir}/arena`, '--port', '0', '--heartbeat-ms', '50'];
+  const procs = ['router', 'frontend'].map((role) => {
+    const child = spawn(`${BIN}/vlmd-${role}`, roleArgs(role, flags), { stdio: ['ignore', 'ignore', 'pipe'] });
+    const p = { role, child, stderr: '', exited: null };
+    child.stderr.on('data', (d) => { p.stderr += d; });
+    child.on('exit', (code, signal) => { p.exited = { code, signal }; });
+    return p;
+  });
+  try {
+    const url = await waitFor('the frontend to listen', () => {
+      if (procs[1].exited) throw new Error(`the frontend exited: ${procs[1].stderr}`);
+      return procs[1].stderr.match(/listening on (http:\/\/\S+)/)?.[1];
+    });
+    await waitFor('a snapshot from the router', async () =>
+      (await getJson(`${url}/health`)).body.processes.some((p) => p.role === 'router'));
+    for (const path of ['/v1/completions', '/v1/chat/completions']) {
+      const r = await postJson(`${url}${path}`, path.includes('chat')
+        ? { messages: [{ role: 'user', content: 'hi' }], max_tokens: 1 } : { prompt: 'hi', max_tokens: 1 });
+      assert.equal(r.status, 503, JSON.stringify(r.body));
+      assert.equal(r.body.error.code, 'engine_not_ready');
+      assert.equal(r.headers['retry-after'], '1');
+    }
+  } finally {
+    for (const p of [...procs].reverse()) {
+      if (!p.exited) p.child.kill('SIGTERM');
+      await waitFor(`${p.role} to exit`, () => p.exited, 20000);
+      assert.deepEqual(p.exited, { code: 0, signal: null }, `${p.role}: ${p.stderr.slice(-2000)}`);
+    }
+    rmSync(dir, { recursive: true, force: true });
+  }
 });

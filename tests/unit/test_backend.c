@@ -1,11 +1,12 @@
 /* test_backend.c - the backend interface: device info, counted allocations,
- * copies. The CUDA checks run where a GPU is visible; elsewhere the CUDA
+ * copies, the CPU's simulated device and its default size. The CUDA checks run where a GPU is visible; elsewhere the CUDA
  * backend must refuse with a clear error and "auto" must fall back to CPU. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend.h"
+#include "host_memory.h"
 
 static void roundtrip(vlmd_backend *b)
 {
@@ -74,6 +75,34 @@ Test(backend, owned_allocations_are_freed_together)
     cr_expect_eq(o.n, 0);
     cr_expect_null(o.blocks);
     vlmd_backend_destroy(b);
+}
+
+#define GIB (1ull << 30)
+
+/* --cpu-device-mb 0: the available memory, within a cgroup's limit, less a
+ * tenth of it (1 GiB at least), never below the flag's 64 MiB. */
+Test(backend, the_cpu_devices_default_is_spare_memory_less_a_margin)
+{
+    vlmd_host_memory hm;
+    vlmd_host_memory_plan(32 * GIB, 20 * GIB, 0, &hm);
+    cr_expect_eq(hm.room, 20 * GIB);
+    cr_expect_eq(hm.margin, 2 * GIB, "a tenth");
+    cr_expect_eq(hm.device, 18 * GIB);
+    vlmd_host_memory_plan(32 * GIB, 20 * GIB, 8 * GIB, &hm);
+    cr_expect_eq(hm.limit, 8 * GIB);
+    cr_expect_eq(hm.room, 8 * GIB, "the cgroup's limit binds");
+    cr_expect_eq(hm.device, 7 * GIB, "less 1 GiB: a tenth is less");
+    vlmd_host_memory_plan(32 * GIB, 20 * GIB, 1ull << 62, &hm);
+    cr_expect_eq(hm.limit, 0, "an unlimited cgroup reports a huge limit");
+    cr_expect_eq(hm.device, 18 * GIB);
+    vlmd_host_memory_plan(4 * GIB, GIB / 2, 0, &hm);
+    cr_expect_eq(hm.device, VLMD_HOST_DEVICE_MIN, "never below --cpu-device-mb's minimum");
+    cr_expect_eq(vlmd_cpu_device_bytes(512), 512ull << 20, "a given size is taken as it is");
+    vlmd_host_memory_read(&hm);
+    cr_expect_gt(hm.total, 0);
+    cr_expect_leq(hm.available, hm.total);
+    cr_expect_leq(hm.device, hm.total);
+    cr_expect_geq(vlmd_cpu_device_bytes(0), VLMD_HOST_DEVICE_MIN);
 }
 
 Test(backend, bad_device_name)

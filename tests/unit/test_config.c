@@ -153,6 +153,16 @@ Test(config, validation_relations)
     cr_expect(strstr(err.msg, "--mem-fraction: '1.5'"), "%s", err.msg);
     vlmd_config_free(&cfg);
 
+    char *tiny_device[] = {"--model", "/m", "--cpu-device-mb", "63"};
+    parse(&cfg, VLMD_ROLE_LAUNCHER, &err, 4, tiny_device);
+    cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LAUNCHER, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "--cpu-device-mb 63"), "%s", err.msg);
+    vlmd_config_free(&cfg);
+    char *spare_device[] = {"--model", "/m", "--cpu-device-mb", "0"};
+    parse(&cfg, VLMD_ROLE_LAUNCHER, &err, 4, spare_device);
+    cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LAUNCHER, &err), VLMD_OK, "%s", err.msg);
+    vlmd_config_free(&cfg);
+
     char *timeouts[] = {"--model", "/m", "--heartbeat-ms", "1000", "--heartbeat-timeout-ms", "2000"};
     parse(&cfg, VLMD_ROLE_LAUNCHER, &err, 6, timeouts);
     cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LAUNCHER, &err), VLMD_ERR_INVALID_ARG);

@@ -607,7 +607,7 @@ Test(engine_images, qwen3_vl_stress_runs_the_deepstack_addition)
         engine *e = NULL;
         cr_assert_eq(engine_create(m, &cfg, on_emit, NULL, &e, &err), VLMD_OK, "%s", err.msg);
         counted_adds = 0;
-        cr_assert_eq(engine_stress(e, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(engine_stress(e, ENGINE_STRESS_AUTO, &err), VLMD_OK, "%s", err.msg);
         cr_expect_eq(counted_adds, vl ? mc.vision.n_deepstack : 0, "%s: %d additions",
                      models[mi], counted_adds);
         engine_free(e);

@@ -250,6 +250,30 @@ Test(health, no_snapshot_yet_is_starting)
     json_decref(h);
 }
 
+/* The length requests are held to comes from the ready engine's settings:
+ * unknown while it starts, its published value once ready (0 when it
+ * published none: the frontend then takes the configured one). */
+Test(health, the_engines_length_is_known_once_it_is_ready)
+{
+    vlmd_worker_info w[N_PROCS];
+    fill(w, VLMD_WORKER_STARTING);
+    vlmd_kv lowered[] = {{"max-model-len", "0"}, {"max_model_len", "5120"}};
+    w[LLM].config = lowered;
+    w[LLM].n_config = 2;
+    vlmd_msg_stats_snapshot snap = {.workers = w, .n_workers = N_PROCS};
+    int64_t len = -1;
+    cr_expect_not(vlmd_health_engine_length(&snap, &len), "a starting engine serves nothing yet");
+    cr_expect_not(vlmd_health_engine_length(NULL, &len));
+    w[LLM].state = VLMD_WORKER_READY;
+    cr_expect(vlmd_health_engine_length(&snap, &len));
+    cr_expect_eq(len, 5120);
+    w[LLM].n_config = 1;
+    cr_expect(vlmd_health_engine_length(&snap, &len));
+    cr_expect_eq(len, 0, "published none");
+    w[LLM].rank = 1;
+    cr_expect_not(vlmd_health_engine_length(&snap, &len), "rank 0 is the one requests go to");
+}
+
 /* ---- /v1/models --------------------------------------------------------- */
 
 Test(models, openai_list_shape)
