@@ -14,6 +14,10 @@
 
 #include "status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define VLMD_SAFETENSORS_MAX_HEADER (100u << 20) /* the format's own limit */
 #define VLMD_TENSOR_MAX_DIMS 8
 
@@ -70,5 +74,9 @@ vlmd_status vlmd_tensor_to_f32(const vlmd_tensor_view *t, float *dst, vlmd_error
 /* Conversions of one value (exact for BF16; IEEE half with subnormals). */
 float vlmd_bf16_to_f32(uint16_t h);
 float vlmd_f16_to_f32(uint16_t h);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif
