@@ -337,8 +337,12 @@ static vlmd_dtype checkpoint_matrix_dtype(const vlmd_safetensors *st)
 vlmd_status vlmd_backend_hold_weights(vlmd_backend *b, const vlmd_safetensors *st,
                                       vlmd_error *err)
 {
+    return vlmd_backend_hold_weight_dtype(b, checkpoint_matrix_dtype(st), err);
+}
+
+vlmd_status vlmd_backend_hold_weight_dtype(vlmd_backend *b, vlmd_dtype want, vlmd_error *err)
+{
     if (b->ops->weights_as_stored) {
-        vlmd_dtype want = checkpoint_matrix_dtype(st);
         if (b->weight_holders && want != b->weight_dtype)
             return vlmd_errorf(err, VLMD_ERR_MODEL, "this %s backend holds %s weights; a %s "
                                "checkpoint needs a backend of its own", b->info.name,

@@ -92,6 +92,9 @@ size_t vlmd_backend_kv_elem_size(const vlmd_backend *b);
  * backend of its own). Nothing is allocated. */
 vlmd_status vlmd_backend_hold_weights(vlmd_backend *b, const struct vlmd_safetensors *st,
                                       vlmd_error *err);
+/* The same for weights of type want (F32, BF16, F16) without a checkpoint
+ * (benchmarks, tests). */
+vlmd_status vlmd_backend_hold_weight_dtype(vlmd_backend *b, vlmd_dtype want, vlmd_error *err);
 void vlmd_backend_release_weights(vlmd_backend *b);
 /* The threads the backend's ops run on (--threads; 0: the cores the process
  * may use). The CPU backend's pool is started anew; other backends have

@@ -436,6 +436,8 @@ static void load_model(llm_worker *w)
     }
     if (vlmd_backend_info(w->backend)->kind == VLMD_DEVICE_CPU)
         vlmd_backend_limit(w->backend, (uint64_t)w->svc.cfg.cpu_device_mb << 20);
+    if (vlmd_backend_set_threads(w->backend, (int)w->svc.cfg.threads, &err) != VLMD_OK)
+        VLMD_FATAL("--threads %lld: %s", (long long)w->svc.cfg.threads, err.msg);
     uint64_t t0 = vlmd_now_ms(), weight_bytes = 0;
     vlmd_safetensors *st = NULL;
     if (vlmd_safetensors_open_dir(w->svc.cfg.model, &st, &err) != VLMD_OK ||
@@ -454,6 +456,11 @@ static void load_model(llm_worker *w)
               (long long)t->num_kv_heads, (long long)t->vocab_size,
               (unsigned long long)(vlmd_backend_allocated_bytes(w->backend) >> 20),
               vlmd_backend_info(w->backend)->name);
+    if (vlmd_backend_info(w->backend)->kind == VLMD_DEVICE_CPU)
+        VLMD_INFO("CPU backend: %s weights, %s KV cache, %d threads, %s kernels",
+                  vlmd_dtype_str(vlmd_backend_weight_dtype(w->backend)),
+                  vlmd_dtype_str(vlmd_backend_kv_dtype(w->backend)),
+                  vlmd_backend_threads(w->backend), vlmd_backend_isa(w->backend));
 }
 
 int main(int argc, char **argv)

@@ -258,6 +258,8 @@ int main(int argc, char **argv)
     }
     if (vlmd_backend_info(w.backend)->kind == VLMD_DEVICE_CPU)
         vlmd_backend_limit(w.backend, (uint64_t)w.svc.cfg.cpu_device_mb << 20);
+    if (vlmd_backend_set_threads(w.backend, (int)w.svc.cfg.threads, &err) != VLMD_OK)
+        VLMD_FATAL("--threads %lld: %s", (long long)w.svc.cfg.threads, err.msg);
     reserve(&w);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
     /* device and memory are borrowed for the call (set_ready copies them) */

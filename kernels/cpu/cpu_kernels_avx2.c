@@ -18,6 +18,7 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define GEMV_KBLK 2048
+#define UNROLL _Pragma("GCC unroll 8")
 
 /* 8 weights from element i of w (type t) as fp32 */
 INLINE __m256 load8(const void *w, vlmd_dtype t, size_t i)
@@ -45,17 +46,25 @@ INLINE void gemv_tile(const int R, const int C, const vlmd_dtype t, float *y, in
                       const float *x, int ldx, const void *w, int in, int o, int r, int i0,
                       int i1, bool first, bool last)
 {
+    const size_t elem = t == VLMD_DTYPE_F32 ? 4 : 2;
+    /* unrolled, so the accumulators stay in registers */
     __m256 acc[4][2];
-    for (int a = 0; a < R; a++)
-        for (int c = 0; c < C; c++)
+    UNROLL for (int a = 0; a < R; a++)
+        UNROLL for (int c = 0; c < C; c++)
             acc[a][c] = _mm256_setzero_ps();
     for (int i = i0; i < i1; i += 8) {
         __m256 wv[4];
-        for (int a = 0; a < R; a++)
-            wv[a] = load8(w, t, (size_t)(o + a) * in + i);
-        for (int c = 0; c < C; c++) {
+        UNROLL for (int a = 0; a < R; a++) {
+            size_t at = (size_t)(o + a) * in + i;
+            wv[a] = load8(w, t, at);
+            /* the next tile's rows: short rows end before the hardware
+             * prefetcher has caught up with them */
+            if (r == 0 && (i & 15) == 0)
+                _mm_prefetch((const char *)w + (at + (size_t)R * in) * elem, _MM_HINT_T0);
+        }
+        UNROLL for (int c = 0; c < C; c++) {
             __m256 xv = _mm256_loadu_ps(x + (size_t)(r + c) * ldx + i);
-            for (int a = 0; a < R; a++)
+            UNROLL for (int a = 0; a < R; a++)
                 acc[a][c] = _mm256_fmadd_ps(wv[a], xv, acc[a][c]);
         }
     }
