@@ -279,6 +279,7 @@ vlmd_status vlmd_backend_load_stacked(vlmd_backend *b, const vlmd_safetensors *s
     char *dst = *out;
     for (int i = 0; s == VLMD_OK && i < n; i++) {
         s = vlmd_backend_upload_tensor(b, dst, t[i], false, err);
+        vlmd_safetensors_release(st, t[i]); /* copied: not resident twice */
         dst += (size_t)vlmd_tensor_numel(t[i]) * vlmd_backend_weight_elem_size(b);
     }
     if (s != VLMD_OK) {

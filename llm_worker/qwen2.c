@@ -163,6 +163,7 @@ static vlmd_status load_part(qwen2_model *m, const vlmd_safetensors *st, const c
     if (s != VLMD_OK || m->dry)
         return s;
     s = vlmd_backend_upload_tensor(m->b, (char *)dst + *at, t, transpose, err);
+    vlmd_safetensors_release(st, t); /* copied: not resident twice */
     *at += (size_t)vlmd_tensor_numel(t) * vlmd_backend_weight_elem_size(m->b);
     return s;
 }

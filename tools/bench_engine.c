@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "bench_text_model.h"
 #include "buf.h"
@@ -138,6 +139,14 @@ int main(int argc, char **argv)
         printf("weight-streaming floor %.2f ms/step at %.0f GB/s: %.1f%% of the ceiling\n",
                floor_ms, bandwidth_gbs, 100.0 * floor_ms / (decode_s * 1e3 / (double)decode_steps));
     }
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) /* the weights and the cache, plus what runs them */
+        printf("peak RSS %.2f GiB: %.2fx the weights (%.2f GiB) plus the KV cache (%.2f GiB)\n",
+               (double)ru.ru_maxrss / (1 << 20),
+               (double)ru.ru_maxrss * 1024 / ((double)t.weight_bytes +
+                                              (double)ec.kv_slots * qwen2_kv_bytes_per_token(t.model)),
+               (double)t.weight_bytes / (1u << 30),
+               (double)ec.kv_slots * qwen2_kv_bytes_per_token(t.model) / (1u << 30));
     engine_free(e);
     bench_text_model_free(&t);
     free(ids);

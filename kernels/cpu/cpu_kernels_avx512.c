@@ -11,6 +11,7 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define GEMV_KBLK 2048
+#define UNROLL _Pragma("GCC unroll 8") /* the accumulators stay in registers */
 
 INLINE __m512 load16(const void *w, vlmd_dtype t, size_t i)
 {
@@ -27,21 +28,21 @@ INLINE void gemv_tile(const int R, const int C, const vlmd_dtype t, float *y, in
                       int i1, bool first, bool last)
 {
     __m512 acc[4][4];
-    for (int a = 0; a < R; a++)
-        for (int c = 0; c < C; c++)
+    UNROLL for (int a = 0; a < R; a++)
+        UNROLL for (int c = 0; c < C; c++)
             acc[a][c] = _mm512_setzero_ps();
     for (int i = i0; i < i1; i += 16) {
         __m512 wv[4];
-        for (int a = 0; a < R; a++)
+        UNROLL for (int a = 0; a < R; a++)
             wv[a] = load16(w, t, (size_t)(o + a) * in + i);
-        for (int c = 0; c < C; c++) {
+        UNROLL for (int c = 0; c < C; c++) {
             __m512 xv = _mm512_loadu_ps(x + (size_t)(r + c) * ldx + i);
-            for (int a = 0; a < R; a++)
+            UNROLL for (int a = 0; a < R; a++)
                 acc[a][c] = _mm512_fmadd_ps(wv[a], xv, acc[a][c]);
         }
     }
-    for (int a = 0; a < R; a++)
-        for (int c = 0; c < C; c++) {
+    UNROLL for (int a = 0; a < R; a++)
+        UNROLL for (int c = 0; c < C; c++) {
             float s = _mm512_reduce_add_ps(acc[a][c]);
             for (int i = i1; last && i < in; i++)
                 s += x[(size_t)(r + c) * ldx + i] * vlmd_cpu_load(w, t, (size_t)(o + a) * in + i);

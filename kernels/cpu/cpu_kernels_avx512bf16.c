@@ -15,6 +15,7 @@
 
 #define INLINE static inline __attribute__((always_inline))
 #define GEMV_KBLK 2048
+#define UNROLL _Pragma("GCC unroll 8") /* the accumulators stay in registers */
 
 /* y[r + c][o + a] (=, or += after the first block) over [i0, i1) of weight
  * row o + a and the rounded x row r + c (xb, row stride ldb). */
@@ -23,21 +24,21 @@ INLINE void dp_tile(const int R, const int C, float *y, int ldy, const uint16_t 
                     bool last)
 {
     __m512 acc[4][4];
-    for (int a = 0; a < R; a++)
-        for (int c = 0; c < C; c++)
+    UNROLL for (int a = 0; a < R; a++)
+        UNROLL for (int c = 0; c < C; c++)
             acc[a][c] = _mm512_setzero_ps();
     for (int i = i0; i < i1; i += 32) {
         __m512bh wv[4];
-        for (int a = 0; a < R; a++)
+        UNROLL for (int a = 0; a < R; a++)
             wv[a] = (__m512bh)_mm512_loadu_si512(w + (size_t)(o + a) * in + i);
-        for (int c = 0; c < C; c++) {
+        UNROLL for (int c = 0; c < C; c++) {
             __m512bh xv = (__m512bh)_mm512_loadu_si512(xb + (size_t)(r + c) * ldb + i);
-            for (int a = 0; a < R; a++)
+            UNROLL for (int a = 0; a < R; a++)
                 acc[a][c] = _mm512_dpbf16_ps(acc[a][c], wv[a], xv);
         }
     }
-    for (int a = 0; a < R; a++)
-        for (int c = 0; c < C; c++) {
+    UNROLL for (int a = 0; a < R; a++)
+        UNROLL for (int c = 0; c < C; c++) {
             float s = _mm512_reduce_add_ps(acc[a][c]);
             for (int i = i1; last && i < in; i++)
                 s += vlmd_bf16_to_f32(xb[(size_t)(r + c) * ldb + i]) *
