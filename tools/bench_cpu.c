@@ -5,8 +5,9 @@
  * peak (OpenBLAS sgemm on as many threads). Then each op that carries the
  * model alone at Qwen2.5-0.5B's shapes (hidden 896, intermediate 4864, 14
  * query and 2 KV heads of 64, vocabulary 151936), weights in --dtype: the
- * decode-sized linears (1 and 8 rows) as weight bytes streamed per second
- * and a share of the bandwidth, the prefill-sized ones (512 rows) and a
+ * decode-sized linears (1 and 8 rows; each call on a weight out of the
+ * caches, as in a step) as weight bytes streamed per second and a share of
+ * the bandwidth, the prefill-sized ones (512 rows) and a
  * 512-token causal attention as FLOP/s and a share of the GEMM peak, decode
  * attention as KV bytes per second. Debian's OpenBLAS ships no bf16 GEMM
  * (cblas_sbgemm), so there is no bf16 peak to report. The kernels' sets
@@ -150,14 +151,24 @@ static void *random_of(bench *k, vlmd_dtype t, size_t n, float scale)
         }                                                                                     \
     } while (0)
 
+/* Copies of a weight to cycle through, so that together they pass 256 MiB
+ * and each call reads its weight from memory, as in a model's step (where
+ * the other layers' weights pushed it out of the caches). */
+#define CYCLE_BYTES ((double)(256u << 20))
+#define MAX_COPIES 64
+
 static void bench_linear(bench *k, const char *name, int in, int out, int n, double *decode_s)
 {
-    void *w = random_of(k, k->wt, (size_t)in * out, 0.05f);
+    double wbytes = (double)in * out * (double)vlmd_dtype_size(k->wt);
+    int copies = (int)ceil(CYCLE_BYTES / wbytes), at = 0;
+    copies = copies > MAX_COPIES ? MAX_COPIES : copies;
+    void *w[MAX_COPIES];
+    for (int c = 0; c < copies; c++)
+        w[c] = random_of(k, k->wt, (size_t)in * out, 0.05f);
     void *x = random_of(k, VLMD_DTYPE_F32, (size_t)n * in, 1.0f);
     void *y = alloc_or_die(k, (size_t)n * out * sizeof(float));
     double s;
-    TIME_CALLS(k, s, k->op->linear(k->b, y, x, w, NULL, n, in, out));
-    double wbytes = (double)in * out * (double)vlmd_dtype_size(k->wt);
+    TIME_CALLS(k, s, k->op->linear(k->b, y, x, w[at++ % copies], NULL, n, in, out));
     if (n <= VLMD_CPU_GEMV_MAX_ROWS) {
         double gbs = wbytes / s / 1e9;
         printf("  linear %-8s %5d x %6d, %3d rows: %8.3f ms  %6.1f GB/s of weights  %5.1f%% of "
@@ -169,7 +180,8 @@ static void bench_linear(bench *k, const char *name, int in, int out, int n, dou
     }
     if (decode_s)
         *decode_s += s;
-    vlmd_backend_free(k->b, w, (size_t)wbytes);
+    for (int c = 0; c < copies; c++)
+        vlmd_backend_free(k->b, w[c], (size_t)wbytes);
     vlmd_backend_free(k->b, x, (size_t)n * in * sizeof(float));
     vlmd_backend_free(k->b, y, (size_t)n * out * sizeof(float));
 }

@@ -1,5 +1,5 @@
 /* bench_engine.c - `vlmd-bench-engine MODEL_DIR [--device D] [--prompt N] [--gen N]
- * [--batch B] [--bandwidth-gbs X] [--gemm-tflops Y] [--enforce-eager]`: the engine alone, in
+ * [--batch B] [--bandwidth-gbs X] [--gemm-tflops Y] [--threads N] [--enforce-eager]`: the engine alone, in
  * this process, on random prompts: time of the prefill step(s), then decode
  * steps until every request has its --gen tokens (end-of-sequence ignored).
  * Prints tokens/s; for decode, the fraction of the weight-streaming ceiling
@@ -31,7 +31,7 @@ static void on_emit(const engine_output *o, void *ud)
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *device = "auto";
-    long long prompt = 512, gen = 256, batch = 1;
+    long long prompt = 512, gen = 256, batch = 1, threads = 0;
     double bandwidth_gbs = 0, gemm_tflops = 0;
     bool eager = false;
     for (int i = 1; i < argc; i++) {
@@ -47,6 +47,8 @@ int main(int argc, char **argv)
             vlmd_parse_double(argv[++i], 0, 1e6, &bandwidth_gbs);
         else if (strcmp(argv[i], "--gemm-tflops") == 0 && i + 1 < argc)
             vlmd_parse_double(argv[++i], 0, 1e6, &gemm_tflops);
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            vlmd_parse_i64(argv[++i], 0, 4096, &threads);
         else if (strcmp(argv[i], "--enforce-eager") == 0)
             eager = true;
         else if (!dir && argv[i][0] != '-')
@@ -54,7 +56,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: vlmd-bench-engine MODEL_DIR [--device auto|cpu|cuda] "
                             "[--prompt N] [--gen N] [--batch B] [--bandwidth-gbs X] "
-                            "[--gemm-tflops Y] [--enforce-eager]\n");
+                            "[--gemm-tflops Y] [--threads N] [--enforce-eager]\n");
             return 2;
         }
     }
@@ -66,6 +68,10 @@ int main(int argc, char **argv)
     bench_text_model t;
     if (bench_text_model_load(dir, device, &t, &err) != VLMD_OK) {
         fprintf(stderr, "vlmd-bench-engine: %s\n", err.msg);
+        return 1;
+    }
+    if (vlmd_backend_set_threads(t.backend, (int)threads, &err) != VLMD_OK) {
+        fprintf(stderr, "vlmd-bench-engine: --threads: %s\n", err.msg);
         return 1;
     }
     const vlmd_model_config mc = t.mc;

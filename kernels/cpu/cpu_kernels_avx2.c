@@ -48,7 +48,7 @@ INLINE void gemv_tile(const int R, const int C, const vlmd_dtype t, float *y, in
 {
     const size_t elem = t == VLMD_DTYPE_F32 ? 4 : 2;
     /* unrolled, so the accumulators stay in registers */
-    __m256 acc[4][2];
+    __m256 acc[4][4];
     UNROLL for (int a = 0; a < R; a++)
         UNROLL for (int c = 0; c < C; c++)
             acc[a][c] = _mm256_setzero_ps();
@@ -78,11 +78,14 @@ INLINE void gemv_tile(const int R, const int C, const vlmd_dtype t, float *y, in
         }
 }
 
-/* Every x row against weight rows o .. o + R - 1. */
+/* Every x row against weight rows o .. o + R - 1: 4 x rows a tile when R
+ * is 3 (3 weights, an x and 12 sums: the 16 registers), else 2. */
 INLINE void gemv_rows(const int R, const vlmd_dtype t, float *y, int ldy, const float *x, int ldx,
                       const void *w, int in, int o, int n, int i0, int i1, bool first, bool last)
 {
     int r = 0;
+    for (; R == 3 && r + 4 <= n; r += 4)
+        gemv_tile(R, 4, t, y, ldy, x, ldx, w, in, o, r, i0, i1, first, last);
     for (; r + 2 <= n; r += 2)
         gemv_tile(R, 2, t, y, ldy, x, ldx, w, in, o, r, i0, i1, first, last);
     if (r < n)
@@ -97,6 +100,8 @@ INLINE void gemv_body(const vlmd_dtype t, float *y, int ldy, const float *x, int
         int i1 = in8 - i0 < GEMV_KBLK ? in8 : i0 + GEMV_KBLK;
         bool first = i0 == 0, last = i1 == in8;
         int o = o0;
+        for (; n >= 4 && o + 3 <= o1; o += 3) /* batches: fewer passes over each weight */
+            gemv_rows(3, t, y, ldy, x, ldx, w, in, o, n, i0, i1, first, last);
         for (; o + 4 <= o1; o += 4)
             gemv_rows(4, t, y, ldy, x, ldx, w, in, o, n, i0, i1, first, last);
         for (; o < o1; o++)
@@ -169,7 +174,7 @@ void vlmd_avx2_narrow(void *dst, vlmd_dtype t, const float *src, size_t n)
 INLINE void qk_tile(const int R, const int C, float *s, int lds, const float *q, const float *kt,
                     int ldk, int r, int j, int hd)
 {
-    __m256 acc[4][2];
+    __m256 acc[4][4];
     for (int a = 0; a < R; a++)
         for (int c = 0; c < C; c++)
             acc[a][c] = _mm256_setzero_ps();
@@ -215,7 +220,7 @@ void vlmd_avx2_qk(float *s, int lds, const float *q, const float *kt, int ldk, i
 INLINE void pv_tile(const int R, const int C, float *o, const float *p, int ldp, const float *v,
                     int r, int d, int nk, int hd)
 {
-    __m256 acc[4][2];
+    __m256 acc[4][4];
     for (int a = 0; a < R; a++)
         for (int c = 0; c < C; c++)
             acc[a][c] = _mm256_loadu_ps(o + (size_t)(r + a) * hd + d + 8 * c);
