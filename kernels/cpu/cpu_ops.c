@@ -161,6 +161,8 @@ typedef struct matmul_job {
     const float *x;
     const void *w, *bias;
     int n, in, out_dim;
+    int chunk;              /* the GEMV's output rows per take */
+    _Atomic int next;       /* the GEMV's next chunk */
 } matmul_job;
 
 /* out[r][o] += bias[o] for o in [o0, o1) */
@@ -174,17 +176,22 @@ static void add_bias(const matmul_job *j, int o0, int o1)
     }
 }
 
+/* Output rows in chunks from a shared counter, several a thread: a thread
+ * descheduled on a loaded machine holds up one chunk, not a share. */
 static void gemv_part(void *ctx, int index, int count)
 {
+    (void)count;
     matmul_job *j = ctx;
-    int o0, o1;
-    vlmd_cpu_split(j->out_dim, 16, index, count, &o0, &o1);
-    if (o0 >= o1)
-        return;
-    cpu_of(j->b)->k->gemv(j->out, j->ldo, j->x, j->in, j->w, j->b->weight_dtype, j->in, o0, o1,
-                          j->n, scratch(j->b, index));
-    if (j->bias)
-        add_bias(j, o0, o1);
+    for (;;) {
+        int o0 = atomic_fetch_add(&j->next, 1) * j->chunk;
+        if (o0 >= j->out_dim)
+            return;
+        int o1 = o0 + j->chunk < j->out_dim ? o0 + j->chunk : j->out_dim;
+        cpu_of(j->b)->k->gemv(j->out, j->ldo, j->x, j->in, j->w, j->b->weight_dtype, j->in, o0,
+                              o1, j->n, scratch(j->b, index));
+        if (j->bias)
+            add_bias(j, o0, o1);
+    }
 }
 
 static void gemm_part(void *ctx, int index, int count)
@@ -222,8 +229,12 @@ static void gemm_part(void *ctx, int index, int count)
 void vlmd_cpu_matmul(vlmd_backend *b, float *out, int ldo, const float *x, const void *w,
                      const void *bias, int n, int in, int out_dim)
 {
-    matmul_job j = {b, out, ldo, x, w, bias, n, in, out_dim};
+    matmul_job j = {b, out, ldo, x, w, bias, n, in, out_dim, 0, 0};
     bool gemv = n <= VLMD_CPU_GEMV_MAX_ROWS;
+    /* 8 chunks a thread, of whole 48s (the kernels' 3- and 4-row tiles) */
+    int parts = 8 * vlmd_cpu_pool_size(cpu_of(b)->pool);
+    j.chunk = (out_dim + parts - 1) / parts;
+    j.chunk = (j.chunk + 47) / 48 * 48;
     run(b, gemv ? gemv_part : gemm_part, &j, (size_t)out_dim * in);
 }
 
@@ -444,19 +455,16 @@ static void cpu_attention(vlmd_backend *b, void *out, const void *q, int q_strid
 {
     if (hd > ATT_MAX_HD)
         VLMD_FATAL("head dimension %d is over the %d the CPU attention handles", hd, ATT_MAX_HD);
-    int group = nh / nkv, threads = vlmd_cpu_pool_size(cpu_of(b)->pool);
+    int group = nh / nkv;
     att_job j = {.b = b, .out = out, .q = q, .q_stride = q_stride, .k_cache = k_cache,
                  .v_cache = v_cache, .kv_dtype = kv_dtype, .seqs = seqs, .n_seqs = n_seqs,
                  .nh = nh, .nkv = nkv, .hd = hd, .causal = causal,
                  .hb = group <= ATT_ROWS ? group : 1};
+    /* A unit widens and transposes its KV head's keys once for all its query
+     * heads: splitting a group's heads into units of their own would repeat
+     * that per head (7x for Qwen2.5-0.5B), which costs a decode more than the
+     * threads it would feed. */
     j.qb = ATT_ROWS / j.hb;
-    int units = 0;
-    for (int s = 0; s < n_seqs; s++)
-        units += att_units(&j, s);
-    if (j.hb > 1 && units < 2 * threads) { /* too few units to share: a head each */
-        j.hb = 1;
-        j.qb = ATT_ROWS;
-    }
     size_t work = 0;
     for (int s = 0; s < n_seqs; s++)
         work += (size_t)seqs[s].q_len * seqs[s].kv_len;

@@ -8,6 +8,13 @@
  * pattern on seq_cst atomics on both sides (waiter: announce, re-check;
  * waker: publish, check for waiters), so no wake-up is lost.
  *
+ * Each part is claimed before it runs (an exchange on its flag): the
+ * caller, done with part 0, runs every part whose worker has not claimed it
+ * yet, so on a loaded machine a worker that is not scheduled delays no op;
+ * the caller then waits only for parts a worker claimed. A late worker finds
+ * its part claimed and skips it (a flag is reset, after the task is
+ * written, only when the next task is published).
+ *
  * Owns its threads and their scratch; destroy joins them. */
 #include "cpu_pool.h"
 
@@ -38,7 +45,8 @@ struct vlmd_cpu_pool {
     pthread_mutex_t lock;           /* the sleep paths */
     pthread_cond_t work_cond, done_cond;
     _Atomic unsigned gen;           /* bumped per task */
-    _Atomic int pending;            /* workers still in the task */
+    _Atomic int pending;            /* parts 1..n-1 not yet run */
+    _Atomic bool *claimed;          /* n: part i taken, by its worker or the caller */
     _Atomic int sleepers;           /* workers asleep on work_cond */
     _Atomic bool caller_waiting;    /* the caller asleep on done_cond */
     _Atomic bool stop;
@@ -75,6 +83,8 @@ static void *worker_main(void *arg)
         seen = g;
         if (atomic_load(&p->stop))
             return NULL;
+        if (atomic_exchange(&p->claimed[w->index], true))
+            continue; /* the caller ran it */
         p->fn(p->ctx, w->index, p->n);
         if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_waiting)) {
             pthread_mutex_lock(&p->lock);
@@ -88,6 +98,8 @@ static void *worker_main(void *arg)
 static void wake_workers(vlmd_cpu_pool *p)
 {
     atomic_store(&p->pending, p->n - 1);
+    for (int i = 1; i < p->n; i++)
+        atomic_store(&p->claimed[i], false);
     atomic_fetch_add(&p->gen, 1);
     if (atomic_load(&p->sleepers)) {
         pthread_mutex_lock(&p->lock);
@@ -98,6 +110,11 @@ static void wake_workers(vlmd_cpu_pool *p)
 
 static void wait_workers(vlmd_cpu_pool *p)
 {
+    for (int i = 1; i < p->n; i++) /* the parts no worker has started */
+        if (!atomic_exchange(&p->claimed[i], true)) {
+            p->fn(p->ctx, i, p->n);
+            atomic_fetch_sub(&p->pending, 1);
+        }
     for (int i = 0; atomic_load(&p->pending) && i < POOL_SPIN; i++)
         cpu_relax();
     if (!atomic_load(&p->pending))
@@ -134,7 +151,8 @@ vlmd_status vlmd_cpu_pool_create(int n, vlmd_cpu_pool **out, vlmd_error *err)
     p->threads = calloc((size_t)n, sizeof *p->threads);
     p->workers = calloc((size_t)n, sizeof *p->workers);
     p->scratch = calloc((size_t)n, sizeof *p->scratch);
-    bool ok = p->threads && p->workers && p->scratch;
+    p->claimed = calloc((size_t)n, sizeof *p->claimed);
+    bool ok = p->threads && p->workers && p->scratch && p->claimed;
     for (int i = 0; ok && i < n; i++)
         ok = (p->scratch[i] = aligned_alloc(64, VLMD_CPU_SCRATCH_BYTES)) != NULL;
     if (!ok) {
@@ -173,6 +191,7 @@ void vlmd_cpu_pool_destroy(vlmd_cpu_pool *p)
     pthread_cond_destroy(&p->work_cond);
     pthread_cond_destroy(&p->done_cond);
     free(p->scratch);
+    free((void *)p->claimed);
     free(p->threads);
     free(p->workers);
     free(p);

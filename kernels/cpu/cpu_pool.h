@@ -30,8 +30,10 @@ int vlmd_cpu_pool_size(const vlmd_cpu_pool *p);
 /* The cores this process may run on (sched_getaffinity), at least 1. */
 int vlmd_cpu_pool_default_size(void);
 
-/* Runs fn(ctx, i, n) for every i < n (n: the pool's size, or 1 when alone),
- * i = 0 on the calling thread, and returns when all have returned. Callers
+/* Runs fn(ctx, i, n) once for every i < n (n: the pool's size, or 1 when
+ * alone), i = 0 on the calling thread, then any part whose worker has not
+ * started it (so a descheduled worker holds nothing up), and returns when
+ * all have returned. Callers
  * on different threads take turns (one task at a time, so each index's
  * scratch has one user); a task must not call run itself. */
 void vlmd_cpu_pool_run(vlmd_cpu_pool *p, vlmd_cpu_task fn, void *ctx, bool alone);
