@@ -118,6 +118,9 @@ const vlmd_flag vlmd_flags[] = {
      "auto-profile sizes the KV cache within it. 0: what the machine can spare at start-up, "
      "the available memory (within a cgroup's limit) less a tenth of it, at least 1 GiB "
      "(the launcher measures it once for every process)"},
+    {"threads", VLMD_FLAG_INT, OFF(threads), "0", 0, 4096, NULL, R(LAUNCHER) | R(VISUAL) | R(LLM),
+     "Threads the CPU backend's ops run on, per worker; 0 means the cores the process may use "
+     "(its CPU affinity)"},
     {"max-queued-requests", VLMD_FLAG_INT, OFF(max_queued_requests), "1024", 1, 1 << 20, NULL,
      R(LAUNCHER) | R(ROUTER),
      "Requests that may wait for room in the KV cache; more get 503 with Retry-After"},

@@ -50,6 +50,7 @@ typedef struct vlmd_config {
     int64_t media_fetch_timeout_ms; /* --media-fetch-timeout-ms */
     double mem_fraction;            /* --mem-fraction: share of the free device the KV may take */
     int64_t cpu_device_mb;          /* --cpu-device-mb: the CPU backend's simulated device; 0 = spare memory */
+    int64_t threads;                /* --threads: the CPU backend's pool; 0 = the affinity's cores */
     int64_t max_queued_requests;    /* --max-queued-requests: waiting for KV room */
     double admission_output_fraction; /* --admission-output-fraction */
     char *admission_policy;         /* --admission-policy: fifo, fair */

@@ -433,6 +433,20 @@ void vlmd_safetensors_close(vlmd_safetensors *st)
     free(st);
 }
 
+void vlmd_safetensors_release(const vlmd_safetensors *st, const vlmd_tensor_view *t)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)t->data + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    uintptr_t hi = ((uintptr_t)t->data + t->nbytes) & ~((uintptr_t)page - 1);
+    for (size_t i = 0; hi > lo && i < st->n_files; i++) {
+        const mapped_file *mf = &st->files[i];
+        uintptr_t b = (uintptr_t)mf->base;
+        /* only whole pages of a read-only file mapping: they read back from the file */
+        if (!mf->borrowed && lo >= b && hi <= b + mf->size)
+            madvise((void *)lo, hi - lo, MADV_DONTNEED);
+    }
+}
+
 size_t vlmd_safetensors_count(const vlmd_safetensors *st)
 {
     return st->n_tensors;

@@ -14,6 +14,10 @@
 
 #include "status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define VLMD_SAFETENSORS_MAX_HEADER (100u << 20) /* the format's own limit */
 #define VLMD_TENSOR_MAX_DIMS 8
 
@@ -51,6 +55,11 @@ vlmd_status vlmd_safetensors_open_memory(const void *data, size_t len, vlmd_safe
 vlmd_status vlmd_safetensors_open_dir(const char *dir, vlmd_safetensors **out, vlmd_error *err);
 void vlmd_safetensors_close(vlmd_safetensors *st); /* accepts NULL */
 
+/* Drops t's whole pages from the process's memory once they are copied
+ * (the weights' loader), so a checkpoint is not resident twice while it
+ * loads; they read back from the file if touched again. Nothing for a
+ * tensor of vlmd_safetensors_open_memory's (the caller's memory). */
+void vlmd_safetensors_release(const vlmd_safetensors *st, const vlmd_tensor_view *t);
 size_t vlmd_safetensors_count(const vlmd_safetensors *st);
 const vlmd_tensor_view *vlmd_safetensors_at(const vlmd_safetensors *st, size_t i);
 /* The tensor with this name, or NULL. */
@@ -70,5 +79,9 @@ vlmd_status vlmd_tensor_to_f32(const vlmd_tensor_view *t, float *dst, vlmd_error
 /* Conversions of one value (exact for BF16; IEEE half with subnormals). */
 float vlmd_bf16_to_f32(uint16_t h);
 float vlmd_f16_to_f32(uint16_t h);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "cpu_kernels.h"
 #include "log.h"
 #include "safetensors.h"
 
@@ -54,6 +55,7 @@ vlmd_status vlmd_backend_create(const char *device, vlmd_backend **out, vlmd_err
         free(b);
         return st;
     }
+    b->weight_dtype = b->kv_dtype = (vlmd_dtype)b->native_dtype; /* until a model holds */
     *out = b;
     return VLMD_OK;
 }
@@ -184,6 +186,27 @@ vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *sr
     return n ? b->ops->copy_to_host(b, dst, src, n, err) : VLMD_OK;
 }
 
+/* n floats to dst in the weight type: as activations where the types agree,
+ * else narrowed on the host (the CPU's 16-bit weights) a chunk at a time. */
+static vlmd_status upload_weights_f32(vlmd_backend *b, void *dst, const float *src, size_t n,
+                                      vlmd_error *err)
+{
+    if ((int)b->weight_dtype == b->native_dtype)
+        return vlmd_backend_upload_f32(b, dst, src, n, err);
+    size_t es = vlmd_dtype_size(b->weight_dtype), chunk = n < 65536 ? n : 65536;
+    void *tmp = malloc(chunk ? chunk * es : 1);
+    if (!tmp)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory to convert weights");
+    vlmd_status s = VLMD_OK;
+    for (size_t at = 0; s == VLMD_OK && at < n; at += chunk) {
+        size_t k = n - at < chunk ? n - at : chunk;
+        vlmd_cpu_kernels_c.narrow(tmp, b->weight_dtype, src + at, k);
+        s = vlmd_backend_copy_to_device(b, (char *)dst + at * es, tmp, k * es, err);
+    }
+    free(tmp);
+    return s;
+}
+
 /* Widens matrix i of a tensor [..., r, c] and uploads it transposed to dst ([c, r]). */
 static vlmd_status upload_transposed(vlmd_backend *b, void *dst, const vlmd_tensor_view *t,
                                      int64_t r, int64_t c, float *host, float *out,
@@ -204,7 +227,8 @@ static vlmd_status upload_transposed(vlmd_backend *b, void *dst, const vlmd_tens
         for (int64_t y = 0; y < r; y++)
             for (int64_t x = 0; x < c; x++)
                 out[x * r + y] = host[y * c + x];
-        s = vlmd_backend_upload_f32(b, (char *)dst + i * n * b->elem_size, out, n, err);
+        s = upload_weights_f32(b, (char *)dst + i * n * vlmd_backend_weight_elem_size(b), out, n,
+                               err);
     }
     return s;
 }
@@ -214,8 +238,8 @@ vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst, const vlmd_te
 {
     size_t n = (size_t)vlmd_tensor_numel(t);
     VLMD_ASSERT(!transpose || t->ndim >= 2);
-    if (!transpose && (int)t->dtype == b->native_dtype) /* straight from the mapped file */
-        return vlmd_backend_copy_to_device(b, dst, t->data, n * b->elem_size, err);
+    if (!transpose && t->dtype == b->weight_dtype) /* straight from the mapped file */
+        return vlmd_backend_copy_to_device(b, dst, t->data, t->nbytes, err);
     size_t rows = n; /* how much is widened at once: all, or one matrix */
     if (transpose)
         rows = (size_t)(t->shape[t->ndim - 2] * t->shape[t->ndim - 1]);
@@ -228,7 +252,7 @@ vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst, const vlmd_te
         s = upload_transposed(b, dst, t, t->shape[t->ndim - 2], t->shape[t->ndim - 1], host, out,
                               err);
     else if ((s = vlmd_tensor_to_f32(t, host, err)) == VLMD_OK)
-        s = vlmd_backend_upload_f32(b, dst, host, n, err);
+        s = upload_weights_f32(b, dst, host, n, err);
     free(host);
     free(out);
     return s;
@@ -246,7 +270,7 @@ vlmd_status vlmd_backend_load_stacked(vlmd_backend *b, const vlmd_safetensors *s
         if ((s = vlmd_safetensors_get(st, names[i], ndim, shapes + i * ndim, &t[i], err)) !=
             VLMD_OK)
             return s;
-        *bytes += (size_t)vlmd_tensor_numel(t[i]) * b->elem_size;
+        *bytes += (size_t)vlmd_tensor_numel(t[i]) * vlmd_backend_weight_elem_size(b);
     }
     if (!out)
         return VLMD_OK;
@@ -255,7 +279,8 @@ vlmd_status vlmd_backend_load_stacked(vlmd_backend *b, const vlmd_safetensors *s
     char *dst = *out;
     for (int i = 0; s == VLMD_OK && i < n; i++) {
         s = vlmd_backend_upload_tensor(b, dst, t[i], false, err);
-        dst += (size_t)vlmd_tensor_numel(t[i]) * b->elem_size;
+        vlmd_safetensors_release(st, t[i]); /* copied: not resident twice */
+        dst += (size_t)vlmd_tensor_numel(t[i]) * vlmd_backend_weight_elem_size(b);
     }
     if (s != VLMD_OK) {
         vlmd_backend_free(b, *out, *bytes);
@@ -267,6 +292,88 @@ vlmd_status vlmd_backend_load_stacked(vlmd_backend *b, const vlmd_safetensors *s
 size_t vlmd_backend_elem_size(const vlmd_backend *b)
 {
     return b->elem_size;
+}
+
+vlmd_dtype vlmd_backend_act_dtype(const vlmd_backend *b)
+{
+    return (vlmd_dtype)b->native_dtype;
+}
+
+vlmd_dtype vlmd_backend_weight_dtype(const vlmd_backend *b)
+{
+    return b->weight_dtype;
+}
+
+size_t vlmd_backend_weight_elem_size(const vlmd_backend *b)
+{
+    return vlmd_dtype_size(b->weight_dtype);
+}
+
+vlmd_dtype vlmd_backend_kv_dtype(const vlmd_backend *b)
+{
+    return b->kv_dtype;
+}
+
+size_t vlmd_backend_kv_elem_size(const vlmd_backend *b)
+{
+    return vlmd_dtype_size(b->kv_dtype);
+}
+
+/* The float type of most of st's matrix bytes (F32 when it has none). */
+static vlmd_dtype checkpoint_matrix_dtype(const vlmd_safetensors *st)
+{
+    static const vlmd_dtype kinds[] = {VLMD_DTYPE_F32, VLMD_DTYPE_BF16, VLMD_DTYPE_F16};
+    size_t bytes[3] = {0};
+    for (size_t i = 0; i < vlmd_safetensors_count(st); i++) {
+        const vlmd_tensor_view *t = vlmd_safetensors_at(st, i);
+        for (int k = 0; t->ndim >= 2 && k < 3; k++)
+            bytes[k] += t->dtype == kinds[k] ? t->nbytes : 0;
+    }
+    int best = 0;
+    for (int k = 1; k < 3; k++)
+        best = bytes[k] > bytes[best] ? k : best;
+    return kinds[best];
+}
+
+vlmd_status vlmd_backend_hold_weights(vlmd_backend *b, const vlmd_safetensors *st,
+                                      vlmd_error *err)
+{
+    return vlmd_backend_hold_weight_dtype(b, checkpoint_matrix_dtype(st), err);
+}
+
+vlmd_status vlmd_backend_hold_weight_dtype(vlmd_backend *b, vlmd_dtype want, vlmd_error *err)
+{
+    if (b->ops->weights_as_stored) {
+        if (b->weight_holders && want != b->weight_dtype)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "this %s backend holds %s weights; a %s "
+                               "checkpoint needs a backend of its own", b->info.name,
+                               vlmd_dtype_str(b->weight_dtype), vlmd_dtype_str(want));
+        b->weight_dtype = want;
+        b->kv_dtype = want == VLMD_DTYPE_F32 ? (vlmd_dtype)b->native_dtype : want;
+    }
+    b->weight_holders++;
+    return VLMD_OK;
+}
+
+void vlmd_backend_release_weights(vlmd_backend *b)
+{
+    VLMD_ASSERT(b->weight_holders > 0);
+    b->weight_holders--;
+}
+
+vlmd_status vlmd_backend_set_threads(vlmd_backend *b, int n, vlmd_error *err)
+{
+    return b->ops->set_threads ? b->ops->set_threads(b, n, err) : VLMD_OK;
+}
+
+int vlmd_backend_threads(const vlmd_backend *b)
+{
+    return b->ops->threads ? b->ops->threads(b) : 1;
+}
+
+const char *vlmd_backend_isa(const vlmd_backend *b)
+{
+    return b->ops->isa ? b->ops->isa(b) : "";
 }
 
 vlmd_status vlmd_backend_upload_f32(vlmd_backend *b, void *dst, const float *src, size_t n,

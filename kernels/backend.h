@@ -12,6 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "safetensors.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -69,34 +70,66 @@ vlmd_status vlmd_backend_copy_to_device(vlmd_backend *b, void *dst, const void *
 vlmd_status vlmd_backend_copy_to_host(vlmd_backend *b, void *dst, const void *src, size_t n,
                                       vlmd_error *err);
 
-/* Bytes of one weight or activation element: 4 (fp32) on the CPU backend,
- * 2 (bf16) on the CUDA backend. The model sizes every buffer with it. */
-size_t vlmd_backend_elem_size(const vlmd_backend *b);
+/* Element types. Activations (what ops read and write, the model's
+ * workspaces): fp32 on the CPU, bf16 on CUDA. Weights: bf16 on CUDA (a
+ * checkpoint in another type is converted at upload); on the CPU the
+ * checkpoint's own type (F32, BF16 or F16), decided when a model holds its
+ * weights (vlmd_backend_hold_weights), so 16-bit weights stay 16-bit. The
+ * KV cache (rope_kv_write writes it, attention reads it): bf16 on CUDA; on
+ * the CPU the weights' type when it is 16-bit, else fp32 (F32 checkpoints
+ * keep the fp32 reference path). */
+size_t vlmd_backend_elem_size(const vlmd_backend *b);          /* of an activation */
+vlmd_dtype vlmd_backend_act_dtype(const vlmd_backend *b);
+vlmd_dtype vlmd_backend_weight_dtype(const vlmd_backend *b);
+size_t vlmd_backend_weight_elem_size(const vlmd_backend *b);
+vlmd_dtype vlmd_backend_kv_dtype(const vlmd_backend *b);
+size_t vlmd_backend_kv_elem_size(const vlmd_backend *b);
+/* A model's weights in b from checkpoint st: on the CPU the weight type
+ * becomes st's (the type of most of its matrices' bytes: a mixed checkpoint
+ * rounds the rest to it). Counted: every model holds until it is freed
+ * (vlmd_backend_release_weights), and a checkpoint of another type while
+ * one holds is refused (VLMD_ERR_MODEL naming both types: each needs a
+ * backend of its own). Nothing is allocated. */
+vlmd_status vlmd_backend_hold_weights(vlmd_backend *b, const struct vlmd_safetensors *st,
+                                      vlmd_error *err);
+/* The same for weights of type want (F32, BF16, F16) without a checkpoint
+ * (benchmarks, tests). */
+vlmd_status vlmd_backend_hold_weight_dtype(vlmd_backend *b, vlmd_dtype want, vlmd_error *err);
+void vlmd_backend_release_weights(vlmd_backend *b);
+/* The threads the backend's ops run on (--threads; 0: the cores the process
+ * may use). The CPU backend's pool is started anew; other backends have
+ * none and ignore it. VLMD_ERR_NOMEM or VLMD_ERR_IO when the threads could
+ * not start (the pool keeps its old size then). */
+vlmd_status vlmd_backend_set_threads(vlmd_backend *b, int n, vlmd_error *err);
+int vlmd_backend_threads(const vlmd_backend *b);                /* 1 without a pool */
+/* The instruction set the CPU backend's kernels use ("avx2", ...; "" on
+ * other backends), for the logs and /health. */
+const char *vlmd_backend_isa(const vlmd_backend *b);
+
 /* Loads the checkpoint tensors names[0..n) (n <= VLMD_BACKEND_MAX_STACKED),
  * each of ndim dimensions shaped as shapes[i * ndim ...] (a missing or
  * mis-shaped one is the safetensors error naming it), stacked along their
  * first dimension into one new allocation of *bytes bytes in the backend's
- * element type: copied as they are when the checkpoint has that type, else
+ * weight type: copied as they are when the checkpoint has that type, else
  * widened to fp32 on the host and converted. With out NULL nothing is
  * allocated: the shapes are checked and *bytes given. */
 #define VLMD_BACKEND_MAX_STACKED 4
-struct vlmd_safetensors;
-struct vlmd_tensor_view;
 vlmd_status vlmd_backend_load_stacked(vlmd_backend *b, const struct vlmd_safetensors *st, int n,
                                       const char *const *names, int ndim, const int64_t *shapes,
                                       void **out, size_t *bytes, vlmd_error *err);
-/* One checkpoint tensor into dst (backend memory for its elements), as
- * vlmd_backend_load_stacked loads each part. With transpose, a tensor
- * [..., r, c] goes in as [..., c, r] (a checkpoint that stores a weight for
- * x . W instead of x . W^T), widened on the host one matrix at a time. */
+/* One checkpoint tensor into dst (backend memory for its elements in the
+ * weight type), as vlmd_backend_load_stacked loads each part. With
+ * transpose, a tensor [..., r, c] goes in as [..., c, r] (a checkpoint that
+ * stores a weight for x . W instead of x . W^T), widened on the host one
+ * matrix at a time. */
 vlmd_status vlmd_backend_upload_tensor(vlmd_backend *b, void *dst,
                                        const struct vlmd_tensor_view *t, bool transpose,
                                        vlmd_error *err);
-/* Copies n floats to device memory in the backend's element type (rounding
- * to bf16 to nearest even where that is the type). */
+/* Copies n floats to device memory in the backend's activation type
+ * (rounding to bf16 to nearest even where that is the type). */
 vlmd_status vlmd_backend_upload_f32(vlmd_backend *b, void *dst, const float *src, size_t n,
                                     vlmd_error *err);
-/* Copies n elements of the backend's type from device memory as floats. */
+/* Copies n elements of the activation type from device memory as floats. */
 vlmd_status vlmd_backend_download_f32(vlmd_backend *b, float *dst, const void *src, size_t n,
                                       vlmd_error *err);
 

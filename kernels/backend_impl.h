@@ -28,6 +28,11 @@ typedef struct vlmd_device_vtable {
     void (*graph_free)(vlmd_backend *b, vlmd_graph *g);
     bool graphs_native;
     bool ops_take_memory;       /* see vlmd_backend_ops_take_memory */
+    bool weights_as_stored;     /* weights keep the checkpoint's type (the CPU) */
+    /* the CPU's pool (NULL elsewhere: no threads of its own) */
+    vlmd_status (*set_threads)(vlmd_backend *b, int n, vlmd_error *err);
+    int (*threads)(const vlmd_backend *b);
+    const char *(*isa)(const vlmd_backend *b);
     vlmd_status (*synchronize)(vlmd_backend *b, vlmd_error *err);
     void (*destroy)(vlmd_backend *b);
 } vlmd_device_vtable;
@@ -35,8 +40,10 @@ typedef struct vlmd_device_vtable {
 struct vlmd_backend {
     const vlmd_device_vtable *ops;
     const vlmd_op_table *op_table;  /* NULL: this backend cannot run models yet */
-    size_t elem_size;               /* bytes per weight/activation element */
-    int native_dtype;               /* the vlmd_dtype of that element */
+    size_t elem_size;               /* bytes per activation element */
+    int native_dtype;               /* the vlmd_dtype of activations */
+    vlmd_dtype weight_dtype, kv_dtype;  /* see vlmd_backend_weight_dtype */
+    int weight_holders;             /* models holding weights of weight_dtype */
     vlmd_device_info info;
     uint64_t alloc_count;
     uint64_t allocated_bytes;

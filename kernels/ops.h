@@ -1,11 +1,13 @@
 /* ops.h - the ops a transformer needs, behind the backend interface.
  *
- * Tensors are row-major in the backend's memory and in its activation type
- * (fp32 on the CPU backend, bf16 on CUDA). Shapes are in the comments: n
- * tokens, H hidden, nh/nkv query/KV heads of hd dims. Every op checks nothing
- * on the hot path; the model (llm_worker/qwen2.c) guarantees shapes. Ops only
- * launch work on the backend's stream: none allocates device memory or
- * waits, so a decode step can be captured as a graph. */
+ * Tensors are row-major in the backend's memory: activations in its
+ * activation type (fp32 on the CPU backend, bf16 on CUDA), weights (the
+ * loaded checkpoint's tensors: named w, bias, table, norms, experts) in its
+ * weight type, the KV cache in its KV type (backend.h). Shapes are in the
+ * comments: n tokens, H hidden, nh/nkv query/KV heads of hd dims. Every op
+ * checks nothing on the hot path; the model (llm_worker/qwen2.c) guarantees
+ * shapes. Ops only launch work on the backend's stream: none allocates
+ * device memory or waits, so a decode step can be captured as a graph. */
 #ifndef VLMD_OPS_H
 #define VLMD_OPS_H
 
@@ -86,9 +88,12 @@ typedef struct vlmd_sample_out {
 } vlmd_sample_out;
 
 typedef struct vlmd_op_table {
-    /* out[n,H] = table[ids[i], :] */
+    /* out[n,H] = table[ids[i], :] (a weight) */
     void (*embedding)(vlmd_backend *b, void *out, const void *table, const int32_t *ids, int n,
                       int hidden);
+    /* out[n,dim] = x[ids[i], :] (activations) */
+    void (*gather_rows)(vlmd_backend *b, void *out, const void *x, const int32_t *ids, int n,
+                        int dim);
     /* residual == NULL: out = rmsnorm(x) * w.
      * otherwise: residual += x; out = rmsnorm(residual) * w (out may be x). */
     void (*rmsnorm)(vlmd_backend *b, void *out, const void *x, void *residual, const void *w,
@@ -101,7 +106,8 @@ typedef struct vlmd_op_table {
      * bias (a row of that width; NULL: none) is added to each row, then each q
      * and k head's RMSNorm when rope has one, then the rotary embedding
      * (rotate-half form) on q in place and on k, then k and v go to cache row
-     * slots[i] (rows of nkv * hd); qkv's k and v parts are left unspecified.
+     * slots[i] (rows of nkv * hd, the KV type); qkv's k and v parts are left
+     * unspecified.
      * (The bias and norms here, not in the GEMM: launches fewer a layer.)
      * positions[3][n]: rows t, h, w (frequency i's row: vlmd_rope); 1-D RoPE
      * uses row 0. */
@@ -112,10 +118,14 @@ typedef struct vlmd_op_table {
      * (each query sees itself and before) or not (each sees the whole
      * sequence: the vision tower's per-image attention). Row r of q starts at
      * q + r * q_stride (the fused qkv rows); out is packed [n_rows, nh * hd].
-     * seqs (and their slots) in backend memory; n_rows = rows of q. */
+     * k_cache and v_cache hold kv_dtype elements: the backend's KV type for
+     * a cache rope_kv_write wrote, its activation type for K and V a linear
+     * made (the vision tower). seqs (and their slots) in backend memory;
+     * n_rows = rows of q. */
     void (*attention)(vlmd_backend *b, void *out, const void *q, int q_stride,
-                      const void *k_cache, const void *v_cache, const vlmd_attn_seq *seqs,
-                      int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal);
+                      const void *k_cache, const void *v_cache, vlmd_dtype kv_dtype,
+                      const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv, int hd,
+                      bool causal);
     /* out[n,d] = silu(gate) * up, from gate_up[n, 2d]: each row's gate, then its up
      * (one GEMM made both; out must not overlap it) */
     void (*silu_mul)(vlmd_backend *b, void *out, const void *gate_up, int n, int d);

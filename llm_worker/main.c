@@ -561,6 +561,8 @@ static void load_model(llm_worker *w)
     }
     if (vlmd_backend_info(w->backend)->kind == VLMD_DEVICE_CPU)
         vlmd_backend_limit(w->backend, vlmd_cpu_device_bytes(w->svc.cfg.cpu_device_mb));
+    if (vlmd_backend_set_threads(w->backend, (int)w->svc.cfg.threads, &err) != VLMD_OK)
+        VLMD_FATAL("--threads %lld: %s", (long long)w->svc.cfg.threads, err.msg);
     uint64_t t0 = vlmd_now_ms(), weight_bytes = 0;
     vlmd_safetensors *st = NULL;
     qwen2_model *shapes = NULL;
@@ -591,6 +593,11 @@ static void load_model(llm_worker *w)
               (long long)t->num_kv_heads, (long long)t->vocab_size,
               (unsigned long long)(vlmd_backend_allocated_bytes(w->backend) >> 20),
               vlmd_backend_info(w->backend)->name);
+    if (vlmd_backend_info(w->backend)->kind == VLMD_DEVICE_CPU)
+        VLMD_INFO("CPU backend: %s weights, %s KV cache, %d threads, %s kernels",
+                  vlmd_dtype_str(vlmd_backend_weight_dtype(w->backend)),
+                  vlmd_dtype_str(vlmd_backend_kv_dtype(w->backend)),
+                  vlmd_backend_threads(w->backend), vlmd_backend_isa(w->backend));
 }
 
 int main(int argc, char **argv)

@@ -57,6 +57,7 @@ struct qwen2_model {
     void *final_norm;           /* [H] */
     qwen2_layer *layers;
     vlmd_backend_owned weights;
+    bool holds;                 /* holds the backend's weight type (vlmd_backend_hold_weights) */
     bool dry;                   /* sizing only: tensors are checked and counted, not loaded */
     uint64_t dry_bytes;
 };
@@ -167,7 +168,8 @@ static vlmd_status load_part(qwen2_model *m, const vlmd_safetensors *st, const c
     if (s != VLMD_OK || m->dry)
         return s;
     s = vlmd_backend_upload_tensor(m->b, (char *)dst + *at, t, transpose, err);
-    *at += (size_t)vlmd_tensor_numel(t) * vlmd_backend_elem_size(m->b);
+    vlmd_safetensors_release(st, t); /* copied: not resident twice */
+    *at += (size_t)vlmd_tensor_numel(t) * vlmd_backend_weight_elem_size(m->b);
     return s;
 }
 
@@ -181,7 +183,7 @@ static vlmd_status load_experts(qwen2_model *m, const vlmd_safetensors *st, cons
                                 qwen2_layer *y, vlmd_error *err)
 {
     const int64_t E = m->E, H = m->H, Ie = m->Ie;
-    size_t es = vlmd_backend_elem_size(m->b);
+    size_t es = vlmd_backend_weight_elem_size(m->b);
     size_t gu_bytes = (size_t)(E * 2 * Ie * H) * es, down_bytes = (size_t)(E * H * Ie) * es;
     char name[320];
     snprintf(name, sizeof name, "%sexperts.gate_up_proj", at);
@@ -277,6 +279,9 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         free(m);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
+    if ((s = vlmd_backend_hold_weights(b, st, err)) != VLMD_OK)
+        goto fail;
+    m->holds = true;
     const int64_t H = m->H, I = m->I, Q = (int64_t)m->nh * m->hd, KV = (int64_t)m->nkv * m->hd,
                   V = m->V, hd = m->hd, E = m->E;
     const char *pre = text_prefix(st);
@@ -379,6 +384,8 @@ void qwen2_free(qwen2_model *m)
     if (!m)
         return;
     vlmd_backend_free_owned(m->b, &m->weights);
+    if (m->holds)
+        vlmd_backend_release_weights(m->b);
     free(m->layers);
     free(m);
 }
@@ -391,7 +398,7 @@ vlmd_backend *qwen2_backend(const qwen2_model *m)
 uint64_t qwen2_kv_bytes_per_token(const qwen2_model *m)
 {
     return (uint64_t)m->L * 2u * (uint64_t)m->nkv * (uint64_t)m->hd *
-           vlmd_backend_elem_size(m->b);
+           vlmd_backend_kv_elem_size(m->b);
 }
 
 uint32_t qwen2_vocab_size(const qwen2_model *m)
@@ -435,7 +442,7 @@ uint64_t qwen2_kv_bytes(const qwen2_model *m, int32_t n_slots)
 {
     /* per layer a K and a V of n_slots + 1 rows: the last is the pad slot */
     return 2u * (uint64_t)m->L * ((uint64_t)n_slots + 1) * (uint64_t)m->nkv * (uint64_t)m->hd *
-           vlmd_backend_elem_size(m->b);
+           vlmd_backend_kv_elem_size(m->b);
 }
 
 vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err)
@@ -724,8 +731,8 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
                           .k_norm = y->k_norm, .norm_eps = m->eps};
         op->rope_kv_write(b, ws->qkv, y->b_qkv, kv->k[l], kv->v[l], ws->positions, ws->slots, n,
                           m->nh, m->nkv, m->hd, &rope);
-        op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], ws->seqs, n_seqs, n, m->nh,
-                      m->nkv, m->hd, true);
+        op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], vlmd_backend_kv_dtype(b),
+                      ws->seqs, n_seqs, n, m->nh, m->nkv, m->hd, true);
         op->linear(b, ws->x, ws->attn, y->wo, NULL, n, Q, H);
         /* MLP block: dense, or the experts the router picks */
         op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, m->eps);
@@ -750,7 +757,7 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
     if (!n_logits)
         return;
     op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, m->eps);
-    op->embedding(b, ws->rows, ws->h, ws->logit_rows, n_logits, H); /* gather rows */
+    op->gather_rows(b, ws->rows, ws->h, ws->logit_rows, n_logits, H);
     op->linear(b, ws->logits, ws->rows, m->lm_head, NULL, n_logits, H, m->V);
 }
 

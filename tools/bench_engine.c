@@ -1,6 +1,6 @@
 /* bench_engine.c - `vlmd-bench-engine MODEL_DIR [--device D] [--prompt N] [--gen N]
- * [--batch B] [--bandwidth-gbs X] [--gemm-tflops Y] [--enforce-eager] [--schema FILE|json_object]`:
- * the engine alone, in
+ * [--batch B] [--bandwidth-gbs X] [--gemm-tflops Y] [--threads N] [--enforce-eager]
+ * [--schema FILE|json_object]: the engine alone, in
  * this process, on random prompts: time of the prefill step(s), then decode
  * steps until every request has its --gen tokens (end-of-sequence ignored).
  * Prints tokens/s; for decode, the fraction of the weight-streaming ceiling
@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "bench_text_model.h"
 #include "buf.h"
@@ -56,7 +57,7 @@ static vlmd_status load_vocab(const char *dir, vlmd_vocab **vocab, uint32_t *end
 int main(int argc, char **argv)
 {
     const char *dir = NULL, *device = "auto", *schema = NULL;
-    long long prompt = 512, gen = 256, batch = 1;
+    long long prompt = 512, gen = 256, batch = 1, threads = 0;
     double bandwidth_gbs = 0, gemm_tflops = 0;
     bool eager = false;
     for (int i = 1; i < argc; i++) {
@@ -72,6 +73,8 @@ int main(int argc, char **argv)
             vlmd_parse_double(argv[++i], 0, 1e6, &bandwidth_gbs);
         else if (strcmp(argv[i], "--gemm-tflops") == 0 && i + 1 < argc)
             vlmd_parse_double(argv[++i], 0, 1e6, &gemm_tflops);
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            vlmd_parse_i64(argv[++i], 0, 4096, &threads);
         else if (strcmp(argv[i], "--enforce-eager") == 0)
             eager = true;
         else if (strcmp(argv[i], "--schema") == 0 && i + 1 < argc)
@@ -81,7 +84,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr, "usage: vlmd-bench-engine MODEL_DIR [--device auto|cpu|cuda] "
                             "[--prompt N] [--gen N] [--batch B] [--bandwidth-gbs X] "
-                            "[--gemm-tflops Y] [--enforce-eager] [--schema FILE|json_object]\n");
+                            "[--gemm-tflops Y] [--threads N] [--enforce-eager] [--schema FILE|json_object]\n");
             return 2;
         }
     }
@@ -93,6 +96,10 @@ int main(int argc, char **argv)
     bench_text_model t;
     if (bench_text_model_load(dir, device, &t, &err) != VLMD_OK) {
         fprintf(stderr, "vlmd-bench-engine: %s\n", err.msg);
+        return 1;
+    }
+    if (vlmd_backend_set_threads(t.backend, (int)threads, &err) != VLMD_OK) {
+        fprintf(stderr, "vlmd-bench-engine: --threads: %s\n", err.msg);
         return 1;
     }
     const vlmd_model_config mc = t.mc;
@@ -186,6 +193,14 @@ int main(int argc, char **argv)
     }
     if (schema)
         printf("constrained by %s: %lld tokens made in all\n", schema, emitted);
+    struct rusage ru;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) /* the weights and the cache, plus what runs them */
+        printf("peak RSS %.2f GiB: %.2fx the weights (%.2f GiB) plus the KV cache (%.2f GiB)\n",
+               (double)ru.ru_maxrss / (1 << 20),
+               (double)ru.ru_maxrss * 1024 / ((double)t.weight_bytes +
+                                              (double)ec.kv_slots * qwen2_kv_bytes_per_token(t.model)),
+               (double)t.weight_bytes / (1u << 30),
+               (double)ec.kv_slots * qwen2_kv_bytes_per_token(t.model) / (1u << 30));
     engine_free(e);
     bench_text_model_free(&t);
     vlmd_vocab_free(vocab);

@@ -259,6 +259,8 @@ int main(int argc, char **argv)
     }
     if (vlmd_backend_info(w.backend)->kind == VLMD_DEVICE_CPU)
         vlmd_backend_limit(w.backend, vlmd_cpu_device_bytes(w.svc.cfg.cpu_device_mb));
+    if (vlmd_backend_set_threads(w.backend, (int)w.svc.cfg.threads, &err) != VLMD_OK)
+        VLMD_FATAL("--threads %lld: %s", (long long)w.svc.cfg.threads, err.msg);
     reserve(&w);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
     /* device and memory are borrowed for the call (set_ready copies them) */

@@ -73,6 +73,7 @@ struct vision_tower {
     vt_merger merger;
     vt_merger *deepstack;       /* [n_deepstack], in deepstack_visual_indexes order */
     vlmd_backend_owned weights;
+    bool holds;                 /* holds the backend's weight type (vlmd_backend_hold_weights) */
     workspace ws;
 };
 
@@ -152,7 +153,10 @@ vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
     /* Qwen3-VL's published checkpoints name the tower model.visual.*, the older ones visual.* */
     const char *pre = kind == VT_QWEN3_VL ? "model.visual." : "visual.";
     char names[2][128];
-    vlmd_status s;
+    vlmd_status s = vlmd_backend_hold_weights(b, st, err);
+    if (s != VLMD_OK)
+        goto fail;
+    vt->holds = true;
     /* LOAD loads names[0]; LOAD2 stacks names[0] and names[1] (their shapes one after the other) */
 #define LOAD_PARTS(field, n_parts, ndim, ...)                                                  \
     if ((s = load_stacked(vt, st, n_parts, names, ndim, (int64_t[]){__VA_ARGS__}, &field,      \
@@ -269,6 +273,8 @@ void vision_tower_free(vision_tower *vt)
         return;
     workspace_free(vt);
     vlmd_backend_free_owned(vt->b, &vt->weights);
+    if (vt->holds)
+        vlmd_backend_release_weights(vt->b);
     free(vt->blocks);
     free(vt->deepstack);
     free(vt);
@@ -291,7 +297,12 @@ uint32_t vision_tower_token_features(const vision_tower *vt)
 
 /* ---- encoding ------------------------------------------------------------------ */
 
-/* A row offset into a weight or activation buffer. */
+/* An offset into a weight buffer, and into an activation buffer. */
+static void *wrows(const vision_tower *vt, void *base, size_t elements)
+{
+    return (char *)base + elements * vlmd_backend_weight_elem_size(vt->b);
+}
+
 static void *rows(const vision_tower *vt, void *base, size_t elements)
 {
     return (char *)base + elements * vlmd_backend_elem_size(vt->b);
@@ -575,10 +586,12 @@ vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *image
         else
             op->layernorm(b, h, x, bl->n1w, bl->n1b, Ni, Ei, 1e-6f);
         op->linear(b, q, h, bl->qkv_w, bl->qkv_b, Ni, Ei, Ei);
-        op->linear(b, k, h, rows(vt, bl->qkv_w, E * E), rows(vt, bl->qkv_b, E), Ni, Ei, Ei);
-        op->linear(b, v, h, rows(vt, bl->qkv_w, 2 * E * E), rows(vt, bl->qkv_b, 2 * E), Ni, Ei, Ei);
+        op->linear(b, k, h, wrows(vt, bl->qkv_w, E * E), wrows(vt, bl->qkv_b, E), Ni, Ei, Ei);
+        op->linear(b, v, h, wrows(vt, bl->qkv_w, 2 * E * E), wrows(vt, bl->qkv_b, 2 * E), Ni, Ei,
+                   Ei);
         op->vision_rope(b, q, k, w->d_hpos, w->d_wpos, Ni, vt->nh, vt->hd, 10000.0f);
-        op->attention(b, a, q, Ei, k, v, windowed ? w->d_seqs + n : w->d_seqs,
+        op->attention(b, a, q, Ei, k, v, vlmd_backend_act_dtype(b),
+                      windowed ? w->d_seqs + n : w->d_seqs,
                       windowed ? (int)n_windows : n, Ni, vt->nh, vt->nh, vt->hd, false);
         op->linear(b, h, a, bl->proj_w, bl->proj_b, Ni, Ei, Ei);
         op->add(b, x, h, N * E);
@@ -602,6 +615,6 @@ vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *image
     /* the merger: each unit's merge^2 patches become one token */
     merge(vt, &vt->merger, w->y, x, N);
     /* to the output order (a gather of rows) */
-    op->embedding(b, w->y2, w->y, w->d_gather, (int)(F * U), vt->out_dim);
+    op->gather_rows(b, w->y2, w->y, w->d_gather, (int)(F * U), vt->out_dim);
     return vlmd_backend_download_f32(b, out, w->y2, F * U * D, err);
 }

@@ -1,14 +1,18 @@
 /* cpu_backend.c - the CPU backend: host memory as the "device". It is the
  * reference implementation every CUDA op is tested against, and what CI and
- * the embedded demo run. */
+ * the embedded demo run. Owns its thread pool (--threads) and picks the
+ * kernel table for this CPU at open (cpu_kernels.h). OpenBLAS runs on one
+ * thread: the pool splits every sgemm, so no BLAS thread spins beside it. */
+#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "backend_impl.h"
 #include "buf.h"
 #include "host_memory.h"
+#include "cpu_impl.h"
+#include "log.h"
 #include "safetensors.h"
 
 /* Free is what the kernel can give (MemAvailable, within a cgroup's limit),
@@ -103,7 +107,35 @@ static vlmd_status cpu_synchronize(vlmd_backend *b, vlmd_error *err)
 
 static void cpu_destroy(vlmd_backend *b)
 {
-    (void)b;
+    cpu_state *cs = cpu_of(b);
+    if (cs)
+        vlmd_cpu_pool_destroy(cs->pool);
+    free(cs);
+}
+
+static vlmd_status cpu_set_threads(vlmd_backend *b, int n, vlmd_error *err)
+{
+    cpu_state *cs = cpu_of(b);
+    vlmd_cpu_pool *pool = NULL;
+    n = n > 0 ? n : vlmd_cpu_pool_default_size();
+    if (cs->pool && vlmd_cpu_pool_size(cs->pool) == n)
+        return VLMD_OK;
+    vlmd_status s = vlmd_cpu_pool_create(n, &pool, err);
+    if (s != VLMD_OK)
+        return s;
+    vlmd_cpu_pool_destroy(cs->pool);
+    cs->pool = pool;
+    return VLMD_OK;
+}
+
+static int cpu_threads(const vlmd_backend *b)
+{
+    return vlmd_cpu_pool_size(((const cpu_state *)b->impl)->pool);
+}
+
+static const char *cpu_isa(const vlmd_backend *b)
+{
+    return ((const cpu_state *)b->impl)->k->name;
 }
 
 static const vlmd_device_vtable cpu_ops = {
@@ -121,6 +153,10 @@ static const vlmd_device_vtable cpu_ops = {
     .ops_take_memory = false,
     .synchronize = cpu_synchronize,
     .destroy = cpu_destroy,
+    .weights_as_stored = true,
+    .set_threads = cpu_set_threads,
+    .threads = cpu_threads,
+    .isa = cpu_isa,
 };
 
 /* The "model name" line of /proc/cpuinfo, or "cpu". */
@@ -157,5 +193,17 @@ vlmd_status vlmd_cpu_backend_open(vlmd_backend *b, vlmd_error *err)
     cpu_model_name(b->info.name, sizeof b->info.name);
     b->info.multiprocessors = (int)sysconf(_SC_NPROCESSORS_ONLN);
     uint64_t free_bytes;
-    return cpu_mem_info(b, &free_bytes, &b->info.total_bytes, err);
+    vlmd_status s = cpu_mem_info(b, &free_bytes, &b->info.total_bytes, err);
+    cpu_state *cs = s == VLMD_OK ? calloc(1, sizeof *cs) : NULL;
+    if (s == VLMD_OK && !cs)
+        s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the CPU backend");
+    b->impl = cs;
+    if (s == VLMD_OK) {
+        cs->k = vlmd_cpu_kernels_best();
+        openblas_set_num_threads(1);
+        s = cpu_set_threads(b, 0, err);
+    }
+    if (s != VLMD_OK)
+        cpu_destroy(b);
+    return s;
 }

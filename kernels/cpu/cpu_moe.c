@@ -1,14 +1,14 @@
 /* cpu_moe.c - the CPU reference of the mixture-of-experts ops (ops.h):
  * the router's softmax and top-k, and the experts grouped by expert, each
- * group through two sgemms, added back in expert order as transformers'
+ * group through two of the backend's matmuls (weights in the backend's
+ * weight type), added back in expert order as transformers'
  * Qwen3MoeSparseMoeBlock does. */
-#include <cblas.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "backend_impl.h"
+#include "cpu_impl.h"
 
 void vlmd_cpu_moe_route(vlmd_backend *b, int32_t *ids, float *weights, const void *logits_,
                         int n, int n_experts, int k, bool renormalize, bool worst_case)
@@ -66,10 +66,10 @@ void vlmd_cpu_moe_experts(vlmd_backend *b, void *out_, const void *x_, const int
                           const float *weights, const void *gate_up_, const void *down_,
                           void *scratch, int n, int k, int n_experts, int hidden, int inter)
 {
-    (void)b;
     float *out = out_;
-    const float *x = x_, *gate_up = gate_up_, *down = down_;
-    size_t rows = (size_t)n * k;
+    const float *x = x_;
+    const char *gate_up = gate_up_, *down = down_;
+    const size_t es = vlmd_backend_weight_elem_size(b), rows = (size_t)n * k;
     float *xg = scratch, *gu = xg + rows * hidden, *act = gu + rows * 2 * inter,
           *y = act + rows * inter;
     int32_t *order = (int32_t *)(y + rows * hidden), *start = order + rows;
@@ -93,16 +93,14 @@ void vlmd_cpu_moe_experts(vlmd_backend *b, void *out_, const void *x_, const int
         for (int r = 0; r < m; r++)
             memcpy(xg + (size_t)r * hidden, x + (size_t)(group[r] / k) * hidden,
                    (size_t)hidden * sizeof *xg);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, 2 * inter, hidden, 1.0f, xg,
-                    hidden, gate_up + (size_t)e * 2 * inter * hidden, hidden, 0.0f, gu,
-                    2 * inter);
+        vlmd_cpu_matmul(b, gu, 2 * inter, xg, gate_up + (size_t)e * 2 * inter * hidden * es,
+                        NULL, m, hidden, 2 * inter);
         for (int r = 0; r < m; r++) {
-            const float *g = gu + (size_t)r * 2 * inter, *u = g + inter;
-            for (int i = 0; i < inter; i++)
-                act[(size_t)r * inter + i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+            const float *g = gu + (size_t)r * 2 * inter;
+            cpu_of(b)->k->silu_mul(act + (size_t)r * inter, g, g + inter, (size_t)inter);
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, hidden, inter, 1.0f, act, inter,
-                    down + (size_t)e * hidden * inter, inter, 0.0f, y, hidden);
+        vlmd_cpu_matmul(b, y, hidden, act, down + (size_t)e * hidden * inter * es, NULL, m, inter,
+                        hidden);
         for (int r = 0; r < m; r++) {
             float w = weights[group[r]];
             float *o = out + (size_t)(group[r] / k) * hidden;

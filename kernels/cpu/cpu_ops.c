@@ -1,60 +1,250 @@
-/* cpu_ops.c - the CPU reference ops: fp32, plain loops, OpenBLAS sgemm for
- * the matmuls. Written for exactness and clarity; every CUDA op is tested
- * against these. */
+/* cpu_ops.c - the CPU backend's ops (ops.h). Activations are fp32; weights
+ * are read in the backend's weight type (F32, BF16 or F16, as the checkpoint
+ * has them) and the KV cache in its KV type, widened as they are read. The
+ * linears, the attention and the large element-wise ops are split over the
+ * backend's pool; their inner loops are the kernel table chosen for this CPU
+ * (cpu_kernels.h). With F32 weights (the fixtures' reference checkpoints)
+ * every number stays fp32: this is the reference every CUDA op is tested
+ * against.
+ *
+ * Linears: up to VLMD_CPU_GEMV_MAX_ROWS rows (decode) take the GEMV, which
+ * streams each weight row once for all rows, each thread a contiguous range
+ * of output rows; more rows (prefill) go to sgemm, each thread its own range
+ * of output rows, 16-bit weights widened a tile at a time into the thread's
+ * scratch (Debian's OpenBLAS has no bf16 GEMM: cblas_sbgemm is declared but
+ * not built). */
 #include <cblas.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend_impl.h"
+#include "cpu_impl.h"
 #include "log.h"
+
+/* Below this many elements an op runs on the calling thread alone. */
+#define PAR_MIN_ELEMS 16384
+
+/* fn over the pool, or alone on the calling thread for little work (elems) */
+static void run(vlmd_backend *b, vlmd_cpu_task fn, void *ctx, size_t elems)
+{
+    vlmd_cpu_pool_run(cpu_of(b)->pool, fn, ctx, elems < PAR_MIN_ELEMS);
+}
+
+/* part index's scratch (a part run alone is index 0) */
+static void *scratch(vlmd_backend *b, int index)
+{
+    return vlmd_cpu_pool_scratch(cpu_of(b)->pool, index);
+}
+
+/* ---- rows: embedding, gather, norms ------------------------------------------------ */
+
+typedef struct rows_job {
+    vlmd_backend *b;
+    float *out, *residual;
+    const float *x;
+    const void *table, *w, *bias;
+    const int32_t *ids;
+    int n, dim;
+    float eps;
+} rows_job;
+
+static void embedding_part(void *ctx, int index, int count)
+{
+    rows_job *j = ctx;
+    const cpu_state *cs = cpu_of(j->b);
+    vlmd_dtype wt = j->b->weight_dtype;
+    size_t es = vlmd_dtype_size(wt);
+    int lo, hi;
+    vlmd_cpu_split(j->n, 1, index, count, &lo, &hi);
+    for (int i = lo; i < hi; i++)
+        cs->k->widen(j->out + (size_t)i * j->dim,
+                     (const char *)j->table + (size_t)j->ids[i] * j->dim * es, wt, (size_t)j->dim);
+}
 
 static void cpu_embedding(vlmd_backend *b, void *out, const void *table, const int32_t *ids,
                           int n, int hidden)
 {
-    (void)b;
-    for (int i = 0; i < n; i++)
-        memcpy((float *)out + (size_t)i * hidden, (const float *)table + (size_t)ids[i] * hidden,
-               (size_t)hidden * sizeof(float));
+    rows_job j = {.b = b, .out = out, .table = table, .ids = ids, .n = n, .dim = hidden};
+    run(b, embedding_part, &j, (size_t)n * hidden);
 }
 
-static void cpu_rmsnorm(vlmd_backend *b, void *out_, const void *x_, void *residual_,
-                        const void *w_, int n, int hidden, float eps)
+static void cpu_gather_rows(vlmd_backend *b, void *out, const void *x, const int32_t *ids, int n,
+                            int dim)
 {
     (void)b;
-    float *out = out_, *res = residual_;
-    const float *x = x_, *w = w_;
-    for (int i = 0; i < n; i++) {
-        const float *src = x + (size_t)i * hidden;
-        if (res) {
-            float *r = res + (size_t)i * hidden;
-            for (int j = 0; j < hidden; j++)
-                r[j] += src[j];
+    for (int i = 0; i < n; i++)
+        memcpy((float *)out + (size_t)i * dim, (const float *)x + (size_t)ids[i] * dim,
+               (size_t)dim * sizeof(float));
+}
+
+/* w (n elements of the weight type) as fp32 in dst: the thread's scratch */
+static const float *widen_weights(vlmd_backend *b, float *dst, const void *w, size_t n)
+{
+    if (b->weight_dtype == VLMD_DTYPE_F32)
+        return w;
+    cpu_of(b)->k->widen(dst, w, b->weight_dtype, n);
+    return dst;
+}
+
+static void rmsnorm_part(void *ctx, int index, int count)
+{
+    rows_job *j = ctx;
+    float *buf = scratch(j->b, index);
+    const float *w = widen_weights(j->b, buf, j->w, (size_t)j->dim);
+    int lo, hi, dim = j->dim;
+    vlmd_cpu_split(j->n, 1, index, count, &lo, &hi);
+    for (int i = lo; i < hi; i++) {
+        const float *src = j->x + (size_t)i * dim;
+        if (j->residual) {
+            float *r = j->residual + (size_t)i * dim;
+            for (int d = 0; d < dim; d++)
+                r[d] += src[d];
             src = r;
         }
         double ss = 0;
-        for (int j = 0; j < hidden; j++)
-            ss += (double)src[j] * src[j];
-        float inv = 1.0f / sqrtf((float)(ss / hidden) + eps);
-        float *dst = out + (size_t)i * hidden;
-        for (int j = 0; j < hidden; j++)
-            dst[j] = w[j] * (src[j] * inv);
+        for (int d = 0; d < dim; d++)
+            ss += (double)src[d] * src[d];
+        float inv = 1.0f / sqrtf((float)(ss / dim) + j->eps);
+        float *dst = j->out + (size_t)i * dim;
+        for (int d = 0; d < dim; d++)
+            dst[d] = w[d] * (src[d] * inv);
     }
 }
 
-static void cpu_linear(vlmd_backend *b, void *out_, const void *x, const void *w,
-                       const void *bias_, int n, int in, int out_dim)
+static void cpu_rmsnorm(vlmd_backend *b, void *out, const void *x, void *residual, const void *w,
+                        int n, int hidden, float eps)
 {
-    (void)b;
-    float *out = out_;
-    const float *bias = bias_;
-    if (bias) {
-        for (int i = 0; i < n; i++)
-            memcpy(out + (size_t)i * out_dim, bias, (size_t)out_dim * sizeof(float));
-    }
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out_dim, in, 1.0f, x, in, w, in,
-                bias ? 1.0f : 0.0f, out, out_dim);
+    rows_job j = {.b = b, .out = out, .x = x, .residual = residual, .w = w, .n = n,
+                  .dim = hidden, .eps = eps};
+    run(b, rmsnorm_part, &j, (size_t)n * hidden);
 }
+
+static void layernorm_part(void *ctx, int index, int count)
+{
+    rows_job *j = ctx;
+    int lo, hi, dim = j->dim;
+    float *buf = scratch(j->b, index);
+    const float *w = widen_weights(j->b, buf, j->w, (size_t)dim);
+    const float *bias = j->bias ? widen_weights(j->b, buf + dim, j->bias, (size_t)dim) : NULL;
+    vlmd_cpu_split(j->n, 1, index, count, &lo, &hi);
+    for (int i = lo; i < hi; i++) {
+        const float *r = j->x + (size_t)i * dim;
+        double mean = 0, var = 0;
+        for (int d = 0; d < dim; d++)
+            mean += r[d];
+        mean /= dim;
+        for (int d = 0; d < dim; d++)
+            var += (r[d] - mean) * (r[d] - mean);
+        float inv = 1.0f / sqrtf((float)(var / dim) + j->eps);
+        float *o = j->out + (size_t)i * dim;
+        for (int d = 0; d < dim; d++)
+            o[d] = ((r[d] - (float)mean) * inv) * w[d] + (bias ? bias[d] : 0.0f);
+    }
+}
+
+static void cpu_layernorm(vlmd_backend *b, void *out, const void *x, const void *w,
+                          const void *bias, int n, int dim, float eps)
+{
+    VLMD_ASSERT((size_t)dim * 2 * sizeof(float) <= VLMD_CPU_SCRATCH_BYTES);
+    rows_job j = {.b = b, .out = out, .x = x, .w = w, .bias = bias, .n = n, .dim = dim,
+                  .eps = eps};
+    run(b, layernorm_part, &j, (size_t)n * dim);
+}
+
+/* ---- linear ------------------------------------------------------------------------ */
+
+typedef struct matmul_job {
+    vlmd_backend *b;
+    float *out;
+    int ldo;
+    const float *x;
+    const void *w, *bias;
+    int n, in, out_dim;
+    int chunk;              /* the GEMV's output rows per take */
+    _Atomic int next;       /* the GEMV's next chunk */
+} matmul_job;
+
+/* out[r][o] += bias[o] for o in [o0, o1) */
+static void add_bias(const matmul_job *j, int o0, int o1)
+{
+    vlmd_dtype wt = j->b->weight_dtype;
+    for (int o = o0; o < o1; o++) {
+        float v = vlmd_cpu_load(j->bias, wt, (size_t)o);
+        for (int r = 0; r < j->n; r++)
+            j->out[(size_t)r * j->ldo + o] += v;
+    }
+}
+
+/* Output rows in chunks from a shared counter, several a thread: a thread
+ * descheduled on a loaded machine holds up one chunk, not a share. */
+static void gemv_part(void *ctx, int index, int count)
+{
+    (void)count;
+    matmul_job *j = ctx;
+    for (;;) {
+        int o0 = atomic_fetch_add(&j->next, 1) * j->chunk;
+        if (o0 >= j->out_dim)
+            return;
+        int o1 = o0 + j->chunk < j->out_dim ? o0 + j->chunk : j->out_dim;
+        cpu_of(j->b)->k->gemv(j->out, j->ldo, j->x, j->in, j->w, j->b->weight_dtype, j->in, o0,
+                              o1, j->n, scratch(j->b, index));
+        if (j->bias)
+            add_bias(j, o0, o1);
+    }
+}
+
+static void gemm_part(void *ctx, int index, int count)
+{
+    matmul_job *j = ctx;
+    vlmd_dtype wt = j->b->weight_dtype;
+    size_t es = vlmd_dtype_size(wt);
+    int o0, o1;
+    vlmd_cpu_split(j->out_dim, 16, index, count, &o0, &o1);
+    float *tile = scratch(j->b, index);
+    /* the widened tile's rows: what the scratch holds, in 16s, at most 512 */
+    int tile_rows = (int)(VLMD_CPU_SCRATCH_BYTES / ((size_t)j->in * sizeof(float)));
+    tile_rows = tile_rows > 512 ? 512 : tile_rows >= 16 ? tile_rows & ~15 : tile_rows;
+    if (wt == VLMD_DTYPE_F32)
+        tile_rows = o1 - o0; /* sgemm reads the weights where they are */
+    VLMD_ASSERT(tile_rows >= 1 || o0 >= o1);
+    for (int o = o0; o < o1; o += tile_rows) {
+        int rows = o1 - o < tile_rows ? o1 - o : tile_rows;
+        const float *wt32 = (const float *)j->w + (size_t)o * j->in;
+        if (wt != VLMD_DTYPE_F32) {
+            cpu_of(j->b)->k->widen(tile, (const char *)j->w + (size_t)o * j->in * es, wt,
+                                   (size_t)rows * j->in);
+            wt32 = tile;
+        }
+        if (j->bias)
+            for (int r = 0; r < j->n; r++)
+                for (int c = 0; c < rows; c++)
+                    j->out[(size_t)r * j->ldo + o + c] =
+                        vlmd_cpu_load(j->bias, wt, (size_t)(o + c));
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, rows, j->in, 1.0f, j->x,
+                    j->in, wt32, j->in, j->bias ? 1.0f : 0.0f, j->out + o, j->ldo);
+    }
+}
+
+void vlmd_cpu_matmul(vlmd_backend *b, float *out, int ldo, const float *x, const void *w,
+                     const void *bias, int n, int in, int out_dim)
+{
+    matmul_job j = {b, out, ldo, x, w, bias, n, in, out_dim, 0, 0};
+    bool gemv = n <= VLMD_CPU_GEMV_MAX_ROWS;
+    /* 8 chunks a thread, of whole 48s (the kernels' 3- and 4-row tiles) */
+    int parts = 8 * vlmd_cpu_pool_size(cpu_of(b)->pool);
+    j.chunk = (out_dim + parts - 1) / parts;
+    j.chunk = (j.chunk + 47) / 48 * 48;
+    run(b, gemv ? gemv_part : gemm_part, &j, (size_t)out_dim * in);
+}
+
+static void cpu_linear(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
+                       int n, int in, int out_dim)
+{
+    vlmd_cpu_matmul(b, out, out_dim, x, w, bias, n, in, out_dim);
+}
+
+/* ---- rotary embedding and the KV write ------------------------------------------------ */
 
 static void rotate(float *v, int hd, const float *cosv, const float *sinv)
 {
@@ -88,188 +278,324 @@ static void head_rmsnorm(float *v, int hd, const float *w, float eps)
         v[j] = w[j] * (v[j] * inv);
 }
 
-static void cpu_rope_kv_write(vlmd_backend *b, void *qkv_, const void *bias_, void *k_cache,
-                              void *v_cache, const int32_t *positions, const int32_t *slots, int n,
-                              int nh, int nkv, int hd, const vlmd_rope *rope)
+typedef struct rope_job {
+    vlmd_backend *b;
+    float *qkv;
+    const void *bias;
+    void *k_cache, *v_cache;
+    const int32_t *positions, *slots;
+    int n, nh, nkv, hd;
+    const vlmd_rope *rope;
+} rope_job;
+
+static void rope_part(void *ctx, int index, int count)
 {
-    (void)b;
-    float *qkv = qkv_;
-    const float *bias = bias_;
-    int half = hd / 2, kv_dim = nkv * hd;
-    size_t stride = (size_t)(nh + 2 * nkv) * hd;
-    float *cosv = malloc((size_t)half * sizeof *cosv), *sinv = malloc((size_t)half * sizeof *sinv);
-    VLMD_ASSERT(cosv && sinv);
-    for (int t = 0; t < n; t++) {
+    rope_job *j = ctx;
+    vlmd_backend *b = j->b;
+    const vlmd_cpu_kernels *k = cpu_of(b)->k;
+    const vlmd_rope *rope = j->rope;
+    int hd = j->hd, half = hd / 2, kv_dim = j->nkv * hd, lo, hi;
+    size_t stride = (size_t)(j->nh + 2 * j->nkv) * hd, kes = vlmd_dtype_size(b->kv_dtype);
+    /* scratch: cos, sin [half]; the bias [stride] and norms [hd] widened */
+    float *cosv = scratch(b, index), *sinv = cosv + half, *bias = sinv + half;
+    float *qn = bias + stride, *kn = qn + hd;
+    if (j->bias)
+        k->widen(bias, j->bias, b->weight_dtype, stride);
+    const float *qw = rope->q_norm ? widen_weights(b, qn, rope->q_norm, (size_t)hd) : NULL;
+    const float *kw = rope->k_norm ? widen_weights(b, kn, rope->k_norm, (size_t)hd) : NULL;
+    vlmd_cpu_split(j->n, 1, index, count, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
         for (int i = 0; i < half; i++) {
             int row = mrope_row(rope, i);
             double inv_freq = 1.0 / pow((double)rope->theta, (double)(2 * i) / hd);
             /* the angle in float32, as the reference computes it */
-            float angle = (float)positions[(size_t)row * n + t] * (float)inv_freq;
+            float angle = (float)j->positions[(size_t)row * j->n + t] * (float)inv_freq;
             cosv[i] = cosf(angle);
             sinv[i] = sinf(angle);
         }
-        float *q = qkv + (size_t)t * stride, *k = q + (size_t)nh * hd, *v = k + kv_dim;
-        for (size_t j = 0; bias && j < stride; j++)
-            q[j] += bias[j];
-        for (int h = 0; h < nh + nkv; h++) { /* the k heads follow the q heads */
-            const float *w = h < nh ? rope->q_norm : rope->k_norm;
+        float *q = j->qkv + (size_t)t * stride, *kr = q + (size_t)j->nh * hd, *v = kr + kv_dim;
+        for (size_t e = 0; j->bias && e < stride; e++)
+            q[e] += bias[e];
+        for (int h = 0; h < j->nh + j->nkv; h++) { /* the k heads follow the q heads */
+            const float *w = h < j->nh ? qw : kw;
             if (w)
                 head_rmsnorm(q + (size_t)h * hd, hd, w, rope->norm_eps);
             rotate(q + (size_t)h * hd, hd, cosv, sinv);
         }
-        memcpy((float *)k_cache + (size_t)slots[t] * kv_dim, k, (size_t)kv_dim * sizeof(float));
-        memcpy((float *)v_cache + (size_t)slots[t] * kv_dim, v, (size_t)kv_dim * sizeof(float));
+        size_t at = (size_t)j->slots[t] * kv_dim * kes;
+        k->narrow((char *)j->k_cache + at, b->kv_dtype, kr, (size_t)kv_dim);
+        k->narrow((char *)j->v_cache + at, b->kv_dtype, v, (size_t)kv_dim);
     }
-    free(cosv);
-    free(sinv);
 }
 
-static void cpu_attention(vlmd_backend *b, void *out_, const void *q_, int q_stride,
-                          const void *k_cache, const void *v_cache, const vlmd_attn_seq *seqs,
-                          int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal)
+static void cpu_rope_kv_write(vlmd_backend *b, void *qkv, const void *bias, void *k_cache,
+                              void *v_cache, const int32_t *positions, const int32_t *slots, int n,
+                              int nh, int nkv, int hd, const vlmd_rope *rope)
 {
-    (void)b;
-    (void)n_rows;
-    float *out = out_;
-    const float *q = q_, *kc = k_cache, *vc = v_cache;
-    int group = nh / nkv, kv_dim = nkv * hd;
-    float scale = 1.0f / sqrtf((float)hd);
-    int max_kv = 0;
-    for (int s = 0; s < n_seqs; s++)
-        max_kv = seqs[s].kv_len > max_kv ? seqs[s].kv_len : max_kv;
-    float *score = malloc((size_t)(max_kv ? max_kv : 1) * sizeof *score);
-    VLMD_ASSERT(score);
-    for (int s = 0; s < n_seqs; s++) {
-        const vlmd_attn_seq *sq = &seqs[s];
-        for (int i = 0; i < sq->q_len; i++) {
-            int row = sq->q_start + i;
-            int visible = causal ? sq->kv_len - sq->q_len + i + 1 : sq->kv_len;
-            for (int h = 0; h < nh; h++) {
-                const float *qv = q + (size_t)row * q_stride + (size_t)h * hd;
-                int kvh = h / group;
-                float mx = -INFINITY;
-                for (int j = 0; j < visible; j++) {
-                    const float *kv = kc + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
-                    float dot = 0;
-                    for (int d = 0; d < hd; d++)
-                        dot += qv[d] * kv[d];
-                    score[j] = dot * scale;
-                    mx = score[j] > mx ? score[j] : mx;
-                }
-                double sum = 0;
-                for (int j = 0; j < visible; j++) {
-                    score[j] = expf(score[j] - mx);
-                    sum += score[j];
-                }
-                float *o = out + ((size_t)row * nh + h) * hd;
-                memset(o, 0, (size_t)hd * sizeof *o);
-                for (int j = 0; j < visible; j++) {
-                    const float *vv = vc + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
-                    float p = (float)(score[j] / sum);
-                    for (int d = 0; d < hd; d++)
-                        o[d] += p * vv[d];
-                }
-            }
+    size_t stride = (size_t)(nh + 2 * nkv) * hd;
+    VLMD_ASSERT((stride + 3 * (size_t)hd) * sizeof(float) <= VLMD_CPU_SCRATCH_BYTES);
+    rope_job j = {b, qkv, bias, k_cache, v_cache, positions, slots, n, nh, nkv, hd, rope};
+    run(b, rope_part, &j, (size_t)n * stride);
+}
+
+/* ---- attention --------------------------------------------------------------------- */
+
+/* Flash-style: a unit is one sequence's block of query rows (ATT_ROWS at
+ * most: hb heads of one KV head x qb queries) against its keys in blocks of
+ * ATT_KB, with a running max and sum per row; units are taken from a shared
+ * counter, the longest (a causal prefill's last queries) first. */
+#define ATT_KB 64
+#define ATT_ROWS 64
+#define ATT_MAX_HD 512
+
+typedef struct att_job {
+    vlmd_backend *b;
+    float *out;
+    const float *q;
+    int q_stride;
+    const void *k_cache, *v_cache;
+    vlmd_dtype kv_dtype;
+    const vlmd_attn_seq *seqs;
+    int n_seqs, nh, nkv, hd;
+    bool causal;
+    int hb, qb;             /* heads and queries per unit */
+    _Atomic int next;       /* the next unit to take */
+} att_job;
+
+/* Units of sequence s: nkv x (group / hb) x its query blocks. */
+static int att_units(const att_job *j, int s)
+{
+    int group = j->nh / j->nkv;
+    return j->nkv * (group / j->hb) * ((j->seqs[s].q_len + j->qb - 1) / j->qb);
+}
+
+static void att_unit(att_job *j, float *ws, const vlmd_attn_seq *sq, int g, int h0, int q0, int q1)
+{
+    const vlmd_cpu_kernels *k = cpu_of(j->b)->k;
+    const int hd = j->hd, hb = j->hb, R = hb * (q1 - q0), kv_dim = j->nkv * hd;
+    const size_t kes = vlmd_dtype_size(j->kv_dtype);
+    float *Q = ws, *O = Q + (size_t)ATT_ROWS * hd, *S = O + (size_t)ATT_ROWS * hd;
+    float *M = S + (size_t)ATT_ROWS * ATT_KB, *L = M + ATT_ROWS;
+    float *KT = L + ATT_ROWS, *V = KT + (size_t)hd * ATT_KB, *row = V + (size_t)ATT_KB * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    for (int r = 0; r < R; r++) { /* row r: query q0 + r / hb, head h0 + r % hb */
+        const float *src = j->q + (size_t)(sq->q_start + q0 + r / hb) * j->q_stride +
+                           (size_t)(h0 + r % hb) * hd;
+        for (int d = 0; d < hd; d++)
+            Q[(size_t)r * hd + d] = src[d] * scale;
+        memset(O + (size_t)r * hd, 0, (size_t)hd * sizeof *O);
+        M[r] = -INFINITY;
+        L[r] = 0;
+    }
+    const int past = sq->kv_len - sq->q_len, kmax = j->causal ? past + q1 : sq->kv_len;
+    for (int j0 = 0; j0 < kmax; j0 += ATT_KB) {
+        int nk = kmax - j0 < ATT_KB ? kmax - j0 : ATT_KB;
+        for (int c = 0; c < nk; c++) {
+            size_t at = ((size_t)sq->slots[j0 + c] * kv_dim + (size_t)g * hd) * kes;
+            k->widen(row, (const char *)j->k_cache + at, j->kv_dtype, (size_t)hd);
+            for (int d = 0; d < hd; d++)
+                KT[(size_t)d * ATT_KB + c] = row[d];
+            k->widen(V + (size_t)c * hd, (const char *)j->v_cache + at, j->kv_dtype, (size_t)hd);
         }
+        k->qk(S, ATT_KB, Q, KT, ATT_KB, R, nk, hd);
+        for (int r = 0; r < R; r++) {
+            float *s = S + (size_t)r * ATT_KB;
+            int vis = j->causal ? past + q0 + r / hb + 1 - j0 : nk;
+            vis = vis < nk ? vis : nk;
+            if (vis <= 0) {
+                memset(s, 0, (size_t)nk * sizeof *s);
+                continue;
+            }
+            float mx = M[r];
+            for (int c = 0; c < vis; c++)
+                mx = s[c] > mx ? s[c] : mx;
+            float corr = M[r] == -INFINITY ? 0.0f : expf(M[r] - mx);
+            float sum = k->exp_sum(s, s, vis, mx);
+            memset(s + vis, 0, (size_t)(nk - vis) * sizeof *s);
+            L[r] = L[r] * corr + sum;
+            if (corr != 1.0f)
+                for (int d = 0; d < hd; d++)
+                    O[(size_t)r * hd + d] *= corr;
+            M[r] = mx;
+        }
+        k->pv(O, S, ATT_KB, V, R, nk, hd);
     }
-    free(score);
-}
-
-static void cpu_silu_mul(vlmd_backend *b, void *out_, const void *gate_up_, int n, int d)
-{
-    (void)b;
-    float *out = out_;
-    const float *gate_up = gate_up_;
-    for (int t = 0; t < n; t++) {
-        const float *gate = gate_up + (size_t)t * 2 * d, *up = gate + d;
-        for (int i = 0; i < d; i++)
-            out[(size_t)t * d + i] = gate[i] / (1.0f + expf(-gate[i])) * up[i];
-    }
-}
-
-static void cpu_layernorm(vlmd_backend *b, void *out_, const void *x_, const void *w_,
-                          const void *bias_, int n, int dim, float eps)
-{
-    (void)b;
-    float *out = out_;
-    const float *x = x_, *w = w_, *bias = bias_;
-    for (int i = 0; i < n; i++) {
-        const float *r = x + (size_t)i * dim;
-        double mean = 0, var = 0;
-        for (int j = 0; j < dim; j++)
-            mean += r[j];
-        mean /= dim;
-        for (int j = 0; j < dim; j++)
-            var += (r[j] - mean) * (r[j] - mean);
-        float inv = 1.0f / sqrtf((float)(var / dim) + eps);
-        float *o = out + (size_t)i * dim;
-        for (int j = 0; j < dim; j++)
-            o[j] = ((r[j] - (float)mean) * inv) * w[j] + (bias ? bias[j] : 0.0f);
+    for (int r = 0; r < R; r++) {
+        float *dst = j->out + ((size_t)(sq->q_start + q0 + r / hb) * j->nh + h0 + r % hb) * hd;
+        for (int d = 0; d < hd; d++)
+            dst[d] = O[(size_t)r * hd + d] / L[r];
     }
 }
 
-static void cpu_gelu(vlmd_backend *b, void *out_, const void *x_, size_t count,
-                     vlmd_gelu_form form)
+static void att_part(void *ctx, int index, int count)
 {
-    (void)b;
-    float *out = out_;
-    const float *x = x_;
-    for (size_t i = 0; i < count; i++) {
-        float v = x[i];
-        if (form == VLMD_GELU_QUICK)
-            out[i] = v / (1.0f + expf(-1.702f * v));
-        else if (form == VLMD_GELU_TANH)
-            out[i] = 0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
+    (void)count; /* units are taken from the shared counter */
+    att_job *j = ctx;
+    float *ws = scratch(j->b, index);
+    int s = 0, base = 0, group = j->nh / j->nkv, per_group = group / j->hb;
+    for (;;) {
+        int u = atomic_fetch_add(&j->next, 1);
+        while (s < j->n_seqs && u >= base + att_units(j, s))
+            base += att_units(j, s++);
+        if (s >= j->n_seqs)
+            return;
+        const vlmd_attn_seq *sq = &j->seqs[s];
+        int nq = (sq->q_len + j->qb - 1) / j->qb, v = u - base;
+        int qblk = nq - 1 - v % nq, hh = v / nq; /* the last query blocks first */
+        int g = hh / per_group, h0 = g * group + (hh % per_group) * j->hb;
+        int q0 = qblk * j->qb, q1 = q0 + j->qb < sq->q_len ? q0 + j->qb : sq->q_len;
+        att_unit(j, ws, sq, g, h0, q0, q1);
+    }
+}
+
+static void cpu_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
+                          const void *k_cache, const void *v_cache, vlmd_dtype kv_dtype,
+                          const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv,
+                          int hd, bool causal)
+{
+    if (hd > ATT_MAX_HD)
+        VLMD_FATAL("head dimension %d is over the %d the CPU attention handles", hd, ATT_MAX_HD);
+    int group = nh / nkv;
+    att_job j = {.b = b, .out = out, .q = q, .q_stride = q_stride, .k_cache = k_cache,
+                 .v_cache = v_cache, .kv_dtype = kv_dtype, .seqs = seqs, .n_seqs = n_seqs,
+                 .nh = nh, .nkv = nkv, .hd = hd, .causal = causal,
+                 .hb = group <= ATT_ROWS ? group : 1};
+    /* A unit widens and transposes its KV head's keys once for all its query
+     * heads: splitting a group's heads into units of their own would repeat
+     * that per head (7x for Qwen2.5-0.5B), which costs a decode more than the
+     * threads it would feed. */
+    j.qb = ATT_ROWS / j.hb;
+    size_t work = 0;
+    for (int s = 0; s < n_seqs; s++)
+        work += (size_t)seqs[s].q_len * seqs[s].kv_len;
+    run(b, att_part, &j, work * (size_t)nh * hd + (size_t)n_rows);
+}
+
+/* ---- element-wise ------------------------------------------------------------------ */
+
+typedef struct elem_job {
+    vlmd_backend *b;
+    float *out;
+    const float *x;
+    size_t count;
+    int d;
+    vlmd_gelu_form form;
+} elem_job;
+
+static void silu_mul_part(void *ctx, int index, int count)
+{
+    elem_job *j = ctx;
+    int lo, hi;
+    vlmd_cpu_split((int)j->count, 1, index, count, &lo, &hi);
+    for (int t = lo; t < hi; t++)
+        cpu_of(j->b)->k->silu_mul(j->out + (size_t)t * j->d, j->x + (size_t)t * 2 * j->d,
+                                  j->x + (size_t)t * 2 * j->d + j->d, (size_t)j->d);
+}
+
+static void cpu_silu_mul(vlmd_backend *b, void *out, const void *gate_up, int n, int d)
+{
+    elem_job j = {.b = b, .out = out, .x = gate_up, .count = (size_t)n, .d = d};
+    run(b, silu_mul_part, &j, (size_t)n * d);
+}
+
+/* [lo, hi) of count elements, in 64s */
+static void elem_range(size_t count, int index, int parts, size_t *lo, size_t *hi)
+{
+    size_t units = (count + 63) / 64;
+    *lo = units * index / parts * 64;
+    *hi = units * (index + 1) / parts * 64;
+    *lo = *lo < count ? *lo : count;
+    *hi = *hi < count ? *hi : count;
+}
+
+static void gelu_part(void *ctx, int index, int count)
+{
+    elem_job *j = ctx;
+    size_t lo, hi;
+    elem_range(j->count, index, count, &lo, &hi);
+    for (size_t i = lo; i < hi; i++) {
+        float v = j->x[i];
+        if (j->form == VLMD_GELU_QUICK)
+            j->out[i] = v / (1.0f + expf(-1.702f * v));
+        else if (j->form == VLMD_GELU_TANH)
+            j->out[i] =
+                0.5f * v * (1.0f + tanhf(0.79788456080286536f * (v + 0.044715f * v * v * v)));
         else
-            out[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
+            j->out[i] = 0.5f * v * (1.0f + erff(v * 0.70710678118654752f));
     }
 }
 
-static void cpu_add(vlmd_backend *b, void *out_, const void *x_, size_t count)
+static void cpu_gelu(vlmd_backend *b, void *out, const void *x, size_t count, vlmd_gelu_form form)
 {
-    (void)b;
-    float *out = out_;
-    const float *x = x_;
-    for (size_t i = 0; i < count; i++)
-        out[i] += x[i];
+    elem_job j = {.b = b, .out = out, .x = x, .count = count, .form = form};
+    run(b, gelu_part, &j, count * 8); /* each element costs a transcendental */
 }
 
-static void cpu_vision_rope(vlmd_backend *b, void *q_, void *k_, const int32_t *hpos,
-                            const int32_t *wpos, int n, int nh, int hd, float theta)
+static void add_part(void *ctx, int index, int count)
 {
-    (void)b;
-    float *q = q_, *k = k_;
-    int half = hd / 2, quarter = hd / 4;
-    float *cosv = malloc((size_t)half * sizeof *cosv), *sinv = malloc((size_t)half * sizeof *sinv);
-    VLMD_ASSERT(cosv && sinv);
-    for (int t = 0; t < n; t++) {
+    elem_job *j = ctx;
+    size_t lo, hi;
+    elem_range(j->count, index, count, &lo, &hi);
+    for (size_t i = lo; i < hi; i++)
+        j->out[i] += j->x[i];
+}
+
+static void cpu_add(vlmd_backend *b, void *out, const void *x, size_t count)
+{
+    elem_job j = {.b = b, .out = out, .x = x, .count = count};
+    run(b, add_part, &j, count);
+}
+
+/* ---- the vision tower's own ---------------------------------------------------------- */
+
+typedef struct vrope_job {
+    vlmd_backend *b;
+    float *q, *k;
+    const int32_t *hpos, *wpos;
+    int n, nh, hd;
+    float theta;
+} vrope_job;
+
+static void vision_rope_part(void *ctx, int index, int count)
+{
+    vrope_job *j = ctx;
+    int half = j->hd / 2, quarter = j->hd / 4, lo, hi;
+    float *cosv = scratch(j->b, index), *sinv = cosv + half;
+    vlmd_cpu_split(j->n, 1, index, count, &lo, &hi);
+    for (int t = lo; t < hi; t++) {
         for (int i = 0; i < half; i++) {
             int f = i < quarter ? i : i - quarter;
-            float inv_freq = (float)(1.0 / pow((double)theta, (double)(2 * f) / half));
-            float angle = (float)(i < quarter ? hpos[t] : wpos[t]) * inv_freq;
+            float inv_freq = (float)(1.0 / pow((double)j->theta, (double)(2 * f) / half));
+            float angle = (float)(i < quarter ? j->hpos[t] : j->wpos[t]) * inv_freq;
             cosv[i] = cosf(angle);
             sinv[i] = sinf(angle);
         }
-        for (int h = 0; h < nh; h++) {
-            rotate(q + ((size_t)t * nh + h) * hd, hd, cosv, sinv);
-            rotate(k + ((size_t)t * nh + h) * hd, hd, cosv, sinv);
+        for (int h = 0; h < j->nh; h++) {
+            rotate(j->q + ((size_t)t * j->nh + h) * j->hd, j->hd, cosv, sinv);
+            rotate(j->k + ((size_t)t * j->nh + h) * j->hd, j->hd, cosv, sinv);
         }
     }
-    free(cosv);
-    free(sinv);
 }
 
-static void cpu_vision_pos_embed(vlmd_backend *b, void *x_, const void *table_,
+static void cpu_vision_rope(vlmd_backend *b, void *q, void *k, const int32_t *hpos,
+                            const int32_t *wpos, int n, int nh, int hd, float theta)
+{
+    VLMD_ASSERT((size_t)hd * sizeof(float) <= VLMD_CPU_SCRATCH_BYTES);
+    vrope_job j = {b, q, k, hpos, wpos, n, nh, hd, theta};
+    run(b, vision_rope_part, &j, (size_t)n * nh * hd);
+}
+
+static void cpu_vision_pos_embed(vlmd_backend *b, void *x_, const void *table,
                                  const int32_t *ids, const float *weights, int n, int dim)
 {
-    (void)b;
     float *x = x_;
-    const float *table = table_;
+    vlmd_dtype wt = b->weight_dtype;
     for (int r = 0; r < n; r++)
         for (int d = 0; d < dim; d++) {
             float sum = 0.0f;
             for (int j = 0; j < 4; j++)
-                sum += weights[(size_t)j * n + r] * table[(size_t)ids[(size_t)j * n + r] * dim + d];
+                sum += weights[(size_t)j * n + r] *
+                       vlmd_cpu_load(table, wt, (size_t)ids[(size_t)j * n + r] * dim + d);
             x[(size_t)r * dim + d] += sum;
         }
 }
@@ -285,6 +611,7 @@ size_t vlmd_cpu_moe_scratch_bytes(int n, int k, int n_experts, int hidden, int i
 
 const vlmd_op_table vlmd_cpu_op_table = {
     .embedding = cpu_embedding,
+    .gather_rows = cpu_gather_rows,
     .rmsnorm = cpu_rmsnorm,
     .linear = cpu_linear,
     .rope_kv_write = cpu_rope_kv_write,

@@ -314,6 +314,10 @@ static const vlmd_device_vtable cuda_ops = {
     .graph_free = cuda_graph_free,
     .graphs_native = true,
     .ops_take_memory = true,
+    .weights_as_stored = false, /* bf16 on the device, whatever the checkpoint's type */
+    .set_threads = NULL,
+    .threads = NULL,
+    .isa = NULL,
     .synchronize = cuda_synchronize,
     .destroy = cuda_destroy,
 };

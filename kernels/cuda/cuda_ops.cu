@@ -370,9 +370,11 @@ __global__ void k_attention(bf16 *out, const bf16 *q, int q_stride, const bf16 *
 }
 
 static void cuda_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
-                           const void *k_cache, const void *v_cache, const vlmd_attn_seq *seqs,
-                           int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal)
+                           const void *k_cache, const void *v_cache, vlmd_dtype kv_dtype,
+                           const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv,
+                           int hd, bool causal)
 {
+    VLMD_ASSERT(kv_dtype == VLMD_DTYPE_BF16); /* cache and activations: both bf16 here */
     if (vlmd_cuda_flash_attention(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows, nh,
                                   nkv, hd, causal))
         return;
@@ -551,6 +553,7 @@ extern "C" size_t vlmd_cuda_moe_scratch_bytes(int n, int k, int n_experts, int h
 
 extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .embedding = cuda_embedding,
+    .gather_rows = cuda_embedding, /* weights and activations are both bf16 rows */
     .rmsnorm = cuda_rmsnorm,
     .linear = cuda_linear,
     .rope_kv_write = cuda_rope_kv_write,

@@ -2,6 +2,7 @@
  * copies, the CPU's simulated device and its default size. The CUDA checks run where a GPU is visible; elsewhere the CUDA
  * backend must refuse with a clear error and "auto" must fall back to CPU. */
 #include <criterion/criterion.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -148,5 +149,36 @@ Test(backend, cuda_where_there_is_one_and_a_clear_refusal_elsewhere)
     /* auto picks the GPU */
     cr_assert_eq(vlmd_backend_create("auto", &b, &err), VLMD_OK);
     cr_expect_eq(vlmd_backend_info(b)->kind, VLMD_DEVICE_CUDA);
+    vlmd_backend_destroy(b);
+}
+
+/* --threads: the CPU backend's pool takes the size asked, 0 the cores the
+ * process may run on; the weight type follows the first holder and another
+ * type is refused while it holds, naming both. */
+Test(backend, cpu_threads_and_weight_types)
+{
+    vlmd_backend *b = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_backend_create("cpu", &b, &err), VLMD_OK, "%s", err.msg);
+    cpu_set_t set;
+    cr_assert_eq(sched_getaffinity(0, sizeof set, &set), 0);
+    cr_expect_eq(vlmd_backend_threads(b), CPU_COUNT(&set), "the default is the affinity's cores");
+    cr_assert_eq(vlmd_backend_set_threads(b, 3, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(vlmd_backend_threads(b), 3);
+    cr_assert_eq(vlmd_backend_set_threads(b, 0, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(vlmd_backend_threads(b), CPU_COUNT(&set));
+    cr_expect_neq(vlmd_backend_isa(b)[0], '\0');
+
+    cr_expect_eq(vlmd_backend_weight_dtype(b), VLMD_DTYPE_F32);
+    cr_assert_eq(vlmd_backend_hold_weight_dtype(b, VLMD_DTYPE_BF16, &err), VLMD_OK);
+    cr_expect_eq(vlmd_backend_weight_elem_size(b), 2);
+    cr_expect_eq(vlmd_backend_kv_dtype(b), VLMD_DTYPE_BF16);
+    cr_expect_eq(vlmd_backend_elem_size(b), 4, "activations stay fp32");
+    cr_expect_eq(vlmd_backend_hold_weight_dtype(b, VLMD_DTYPE_F32, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "BF16") && strstr(err.msg, "F32"), "%s", err.msg);
+    vlmd_backend_release_weights(b);
+    cr_assert_eq(vlmd_backend_hold_weight_dtype(b, VLMD_DTYPE_F32, &err), VLMD_OK);
+    cr_expect_eq(vlmd_backend_kv_dtype(b), VLMD_DTYPE_F32, "an F32 checkpoint: the fp32 cache");
+    vlmd_backend_release_weights(b);
     vlmd_backend_destroy(b);
 }

@@ -6,6 +6,7 @@
  * the formulas (the interleaved frequencies by transformers' slices). */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -255,4 +256,110 @@ Test(cpu_ops, rope_kv_write_normalizes_each_head_then_rotates_by_its_sections)
     check_rope(32, NULL, false, true, false);   /* Qwen3 */
     check_rope(32, qwen3_vl, true, true, false); /* Qwen3-VL */
     check_rope(128, vl_128, true, true, true);
+}
+
+/* ---- 16-bit weights and KV cache ------------------------------------------------------- */
+
+/* n values rounded to type t (BF16/F16), and the same values as fp32 */
+static void rounded(vlmd_dtype t, const float *src, size_t n, uint16_t *half, float *wide)
+{
+    for (size_t i = 0; i < n; i++) {
+        if (t == VLMD_DTYPE_BF16) {
+            union { float f; uint32_t u; } v = {src[i]};
+            half[i] = (uint16_t)((v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16);
+            v.u = (uint32_t)half[i] << 16;
+            wide[i] = v.f;
+        } else {
+            _Float16 h = (_Float16)src[i];
+            memcpy(&half[i], &h, sizeof h);
+            wide[i] = (float)h;
+        }
+    }
+}
+
+static void expect_near(const char *what, const float *got, const float *want, size_t n,
+                        double tol)
+{
+    int bad = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!(fabs((double)got[i] - want[i]) <= tol * (1 + fabs((double)want[i]))) && bad++ < 5)
+            cr_log_error("%s: [%zu] %.7g, want %.7g", what, i, got[i], want[i]);
+    cr_expect_eq(bad, 0, "%s: %d of %zu off", what, bad, n);
+}
+
+/* A backend holding 16-bit weights gives what an F32 one gives on the same
+ * (rounded) values: the GEMV's row counts and sgemm's on widened tiles (16
+ * and 17 rows: either side of the switch), with and without a bias. */
+Test(cpu_ops, linear_on_16_bit_weights_matches_fp32)
+{
+    static const int shapes[][3] = {{1, 896, 100}, {16, 64, 33}, {17, 64, 33}, {40, 300, 70},
+                                    {3, 4864, 20}};
+    static const vlmd_dtype types[] = {VLMD_DTYPE_BF16, VLMD_DTYPE_F16};
+    for (size_t ti = 0; ti < 2; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+            int n = shapes[si][0], in = shapes[si][1], out = shapes[si][2];
+            vlmd_backend *f32 = cpu_open(), *half = cpu_open();
+            vlmd_error err = {0};
+            cr_assert_eq(vlmd_backend_hold_weight_dtype(half, types[ti], &err), VLMD_OK);
+            cr_assert_eq(vlmd_backend_hold_weight_dtype(f32, VLMD_DTYPE_F32, &err), VLMD_OK);
+            cr_assert_eq(vlmd_backend_weight_dtype(half), types[ti]);
+            size_t nw = (size_t)in * out + (size_t)out; /* the weight, then the bias */
+            float *src = random_floats(nw, 0.5f), *x = random_floats((size_t)n * in, 1.0f);
+            float *wide = malloc(nw * sizeof *wide);
+            uint16_t *h = malloc(nw * sizeof *h);
+            rounded(types[ti], src, nw, h, wide);
+            float *got = malloc((size_t)n * out * sizeof *got),
+                  *want = malloc((size_t)n * out * sizeof *want);
+            for (int bias = 0; bias < 2; bias++) {
+                vlmd_backend_ops(half)->linear(half, got, x, h, bias ? h + (size_t)in * out : NULL,
+                                               n, in, out);
+                vlmd_backend_ops(f32)->linear(f32, want, x, wide,
+                                              bias ? wide + (size_t)in * out : NULL, n, in, out);
+                char what[80];
+                snprintf(what, sizeof what, "linear %s n=%d in=%d out=%d bias=%d",
+                         vlmd_dtype_str(types[ti]), n, in, out, bias);
+                expect_near(what, got, want, (size_t)n * out, 1e-5);
+            }
+            free(src), free(x), free(wide), free(h), free(got), free(want);
+            vlmd_backend_release_weights(half);
+            vlmd_backend_release_weights(f32);
+            vlmd_backend_destroy(half);
+            vlmd_backend_destroy(f32);
+        }
+}
+
+/* Attention over a BF16 cache gives what it gives over an fp32 cache of the
+ * same values, on one thread and on three (the units shared out), for a
+ * chunk of a prefill after cached tokens and a decode row. */
+Test(cpu_ops, attention_on_a_bf16_cache_matches_fp32)
+{
+    enum { NH = 14, NKV = 2, HD = 64, SLOTS = 200 };
+    const int stride = (NH + 2 * NKV) * HD, kv_dim = NKV * HD;
+    const int q_lens[2] = {70, 1}, kv_lens[2] = {100, 90}, rows = 71;
+    vlmd_backend *b = cpu_open();
+    float *q = random_floats((size_t)rows * stride, 1.0f);
+    float *k = random_floats((size_t)SLOTS * kv_dim, 1.0f), *v = random_floats((size_t)SLOTS * kv_dim, 1.0f);
+    float *kw = malloc((size_t)SLOTS * kv_dim * sizeof *kw), *vw = malloc((size_t)SLOTS * kv_dim * sizeof *vw);
+    uint16_t *kh = malloc((size_t)SLOTS * kv_dim * 2), *vh = malloc((size_t)SLOTS * kv_dim * 2);
+    rounded(VLMD_DTYPE_BF16, k, (size_t)SLOTS * kv_dim, kh, kw);
+    rounded(VLMD_DTYPE_BF16, v, (size_t)SLOTS * kv_dim, vh, vw);
+    int32_t slots[200];
+    for (int i = 0; i < SLOTS; i++)
+        slots[i] = (i * 37) % SLOTS; /* scattered, each once */
+    vlmd_attn_seq seqs[2] = {{0, q_lens[0], kv_lens[0], slots}, {70, q_lens[1], kv_lens[1], slots + 100}};
+    float *want = malloc((size_t)rows * NH * HD * sizeof *want), *got = malloc((size_t)rows * NH * HD * sizeof *got);
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_backend_set_threads(b, 1, &err), VLMD_OK, "%s", err.msg);
+    vlmd_backend_ops(b)->attention(b, want, q, stride, kw, vw, VLMD_DTYPE_F32, seqs, 2, rows, NH,
+                                   NKV, HD, true);
+    for (int threads = 1; threads <= 3; threads += 2) {
+        cr_assert_eq(vlmd_backend_set_threads(b, threads, &err), VLMD_OK, "%s", err.msg);
+        vlmd_backend_ops(b)->attention(b, got, q, stride, kh, vh, VLMD_DTYPE_BF16, seqs, 2, rows,
+                                       NH, NKV, HD, true);
+        char what[48];
+        snprintf(what, sizeof what, "attention bf16 cache, %d threads", threads);
+        expect_near(what, got, want, (size_t)rows * NH * HD, 1e-5);
+    }
+    free(q), free(k), free(v), free(kw), free(vw), free(kh), free(vh), free(want), free(got);
+    vlmd_backend_destroy(b);
 }

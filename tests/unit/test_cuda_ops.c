@@ -280,7 +280,8 @@ static void check_attention(pair *p, int nh, int nkv, int hd, int n_seq, const i
         vlmd_backend_ops(bs[b])->attention(
             bs[b], out[b], on(bs[b], qkv, (size_t)n_rows * stride), stride,
             on(bs[b], cache_k, (size_t)n_slots * kv_dim),
-            on(bs[b], cache_v, (size_t)n_slots * kv_dim), dseqs, n_seq, n_rows, nh, nkv, hd, causal);
+            on(bs[b], cache_v, (size_t)n_slots * kv_dim), vlmd_backend_act_dtype(bs[b]), dseqs,
+            n_seq, n_rows, nh, nkv, hd, causal);
     }
     char what[128];
     int at = snprintf(what, sizeof what, "attention nh=%d nkv=%d hd=%d %s q/kv", nh, nkv, hd,
@@ -466,8 +467,8 @@ Test(cuda_ops, vision_ops)
             vlmd_backend_copy_to_device(bs[b], dseqs, seqs, sizeof seqs, NULL);
             out[b] = on(bs[b], NULL, qn);
             /* the tower's attention reads K and V straight from its rows: slot i is row i */
-            op->attention(bs[b], out[b], dq[b], nh * hd, dk[b], on(bs[b], v, qn), dseqs, 2, rows,
-                          nh, nh, hd, false);
+            op->attention(bs[b], out[b], dq[b], nh * hd, dk[b], on(bs[b], v, qn),
+                          vlmd_backend_act_dtype(bs[b]), dseqs, 2, rows, nh, nh, hd, false);
         }
         char what[48];
         snprintf(what, sizeof what, "vision_rope q hd=%d", hd);

@@ -225,3 +225,39 @@ Test(safetensors, an_image_in_memory)
     cr_expect_eq(vlmd_safetensors_open_memory(bytes, 7, &mem, &err), VLMD_ERR_MODEL);
     free(bytes);
 }
+
+/* Released tensors read the same afterwards: a file's pages come back from
+ * the file, and the caller's memory (open_memory) is never dropped. */
+Test(safetensors, released_tensors_read_back)
+{
+    const char *path = test_fixture("qwen2/model.safetensors");
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    fseek(f, 0, SEEK_END);
+    size_t n = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *bytes = malloc(n), *copy = malloc(n);
+    cr_assert(bytes && copy);
+    cr_assert_eq(fread(bytes, 1, n, f), n);
+    fclose(f);
+    memcpy(copy, bytes, n);
+    vlmd_safetensors *mem = NULL, *file = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_safetensors_open_memory(bytes, n, &mem, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(vlmd_safetensors_open_file(path, &file, &err), VLMD_OK, "%s", err.msg);
+    size_t pages = 0;
+    for (size_t i = 0; i < vlmd_safetensors_count(file); i++) {
+        const vlmd_tensor_view *a = vlmd_safetensors_at(mem, i), *b = vlmd_safetensors_at(file, i);
+        pages += b->nbytes / (size_t)sysconf(_SC_PAGESIZE);
+        vlmd_safetensors_release(mem, a);
+        vlmd_safetensors_release(file, b);
+        cr_expect_eq(memcmp(b->data, copy + ((const char *)a->data - bytes), b->nbytes), 0,
+                     "%s changed after its release", b->name);
+    }
+    cr_expect(pages > 2, "the fixture has tensors of whole pages to drop");
+    cr_expect_eq(memcmp(bytes, copy, n), 0, "the caller's memory was dropped");
+    vlmd_safetensors_close(mem);
+    vlmd_safetensors_close(file);
+    free(bytes);
+    free(copy);
+}
