@@ -79,6 +79,9 @@ typedef struct vlmd_config {
     bool disable_prefix_cache;      /* --disable-prefix-cache */
     int64_t chunked_prefill_size;   /* --chunked-prefill-size: prompt tokens per request per step */
     bool enforce_eager;             /* --enforce-eager: no CUDA graphs for decode steps */
+    char *cuda_attention;           /* --cuda-attention: mma, wmma */
+    char *cuda_decode_linear;       /* --cuda-decode-linear: cublas, gemv */
+    char *cuda_pdl;                 /* --cuda-pdl: off, on */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {
@@ -114,6 +117,12 @@ void vlmd_config_free(vlmd_config *cfg);
  * Sets *help when --help was given (parsing stops there). */
 vlmd_status vlmd_config_parse(vlmd_config *cfg, vlmd_role role, int argc, char **argv, int first,
                               bool *help, vlmd_error *err);
+
+/* Sets the flag `name` (without "--") from text as the parser would, for
+ * any process: the tools that open a backend take --device and --cuda-*
+ * this way. Unknown flags and bad values are errors naming them. */
+vlmd_status vlmd_config_set(vlmd_config *cfg, const char *name, const char *value,
+                            vlmd_error *err);
 
 /* Checks what one flag cannot: required values and relations between flags. */
 vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_error *err);

@@ -16,6 +16,7 @@
 #include "bench_text_model.h"
 #include "buf.h"
 #include "clock.h"
+#include "config.h"
 #include "engine.h"
 
 static int32_t finished;
@@ -29,13 +30,15 @@ static void on_emit(const engine_output *o, void *ud)
 
 int main(int argc, char **argv)
 {
-    const char *dir = NULL, *device = "auto";
+    const char *dir = NULL;
+    vlmd_config cfg; /* --device and --cuda-* */
+    vlmd_config_init_defaults(&cfg);
     long long prompt = 512, gen = 256, batch = 1;
     double bandwidth_gbs = 0, gemm_tflops = 0;
     bool eager = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
-            device = argv[++i];
+        if (vlmd_backend_tool_flag(&cfg, argc, argv, &i))
+            continue;
         else if (strcmp(argv[i], "--prompt") == 0 && i + 1 < argc)
             vlmd_parse_i64(argv[++i], 1, 1 << 20, &prompt);
         else if (strcmp(argv[i], "--gen") == 0 && i + 1 < argc)
@@ -51,7 +54,7 @@ int main(int argc, char **argv)
         else if (!dir && argv[i][0] != '-')
             dir = argv[i];
         else {
-            fprintf(stderr, "usage: vlmd-bench-engine MODEL_DIR [--device auto|cpu|cuda] "
+            fprintf(stderr, "usage: vlmd-bench-engine MODEL_DIR [--device auto|cpu|cuda] [--cuda-* as vlmd-llm] "
                             "[--prompt N] [--gen N] [--batch B] [--bandwidth-gbs X] "
                             "[--gemm-tflops Y] [--enforce-eager]\n");
             return 2;
@@ -63,7 +66,8 @@ int main(int argc, char **argv)
     }
     vlmd_error err = {0};
     bench_text_model t;
-    if (bench_text_model_load(dir, device, &t, &err) != VLMD_OK) {
+    const vlmd_backend_options opts = vlmd_backend_options_of(&cfg);
+    if (bench_text_model_load(dir, &opts, &t, &err) != VLMD_OK) {
         fprintf(stderr, "vlmd-bench-engine: %s\n", err.msg);
         return 1;
     }

@@ -335,32 +335,6 @@ Test(cuda_ops, attention_at_random_shapes)
     close_pair(&p);
 }
 
-/* The environment picks between ways kept until a GPU run has compared them
- * (VLMD_ATTENTION, VLMD_DECODE_LINEAR, VLMD_PDL; the other ways run
- * these tests with it set: tests/cuda_emu, tools/device/gpu-check.sh); a
- * value it does not know is refused at open. */
-Test(cuda_ops, an_unknown_kernel_choice_is_refused)
-{
-    static const char *const cases[][3] = {
-        {"VLMD_ATTENTION", "flash3", "expected mma or wmma"},
-        {"VLMD_DECODE_LINEAR", "cutlass", "expected cublas or gemv"},
-        {"VLMD_PDL", "yes", "expected off or on"},
-    };
-    vlmd_backend *b = NULL;
-    if (!test_backend_open("cuda", &b))
-        return;
-    vlmd_backend_destroy(b);
-    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        setenv(cases[c][0], cases[c][1], 1);
-        vlmd_error err = {0};
-        cr_assert_eq(vlmd_backend_create("cuda", &b, &err), VLMD_ERR_INVALID_ARG);
-        char want[128];
-        snprintf(want, sizeof want, "%s=%s: %s", cases[c][0], cases[c][1], cases[c][2]);
-        cr_expect(strstr(err.msg, want), "%s", err.msg);
-        unsetenv(cases[c][0]);
-    }
-}
-
 /* The vision tower's ops: layernorm with bias (in place too), GELU in its
  * three forms (also on a negative tail, [-4.5, -2), where the erf and tanh
  * forms part by 3 to 15%: over all inputs they agree within bf16's
