@@ -227,6 +227,109 @@ Test(cuda_emu, mma_16816_multiplies_the_documented_fragments)
     cudaFree(a), cudaFree(b), cudaFree(d);
 }
 
+/* ---- the same layouts against an independent table: CUTLASS's ------------------------------ */
+
+/* CuTe's thread-value layouts, written out as data from CUTLASS (a layout is
+ * modes of (shape, stride); a coordinate is split over its modes
+ * colexicographically): MMA_Traits<SM80_16x8x16_F32BF16BF16F32_TN> maps
+ * (lane, value) to m + 16k of A, n + 8k of B, m + 16n of C;
+ * Copy_Traits<SM75_U32x4_LDSM_N> and <SM75_U16x8_LDSM_T> map a destination
+ * (lane, value) to a bit of the 32 rows of 128 bits lanes 0..31 point at. */
+struct cute_mode {
+    int shape, stride;
+};
+struct cute_layout {
+    cute_mode thr[2], val[3]; /* unused modes: shape 1 */
+};
+static const cute_layout CUTE_MMA_A = {{{4, 32}, {8, 1}}, {{2, 16}, {2, 8}, {2, 128}}};
+static const cute_layout CUTE_MMA_B = {{{4, 16}, {8, 1}}, {{2, 8}, {2, 64}, {1, 0}}};
+static const cute_layout CUTE_MMA_C = {{{4, 32}, {8, 1}}, {{2, 16}, {2, 8}, {1, 0}}};
+static const cute_layout CUTE_LDSM_N = {{{32, 32}, {1, 0}}, {{32, 1}, {4, 1024}, {1, 0}}};
+static const cute_layout CUTE_LDSM_T = {{{4, 256}, {8, 16}}, {{16, 1}, {2, 128}, {4, 1024}}};
+
+__host__ __device__ static int cute_at(const cute_mode *m, int n, int coord)
+{
+    int at = 0;
+    for (int i = 0; i < n; i++)
+        at += coord % m[i].shape * m[i].stride, coord /= m[i].shape;
+    return at;
+}
+
+__host__ __device__ static int cute_index(const cute_layout &l, int lane, int value)
+{
+    return cute_at(l.thr, 2, lane) + cute_at(l.val, 3, value);
+}
+
+/* d = 1 + a b with every lane's registers placed by CuTe's tables (value v
+ * is register v / 2, half v % 2), d written back by them too. */
+__global__ void k_mma_cute(float *d, const float *a, const float *b, cute_layout la,
+                           cute_layout lb, cute_layout lc)
+{
+    int l = (int)threadIdx.x;
+    uint32_t ra[4], rb[2];
+    for (int v = 0; v < 8; v += 2) {
+        int i0 = cute_index(la, l, v), i1 = cute_index(la, l, v + 1); /* m + 16k */
+        ra[v / 2] = pack_bf16x2(a[i0 % 16 * 16 + i0 / 16], a[i1 % 16 * 16 + i1 / 16]);
+    }
+    for (int v = 0; v < 4; v += 2) {
+        int i0 = cute_index(lb, l, v), i1 = cute_index(lb, l, v + 1); /* n + 8k */
+        rb[v / 2] = pack_bf16x2(b[i0 / 8 * 8 + i0 % 8], b[i1 / 8 * 8 + i1 % 8]);
+    }
+    float acc[4] = {1, 1, 1, 1};
+    mma_16816(acc, ra, rb);
+    for (int v = 0; v < 4; v++) {
+        int i = cute_index(lc, l, v); /* m + 16n */
+        d[i % 16 * 8 + i / 16] = acc[v];
+    }
+}
+
+Test(cuda_emu, mma_16816_matches_cutlass_layouts)
+{
+    float ha[256], hb[128], hd[128];
+    for (int i = 0; i < 256; i++)
+        ha[i] = (float)(i * 7 % 11) - 5;
+    for (int i = 0; i < 128; i++)
+        hb[i] = (float)(i * 3 % 7) - 3;
+    float *a = device<float>(256), *b = device<float>(128), *d = device<float>(128);
+    launch_ok(cudaMemcpyAsync(a, ha, sizeof ha, cudaMemcpyHostToDevice, NULL));
+    launch_ok(cudaMemcpyAsync(b, hb, sizeof hb, cudaMemcpyHostToDevice, NULL));
+    launch_ok(launch(k_mma_cute, 1, 32, 0, NULL, d, (const float *)a, (const float *)b,
+                     CUTE_MMA_A, CUTE_MMA_B, CUTE_MMA_C));
+    launch_ok(cudaMemcpyAsync(hd, d, sizeof hd, cudaMemcpyDeviceToHost, NULL));
+    launch_ok(cudaStreamSynchronize(NULL));
+    for (int i = 0; i < 16; i++)
+        for (int j = 0; j < 8; j++) { /* unwritten: NaN, device memory's start */
+            float want = 1;
+            for (int k = 0; k < 16; k++)
+                want += ha[i * 16 + k] * hb[k * 8 + j];
+            cr_expect_eq(hd[i * 8 + j], want, "(%d,%d): %g, want %g", i, j, hd[i * 8 + j], want);
+        }
+    cudaFree(a), cudaFree(b), cudaFree(d);
+}
+
+Test(cuda_emu, ldmatrix_matches_cutlass_layouts)
+{
+    uint32_t *d = device<uint32_t>(128), h[128];
+    for (int trans = 0; trans < 2; trans++) {
+        launch_ok(launch(k_ldmatrix, 1, 32, 4 * 8 * 48, NULL, d, (bool)trans));
+        launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+        launch_ok(cudaStreamSynchronize(NULL));
+        const cute_layout &dst = trans ? CUTE_LDSM_T : CUTE_LDSM_N;
+        for (int l = 0; l < 32; l++)
+            for (int j = 0; j < 4; j++) {
+                uint32_t want = 0;
+                for (int half = 0; half < 2; half++) { /* value: the half's first bit */
+                    int e = cute_index(dst, l, j * 32 + half * 16) / 16;
+                    int src = e / 8; /* lane src's row (matrix src / 8, row src % 8), element e % 8 */
+                    want |= (uint32_t)(src / 8 << 8 | src % 8 << 4 | e % 8) << (16 * half);
+                }
+                cr_expect_eq(h[l * 4 + j], want, "%s lane %d register %d: %#x, CUTLASS says %#x",
+                             trans ? "trans" : "plain", l, j, h[l * 4 + j], want);
+            }
+    }
+    cudaFree(d);
+}
+
 /* A group of copies lands at its commit or at the wait that covers it, at
  * random: before the wait a thread reads the old contents or the new (on a
  * GPU: either), after it the new. */
