@@ -3,7 +3,8 @@
 # of a short GPU lease (10 minutes a command, 30 in all): each part stops its
 # steps at KIT_BUDGET_S (510 s) so it ends under 9 minutes. The parts, in
 # order of value:
-#   1 correctness  the CUDA op tests, the fixture models through CUDA
+#   1 correctness  the tensor-core layouts against the PTX ISA's and CUTLASS's
+#                  tables (test_cuda_layouts), the CUDA op tests, the fixture models through CUDA
 #                  (test_qwen2, test_vision_tower, test_engine) with the
 #                  defaults and each --cuda-* way, then compute-sanitizer
 #                  (memcheck, synccheck, racecheck) with each attention path
@@ -75,7 +76,9 @@ skip() { printf '%-52s %s\n' "$1" "skipped: $2" | tee -a "$sum"; }
 t=$bundle/tests
 case $part in
 1)
-  # the plain runs first (a minute on a GPU), then the sanitizer, slowest last
+  # the tensor-core layouts first (everything else rests on them), then the
+  # plain runs (a minute on a GPU), then the sanitizer, slowest last
+  step "layouts: ldmatrix, mma.m16n8k16 vs PTX/CUTLASS" 60 "$t/test_cuda_layouts" --jobs 1
   step "test_cuda_ops" 120 "$t/test_cuda_ops" --jobs 4
   for flags in "" "--cuda-attention wmma" "--cuda-decode-linear gemv" "--cuda-pdl on"; do
     for test in test_qwen2 test_vision_tower test_engine; do
