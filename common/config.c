@@ -239,6 +239,18 @@ const vlmd_flag vlmd_flags[] = {
     {"kv-events-hash-seed", VLMD_FLAG_STRING, OFF(kv_events_hash_seed), "", 0, 0, NULL,
      R(LAUNCHER) | R(LLM),
      "Seed of the KV-event block hashes (llm-d's hashSeed; vLLM's PYTHONHASHSEED)"},
+    /* the CUDA backend's ways kept until a GPU run has compared them (the CPU ignores them) */
+    {"cuda-attention", VLMD_FLAG_CHOICE, OFF(cuda_attention), "mma", 0, 0, "mma|wmma",
+     R(LAUNCHER) | R(VISUAL) | R(LLM),
+     "CUDA attention kernels for head dims that are multiples of 16: mma (S, P and O in "
+     "registers on mma.sync) or wmma (the first kernels: S, P and O through shared memory)"},
+    {"cuda-decode-linear", VLMD_FLAG_CHOICE, OFF(cuda_decode_linear), "cublas", 0, 0,
+     "cublas|gemv", R(LAUNCHER) | R(VISUAL) | R(LLM),
+     "CUDA linears of at most 8 rows (decode steps): cuBLAS, or vlmd's GEMV kernel"},
+    {"cuda-pdl", VLMD_FLAG_CHOICE, OFF(cuda_pdl), "off", 0, 0, "off|on",
+     R(LAUNCHER) | R(VISUAL) | R(LLM),
+     "CUDA kernel launches allow programmatic dependent launch (Hopper): a kernel's launch "
+     "overlaps the end of the one before it"},
     {NULL, 0, 0, NULL, 0, 0, NULL, 0, NULL, 0, 0},
 };
 
@@ -352,6 +364,15 @@ void vlmd_config_free(vlmd_config *cfg)
             *field_str(cfg, f) = NULL;
         }
     }
+}
+
+vlmd_status vlmd_config_set(vlmd_config *cfg, const char *name, const char *value,
+                            vlmd_error *err)
+{
+    const vlmd_flag *f = vlmd_flag_find(name);
+    if (!f)
+        return vlmd_errorf(err, VLMD_ERR_USAGE, "unknown flag '--%s'", name);
+    return flag_set(cfg, f, value, err);
 }
 
 vlmd_status vlmd_config_parse(vlmd_config *cfg, vlmd_role role, int argc, char **argv, int first,

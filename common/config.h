@@ -84,6 +84,9 @@ typedef struct vlmd_config {
     char *kv_events_topic;          /* --kv-events-topic: each batch's first frame */
     int64_t kv_events_block_size;   /* --kv-events-block-size: tokens per event block */
     char *kv_events_hash_seed;      /* --kv-events-hash-seed: the block hash chain's seed */
+    char *cuda_attention;           /* --cuda-attention: mma, wmma */
+    char *cuda_decode_linear;       /* --cuda-decode-linear: cublas, gemv */
+    char *cuda_pdl;                 /* --cuda-pdl: off, on */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {
@@ -119,6 +122,12 @@ void vlmd_config_free(vlmd_config *cfg);
  * Sets *help when --help was given (parsing stops there). */
 vlmd_status vlmd_config_parse(vlmd_config *cfg, vlmd_role role, int argc, char **argv, int first,
                               bool *help, vlmd_error *err);
+
+/* Sets the flag `name` (without "--") from text as the parser would, for
+ * any process: the tools that open a backend take --device and --cuda-*
+ * this way. Unknown flags and bad values are errors naming them. */
+vlmd_status vlmd_config_set(vlmd_config *cfg, const char *name, const char *value,
+                            vlmd_error *err);
 
 /* Checks what one flag cannot: required values and relations between flags. */
 vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_error *err);

@@ -1,11 +1,14 @@
-/* backend.c - picks a backend for --device and counts every allocation. */
+/* backend.c - opens the backend --device picks (with the CUDA backend's
+ * options) and counts every allocation. */
 #include "backend_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "buf.h"
 #include "cpu_kernels.h"
+#include "config.h"
 #include "log.h"
 #include "safetensors.h"
 
@@ -18,9 +21,43 @@ bool vlmd_backend_cuda_built(void)
 #endif
 }
 
+vlmd_backend_options vlmd_backend_options_of(const vlmd_config *cfg)
+{
+    /* the flag table allows only its choices, so the first one is the default */
+    vlmd_backend_options o = {
+        .device = cfg->device,
+        .attention = strcmp(cfg->cuda_attention, "wmma") == 0 ? VLMD_CUDA_ATTENTION_WMMA
+                                                               : VLMD_CUDA_ATTENTION_MMA,
+        .gemv_decode = strcmp(cfg->cuda_decode_linear, "gemv") == 0,
+        .pdl = strcmp(cfg->cuda_pdl, "on") == 0,
+    };
+    return o;
+}
+
+bool vlmd_backend_tool_flag(vlmd_config *cfg, int argc, char **argv, int *i)
+{
+    const char *a = argv[*i];
+    if ((strcmp(a, "--device") != 0 && strncmp(a, "--cuda-", 7) != 0) || *i + 1 >= argc)
+        return false;
+    vlmd_error err = {0};
+    if (vlmd_config_set(cfg, a + 2, argv[*i + 1], &err) != VLMD_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        exit(2);
+    }
+    *i += 1;
+    return true;
+}
+
 vlmd_status vlmd_backend_create(const char *device, vlmd_backend **out, vlmd_error *err)
 {
+    vlmd_backend_options o = {.device = device};
+    return vlmd_backend_open(&o, out, err);
+}
+
+vlmd_status vlmd_backend_open(const vlmd_backend_options *o, vlmd_backend **out, vlmd_error *err)
+{
     *out = NULL;
+    const char *device = o->device ? o->device : "auto";
     bool want_cuda = strcmp(device, "cuda") == 0;
     bool want_auto = strcmp(device, "auto") == 0;
     if (!want_cuda && !want_auto && strcmp(device, "cpu") != 0)
@@ -33,7 +70,7 @@ vlmd_status vlmd_backend_create(const char *device, vlmd_backend **out, vlmd_err
     if (want_cuda || want_auto) {
 #ifdef VLMD_HAVE_CUDA
         vlmd_error cuda_err = {0};
-        st = vlmd_cuda_backend_open(b, 0, &cuda_err);
+        st = vlmd_cuda_backend_open(b, 0, o, &cuda_err);
         if (st != VLMD_OK && want_cuda) {
             free(b);
             return vlmd_errorf(err, st, "--device cuda: %s", cuda_err.msg);

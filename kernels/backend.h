@@ -35,9 +35,40 @@ typedef struct vlmd_device_info {
 
 typedef struct vlmd_backend vlmd_backend;
 
-/* Opens the backend named by --device: "cpu", "cuda" (device 0; an error
- * when not built with CUDA or no GPU is visible) or "auto" (CUDA when
- * possible, else CPU). */
+/* The CUDA attention kernels for head dims that are multiples of 16
+ * (--cuda-attention): the register-resident ones on mma.sync, or the first
+ * ones on WMMA (S, P and O through shared memory), kept to compare them on a
+ * GPU. Head dims of other sizes take the simple kernel either way. */
+typedef enum vlmd_cuda_attention {
+    VLMD_CUDA_ATTENTION_MMA = 0,
+    VLMD_CUDA_ATTENTION_WMMA,
+} vlmd_cuda_attention;
+
+/* How a backend is opened; a zeroed struct (device NULL: "auto") takes every
+ * default. The CUDA backend's ways stay selectable until a GPU run has
+ * compared them; the CPU backend reads device alone. */
+typedef struct vlmd_backend_options {
+    const char *device;            /* --device: "auto", "cpu" or "cuda" (borrowed) */
+    vlmd_cuda_attention attention; /* --cuda-attention */
+    bool gemv_decode;              /* --cuda-decode-linear gemv: the GEMV kernel, not cuBLAS */
+    bool pdl;                      /* --cuda-pdl on: launches allow programmatic dependent launch */
+} vlmd_backend_options;
+
+struct vlmd_config;
+/* The options a process's flags say (--device, --cuda-*); cfg's strings are
+ * borrowed, so cfg outlives the options' use. */
+vlmd_backend_options vlmd_backend_options_of(const struct vlmd_config *cfg);
+/* For the tools that open a backend themselves (vlmd-bench-*): true when
+ * argv[*i] is --device or a --cuda-* flag with a value after it, which the
+ * flag table sets in cfg, *i stepping past the value. A value the table
+ * refuses ends the tool (exit 2, the flag named). */
+bool vlmd_backend_tool_flag(struct vlmd_config *cfg, int argc, char **argv, int *i);
+
+/* Opens the backend o->device names: "cpu", "cuda" (device 0; an error when
+ * not built with CUDA or no GPU is visible) or "auto" (CUDA when possible,
+ * else CPU). o is read during the call only. */
+vlmd_status vlmd_backend_open(const vlmd_backend_options *o, vlmd_backend **out, vlmd_error *err);
+/* vlmd_backend_open of `device` with every other option at its default. */
 vlmd_status vlmd_backend_create(const char *device, vlmd_backend **out, vlmd_error *err);
 void vlmd_backend_destroy(vlmd_backend *b);         /* accepts NULL */
 

@@ -55,8 +55,10 @@ struct vlmd_backend {
 
 /* Each fills *b (ops, info, impl) or fails with err; b is zeroed on entry. */
 vlmd_status vlmd_cpu_backend_open(vlmd_backend *b, vlmd_error *err);
-/* VLMD_ERR_UNAVAILABLE when no GPU is visible. Only in CUDA builds. */
-vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd_error *err);
+/* VLMD_ERR_UNAVAILABLE when no GPU is visible; o's CUDA ways are kept. Only
+ * in CUDA builds. */
+vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, const vlmd_backend_options *o,
+                                   vlmd_error *err);
 
 #ifdef __cplusplus
 }

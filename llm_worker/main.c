@@ -545,7 +545,8 @@ static void load_vocab(llm_worker *w)
 static void load_model(llm_worker *w)
 {
     vlmd_error err = {0};
-    if (vlmd_backend_create(w->svc.cfg.device, &w->backend, &err) != VLMD_OK) {
+    vlmd_backend_options opts = vlmd_backend_options_of(&w->svc.cfg);
+    if (vlmd_backend_open(&opts, &w->backend, &err) != VLMD_OK) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }

@@ -22,6 +22,7 @@
 #include "bench_text_model.h"
 #include "buf.h"
 #include "clock.h"
+#include "config.h"
 #include "engine.h"
 #include "structured.h"
 #include "tokenizer.h"
@@ -56,13 +57,15 @@ static vlmd_status load_vocab(const char *dir, vlmd_vocab **vocab, uint32_t *end
 
 int main(int argc, char **argv)
 {
-    const char *dir = NULL, *device = "auto", *schema = NULL;
+    const char *dir = NULL, *schema = NULL;
+    vlmd_config cfg; /* --device and --cuda-* */
+    vlmd_config_init_defaults(&cfg);
     long long prompt = 512, gen = 256, batch = 1, threads = 0;
     double bandwidth_gbs = 0, gemm_tflops = 0;
     bool eager = false;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
-            device = argv[++i];
+        if (vlmd_backend_tool_flag(&cfg, argc, argv, &i))
+            continue;
         else if (strcmp(argv[i], "--prompt") == 0 && i + 1 < argc)
             vlmd_parse_i64(argv[++i], 1, 1 << 20, &prompt);
         else if (strcmp(argv[i], "--gen") == 0 && i + 1 < argc)
@@ -82,7 +85,7 @@ int main(int argc, char **argv)
         else if (!dir && argv[i][0] != '-')
             dir = argv[i];
         else {
-            fprintf(stderr, "usage: vlmd-bench-engine MODEL_DIR [--device auto|cpu|cuda] "
+            fprintf(stderr, "usage: vlmd-bench-engine MODEL_DIR [--device auto|cpu|cuda] [--cuda-* as vlmd-llm] "
                             "[--prompt N] [--gen N] [--batch B] [--bandwidth-gbs X] "
                             "[--gemm-tflops Y] [--threads N] [--enforce-eager] [--schema FILE|json_object]\n");
             return 2;
@@ -94,7 +97,8 @@ int main(int argc, char **argv)
     }
     vlmd_error err = {0};
     bench_text_model t;
-    if (bench_text_model_load(dir, device, &t, &err) != VLMD_OK) {
+    const vlmd_backend_options opts = vlmd_backend_options_of(&cfg);
+    if (bench_text_model_load(dir, &opts, &t, &err) != VLMD_OK) {
         fprintf(stderr, "vlmd-bench-engine: %s\n", err.msg);
         return 1;
     }

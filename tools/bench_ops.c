@@ -20,6 +20,7 @@
 #include "backend.h"
 #include "buf.h"
 #include "clock.h"
+#include "config.h"
 #include "log.h"
 #include "ops.h"
 
@@ -393,12 +394,14 @@ static void bench_moe_case(bench *k, const shape *sh, int n)
 
 int main(int argc, char **argv)
 {
-    const char *device = "auto", *shape_name = "7b", *only = NULL;
+    const char *shape_name = "7b", *only = NULL;
+    vlmd_config cfg; /* --device and --cuda-* */
+    vlmd_config_init_defaults(&cfg);
     double bandwidth = 0, tflops = 0;
     long long runs = 20;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
-            device = argv[++i];
+        if (vlmd_backend_tool_flag(&cfg, argc, argv, &i))
+            continue;
         else if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc)
             shape_name = argv[++i];
         else if (strcmp(argv[i], "--runs") == 0 && i + 1 < argc)
@@ -410,7 +413,7 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
         else {
-            fprintf(stderr, "usage: vlmd-bench-ops [--device auto|cpu|cuda] "
+            fprintf(stderr, "usage: vlmd-bench-ops [--device auto|cpu|cuda] [--cuda-* as vlmd-llm] "
                             "[--shape 7b|30b-a3b|tiny] [--runs N] [--bandwidth-gbs X] "
                             "[--gemm-tflops Y] [--only linear|rows|attention|sample|moe]\n");
             return 2;
@@ -427,8 +430,9 @@ int main(int argc, char **argv)
         if (strcmp(shapes[i].name, shape_name) == 0)
             sh = &shapes[i];
     vlmd_error err = {0};
+    const vlmd_backend_options opts = vlmd_backend_options_of(&cfg);
     bench k = {.runs = (int)runs, .bandwidth_gbs = bandwidth, .gemm_tflops = tflops};
-    if (!sh || vlmd_backend_create(device, &k.b, &err) != VLMD_OK) {
+    if (!sh || vlmd_backend_open(&opts, &k.b, &err) != VLMD_OK) {
         fprintf(stderr, "vlmd-bench-ops: %s\n", sh ? err.msg : "--shape: 7b, 30b-a3b or tiny");
         return 2;
     }

@@ -19,6 +19,7 @@
 #include "bench_text_model.h"
 #include "buf.h"
 #include "clock.h"
+#include "config.h"
 #include "engine.h"
 
 #define MAX_REQS 1024
@@ -214,12 +215,14 @@ static bool flag_i64(int argc, char **argv, int *i, const char *name, int64_t lo
 
 int main(int argc, char **argv)
 {
-    const char *dir = NULL, *device = "auto";
+    const char *dir = NULL;
+    vlmd_config cfg; /* --device and --cuda-* */
+    vlmd_config_init_defaults(&cfg);
     chat_options chat = {10, 500, 32};
     stall_options stall = {16, 128, 32768, 4096};
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
-            device = argv[++i];
+        if (vlmd_backend_tool_flag(&cfg, argc, argv, &i))
+            continue;
         else if (flag_i64(argc, argv, &i, "--turns", 2, MAX_REQS - 1, &chat.turns) ||
                  flag_i64(argc, argv, &i, "--turn-tokens", 1, 1 << 16, &chat.turn_tokens) ||
                  flag_i64(argc, argv, &i, "--gen", 1, 1 << 16, &chat.gen) ||
@@ -231,7 +234,7 @@ int main(int argc, char **argv)
         else if (!dir && argv[i][0] != '-')
             dir = argv[i];
         else {
-            fprintf(stderr, "usage: vlmd-bench-prefix MODEL_DIR [--device auto|cpu|cuda] "
+            fprintf(stderr, "usage: vlmd-bench-prefix MODEL_DIR [--device auto|cpu|cuda] [--cuda-* as vlmd-llm] "
                             "[--turns N] [--turn-tokens N] [--gen N] [--streams N] "
                             "[--stream-prompt N] [--long-prompt N] [--chunk N]\n");
             return 2;
@@ -243,7 +246,8 @@ int main(int argc, char **argv)
     }
     vlmd_error err = {0};
     bench_text_model t;
-    if (bench_text_model_load(dir, device, &t, &err) != VLMD_OK)
+    const vlmd_backend_options opts = vlmd_backend_options_of(&cfg);
+    if (bench_text_model_load(dir, &opts, &t, &err) != VLMD_OK)
         die(dir, &err);
     printf("model %s on %s: %.2f GB of weights\n", t.mc.architecture,
            vlmd_backend_info(t.backend)->name, (double)t.weight_bytes / 1e9);

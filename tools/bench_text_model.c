@@ -4,15 +4,15 @@
 #include "clock.h"
 #include "safetensors.h"
 
-vlmd_status bench_text_model_load(const char *dir, const char *device, bench_text_model *out,
-                                  vlmd_error *err)
+vlmd_status bench_text_model_load(const char *dir, const vlmd_backend_options *o,
+                                  bench_text_model *out, vlmd_error *err)
 {
     *out = (bench_text_model){0};
     vlmd_safetensors *st = NULL;
     uint64_t t0 = vlmd_now_ns();
     vlmd_status s = vlmd_model_config_load(dir, &out->mc, err);
     if (s == VLMD_OK)
-        s = vlmd_backend_create(device, &out->backend, err);
+        s = vlmd_backend_open(o, &out->backend, err);
     if (s == VLMD_OK)
         s = vlmd_safetensors_open_dir(dir, &st, err);
     if (s == VLMD_OK)

@@ -18,7 +18,8 @@ typedef struct bench_text_model {
 } bench_text_model;
 
 /* Loads MODEL_DIR onto `device` (auto|cpu|cuda); prints why on failure. */
-vlmd_status bench_text_model_load(const char *dir, const char *device, bench_text_model *out,
+vlmd_status bench_text_model_load(const char *dir, const vlmd_backend_options *o,
+                                  bench_text_model *out,
                                   vlmd_error *err);
 void bench_text_model_free(bench_text_model *t);
 

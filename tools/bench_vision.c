@@ -11,6 +11,7 @@
 
 #include "buf.h"
 #include "clock.h"
+#include "config.h"
 #include "preprocess.h"
 #include "vision_tower.h"
 
@@ -22,12 +23,14 @@ static int cmp_u64(const void *a, const void *b)
 
 int main(int argc, char **argv)
 {
-    const char *dir = NULL, *device = "auto";
+    const char *dir = NULL;
+    vlmd_config cfg; /* --device and --cuda-* */
+    vlmd_config_init_defaults(&cfg);
     long long width = 1036, height = 1036, iters = 10;
     bool usage = false;
     for (int i = 1; i < argc && !usage; i++) {
-        if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
-            device = argv[++i];
+        if (vlmd_backend_tool_flag(&cfg, argc, argv, &i))
+            continue;
         else if (strcmp(argv[i], "--width") == 0 && i + 1 < argc)
             vlmd_parse_i64(argv[++i], 1, 1 << 16, &width);
         else if (strcmp(argv[i], "--height") == 0 && i + 1 < argc)
@@ -40,11 +43,12 @@ int main(int argc, char **argv)
             usage = true;
     }
     if (!dir || usage) {
-        fprintf(stderr, "usage: vlmd-bench-vision MODEL_DIR [--device auto|cpu|cuda] [--width W] "
+        fprintf(stderr, "usage: vlmd-bench-vision MODEL_DIR [--device auto|cpu|cuda] [--cuda-* as vlmd-llm] [--width W] "
                         "[--height H] [--iters N]\n");
         return 2;
     }
     vlmd_error err = {0};
+    const vlmd_backend_options opts = vlmd_backend_options_of(&cfg);
     vlmd_model_config mc;
     vlmd_vision_params params;
     vlmd_backend *b = NULL;
@@ -57,7 +61,7 @@ int main(int argc, char **argv)
     if (vlmd_model_config_load(dir, &mc, &err) != VLMD_OK ||
         vlmd_vision_params_configure(dir, 0, 0, &params, &err) != VLMD_OK ||
         vlmd_preprocess(&params, &img, &pv, &err) != VLMD_OK ||
-        vlmd_backend_create(device, &b, &err) != VLMD_OK ||
+        vlmd_backend_open(&opts, &b, &err) != VLMD_OK ||
         vlmd_safetensors_open_dir(dir, &st, &err) != VLMD_OK ||
         vision_tower_load(b, &mc, st, &vt, &err) != VLMD_OK ||
         vision_tower_reserve(vt, 1, pv.n_patches, &err) != VLMD_OK) {

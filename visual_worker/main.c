@@ -253,7 +253,8 @@ int main(int argc, char **argv)
     visual_worker w = {0};
     vlmd_service_init(&w.svc, VLMD_ROLE_VISUAL, argc, argv);
     vlmd_error err = {0};
-    if (vlmd_backend_create(w.svc.cfg.device, &w.backend, &err) != VLMD_OK) {
+    vlmd_backend_options opts = vlmd_backend_options_of(&w.svc.cfg);
+    if (vlmd_backend_open(&opts, &w.backend, &err) != VLMD_OK) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }

@@ -1,24 +1,30 @@
-/* cuda_attention.cu - attention over the token-slot KV cache, flash style,
- * for prefill, chunked prefill after a cached prefix, decode and the vision
- * tower's per-image attention. Two kernels share the tiling below:
- * k_flash_attention_mma (mma.sync with S, P and O in registers) and the
- * first one, k_flash_attention (WMMA, S, P and O through shared memory),
- * which takes head dims the other is not built for, and everything when
- * VLMD_ATTENTION=wmma (kept until a GPU run has compared the two).
+/* cuda_attention.cu - the attention op of the CUDA table, over the
+ * token-slot KV cache: prefill, chunked prefill after a cached prefix, decode
+ * steps and the vision tower's per-image attention. Three paths, chosen in
+ * vlmd_cuda_attention_op at the bottom:
  *
- * A block takes a tile of BR "rows" of one sequence and one KV head, where a
- * row is a (query token, query head of that KV head's group) pair: the
- * group's heads share every K/V tile the block loads, so a decode step reads
- * each KV head once per group (GQA), and prefill tiles hold BR / group
- * tokens. Per tile of BC keys (gathered through the slot table into shared
- * memory): S = Q K^T on tensor cores (WMMA, bf16 in, fp32 out), the online
- * softmax per row in fp32, O = O * alpha + P V on tensor cores with O kept in
- * shared memory. Long sequences are split along the keys (flash-decoding):
- * each split writes its unnormalized O with its running max and sum, and a
- * second kernel merges them. The split count depends only on the launch's
- * shape, so CUDA graphs can capture it; each block finds its key range from
- * the sequence's length at run time. Head dims that are not a multiple of
- * 16 take the simple kernel in cuda_ops.cu. */
+ *   k_flash_attention_mma  the main one, for the head dims it is built for
+ *                          (16, 32, 64, 80, 96, 128): each warp owns 16 rows
+ *                          end to end on mma.sync, S, P and O in registers,
+ *                          K/V tiles arriving by cp.async (warp_mma.h)
+ *   k_flash_attention      the first one, on WMMA with S, P and O through
+ *                          shared memory: other multiples of 16 up to 256,
+ *                          and every head dim with --cuda-attention wmma
+ *                          (kept until a GPU run has compared the two)
+ *   k_attention            the simple one, for head dims that are not a
+ *                          multiple of 16: a block per (query row, head)
+ *
+ * The tiled kernels share one map, attn_tile: a block takes a tile of BR
+ * "rows" of one sequence and one KV head, a row being a (query token, query
+ * head of that KV head's group) pair, so the group's heads share every K/V
+ * tile the block loads (GQA): a decode step reads each KV head once per
+ * group, and a prefill tile holds BR / group tokens. Per tile of BC keys
+ * (gathered through the slot table): S = Q K^T, the online softmax per row in
+ * fp32, O = O * alpha + P V. Long sequences are split along the keys
+ * (flash-decoding): each split writes its unnormalized O with its running
+ * max and sum, and k_merge_splits merges them. The split count depends only
+ * on the launch's shape, so CUDA graphs can capture it; each block finds its
+ * key range from the sequence's length at run time. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -36,10 +42,100 @@ typedef __nv_bfloat16 bf16;
 #define WARPS 4
 #define MAX_SPLITS 32
 
+/* ---- the map of a tile's rows ---------------------------------------------------------------- */
+
+/* A tile of rows [first, first + rows) of sequence sq for KV head kvh. Row r
+ * is the query of token (first + r) / group of the sequence, in query head
+ * kvh * group + (first + r) % group. */
+struct attn_tile {
+    vlmd_attn_seq sq;
+    int group, kvh;
+    int first, rows; /* rows: the live ones, at most the tile's height */
+    int past;        /* the sequence's cached tokens before this step's queries */
+
+    __device__ int token(int r) const { return (first + r) / group; }
+    __device__ int head(int r) const { return kvh * group + (first + r) % group; }
+    /* row r's place among the keys: a causal row sees keys 0..pos(r) */
+    __device__ int pos(int r) const { return past + token(r); }
+    /* where row r's head starts in q (rows q_stride apart) and in out ([token][nh][hd]) */
+    __device__ size_t q_at(int r, int q_stride, int hd) const
+    {
+        return (size_t)(sq.q_start + token(r)) * q_stride + (size_t)head(r) * hd;
+    }
+    __device__ size_t out_at(int r, int nh, int hd) const
+    {
+        return ((size_t)(sq.q_start + token(r)) * nh + head(r)) * hd;
+    }
+    /* the keys [*lo, *hi) split `split` of `splits` takes: the ones some row
+     * sees, in whole tiles of BC a split */
+    __device__ void keys(bool causal, int splits, int split, int *lo, int *hi) const
+    {
+        int hi_all = causal ? pos(rows - 1) + 1 : sq.kv_len;
+        int chunk = ((hi_all + splits - 1) / splits + BC - 1) / BC * BC;
+        *lo = split * chunk;
+        *hi = min(hi_all, *lo + chunk);
+    }
+};
+
+/* Which sequence and rows tile `tile` of a launch in br-row tiles is, for
+ * KV head kvh: a warp-wide scan over the sequences' tile counts. Every thread
+ * of the block calls it; false (for all of them) when the launch has fewer
+ * tiles. */
+__device__ static bool find_tile(const vlmd_attn_seq *seqs, int n_seqs, int group, int br,
+                                 int tile, int kvh, attn_tile *out)
+{
+    __shared__ int found_seq, found_first;
+    if (threadIdx.x < 32) {
+        int lane = threadIdx.x, base = 0, seq = -1, first = 0;
+        for (int at = 0; at < n_seqs; at += 32) {
+            int s = at + lane;
+            int tiles = s < n_seqs ? (seqs[s].q_len * group + br - 1) / br : 0, incl = tiles;
+            for (int o = 1; o < 32; o *= 2) {
+                int v = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o)
+                    incl += v;
+            }
+            int start = base + incl - tiles;
+            if (s < n_seqs && tile >= start && tile < start + tiles)
+                seq = s, first = (tile - start) * br;
+            base += __shfl_sync(0xffffffffu, incl, 31);
+        }
+        for (int o = 16; o > 0; o /= 2) { /* one lane at most found it */
+            int other = __shfl_xor_sync(0xffffffffu, seq, o);
+            int other_first = __shfl_xor_sync(0xffffffffu, first, o);
+            if (other > seq)
+                seq = other, first = other_first;
+        }
+        if (lane == 0)
+            found_seq = seq, found_first = first;
+    }
+    __syncthreads();
+    if (found_seq < 0)
+        return false;
+    out->sq = seqs[found_seq];
+    out->group = group;
+    out->kvh = kvh;
+    out->first = found_first;
+    out->rows = min(br, out->sq.q_len * group - found_first);
+    out->past = out->sq.kv_len - out->sq.q_len;
+    return true;
+}
+
+/* Split `split`'s share of row r of tile `tile` (KV head kvh of n_kv, tiles
+ * of br rows): [O (hd) | m | l], O unnormalized, m the running max in natural
+ * log units, l the running sum; what k_merge_splits reads. */
+__device__ static float *split_row(float *partial, int tile, int kvh, int n_kv, int splits,
+                                   int split, int br, int r, int hd)
+{
+    return partial + ((((size_t)tile * n_kv + kvh) * splits + split) * br + r) * (hd + 2);
+}
+
 /* ---- on WMMA: S, P and O through shared memory ----------------------------------------------- */
 
-/* Shared memory of a block: every array starts 128-byte aligned and each
- * leading dimension keeps WMMA's 32-byte alignment of 16-row tiles. */
+/* Shared memory of a block: every array starts 128-byte aligned from a base
+ * the kernel rounds up itself (ALIGN_SLACK bytes more than the arrays), and
+ * each leading dimension keeps WMMA's 32-byte alignment of 16-row tiles. */
+#define ALIGN_SLACK 112 /* from 16-byte aligned to 128 */
 struct attn_smem {
     int ld_h, ld_f, ld_s, ld_p; /* leading dims: bf16 [x hd], fp32 [x hd], S, P */
     size_t q, k, v, s, p, o, m, l, alpha, total;
@@ -67,41 +163,8 @@ __host__ __device__ static attn_smem smem_layout(int br, int hd)
     L.m = at, at += round128((size_t)br * 4);
     L.l = at, at += round128((size_t)br * 4);
     L.alpha = at, at += round128((size_t)br * 4);
-    L.total = at;
+    L.total = at + ALIGN_SLACK;
     return L;
-}
-
-/* Which sequence and which of its row tiles block `tile` is: a warp-wide scan
- * over the sequences' tile counts. False when the launch has fewer tiles. */
-__device__ static bool find_tile(const vlmd_attn_seq *seqs, int n_seqs, int group, int br,
-                                 int tile, int *seq, int *first_row)
-{
-    __shared__ int found_seq, found_first;
-    if (threadIdx.x < 32) {
-        int lane = threadIdx.x, base = 0;
-        if (lane == 0)
-            found_seq = -1;
-        __syncwarp();
-        for (int at = 0; at < n_seqs; at += 32) {
-            int s = at + lane;
-            int tiles = s < n_seqs ? (seqs[s].q_len * group + br - 1) / br : 0, incl = tiles;
-            for (int o = 1; o < 32; o *= 2) {
-                int v = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o)
-                    incl += v;
-            }
-            int start = base + incl - tiles;
-            if (s < n_seqs && tile >= start && tile < start + tiles) {
-                found_seq = s;
-                found_first = (tile - start) * br;
-            }
-            base += __shfl_sync(0xffffffffu, incl, 31);
-        }
-    }
-    __syncthreads();
-    *seq = found_seq;
-    *first_row = found_first;
-    return found_seq >= 0;
 }
 
 template <int BR>
@@ -111,32 +174,28 @@ __global__ void __launch_bounds__(WARPS * 32)
                       int hd, float scale, bool causal, int splits, float *partial)
 {
     vlmd_kernel_start();
-    extern __shared__ __align__(128) unsigned char smem[];
+    VLMD_DYNAMIC_SMEM(smem);
+    VLMD_KERNEL_ASSERT((uintptr_t)smem % 16 == 0);
+    unsigned char *base = (unsigned char *)(((uintptr_t)smem + 127) & ~(uintptr_t)127);
     const attn_smem L = smem_layout(BR, hd);
-    bf16 *Qs = (bf16 *)(smem + L.q), *Ks = (bf16 *)(smem + L.k), *Vs = (bf16 *)(smem + L.v);
-    float *Ss = (float *)(smem + L.s), *Os = (float *)(smem + L.o);
-    bf16 *Ps = (bf16 *)(smem + L.p);
-    float *row_m = (float *)(smem + L.m), *row_l = (float *)(smem + L.l);
-    float *row_alpha = (float *)(smem + L.alpha);
-    const int group = nh / nkv, kvh = blockIdx.y, split = blockIdx.z, kv_dim = nkv * hd;
+    bf16 *Qs = (bf16 *)(base + L.q), *Ks = (bf16 *)(base + L.k), *Vs = (bf16 *)(base + L.v);
+    float *Ss = (float *)(base + L.s), *Os = (float *)(base + L.o);
+    bf16 *Ps = (bf16 *)(base + L.p);
+    float *row_m = (float *)(base + L.m), *row_l = (float *)(base + L.l);
+    float *row_alpha = (float *)(base + L.alpha);
+    const int kvh = blockIdx.y, split = blockIdx.z, kv_dim = nkv * hd;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, vec = hd / 8;
-    int si, first;
-    if (!find_tile(seqs, n_seqs, group, BR, blockIdx.x, &si, &first))
+    attn_tile T;
+    if (!find_tile(seqs, n_seqs, nh / nkv, BR, blockIdx.x, kvh, &T))
         return;
-    const vlmd_attn_seq sq = seqs[si];
-    const int past = sq.kv_len - sq.q_len; /* cached tokens before this step's queries */
-    const int rows = min(BR, sq.q_len * group - first);
-    /* keys this tile can see, and this split's share of them */
-    int last_token = (first + rows - 1) / group;
-    int hi_all = causal ? past + last_token + 1 : sq.kv_len;
-    int chunk = ((hi_all + splits - 1) / splits + BC - 1) / BC * BC;
-    int lo = split * chunk, hi = min(hi_all, lo + chunk);
+    int lo, hi;
+    T.keys(causal, splits, split, &lo, &hi);
 
     for (int c = tid; c < BR * vec; c += blockDim.x) { /* Q rows, zero past the last */
-        int r = c / vec, d8 = c % vec, i = (first + r) / group, h = kvh * group + (first + r) % group;
+        int r = c / vec, d8 = c % vec;
         uint4 val = make_uint4(0, 0, 0, 0);
-        if (r < rows)
-            val = *(const uint4 *)(q + (size_t)(sq.q_start + i) * q_stride + (size_t)h * hd + d8 * 8);
+        if (r < T.rows)
+            val = *(const uint4 *)(q + T.q_at(r, q_stride, hd) + d8 * 8);
         *(uint4 *)(Qs + (size_t)r * L.ld_h + d8 * 8) = val;
     }
     for (int c = tid; c < BR * hd; c += blockDim.x)
@@ -152,7 +211,7 @@ __global__ void __launch_bounds__(WARPS * 32)
             int j = c / vec, d8 = c % vec;
             uint4 kv = make_uint4(0, 0, 0, 0), vv = make_uint4(0, 0, 0, 0);
             if (t0 + j < hi) {
-                size_t at = (size_t)sq.slots[t0 + j] * kv_dim + (size_t)kvh * hd + d8 * 8;
+                size_t at = (size_t)T.sq.slots[t0 + j] * kv_dim + (size_t)kvh * hd + d8 * 8;
                 kv = *(const uint4 *)(k_cache + at);
                 vv = *(const uint4 *)(v_cache + at); /* zeros, not garbage: 0 x NaN is NaN */
             }
@@ -178,11 +237,10 @@ __global__ void __launch_bounds__(WARPS * 32)
         __syncthreads();
         /* the online softmax, a warp per row */
         for (int r = warp; r < BR; r += WARPS) {
-            int pos = past + (first + r) / group; /* this query's place in its sequence */
             float s[BC / 32], mx = -INFINITY;
             for (int u = 0; u < BC / 32; u++) {
                 int j = t0 + lane + 32 * u;
-                bool ok = r < rows && j < hi && (!causal || j <= pos);
+                bool ok = r < T.rows && j < hi && (!causal || j <= T.pos(r));
                 s[u] = ok ? Ss[(size_t)r * L.ld_s + lane + 32 * u] * scale : -INFINITY;
                 mx = fmaxf(mx, s[u]);
             }
@@ -226,19 +284,18 @@ __global__ void __launch_bounds__(WARPS * 32)
     }
 
     if (splits == 1) {
-        for (int c = tid; c < rows * hd; c += blockDim.x) {
-            int r = c / hd, d = c % hd, i = (first + r) / group, h = kvh * group + (first + r) % group;
+        for (int c = tid; c < T.rows * hd; c += blockDim.x) {
+            int r = c / hd, d = c % hd;
             float l = row_l[r];
-            out[(size_t)(sq.q_start + i) * nh * hd + (size_t)h * hd + d] =
+            out[T.out_at(r, nh, hd) + d] =
                 __float2bfloat16(l > 0 ? Os[(size_t)r * L.ld_f + d] / l : 0.0f);
         }
         return;
     }
-    /* this split's share: [O (hd) | m | l] per row */
-    float *mine = partial + (((size_t)blockIdx.x * gridDim.y + kvh) * splits + split) * BR * (hd + 2);
-    for (int c = tid; c < rows * (hd + 2); c += blockDim.x) {
+    for (int c = tid; c < T.rows * (hd + 2); c += blockDim.x) {
         int r = c / (hd + 2), d = c % (hd + 2);
-        mine[c] = d < hd ? Os[(size_t)r * L.ld_f + d] : d == hd ? row_m[r] : row_l[r];
+        split_row(partial, blockIdx.x, kvh, nkv, splits, split, BR, r, hd)[d] =
+            d < hd ? Os[(size_t)r * L.ld_f + d] : d == hd ? row_m[r] : row_l[r];
     }
 }
 
@@ -268,45 +325,40 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
     vlmd_kernel_start();
     constexpr int BR = 16 * ROW_WARPS, LD = HD + 8, CHUNKS = HD / 8; /* rows; bf16 row stride;
                                                                        16-byte pieces per row */
-    extern __shared__ __align__(128) unsigned char smem[];
+    VLMD_DYNAMIC_SMEM(smem); /* cp.async and ldmatrix: 16-byte rows, as LD keeps them */
+    VLMD_KERNEL_ASSERT((uintptr_t)smem % 16 == 0);
     bf16 *Qs = (bf16 *)smem, *Ks = Qs + BR * LD, *Vs = Ks + BC * LD;
-    const int group = nh / nkv, kvh = blockIdx.y, split = blockIdx.z, kv_dim = nkv * HD;
+    const int kvh = blockIdx.y, split = blockIdx.z, kv_dim = nkv * HD;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     /* the longest causal rows (the last tiles) first: less of a tail at the launch's end */
-    const int tile = gridDim.x - 1 - blockIdx.x;
-    int si, first;
-    if (!find_tile(seqs, n_seqs, group, BR, tile, &si, &first))
+    const int tile_id = gridDim.x - 1 - blockIdx.x;
+    attn_tile T;
+    if (!find_tile(seqs, n_seqs, nh / nkv, BR, tile_id, kvh, &T))
         return;
-    const vlmd_attn_seq sq = seqs[si];
-    const int past = sq.kv_len - sq.q_len;
-    const int rows = min(BR, sq.q_len * group - first);
-    int last_token = (first + rows - 1) / group;
-    int hi_all = causal ? past + last_token + 1 : sq.kv_len;
-    int chunk = ((hi_all + splits - 1) / splits + BC - 1) / BC * BC;
-    int lo = split * chunk, hi = min(hi_all, lo + chunk);
+    int lo, hi;
+    T.keys(causal, splits, split, &lo, &hi);
 
     /* this thread's two rows (h = 0, 1): warp * 16 + g + 8h */
     int pos[2];
     bool live[2];
     for (int h = 0; h < 2; h++) {
         int r = warp * 16 + g + 8 * h;
-        live[h] = r < rows;
-        pos[h] = past + (first + r) / group;
+        live[h] = r < T.rows;
+        pos[h] = T.pos(r);
     }
 
     for (int c = tid; c < BR * CHUNKS; c += blockDim.x) { /* Q rows, zeros past the last */
-        int r = c / CHUNKS, d8 = c % CHUNKS, i = (first + r) / group;
-        int h = kvh * group + (first + r) % group;
-        const bf16 *src = q + (size_t)(sq.q_start + i) * q_stride + (size_t)h * HD + d8 * 8;
-        cp_async_16(Qs + r * LD + d8 * 8, r < rows ? src : q, r < rows);
+        int r = c / CHUNKS, d8 = c % CHUNKS;
+        bool ok = r < T.rows;
+        cp_async_16(Qs + r * LD + d8 * 8, ok ? q + T.q_at(r, q_stride, HD) + d8 * 8 : q, ok);
     }
     /* keys t0.. through the slot table; zeros past hi, not garbage: 0 x NaN is NaN */
     auto load_tile = [&](bf16 *dst, const bf16 *cache, int t0) {
         for (int c = tid; c < BC * CHUNKS; c += blockDim.x) {
             int j = c / CHUNKS, d8 = c % CHUNKS;
             bool ok = t0 + j < hi;
-            const bf16 *src = ok ? cache + (size_t)sq.slots[t0 + j] * kv_dim + (size_t)kvh * HD +
-                                       d8 * 8
+            const bf16 *src = ok ? cache + (size_t)T.sq.slots[t0 + j] * kv_dim +
+                                       (size_t)kvh * HD + d8 * 8
                                  : cache;
             cp_async_16(dst + j * LD + d8 * 8, src, ok);
         }
@@ -402,57 +454,129 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
             continue;
         int r = warp * 16 + g + 8 * h;
         if (splits == 1) {
-            int i = (first + r) / group, head = kvh * group + (first + r) % group;
-            bf16 *dst = out + (size_t)(sq.q_start + i) * nh * HD + (size_t)head * HD + 2 * t;
+            bf16 *dst = out + T.out_at(r, nh, HD) + 2 * t;
             float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
             for (int nd = 0; nd < HD / 8; nd++)
                 *(uint32_t *)(dst + nd * 8) = pack_bf16x2(o[nd][2 * h] * inv,
                                                           o[nd][2 * h + 1] * inv);
             continue;
         }
-        /* this split's share, as k_merge_splits reads it: [O (HD) | m | l], m in natural log */
-        float *mine = partial + ((((size_t)tile * gridDim.y + kvh) * splits + split) * BR + r) *
-                                    (HD + 2);
+        float *mine = split_row(partial, tile_id, kvh, nkv, splits, split, BR, r, HD);
         for (int nd = 0; nd < HD / 8; nd++)
             mine[nd * 8 + 2 * t] = o[nd][2 * h], mine[nd * 8 + 2 * t + 1] = o[nd][2 * h + 1];
-        if (t == 0)
+        if (t == 0) /* m to natural log units */
             mine[HD] = m[h] * 0.69314718f, mine[HD + 1] = l[h];
     }
 }
 
-/* ---- the splits' merge, and the launches ---------------------------------------------------- */
+/* ---- the splits' merge ---------------------------------------------------------------------- */
 
 /* Merges the splits of each row: weights exp(m_s - M), sums l_s exp(m_s - M). */
 template <int BR>
 __global__ void k_merge_splits(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int nh,
-                               int nkv, int hd, int splits, const float *partial)
+                               int nkv, int hd, int splits, float *partial)
 {
     vlmd_kernel_start();
-    const int group = nh / nkv, kvh = blockIdx.y;
-    int si, first;
-    if (!find_tile(seqs, n_seqs, group, BR, blockIdx.x, &si, &first))
+    const int kvh = blockIdx.y;
+    attn_tile T;
+    if (!find_tile(seqs, n_seqs, nh / nkv, BR, blockIdx.x, kvh, &T))
         return;
-    const vlmd_attn_seq sq = seqs[si];
-    const int rows = min(BR, sq.q_len * group - first);
-    const float *base = partial + ((size_t)blockIdx.x * gridDim.y + kvh) * splits * BR * (hd + 2);
-    for (int c = threadIdx.x; c < rows * hd; c += blockDim.x) {
-        int r = c / hd, d = c % hd, i = (first + r) / group, h = kvh * group + (first + r) % group;
+    for (int c = threadIdx.x; c < T.rows * hd; c += blockDim.x) {
+        int r = c / hd, d = c % hd;
         float M = -INFINITY;
         for (int s = 0; s < splits; s++)
-            M = fmaxf(M, base[((size_t)s * BR + r) * (hd + 2) + hd]);
+            M = fmaxf(M, split_row(partial, blockIdx.x, kvh, nkv, splits, s, BR, r, hd)[hd]);
         float o = 0, l = 0;
         for (int s = 0; s < splits; s++) {
-            const float *p = base + ((size_t)s * BR + r) * (hd + 2);
+            const float *p = split_row(partial, blockIdx.x, kvh, nkv, splits, s, BR, r, hd);
             if (p[hd] == -INFINITY)
                 continue; /* a split with no key this row sees */
             float w = expf(p[hd] - M);
             o += p[d] * w;
             l += p[hd + 1] * w;
         }
-        out[(size_t)(sq.q_start + i) * nh * hd + (size_t)h * hd + d] =
-            __float2bfloat16(l > 0 ? o / l : 0.0f);
+        out[T.out_at(r, nh, hd) + d] = __float2bfloat16(l > 0 ? o / l : 0.0f);
     }
 }
+
+/* ---- the simple kernel: head dims that are not a multiple of 16 ----------------------------- */
+
+#define SIMPLE_MAX_HD 256
+#define SIMPLE_WARPS 8
+
+/* One block per (query row, head); its warps split the visible keys into
+ * contiguous ranges (so a single decode query still fills the GPU), each warp
+ * keeps an online softmax (running max, sum, weighted values; lanes split the
+ * head dimension), and the partials are merged in shared memory at the end. */
+__global__ void k_attention(bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
+                            const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
+                            int nkv, int hd, float scale, bool causal)
+{
+    vlmd_kernel_start();
+    __shared__ float part_m[SIMPLE_WARPS], part_sum[SIMPLE_WARPS];
+    __shared__ float part_acc[SIMPLE_WARPS][SIMPLE_MAX_HD];
+    int row = blockIdx.x / nh, h = blockIdx.x % nh, kvh = h / (nh / nkv), kv_dim = nkv * hd;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    const vlmd_attn_seq *sq = NULL;
+    for (int s = 0; s < n_seqs; s++)
+        if (row >= seqs[s].q_start && row < seqs[s].q_start + seqs[s].q_len)
+            sq = &seqs[s];
+    if (!sq)
+        return; /* the whole block leaves together */
+    int visible = causal ? sq->kv_len - sq->q_len + (row - sq->q_start) + 1 : sq->kv_len;
+    int chunk = (visible + SIMPLE_WARPS - 1) / SIMPLE_WARPS;
+    int first = warp * chunk, last = min(visible, first + chunk);
+    float qv[SIMPLE_MAX_HD / 32], acc[SIMPLE_MAX_HD / 32];
+    int per = (hd + 31) / 32;
+    for (int d = 0; d < per; d++) {
+        int dim = lane + 32 * d;
+        qv[d] = dim < hd ? __bfloat162float(q[(size_t)row * q_stride + h * hd + dim]) : 0;
+        acc[d] = 0;
+    }
+    float m = -INFINITY, sum = 0;
+    for (int j = first; j < last; j++) {
+        const bf16 *kp = k_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
+        float dot = 0;
+        for (int d = 0; d < per; d++) {
+            int dim = lane + 32 * d;
+            if (dim < hd)
+                dot += qv[d] * __bfloat162float(kp[dim]);
+        }
+        for (int o = 16; o > 0; o /= 2)
+            dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        float sc = dot * scale, m_new = fmaxf(m, sc), corr = expf(m - m_new), p = expf(sc - m_new);
+        const bf16 *vp = v_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
+        for (int d = 0; d < per; d++) {
+            int dim = lane + 32 * d;
+            acc[d] = acc[d] * corr + (dim < hd ? p * __bfloat162float(vp[dim]) : 0);
+        }
+        sum = sum * corr + p;
+        m = m_new;
+    }
+    if (lane == 0) {
+        part_m[warp] = m;
+        part_sum[warp] = sum;
+    }
+    for (int d = 0; d < per; d++)
+        if (lane + 32 * d < hd)
+            part_acc[warp][lane + 32 * d] = acc[d];
+    __syncthreads();
+    float gm = -INFINITY;
+    for (int w = 0; w < SIMPLE_WARPS; w++)
+        gm = fmaxf(gm, part_m[w]);
+    float total = 0;
+    for (int w = 0; w < SIMPLE_WARPS; w++)
+        total += part_sum[w] * (part_m[w] == -INFINITY ? 0.0f : expf(part_m[w] - gm));
+    for (int dim = threadIdx.x; dim < hd; dim += blockDim.x) {
+        float o = 0;
+        for (int w = 0; w < SIMPLE_WARPS; w++)
+            if (part_m[w] != -INFINITY)
+                o += part_acc[w][dim] * expf(part_m[w] - gm);
+        out[((size_t)row * nh + h) * hd + dim] = __float2bfloat16(o / total);
+    }
+}
+
+/* ---- the launches --------------------------------------------------------------------------- */
 
 /* How many splits along the keys: enough blocks for two waves, in as many
  * splits as the scratch holds (a function of the launch's shape only, so a
@@ -562,22 +686,29 @@ static bool launch_mma_for(int hd, vlmd_backend *b, bf16 *out, const bf16 *q, in
     return false;
 }
 
-extern "C" bool vlmd_cuda_flash_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
-                                          const void *k_cache, const void *v_cache,
-                                          const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
-                                          int nh, int nkv, int hd, bool causal)
+extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q,
+                                       int q_stride, const void *k_cache, const void *v_cache,
+                                       vlmd_dtype kv_dtype, const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
+                                       int nkv, int hd, bool causal)
 {
-    if (hd % 16 || hd > 256 || nh % nkv)
-        return false;
+    VLMD_ASSERT(kv_dtype == VLMD_DTYPE_BF16); /* cache and activations: both bf16 here */
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kc = (const bf16 *)k_cache, *vc = (const bf16 *)v_cache;
-    if (vlmd_cuda_attention_kernel(b) == VLMD_ATTENTION_MMA &&
-        launch_mma_for(hd, b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, causal))
-        return true;
-    /* a decode step (one query per sequence) fills a 16-row tile with its group's heads */
-    if (n_rows == n_seqs)
-        launch_wmma<16>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
-    else
-        launch_wmma<64>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
-    return true;
+    if (hd % 16 == 0 && hd <= 256 && nh % nkv == 0) {
+        if (vlmd_cuda_attention_kernel(b) == VLMD_CUDA_ATTENTION_MMA &&
+            launch_mma_for(hd, b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, causal))
+            return;
+        /* a decode step (one query per sequence) fills a 16-row tile with its group's heads */
+        if (n_rows == n_seqs)
+            launch_wmma<16>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
+        else
+            launch_wmma<64>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
+        return;
+    }
+    if (hd > SIMPLE_MAX_HD)
+        VLMD_FATAL("head dimension %d is over the %d the attention kernels take", hd,
+                   SIMPLE_MAX_HD);
+    vlmd_cuda_launch(k_attention, n_rows * nh, SIMPLE_WARPS * 32, 0, vlmd_cuda_stream(b), o, qq,
+                     q_stride, kc, vc, seqs, n_seqs, nh, nkv, hd, 1.0f / sqrtf((float)hd),
+                     causal);
 }

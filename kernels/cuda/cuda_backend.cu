@@ -44,8 +44,8 @@ typedef struct cuda_state {
     cudaEvent_t staged[2];      /* recorded after each copy out of staging[i] */
     int cur;                    /* the staging buffer being filled */
     size_t used;                /* its bytes given to copies not known to be done */
-    vlmd_attention_kernel attention; /* VLMD_ATTENTION at open */
-    bool gemv_decode;            /* VLMD_DECODE_LINEAR at open */
+    vlmd_cuda_attention attention; /* --cuda-attention, at open */
+    bool gemv_decode;            /* --cuda-decode-linear gemv, at open */
 } cuda_state;
 
 /* Set while a graph is being captured: debug builds then skip the
@@ -64,7 +64,7 @@ void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes)
     return ((cuda_state *)b->impl)->scratch;
 }
 
-vlmd_attention_kernel vlmd_cuda_attention_kernel(vlmd_backend *b)
+vlmd_cuda_attention vlmd_cuda_attention_kernel(vlmd_backend *b)
 {
     return ((cuda_state *)b->impl)->attention;
 }
@@ -72,21 +72,6 @@ vlmd_attention_kernel vlmd_cuda_attention_kernel(vlmd_backend *b)
 bool vlmd_cuda_gemv_decode(vlmd_backend *b)
 {
     return ((cuda_state *)b->impl)->gemv_decode;
-}
-
-/* Which of two ways (kernels, or launches) the environment variable `name`
- * picks: 0 when unset or `first`, 1 for `second`; -1 (and the error) for
- * anything else. Both stay until a GPU run has compared them. */
-static int kernel_choice(const char *name, const char *first, const char *second,
-                         vlmd_error *err)
-{
-    const char *v = getenv(name);
-    if (!v || !strcmp(v, first))
-        return 0;
-    if (!strcmp(v, second))
-        return 1;
-    vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s=%s: expected %s or %s", name, v, first, second);
-    return -1;
 }
 
 cudaStream_t vlmd_cuda_stream(vlmd_backend *b)
@@ -322,7 +307,8 @@ static const vlmd_device_vtable cuda_ops = {
     .destroy = cuda_destroy,
 };
 
-extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd_error *err)
+extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal,
+                                              const vlmd_backend_options *o, vlmd_error *err)
 {
     int count = 0;
     cudaError_t e = cudaGetDeviceCount(&count);
@@ -332,12 +318,7 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
     if (ordinal >= count)
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "CUDA device %d does not exist (%d visible)",
                            ordinal, count);
-    int attention = kernel_choice("VLMD_ATTENTION", "mma", "wmma", err);
-    int gemv = attention < 0 ? -1 : kernel_choice("VLMD_DECODE_LINEAR", "cublas", "gemv", err);
-    int pdl = gemv < 0 ? -1 : kernel_choice("VLMD_PDL", "off", "on", err);
-    if (pdl < 0)
-        return VLMD_ERR_INVALID_ARG; /* kernel_choice said why */
-    vlmd_cuda_pdl = pdl == 1;
+    vlmd_cuda_pdl = o->pdl; /* every launch reads it (cuda_check.h): the last open decides */
     CUDA_CHECK(cudaSetDevice(ordinal));
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, ordinal));
@@ -346,8 +327,8 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal, vlmd
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     b->impl = cs;
     b->ops = &cuda_ops;
-    cs->attention = attention ? VLMD_ATTENTION_WMMA : VLMD_ATTENTION_MMA;
-    cs->gemv_decode = gemv == 1;
+    cs->attention = o->attention;
+    cs->gemv_decode = o->gemv_decode;
     bool made = cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking) == cudaSuccess;
     for (int i = 0; made && i < 2; i++)
         made = cudaHostAlloc(&cs->staging[i], STAGING_BYTES, cudaHostAllocDefault) ==

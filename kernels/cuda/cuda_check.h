@@ -1,22 +1,47 @@
 /* cuda_check.h - CUDA_CHECK and vlmd_cuda_launch: a failed CUDA call stops
- * the process with the statement, the device and file:line (STYLE.md habit 7).
- * In a debug build every launch is followed by a synchronize, so an
- * asynchronous fault is reported at the launch that caused it (except while
- * a graph is captured: nothing runs then, and a synchronize would end it). */
+ * the process with the statement, the device and file:line (docs/ARCHITECTURE.md,
+ * "States and failure"). In a debug build every launch is followed by a
+ * synchronize, so an asynchronous fault is reported at the launch that
+ * caused it (except while a graph is captured: nothing runs then, and a
+ * synchronize would end it). Also what every kernel uses: vlmd_kernel_start,
+ * VLMD_DYNAMIC_SMEM and VLMD_KERNEL_ASSERT. */
 #ifndef VLMD_CUDA_CHECK_H
 #define VLMD_CUDA_CHECK_H
 
+#include <assert.h>
 #include <cuda_runtime.h>
+#include <stdint.h>
 
 #include "log.h"
 
 extern bool vlmd_cuda_capturing; /* cuda_backend.cu */
-/* Launches allow programmatic dependent launch (VLMD_PDL=on, read at backend
+/* Launches allow programmatic dependent launch (--cuda-pdl on, set at backend
  * open; cuda_backend.cu): every kernel then starts with vlmd_kernel_start. */
 extern bool vlmd_cuda_pdl;
 
+/* A kernel's assumption, checked in debug builds (a device-side assert) and
+ * always under the CPU emulator of tests/cuda_emu (a kernel fault naming it). */
+#if defined(VLMD_CUDA_EMU)
+#define VLMD_KERNEL_ASSERT(cond)                                                          \
+    ((cond) ? (void)0                                                                     \
+            : cuda_emu::kernel_fault("assertion failed: %s (%s:%d)", #cond, __FILE__, __LINE__))
+#elif !defined(NDEBUG)
+#define VLMD_KERNEL_ASSERT(cond) assert(cond)
+#else
+#define VLMD_KERNEL_ASSERT(cond) ((void)0)
+#endif
+
+/* Declares the launch's dynamic shared memory as `unsigned char name[]`.
+ * CUDA promises it 16-byte alignment and no more (the emulator gives exactly
+ * 16, never 32), so a kernel that needs more rounds its own offsets up. */
+#if defined(VLMD_CUDA_EMU)
+#define VLMD_DYNAMIC_SMEM(name) unsigned char *const name = cuda_emu::dynamic_smem()
+#else
+#define VLMD_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 /* The first statement of every kernel launched by vlmd_cuda_launch. Where
- * launches allow it (sm_90 and VLMD_PDL=on), lets the next kernel of the
+ * launches allow it (sm_90 and --cuda-pdl on), lets the next kernel of the
  * stream be launched now, its blocks waiting here in turn, and waits until
  * the previous grid has finished and its writes are visible: the next
  * kernel's launch and scheduling overlap this one's run instead of following

@@ -14,22 +14,17 @@ cublasHandle_t vlmd_cuda_cublas(vlmd_backend *b);
 cudaStream_t vlmd_cuda_stream(vlmd_backend *b);
 /* Device memory a kernel may use within one op (*bytes of it), allocated at open. */
 void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes);
-/* The attention kernels (environment VLMD_ATTENTION=mma|wmma, read at open;
- * mma by default): the register-resident ones on mma.sync, or the first ones
- * on WMMA, kept to compare them on a GPU. */
-typedef enum vlmd_attention_kernel {
-    VLMD_ATTENTION_MMA,
-    VLMD_ATTENTION_WMMA,
-} vlmd_attention_kernel;
-vlmd_attention_kernel vlmd_cuda_attention_kernel(vlmd_backend *b);
-/* Whether linears of a few rows take the GEMV kernel of cuda_ops.cu (environment
- * VLMD_DECODE_LINEAR=gemv) instead of cuBLAS (=cublas, the default), read at open. */
+/* The attention kernels the backend was opened with (--cuda-attention). */
+vlmd_cuda_attention vlmd_cuda_attention_kernel(vlmd_backend *b);
+/* Whether linears of a few rows take the GEMV kernel of cuda_ops.cu
+ * (--cuda-decode-linear gemv) instead of cuBLAS, as opened. */
 bool vlmd_cuda_gemv_decode(vlmd_backend *b);
-/* cuda_attention.cu: the tiled kernel, or false when it does not take this shape. */
-extern "C" bool vlmd_cuda_flash_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
-                                          const void *k_cache, const void *v_cache,
-                                          const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
-                                          int nh, int nkv, int hd, bool causal);
+/* cuda_attention.cu: the attention op (ops.h), its path chosen by the head
+ * dim and --cuda-attention. */
+extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q,
+                                       int q_stride, const void *k_cache, const void *v_cache,
+                                       vlmd_dtype kv_dtype, const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
+                                       int nkv, int hd, bool causal);
 
 extern "C" const vlmd_op_table vlmd_cuda_op_table;
 

@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(ALIGN_WARPS * 32)
                 int32_t *row_of, int32_t *tile_expert)
 {
     vlmd_kernel_start();
-    extern __shared__ __align__(128) unsigned char smem[];
+    VLMD_DYNAMIC_SMEM(smem); /* ints only */
     const int E = n_experts, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     int *base = (int *)smem, *start = base + ALIGN_WARPS * E; /* [ALIGN_WARPS][E], [E + 1] */
     const int chunk = (nk + ALIGN_WARPS - 1) / ALIGN_WARPS;
@@ -319,7 +319,8 @@ __global__ void __launch_bounds__(T::THREADS)
                const int32_t *tile_expert, const bf16 *w, int n_out, int K, bool vec)
 {
     vlmd_kernel_start();
-    extern __shared__ __align__(128) unsigned char smem[];
+    VLMD_DYNAMIC_SMEM(smem); /* cp.async and ldmatrix: 16-byte rows, as T::LD keeps them */
+    VLMD_KERNEL_ASSERT((uintptr_t)smem % 16 == 0);
     bf16 *stages = (bf16 *)smem;
     long long *a_off = (long long *)(smem + T::STAGES * T::STAGE), *b_off = a_off + T::BM;
     const int tile = blockIdx.x, e = tile_expert[tile];

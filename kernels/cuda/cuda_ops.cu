@@ -103,7 +103,7 @@ __global__ void k_add_bias(bf16 *out, const bf16 *bias, int out_dim, size_t tota
 }
 
 /* Decode-sized linears (n <= GEMV_MAX_ROWS rows, the input a multiple of 8),
- * when VLMD_DECODE_LINEAR=gemv: a warp per output feature streams its weight
+ * with --cuda-decode-linear gemv: a warp per output feature streams its weight
  * row once in 16-byte loads, GEMV_UNROLL of them in flight per lane, against
  * every row of x (read through L1: every warp reads the same x), sums in fp32
  * across the warp and adds the bias on the way out. Kept beside cuBLAS's own
@@ -290,101 +290,6 @@ static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, const void *bias, voi
                      (const bf16 *)rope->q_norm, (const bf16 *)rope->k_norm, rope->norm_eps);
 }
 
-/* ---- attention ----------------------------------------------------------------- */
-
-#define ATTN_MAX_HD 256
-#define ATTN_WARPS 8
-
-/* The fallback for head dims the tiled kernel (cuda_attention.cu) does not
- * take. One block per (query row, head); its warps split the visible keys into
- * contiguous ranges (so a single decode query still fills the GPU), each warp
- * keeps an online softmax (running max, sum, weighted values; lanes split the
- * head dimension), and the partials are merged in shared memory at the end. */
-__global__ void k_attention(bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
-                            const bf16 *v_cache,
-                            const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv, int hd,
-                            float scale, bool causal)
-{
-    vlmd_kernel_start();
-    __shared__ float part_m[ATTN_WARPS], part_sum[ATTN_WARPS];
-    __shared__ float part_acc[ATTN_WARPS][ATTN_MAX_HD];
-    int row = blockIdx.x / nh, h = blockIdx.x % nh, kvh = h / (nh / nkv), kv_dim = nkv * hd;
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    const vlmd_attn_seq *sq = NULL;
-    for (int s = 0; s < n_seqs; s++)
-        if (row >= seqs[s].q_start && row < seqs[s].q_start + seqs[s].q_len)
-            sq = &seqs[s];
-    if (!sq)
-        return; /* the whole block leaves together */
-    int visible = causal ? sq->kv_len - sq->q_len + (row - sq->q_start) + 1 : sq->kv_len;
-    int chunk = (visible + ATTN_WARPS - 1) / ATTN_WARPS;
-    int first = warp * chunk, last = min(visible, first + chunk);
-    float qv[ATTN_MAX_HD / 32], acc[ATTN_MAX_HD / 32];
-    int per = (hd + 31) / 32;
-    for (int d = 0; d < per; d++) {
-        int dim = lane + 32 * d;
-        qv[d] = dim < hd ? __bfloat162float(q[(size_t)row * q_stride + h * hd + dim]) : 0;
-        acc[d] = 0;
-    }
-    float m = -INFINITY, sum = 0;
-    for (int j = first; j < last; j++) {
-        const bf16 *kp = k_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
-        float dot = 0;
-        for (int d = 0; d < per; d++) {
-            int dim = lane + 32 * d;
-            if (dim < hd)
-                dot += qv[d] * __bfloat162float(kp[dim]);
-        }
-        for (int o = 16; o > 0; o /= 2)
-            dot += __shfl_xor_sync(0xffffffffu, dot, o);
-        float sc = dot * scale, m_new = fmaxf(m, sc), corr = expf(m - m_new), p = expf(sc - m_new);
-        const bf16 *vp = v_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
-        for (int d = 0; d < per; d++) {
-            int dim = lane + 32 * d;
-            acc[d] = acc[d] * corr + (dim < hd ? p * __bfloat162float(vp[dim]) : 0);
-        }
-        sum = sum * corr + p;
-        m = m_new;
-    }
-    if (lane == 0) {
-        part_m[warp] = m;
-        part_sum[warp] = sum;
-    }
-    for (int d = 0; d < per; d++)
-        if (lane + 32 * d < hd)
-            part_acc[warp][lane + 32 * d] = acc[d];
-    __syncthreads();
-    float gm = -INFINITY;
-    for (int w = 0; w < ATTN_WARPS; w++)
-        gm = fmaxf(gm, part_m[w]);
-    float total = 0;
-    for (int w = 0; w < ATTN_WARPS; w++)
-        total += part_sum[w] * (part_m[w] == -INFINITY ? 0.0f : expf(part_m[w] - gm));
-    for (int dim = threadIdx.x; dim < hd; dim += blockDim.x) {
-        float o = 0;
-        for (int w = 0; w < ATTN_WARPS; w++)
-            if (part_m[w] != -INFINITY)
-                o += part_acc[w][dim] * expf(part_m[w] - gm);
-        out[((size_t)row * nh + h) * hd + dim] = __float2bfloat16(o / total);
-    }
-}
-
-static void cuda_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
-                           const void *k_cache, const void *v_cache, vlmd_dtype kv_dtype,
-                           const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv,
-                           int hd, bool causal)
-{
-    VLMD_ASSERT(kv_dtype == VLMD_DTYPE_BF16); /* cache and activations: both bf16 here */
-    if (vlmd_cuda_flash_attention(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows, nh,
-                                  nkv, hd, causal))
-        return;
-    if (hd > ATTN_MAX_HD)
-        VLMD_FATAL("head dimension %d is over the %d this kernel handles", hd, ATTN_MAX_HD);
-    vlmd_cuda_launch(k_attention, n_rows * nh, ATTN_WARPS * 32, 0, vlmd_cuda_stream(b), (bf16 *)out,
-                     (const bf16 *)q, q_stride, (const bf16 *)k_cache, (const bf16 *)v_cache, seqs,
-                     n_seqs, nh, nkv, hd, 1.0f / sqrtf((float)hd), causal);
-}
-
 /* ---- SiLU and multiply ------------------------------------------------------------ */
 
 __global__ void k_silu_mul(bf16 *out, const bf16 *gate_up, int d, size_t total)
@@ -557,7 +462,7 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .rmsnorm = cuda_rmsnorm,
     .linear = cuda_linear,
     .rope_kv_write = cuda_rope_kv_write,
-    .attention = cuda_attention,
+    .attention = vlmd_cuda_attention_op,
     .silu_mul = cuda_silu_mul,
     .layernorm = cuda_layernorm,
     .gelu = cuda_gelu,

@@ -1,5 +1,6 @@
-/* warp_mma.h - the warp-level PTX the register-resident attention kernel is
- * written in, as small functions with documented register layouts:
+/* warp_mma.h - the warp-level PTX the register-resident kernels (the mma
+ * path of cuda_attention.cu, the expert GEMM of cuda_moe.cu) are written in,
+ * as small functions with documented register layouts:
  *
  *   ldmatrix_x4(r, row)        four 8x8 b16 matrices from shared memory; lanes
  *                              8j..8j+7 give the 16-byte rows of matrix j, and

@@ -5,7 +5,9 @@
  *
  * Knobs (environment): VLMD_CUDA_EMU_SMS (multiprocessors, default 132 as an
  * H100, so launch-shape decisions match one), VLMD_CUDA_EMU_MEMORY (device
- * bytes, default 80 GiB). */
+ * bytes, default 80 GiB), VLMD_CUDA_EMU_SEED (the scheduler's and the
+ * cp.async landings' random choices, default 1: a run is repeatable, and CI
+ * runs the kernel tests under several). */
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -488,6 +490,7 @@ enum fiber_state { READY, AT_BLOCK_BARRIER, AT_WARP_BARRIER, DONE };
 struct async_copy {
     void *dst;
     const void *src; /* NULL: zeros */
+    bool landed;     /* done early (at its commit): its wait leaves it */
 };
 
 struct fiber {
@@ -504,6 +507,7 @@ struct fiber {
 struct block_run {
     std::vector<fiber> fibers;
     int current;
+    uint64_t rng; /* the block's random choices (scheduling, cp.async landings) */
     void *scheduler_sp;
     void *scheduler_fake_stack;
     const void *scheduler_stack;
@@ -517,6 +521,13 @@ struct block_run {
 };
 
 thread_local block_run *run = nullptr;
+
+/* The dynamic shared memory of the block that runs: SMEM_OFFSET into a
+ * 128-byte aligned buffer, so 16-byte aligned and never 32 (what CUDA
+ * promises, and no more). */
+#define SMEM_OFFSET 16
+alignas(128) thread_local unsigned char smem_storage[MAX_SMEM + SMEM_OFFSET];
+unsigned char *const smem = smem_storage + SMEM_OFFSET;
 
 void fiber_main(void);
 
@@ -605,9 +616,16 @@ void fiber_main(void)
     __sanitizer_finish_switch_fiber(nullptr, &run->scheduler_stack, &run->scheduler_stack_size);
 #endif
     (*run->body)();
-    if (run->programmatic && !run->fibers[run->current].waited_for_grid)
+    fiber &me = run->fibers[run->current];
+    if (run->programmatic && !me.waited_for_grid)
         cuda_emu::kernel_fault("a launch with programmatic stream serialization, and this "
                                "thread never called cudaGridDependencySynchronize");
+    bool copying = !me.uncommitted.empty();
+    for (const auto &group : me.in_flight)
+        copying |= !group.empty();
+    if (copying) /* the next block's shared memory is where they would land */
+        cuda_emu::kernel_fault("a thread ended with cp.async copies in flight (no wait covered "
+                               "them)");
     yield(DONE);
     abort(); /* a finished fiber is never resumed */
 }
@@ -641,11 +659,56 @@ void resume(int i)
     abort();
 }
 
-/* Runs one block to the end: every ready fiber until it waits, then
- * releases whichever barrier every live thread (warp) has reached. */
+/* The next of a block's random choices (splitmix64). */
+uint64_t next_random(void)
+{
+    uint64_t z = (run->rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ z >> 30) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ z >> 27) * 0x94d049bb133111ebull;
+    return z ^ z >> 31;
+}
+
+uint64_t seed(void)
+{
+    static const uint64_t s = (uint64_t)env_long("VLMD_CUDA_EMU_SEED", 1);
+    return s;
+}
+
+thread_local uint64_t blocks_run; /* this thread's blocks so far: each block's own stream */
+
+/* Releases warp w when every lane of it is at a warp collective (a fault if
+ * some lanes exited first); true when it did. */
+bool release_warp(int w, int n)
+{
+    int lanes = 0, waiting = 0, exited = 0;
+    for (int i = w * WARP; i < n && i < (w + 1) * WARP; i++) {
+        lanes++;
+        waiting += run->fibers[i].state == AT_WARP_BARRIER;
+        exited += run->fibers[i].state == DONE;
+    }
+    if (!waiting || waiting + exited != lanes)
+        return false;
+    if (exited)
+        cuda_emu::kernel_fault("a warp collective in warp %d after %d of its lanes exited", w,
+                               exited);
+    for (int i = w * WARP; i < n && i < (w + 1) * WARP; i++)
+        run->fibers[i].state = READY;
+    return true;
+}
+
+/* Runs one block to the end. Each turn takes a warp with ready lanes, chosen
+ * at random, and runs those lanes (in thread order or in reverse, at random)
+ * until each waits or exits: one warp-wide step. A warp whose lanes all wait
+ * at a collective goes on; when no warp can, every live thread is at
+ * __syncthreads and they all go on. Warps drift apart between block barriers
+ * as on a GPU: how far is drawn per block (each turn keeps the last warp
+ * with probability 0, 1/2 or 7/8), so code that reads another warp's shared
+ * memory without a barrier between reads it too early (or too late) under
+ * some seed, and code that reads another thread's write within a warp
+ * without a collective between gets it wrong in one of the two orders. */
 void run_block(const cudaLaunchConfig_t *c)
 {
-    int n = (int)(c->blockDim.x * c->blockDim.y * c->blockDim.z);
+    int n = (int)(c->blockDim.x * c->blockDim.y * c->blockDim.z), warps = (n + WARP - 1) / WARP;
     run->fibers.assign(n, fiber{});
     for (int i = 0; i < n; i++) {
         char *stack = stack_for(i);
@@ -658,49 +721,49 @@ void run_block(const cudaLaunchConfig_t *c)
         f.position = uint3{i % bx, i / bx % by, i / (bx * by)};
         f.state = READY;
     }
-    /* Threads between two barriers run in thread order or in reverse, turn
-     * about and block about: code that reads another thread's write without
-     * a barrier between gets the wrong value in one order or the other. */
-    unsigned order = blockIdx.x + blockIdx.y + blockIdx.z;
-    for (;; order++) {
-        for (int k = 0; k < n; k++) {
-            int i = order % 2 ? n - 1 - k : k;
-            if (run->fibers[i].state == READY)
-                resume(i);
-        }
-        int live = 0, at_block = 0;
-        bool released = false;
-        for (int w = 0; w * WARP < n; w++) {
-            int lanes = 0, waiting = 0, exited = 0;
-            for (int i = w * WARP; i < n && i < (w + 1) * WARP; i++) {
-                lanes++;
-                waiting += run->fibers[i].state == AT_WARP_BARRIER;
-                exited += run->fibers[i].state == DONE;
-                at_block += run->fibers[i].state == AT_BLOCK_BARRIER;
+    run->rng = seed() * 0x2545f4914f6cdd1dull + ++blocks_run;
+    static const unsigned stick_of_8[3] = {0, 4, 7};
+    const unsigned stick = stick_of_8[next_random() % 3];
+    std::vector<int> ready;
+    int last = -1;
+    for (;;) {
+        ready.clear();
+        bool last_ready = false;
+        for (int w = 0; w < warps; w++)
+            for (int i = w * WARP; i < n && i < (w + 1) * WARP; i++)
+                if (run->fibers[i].state == READY) {
+                    ready.push_back(w);
+                    last_ready |= w == last;
+                    break;
+                }
+        if (ready.empty()) {
+            int live = 0, at_block = 0;
+            for (const fiber &f : run->fibers) {
+                live += f.state != DONE;
+                at_block += f.state == AT_BLOCK_BARRIER;
             }
-            live += lanes - exited;
-            if (waiting && waiting + exited == lanes) {
-                if (exited)
-                    cuda_emu::kernel_fault("a warp collective in warp %d after %d of its lanes "
-                                           "exited", w, exited);
-                for (int i = w * WARP; i < n && i < (w + 1) * WARP; i++)
-                    run->fibers[i].state = READY;
-                released = true;
-            }
-        }
-        if (live == 0)
-            return;
-        if (!released && at_block == live) {
+            if (live == 0)
+                return;
+            if (at_block != live)
+                deadlock();
             if (live < n) /* undefined on a GPU since Volta: it may hang */
                 cuda_emu::kernel_fault("__syncthreads after %d threads of the block exited",
                                        n - live);
             for (auto &f : run->fibers)
-                if (f.state == AT_BLOCK_BARRIER)
-                    f.state = READY;
-            released = true;
+                f.state = READY;
+            continue;
         }
-        if (!released)
-            deadlock();
+        int w = last_ready && next_random() % 8 < stick ? last
+                                                        : ready[next_random() % ready.size()];
+        bool reverse = next_random() & 1;
+        int lo = w * WARP, hi = n < lo + WARP ? n : lo + WARP;
+        for (int k = 0; k < hi - lo; k++) {
+            int i = reverse ? hi - 1 - k : lo + k;
+            if (run->fibers[i].state == READY)
+                resume(i);
+        }
+        release_warp(w, n);
+        last = w;
     }
 }
 
@@ -739,7 +802,7 @@ void run_grid(const void *kernel, const cudaLaunchConfig_t c, bool programmatic,
     gridDim = c.gridDim;
     blockDim = c.blockDim;
 #if EMU_ASAN /* past the launch's size, dynamic shared memory is not there */
-    ASAN_POISON_MEMORY_REGION(smem + c.dynamicSmemBytes, sizeof smem - c.dynamicSmemBytes);
+    ASAN_POISON_MEMORY_REGION(smem + c.dynamicSmemBytes, MAX_SMEM - c.dynamicSmemBytes);
 #endif
     for (unsigned z = 0; z < c.gridDim.z; z++)
         for (unsigned y = 0; y < c.gridDim.y; y++)
@@ -749,7 +812,7 @@ void run_grid(const void *kernel, const cudaLaunchConfig_t c, bool programmatic,
                 run_block(&c);
             }
 #if EMU_ASAN
-    ASAN_UNPOISON_MEMORY_REGION(smem, sizeof smem);
+    ASAN_UNPOISON_MEMORY_REGION(smem, MAX_SMEM);
 #endif
     run = nullptr;
 }
@@ -889,13 +952,30 @@ void cp_async_16(void *dst, const void *src, bool ok)
     check_shared_16(dst, "cp.async");
     if (ok && ((uintptr_t)src % 16 || !device_accessible(src)))
         kernel_fault("cp.async: source %p is not 16-byte aligned device memory", src);
-    run->fibers[run->current].uncommitted.push_back(async_copy{dst, ok ? src : nullptr});
+    run->fibers[run->current].uncommitted.push_back(async_copy{dst, ok ? src : nullptr, false});
 }
 
+static void land(std::vector<async_copy> &group)
+{
+    for (async_copy &c : group) {
+        if (c.landed)
+            continue;
+        c.landed = true;
+        if (c.src)
+            memcpy(c.dst, c.src, 16);
+        else
+            memset(c.dst, 0, 16);
+    }
+}
+
+/* The group lands now or at its wait, at random; either way it counts as a
+ * group until a wait covers it. */
 void cp_async_commit(void)
 {
     lane(); /* inside a kernel */
     fiber &me = run->fibers[run->current];
+    if (next_random() & 1)
+        land(me.uncommitted); /* still a group until a wait covers it */
     me.in_flight.push_back(std::move(me.uncommitted));
     me.uncommitted.clear();
 }
@@ -905,14 +985,14 @@ void cp_async_wait(int pending)
     lane(); /* inside a kernel */
     fiber &me = run->fibers[run->current];
     while ((int)me.in_flight.size() > pending) {
-        for (const async_copy &c : me.in_flight.front()) {
-            if (c.src)
-                memcpy(c.dst, c.src, 16);
-            else
-                memset(c.dst, 0, 16);
-        }
+        land(me.in_flight.front());
         me.in_flight.pop_front();
     }
+}
+
+unsigned char *dynamic_smem(void)
+{
+    return smem;
 }
 
 void kernel_fault(const char *fmt, ...)
@@ -922,7 +1002,7 @@ void kernel_fault(const char *fmt, ...)
     fprintf(stderr, "cuda_emu: kernel fault in block (%u,%u,%u) thread (%u,%u,%u): ",
             blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x, threadIdx.y, threadIdx.z);
     vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    fprintf(stderr, " (VLMD_CUDA_EMU_SEED=%llu)\n", (unsigned long long)seed());
     va_end(ap);
     abort();
 }

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdlib.h>
 
+#include "cuda/cuda_check.h"
 #include "cuda/warp_mma.h"
 
 using namespace nvcuda;
@@ -142,96 +143,15 @@ Test(cuda_emu, wmma_refuses_a_pointer_tensor_cores_would, .signal = SIGABRT)
     cudaDeviceSynchronize(); /* the kernel runs when the host waits */
 }
 
-/* ---- the PTX of kernels/cuda/warp_mma.h: the layouts of the PTX ISA -------------------------- */
+/* ---- cp.async (the layouts of ldmatrix and mma.m16n8k16: test_cuda_layouts.cu) --------- */
 
-/* 4 matrices of 8x8 b16 whose elements are their own coordinates (j << 8 |
- * row << 4 | col), rows 48 bytes apart; lane l gives row l % 8 of matrix l / 8. */
-__global__ void k_ldmatrix(uint32_t *out, bool trans)
-{
-    extern __shared__ __align__(128) unsigned char smem[];
-    uint16_t *m = (uint16_t *)smem;
-    int l = (int)threadIdx.x;
-    for (int i = l; i < 4 * 64; i += 32)
-        m[(i / 8) * 24 + i % 8] = (uint16_t)(i / 64 << 8 | i / 8 % 8 << 4 | i % 8);
-    __syncthreads();
-    uint32_t r[4];
-    if (trans)
-        ldmatrix_x4_trans(r, m + l * 24);
-    else
-        ldmatrix_x4(r, m + l * 24);
-    for (int j = 0; j < 4; j++)
-        out[l * 4 + j] = r[j];
-}
-
-Test(cuda_emu, ldmatrix_gives_each_lane_its_documented_elements)
-{
-    uint32_t *d = device<uint32_t>(128), h[128];
-    for (int trans = 0; trans < 2; trans++) {
-        launch_ok(launch(k_ldmatrix, 1, 32, 4 * 8 * 48, NULL, d, (bool)trans));
-        launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
-        launch_ok(cudaStreamSynchronize(NULL));
-        for (int l = 0; l < 32; l++)
-            for (int j = 0; j < 4; j++) {
-                int g = l / 4, t2 = l % 4 * 2; /* (row g, cols 2t, 2t+1), or transposed */
-                uint32_t lo = trans ? (j << 8 | t2 << 4 | g) : (j << 8 | g << 4 | t2);
-                uint32_t hi = trans ? (j << 8 | (t2 + 1) << 4 | g) : (j << 8 | g << 4 | (t2 + 1));
-                cr_expect_eq(h[l * 4 + j], lo | hi << 16, "%s lane %d matrix %d: %#x",
-                             trans ? "trans" : "plain", l, j, h[l * 4 + j]);
-            }
-    }
-    cudaFree(d);
-}
-
-/* d = 1 + a b through mma.m16n8k16, each lane's registers built from the
- * PTX ISA's fragment tables (a 16x16 row major, b 16x8 as b[k][n], d 16x8). */
-__global__ void k_mma_16816(float *d, const float *a, const float *b)
-{
-    int l = (int)threadIdx.x, g = l / 4, t = l % 4;
-    uint32_t ra[4], rb[2];
-    /* a_i: row g (+8 when i % 4 >= 2), col 2t + i % 2 (+8 when i >= 4) */
-    for (int i = 0; i < 8; i += 2) {
-        int row = g + (i % 4 >= 2) * 8, col = 2 * t + (i >= 4) * 8;
-        ra[i / 2] = pack_bf16x2(a[row * 16 + col], a[row * 16 + col + 1]);
-    }
-    for (int i = 0; i < 4; i += 2) { /* b_i: row 2t + i % 2 (+8 when i >= 2), col g */
-        int row = 2 * t + (i >= 2) * 8;
-        rb[i / 2] = pack_bf16x2(b[row * 8 + g], b[(row + 1) * 8 + g]);
-    }
-    float acc[4] = {1, 1, 1, 1};
-    mma_16816(acc, ra, rb);
-    for (int i = 0; i < 4; i++) /* c_i: row g (+8 when i >= 2), col 2t + i % 2 */
-        d[(g + (i >= 2) * 8) * 8 + 2 * t + i % 2] = acc[i];
-}
-
-Test(cuda_emu, mma_16816_multiplies_the_documented_fragments)
-{
-    float ha[256], hb[128], hd[128];
-    for (int i = 0; i < 256; i++)
-        ha[i] = (float)(i % 7) - 3;
-    for (int i = 0; i < 128; i++)
-        hb[i] = (float)(i % 5) - 2;
-    float *a = device<float>(256), *b = device<float>(128), *d = device<float>(128);
-    launch_ok(cudaMemcpyAsync(a, ha, sizeof ha, cudaMemcpyHostToDevice, NULL));
-    launch_ok(cudaMemcpyAsync(b, hb, sizeof hb, cudaMemcpyHostToDevice, NULL));
-    launch_ok(launch(k_mma_16816, 1, 32, 0, NULL, d, (const float *)a, (const float *)b));
-    launch_ok(cudaMemcpyAsync(hd, d, sizeof hd, cudaMemcpyDeviceToHost, NULL));
-    launch_ok(cudaStreamSynchronize(NULL));
-    for (int i = 0; i < 16; i++)
-        for (int j = 0; j < 8; j++) {
-            float want = 1;
-            for (int k = 0; k < 16; k++)
-                want += ha[i * 16 + k] * hb[k * 8 + j];
-            cr_expect_eq(hd[i * 8 + j], want, "(%d,%d): %g, want %g", i, j, hd[i * 8 + j], want);
-        }
-    cudaFree(a), cudaFree(b), cudaFree(d);
-}
-
-/* Copies land at the wait that covers their group, not before: what a
- * thread reads earlier is the old contents (on a GPU: either). */
+/* A group of copies lands at its commit or at the wait that covers it, at
+ * random: before the wait a thread reads the old contents or the new (on a
+ * GPU: either), after it the new. */
 __global__ void k_cp_async(int *seen, const int *src)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
-    int *s = (int *)smem;
+    VLMD_DYNAMIC_SMEM(smem);
+    int *s = (int *)smem, *mine = seen + blockIdx.x * 6;
     for (int i = 0; i < 12; i++)
         s[i] = -1;
     cp_async_16(s, src, true);
@@ -239,25 +159,49 @@ __global__ void k_cp_async(int *seen, const int *src)
     cp_async_16(s + 4, src + 4, true);
     cp_async_16(s + 8, src, false); /* zeros */
     cp_async_commit();
-    seen[0] = s[0];
+    mine[0] = s[0];
     cp_async_wait<1>(); /* the first group */
-    seen[1] = s[0], seen[2] = s[4];
+    mine[1] = s[0], mine[2] = s[4];
     cp_async_wait<0>();
-    seen[3] = s[4], seen[4] = s[8], seen[5] = s[11];
+    mine[3] = s[4], mine[4] = s[8], mine[5] = s[11];
 }
 
-Test(cuda_emu, cp_async_lands_at_its_wait)
+Test(cuda_emu, cp_async_lands_by_its_wait)
 {
-    int hsrc[8] = {10, 11, 12, 13, 14, 15, 16, 17}, h[6];
-    int *src = device<int>(8), *seen = device<int>(6);
+    enum { BLOCKS = 32 };
+    int hsrc[8] = {10, 11, 12, 13, 14, 15, 16, 17}, h[BLOCKS * 6], early[2] = {0, 0};
+    int *src = device<int>(8), *seen = device<int>(BLOCKS * 6);
     launch_ok(cudaMemcpyAsync(src, hsrc, sizeof hsrc, cudaMemcpyHostToDevice, NULL));
-    launch_ok(launch(k_cp_async, 1, 1, 64, NULL, seen, (const int *)src));
+    launch_ok(launch(k_cp_async, BLOCKS, 1, 64, NULL, seen, (const int *)src));
     launch_ok(cudaMemcpyAsync(h, seen, sizeof h, cudaMemcpyDeviceToHost, NULL));
     launch_ok(cudaStreamSynchronize(NULL));
-    int want[6] = {-1, 10, -1, 14, 0, 0};
-    for (int i = 0; i < 6; i++)
-        cr_expect_eq(h[i], want[i], "read %d: %d, want %d", i, h[i], want[i]);
+    for (int b = 0; b < BLOCKS; b++) {
+        const int *got = h + b * 6;
+        cr_expect(got[0] == -1 || got[0] == 10, "block %d, before its wait: %d", b, got[0]);
+        cr_expect(got[2] == -1 || got[2] == 14, "block %d, before its wait: %d", b, got[2]);
+        early[0] += got[0] == 10, early[1] += got[2] == 14;
+        int want[4] = {10, 14, 0, 0}; /* after the waits */
+        for (int i = 0; i < 4; i++)
+            cr_expect_eq(got[i == 0 ? 1 : i + 2], want[i], "block %d, read %d: %d, want %d", b,
+                         i, got[i == 0 ? 1 : i + 2], want[i]);
+    }
+    for (int g = 0; g < 2; g++) /* both ways happen: a read too early is caught either way */
+        cr_expect(early[g] > 0 && early[g] < BLOCKS, "group %d landed early in %d of %d blocks",
+                  g, early[g], BLOCKS);
     cudaFree(src), cudaFree(seen);
+}
+
+__global__ void k_cp_async_never_waited(const int *src)
+{
+    VLMD_DYNAMIC_SMEM(smem);
+    cp_async_16(smem, src, true);
+    cp_async_commit();
+}
+
+Test(cuda_emu, a_thread_that_ends_with_copies_in_flight_aborts, .signal = SIGABRT)
+{
+    launch(k_cp_async_never_waited, 1, 1, 64, NULL, (const int *)device<int>(4));
+    cudaDeviceSynchronize();
 }
 
 __global__ void k_ldmatrix_from_global(const uint16_t *p)
@@ -355,7 +299,7 @@ Test(cuda_emu, an_access_outside_an_allocation_is_caught, .exit_code = 1)
 
 __global__ void k_dynamic_smem(int *out)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
+    VLMD_DYNAMIC_SMEM(smem);
     int *s = (int *)smem;
     s[threadIdx.x] = (int)threadIdx.x;
     __syncthreads();
@@ -402,7 +346,7 @@ Test(cuda_emu, copies_run_when_the_host_waits)
 
 __global__ void k_missing_barrier(int *out)
 {
-    extern __shared__ __align__(128) unsigned char smem[];
+    VLMD_DYNAMIC_SMEM(smem);
     int *s = (int *)smem;
     s[threadIdx.x] = (int)threadIdx.x; /* no __syncthreads before the neighbour reads it */
     out[blockIdx.x * blockDim.x + threadIdx.x] = s[(threadIdx.x + 1) % blockDim.x];
@@ -410,16 +354,58 @@ __global__ void k_missing_barrier(int *out)
 
 Test(cuda_emu, a_missing_barrier_reads_garbage)
 {
-    int *d = device<int>(2 * 64), h[2 * 64], wrong[2] = {0, 0};
-    launch_ok(launch(k_missing_barrier, 2, 64, 64 * sizeof(int), NULL, d));
+    enum { BLOCKS = 8 };
+    int *d = device<int>(BLOCKS * 64), h[BLOCKS * 64], wrong = 0;
+    launch_ok(launch(k_missing_barrier, BLOCKS, 64, 64 * sizeof(int), NULL, d));
     launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
-    for (int b = 0; b < 2; b++)
+    for (int b = 0; b < BLOCKS; b++)
         for (int t = 0; t < 64; t++)
-            wrong[b] += h[b * 64 + t] != (t + 1) % 64;
-    /* threads run in thread order in one block, in reverse in the other */
-    cr_expect_gt(wrong[0] + wrong[1], 60, "%d and %d of 64 read before the write", wrong[0],
-                 wrong[1]);
-    cr_expect(wrong[0] && wrong[1] && wrong[0] != wrong[1]);
+            wrong += h[b * 64 + t] != (t + 1) % 64;
+    /* a warp's lanes run in thread order or in reverse: in order, 31 of 32 read too early */
+    cr_expect_gt(wrong, 30, "%d of %d read before the write", wrong, BLOCKS * 64);
+    cudaFree(d);
+}
+
+/* Warp 0 writes first thing; warp 1 reads it after some collectives of its
+ * own but no __syncthreads: right if the warps ran in lockstep. */
+__global__ void k_warps_drift(int *out)
+{
+    VLMD_DYNAMIC_SMEM(smem);
+    int *s = (int *)smem;
+    if (threadIdx.x == 0)
+        s[0] = (int)blockIdx.x;
+    for (int i = 0; i < 3; i++)
+        __syncwarp();
+    if (threadIdx.x == 32)
+        out[blockIdx.x] = s[0];
+}
+
+Test(cuda_emu, warps_drift_apart_between_block_barriers)
+{
+    enum { BLOCKS = 64 };
+    int *d = device<int>(BLOCKS), h[BLOCKS], early = 0;
+    launch_ok(launch(k_warps_drift, BLOCKS, 64, 16, NULL, d));
+    launch_ok(cudaMemcpyAsync(h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+    for (int b = 0; b < BLOCKS; b++)
+        early += h[b] != b;
+    cr_expect(early > 0 && early < BLOCKS, "warp 1 read before warp 0 wrote in %d of %d blocks",
+              early, BLOCKS);
+    cudaFree(d);
+}
+
+__global__ void k_smem_alignment(int *out)
+{
+    VLMD_DYNAMIC_SMEM(smem);
+    if (threadIdx.x == 0)
+        out[0] = (int)((uintptr_t)smem % 128);
+}
+
+Test(cuda_emu, dynamic_shared_memory_is_16_byte_aligned_and_no_more)
+{
+    int *d = device<int>(1), h = -1;
+    launch_ok(launch(k_smem_alignment, 1, 32, 64, NULL, d));
+    launch_ok(cudaMemcpyAsync(&h, d, sizeof h, cudaMemcpyDeviceToHost, NULL));
+    cr_expect(h % 16 == 0 && h % 32 != 0, "dynamic shared memory at %d modulo 128", h);
     cudaFree(d);
 }
 

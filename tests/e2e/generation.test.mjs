@@ -56,12 +56,16 @@ test('greedy completions through the processes match the reference', async () =>
   }
 });
 
-test('--enforce-eager shows in /health', async () => {
-  const server = await startServer(['--model', MODEL, '--port', '0', '--enforce-eager']);
+test('--enforce-eager and the CUDA kernels\' ways show in /health', async () => {
+  const server = await startServer(['--model', MODEL, '--port', '0', '--enforce-eager',
+    '--cuda-attention', 'wmma', '--cuda-pdl', 'on']);
   try {
     const llm = (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === 'llm');
     assert.equal(llm.config['enforce-eager'], 'true');
     assert.equal(llm.config.cuda_graphs, 'off (--enforce-eager)');
+    assert.equal(llm.config['cuda-attention'], 'wmma');
+    assert.equal(llm.config['cuda-decode-linear'], 'cublas');
+    assert.equal(llm.config['cuda-pdl'], 'on');
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   }

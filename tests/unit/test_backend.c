@@ -8,6 +8,7 @@
 
 #include "backend.h"
 #include "host_memory.h"
+#include "config.h"
 
 static void roundtrip(vlmd_backend *b)
 {
@@ -181,4 +182,29 @@ Test(backend, cpu_threads_and_weight_types)
     cr_expect_eq(vlmd_backend_kv_dtype(b), VLMD_DTYPE_F32, "an F32 checkpoint: the fp32 cache");
     vlmd_backend_release_weights(b);
     vlmd_backend_destroy(b);
+}
+
+/* The CUDA backend's ways come from the workers' flags (the flag table, so
+ * --help and /health show them), defaults first; the CPU backend opens with
+ * any of them. */
+Test(backend, cuda_ways_come_from_the_flags)
+{
+    vlmd_config cfg;
+    vlmd_config_init_defaults(&cfg);
+    vlmd_backend_options o = vlmd_backend_options_of(&cfg);
+    cr_expect_str_eq(o.device, "auto");
+    cr_expect(o.attention == VLMD_CUDA_ATTENTION_MMA && !o.gemv_decode && !o.pdl);
+    char *argv[] = {"--device", "cpu", "--cuda-attention", "wmma", "--cuda-decode-linear",
+                    "gemv", "--cuda-pdl", "on"};
+    vlmd_error err = {0};
+    const vlmd_role readers[] = {VLMD_ROLE_LLM, VLMD_ROLE_VISUAL};
+    for (int i = 0; i < 2; i++)
+        cr_assert_eq(vlmd_config_parse(&cfg, readers[i], 8, argv, 0, NULL, &err), VLMD_OK, "%s",
+                     err.msg);
+    o = vlmd_backend_options_of(&cfg);
+    cr_expect(o.attention == VLMD_CUDA_ATTENTION_WMMA && o.gemv_decode && o.pdl);
+    vlmd_backend *b = NULL;
+    cr_expect_eq(vlmd_backend_open(&o, &b, &err), VLMD_OK, "%s", err.msg);
+    vlmd_backend_destroy(b);
+    vlmd_config_free(&cfg);
 }

@@ -8,8 +8,10 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend.h"
+#include "config.h"
 #include "safetensors.h"
 
 /* The device of the tests that are not about one: the CPU, or the emulated
@@ -20,11 +22,31 @@
 
 /* Opens the backend `device` on *out, or says false where "cuda" is refused
  * clearly (a build or a machine without a GPU). Under tests/cuda_emu the
- * emulated device is always there: a refusal fails the test. */
+ * emulated device is always there: a refusal fails the test. The CUDA
+ * backend's ways are the llm worker's flags in $VLMD_TEST_FLAGS (e.g.
+ * "--cuda-attention wmma --cuda-pdl on": how CI and tools/device run the
+ * tests again with each way), parsed by the flag table as the worker would. */
 static inline bool test_backend_open(const char *device, vlmd_backend **out)
 {
     vlmd_error err = {0};
-    if (vlmd_backend_create(device, out, &err) == VLMD_OK)
+    vlmd_config cfg;
+    vlmd_config_init_defaults(&cfg);
+    char flags[512] = "", *argv[32];
+    int argc = 0;
+    const char *env = getenv("VLMD_TEST_FLAGS");
+    cr_assert(!env || strlen(env) < sizeof flags, "VLMD_TEST_FLAGS is too long");
+    if (env)
+        strcpy(flags, env);
+    for (char *save = NULL, *w = strtok_r(flags, " ", &save); w && argc < 32;
+         w = strtok_r(NULL, " ", &save))
+        argv[argc++] = w;
+    cr_assert_eq(vlmd_config_parse(&cfg, VLMD_ROLE_LLM, argc, argv, 0, NULL, &err), VLMD_OK,
+                 "VLMD_TEST_FLAGS: %s", err.msg);
+    vlmd_backend_options o = vlmd_backend_options_of(&cfg);
+    o.device = device;
+    vlmd_status st = vlmd_backend_open(&o, out, &err);
+    vlmd_config_free(&cfg);
+    if (st == VLMD_OK)
         return true;
 #ifdef VLMD_CUDA_EMULATED
     cr_assert_fail("the emulated CUDA device did not open: %s", err.msg);

@@ -17,21 +17,21 @@ bw=$(awk '/BANDWIDTH_GBS/ {print $2}' "$out/ceilings.log")
 tf=$(awk '/GEMM_TFLOPS/ {print $2}' "$out/ceilings.log")
 "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" --gemm-tflops "$tf" \
   | tee "$out/ops.log"
-echo "(attention with the first, WMMA kernels: VLMD_ATTENTION=wmma)" | tee -a "$out/ops.log"
-VLMD_ATTENTION=wmma "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" \
+echo "(attention with the first, WMMA kernels: --cuda-attention wmma)" | tee -a "$out/ops.log"
+"$bundle/bin/vlmd-bench-ops" --device cuda --cuda-attention wmma --bandwidth-gbs "$bw" \
   --gemm-tflops "$tf" --only attention | grep -E '^attention' | tee -a "$out/ops.log" || true
-echo "(linears of 1 and 8 rows with the GEMV kernel: VLMD_DECODE_LINEAR=gemv)" \
+echo "(linears of 1 and 8 rows with the GEMV kernel: --cuda-decode-linear gemv)" \
   | tee -a "$out/ops.log"
-VLMD_DECODE_LINEAR=gemv "$bundle/bin/vlmd-bench-ops" --device cuda --bandwidth-gbs "$bw" \
+"$bundle/bin/vlmd-bench-ops" --device cuda --cuda-decode-linear gemv --bandwidth-gbs "$bw" \
   --gemm-tflops "$tf" --only linear | grep -E '^linear .* n=[18] ' | tee -a "$out/ops.log" || true
 : >"$out/bench.log"
 for b in 1 32 128; do
   "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 --batch "$b" \
     --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
 done
-for alt in "VLMD_DECODE_LINEAR=gemv" "VLMD_PDL=on" "VLMD_DECODE_LINEAR=gemv VLMD_PDL=on"; do
+for alt in "--cuda-decode-linear gemv" "--cuda-pdl on" "--cuda-decode-linear gemv --cuda-pdl on"; do
   echo "(the same batch 1 with $alt)" | tee -a "$out/bench.log"
-  env $alt "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 --gen 256 \
+  "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda $alt --prompt 512 --gen 256 \
     --batch 1 --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
 done
 echo "(the same batch 1 without CUDA graphs)" | tee -a "$out/bench.log"
@@ -41,9 +41,9 @@ echo "(the same batch 1 without CUDA graphs)" | tee -a "$out/bench.log"
   --gemm-tflops "$tf" | tee -a "$out/bench.log"
 echo "(the same prefill, and decode at batch 128, with the WMMA attention kernels)" \
   | tee -a "$out/bench.log"
-VLMD_ATTENTION=wmma "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 8192 \
+"$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --cuda-attention wmma --prompt 8192 \
   --gen 1 --batch 1 --gemm-tflops "$tf" | tee -a "$out/bench.log"
-VLMD_ATTENTION=wmma "$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --prompt 512 \
+"$bundle/bin/vlmd-bench-engine" /tmp/q7b --device cuda --cuda-attention wmma --prompt 512 \
   --gen 256 --batch 128 --bandwidth-gbs "$bw" | tee -a "$out/bench.log"
 python3 "$here/bench_hf.py" /tmp/q7b 2>"$out/hf.err" | tee "$out/hf.log" || tail -5 "$out/hf.err"
 echo; echo "copy bandwidth (torch, D2D, read+write): $bw GB/s; bf16 GEMM: $tf TFLOP/s"

@@ -16,6 +16,6 @@ for group in moe rows; do
   "$bundle/bin/vlmd-bench-ops" --device cuda --shape 30b-a3b --bandwidth-gbs "$bw" \
     --gemm-tflops "$tf" --only "$group" | tee -a "$out/ops.log"
 done
-echo "(with programmatic dependent launch: VLMD_PDL=on)" | tee -a "$out/ops.log"
-VLMD_PDL=on "$bundle/bin/vlmd-bench-ops" --device cuda --shape 30b-a3b --bandwidth-gbs "$bw" \
+echo "(with programmatic dependent launch: --cuda-pdl on)" | tee -a "$out/ops.log"
+"$bundle/bin/vlmd-bench-ops" --device cuda --cuda-pdl on --shape 30b-a3b --bandwidth-gbs "$bw" \
   --gemm-tflops "$tf" --only moe | grep -E '^moe' | tee -a "$out/ops.log" || true

@@ -8,7 +8,7 @@ python3 "$(dirname "$0")/make_random_qwen_vl.py" /tmp/qvl7b | tee "$out/hf-visio
 "$bundle/bin/vlmd-bench-vision" /tmp/qvl7b --device cuda --width 1036 --height 1036 --iters 10 \
   | tee "$out/vlmd-vision.log"
 echo "(the same with the WMMA attention kernel)" | tee -a "$out/vlmd-vision.log"
-VLMD_ATTENTION=wmma "$bundle/bin/vlmd-bench-vision" /tmp/qvl7b --device cuda --width 1036 \
+"$bundle/bin/vlmd-bench-vision" /tmp/qvl7b --device cuda --cuda-attention wmma --width 1036 \
   --height 1036 --iters 10 | tee -a "$out/vlmd-vision.log"
 echo
 awk '/HF_VISION_MS/ {printf "HF transformers: median %s ms, fastest %s ms, %s tokens\n", $2, $3, $4}' \

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-check.sh - run on a GPU machine over a bundle made by bundle.sh: the
-# unit tests, the tests again with each way kept to compare (VLMD_ATTENTION,
-# VLMD_DECODE_LINEAR, VLMD_PDL), the CUDA op tests under compute-sanitizer (memcheck and
+# unit tests, the tests again with each way kept to compare (--cuda-attention,
+# --cuda-decode-linear, --cuda-pdl through VLMD_TEST_FLAGS), the CUDA op tests under compute-sanitizer (memcheck and
 # racecheck), then `vlmd serve --device auto` on a fixture model, checked
 # through its HTTP API (serve_check.py). Prints a short table last.
 # usage: tools/device/gpu-check.sh BUNDLE.tar.xz MODEL_DIR [LOG_DIR]
@@ -20,17 +20,17 @@ for t in "$bundle"/tests/test_*; do
   tail -1 "$logs/$name.log"
 done
 # the tests of TEST matching FILTER again with one of the kernels kept to
-# compare: run_alt TEST NAME=VALUE FILTER
+# compare: run_alt TEST FLAGS FILTER
 run_alt() {
-  local log="$logs/$1_$2.log"
-  if env "$2" "$bundle/tests/$1" --jobs 4 --filter "$3" >"$log" 2>&1
-  then result[$1_$2]=pass; else result[$1_$2]=FAIL; fi
+  local log="$logs/$1_${2// /_}.log"
+  if VLMD_TEST_FLAGS="$2" "$bundle/tests/$1" --jobs 4 --filter "$3" >"$log" 2>&1
+  then result[$1${2// /}]=pass; else result[$1${2// /}]=FAIL; fi
 }
-for alt in VLMD_ATTENTION=wmma VLMD_DECODE_LINEAR=gemv VLMD_PDL=on; do
+for alt in "--cuda-attention wmma" "--cuda-decode-linear gemv" "--cuda-pdl on"; do
   run_alt test_cuda_ops "$alt" 'cuda_ops/*'
   run_alt test_qwen2 "$alt" '*/*cuda*' # the fixture models through the CUDA backend
 done
-for alt in VLMD_ATTENTION=wmma VLMD_PDL=on; do # batched = alone, with decode graphs too
+for alt in "--cuda-attention wmma" "--cuda-pdl on"; do # batched = alone, with decode graphs too
   run_alt test_engine "$alt" '*/*cuda*'
 done
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)

@@ -5,20 +5,26 @@
  *
  * Kernels run for real: each block's threads are fibers on one OS thread,
  * switched at __syncthreads, at warp collectives (shuffles, __syncwarp, WMMA,
- * the PTX of kernels/cuda/warp_mma.h) and at the end; __shared__ variables
- * are static (one block runs at a time). Streams queue their work until the
- * host waits for it, as a GPU's do. The emulator is strict where a GPU would
+ * the PTX of kernels/cuda/warp_mma.h) and at the end; the warps take turns one
+ * collective at a time in a random order from a seed (VLMD_CUDA_EMU_SEED), so
+ * they drift apart between block barriers as a GPU's do; __shared__
+ * variables are static (one block runs at a time). Streams queue their work
+ * until the host waits for it, as a GPU's do. The emulator is strict where a GPU would
  * fail or misbehave: a barrier some threads never reach, a shuffle with
  * exited lanes, a WMMA pointer or leading dimension a tensor core would
  * reject, a launch over its limits (threads, dynamic shared memory without
  * the opt-in attribute), unsafe calls while a stream is captured, a pageable
  * host buffer in a captured copy, a kernel argument pointing to host memory,
- * a cp.async read before its wait, a programmatic launch whose thread never
- * waits for the previous grid. Device memory is host memory filled with 0xff
+ * a cp.async read before its wait or overwriting rows still read, a thread
+ * that exits with copies in flight, dynamic shared memory assumed aligned to
+ * more than 16 bytes, a programmatic launch whose thread never waits for the
+ * previous grid. Device memory is host memory filled with 0xff
  * (NaN as bf16 and fp32) so reads of memory nothing wrote show up; with
  * AddressSanitizer every kernel access is bounds-checked. What it cannot say:
- * speed, the memory model across blocks or warps (one thread runs at a time),
- * and numerics of real tensor cores beyond fp32 accumulation. */
+ * speed, the memory model across blocks (one block runs at a time), races
+ * inside a warp that a shuffle orders here (every warp collective is a full
+ * barrier of the warp's memory here, __syncwarp alone is on a GPU), and
+ * numerics of real tensor cores beyond fp32 accumulation. */
 #ifndef VLMD_CUDA_EMU_RUNTIME_H
 #define VLMD_CUDA_EMU_RUNTIME_H
 
@@ -189,12 +195,14 @@ inline thread_local uint3 threadIdx, blockIdx;
 inline thread_local dim3 blockDim, gridDim;
 #define warpSize 32
 
-/* The launch's dynamic shared memory: a kernel names it `smem`
- * (extern __shared__ __align__(128) unsigned char smem[]). */
 #define VLMD_CUDA_EMU_MAX_SMEM (227u << 10) /* an H100's block limit */
-alignas(128) inline thread_local unsigned char smem[VLMD_CUDA_EMU_MAX_SMEM];
 
 namespace cuda_emu {
+
+/* The launch's dynamic shared memory (kernels/cuda/cuda_check.h's
+ * VLMD_DYNAMIC_SMEM): 16-byte aligned and never 32-byte aligned, the least
+ * CUDA promises, so a kernel that assumes more faults here. */
+unsigned char *dynamic_smem(void);
 
 /* Runs body on the stream (or records it into the stream's capture) as a
  * grid of config's shape; kernel identifies it (attributes, messages). */
@@ -218,7 +226,8 @@ template <typename T> static inline cudaError_t check_argument(const void *kerne
     return cudaSuccess;
 }
 
-/* Inside a kernel: the block-wide and warp-wide barriers, and a warp
+/* Inside a kernel: the block-wide and warp-wide barriers (each a point where
+ * the scheduler may switch to another warp, chosen at random), and a warp
  * exchange (each lane offers v, gets lane src's offer; src out of the warp:
  * its own). */
 void syncthreads(void);
@@ -234,9 +243,12 @@ int lane(void);
 #define VLMD_CUDA_EMU_WARP_SCRATCH 512
 float *warp_scratch(void);
 /* The PTX of kernels/cuda/warp_mma.h, with the register layouts it documents:
- * ldmatrix .x4 (.trans), mma.m16n8k16 bf16 -> fp32, and cp.async of 16 bytes,
- * done at the wait that covers its group (a read before that sees the old
- * bytes). Addresses of shared memory must lie in the launch's `smem`. */
+ * ldmatrix .x4 (.trans), mma.m16n8k16 bf16 -> fp32, and cp.async of 16 bytes.
+ * A thread's committed group of copies lands either at once or at the wait
+ * that covers it (chosen at random per group): a read before the wait sees
+ * the old bytes or the new, a copy over rows another warp still reads
+ * overwrites them early. A thread that ends with copies in flight faults.
+ * Addresses of shared memory must lie in the launch's dynamic shared memory. */
 void ldmatrix_x4(uint32_t r[4], const void *row, bool trans);
 void mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
 void cp_async_16(void *dst, const void *src, bool ok);

@@ -1,6 +1,7 @@
 /* mma.h (tests/cuda_emu) - WMMA fragments on the CPU. Each lane holds the
- * whole tile (a GPU spreads it over the warp; code that treats x[] element-
- * wise cannot tell), the products are summed in fp32 as tensor cores do, and
+ * whole tile (a GPU spreads it over the warp in a layout CUDA does not
+ * document), so kernels may not touch a fragment's elements: `frag.x[i]` is
+ * a compile error here (test_cuda_emu_fragments checks it), and the products are summed in fp32 as tensor cores do, and
  * loads and stores are warp collectives that check what the hardware needs:
  * a 256-bit aligned pointer and a leading dimension of a multiple of 16 bytes. */
 #ifndef VLMD_CUDA_EMU_MMA_H
@@ -36,7 +37,12 @@ template <typename Use, int M, int N, int K, typename T, typename Layout = void>
 struct fragment {
     static constexpr int rows = shape_of<Use, M, N, K>::rows, cols = shape_of<Use, M, N, K>::cols;
     static constexpr int num_elements = rows * cols;
-    T x[rows * cols]; /* row-major, whatever the memory layout */
+    /* What a kernel would index: refused, as no layout of x[] is promised. */
+    struct no_elements {
+        template <typename I> T &operator[](I) = delete;
+        template <typename I> const T &operator[](I) const = delete;
+    } x;
+    T e[rows * cols]; /* the emulator's own: row-major, whatever the memory layout */
 };
 
 static inline float value_of(float v)
@@ -65,7 +71,7 @@ static inline void load_tile(F &f, const T *p, unsigned ldm, bool col_major, con
     cuda_emu::syncwarp(0xffffffffu);
     for (int r = 0; r < F::rows; r++)
         for (int c = 0; c < F::cols; c++)
-            f.x[r * F::cols + c] = col_major ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c];
+            f.e[r * F::cols + c] = col_major ? p[(size_t)c * ldm + r] : p[(size_t)r * ldm + c];
     cuda_emu::syncwarp(0xffffffffu);
 }
 
@@ -93,7 +99,7 @@ static inline void store_matrix_sync(T *p, const fragment<accumulator, M, N, K, 
     cuda_emu::syncwarp(0xffffffffu);
     for (int i = cuda_emu::lane(); i < F::num_elements; i += 32) {
         int r = i / F::cols, c = i % F::cols;
-        p[layout == mem_col_major ? (size_t)c * ldm + r : (size_t)r * ldm + c] = f.x[i];
+        p[layout == mem_col_major ? (size_t)c * ldm + r : (size_t)r * ldm + c] = f.e[i];
     }
     cuda_emu::syncwarp(0xffffffffu);
 }
@@ -102,7 +108,7 @@ template <typename Use, int M, int N, int K, typename T, typename Layout>
 static inline void fill_fragment(fragment<Use, M, N, K, T, Layout> &f, T v)
 {
     for (int i = 0; i < f.num_elements; i++)
-        f.x[i] = v;
+        f.e[i] = v;
 }
 
 /* A warp collective: lane 0 multiplies (in fp32, as tensor cores
@@ -119,20 +125,20 @@ static inline void mma_sync(fragment<accumulator, M, N, K, float> &d,
     if (cuda_emu::lane() == 0) {
         float fa[M * K], fb[K * N];
         for (int i = 0; i < M * K; i++)
-            fa[i] = value_of(a.x[i]);
+            fa[i] = value_of(a.e[i]);
         for (int i = 0; i < K * N; i++)
-            fb[i] = value_of(b.x[i]);
+            fb[i] = value_of(b.e[i]);
         for (int i = 0; i < M; i++) {
             float *row = product + i * N;
             for (int j = 0; j < N; j++)
-                row[j] = c.x[i * N + j];
+                row[j] = c.e[i * N + j];
             for (int k = 0; k < K; k++)
                 for (int j = 0; j < N; j++)
                     row[j] += fa[i * K + k] * fb[k * N + j];
         }
     }
     cuda_emu::syncwarp(0xffffffffu);
-    memcpy(d.x, product, sizeof d.x);
+    memcpy(d.e, product, sizeof d.e);
     cuda_emu::syncwarp(0xffffffffu); /* every lane has taken it before another collective */
 }
 
