@@ -243,9 +243,13 @@ static sg_frag any_string(sc *c)
     return sg_cat(b, lit(c, "\""), sg_cat(b, sg_star(b, sg_json_char(b)), lit(c, "\"")));
 }
 
+/* Unbounded, a number still parses to a finite double (below 1e300: at most
+ * 300 integer digits, or 200 and an exponent of two digits), so parsers that
+ * read doubles (JSON.parse, then zod) never get Infinity. */
 static sg_frag any_number(sc *c, bool integer)
 {
-    const char *re = integer ? "-?(0|[1-9][0-9]*)" : "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?";
+    const char *re = integer ? "-?(0|[1-9][0-9]{0,299})"
+                             : "-?(0|[1-9][0-9]{0,199})(\\.[0-9]+)?([eE][+-]?[0-9]{1,2})?";
     return sg_regex(c->b, re, strlen(re), SG_TEXT_RAW);
 }
 
