@@ -1369,6 +1369,26 @@ static int implied_types(const json_t *s)
     return t ? t : T_ANY;
 }
 
+/* A propertyNames schema that every name meets (true, {}, {"type": "string"}
+ * and annotations): nothing to hold, as zod 4 writes z.record(z.string(), ...). */
+static bool admits_every_name(const json_t *s)
+{
+    if (json_is_true(s))
+        return true;
+    if (!json_is_object(s))
+        return false;
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)s, k, v)
+    {
+        bool string_type = !strcmp(k, "type") && json_is_string(v) &&
+                           !strcmp(json_string_value(v), "string");
+        if (!string_type && (in_list(constraint_keywords, k) || in_list(refused_keywords, k)))
+            return false;
+    }
+    return true;
+}
+
 static sg_frag schema_body(sc *c, const json_t *s)
 {
     sg_build *b = c->b;
@@ -1384,7 +1404,7 @@ static sg_frag schema_body(sc *c, const json_t *s)
     const json_t *v;
     json_object_foreach((json_t *)s, k, v)
     {
-        if (in_list(refused_keywords, k)) {
+        if (in_list(refused_keywords, k) && !(!strcmp(k, "propertyNames") && admits_every_name(v))) {
             fail_kw(c, k, VLMD_ERR_INVALID_ARG, "is not supported");
             return sg_nothing(b);
         }

@@ -42,6 +42,9 @@ test('AI SDK, openai-compatible: generateObject, streamObject, a required tool c
     assert.equal(finishReason, 'stop');
     Person.parse(object);
   }
+  // zod 4 writes z.record(z.string(), ...) with propertyNames {type: string}
+  const Scores = z.object({ scores: z.record(z.string(), z.int().min(0).max(9)) });
+  Scores.parse((await generateObject({ ...common, schema: Scores, prompt, seed: 3 })).object);
   let streamError;
   const stream = streamObject({ ...common, schema: Person, prompt, seed: 2, onError: ({ error }) => { streamError = error; } });
   let partials = 0;

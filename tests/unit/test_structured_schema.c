@@ -271,7 +271,7 @@ Test(structured_schema, numbers)
 
 Test(structured_schema, refused_keywords_name_the_place)
 {
-    static const char *const kws[] = {"not", "if", "patternProperties", "propertyNames", "dependentRequired",
+    static const char *const kws[] = {"not", "if", "patternProperties", "dependentRequired",
                                       "unevaluatedProperties", "contains", "multipleOf"};
     for (size_t i = 0; i < sizeof kws / sizeof *kws; i++) {
         char schema[256], want[128];
@@ -280,6 +280,15 @@ Test(structured_schema, refused_keywords_name_the_place)
         snprintf(want, sizeof want, "#/properties/a~0b~1c/items: '%s' is not supported", kws[i]);
         refused(schema, VLMD_ERR_INVALID_ARG, L(want));
     }
+    /* propertyNames only where every name meets it (zod 4's z.record(z.string(), ...)) */
+    lang("{\"type\":\"object\",\"propertyNames\":{\"type\":\"string\"},\"additionalProperties\":{\"type\":\"number\"}}",
+         L("{}", "{\"x\":1, \"y\":2}"), L("{\"x\":\"a\"}"));
+    lang("{\"propertyNames\":true}", L("{\"x\":[]}"), L("{\"x\"}"));
+    lang("{\"type\":\"object\",\"propertyNames\":{\"title\":\"k\"}}", L("{\"x\":1}"), L("[]"));
+    refused("{\"propertyNames\":{\"type\":\"string\",\"maxLength\":3}}", VLMD_ERR_INVALID_ARG,
+            L("#: 'propertyNames' is not supported"));
+    refused("{\"propertyNames\":{\"enum\":[\"a\"]}}", VLMD_ERR_INVALID_ARG, L("'propertyNames'"));
+    refused("{\"propertyNames\":false}", VLMD_ERR_INVALID_ARG, L("'propertyNames'"));
     refused("{\"type\":\"strnig\"}", VLMD_ERR_INVALID_ARG, L("#: 'type'"));
     refused("[1]", VLMD_ERR_INVALID_ARG, L("#: a schema must be an object or a boolean"));
     refused("{\"type\":", VLMD_ERR_INVALID_ARG, L("not JSON"));
