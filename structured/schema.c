@@ -644,16 +644,20 @@ static sg_frag string_schema(sc *c, const json_t *s)
         const format_def *f = formats;
         while (f->name && strcmp(f->name, json_string_value(fmt)))
             f++;
-        if (!f->name) {
+        /* another format beside a pattern (zod 4 writes both: cuid, base64,
+         * starts_with...) is left to the pattern */
+        if (!f->name && !json_object_get(s, "pattern")) {
             fail_kw(c, "format", VLMD_ERR_INVALID_ARG,
                     "'%.64s' is not supported (supported: date-time, date, time, uuid, email, "
-                    "hostname, ipv4, uri)", json_string_value(fmt));
+                    "hostname, ipv4, uri; another beside a 'pattern')", json_string_value(fmt));
             return sg_nothing(b);
         }
-        size_t old = path_push(b, "format");
-        content = sg_regex(b, f->regex, strlen(f->regex), SG_TEXT_JSON);
-        path_pop(b, old);
-        have = true;
+        if (f->name) {
+            size_t old = path_push(b, "format");
+            content = sg_regex(b, f->regex, strlen(f->regex), SG_TEXT_JSON);
+            path_pop(b, old);
+            have = true;
+        }
     }
     const json_t *pat = json_object_get(s, "pattern");
     if (pat) {

@@ -111,6 +111,10 @@ test("LlamaIndex's OpenAI: chat with a zod responseFormat", async () => {
     const r = await llm.chat({ messages: [{ role: 'user', content: prompt }], responseFormat: Person });
     Person.parse(JSON.parse(r.message.content));
   }
+  // zod 4 gives these a format vlmd does not know and a pattern, which holds them
+  const Codes = z.object({ code: z.string().startsWith('id-').max(8), ref: z.cuid().max(12) });
+  const r = await llm.chat({ messages: [{ role: 'user', content: prompt }], responseFormat: Codes });
+  Codes.parse(JSON.parse(r.message.content));
 });
 
 test("LlamaIndex's image part (a chat file part) on qwen2_vl gives the reference's greedy answer", async () => {

@@ -242,6 +242,12 @@ Test(structured_schema, formats)
     lang("{\"type\":\"string\",\"format\":\"uri\"}", L("\"https://example.com/a/b?x=1\"", "\"ftp://h:21\""),
          L("\"example.com\"", "\"https://\""));
     refused("{\"type\":\"string\",\"format\":\"color\"}", VLMD_ERR_INVALID_ARG, L("#: 'format'", "'color'", "date-time"));
+    /* another format beside a pattern is the pattern's (zod 4's z.cuid(), .startsWith()) */
+    lang("{\"type\":\"string\",\"format\":\"cuid\",\"pattern\":\"^[cC][0-9a-z]{6,}$\"}", L("\"c123456\""),
+         L("\"x123456\"", "\"c12\""));
+    lang("{\"type\":\"string\",\"format\":\"starts_with\",\"pattern\":\"^ab.*\",\"maxLength\":4}",
+         L("\"ab\"", "\"abcd\""), L("\"ba\"", "\"abcde\""));
+    lang("{\"type\":\"string\",\"format\":\"email\",\"pattern\":\"^a\"}", L("\"a@b.co\""), L("\"b@b.co\"", "\"a\""));
 }
 
 Test(structured_schema, numbers)
