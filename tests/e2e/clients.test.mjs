@@ -10,7 +10,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { z } from 'zod';
-import { generateObject, streamObject, generateText, tool } from 'ai';
+import { generateObject, streamObject, generateText, tool, stepCountIs } from 'ai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { createOpenAI } from '@ai-sdk/openai';
 import { ChatOpenAI } from '@langchain/openai';
@@ -64,7 +64,7 @@ test('AI SDK, openai-compatible: generateObject, streamObject, a required tool c
   }
 });
 
-test('AI SDK, @ai-sdk/openai on /v1/responses: generateText, a second turn, generateObject', async () => {
+test('AI SDK, @ai-sdk/openai on /v1/responses: generateText, a second turn, a tool loop, generateObject', async () => {
   const openai = createOpenAI({ baseURL, apiKey: 'not-needed' });
   const model = openai.responses('qwen2');
   const text = await generateText({ model, prompt: 'Say hello.', maxOutputTokens: 8, maxRetries: 0 });
@@ -75,6 +75,14 @@ test('AI SDK, @ai-sdk/openai on /v1/responses: generateText, a second turn, gene
   const next = await generateText({ model, maxOutputTokens: 8, maxRetries: 0,
     messages: [{ role: 'user', content: 'Say hello.' }, ...text.response.messages, { role: 'user', content: 'Again.' }] });
   assert.ok(next.usage.inputTokens > text.usage.inputTokens, 'the first answer is in the prompt');
+  // a tool loop: the call comes back as a reference, its result as a function_call_output
+  const loop = await generateText({ model, maxOutputTokens: 150, maxRetries: 0, prompt: 'What is the weather?',
+    stopWhen: stepCountIs(2), prepareStep: ({ stepNumber }) => ({ toolChoice: stepNumber === 0 ? 'required' : 'none' }),
+    tools: { get_weather: tool({ description: 'The weather in a city', inputSchema: Weather,
+      execute: async () => ({ sunny: true }) }) } });
+  assert.equal(loop.steps.length, 2);
+  Weather.parse(loop.steps[0].toolCalls[0].input);
+  assert.equal(loop.steps[1].toolCalls.length, 0);
   for (const temperature of [0, 1]) {
     const { object } = await generateObject({ model: openai('qwen2'), schema: Person, prompt, temperature,
       maxOutputTokens: 300, maxRetries: 0 });
