@@ -430,12 +430,39 @@ static bool read_item(item_reader *ir, const json_t *item, const char *param, ap
         return true;
     }
     snprintf(p, sizeof p, "%s.type", param);
-    if (strcmp(type, "item_reference") == 0)
-        return api_fail(e, 400, param, "unsupported_parameter", "vlmd does not look items up by "
-                        "id: send the item itself, or continue a stored response with "
-                        "'previous_response_id'");
     return api_fail(e, 400, p, "invalid_value", "vlmd takes message, function_call, "
                     "function_call_output and reasoning items, not '%.64s'", type);
+}
+
+/* The item an item_reference names: an output item of a stored response
+ * (its id "<kind>_<hex>_<n>" is that of the response "resp_<hex>"; clients
+ * such as the AI SDK send these for earlier turns when store is true).
+ * *item is borrowed until the store changes; false with e filled (a 400 on
+ * param.id) when no stored response has it. */
+static bool referenced_item(const json_t *ref, responses_store *store, uint64_t now_ms,
+                            const char *param, const json_t **item, api_error *e)
+{
+    char p[96], resp_id[64];
+    snprintf(p, sizeof p, "%s.id", param);
+    const json_t *id = json_object_get(ref, "id");
+    if (!api_plain_string(id) || json_string_length(id) == 0)
+        return api_fail(e, 400, p, "invalid_type", "'%s' must be a string", p);
+    const char *s = json_string_value(id), *hex = strchr(s, '_'), *end = strrchr(s, '_');
+    const json_t *response = NULL, *conversation;
+    if (hex && end > hex + 1 && (size_t)(end - hex) < sizeof resp_id - 5) {
+        snprintf(resp_id, sizeof resp_id, "resp_%.*s", (int)(end - hex - 1), hex + 1);
+        if (store)
+            responses_store_get(store, resp_id, now_ms, &response, &conversation);
+    }
+    const json_t *output = json_object_get(response, "output");
+    for (size_t i = 0; i < json_array_size(output); i++) {
+        *item = json_array_get(output, i);
+        if (json_equal(json_object_get(*item, "id"), id))
+            return true;
+    }
+    return api_fail(e, 400, p, "item_not_found", "no item '%.64s' is stored here: an "
+                    "item_reference names an output item of a response kept in this frontend's "
+                    "memory (see previous_response_id); send the item itself otherwise", s);
 }
 
 /* instructions, then previous_response_id's items, then input's, into the
@@ -486,9 +513,14 @@ static bool read_input(const json_t *body, responses_store *store, uint64_t now_
     for (size_t i = 0; i < json_array_size(input); i++) {
         char param[32];
         snprintf(param, sizeof param, "input[%zu]", i);
-        if (!read_item(&ir, json_array_get(input, i), param, e))
+        const json_t *item = json_array_get(input, i);
+        /* a reference is kept as the item it names, so a continuation needs no lookup */
+        if (is(json_object_get(item, "type"), "item_reference") &&
+            !referenced_item(item, store, now_ms, param, &item, e))
             return false;
-        if (json_array_append(conversation, json_array_get(input, i)))
+        if (!read_item(&ir, item, param, e))
+            return false;
+        if (json_array_append(conversation, (json_t *)item))
             return api_fail(e, 500, NULL, NULL, "out of memory");
     }
     return true;

@@ -243,9 +243,13 @@ static sg_frag any_string(sc *c)
     return sg_cat(b, lit(c, "\""), sg_cat(b, sg_star(b, sg_json_char(b)), lit(c, "\"")));
 }
 
+/* Unbounded, a number still parses to a finite double (below 1e300: at most
+ * 300 integer digits, or 200 and an exponent of two digits), so parsers that
+ * read doubles (JSON.parse, then zod) never get Infinity. */
 static sg_frag any_number(sc *c, bool integer)
 {
-    const char *re = integer ? "-?(0|[1-9][0-9]*)" : "-?(0|[1-9][0-9]*)(\\.[0-9]+)?([eE][+-]?[0-9]+)?";
+    const char *re = integer ? "-?(0|[1-9][0-9]{0,299})"
+                             : "-?(0|[1-9][0-9]{0,199})(\\.[0-9]+)?([eE][+-]?[0-9]{1,2})?";
     return sg_regex(c->b, re, strlen(re), SG_TEXT_RAW);
 }
 
@@ -640,16 +644,20 @@ static sg_frag string_schema(sc *c, const json_t *s)
         const format_def *f = formats;
         while (f->name && strcmp(f->name, json_string_value(fmt)))
             f++;
-        if (!f->name) {
+        /* another format beside a pattern (zod 4 writes both: cuid, base64,
+         * starts_with...) is left to the pattern */
+        if (!f->name && !json_object_get(s, "pattern")) {
             fail_kw(c, "format", VLMD_ERR_INVALID_ARG,
                     "'%.64s' is not supported (supported: date-time, date, time, uuid, email, "
-                    "hostname, ipv4, uri)", json_string_value(fmt));
+                    "hostname, ipv4, uri; another beside a 'pattern')", json_string_value(fmt));
             return sg_nothing(b);
         }
-        size_t old = path_push(b, "format");
-        content = sg_regex(b, f->regex, strlen(f->regex), SG_TEXT_JSON);
-        path_pop(b, old);
-        have = true;
+        if (f->name) {
+            size_t old = path_push(b, "format");
+            content = sg_regex(b, f->regex, strlen(f->regex), SG_TEXT_JSON);
+            path_pop(b, old);
+            have = true;
+        }
     }
     const json_t *pat = json_object_get(s, "pattern");
     if (pat) {
@@ -1365,6 +1373,26 @@ static int implied_types(const json_t *s)
     return t ? t : T_ANY;
 }
 
+/* A propertyNames schema that every name meets (true, {}, {"type": "string"}
+ * and annotations): nothing to hold, as zod 4 writes z.record(z.string(), ...). */
+static bool admits_every_name(const json_t *s)
+{
+    if (json_is_true(s))
+        return true;
+    if (!json_is_object(s))
+        return false;
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)s, k, v)
+    {
+        bool string_type = !strcmp(k, "type") && json_is_string(v) &&
+                           !strcmp(json_string_value(v), "string");
+        if (!string_type && (in_list(constraint_keywords, k) || in_list(refused_keywords, k)))
+            return false;
+    }
+    return true;
+}
+
 static sg_frag schema_body(sc *c, const json_t *s)
 {
     sg_build *b = c->b;
@@ -1380,7 +1408,7 @@ static sg_frag schema_body(sc *c, const json_t *s)
     const json_t *v;
     json_object_foreach((json_t *)s, k, v)
     {
-        if (in_list(refused_keywords, k)) {
+        if (in_list(refused_keywords, k) && !(!strcmp(k, "propertyNames") && admits_every_name(v))) {
             fail_kw(c, k, VLMD_ERR_INVALID_ARG, "is not supported");
             return sg_nothing(b);
         }

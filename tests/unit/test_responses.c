@@ -227,8 +227,10 @@ Test(responses, malformed_and_unsupported_fields_are_refused_by_name, .init = se
          "input[0].call_id", "invalid_type"},
         {"{\"input\": [{\"type\": \"reasoning\", \"content\": \"x\"}]}", "input[0].content",
          "invalid_type"},
-        {"{\"input\": [{\"type\": \"item_reference\", \"id\": \"msg_1\"}]}", "input[0]",
-         "unsupported_parameter"},
+        {"{\"input\": [{\"type\": \"item_reference\", \"id\": \"msg_1\"}]}", "input[0].id",
+         "item_not_found"},
+        {"{\"input\": [{\"type\": \"item_reference\", \"id\": 5}]}", "input[0].id",
+         "invalid_type"},
         {"{\"input\": [{\"type\": \"web_search_call\"}]}", "input[0].type", "invalid_value"},
         {"{\"input\": \"x\", \"instructions\": 5}", "instructions", "invalid_type"},
         {"{\"input\": \"x\", \"max_output_tokens\": 0}", "max_output_tokens", "invalid_value"},
@@ -416,6 +418,55 @@ Test(responses, previous_response_id_continues_the_stored_conversation, .init = 
     cr_expect_str_eq(e.code, "previous_response_not_found");
     cr_expect(strstr(e.message, "--responses-store-ttl-s"), "%s", e.message);
     json_decref(body);
+    responses_store_destroy(store);
+}
+
+/* item_reference: an output item of a stored response stands for the item
+ * itself (the AI SDK sends earlier turns so when store is true); the
+ * conversation keeps the item; an id no stored response has is a 400. */
+Test(responses, item_reference_reads_a_stored_output_item, .init = setup, .fini = teardown)
+{
+    responses_store_limits sl = {.max_entries = 4, .max_bytes = 1 << 20, .ttl_ms = 10000};
+    responses_store *store = responses_store_create(&sl);
+    json_t *response = json_loads(
+        "{\"id\": \"resp_ab12\", \"output\": [{\"id\": \"msg_ab12_0\", \"type\": \"message\", "
+        "\"status\": \"completed\", \"role\": \"assistant\", \"content\": [{\"type\": "
+        "\"output_text\", \"text\": \"Let me check.\", \"annotations\": []}]}, {\"id\": "
+        "\"fc_ab12_1\", \"type\": \"function_call\", \"status\": \"completed\", \"call_id\": "
+        "\"c1\", \"name\": \"get_weather\", \"arguments\": \"{}\"}]}", 0, NULL);
+    cr_assert(responses_store_put(store, "resp_ab12", response, json_array(), 1000));
+    api_request r;
+    responses_job *job;
+    parse_ok("{\"input\": [{\"role\": \"user\", \"content\": \"w?\"}, {\"type\": "
+             "\"item_reference\", \"id\": \"msg_ab12_0\"}, {\"type\": \"item_reference\", "
+             "\"id\": \"fc_ab12_1\"}, {\"type\": \"function_call_output\", \"call_id\": "
+             "\"c1\", \"output\": \"18 C\"}]}", store, &r, &job);
+    vlmd_tokens want = chat_prompt(
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"w?\"}, {\"role\": \"assistant\", "
+        "\"content\": \"Let me check.\", \"tool_calls\": [{\"id\": \"c1\", \"type\": "
+        "\"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": \"{}\"}}]}, "
+        "{\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"18 C\"}]}");
+    cr_expect(r.prompts[0].n == want.n &&
+              !memcmp(r.prompts[0].ids, want.ids, want.n * sizeof *want.ids));
+    cr_expect_str_eq(json_string_value(json_object_get(json_array_get(job->conversation, 2),
+                                                       "type")),
+                     "function_call", "the conversation keeps the item, not the reference");
+    vlmd_tokens_free(&want);
+    api_request_free(&r);
+    responses_job_free(job);
+    static const char *const missing[] = {"msg_ab12_7", "msg_cd34_0", "fc_ab12", "x", "ab12_0_"};
+    for (size_t i = 0; i < sizeof missing / sizeof missing[0]; i++) {
+        char text[160];
+        snprintf(text, sizeof text, "{\"input\": [{\"role\": \"user\", \"content\": \"w\"}, "
+                 "{\"type\": \"item_reference\", \"id\": \"%s\"}]}", missing[i]);
+        json_t *body = json_loads(text, 0, NULL);
+        api_error e;
+        cr_expect_not(responses_request_parse(body, &lim, tok, store, 1000, &r, &job, &e), "%s",
+                      missing[i]);
+        cr_expect_str_eq(e.param, "input[1].id", "%s", missing[i]);
+        cr_expect_str_eq(e.code, "item_not_found", "%s", missing[i]);
+        json_decref(body);
+    }
     responses_store_destroy(store);
 }
 

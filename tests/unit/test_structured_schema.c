@@ -36,6 +36,14 @@ Test(structured_schema, types)
     lang("{\"type\":\"boolean\"}", L("true", "false"), L("True", "1", "tru"));
     lang("{\"type\":\"integer\"}", L("0", "-7", "12345678901234567890"), L("01", "-0.5", "1e3", "+1", "-", "1.0"));
     lang("{\"type\":\"number\"}", L("0", "-0.5", "1e3", "2.5E-10", "-0", "1E+2"), L(".5", "1.", "01", "1e", "--1", "NaN"));
+    /* unbounded ones stay finite doubles (a JSON.parse gives Infinity, zod refuses it) */
+    char big[320];
+    memset(big, '9', 301);
+    big[301] = 0;
+    lang("{\"type\":\"number\"}", L("1e99", "-2.5e-99", "9.5E+99", "123456789012345678901234567890.5e99"),
+         L("1e100", "1e309", "-1E-400", "9.849E330133771", big));
+    lang("{\"type\":\"integer\"}", L("123456789012345678901234567890"), L(big));
+    lang("{\"type\":\"object\"}", L("{\"a\":1e99}"), L("{\"a\":1e999}"));
     lang("{\"type\":\"string\"}", L("\"\"", "\"a b\"", "\"\\\"\\\\\\/\\b\\f\\n\\r\\t\\u00ff\""), L("\"", "'a'", "\"\\a\"", "\"\\u12\""));
     lang("{\"type\":\"array\"}", L("[]", "[1, \"a\", [null], {}]"), L("[", "[1,]", "[,1]"));
     lang("{\"type\":\"object\"}", L("{}", "{\"a\": [1, {\"b\": null}]}"), L("{,}", "{\"a\"}", "[]"));
@@ -234,6 +242,12 @@ Test(structured_schema, formats)
     lang("{\"type\":\"string\",\"format\":\"uri\"}", L("\"https://example.com/a/b?x=1\"", "\"ftp://h:21\""),
          L("\"example.com\"", "\"https://\""));
     refused("{\"type\":\"string\",\"format\":\"color\"}", VLMD_ERR_INVALID_ARG, L("#: 'format'", "'color'", "date-time"));
+    /* another format beside a pattern is the pattern's (zod 4's z.cuid(), .startsWith()) */
+    lang("{\"type\":\"string\",\"format\":\"cuid\",\"pattern\":\"^[cC][0-9a-z]{6,}$\"}", L("\"c123456\""),
+         L("\"x123456\"", "\"c12\""));
+    lang("{\"type\":\"string\",\"format\":\"starts_with\",\"pattern\":\"^ab.*\",\"maxLength\":4}",
+         L("\"ab\"", "\"abcd\""), L("\"ba\"", "\"abcde\""));
+    lang("{\"type\":\"string\",\"format\":\"email\",\"pattern\":\"^a\"}", L("\"a@b.co\""), L("\"b@b.co\"", "\"a\""));
 }
 
 Test(structured_schema, numbers)
@@ -263,7 +277,7 @@ Test(structured_schema, numbers)
 
 Test(structured_schema, refused_keywords_name_the_place)
 {
-    static const char *const kws[] = {"not", "if", "patternProperties", "propertyNames", "dependentRequired",
+    static const char *const kws[] = {"not", "if", "patternProperties", "dependentRequired",
                                       "unevaluatedProperties", "contains", "multipleOf"};
     for (size_t i = 0; i < sizeof kws / sizeof *kws; i++) {
         char schema[256], want[128];
@@ -272,6 +286,15 @@ Test(structured_schema, refused_keywords_name_the_place)
         snprintf(want, sizeof want, "#/properties/a~0b~1c/items: '%s' is not supported", kws[i]);
         refused(schema, VLMD_ERR_INVALID_ARG, L(want));
     }
+    /* propertyNames only where every name meets it (zod 4's z.record(z.string(), ...)) */
+    lang("{\"type\":\"object\",\"propertyNames\":{\"type\":\"string\"},\"additionalProperties\":{\"type\":\"number\"}}",
+         L("{}", "{\"x\":1, \"y\":2}"), L("{\"x\":\"a\"}"));
+    lang("{\"propertyNames\":true}", L("{\"x\":[]}"), L("{\"x\"}"));
+    lang("{\"type\":\"object\",\"propertyNames\":{\"title\":\"k\"}}", L("{\"x\":1}"), L("[]"));
+    refused("{\"propertyNames\":{\"type\":\"string\",\"maxLength\":3}}", VLMD_ERR_INVALID_ARG,
+            L("#: 'propertyNames' is not supported"));
+    refused("{\"propertyNames\":{\"enum\":[\"a\"]}}", VLMD_ERR_INVALID_ARG, L("'propertyNames'"));
+    refused("{\"propertyNames\":false}", VLMD_ERR_INVALID_ARG, L("'propertyNames'"));
     refused("{\"type\":\"strnig\"}", VLMD_ERR_INVALID_ARG, L("#: 'type'"));
     refused("[1]", VLMD_ERR_INVALID_ARG, L("#: a schema must be an object or a boolean"));
     refused("{\"type\":", VLMD_ERR_INVALID_ARG, L("not JSON"));
