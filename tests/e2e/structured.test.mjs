@@ -67,7 +67,7 @@ test('chat.completions.stream with response_format: the streamed answer parses a
   Person.parse(ch.message.parsed);
 });
 
-test('responses.parse with zodTextFormat: the Responses API holds text.format to its schema', async () => {
+test('responses.parse and responses.stream with zodTextFormat: the Responses API holds text.format to its schema', async () => {
   for (const temperature of [0, 1]) {
     const r = await client.responses.parse({ model: 'qwen2', input: 'Describe a person as JSON.', temperature,
       max_output_tokens: 300, text: { format: zodTextFormat(Person, 'person') } });
@@ -75,6 +75,13 @@ test('responses.parse with zodTextFormat: the Responses API holds text.format to
     assert.ok(r.output_parsed, r.output_text);
     assert.deepEqual(Person.parse(JSON.parse(r.output_text)), r.output_parsed);
   }
+  const stream = client.responses.stream({ model: 'qwen2', input: 'Describe a person as JSON.', temperature: 1,
+    max_output_tokens: 300, text: { format: zodTextFormat(Person, 'person') } });
+  let streamed = '';
+  stream.on('response.output_text.delta', (e) => { streamed += e.delta; });
+  const done = await stream.finalResponse();
+  assert.equal(streamed, done.output_text);
+  assert.deepEqual(Person.parse(JSON.parse(done.output_text)), done.output_parsed);
   const obj = await client.responses.create({ model: 'qwen2', input: 'JSON please', max_output_tokens: 200,
     text: { format: { type: 'json_object' } } });
   const v = JSON.parse(obj.output_text);
