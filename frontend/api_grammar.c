@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "structured.h"
+#include "tools.h"
 
 #define TOOL_CALL_OPEN "<tool_call>"
 #define THINK_CLOSE "</think>"
@@ -44,20 +45,6 @@ bool api_grammar_json(const json_t *schema, const char *param, api_grammar *out,
     return compile_check(VLMD_GRAMMAR_JSON_SCHEMA, text, text ? strlen(text) : 0, param, out, e);
 }
 
-/* OpenAI's rule for a format's name: 1-64 of a-z, A-Z, 0-9, '_' and '-'. */
-static bool name_ok(const json_t *name)
-{
-    const char *s = json_string_value(name);
-    size_t n = json_string_length(name);
-    if (!s || n == 0 || n > 64)
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
-              (s[i] >= '0' && s[i] <= '9') || s[i] == '_' || s[i] == '-'))
-            return false;
-    return true;
-}
-
 bool api_grammar_format(const json_t *v, bool flat, const char *param, api_grammar *out,
                         api_error *e)
 {
@@ -91,7 +78,7 @@ bool api_grammar_format(const json_t *v, bool flat, const char *param, api_gramm
     const json_t *schema = opt(js, "schema"), *strict = opt(js, "strict");
     const json_t *desc = opt(js, "description");
     snprintf(where, sizeof where, "%s.name", base);
-    if (!name_ok(json_object_get(js, "name")))
+    if (!api_function_name_ok(json_object_get(js, "name"))) /* OpenAI's rule, as for functions */
         return api_fail(e, 400, where, "invalid_value", "'%s' must be 1 to 64 letters, digits, "
                         "'_' or '-'", where);
     snprintf(where, sizeof where, "%s.strict", base);
