@@ -292,9 +292,10 @@ test('images: input_image in a response, a file part in chat, on qwen2_vl', asyn
 });
 
 test('an error after the stream began: an error event, then response.failed', async () => {
-  // a model that never stops ("tick tock tick ..."), and a server that gives a request 1 s
+  // a model that never stops ("tick tock tick ..."), and a server that gives a request 1 s: its
+  // room of 64k tokens takes far longer than that (4096, the fixture's, took under 1 s unloaded)
   const loopDir = mkdtempSync(join(tmpdir(), 'vlmd-responses-loop-'));
-  writeScriptedModel(loopDir, { pieces: ['tick ', 'tock '], edges: [[vocabId('qwen2', 'Ċ'), { piece: 0 }, 10],
+  writeScriptedModel(loopDir, { pieces: ['tick ', 'tock '], positions: 65536, edges: [[vocabId('qwen2', 'Ċ'), { piece: 0 }, 10],
     [{ piece: 0 }, { piece: 1 }, 10], [{ piece: 1 }, { piece: 0 }, 10]] });
   const loop = await startServer(['--model', loopDir, '--port', '0', '--request-timeout-s', '1']);
   const loopClient = new OpenAI({ baseURL: `${loop.url}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
