@@ -10,6 +10,10 @@ if (!BIN || !FIXTURES) throw new Error('VLMD_BIN_DIR and VLMD_FIXTURES_DIR must 
 
 export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+// The default bounds on a start-up and on a request grow with the build's speed: ctest sets
+// VLMD_E2E_TIME_SCALE under the sanitizers, whose processes run several times slower.
+const SCALE = Number(process.env.VLMD_E2E_TIME_SCALE || 1);
+
 // Polls fn() until it returns a truthy value or timeoutMs passes.
 export async function waitFor(what, fn, timeoutMs = 20000, everyMs = 50) {
   const deadline = Date.now() + timeoutMs;
@@ -37,7 +41,7 @@ export function pidAlive(pid) {
 
 // Starts the launcher; resolves once it prints its ready line, with the URL.
 // env adds variables to the launcher's environment (its children inherit them).
-export async function startServer(args, { readyTimeoutMs = 30000, env = {} } = {}) {
+export async function startServer(args, { readyTimeoutMs = 30000 * SCALE, env = {} } = {}) {
   const child = spawn(`${BIN}/vlmd`, ['serve', ...args],
     { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   const server = { child, stdout: '', stderr: '', url: null, exited: null };
@@ -76,7 +80,7 @@ export async function runToExit(args, timeoutMs = 20000) {
 // One request on its own connection, closed afterwards (no keep-alive pool),
 // so a server stopping after it has no connection left open.
 // headers adds request headers; raw (a string) is sent as the body as it is.
-export function getJson(url, { method = 'GET', timeoutMs = 5000, body, headers: extra = {}, raw } = {}) {
+export function getJson(url, { method = 'GET', timeoutMs = 5000 * SCALE, body, headers: extra = {}, raw } = {}) {
   return new Promise((resolve, reject) => {
     const headers = { connection: 'close', ...extra };
     if (body !== undefined || raw !== undefined) headers['content-type'] = 'application/json';
