@@ -339,6 +339,13 @@ static const char *finish_reason(const char *finish, bool called)
     return called && strcmp(finish, "stop") == 0 ? "tool_calls" : finish;
 }
 
+/* A block the answer was cut inside before it named a call, after calls:
+ * what max_tokens left of another call, not text (dropped, stream or not). */
+static bool trailing_fragment(const tool_call *call, size_t n_calls)
+{
+    return !call->name && call->cut && n_calls > 0;
+}
+
 void completions_answer_of(const inflight_entry *e, uint32_t index, completions_answer *a)
 {
     const inflight_choice *ch = &e->choices[index];
@@ -350,6 +357,10 @@ void completions_answer_of(const inflight_entry *e, uint32_t index, completions_
     size_t pos = content_end;
     tool_call call;
     while (all_calls && tool_call_next(text, ch->sent, true, &pos, &call)) {
+        if (trailing_fragment(&call, a->n_calls)) {
+            tool_call_free(&call);
+            break;
+        }
         all_calls = call.name != NULL;
         tool_call *grown = all_calls ? realloc(a->calls, (a->n_calls + 1) * sizeof *grown) : NULL;
         if (grown) {
@@ -958,6 +969,10 @@ static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size
         if (!tool_call_next(text, end, final, &pos, &call))
             return;
         ch->call_pos = pos;
+        if (trailing_fragment(&call, ch->n_calls)) {
+            tool_call_free(&call);
+            return;
+        }
         ch->spoke = true;
         if (call.name) {
             w->call_begin(c, e, index, ch->n_calls++, call.name, call.arguments,

@@ -18,12 +18,13 @@ const PIECES = [
   '<tool_call>\n{"name": "get_weather", ',
   '"arguments": {"city": "Paris", ',
   '"days": [1, 2]}}\n</tool_call>',
-  '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+  '\n<tool_call>\n{"na', // (two pieces: max_tokens can cut the second call before its name)
+  'me": "get_time", "arguments": {}}\n</tool_call>',
   // the rest of an answer whose start tool_choice forced: a named function, "required"
   '{"city": "Lyon"}}\n</tool_call>',
   'get_time", "arguments": {}}\n</tool_call>',
 ];
-const ANSWER = PIECES.slice(0, 5).join(''); // what the model says to a plain chat
+const ANSWER = PIECES.slice(0, 6).join(''); // what the model says to a plain chat
 const tools = [
   { type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' } } } } },
   { type: 'function', function: { name: 'get_time' } },
@@ -38,7 +39,7 @@ let dir, server, client;
 before(async () => {
   dir = mkdtempSync(join(tmpdir(), 'vlmd-tools-'));
   const newline = vocabId('qwen2', 'Ċ');
-  const answer = [newline, ...[0, 1, 2, 3, 4].map((piece) => ({ piece })), 'end'];
+  const answer = [newline, ...[0, 1, 2, 3, 4, 5].map((piece) => ({ piece })), 'end'];
   writeScriptedModel(dir, { pieces: PIECES, edges: chainEdges([answer]) });
   server = await serve(dir);
   // a forced call ends the prompt with its start: the answers go on from its last token
@@ -46,7 +47,7 @@ before(async () => {
   const r = await lastPromptToken({ messages, tools, tool_choice: 'required' });
   assert.ok(new Set([newline, n, r]).size === 3, 'three distinct last prompt tokens');
   await stopServer(server);
-  writeScriptedModel(dir, { pieces: PIECES, edges: chainEdges([answer, [n, { piece: 5 }, 'end'], [r, { piece: 6 }, 'end']]) });
+  writeScriptedModel(dir, { pieces: PIECES, edges: chainEdges([answer, [n, { piece: 6 }, 'end'], [r, { piece: 7 }, 'end']]) });
   server = await serve(dir);
   client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0, timeout: 60000 });
 });
@@ -127,6 +128,18 @@ test('streamed: the content, then each call, its name first and its arguments in
   assert.deepEqual(final.choices[0].message.tool_calls.map((c) => [c.function.name, c.function.arguments]),
     whole.choices[0].message.tool_calls.map((c) => [c.function.name, c.function.arguments]));
   assert.equal(final.choices[0].message.content, 'Let me check.');
+});
+
+test('max_tokens cuts the second call before its name: the first call, finish "length", streamed or not', async () => {
+  const r = await client.chat.completions.create({ model: 'scripted', messages, tools, temperature: 0, max_tokens: 5 });
+  assert.equal(r.choices[0].finish_reason, 'length');
+  assert.equal(r.choices[0].message.content, 'Let me check.');
+  assert.deepEqual(r.choices[0].message.tool_calls.map((c) => ({ name: c.function.name, arguments: JSON.parse(c.function.arguments) })),
+    wantCalls.slice(0, 1));
+  const s = await streamed({ tools, max_tokens: 5 });
+  assert.equal(s.content, 'Let me check.', 'no fragment of the cut call as content');
+  assert.deepEqual(s.calls.map((c) => [c.name, c.arguments]), r.choices[0].message.tool_calls.map((c) => [c.function.name, c.function.arguments]));
+  assert.equal(s.finish, 'length');
 });
 
 test('tool_choice forces a call: a named function, or "required"', async () => {
