@@ -1082,15 +1082,35 @@ static int closing_byte(const vlmd_grammar *g, const vlmd_grammar_state *st, siz
     return -1;
 }
 
+/* The fewest bytes that take a complete st past more output to complete
+ * again (another call after a whole one); SIZE_MAX when nothing may follow. */
+static size_t min_extension(const vlmd_grammar *g, const vlmd_grammar_state *st)
+{
+    size_t best = SIZE_MAX;
+    vlmd_grammar_state c;
+    for (int b = 0; b < 256; b++) {
+        uint8_t byte = (uint8_t)b;
+        memcpy(c.w, st->w, st->w[0] * sizeof st->w[0]);
+        if (vlmd_grammar_accept_bytes(g, &c, &byte, 1)) {
+            size_t m = 1 + vlmd_grammar_min_completion(g, &c);
+            best = m < best ? m : best;
+        }
+    }
+    return best;
+}
+
 /* Row i's mask for request q, whose grammar holds: the grammar's, or near
  * max_tokens only the way to the end (the end tokens once complete, else
- * the single-byte token of the shortest completion's next byte). */
+ * the single-byte token of the shortest completion's next byte). A complete
+ * output ends once the tokens left could not complete anything more: more
+ * begun would be cut. */
 static vlmd_status fill_mask(engine *e, const request *q, uint32_t *mask, vlmd_error *err)
 {
     const vlmd_grammar *g = grammar_entry_grammar(q->grammar);
     int32_t left = q->max_tokens - (q->n_tokens - q->n_prompt); /* this one included */
     size_t need = vlmd_grammar_min_completion(g, q->gstate);
-    if ((size_t)left <= need + ENGINE_GRAMMAR_CLOSE_MARGIN) {
+    size_t room = need ? need : min_extension(g, q->gstate); /* what the bytes after this need */
+    if (room == SIZE_MAX || (size_t)left <= room + ENGINE_GRAMMAR_CLOSE_MARGIN) {
         int b = need ? closing_byte(g, q->gstate, need) : -1;
         int32_t tok = b >= 0 ? e->byte_token[b] : -1;
         if (!need || tok >= 0) {

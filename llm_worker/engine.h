@@ -126,7 +126,8 @@ void engine_free(engine *e);
  * are not text) only where it is complete, where they end it; a stop token
  * that is text is text there, held to the grammar, and min_tokens does not
  * hold (the grammar decides the end). Near max_tokens the output is steered to
- * close (ENGINE_GRAMMAR_CLOSE_MARGIN); a token the mask allowed that the
+ * close (ENGINE_GRAMMAR_CLOSE_MARGIN), and a complete one ends where more (a
+ * second call) could not complete in the tokens left; a token the mask allowed that the
  * automaton then refuses (an ambiguous grammar past its state's size, the
  * one case) ends the request with finish ERROR and a message. */
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err);

@@ -387,6 +387,50 @@ Test(engine_grammar, max_tokens_steers_to_a_closed_value)
     close_fixture(&f);
 }
 
+/* Parallel calls: after a complete call, a budget too short for another
+ * ends the output there (a second call begun would be cut: no call parses
+ * then). So an output that completed a call always stops; one that stops at
+ * max_tokens was cut inside its first call. */
+Test(engine_grammar, a_complete_call_ends_where_another_would_not_fit, .timeout = 300)
+{
+    fixture f;
+    if (!open_fixture(&f, TEST_DEVICE, "qwen2"))
+        return;
+    static outputs o;
+    memset(&o, 0, sizeof o);
+    engine *e = make_engine(&f, &o, 8192, 16, true);
+    const gcase *calls = &cases[N_CASES - 1];
+    cr_assert_eq(calls->kind, VLMD_GRAMMAR_TOOL_CALLS);
+    enum { N = 48 };
+    static uint32_t prompts[N][16], stops[N][2];
+    vlmd_error err = {0};
+    for (uint32_t id = 0; id < N; id++) {
+        vlmd_msg_request_submit r = grammar_request(&f, id, calls, 1 + id, prompts[id], stops[id],
+                                                    40 + 2 * id);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    }
+    run_until_idle(e, 4000);
+    engine_free(e);
+    char text[4096];
+    int completed = 0, more = 0;
+    for (uint32_t id = 0; id < N; id++) {
+        size_t len = output_text(&f, &o, (int)id, text, sizeof text);
+        const char *first = strstr(text, "</tool_call>");
+        if (!first) {
+            cr_expect_eq(o.finish[id], VLMD_FINISH_LENGTH, "no call, yet it stopped: '%s'", text);
+            continue;
+        }
+        completed++;
+        more += strstr(first + 1, "<tool_call>") != NULL;
+        cr_expect_eq(o.finish[id], VLMD_FINISH_STOP, "max_tokens %u cut a call after a whole one: '%s'",
+                     40 + 2 * id, text);
+        cr_expect(calls_valid(text, len), "max_tokens %u: '%s'", 40 + 2 * id, text);
+    }
+    cr_expect_gt(completed, N / 2, "most budgets fit a call (%d did)", completed);
+    cr_expect_gt(more, 0, "some outputs went on to a second call");
+    close_fixture(&f);
+}
+
 /* A stop token that is also text ('"', '}') does not cut the value, nor end
  * it: under a grammar it is text like any other (the special end tokens end
  * the output where the value is complete); and min_tokens does not keep a
