@@ -500,6 +500,92 @@ Test(qwen2, cuda_bf16_qwen3_models)
         check_model_with(&checks[i]);
 }
 
+/* The logits of a packed prefill of 3 prompts and of 3 decode steps that
+ * replay the captured graphs, through CUDA with programmatic dependent
+ * launch off (pdl 0) or on (1); NULL where there is no CUDA device. */
+static float *pdl_logits(int pdl, size_t *count)
+{
+    vlmd_backend *b;
+    if (!test_backend_open_pdl("cuda", pdl, &b))
+        return NULL;
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen2"), &mc, &err), VLMD_OK, "%s", err.msg);
+    qwen2_model *m = load_model(b, &mc, "qwen2", BF16);
+    enum { SEQS = 3, LEN = 6, STEPS = 3, CTX = LEN + STEPS, SLOTS = SEQS * CTX };
+    const int V = (int)qwen2_vocab_size(m);
+    qwen2_kv *kv;
+    qwen2_workspace *ws;
+    cr_assert_eq(qwen2_kv_create(m, SLOTS, &kv, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(qwen2_workspace_create(m, SEQS * LEN, SEQS, CTX, &ws, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(qwen2_capture_decode(m, kv, ws, &err), VLMD_OK, "%s", err.msg);
+    *count = (size_t)SEQS * V * (1 + STEPS);
+    float *logits = malloc(*count * sizeof *logits);
+    int32_t ids[SEQS * LEN], pos[3 * SEQS * LEN], slots[SLOTS], rows[SEQS];
+    vlmd_attn_seq seqs[SEQS];
+    for (int s = 0; s < SEQS; s++) {
+        seqs[s] = (vlmd_attn_seq){s * LEN, LEN, LEN, slots + s * CTX};
+        rows[s] = s * LEN + LEN - 1;
+        for (int i = 0; i < CTX; i++)
+            slots[s * CTX + i] = s * CTX + i;
+        for (int i = 0; i < LEN; i++) {
+            ids[s * LEN + i] = (s * 131 + i * 17 + 3) % V;
+            for (int r = 0; r < 3; r++)
+                pos[r * SEQS * LEN + s * LEN + i] = i;
+        }
+    }
+    int32_t prefill_slots[SEQS * LEN];
+    for (int s = 0; s < SEQS; s++)
+        for (int i = 0; i < LEN; i++)
+            prefill_slots[s * LEN + i] = slots[s * CTX + i];
+    qwen2_batch prefill = {SEQS * LEN, ids, pos, prefill_slots, seqs, SEQS, rows, SEQS, NULL, 0};
+    cr_assert_eq(qwen2_forward(m, kv, ws, &prefill, logits, &err), VLMD_OK, "%s", err.msg);
+    for (int k = 0; k < STEPS; k++) { /* each sequence's greedy next token */
+        int32_t step_ids[SEQS], step_pos[3 * SEQS], step_slots[SEQS];
+        const float *last = logits + (size_t)k * SEQS * V;
+        for (int s = 0; s < SEQS; s++) {
+            int len = LEN + k;
+            step_ids[s] = argmax(last + (size_t)s * V, V);
+            step_slots[s] = slots[s * CTX + len];
+            for (int r = 0; r < 3; r++)
+                step_pos[r * SEQS + s] = len;
+            rows[s] = s;
+            seqs[s] = (vlmd_attn_seq){s, 1, len + 1, slots + s * CTX};
+        }
+        qwen2_batch decode = {SEQS, step_ids, step_pos, step_slots, seqs, SEQS, rows, SEQS, NULL, 0};
+        cr_assert_eq(qwen2_forward(m, kv, ws, &decode, logits + (size_t)(k + 1) * SEQS * V, &err),
+                     VLMD_OK, "%s", err.msg);
+    }
+    cr_expect_eq(qwen2_decode_graph_steps(ws), STEPS, "the decode steps replayed graphs");
+    qwen2_workspace_free(m, ws);
+    qwen2_kv_free(m, kv);
+    qwen2_free(m);
+    vlmd_backend_destroy(b);
+    return logits;
+}
+
+/* Programmatic dependent launch lets a kernel start before its predecessor
+ * ends (each waits in vlmd_kernel_start before reading): a read before the
+ * wait would change the numbers on a GPU, so the logits must be the same
+ * bits with it off and on (the emulator runs launches one after another:
+ * there it checks the test; tools/device runs it on a GPU). */
+Test(qwen2, cuda_logits_are_the_same_bits_with_pdl_off_and_on)
+{
+    size_t n_off = 0, n_on = 0;
+    float *off = pdl_logits(0, &n_off);
+    if (!off)
+        return; /* no CUDA device: test_backend_open_pdl checked the refusal */
+    float *on = pdl_logits(1, &n_on);
+    cr_assert_not_null(on);
+    cr_assert_eq(n_on, n_off);
+    size_t differ = 0;
+    for (size_t i = 0; i < n_off; i++)
+        differ += memcmp(&off[i], &on[i], sizeof off[i]) != 0;
+    cr_expect_eq(differ, 0, "%zu of %zu logits differ with PDL on", differ, n_off);
+    free(off);
+    free(on);
+}
+
 Test(qwen2, missing_and_misshaped_tensors_are_named)
 {
     fixture f;

@@ -26,7 +26,15 @@
  * backend's ways are the llm worker's flags in $VLMD_TEST_FLAGS (e.g.
  * "--cuda-attention wmma --cuda-pdl on": how CI and tools/device run the
  * tests again with each way), parsed by the flag table as the worker would. */
+static inline bool test_backend_open_pdl(const char *device, int pdl, vlmd_backend **out);
 static inline bool test_backend_open(const char *device, vlmd_backend **out)
+{
+    return test_backend_open_pdl(device, -1, out);
+}
+
+/* The same with --cuda-pdl off (pdl 0) or on (1) whatever the flags say (-1:
+ * as they say). */
+static inline bool test_backend_open_pdl(const char *device, int pdl, vlmd_backend **out)
 {
     vlmd_error err = {0};
     vlmd_config cfg;
@@ -44,6 +52,8 @@ static inline bool test_backend_open(const char *device, vlmd_backend **out)
                  "VLMD_TEST_FLAGS: %s", err.msg);
     vlmd_backend_options o = vlmd_backend_options_of(&cfg);
     o.device = device;
+    if (pdl >= 0)
+        o.pdl = pdl;
     vlmd_status st = vlmd_backend_open(&o, out, &err);
     vlmd_config_free(&cfg);
     if (st == VLMD_OK)
