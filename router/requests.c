@@ -64,7 +64,12 @@ static uint32_t output_limit(const router_request *q)
     return q->capped ? q->capped : q->max_tokens;
 }
 
-/* KV tokens the requests at the engine hold now (their prompt and output so far). */
+/* KV tokens the requests at the engine hold now (their prompt and output so far).
+ * The engine reports its own figure in heartbeats (kv_used_tokens, shown only);
+ * the pressure cap uses this sum and admission the same per-request figures,
+ * current when a request arrives or leaves and never below the engine's (which
+ * counts a shared prefix once and lags a heartbeat): tests/e2e/memory.test.mjs
+ * holds them to it. */
 static uint64_t kv_in_use(router *rt)
 {
     uint64_t used = 0;
