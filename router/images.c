@@ -10,7 +10,10 @@
  * requests that hold images end. A failed image fails the requests that wait
  * for it (400 for a bad image, naming it); a visual worker that goes away
  * fails every waiting request with 503. A request holds its images until it
- * ends, so the engine can read them again (recomputation after preemption). */
+ * ends, so the engine can read them again (recomputation after preemption).
+ * Failing or queueing a request is requests.c's: this file says which. */
+#include "images.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,10 +21,9 @@
 #include "clock.h"
 #include "log.h"
 #include "model_config.h"
-#include "router.h"
 #include "shm_arena.h"
 
-vlmd_status router_images_start(router *rt, vlmd_error *err)
+vlmd_status images_start(router *rt, vlmd_error *err)
 {
     const vlmd_config *cfg = rt->cfg;
     if (!cfg->model || !cfg->model[0])
@@ -49,7 +51,7 @@ static uint64_t image_bytes(const router *rt, const vlmd_image_ref *im)
     return (uint64_t)im->token_count * rt->embed_row_bytes;
 }
 
-vlmd_status router_images_submit(router *rt, router_request *q, vlmd_msg *msg, vlmd_error *err)
+vlmd_status images_submit(router *rt, router_request *q, vlmd_msg *msg, vlmd_error *err)
 {
     const vlmd_msg_request_submit *r = &msg->u.request_submit;
     if (!rt->images_enabled)
@@ -83,21 +85,14 @@ vlmd_status router_images_submit(router *rt, router_request *q, vlmd_msg *msg, v
     q->stage = STAGE_IMAGES;
     *q->submit = *msg; /* the request (image bytes included) now belongs to q */
     memset(msg, 0, sizeof *msg);
-    return VLMD_OK; /* router_images_advance_all moves it on */
+    return VLMD_OK; /* images_advance moves it on */
 }
 
-void router_images_release(router *rt, router_request *q)
+void images_release(router *rt, router_request *q)
 {
     for (uint32_t i = 0; i < q->n_held; i++)
         embed_cache_release(&rt->embeds, q->hashes[i]);
-    if (q->submit) {
-        vlmd_msg_free(q->submit);
-        free(q->submit);
-    }
-    free(q->hashes);
-    q->submit = NULL;
-    q->hashes = NULL;
-    q->n_images = q->n_held = 0;
+    q->n_held = 0;
 }
 
 /* Sends the job for image i of q, whose room at offset the cache just gave. */
@@ -116,64 +111,45 @@ static bool send_job(router *rt, router_request *q, uint32_t i, uint64_t offset)
     return true;
 }
 
-/* Moves one waiting request on. Returns false when it failed (and was forgotten). */
-static bool advance(router *rt, router_request *q)
+images_progress images_advance(router *rt, router_request *q, uint64_t now, vlmd_error *err,
+                               uint32_t *error_image)
 {
     vlmd_msg_request_submit *r = &q->submit->u.request_submit;
-    char why[256];
+    *error_image = 0;
+    if (now > q->deadline_ms) {
+        vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the images waited %lld ms for room in the "
+                    "embedding arena or for the visual worker (--image-wait-ms); try again",
+                    (long long)rt->cfg->image_wait_ms);
+        return IMAGES_FAILED;
+    }
     while (q->n_held < q->n_images) {
         uint32_t i = q->n_held;
         uint64_t offset = 0;
         embed_acquire_result got = embed_cache_acquire(&rt->embeds, q->hashes[i],
                                                        image_bytes(rt, &r->images[i]), &offset);
         if (got == EMBED_NO_ROOM)
-            return true; /* wait until a request holding images ends */
+            return IMAGES_WAITING; /* until a request holding images ends */
         if (got == EMBED_NEVER_FITS) {
-            snprintf(why, sizeof why, "image %u is larger than the embedding arena "
-                     "(--embed-arena-mb)", i);
-            router_fail_request(rt, q, VLMD_ERR_TOO_LARGE, i + 1, why);
-            return false;
+            *error_image = i + 1;
+            vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "image %u is larger than the embedding arena "
+                        "(--embed-arena-mb)", i);
+            return IMAGES_FAILED;
         }
         q->n_held++;
         r->images[i].arena_offset = offset;
         if (got == EMBED_FRESH && !send_job(rt, q, i, offset)) {
             embed_cache_drop(&rt->embeds, q->hashes[i]);
-            router_fail_request(rt, q, VLMD_ERR_UNAVAILABLE, 0, "the visual worker is not ready");
-            return false;
+            vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the visual worker is not ready");
+            return IMAGES_FAILED;
         }
     }
     for (uint32_t i = 0; i < q->n_images; i++)
         if (embed_cache_find(&rt->embeds, q->hashes[i])->state != EMBED_READY)
-            return true;
-    size_t before = rt->n_requests;
-    router_enqueue(rt, q); /* every image is in the arena: on to the KV admission */
-    return rt->n_requests == before;
+            return IMAGES_WAITING;
+    return IMAGES_READY;
 }
 
-void router_images_advance_all(router *rt)
-{
-    uint64_t now = vlmd_now_ms();
-    for (size_t i = 0; i < rt->n_requests;) {
-        router_request *q = &rt->requests[i];
-        bool kept = true;
-        bool waiting = q->stage == STAGE_IMAGES;
-        if (waiting && now > q->deadline_ms) {
-            char why[256];
-            snprintf(why, sizeof why, "the images waited %lld ms for room in the embedding arena "
-                     "or for the visual worker (--image-wait-ms); try again",
-                     (long long)rt->cfg->image_wait_ms);
-            router_fail_request(rt, q, VLMD_ERR_UNAVAILABLE, 0, why);
-            kept = false;
-        } else if (waiting) {
-            kept = advance(rt, q);
-        }
-        if (kept)
-            i++; /* else the last request moved into slot i */
-    }
-}
-
-/* The request's index of the image with this hash among those it holds, or -1. */
-static int held_index(const router_request *q, const uint8_t hash[32])
+int images_held_index(const router_request *q, const uint8_t hash[32])
 {
     for (uint32_t i = 0; i < q->n_held; i++)
         if (memcmp(q->hashes[i], hash, 32) == 0)
@@ -181,49 +157,24 @@ static int held_index(const router_request *q, const uint8_t hash[32])
     return -1;
 }
 
-void router_images_result(router *rt, const vlmd_msg_image_result *m)
+vlmd_status images_result(router *rt, const vlmd_msg_image_result *m)
 {
     const uint8_t *hash = m->image.hash;
     const embed_entry *e = embed_cache_find(&rt->embeds, hash);
     if (!e || e->state != EMBED_ENCODING) {
         rt->dropped++; /* late (its entry was dropped) or never asked for */
-        return;
+        return VLMD_OK;
     }
     if (m->status == VLMD_OK) {
         embed_cache_mark_ready(&rt->embeds, hash);
-        return; /* router_images_advance_all forwards what is now complete */
+        return VLMD_OK; /* images_advance finds what is now complete */
     }
-    /* the image failed: every request waiting for it fails, naming it */
     embed_cache_drop(&rt->embeds, hash);
-    vlmd_status st = m->status < VLMD_STATUS_COUNT ? (vlmd_status)m->status : VLMD_ERR_INTERNAL;
-    for (size_t i = 0; i < rt->n_requests;) {
-        router_request *q = &rt->requests[i];
-        int k = q->stage == STAGE_IMAGES ? held_index(q, hash) : -1;
-        if (k < 0) {
-            i++;
-            continue;
-        }
-        char why[VLMD_PROTO_MAX_STR];
-        snprintf(why, sizeof why, "image %d: %s", k, m->message);
-        router_fail_request(rt, q, st, (uint32_t)k + 1, why);
-    }
+    return m->status < VLMD_STATUS_COUNT ? (vlmd_status)m->status : VLMD_ERR_INTERNAL;
 }
 
-void router_images_visual_down(router *rt)
+void images_visual_down(router *rt)
 {
-    if (!rt->images_enabled)
-        return;
-    for (size_t i = 0; i < rt->n_requests;) {
-        router_request *q = &rt->requests[i];
-        if (q->stage != STAGE_IMAGES) {
-            i++;
-            continue;
-        }
-        router_fail_request(rt, q, VLMD_ERR_UNAVAILABLE, 0,
-                            "the visual worker stopped before encoding this request's images; "
-                            "try again once it is back");
-    }
-    /* what it was writing will never be finished */
     for (size_t i = 0; i < rt->embeds.n;) {
         if (rt->embeds.entries[i].state == EMBED_ENCODING)
             embed_cache_drop(&rt->embeds, rt->embeds.entries[i].hash);

@@ -1,34 +1,29 @@
 /* requests.c - the lifecycle of a request in the router (stages in
- * router.h): sessions' limits and the pressure cap at arrival, the image
- * stage (images.c), the admission queue in front of the engine's KV cache
- * (admission.h), forwarding of the engine's chunks to the frontend that
- * asked, and the end of each request (its arena references and session
- * share given back). */
+ * request_table.h): sessions' limits and the pressure cap at arrival, the
+ * image stage (images.h says how a request stands; this file queues or fails
+ * it), the admission queue in front of the engine's KV cache (admission.h),
+ * forwarding of the engine's chunks to the frontend that asked, and the end
+ * of each request (its arena references and session share given back). The
+ * only file that adds requests to the table or removes them. */
+#include "requests.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "admission.h"
-#include "buf.h"
 #include "clock.h"
+#include "images.h"
 #include "log.h"
-#include "router.h"
 
-router_request *router_find_request(router *rt, uint64_t req_id)
+/* Gives back what q holds (arena references, its session's share) and removes it. */
+static void forget(router *rt, router_request *q)
 {
-    for (size_t i = 0; i < rt->n_requests; i++)
-        if (rt->requests[i].req_id == req_id)
-            return &rt->requests[i];
-    return NULL;
-}
-
-void router_forget_request(router *rt, router_request *q)
-{
-    router_images_release(rt, q);
+    images_release(rt, q);
     if (q->session[0])
         sessions_release(&rt->sessions, q->session, (uint64_t)q->prompt_tokens + q->max_tokens,
                          vlmd_now_ms());
-    *q = rt->requests[--rt->n_requests];
+    request_table_remove(&rt->requests, q);
     rt->admit_dirty = true;
 }
 
@@ -42,21 +37,25 @@ static void fail_unregistered(router *rt, const void *id, size_t id_len, uint64_
     router_send_to_identity(rt, id, id_len, &m);
 }
 
-void router_fail_request(router *rt, router_request *q, vlmd_status status,
-                         uint32_t error_image, const char *message)
+/* Ends q at its frontend with an error chunk (error_image: image index + 1,
+ * or 0), and forgets it. */
+static void fail(router *rt, router_request *q, vlmd_status status, uint32_t error_image,
+                 const char *message)
 {
     vlmd_msg m = {.type = VLMD_MSG_TOKEN_CHUNK};
     m.u.token_chunk = (vlmd_msg_token_chunk){.req_id = q->req_id, .finish = VLMD_FINISH_ERROR,
                                              .status = status, .message = (char *)message,
                                              .error_image = error_image};
     router_send_to_identity(rt, q->identity, q->id_len, &m);
-    router_forget_request(rt, q);
+    forget(rt, q);
 }
 
-void router_fail_all(router *rt, const char *why)
+void requests_fail_all(router *rt, const char *why)
 {
-    while (rt->n_requests)
-        router_fail_request(rt, &rt->requests[rt->n_requests - 1], VLMD_ERR_UNAVAILABLE, 0, why);
+    request_iter it = request_table_iter(&rt->requests);
+    router_request *q;
+    while ((q = request_table_next(&it)))
+        fail(rt, q, VLMD_ERR_UNAVAILABLE, 0, why);
 }
 
 /* The output a request may produce: max_tokens, or the pressure cap. */
@@ -65,13 +64,19 @@ static uint32_t output_limit(const router_request *q)
     return q->capped ? q->capped : q->max_tokens;
 }
 
-/* KV tokens the requests at the engine hold now (their prompt and output so far). */
-static uint64_t kv_in_use(const router *rt)
+/* KV tokens the requests at the engine hold now (their prompt and output so far).
+ * The engine reports its own figure in heartbeats (kv_used_tokens, shown only);
+ * the pressure cap uses this sum and admission the same per-request figures,
+ * current when a request arrives or leaves and never below the engine's (which
+ * counts a shared prefix once and lags a heartbeat): tests/e2e/memory.test.mjs
+ * holds them to it. */
+static uint64_t kv_in_use(router *rt)
 {
     uint64_t used = 0;
-    for (size_t i = 0; i < rt->n_requests; i++)
-        if (rt->requests[i].stage == STAGE_ENGINE)
-            used += (uint64_t)rt->requests[i].prompt_tokens + rt->requests[i].generated;
+    request_iter it = request_table_iter(&rt->requests);
+    for (const router_request *q; (q = request_table_next(&it));)
+        if (q->stage == STAGE_ENGINE)
+            used += (uint64_t)q->prompt_tokens + q->generated;
     return used;
 }
 
@@ -90,7 +95,28 @@ static void cap_under_pressure(router *rt, router_request *q, vlmd_msg_request_s
     rt->counts.capped++;
 }
 
-void router_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
+/* A request whose images are ready (or that has none) joins the admission
+ * queue, or fails when the queue is full. */
+static void enqueue(router *rt, router_request *q)
+{
+    size_t queued = 0;
+    request_iter it = request_table_iter(&rt->requests);
+    for (const router_request *e; (e = request_table_next(&it));)
+        queued += e->stage == STAGE_QUEUED;
+    if (queued >= (size_t)rt->cfg->max_queued_requests) {
+        char why[160];
+        snprintf(why, sizeof why, "the server is at capacity: %zu requests wait for room "
+                 "(--max-queued-requests); retry later", queued);
+        rt->counts.rejected_queue_full++;
+        fail(rt, q, VLMD_ERR_BUSY, 0, why);
+        return;
+    }
+    q->stage = STAGE_QUEUED;
+    rt->counts.queued_total++;
+    rt->admit_dirty = true;
+}
+
+void requests_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
 {
     vlmd_msg_request_submit *r = &msg->u.request_submit;
     if (!router_ready_worker(rt, VLMD_ROLE_LLM)) {
@@ -98,7 +124,7 @@ void router_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
                           "the LLM engine is not ready");
         return;
     }
-    if (router_find_request(rt, r->req_id)) {
+    if (request_table_find(&rt->requests, r->req_id)) {
         fail_unregistered(rt, id, id_len, r->req_id, VLMD_ERR_INVALID_ARG,
                           "duplicate request id");
         return;
@@ -116,9 +142,8 @@ void router_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
         fail_unregistered(rt, id, id_len, r->req_id, err.status, err.msg);
         return;
     }
-    router_request *grown =
-        vlmd_grow(rt->requests, rt->n_requests, &rt->cap_requests, sizeof *grown, 64);
-    if (!grown) {
+    router_request *q = request_table_add(&rt->requests, r->req_id);
+    if (!q) {
         if (r->session[0])
             sessions_release(&rt->sessions, r->session, (uint64_t)r->n_tokens + r->max_tokens,
                              vlmd_now_ms());
@@ -126,46 +151,79 @@ void router_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
                           "the router is out of memory");
         return;
     }
-    rt->requests = grown;
-    router_request *q = &rt->requests[rt->n_requests++];
-    *q = (router_request){.req_id = r->req_id, .id_len = id_len, .seq = ++rt->next_seq,
-                          .prompt_tokens = r->n_tokens, .max_tokens = r->max_tokens};
+    q->id_len = id_len;
+    q->prompt_tokens = r->n_tokens;
+    q->max_tokens = r->max_tokens;
     memcpy(q->identity, id, id_len);
     memcpy(q->session, r->session, strlen(r->session) + 1);
     cap_under_pressure(rt, q, r); /* (the session is charged and refunded what was asked) */
     if (r->n_images) { /* the image stage takes the message and moves it on */
-        if (router_images_submit(rt, q, msg, &err) != VLMD_OK) {
+        if (images_submit(rt, q, msg, &err) != VLMD_OK) {
             VLMD_REQ_WARN(q->req_id, "refused: %s", err.msg);
-            router_fail_request(rt, q, err.status, 0, err.msg);
+            fail(rt, q, err.status, 0, err.msg);
         }
         return;
     }
     q->submit = malloc(sizeof *q->submit);
     if (!q->submit) {
-        router_fail_request(rt, q, VLMD_ERR_NOMEM, 0, "the router is out of memory");
+        fail(rt, q, VLMD_ERR_NOMEM, 0, "the router is out of memory");
         return;
     }
     *q->submit = *msg; /* the request now belongs to q */
     memset(msg, 0, sizeof *msg);
-    router_enqueue(rt, q);
+    enqueue(rt, q);
 }
 
-void router_enqueue(router *rt, router_request *q)
+/* ---- the image stage (images.c) --------------------------------------------------- */
+
+void requests_advance_images(router *rt)
 {
-    size_t queued = 0;
-    for (size_t i = 0; i < rt->n_requests; i++)
-        queued += rt->requests[i].stage == STAGE_QUEUED;
-    if (queued >= (size_t)rt->cfg->max_queued_requests) {
-        char why[160];
-        snprintf(why, sizeof why, "the server is at capacity: %zu requests wait for room "
-                 "(--max-queued-requests); retry later", queued);
-        rt->counts.rejected_queue_full++;
-        router_fail_request(rt, q, VLMD_ERR_BUSY, 0, why);
-        return;
+    uint64_t now = vlmd_now_ms();
+    request_iter it = request_table_iter(&rt->requests);
+    router_request *q;
+    while ((q = request_table_next(&it))) {
+        if (q->stage != STAGE_IMAGES)
+            continue;
+        vlmd_error err = {0};
+        uint32_t error_image = 0;
+        images_progress p = images_advance(rt, q, now, &err, &error_image);
+        if (p == IMAGES_FAILED)
+            fail(rt, q, err.status, error_image, err.msg);
+        else if (p == IMAGES_READY)
+            enqueue(rt, q); /* every image is in the arena: on to the KV admission */
     }
-    q->stage = STAGE_QUEUED;
-    rt->counts.queued_total++;
-    rt->admit_dirty = true;
+}
+
+void requests_on_image_result(router *rt, const vlmd_msg_image_result *m)
+{
+    vlmd_status st = images_result(rt, m);
+    if (st == VLMD_OK)
+        return; /* requests_advance_images forwards what is now complete */
+    /* the image failed: every request waiting for it fails, naming it */
+    request_iter it = request_table_iter(&rt->requests);
+    router_request *q;
+    while ((q = request_table_next(&it))) {
+        int k = q->stage == STAGE_IMAGES ? images_held_index(q, m->image.hash) : -1;
+        if (k < 0)
+            continue;
+        char why[VLMD_PROTO_MAX_STR];
+        snprintf(why, sizeof why, "image %d: %s", k, m->message);
+        fail(rt, q, st, (uint32_t)k + 1, why);
+    }
+}
+
+void requests_visual_down(router *rt)
+{
+    if (!rt->images_enabled)
+        return;
+    request_iter it = request_table_iter(&rt->requests);
+    router_request *q;
+    while ((q = request_table_next(&it)))
+        if (q->stage == STAGE_IMAGES)
+            fail(rt, q, VLMD_ERR_UNAVAILABLE, 0,
+                 "the visual worker stopped before encoding this request's images; "
+                 "try again once it is back");
+    images_visual_down(rt); /* what it was writing will never be finished */
 }
 
 /* Sends q to the engine (its image bytes dropped: the arena has them). */
@@ -222,17 +280,16 @@ static void admit(router *rt, admit_books *b, router_request *q, registry_entry 
 /* Fails the queued requests whose prompt alone is more than the cache holds. */
 static void refuse_too_large(router *rt, uint64_t capacity)
 {
-    for (size_t i = 0; i < rt->n_requests;) {
-        router_request *q = &rt->requests[i];
-        if (q->stage != STAGE_QUEUED || (uint64_t)q->prompt_tokens + 1 <= capacity) {
-            i++;
+    request_iter it = request_table_iter(&rt->requests);
+    router_request *q;
+    while ((q = request_table_next(&it))) {
+        if (q->stage != STAGE_QUEUED || (uint64_t)q->prompt_tokens + 1 <= capacity)
             continue;
-        }
         char why[200];
         snprintf(why, sizeof why, "the prompt has %u tokens; the KV cache holds %llu",
                  q->prompt_tokens, (unsigned long long)capacity);
         rt->counts.rejected_too_large++;
-        router_fail_request(rt, q, VLMD_ERR_TOO_LARGE, 0, why); /* the last moved into i */
+        fail(rt, q, VLMD_ERR_TOO_LARGE, 0, why);
     }
 }
 
@@ -240,11 +297,10 @@ static void refuse_too_large(router *rt, uint64_t capacity)
 static router_request *oldest_queued(router *rt)
 {
     router_request *best = NULL;
-    for (size_t i = 0; i < rt->n_requests; i++) {
-        router_request *q = &rt->requests[i];
+    request_iter it = request_table_iter(&rt->requests);
+    for (router_request *q; (q = request_table_next(&it));)
         if (q->stage == STAGE_QUEUED && (!best || q->seq < best->seq))
             best = q;
-    }
     return best;
 }
 
@@ -283,9 +339,10 @@ static int by_turn_then_arrival(const void *a, const void *b)
 static size_t fair_order(router *rt, turn *out)
 {
     size_t n = 0;
-    for (size_t i = 0; i < rt->n_requests; i++)
-        if (rt->requests[i].stage != STAGE_IMAGES)
-            out[n++] = (turn){&rt->requests[i], 0};
+    request_iter it = request_table_iter(&rt->requests);
+    for (router_request *q; (q = request_table_next(&it));)
+        if (q->stage != STAGE_IMAGES)
+            out[n++] = (turn){q, 0};
     qsort(out, n, sizeof *out, by_session_then_arrival);
     size_t n_queued = 0;
     for (size_t g = 0; g < n;) {
@@ -306,7 +363,7 @@ static size_t fair_order(router *rt, turn *out)
  * behind it that do, ROUTER_FAIR_MAX_PASSES times at most. */
 static void admit_fair(router *rt, admit_books *b, registry_entry *llm)
 {
-    turn *order = malloc((rt->n_requests + 1) * sizeof *order);
+    turn *order = malloc((rt->requests.n + 1) * sizeof *order);
     router_request *blocked[ROUTER_FAIR_LOOKAHEAD];
     size_t n_blocked = 0;
     if (!order)
@@ -315,7 +372,7 @@ static void admit_fair(router *rt, admit_books *b, registry_entry *llm)
     for (size_t i = 0; i < n && n_blocked < ROUTER_FAIR_LOOKAHEAD; i++) {
         router_request *q = order[i].q;
         if (fits(b, q)) {
-            admit(rt, b, q, llm); /* stages change; no request moves */
+            admit(rt, b, q, llm); /* stages change; no request is removed */
             for (size_t j = 0; j < n_blocked; j++)
                 blocked[j]->passes++;
             continue;
@@ -327,7 +384,7 @@ static void admit_fair(router *rt, admit_books *b, registry_entry *llm)
     free(order);
 }
 
-void router_admit(router *rt)
+void requests_admit(router *rt)
 {
     registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
     if (!llm || !llm->kv_capacity_tokens)
@@ -341,11 +398,11 @@ void router_admit(router *rt)
     refuse_too_large(rt, llm->kv_capacity_tokens);
     admit_books b = {.capacity = llm->kv_capacity_tokens,
                      .fraction = rt->cfg->admission_output_fraction,
-                     .engine = malloc((rt->n_requests + 1) * sizeof *b.engine),
-                     .scratch = malloc((rt->n_requests + 1) * sizeof *b.scratch)};
+                     .engine = malloc((rt->requests.n + 1) * sizeof *b.engine),
+                     .scratch = malloc((rt->requests.n + 1) * sizeof *b.scratch)};
     if (b.engine && b.scratch) {
-        for (size_t i = 0; i < rt->n_requests; i++) {
-            const router_request *e = &rt->requests[i];
+        request_iter it = request_table_iter(&rt->requests);
+        for (const router_request *e; (e = request_table_next(&it));) {
             if (e->stage == STAGE_ENGINE)
                 b.engine[b.n_engine++] = (admission_load){(uint64_t)e->prompt_tokens + e->generated,
                                                           output_limit(e) - e->generated};
@@ -361,39 +418,38 @@ void router_admit(router *rt)
     free(b.scratch);
 }
 
-void router_on_cancel(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
+void requests_on_cancel(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
 {
-    router_request *q = router_find_request(rt, msg->u.request_cancel.req_id);
+    router_request *q = request_table_find(&rt->requests, msg->u.request_cancel.req_id);
     registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
     if (!q || q->id_len != id_len || memcmp(q->identity, id, id_len) != 0)
         return; /* finished already, or not the asker's */
     if (llm && q->stage == STAGE_ENGINE)
         router_send(rt, llm, msg);
-    router_forget_request(rt, q);
+    forget(rt, q);
 }
 
-void router_cancel_from(router *rt, const void *id, size_t id_len)
+void requests_cancel_from(router *rt, const void *id, size_t id_len)
 {
     registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
-    for (size_t i = 0; i < rt->n_requests;) {
-        router_request *q = &rt->requests[i];
-        if (q->id_len != id_len || memcmp(q->identity, id, id_len) != 0) {
-            i++;
+    request_iter it = request_table_iter(&rt->requests);
+    router_request *q;
+    while ((q = request_table_next(&it))) {
+        if (q->id_len != id_len || memcmp(q->identity, id, id_len) != 0)
             continue;
-        }
         if (llm && q->stage == STAGE_ENGINE) {
             vlmd_msg m = {.type = VLMD_MSG_REQUEST_CANCEL};
             m.u.request_cancel = (vlmd_msg_request_cancel){q->req_id, VLMD_FINISH_CANCELLED};
             router_send(rt, llm, &m);
         }
-        router_forget_request(rt, q); /* the last request moved into slot i */
+        forget(rt, q);
     }
 }
 
-void router_on_chunk(router *rt, vlmd_msg *msg)
+void requests_on_chunk(router *rt, vlmd_msg *msg)
 {
     vlmd_msg_token_chunk *c = &msg->u.token_chunk;
-    router_request *q = router_find_request(rt, c->req_id);
+    router_request *q = request_table_find(&rt->requests, c->req_id);
     if (!q || q->stage != STAGE_ENGINE)
         return; /* a late chunk of a forgotten request */
     q->generated += c->n_tokens;
@@ -402,14 +458,15 @@ void router_on_chunk(router *rt, vlmd_msg *msg)
     q->chunk_seen = true;
     router_send_to_identity(rt, q->identity, q->id_len, msg);
     if (c->finish != VLMD_FINISH_NONE)
-        router_forget_request(rt, q);
+        forget(rt, q);
 }
 
-uint32_t router_counters_kv(router *rt, vlmd_kv *kv, char (*values)[24], uint32_t n)
+uint32_t requests_counters_kv(router *rt, vlmd_kv *kv, char (*values)[24], uint32_t n)
 {
     uint64_t stage[3] = {0};
-    for (size_t i = 0; i < rt->n_requests; i++)
-        stage[rt->requests[i].stage]++;
+    request_iter it = request_table_iter(&rt->requests);
+    for (const router_request *q; (q = request_table_next(&it));)
+        stage[q->stage]++;
     uint64_t sessions_active = 0;
     for (size_t i = 0; i < rt->sessions.n; i++)
         sessions_active += rt->sessions.s[i].active > 0;

@@ -1,8 +1,7 @@
 /* router.c - message handling of the router: the start-up handshake
  * (hello -> welcome, ready, footprint), liveness (heartbeats, exits,
- * expiry), the stats snapshots sent to the frontend and the launcher, and
- * requests between the frontends and the engine (images.c holds a request
- * with images until they are encoded). */
+ * expiry), the stats snapshots sent to the frontend and the launcher; the
+ * request messages go, once their sender is checked, to requests.c. */
 #include "router.h"
 
 #include <errno.h>
@@ -13,30 +12,10 @@
 #include <zmq.h>
 
 #include "clock.h"
+#include "images.h"
 #include "log.h"
 #include "peer.h"
-
-void router_send(router *rt, const registry_entry *to, const vlmd_msg *msg)
-{
-    vlmd_buf b = VLMD_BUF_INIT;
-    vlmd_error err = {0};
-    if (vlmd_msg_encode(msg, &b, &err) != VLMD_OK) {
-        VLMD_ERROR("cannot encode %s: %s", vlmd_msg_type_str(msg->type), err.msg);
-    } else if (vlmd_zsock_send(rt->zs, to->identity, to->id_len, b.data, b.len) != VLMD_OK) {
-        VLMD_DEBUG("%s for %s-%u undeliverable", vlmd_msg_type_str(msg->type),
-                   vlmd_role_str(to->role), to->rank);
-    }
-    vlmd_buf_free(&b);
-}
-
-void router_send_to_identity(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
-{
-    registry_entry tmp = {.id_len = id_len > REGISTRY_ID_MAX ? 0 : id_len};
-    if (!tmp.id_len)
-        return;
-    memcpy(tmp.identity, id, id_len);
-    router_send(rt, &tmp, msg);
-}
+#include "requests.h"
 
 static void send_welcome(router *rt, const void *id, size_t id_len, bool known)
 {
@@ -63,7 +42,7 @@ static void publish_snapshot(router *rt)
         .config = rt->self_config,
         .n_config = rt->n_self_config,
         .counters = counters,
-        .n_counters = router_counters_kv(rt, counters, values, 32),
+        .n_counters = requests_counters_kv(rt, counters, values, 32),
     };
     vlmd_msg m = {.type = VLMD_MSG_STATS_SNAPSHOT};
     m.u.stats_snapshot.seq = ++rt->snapshot_seq;
@@ -130,7 +109,7 @@ static void on_hello(router *rt, const void *id, size_t id_len, const vlmd_msg_h
         restarts_before = old->restarts;
     registry_entry *e = registry_hello(&rt->reg, h, id, id_len, vlmd_now_ms());
     if (e && e->role == VLMD_ROLE_LLM && e->restarts != restarts_before)
-        router_fail_all(rt, "the LLM engine restarted"); /* what it held is gone */
+        requests_fail_all(rt, "the LLM engine restarted"); /* what it held is gone */
     if (!e) {
         rt->dropped++;
         VLMD_WARN("refused hello from %s-%u: process table full or identity too long",
@@ -212,11 +191,11 @@ static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd
     e->pid = m->pid;
     registry_down(e);
     if (e->role == VLMD_ROLE_LLM)
-        router_fail_all(rt, "the LLM engine stopped");
+        requests_fail_all(rt, "the LLM engine stopped");
     if (e->role == VLMD_ROLE_VISUAL)
-        router_images_visual_down(rt);
+        requests_visual_down(rt);
     if (e->role == VLMD_ROLE_FRONTEND) /* its clients are gone with it */
-        router_cancel_from(rt, e->identity, e->id_len);
+        requests_cancel_from(rt, e->identity, e->id_len);
     publish_snapshot(rt);
 }
 
@@ -252,12 +231,6 @@ static void identity_str(const void *id, size_t len, char *out, size_t outsz)
 
 /* ---- requests (requests.c) ------------------------------------------------------ */
 
-registry_entry *router_ready_worker(router *rt, vlmd_role role)
-{
-    registry_entry *e = registry_find(&rt->reg, role, 0);
-    return e && e->state == VLMD_WORKER_READY ? e : NULL;
-}
-
 static void on_request_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
 {
     registry_entry *from = known_sender(rt, id, id_len, 0);
@@ -265,14 +238,14 @@ static void on_request_submit(router *rt, const void *id, size_t id_len, vlmd_ms
         rt->dropped++;
         return;
     }
-    router_on_submit(rt, id, id_len, msg);
+    requests_on_submit(rt, id, id_len, msg);
 }
 
 static void on_token_chunk(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
 {
     registry_entry *from = known_sender(rt, id, id_len, 0);
     if (from && from->role == VLMD_ROLE_LLM)
-        router_on_chunk(rt, msg);
+        requests_on_chunk(rt, msg);
 }
 
 static void on_image_result(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
@@ -282,7 +255,7 @@ static void on_image_result(router *rt, const void *id, size_t id_len, const vlm
         rt->dropped++;
         return;
     }
-    router_images_result(rt, &msg->u.image_result);
+    requests_on_image_result(rt, &msg->u.image_result);
 }
 
 void router_handle(router *rt, const void *identity, size_t id_len, const void *data, size_t len)
@@ -317,7 +290,7 @@ void router_handle(router *rt, const void *identity, size_t id_len, const void *
         on_request_submit(rt, identity, id_len, &msg);
         break;
     case VLMD_MSG_REQUEST_CANCEL:
-        router_on_cancel(rt, identity, id_len, &msg);
+        requests_on_cancel(rt, identity, id_len, &msg);
         break;
     case VLMD_MSG_TOKEN_CHUNK:
         on_token_chunk(rt, identity, id_len, &msg);
@@ -334,8 +307,8 @@ void router_handle(router *rt, const void *identity, size_t id_len, const void *
         break;
     }
     vlmd_msg_free(&msg);
-    router_images_advance_all(rt);
-    router_admit(rt);
+    requests_advance_images(rt);
+    requests_admit(rt);
 }
 
 static void on_socket_message(vlmd_zsock *zs, const void *identity, size_t id_len,
@@ -359,13 +332,13 @@ static void on_tick(uv_timer_t *t)
     if (expired)
         VLMD_WARN("%d process(es) missed their heartbeats for %lld ms: marked down", expired,
                   (long long)rt->cfg->heartbeat_timeout_ms);
-    if (rt->n_requests && !router_ready_worker(rt, VLMD_ROLE_LLM))
-        router_fail_all(rt, "the LLM engine is not answering");
+    if (rt->requests.n && !router_ready_worker(rt, VLMD_ROLE_LLM))
+        requests_fail_all(rt, "the LLM engine is not answering");
     if (!router_ready_worker(rt, VLMD_ROLE_VISUAL))
-        router_images_visual_down(rt);
-    router_images_advance_all(rt);
+        requests_visual_down(rt);
+    requests_advance_images(rt);
     rt->admit_dirty = true; /* what the engine's progress freed since */
-    router_admit(rt);
+    requests_admit(rt);
     sessions_expire(&rt->sessions, vlmd_now_ms());
     publish_snapshot(rt);
 }
@@ -403,7 +376,7 @@ vlmd_status router_start(router *rt, const vlmd_config *cfg, uv_loop_t *loop, vo
     if (!rt->self_config)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "router: out of memory");
     vlmd_config_foreach(cfg, VLMD_ROLE_ROUTER, add_self_config, rt);
-    vlmd_status images = router_images_start(rt, err);
+    vlmd_status images = images_start(rt, err);
     if (images != VLMD_OK)
         return images;
 
@@ -453,11 +426,7 @@ void router_stop(router *rt)
     free(rt->self_config);
     rt->self_config = NULL;
     rt->n_self_config = 0;
-    while (rt->n_requests)
-        router_forget_request(rt, &rt->requests[rt->n_requests - 1]);
-    free(rt->requests);
-    rt->requests = NULL;
-    rt->cap_requests = 0;
+    request_table_free(&rt->requests); /* the arena's book and the sessions go next */
     embed_cache_free(&rt->embeds);
     sessions_free(&rt->sessions);
 }

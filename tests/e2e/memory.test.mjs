@@ -2,18 +2,20 @@
 // failure: 64 concurrent requests that need ten times the KV cache all finish
 // with the tokens each produces alone (greedy), preemptions show in /metrics,
 // no request is lost, no process restarts, and no device memory is allocated
-// after start-up. /memory_stats shows the auto-profile's numbers. The fit
-// before the probe: a model whose own length cannot fit the device starts
-// with the length that does (in /health, /v1/models and held to), a given
-// --max-model-len that cannot fit stops at once with the numbers, and a
-// frontend that does not know the engine's length yet admits nothing.
+// after start-up. The router's book of the KV at the engine, which admission
+// uses, is never below the engine's own figure. /memory_stats shows the
+// auto-profile's numbers. The fit before the probe: a model whose own length
+// cannot fit the device starts with the length that does (in /health,
+// /v1/models and held to), a given --max-model-len that cannot fit stops at
+// once with the numbers, and a frontend that does not know the engine's
+// length yet admits nothing.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, readdirSync, symlinkSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { BIN, FIXTURES, startServer, stopServer, postJson, getJson, waitFor, runToExit } from './harness.mjs';
+import { BIN, FIXTURES, startServer, stopServer, postJson, getJson, waitFor, runToExit, sleep } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
 const KV = 640;
@@ -71,6 +73,42 @@ test('64 requests needing 10x the KV cache finish as they do alone, with preempt
     assert.ok(mem.llm.memory.weights_bytes > 0 && mem.llm.memory.canary_bytes === 256 * 1024 * 1024);
     assert.equal(mem.llm.counters.device_allocations_since_ready, 0);
     assert.equal(mem.router.counters.requests_admitted_total, 128);
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+test("the router's KV book bounds the engine's own figure while requests run", async () => {
+  // two books on purpose (router/requests.c, kv_in_use): admission decides at once on the
+  // router's; the engine's arrives a heartbeat late and counts a shared prefix once
+  const N = 4;
+  const server = await startServer(['--model', MODEL, '--port', '0', '--max-total-token-num', '4096',
+    '--max-model-len', '1024', '--max-num-seqs', String(N), '--heartbeat-ms', '20']);
+  try {
+    let done = false;
+    const asks = Array.from({ length: N }, (_, i) => postJson(`${server.url}/v1/completions`,
+      { prompt: `Book ${i}: ${'count on '.repeat(4 + i)}`, max_tokens: 900, ignore_eos: true, temperature: 0 },
+      { timeoutMs: 120000 }));
+    const all = Promise.all(asks).finally(() => { done = true; });
+    let compared = 0;
+    while (!done) {
+      const mem = (await getJson(`${server.url}/memory_stats`)).body;
+      const router = mem.router.counters, engine = mem.llm.kv_used_tokens;
+      // one snapshot: every request still at the engine when the engine measured, as it sends
+      // a request's last chunk before the heartbeat that no longer counts it
+      if (router.requests_at_engine === N && engine > 0) {
+        assert.ok(engine <= router.kv_tokens_at_engine,
+          `the engine holds ${engine} tokens, the router's book says ${router.kv_tokens_at_engine}`);
+        compared++;
+      }
+      await sleep(10);
+    }
+    for (const r of await all) assert.equal(r.status, 200, JSON.stringify(r.body));
+    assert.ok(compared >= 3, `compared ${compared} snapshots with every request running`);
+    await waitFor('both books empty', async () => {
+      const mem = (await getJson(`${server.url}/memory_stats`)).body;
+      return mem.llm.kv_used_tokens === 0 && mem.router.counters.kv_tokens_at_engine === 0;
+    }, 10000);
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   }

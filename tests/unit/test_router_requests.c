@@ -316,7 +316,7 @@ Test(router_images, a_failed_image_fails_every_request_waiting_for_it)
     }
     cr_expect_eq(f.llm.n_submits, 0);
     cr_expect_eq(f.rt.embeds.n, 0, "its room is free again");
-    cr_expect_eq(f.rt.n_requests, 0);
+    cr_expect_eq(f.rt.requests.n, 0);
     teardown(&f);
 }
 
