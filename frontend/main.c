@@ -165,19 +165,12 @@ static const http_route routes[] = {
 
 /* ---- the router --------------------------------------------------------- */
 
-/* Keeps a deep copy of a snapshot: re-encoding and decoding it is the one
- * copy routine that already knows every field. */
-static void keep_snapshot(frontend *fe, const vlmd_msg *msg)
+/* Keeps the latest snapshot: taken from the lender, no copy. */
+static void keep_snapshot(frontend *fe, vlmd_msg *msg)
 {
-    vlmd_buf b = VLMD_BUF_INIT;
-    vlmd_msg copy;
-    if (vlmd_msg_encode(msg, &b, NULL) == VLMD_OK &&
-        vlmd_msg_decode(b.data, b.len, &copy, NULL) == VLMD_OK) {
-        vlmd_msg_free(&fe->snapshot);
-        fe->snapshot = copy;
-        fe->snapshot_at_ms = vlmd_now_ms();
-    }
-    vlmd_buf_free(&b);
+    vlmd_msg_free(&fe->snapshot);
+    vlmd_msg_take(&fe->snapshot, msg);
+    fe->snapshot_at_ms = vlmd_now_ms();
 }
 
 static bool engine_ready(const vlmd_msg_stats_snapshot *s)
@@ -209,7 +202,7 @@ static void learn_length(frontend *fe, const vlmd_msg_stats_snapshot *s)
     c->length_known = true;
 }
 
-static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
+static void on_message(vlmd_service *svc, vlmd_msg *msg, void *ud)
 {
     frontend *fe = ud;
     fe->router_heard_ms = vlmd_now_ms();
@@ -233,8 +226,9 @@ static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
         return;
     }
     keep_snapshot(fe, msg);
-    learn_length(fe, &msg->u.stats_snapshot);
-    if (!fe->ready && engine_ready(&msg->u.stats_snapshot)) {
+    const vlmd_msg_stats_snapshot *snap = latest(fe);
+    learn_length(fe, snap);
+    if (!fe->ready && engine_ready(snap)) {
         fe->ready = true;
         vlmd_msg_ready ready = {.device = "", .listen_url = (char *)http_server_url(fe->http)};
         vlmd_peer_set_ready(svc->peer, &ready);

@@ -63,7 +63,7 @@ typedef struct llm_worker {
     vlmd_error step_err;
     emitted *out;               /* filled by the step, drained by the loop */
     size_t n_out, cap_out;
-    vlmd_buf *deferred;         /* encoded SUBMIT/CANCEL messages that arrived mid-step */
+    vlmd_msg *deferred;         /* SUBMIT/CANCEL messages that arrived mid-step (taken) */
     size_t n_deferred, cap_deferred;
     bool orphaned;              /* re-registered mid-step: the requests are nobody's */
     bool stopping;
@@ -195,7 +195,7 @@ static void drop_orphans(llm_worker *w)
 {
     w->orphaned = false;
     for (size_t i = 0; i < w->n_deferred; i++) /* they came from the same router */
-        vlmd_buf_free(&w->deferred[i]);
+        vlmd_msg_free(&w->deferred[i]);
     w->n_deferred = 0;
     int32_t n = engine_cancel_all(w->engine);
     if (n)
@@ -250,11 +250,8 @@ static void on_step_done(uv_work_t *req, int status)
     if (w->orphaned)
         drop_orphans(w);
     for (size_t i = 0; i < w->n_deferred; i++) {
-        vlmd_msg msg;
-        if (vlmd_msg_decode(w->deferred[i].data, w->deferred[i].len, &msg, NULL) == VLMD_OK)
-            apply(w, &msg);
-        vlmd_msg_free(&msg);
-        vlmd_buf_free(&w->deferred[i]);
+        apply(w, &w->deferred[i]);
+        vlmd_msg_free(&w->deferred[i]);
     }
     w->n_deferred = 0;
     report_kv(w);
@@ -270,8 +267,8 @@ static void start_step(llm_worker *w)
     uv_queue_work(&w->svc.loop, &w->step, on_step_work, on_step_done);
 }
 
-/* A request or cancel now, or after the step in flight. */
-static void submit_or_defer(llm_worker *w, const vlmd_msg *msg)
+/* A request or cancel now, or (taken from the lender) after the step in flight. */
+static void submit_or_defer(llm_worker *w, vlmd_msg *msg)
 {
     if (!w->stepping) {
         apply(w, msg);
@@ -279,14 +276,11 @@ static void submit_or_defer(llm_worker *w, const vlmd_msg *msg)
         start_step(w);
         return;
     }
-    vlmd_buf *grown = vlmd_grow(w->deferred, w->n_deferred, &w->cap_deferred, sizeof *grown, 64);
+    vlmd_msg *grown = vlmd_grow(w->deferred, w->n_deferred, &w->cap_deferred, sizeof *grown, 64);
     if (!grown)
         VLMD_FATAL("out of memory deferring a request");
     w->deferred = grown;
-    vlmd_buf *b = &w->deferred[w->n_deferred++];
-    *b = (vlmd_buf)VLMD_BUF_INIT;
-    if (vlmd_msg_encode(msg, b, NULL) != VLMD_OK)
-        VLMD_FATAL("cannot re-encode a %s message", vlmd_msg_type_str(msg->type));
+    vlmd_msg_take(&w->deferred[w->n_deferred++], msg);
 }
 
 /* ---- start-up ----------------------------------------------------------------- */
@@ -459,7 +453,7 @@ static void start_profile(llm_worker *w, uint64_t peer_bytes)
     uv_queue_work(&w->svc.loop, &w->step, on_profile_work, on_profile_done);
 }
 
-static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
+static void on_message(vlmd_service *svc, vlmd_msg *msg, void *ud)
 {
     llm_worker *w = ud;
     switch (msg->type) {
@@ -505,7 +499,7 @@ static void free_engine(llm_worker *w)
     w->model = NULL;
     w->backend = NULL;
     for (size_t i = 0; i < w->n_deferred; i++)
-        vlmd_buf_free(&w->deferred[i]);
+        vlmd_msg_free(&w->deferred[i]);
     free(w->deferred);
     free(w->out);
     vlmd_shm_arena_close(&w->arena);

@@ -19,8 +19,9 @@
 
 typedef struct vlmd_peer vlmd_peer;
 
-/* msg is borrowed for the call (freed after it returns). */
-typedef void (*vlmd_peer_msg_fn)(vlmd_peer *peer, const vlmd_msg *msg, void *ud);
+/* msg is lent for the call: the owner may take it (vlmd_msg_take); what is
+ * left is freed after the call returns. */
+typedef void (*vlmd_peer_msg_fn)(vlmd_peer *peer, vlmd_msg *msg, void *ud);
 
 /* Connects to cfg->router_endpoint. zctx is the process's ZMQ context
  * (borrowed); cfg is borrowed and must outlive the peer. */

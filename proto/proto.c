@@ -453,6 +453,12 @@ void vlmd_msg_free(vlmd_msg *msg)
     memset(msg, 0, sizeof *msg);
 }
 
+void vlmd_msg_take(vlmd_msg *dst, vlmd_msg *src)
+{
+    *dst = *src;
+    memset(src, 0, sizeof *src);
+}
+
 /* ---- encoding ------------------------------------------------------------- */
 
 /* msgpack-c write callback: appends to the vlmd_buf; -1 when it cannot grow. */

@@ -9,8 +9,12 @@
  * (or VLMD_ERR_VERSION / VLMD_ERR_TOO_LARGE), leaves *out zeroed and owns no
  * memory, so a malformed message is dropped and counted, never half-used.
  *
- * Decoded variable-length fields (arrays, strings, bytes) are owned by the
- * message and freed by vlmd_msg_free(). Encoding borrows the message. */
+ * Who owns a message (one rule in every process): decoded variable-length
+ * fields (arrays, strings, bytes) are owned by the message and freed by
+ * vlmd_msg_free(). A handler is lent the message for the call; to keep it
+ * past the call it takes it with vlmd_msg_take (a move: the lender's copy is
+ * left empty, and freeing that is a no-op), never re-encodes or copies it
+ * field by field. Encoding borrows the message. */
 #ifndef VLMD_PROTO_H
 #define VLMD_PROTO_H
 
@@ -343,5 +347,8 @@ vlmd_status vlmd_msg_decode(const void *data, size_t len, vlmd_msg *out, vlmd_er
 /* Frees what a decode allocated; accepts NULL and zeroed messages. Only for
  * messages from vlmd_msg_decode (built-by-hand messages own nothing). */
 void vlmd_msg_free(vlmd_msg *msg);
+
+/* Moves src into *dst (which owns nothing yet) and leaves src zeroed. */
+void vlmd_msg_take(vlmd_msg *dst, vlmd_msg *src);
 
 #endif

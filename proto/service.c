@@ -21,7 +21,7 @@ static void on_signal(uv_signal_t *h, int signum)
     vlmd_service_stop(svc, signum == SIGTERM ? "SIGTERM" : "SIGINT");
 }
 
-static void on_peer_message(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
+static void on_peer_message(vlmd_peer *peer, vlmd_msg *msg, void *ud)
 {
     (void)peer;
     vlmd_service *svc = ud;

@@ -16,7 +16,8 @@
 
 typedef struct vlmd_service vlmd_service;
 
-typedef void (*vlmd_service_msg_fn)(vlmd_service *svc, const vlmd_msg *msg, void *ud);
+/* msg is lent for the call, as by the peer (peer.h: the owner may take it). */
+typedef void (*vlmd_service_msg_fn)(vlmd_service *svc, vlmd_msg *msg, void *ud);
 typedef void (*vlmd_service_stop_fn)(vlmd_service *svc, void *ud);
 /* SIGTERM/SIGINT for a process that drains first: it stops taking work and
  * calls vlmd_service_stop itself once its work is done. */

@@ -83,8 +83,7 @@ vlmd_status images_submit(router *rt, router_request *q, vlmd_msg *msg, vlmd_err
     q->n_images = r->n_images;
     q->deadline_ms = vlmd_now_ms() + (uint64_t)rt->cfg->image_wait_ms;
     q->stage = STAGE_IMAGES;
-    *q->submit = *msg; /* the request (image bytes included) now belongs to q */
-    memset(msg, 0, sizeof *msg);
+    vlmd_msg_take(q->submit, msg); /* the request (image bytes included) now belongs to q */
     return VLMD_OK; /* images_advance moves it on */
 }
 

@@ -115,7 +115,7 @@ static void correct_restart_counts(launcher *l, const vlmd_msg_stats_snapshot *s
     vlmd_peer_send(l->peer, &m);
 }
 
-static void on_router_message(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
+static void on_router_message(vlmd_peer *peer, vlmd_msg *msg, void *ud)
 {
     (void)peer;
     launcher *l = ud;

@@ -169,8 +169,7 @@ void requests_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg
         fail(rt, q, VLMD_ERR_NOMEM, 0, "the router is out of memory");
         return;
     }
-    *q->submit = *msg; /* the request now belongs to q */
-    memset(msg, 0, sizeof *msg);
+    vlmd_msg_take(q->submit, msg); /* the request now belongs to q */
     enqueue(rt, q);
 }
 

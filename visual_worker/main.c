@@ -190,7 +190,7 @@ static void on_job(visual_worker *w, const vlmd_msg_image_job *m)
     start_batch(w);
 }
 
-static void on_message(vlmd_service *svc, const vlmd_msg *msg, void *ud)
+static void on_message(vlmd_service *svc, vlmd_msg *msg, void *ud)
 {
     (void)svc;
     visual_worker *w = ud;

@@ -31,7 +31,7 @@ typedef struct fixture {
     seen llm, visual, frontend;
 } fixture;
 
-static void on_peer_msg(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
+static void on_peer_msg(vlmd_peer *peer, vlmd_msg *msg, void *ud)
 {
     seen *s = ud;
     switch (msg->type) {

@@ -48,7 +48,7 @@ typedef struct fixture {
     vlmd_peer *fe_peer, *visual_peer, *llm_peer;
 } fixture;
 
-static void on_peer_msg(vlmd_peer *peer, const vlmd_msg *msg, void *ud)
+static void on_peer_msg(vlmd_peer *peer, vlmd_msg *msg, void *ud)
 {
     (void)peer;
     seen *s = ud;
