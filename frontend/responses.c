@@ -920,7 +920,7 @@ static void keep(const responses_job *job, const char *id, const json_t *respons
 /* The status of a finished answer: "incomplete" when max_output_tokens cut it. */
 static bool complete_of(const inflight_entry *e)
 {
-    return strcmp(e->choices[0].finish, "length") != 0;
+    return strcmp(e->choices[0].out.finish, "length") != 0;
 }
 
 /* The response, once done: status, output, usage; kept. A new reference. */
@@ -960,10 +960,10 @@ static responses_events *events_of(inflight_entry *e)
 
 static void w_text(completions *c, inflight_entry *e, uint32_t index, const char *reasoning,
                    size_t reasoning_len, const char *content, size_t len, bool first,
-                   json_t *logprobs)
+                   const answer_logprobs *logprobs)
 {
     (void)c, (void)index, (void)first;
-    json_decref(logprobs); /* (not asked for: top_logprobs is refused) */
+    (void)logprobs; /* (not asked for: top_logprobs is refused) */
     responses_events *ev = events_of(e);
     if (!ev)
         return;
