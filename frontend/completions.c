@@ -99,11 +99,6 @@ void completions_free(completions *c)
     inflight_free(&c->table);
 }
 
-static void send_api_error(h2o_req_t *req, const api_error *e)
-{
-    vlmd_send_api_error(req, e->status, e->message, e->param[0] ? e->param : NULL, e->code);
-}
-
 /* ---- streaming ------------------------------------------------------------------ */
 
 static void stream_flush(completions *c, uint64_t req_id);
@@ -576,34 +571,22 @@ static size_t visible_end(const inflight_entry *e, inflight_choice *ch, bool *hi
 
 /* ---- the request ------------------------------------------------------------------- */
 
-/* The HTTP status of an error the router or a worker sent. */
-static int error_status(vlmd_status st)
-{
-    switch (st) {
-    case VLMD_ERR_INVALID_ARG:
-    case VLMD_ERR_TOO_LARGE:
-        return 400;
-    case VLMD_ERR_UNAVAILABLE:
-    case VLMD_ERR_BUSY:
-        return 503;
-    case VLMD_ERR_LIMIT:
-        return 429;
-    default:
-        return 500;
-    }
-}
-
-/* Ends a request that has not started its answer with an error; a busy
- * server says when to come back. */
+/* Ends a request that has not started its answer with an error. */
 static void fail_entry(completions *c, inflight_entry *e, const api_error *err)
 {
     h2o_req_t *req = e->req;
     inflight_remove(&c->table, e);
     c->metrics.finished[2]++;
-    vlmd_send_api_error_with_header(req, err->status, err->message,
-                                    err->param[0] ? err->param : NULL, err->code,
-                                    err->status == 503 || err->status == 429 ? "retry-after" : NULL,
-                                    "1");
+    vlmd_send_api_failure(req, err);
+}
+
+/* The same for a failure that names no parameter and has no code. */
+static void fail_entry_with(completions *c, inflight_entry *e, vlmd_status what,
+                            const char *message)
+{
+    api_error err;
+    api_fail(&err, what, NULL, NULL, "%s", message);
+    fail_entry(c, e, &err);
 }
 
 /* The request (prompt complete, images measured) to the router. */
@@ -612,7 +595,7 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
     const api_request *r = &e->api;
     vlmd_image_ref *refs = r->n_images ? calloc(r->n_images, sizeof *refs) : NULL;
     if (r->n_images && !refs) {
-        fail_entry(c, e, &(api_error){500, "out of memory", "", NULL});
+        fail_entry_with(c, e, VLMD_ERR_NOMEM, "out of memory");
         return;
     }
     for (uint32_t i = 0; i < r->n_images; i++) {
@@ -655,7 +638,7 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
         e->api.images[i].data = NULL;
     }
     if (!sent)
-        fail_entry(c, e, &(api_error){503, "the router is not reachable", "", NULL});
+        fail_entry_with(c, e, VLMD_ERR_UNAVAILABLE, "the router is not reachable");
 }
 
 /* Every image's bytes are here: measure them, expand the prompt, submit. */
@@ -663,7 +646,7 @@ static void submit_with_images(completions *c, inflight_entry *e)
 {
     api_error err = {0};
     uint32_t *offsets = malloc(e->api.n_images * sizeof *offsets);
-    bool ok = offsets != NULL || api_fail(&err, 500, NULL, NULL, "out of memory");
+    bool ok = offsets != NULL || api_fail(&err, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     for (uint32_t i = 0; ok && i < e->api.n_images; i++)
         ok = image_input_measure(&e->api.images[i], &c->images, &err);
     if (ok)
@@ -704,7 +687,7 @@ static void on_fetch_done(uv_work_t *w, int status)
         e->api.images = j->images; /* back to the request */
         e->api.n_images = j->n_images;
         if (status != 0)
-            api_fail(&j->err, 500, NULL, NULL, "the image fetch did not run");
+            api_fail(&j->err, VLMD_ERR_INTERNAL, NULL, NULL, "the image fetch did not run");
         if (j->ok && status == 0)
             submit_with_images(j->c, e);
         else
@@ -734,7 +717,7 @@ static void start_images(completions *c, inflight_entry *e)
     }
     fetch_job *j = calloc(1, sizeof *j);
     if (!j) {
-        fail_entry(c, e, &(api_error){500, "out of memory", "", NULL});
+        fail_entry_with(c, e, VLMD_ERR_NOMEM, "out of memory");
         return;
     }
     *j = (fetch_job){.c = c, .req_id = e->req_id, .images = e->api.images,
@@ -757,7 +740,7 @@ static bool session_header(h2o_req_t *req, char *out, size_t outsz, api_error *e
     for (size_t i = 0; ok && i < v.len; i++)
         ok = v.base[i] > 0x20 && v.base[i] < 0x7f;
     if (!ok)
-        return api_fail(err, 400, NULL, "invalid_session_id",
+        return api_fail(err, VLMD_ERR_INVALID_ARG, NULL, "invalid_session_id",
                         "X-Session-ID must be 1 to %zu visible ASCII characters", outsz - 1);
     memcpy(out, v.base, v.len);
     out[v.len] = '\0';
@@ -766,23 +749,20 @@ static bool session_header(h2o_req_t *req, char *out, size_t outsz, api_error *e
 
 bool completions_accepting(completions *c, h2o_req_t *req)
 {
-    if (c->draining) {
-        vlmd_send_api_error_with_header(req, 503, "the server is shutting down", NULL,
-                                        "shutting_down", "retry-after", "1");
-        return false;
-    }
-    if (c->router_down) {
-        vlmd_send_api_error_with_header(req, 503, "the router is not answering; try again", NULL,
-                                        "router_unavailable", "retry-after", "1");
-        return false;
-    }
-    if (!c->length_known) { /* checked against a length the engine may not serve */
-        vlmd_send_api_error_with_header(req, 503, "the LLM engine is not ready yet (the context "
-                                        "length it serves is not known); try again", NULL,
-                                        "engine_not_ready", "retry-after", "1");
-        return false;
-    }
-    return true;
+    api_error err;
+    if (c->draining)
+        api_fail(&err, VLMD_ERR_UNAVAILABLE, NULL, "shutting_down", "the server is shutting down");
+    else if (c->router_down)
+        api_fail(&err, VLMD_ERR_UNAVAILABLE, NULL, "router_unavailable",
+                 "the router is not answering; try again");
+    else if (!c->length_known) /* checked against a length the engine may not serve */
+        api_fail(&err, VLMD_ERR_UNAVAILABLE, NULL, "engine_not_ready",
+                 "the LLM engine is not ready yet (the context length it serves is not known); "
+                 "try again");
+    else
+        return true;
+    vlmd_send_api_failure(req, &err);
+    return false;
 }
 
 json_t *completions_read_body(h2o_req_t *req)
@@ -790,9 +770,10 @@ json_t *completions_read_body(h2o_req_t *req)
     json_error_t jerr;
     json_t *body = json_loadb(req->entity.base, req->entity.len, API_JSON_FLAGS, &jerr);
     if (!body) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "the body is not valid JSON: %s", jerr.text);
-        vlmd_send_api_error(req, 400, msg, NULL, "invalid_json");
+        api_error err;
+        api_fail(&err, VLMD_ERR_INVALID_ARG, NULL, "invalid_json",
+                 "the body is not valid JSON: %s", jerr.text);
+        vlmd_send_api_failure(req, &err);
     }
     return body;
 }
@@ -806,7 +787,8 @@ void completions_start(completions *c, h2o_req_t *req, api_request *r, const ans
         api_request_free(r);
         if (state_free)
             state_free(state);
-        vlmd_send_api_error(req, 500, "out of memory", NULL, NULL);
+        api_fail(&err, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
+        vlmd_send_api_failure(req, &err);
         return;
     }
     e->api = *r;
@@ -847,7 +829,7 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
     bool ok = api_request_parse(body, chat, &c->limits, c->tok, &r, &err);
     json_decref(body);
     if (!ok) {
-        send_api_error(req, &err);
+        vlmd_send_api_failure(req, &err);
         return;
     }
     completions_start(c, req, &r, &openai_writer, NULL, NULL);
@@ -1103,7 +1085,7 @@ static void chunk_error(completions *c, inflight_entry *e, inflight_choice *ch,
     if (!e->started) {
         /* an image the visual worker could not take is named as the request gave it */
         bool image = m->error_image && m->error_image <= e->api.n_images;
-        api_error err = {error_status((vlmd_status)m->status), "", "",
+        api_error err = {vlmd_http_status_reported((vlmd_status)m->status), "", "",
                          image ? "invalid_image" : NULL};
         snprintf(err.message, sizeof err.message, "%s", m->message);
         if (image)
@@ -1245,7 +1227,7 @@ static void time_out(completions *c, inflight_entry *e)
     cancel_choices(c, e);
     if (!e->started && !e->sending) {
         api_error err;
-        api_fail(&err, 504, NULL, "timeout", "%s", msg);
+        api_fail(&err, VLMD_ERR_TIMEOUT, NULL, "timeout", "%s", msg);
         fail_entry(c, e, &err);
         return;
     }
