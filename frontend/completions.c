@@ -519,9 +519,7 @@ static void openai_end(completions *c, inflight_entry *e)
 static void openai_fail(completions *c, inflight_entry *e, const char *message, const char *code)
 {
     (void)c;
-    stream_event(e, json_pack("{s:{s:s, s:s, s:n, s:o}}", "error", "message", message, "type",
-                              "server_error", "param", "code",
-                              code ? json_string(code) : json_null()));
+    stream_event(e, vlmd_api_error_json(message, "server_error", NULL, code));
     vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
 }
 
