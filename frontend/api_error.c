@@ -4,9 +4,12 @@
 #include <stdarg.h>
 #include <stdio.h>
 
-bool api_fail(api_error *e, int status, const char *param, const char *code, const char *fmt, ...)
+#include "response.h"
+
+bool api_fail(api_error *e, vlmd_status what, const char *param, const char *code,
+              const char *fmt, ...)
 {
-    e->status = status;
+    e->status = vlmd_http_status(what);
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     e->code = code;
     va_list ap;

@@ -22,15 +22,16 @@ static bool compile_check(vlmd_grammar_kind kind, char *text, size_t n, const ch
                           api_grammar *out, api_error *e)
 {
     if (!text)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     vlmd_grammar *g = NULL;
     vlmd_error err = {0};
     vlmd_status st = vlmd_grammar_compile_text(vlmd_grammar_kind_str(kind), text, n, &g, &err);
     vlmd_grammar_free(g);
     if (st != VLMD_OK) {
         free(text);
-        return api_fail(e, st == VLMD_ERR_NOMEM ? 500 : 400, param, "invalid_value",
-                        "%s: vlmd cannot hold the output to it: %s", param, err.msg);
+        return api_fail(e, st == VLMD_ERR_NOMEM ? VLMD_ERR_NOMEM : VLMD_ERR_INVALID_ARG, param,
+                        "invalid_value", "%s: vlmd cannot hold the output to it: %s", param,
+                        err.msg);
     }
     *out = (api_grammar){kind, text, n, -1, -1};
     return true;
@@ -55,16 +56,16 @@ bool api_grammar_format(const json_t *v, bool flat, const char *param, api_gramm
     snprintf(where, sizeof where, "%s.type", param);
     const char *type = json_string_value(json_object_get(v, "type"));
     if (!json_is_object(v) || !type)
-        return api_fail(e, 400, json_is_object(v) ? where : param, "invalid_type", "'%s' must "
-                        "be {\"type\": \"text\" | \"json_object\" | \"json_schema\", ...}",
-                        param);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, json_is_object(v) ? where : param, "invalid_type",
+                        "'%s' must be {\"type\": \"text\" | \"json_object\" | \"json_schema\", "
+                        "...}", param);
     if (strcmp(type, "text") == 0)
         return true;
     if (strcmp(type, "json_object") == 0)
         return api_grammar_json(NULL, param, out, e);
     if (strcmp(type, "json_schema") != 0)
-        return api_fail(e, 400, where, "invalid_value", "'%s' is '%.64s'; it must be \"text\", "
-                        "\"json_object\" or \"json_schema\"", where, type);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where, "invalid_value", "'%s' is '%.64s'; it "
+                        "must be \"text\", \"json_object\" or \"json_schema\"", where, type);
     const json_t *js = v;
     char base[64];
     snprintf(base, sizeof base, "%s", param);
@@ -72,25 +73,27 @@ bool api_grammar_format(const json_t *v, bool flat, const char *param, api_gramm
         snprintf(base, sizeof base, "%s.json_schema", param);
         js = json_object_get(v, "json_schema");
         if (!json_is_object(js))
-            return api_fail(e, 400, base, "invalid_type", "'%s' must be an object with 'name' "
-                            "and 'schema'", base);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, base, "invalid_type", "'%s' must be an "
+                            "object with 'name' and 'schema'", base);
     }
     const json_t *schema = opt(js, "schema"), *strict = opt(js, "strict");
     const json_t *desc = opt(js, "description");
     snprintf(where, sizeof where, "%s.name", base);
     if (!api_function_name_ok(json_object_get(js, "name"))) /* OpenAI's rule, as for functions */
-        return api_fail(e, 400, where, "invalid_value", "'%s' must be 1 to 64 letters, digits, "
-                        "'_' or '-'", where);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where, "invalid_value", "'%s' must be 1 to 64 "
+                        "letters, digits, '_' or '-'", where);
     snprintf(where, sizeof where, "%s.strict", base);
     if (strict && !json_is_boolean(strict))
-        return api_fail(e, 400, where, "invalid_type", "'%s' must be true or false", where);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where, "invalid_type", "'%s' must be true or "
+                        "false", where);
     snprintf(where, sizeof where, "%s.description", base);
     if (desc && !json_is_string(desc))
-        return api_fail(e, 400, where, "invalid_type", "'%s' must be a string", where);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where, "invalid_type", "'%s' must be a string",
+                        where);
     snprintf(where, sizeof where, "%s.schema", base);
     if (schema && !json_is_object(schema))
-        return api_fail(e, 400, where, "invalid_type", "'%s' must be a JSON Schema object",
-                        where);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where, "invalid_type", "'%s' must be a JSON "
+                        "Schema object", where);
     if (!schema) { /* OpenAI: no schema is any JSON value; {} says the same */
         json_t *any = json_object();
         bool ok = api_grammar_json(any, where, out, e);
@@ -111,24 +114,26 @@ static bool vllm_guide(const char *key, const json_t *v, const char *param, api_
             json_error_t je;
             json_t *s = json_loadb(json_string_value(v), json_string_length(v), 0, &je);
             bool ok = json_is_object(s) ? api_grammar_json(s, param, out, e)
-                                        : api_fail(e, 400, param, "invalid_value", "'%s' must be "
-                                                   "a JSON Schema (an object)", param);
+                                        : api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value",
+                                                   "'%s' must be a JSON Schema (an object)", param);
             json_decref(s);
             return ok;
         }
         if (!json_is_object(v))
-            return api_fail(e, 400, param, "invalid_type", "'%s' must be a JSON Schema object",
-                            param);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s' must be a JSON "
+                            "Schema object", param);
         return api_grammar_json(v, param, out, e);
     }
     if (strcmp(key, "json_object") == 0) {
         if (!json_is_true(v))
-            return api_fail(e, 400, param, "invalid_value", "'%s' may only be true", param);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "'%s' may only be "
+                            "true", param);
         return api_grammar_json(NULL, param, out, e);
     }
     if (strcmp(key, "regex") == 0) {
         if (!json_is_string(v))
-            return api_fail(e, 400, param, "invalid_type", "'%s' must be a string", param);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s' must be a string",
+                            param);
         size_t n = json_string_length(v);
         char *text = malloc(n + 1);
         if (text) {
@@ -139,21 +144,21 @@ static bool vllm_guide(const char *key, const json_t *v, const char *param, api_
     }
     if (strcmp(key, "choice") == 0) {
         if (!json_is_array(v) || json_array_size(v) == 0)
-            return api_fail(e, 400, param, "invalid_type", "'%s' must be a non-empty list of "
-                            "strings", param);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s' must be a "
+                            "non-empty list of strings", param);
         char *text = json_dumps(v, JSON_COMPACT);
         return compile_check(VLMD_GRAMMAR_CHOICE, text, text ? strlen(text) : 0, param, out, e);
     }
-    return api_fail(e, 400, param, "unsupported_parameter", "'%s' is not supported: vlmd holds "
-                    "output to json, json_object, regex or choice", param);
+    return api_fail(e, VLMD_ERR_INVALID_ARG, param, "unsupported_parameter", "'%s' is not "
+                    "supported: vlmd holds output to json, json_object, regex or choice", param);
 }
 
 /* How many grammar sources a body names (for the one-source rule). */
 static bool one_source(bool *seen, const char *param, const char *first, api_error *e)
 {
     if (*seen)
-        return api_fail(e, 400, param, "invalid_value", "'%s' and '%s' both constrain the "
-                        "output: give one", first, param);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "'%s' and '%s' both "
+                        "constrain the output: give one", first, param);
     *seen = true;
     return true;
 }
@@ -167,8 +172,8 @@ bool api_grammar_vllm(const json_t *body, api_grammar *out, api_error *e)
     const json_t *so = opt(body, "structured_outputs");
     if (so) {
         if (!json_is_object(so))
-            return api_fail(e, 400, "structured_outputs", "invalid_type", "'structured_outputs' "
-                            "must be an object");
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "structured_outputs", "invalid_type",
+                            "'structured_outputs' must be an object");
         const char *key;
         const json_t *v;
         json_object_foreach((json_t *)so, key, v) {
@@ -247,8 +252,9 @@ bool api_grammar_tools(const json_t *body, const vlmd_tokenizer *tok, bool reaso
         out->trigger_after = reasoning ? vlmd_tokenizer_find(tok, THINK_CLOSE) : -1;
         if (out->trigger < 0 || (reasoning && out->trigger_after < 0)) {
             api_grammar_free(out);
-            return api_fail(e, 400, "tools", "invalid_value", "'strict' tools need the model's "
-                            "'" TOOL_CALL_OPEN "' token, which this tokenizer does not have");
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "tools", "invalid_value",
+                            "'strict' tools need the model's '" TOOL_CALL_OPEN "' token, which "
+                            "this tokenizer does not have");
         }
     }
     return true;
@@ -264,7 +270,7 @@ bool api_grammar_parse(const json_t *body, bool chat, const json_t *format_v, bo
         return false;
     bool ok = api_grammar_vllm(body, &vllm, e);
     if (ok && format.kind != VLMD_GRAMMAR_NONE && vllm.kind != VLMD_GRAMMAR_NONE)
-        ok = api_fail(e, 400, format_param, "invalid_value", "'%s' and vLLM's "
+        ok = api_fail(e, VLMD_ERR_INVALID_ARG, format_param, "invalid_value", "'%s' and vLLM's "
                       "structured_outputs / guided_* both constrain the output: give one",
                       format_param);
     if (ok && chat)
@@ -273,8 +279,9 @@ bool api_grammar_parse(const json_t *body, bool chat, const json_t *format_v, bo
     if (ok && answer_format && tools.trigger >= 0)
         api_grammar_free(&tools); /* strict tools under auto: the answer's format wins */
     if (ok && answer_format && tools.kind != VLMD_GRAMMAR_NONE)
-        ok = api_fail(e, 400, "tool_choice", "invalid_value", "a forced or strict tool call and "
-                      "a JSON answer format both constrain the output: give one");
+        ok = api_fail(e, VLMD_ERR_INVALID_ARG, "tool_choice", "invalid_value", "a forced or "
+                      "strict tool call and a JSON answer format both constrain the output: give "
+                      "one");
     if (!ok) {
         api_grammar_free(&format);
         api_grammar_free(&vllm);
@@ -287,8 +294,8 @@ bool api_grammar_parse(const json_t *body, bool chat, const json_t *format_v, bo
         out->trigger = vlmd_tokenizer_find(tok, THINK_CLOSE);
         if (out->trigger < 0) {
             api_grammar_free(out);
-            return api_fail(e, 500, NULL, NULL, "a thinking model without a '" THINK_CLOSE
-                            "' token");
+            return api_fail(e, VLMD_ERR_INTERNAL, NULL, NULL,
+                            "a thinking model without a '" THINK_CLOSE "' token");
         }
     }
     return true;

@@ -24,11 +24,11 @@ bool api_field_number(const json_t *body, const char *key, double min, double ma
     if (!v)
         return true;
     if (!json_is_number(v))
-        return api_fail(e, 400, key, "invalid_type", "'%s' must be a number", key);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, key, "invalid_type", "'%s' must be a number", key);
     double x = json_number_value(v);
     if (!isfinite(x) || x > max || (min_open ? x <= min : x < min))
-        return api_fail(e, 400, key, "invalid_value", "'%s' is %g; it must be in %s%g, %g]",
-                        key, x, min_open ? "(" : "[", min, max);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, key, "invalid_value", "'%s' is %g; it must be in "
+                        "%s%g, %g]", key, x, min_open ? "(" : "[", min, max);
     *out = x;
     return true;
 }
@@ -42,11 +42,12 @@ bool api_field_integer(const json_t *body, const char *key, int64_t min, int64_t
     if (!v)
         return true;
     if (!json_is_integer(v))
-        return api_fail(e, 400, key, "invalid_type", "'%s' must be an integer", key);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, key, "invalid_type", "'%s' must be an integer",
+                        key);
     json_int_t x = json_integer_value(v);
     if (x < min || x > max)
-        return api_fail(e, 400, key, "invalid_value", "'%s' is %lld; it must be in [%lld, %lld]",
-                        key, (long long)x, (long long)min, (long long)max);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, key, "invalid_value", "'%s' is %lld; it must be "
+                        "in [%lld, %lld]", key, (long long)x, (long long)min, (long long)max);
     *out = x;
     return true;
 }
@@ -57,7 +58,8 @@ bool api_field_bool(const json_t *body, const char *key, bool *out, api_error *e
     if (!v)
         return true;
     if (!json_is_boolean(v))
-        return api_fail(e, 400, key, "invalid_type", "'%s' must be true or false", key);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, key, "invalid_type", "'%s' must be true or false",
+                        key);
     *out = json_is_true(v);
     return true;
 }
@@ -71,8 +73,9 @@ bool api_token_id(const json_t *v, const vlmd_tokenizer *tok, uint32_t *id)
     return true;
 }
 
-/* (API_JSON_FLAGS lets text, a prompt or a message's content, carry
- * "\u0000"; names, URLs and stop strings, used as C strings, may not.) */
+/* A JSON string holding no NUL. API_JSON_FLAGS lets text (a prompt, a
+ * message's content) carry "\u0000"; names, URLs and stop strings, used as
+ * C strings, may not. */
 bool api_plain_string(const json_t *s)
 {
     return json_is_string(s) && strlen(json_string_value(s)) == json_string_length(s);
@@ -92,17 +95,17 @@ static bool parse_logit_bias(const json_t *body, uint32_t vocab, api_request *r,
     if (!lb)
         return true;
     if (!json_is_object(lb))
-        return api_fail(e, 400, "logit_bias", "invalid_type", "'logit_bias' must be an object "
-                        "of token ids (as strings) to numbers");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "logit_bias", "invalid_type", "'logit_bias' "
+                        "must be an object of token ids (as strings) to numbers");
     size_t n = json_object_size(lb);
     if (n > VLMD_PROTO_MAX_LOGIT_BIAS)
-        return api_fail(e, 400, "logit_bias", "invalid_value", "'logit_bias' has %zu tokens; "
-                        "at most %d", n, VLMD_PROTO_MAX_LOGIT_BIAS);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "logit_bias", "invalid_value", "'logit_bias' has "
+                        "%zu tokens; at most %d", n, VLMD_PROTO_MAX_LOGIT_BIAS);
     if (n == 0)
         return true;
     r->logit_bias = calloc(n, sizeof *r->logit_bias);
     if (!r->logit_bias)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     const char *key;
     size_t key_len;
     json_t *v;
@@ -115,19 +118,21 @@ static bool parse_logit_bias(const json_t *body, uint32_t vocab, api_request *r,
             id = id * 10 + (uint64_t)(key[i] - '0');
         }
         if (!digits || id >= vocab)
-            return api_fail(e, 400, "logit_bias", "invalid_value", "logit_bias: '%.*s' is not a "
-                            "token id below %u", (int)(key_len > 32 ? 32 : key_len), key, vocab);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "logit_bias", "invalid_value", "logit_bias: "
+                            "'%.*s' is not a token id below %u", (int)(key_len > 32 ? 32 : key_len),
+                            key, vocab);
         double bias = json_is_number(v) ? json_number_value(v) : NAN;
         if (!(fabs(bias) <= 100))
-            return api_fail(e, 400, "logit_bias", "invalid_value", "logit_bias['%.*s'] must be a "
-                            "number in [-100, 100]", (int)key_len, key);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "logit_bias", "invalid_value",
+                            "logit_bias['%.*s'] must be a number in [-100, 100]", (int)key_len,
+                            key);
         r->logit_bias[r->n_logit_bias++] = (vlmd_logit_bias){(uint32_t)id, bias};
     }
     qsort(r->logit_bias, n, sizeof *r->logit_bias, by_token_id);
     for (size_t i = 1; i < n; i++)
         if (r->logit_bias[i].id == r->logit_bias[i - 1].id)
-            return api_fail(e, 400, "logit_bias", "invalid_value", "logit_bias gives token %u "
-                            "twice", r->logit_bias[i].id);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "logit_bias", "invalid_value", "logit_bias "
+                            "gives token %u twice", r->logit_bias[i].id);
     return true;
 }
 
@@ -139,21 +144,21 @@ static bool parse_stops(const json_t *body, api_request *r, api_error *e)
     const json_t *one[1] = {v};
     size_t n = json_is_array(v) ? json_array_size(v) : 1;
     if (!json_is_array(v) && !json_is_string(v))
-        return api_fail(e, 400, "stop", "invalid_type",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "stop", "invalid_type",
                         "'stop' must be a string or a list of strings");
     if (n > API_MAX_STOPS)
-        return api_fail(e, 400, "stop", "invalid_value", "'stop' has %zu strings; at most %d", n,
-                        API_MAX_STOPS);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "stop", "invalid_value", "'stop' has %zu "
+                        "strings; at most %d", n, API_MAX_STOPS);
     for (size_t i = 0; i < n; i++) {
         const json_t *s = json_is_array(v) ? json_array_get(v, i) : one[0];
         if (!api_plain_string(s) || json_string_length(s) == 0 ||
             json_string_length(s) > API_MAX_STOP_LEN)
-            return api_fail(e, 400, "stop", "invalid_value",
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "stop", "invalid_value",
                             "'stop' entries must be non-empty strings of at most %d bytes, "
                             "without \\u0000", API_MAX_STOP_LEN);
         r->stops[r->n_stops] = strdup(json_string_value(s));
         if (!r->stops[r->n_stops])
-            return api_fail(e, 500, NULL, NULL, "out of memory");
+            return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
         r->n_stops++;
     }
     return true;
@@ -163,8 +168,9 @@ static bool parse_stops(const json_t *body, api_request *r, api_error *e)
 static bool text_fits(const api_limits *lim, size_t bytes, const char *param, api_error *e)
 {
     if (lim->max_prompt_bytes && bytes > lim->max_prompt_bytes)
-        return api_fail(e, 400, param, "prompt_too_large", "the text is %zu bytes; at most %llu "
-                        "(--max-prompt-bytes)", bytes, (unsigned long long)lim->max_prompt_bytes);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "prompt_too_large", "the text is %zu "
+                        "bytes; at most %llu (--max-prompt-bytes)", bytes,
+                        (unsigned long long)lim->max_prompt_bytes);
     return true;
 }
 
@@ -202,11 +208,11 @@ void api_chat_free(api_chat *c)
 bool api_chat_turn_add(api_chat *c, const char *role, const char *param, api_error *e)
 {
     if (c->lim->max_messages && c->n_turns == c->lim->max_messages)
-        return api_fail(e, 400, param, "too_many_messages", "more than %u messages "
-                        "(--max-messages)", c->lim->max_messages);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "too_many_messages", "more than %u "
+                        "messages (--max-messages)", c->lim->max_messages);
     api_chat_turn *t = vlmd_grow(c->turns, c->n_turns, &c->cap_turns, sizeof *t, 16);
     if (!t)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     c->turns = t;
     /* OpenAI's current name for system instructions */
     c->turns[c->n_turns++] = (api_chat_turn){
@@ -218,7 +224,7 @@ static bool add_part(api_chat *c, vlmd_chat_part part, api_error *e)
 {
     vlmd_chat_part *p = vlmd_grow(c->parts, c->n_parts, &c->cap_parts, sizeof *p, 16);
     if (!p)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     c->parts = p;
     c->parts[c->n_parts++] = part;
     c->turns[c->n_turns - 1].n_parts++;
@@ -236,25 +242,25 @@ bool api_chat_text(api_chat *c, const char *text, size_t len, const char *param,
 bool api_chat_image(api_chat *c, const json_t *url, const char *param, api_error *e)
 {
     if (!c->images_allowed)
-        return api_fail(e, 400, param, "unsupported_content",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "unsupported_content",
                         "this endpoint does not take images");
     if (!api_plain_string(url) || json_string_length(url) == 0)
-        return api_fail(e, 400, param, "invalid_type",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type",
                         "'%s' must be {\"url\": \"data:image/...;base64,...\"} or a URL", param);
     if (c->n_images == c->lim->max_images)
-        return api_fail(e, 400, param, "too_many_images",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "too_many_images",
                         "a request may carry at most %u images (--max-images-per-request)",
                         c->lim->max_images);
     api_image *grown = realloc(c->images, (c->n_images + 1) * sizeof *grown);
     if (!grown)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     c->images = grown;
     api_image *img = &grown[c->n_images];
     *img = (api_image){0};
     snprintf(img->param, sizeof img->param, "%s", param);
     img->url = strdup(json_string_value(url));
     if (!img->url)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     c->n_images++;
     return add_part(c, (vlmd_chat_part){VLMD_CHAT_IMAGE, NULL, 0}, e);
 }
@@ -265,7 +271,8 @@ bool api_chat_file(api_chat *c, const json_t *file_data, const json_t *file_id,
     char where[96];
     if (!file_data || json_is_null(file_data)) {
         snprintf(where, sizeof where, "%s.%s", param, file_id ? "file_id" : "file_data");
-        return api_fail(e, 400, where, file_id ? "unsupported_content" : "invalid_value",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where,
+                        file_id ? "unsupported_content" : "invalid_value",
                         file_id ? "vlmd stores no files: send the file's bytes in 'file_data' "
                                   "(a data: URI)"
                                 : "a file part needs 'file_data' (a data: URI)");
@@ -273,13 +280,14 @@ bool api_chat_file(api_chat *c, const json_t *file_data, const json_t *file_id,
     snprintf(where, sizeof where, "%s.file_data", param);
     const char *uri = json_string_value(file_data);
     if (!uri || strncmp(uri, "data:", 5) != 0)
-        return api_fail(e, 400, where, "invalid_value", "'%s' must be a data: URI "
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where, "invalid_value", "'%s' must be a data: URI "
                         "(\"data:image/png;base64,...\")", where);
     size_t type_len = strcspn(uri + 5, ";,");
     if (type_len < 6 || strncasecmp(uri + 5, "image/", 6) != 0)
-        return api_fail(e, 400, where, "unsupported_content", "a file of type '%.*s' is not "
-                        "supported: vlmd reads images only (image/png, image/jpeg, image/webp)",
-                        (int)(type_len > 64 ? 64 : type_len), type_len ? uri + 5 : "");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where, "unsupported_content", "a file of type "
+                        "'%.*s' is not supported: vlmd reads images only (image/png, image/jpeg, "
+                        "image/webp)", (int)(type_len > 64 ? 64 : type_len),
+                        type_len ? uri + 5 : "");
     return api_chat_image(c, file_data, where, e);
 }
 
@@ -288,11 +296,11 @@ bool api_chat_call(api_chat *c, const json_t *name, const json_t *arguments, con
 {
     api_chat_turn *t = &c->turns[c->n_turns - 1];
     if (t->n_calls == API_MAX_TOOLS)
-        return api_fail(e, 400, param, "invalid_value", "a turn makes at most %d calls",
-                        API_MAX_TOOLS);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "a turn makes at most %d "
+                        "calls", API_MAX_TOOLS);
     vlmd_chat_tool_call *calls = vlmd_grow(t->calls, t->n_calls, &t->cap_calls, sizeof *calls, 4);
     if (!calls)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     t->calls = calls;
     if (!api_tool_call_read(name, arguments, param, &t->calls[t->n_calls], e))
         return false;
@@ -321,7 +329,7 @@ bool api_chat_render(api_chat *c, const json_t *tools_body, bool thinking,
         ok = text_fits(c->lim, c->text_bytes + tools.text.len, "tools", e);
     vlmd_chat_message *msgs = ok ? calloc(c->n_turns ? c->n_turns : 1, sizeof *msgs) : NULL;
     if (ok && !msgs)
-        ok = api_fail(e, 500, NULL, NULL, "out of memory");
+        ok = api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     for (size_t i = 0; ok && i < c->n_turns; i++) {
         const api_chat_turn *t = &c->turns[i];
         msgs[i] = (vlmd_chat_message){.role = t->role, .parts = c->parts + t->first_part,
@@ -340,10 +348,12 @@ bool api_chat_render(api_chat *c, const json_t *tools_body, bool thinking,
             char where[64];
             const char *colon = strchr(err.msg, ':');
             snprintf(where, sizeof where, "%.*s", colon ? (int)(colon - err.msg) : 0, err.msg);
-            ok = api_fail(e, 400, colon && strcmp(c->param, "messages") == 0 ? where : c->param,
+            ok = api_fail(e, VLMD_ERR_INVALID_ARG,
+                          colon && strcmp(c->param, "messages") == 0 ? where : c->param,
                           "invalid_value", "%s", err.msg);
         } else if (st != VLMD_OK || api_tool_answer_prefix_add(tools_body, out) != VLMD_OK) {
-            ok = api_fail(e, 500, NULL, NULL, "out of memory"); /* (a forced call ends it) */
+            ok = api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of "
+                          "memory"); /* (a forced call ends it) */
         }
     }
     free(msgs);
@@ -362,12 +372,13 @@ static bool thinking_wanted(const json_t *body, bool *on, api_error *e)
     if (!kw)
         return true;
     if (!json_is_object(kw))
-        return api_fail(e, 400, "chat_template_kwargs", "invalid_type",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "chat_template_kwargs", "invalid_type",
                         "'chat_template_kwargs' must be an object");
     const json_t *v = opt(kw, "enable_thinking");
     if (v && !json_is_boolean(v))
-        return api_fail(e, 400, "chat_template_kwargs.enable_thinking", "invalid_type",
-                        "'chat_template_kwargs.enable_thinking' must be true or false");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "chat_template_kwargs.enable_thinking",
+                        "invalid_type", "'chat_template_kwargs.enable_thinking' must be true or "
+                        "false");
     *on = !v || json_is_true(v);
     return true;
 }
@@ -378,12 +389,13 @@ static bool chat_message(const json_t *m, size_t i, api_chat *c, api_error *e)
     char param[96];
     snprintf(param, sizeof param, "messages[%zu]", i);
     if (!json_is_object(m))
-        return api_fail(e, 400, param, "invalid_type", "each message must be an object");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "each message must be an "
+                        "object");
     const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
     snprintf(param, sizeof param, "messages[%zu].role", i);
     if (!api_plain_string(role))
-        return api_fail(e, 400, param, "invalid_type", "'%s' must be a string (without "
-                        "\\u0000)", param);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s' must be a string "
+                        "(without \\u0000)", param);
     snprintf(param, sizeof param, "messages[%zu]", i);
     if (!api_chat_turn_add(c, json_string_value(role), param, e))
         return false;
@@ -391,10 +403,11 @@ static bool chat_message(const json_t *m, size_t i, api_chat *c, api_error *e)
     const json_t *calls = opt(m, "tool_calls"), *call_id = json_object_get(m, "tool_call_id");
     snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
     if (calls && strcmp(r, "assistant") != 0)
-        return api_fail(e, 400, param, "invalid_value", "only assistant messages make calls");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "only assistant "
+                        "messages make calls");
     if (calls && (!json_is_array(calls) || json_array_size(calls) > API_MAX_TOOLS))
-        return api_fail(e, 400, param, "invalid_type", "'%s' must be a list of at most %d calls",
-                        param, API_MAX_TOOLS);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s' must be a list of "
+                        "at most %d calls", param, API_MAX_TOOLS);
     for (size_t k = 0; k < json_array_size(calls); k++) {
         const json_t *fn = json_object_get(json_array_get(calls, k), "function");
         snprintf(param, sizeof param, "messages[%zu].tool_calls[%zu].function", i, k);
@@ -406,22 +419,23 @@ static bool chat_message(const json_t *m, size_t i, api_chat *c, api_error *e)
     snprintf(param, sizeof param, "messages[%zu].reasoning_content", i);
     if (strcmp(r, "assistant") == 0 && reasoning) {
         if (!json_is_string(reasoning))
-            return api_fail(e, 400, param, "invalid_type", "'%s' must be a string", param);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s' must be a string",
+                            param);
         if (!api_chat_reasoning(c, json_string_value(reasoning), json_string_length(reasoning),
                                 param, e))
             return false;
     }
     snprintf(param, sizeof param, "messages[%zu].tool_call_id", i);
     if (strcmp(r, "tool") == 0 && !api_plain_string(call_id))
-        return api_fail(e, 400, param, "invalid_type", "a tool message must name the call it "
-                        "answers in 'tool_call_id'");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "a tool message must "
+                        "name the call it answers in 'tool_call_id'");
     snprintf(param, sizeof param, "messages[%zu].content", i);
     if (json_is_string(content) || json_is_null(content) || !content)
         return api_chat_text(c, json_is_string(content) ? json_string_value(content) : "",
                              json_string_length(content), param, e);
     if (!json_is_array(content))
-        return api_fail(e, 400, param, "invalid_type", "'%s' must be a string or a list of parts",
-                        param);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s' must be a string or "
+                        "a list of parts", param);
     for (size_t j = 0; j < json_array_size(content); j++) {
         const json_t *p = json_array_get(content, j), *type_j = json_object_get(p, "type");
         const char *type = api_plain_string(type_j) ? json_string_value(type_j) : "";
@@ -441,9 +455,9 @@ static bool chat_message(const json_t *m, size_t i, api_chat *c, api_error *e)
             snprintf(param + n, sizeof param - n, ".file");
             ok = api_chat_file(c, opt(file, "file_data"), opt(file, "file_id"), param, e);
         } else {
-            ok = api_fail(e, 400, param, "invalid_type", "a content part must be {\"type\": "
-                          "\"text\", \"text\": ...}, an image_url part or a file part (an "
-                          "image's data URI)");
+            ok = api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "a content part must "
+                          "be {\"type\": \"text\", \"text\": ...}, an image_url part or a file "
+                          "part (an image's data URI)");
         }
         if (!ok)
             return false;
@@ -457,12 +471,13 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_prompt_t
 {
     const json_t *msgs = json_object_get(body, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        return api_fail(e, 400, "messages", json_is_array(msgs) ? "invalid_value" : "invalid_type",
-                        "'messages' must be a non-empty list of messages");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "messages",
+                        json_is_array(msgs) ? "invalid_value" : "invalid_type", "'messages' must "
+                        "be a non-empty list of messages");
     size_t n = json_array_size(msgs);
     if (lim->max_messages && n > lim->max_messages)
-        return api_fail(e, 400, "messages", "too_many_messages", "%zu messages; at most %u "
-                        "(--max-messages)", n, lim->max_messages);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "messages", "too_many_messages", "%zu messages; "
+                        "at most %u (--max-messages)", n, lim->max_messages);
     api_chat c;
     api_chat_init(&c, lim, images != NULL, "messages");
     bool thinking = true, ok = true;
@@ -491,22 +506,22 @@ static bool one_prompt(const json_t *p, const vlmd_tokenizer *tok, const api_lim
     if (json_is_string(p)) { /* text: its special tokens too (token ids carry those) */
         if (vlmd_tokenizer_encode(tok, json_string_value(p), json_string_length(p),
                                   VLMD_SPECIAL_SPLIT, prompt) != VLMD_OK)
-            return api_fail(e, 500, NULL, NULL, "out of memory");
+            return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
         return true;
     }
     if (json_is_array(p) && json_array_size(p) > 0 && json_is_integer(json_array_get(p, 0))) {
         for (size_t i = 0; i < json_array_size(p); i++) {
             uint32_t id;
             if (!api_token_id(json_array_get(p, i), tok, &id))
-                return api_fail(e, 400, "prompt", "invalid_value",
+                return api_fail(e, VLMD_ERR_INVALID_ARG, "prompt", "invalid_value",
                                 "prompt[%zu] is not a token id below %u", i, vocab);
             if (vlmd_tokens_push(prompt, id) != VLMD_OK)
-                return api_fail(e, 500, NULL, NULL, "out of memory");
+                return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
         }
         return true;
     }
-    return api_fail(e, 400, "prompt", "invalid_type", "'prompt' must be a string, a list of "
-                    "token ids, or a list of either");
+    return api_fail(e, VLMD_ERR_INVALID_ARG, "prompt", "invalid_type", "'prompt' must be a "
+                    "string, a list of token ids, or a list of either");
 }
 
 /* prompt (completions): one (a string or a list of token ids) or a list of
@@ -518,11 +533,11 @@ static bool tokenize_prompts(const json_t *body, const vlmd_tokenizer *tok, cons
     bool listed = json_is_string(first) || json_is_array(first);
     size_t count = listed ? json_array_size(p) : 1, text_bytes = 0;
     if (count > most)
-        return api_fail(e, 400, "prompt", "invalid_value", "%zu prompts; at most %u (%s)",
-                        count, most, most == 1 ? "one here" : "n x prompts <= 128");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "prompt", "invalid_value", "%zu prompts; at most "
+                        "%u (%s)", count, most, most == 1 ? "one here" : "n x prompts <= 128");
     *prompts = calloc(count, sizeof **prompts);
     if (!*prompts)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     *n = (uint32_t)count;
     for (size_t i = 0; i < count; i++)
         if (!one_prompt(listed ? json_array_get(p, i) : p, tok, lim, &text_bytes, &(*prompts)[i],
@@ -549,7 +564,7 @@ bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
     vlmd_prompt_text text = VLMD_PROMPT_TEXT_INIT;
     bool ok = render_chat(body, lim, &text, images, n_images, e);
     if (ok && vlmd_tokenizer_encode_prompt(tok, &text, out) != VLMD_OK)
-        ok = api_fail(e, 500, NULL, NULL, "out of memory");
+        ok = api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     vlmd_prompt_free(&text);
     return ok;
 }
@@ -564,7 +579,7 @@ static bool fit_output(api_request *r, const api_limits *lim, api_error *e)
         longest = r->prompts[i].n > longest ? r->prompts[i].n : longest;
     int64_t room = lim->max_model_len - (int64_t)longest;
     if (room <= 0)
-        return api_fail(e, 400, param, "context_length_exceeded",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "context_length_exceeded",
                         "the prompt has %zu tokens%s; this model's maximum context length is "
                         "%lld tokens", longest, r->n_images ? " (images included)" : "",
                         (long long)lim->max_model_len);
@@ -584,11 +599,12 @@ static bool parse_stop_token_ids(const json_t *body, const vlmd_tokenizer *tok, 
     if (!v)
         return true;
     if (!json_is_array(v) || json_array_size(v) > API_MAX_STOP_IDS)
-        return api_fail(e, 400, "stop_token_ids", "invalid_value", "'stop_token_ids' must be a "
-                        "list of at most %d token ids", API_MAX_STOP_IDS);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "stop_token_ids", "invalid_value",
+                        "'stop_token_ids' must be a list of at most %d token ids",
+                        API_MAX_STOP_IDS);
     for (size_t i = 0; i < json_array_size(v); i++, r->n_stop_token_ids++)
         if (!api_token_id(json_array_get(v, i), tok, &r->stop_token_ids[i]))
-            return api_fail(e, 400, "stop_token_ids", "invalid_value",
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "stop_token_ids", "invalid_value",
                             "stop_token_ids[%zu] is not a token id below %u", i,
                             vlmd_tokenizer_size(tok));
     return true;
@@ -601,8 +617,8 @@ static bool refuse_unsupported(const json_t *body, bool chat, int64_t n, api_err
 {
     const json_t *functions = opt(body, "functions");
     if (chat && functions && (!json_is_array(functions) || json_array_size(functions) > 0))
-        return api_fail(e, 400, "functions", "unsupported_parameter", "'functions' is "
-                        "deprecated: send them as 'tools'");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "functions", "unsupported_parameter",
+                        "'functions' is deprecated: send them as 'tools'");
     const json_t *modalities = opt(body, "modalities");
     bool text_only = !modalities || json_is_array(modalities);
     for (size_t i = 0; text_only && i < json_array_size(modalities); i++) {
@@ -610,17 +626,19 @@ static bool refuse_unsupported(const json_t *body, bool chat, int64_t n, api_err
         text_only = json_is_string(m) && strcmp(json_string_value(m), "text") == 0;
     }
     if (chat && !text_only)
-        return api_fail(e, 400, "modalities", "unsupported_parameter",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "modalities", "unsupported_parameter",
                         "vlmd answers in text only: 'modalities' may only be [\"text\"]");
     if (chat && opt(body, "audio"))
-        return api_fail(e, 400, "audio", "unsupported_parameter", "vlmd answers in text only");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "audio", "unsupported_parameter", "vlmd answers "
+                        "in text only");
     const json_t *suffix = opt(body, "suffix"), *best_of = opt(body, "best_of");
     if (!chat && suffix && !(json_is_string(suffix) && json_string_length(suffix) == 0))
-        return api_fail(e, 400, "suffix", "unsupported_parameter", "vlmd does not insert text "
-                        "before a suffix: 'suffix' is not supported");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "suffix", "unsupported_parameter", "vlmd does "
+                        "not insert text before a suffix: 'suffix' is not supported");
     if (!chat && best_of && !(json_is_integer(best_of) && json_integer_value(best_of) == n))
-        return api_fail(e, 400, "best_of", "unsupported_parameter", "vlmd returns every choice "
-                        "it generates: 'best_of' must equal n (%lld)", (long long)n);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "best_of", "unsupported_parameter", "vlmd "
+                        "returns every choice it generates: 'best_of' must equal n (%lld)",
+                        (long long)n);
     return true;
 }
 
@@ -634,7 +652,8 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     r->sampling = lim->defaults;
     bool ok = true;
     if (!json_is_object(body))
-        return api_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, NULL, "invalid_json", "the body must be a JSON "
+                        "object");
     if (!api_model_check(body, lim, e))
         return false;
 
@@ -667,14 +686,14 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
              api_field_bool(body, "echo", &r->echo, e);
     const json_t *user = opt(body, "user");
     if (ok && user && !json_is_string(user))
-        ok = api_fail(e, 400, "user", "invalid_type", "'user' must be a string");
+        ok = api_fail(e, VLMD_ERR_INVALID_ARG, "user", "invalid_type", "'user' must be a string");
     const json_t *so = opt(body, "stream_options");
     if (ok && so) {
         if (!json_is_object(so))
-            ok = api_fail(e, 400, "stream_options", "invalid_type",
+            ok = api_fail(e, VLMD_ERR_INVALID_ARG, "stream_options", "invalid_type",
                           "'stream_options' must be an object");
         else if (!r->stream)
-            ok = api_fail(e, 400, "stream_options", "invalid_value",
+            ok = api_fail(e, VLMD_ERR_INVALID_ARG, "stream_options", "invalid_value",
                           "'stream_options' is only allowed with \"stream\": true");
         else
             ok = api_field_bool(so, "include_usage", &r->include_usage, e);
@@ -682,7 +701,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
             snprintf(e->param, sizeof e->param, "stream_options.include_usage");
     }
     if (ok && chat && top_logprobs && !logprobs)
-        ok = api_fail(e, 400, "top_logprobs", "invalid_value",
+        ok = api_fail(e, VLMD_ERR_INVALID_ARG, "top_logprobs", "invalid_value",
                       "'top_logprobs' needs \"logprobs\": true");
     r->logprobs = chat ? logprobs : opt(body, "logprobs") != NULL;
     r->top_logprobs = (uint32_t)(chat ? top_logprobs : completion_logprobs);
@@ -703,7 +722,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
         r->n_prompts = r->prompts ? 1 : 0;
         ok = r->prompts ? api_prompt_tokens(body, chat, tok, lim, &r->prompts[0], &r->images,
                                             &r->n_images, e)
-                        : api_fail(e, 500, NULL, NULL, "out of memory");
+                        : api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     } else {
         ok = tokenize_prompts(body, tok, lim, API_MAX_N / r->n, &r->prompts, &r->n_prompts, e);
     }
@@ -714,8 +733,8 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
         ok = api_grammar_parse(body, chat, chat ? opt(body, "response_format") : NULL, false,
                                "response_format", tok, r->reasoning, &r->grammar, e);
     if (ok && r->grammar.kind && r->ignore_eos)
-        ok = api_fail(e, 400, "ignore_eos", "invalid_value", "'ignore_eos' and a constrained "
-                      "output together: the grammar decides where the output ends");
+        ok = api_fail(e, VLMD_ERR_INVALID_ARG, "ignore_eos", "invalid_value", "'ignore_eos' and "
+                      "a constrained output together: the grammar decides where the output ends");
     if (ok && r->grammar.kind && r->grammar.trigger < 0) {
         /* the grammar decides where the output ends: a stop string would cut the value */
         for (int i = 0; i < r->n_stops; i++)
@@ -739,11 +758,12 @@ bool api_model_check(const json_t *body, const api_limits *lim, api_error *e)
 {
     const json_t *model = opt(body, "model");
     if (model && !api_plain_string(model))
-        return api_fail(e, 400, "model", "invalid_type",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "model", "invalid_type",
                         "'model' must be a string (without NUL characters)");
     if (model && strcmp(json_string_value(model), lim->model_name))
-        return api_fail(e, 404, "model", "model_not_found", "the model '%s' does not exist; this "
-                        "server serves '%s'", json_string_value(model), lim->model_name);
+        return api_fail(e, VLMD_ERR_NOT_FOUND, "model", "model_not_found", "the model '%s' does "
+                        "not exist; this server serves '%s'", json_string_value(model),
+                        lim->model_name);
     return true;
 }
 
@@ -752,14 +772,15 @@ bool api_request_finish(api_request *r, const api_limits *lim, const char *max_p
 {
     for (uint32_t i = 0; i < r->n_prompts; i++)
         if (r->prompts[i].n == 0)
-            return api_fail(e, 400, r->prompt_param, "invalid_value", "the prompt is empty");
+            return api_fail(e, VLMD_ERR_INVALID_ARG, r->prompt_param, "invalid_value", "the "
+                            "prompt is empty");
     if (r->asked_max_tokens && r->min_tokens > r->asked_max_tokens)
-        return api_fail(e, 400, "min_tokens", "invalid_value", "min_tokens (%u) is more than "
-                        "the %lld tokens asked for", r->min_tokens,
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "min_tokens", "invalid_value", "min_tokens (%u) "
+                        "is more than the %lld tokens asked for", r->min_tokens,
                         (long long)r->asked_max_tokens);
     if (lim->max_output_tokens && r->asked_max_tokens > lim->max_output_tokens)
-        return api_fail(e, 400, max_param, "invalid_value", "%lld tokens asked; at most %u "
-                        "(--max-output-tokens)", (long long)r->asked_max_tokens,
+        return api_fail(e, VLMD_ERR_INVALID_ARG, max_param, "invalid_value", "%lld tokens asked; "
+                        "at most %u (--max-output-tokens)", (long long)r->asked_max_tokens,
                         lim->max_output_tokens);
     return r->n_images || fit_output(r, lim, e);
 }
@@ -769,7 +790,7 @@ bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *
 {
     uint32_t *counts = malloc(r->n_images * sizeof *counts), *ids = NULL;
     if (!counts)
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     for (uint32_t i = 0; i < r->n_images; i++)
         counts[i] = r->images[i].tokens;
     size_t n = 0;
@@ -780,8 +801,8 @@ bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *
                                             &ids, &n, &err);
     free(counts);
     if (st != VLMD_OK) /* a check: only the template writes pads, request text cannot */
-        return api_fail(e, 400, r->prompt_param, "invalid_value", "the prompt's image placeholders "
-                        "do not match its %u images: %s", r->n_images, err.msg);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, r->prompt_param, "invalid_value", "the prompt's "
+                        "image placeholders do not match its %u images: %s", r->n_images, err.msg);
     free(prompt->ids);
     prompt->ids = ids;
     prompt->n = prompt->cap = n;

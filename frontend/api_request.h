@@ -151,7 +151,7 @@ bool api_field_number(const json_t *body, const char *key, double min, double ma
 bool api_field_integer(const json_t *body, const char *key, int64_t min, int64_t max,
                        int64_t *out, bool *given, api_error *e);
 bool api_field_bool(const json_t *body, const char *key, bool *out, api_error *e);
-/* A JSON string holding no NUL (names, URLs: used as C strings). */
+/* A JSON string holding no NUL (names, URLs, stop strings: used as C strings). */
 bool api_plain_string(const json_t *s);
 /* "model", when given, must be the served one (404 otherwise). */
 bool api_model_check(const json_t *body, const api_limits *lim, api_error *e);

@@ -1,11 +1,16 @@
 /* completions.c - the generation endpoints (see completions.h).
  *
  * Per request: parse + tokenize -> inflight entry -> REQUEST_SUBMIT. Per
- * TOKEN_CHUNK: detokenize (whole characters only), look for stop strings,
- * send what is safe to send. Streams go through an h2o generator that has
- * at most one send in flight; bytes arriving meanwhile wait in `pending`
- * and leave when h2o calls proceed. After any h2o call the entry is looked
- * up again by id: h2o may have disposed the request in between. */
+ * TOKEN_CHUNK (completions_on_chunk): an error ends the request; else the
+ * books, the tokens as text (reasoning until </think>), their
+ * log-probabilities, how much may be shown (stop strings), what goes out,
+ * and the choice's end. A choice's output is one state (inflight.h's
+ * choice_state), moved only by choice_move, where its transitions are drawn.
+ * What goes out is written by the request's answer_writer; this path builds
+ * no JSON itself. Streams go through an h2o generator that has at most one
+ * send in flight; bytes arriving meanwhile wait in `pending` and leave when
+ * h2o calls proceed. After any h2o call the entry is looked up again by id:
+ * h2o may have disposed the request in between. */
 #include "completions.h"
 
 #include <stdio.h>
@@ -50,7 +55,7 @@ static void on_sweep(uv_timer_t *t);
 static void cancel_choices(completions *c, const inflight_entry *e)
 {
     for (uint32_t i = 0; i < e->n_choices; i++)
-        if (!e->choices[i].finish)
+        if (e->choices[i].out.state != CHOICE_ENDED)
             cancel_at_engine(e->req_id + i, c);
 }
 
@@ -92,11 +97,6 @@ void completions_stop(completions *c)
 void completions_free(completions *c)
 {
     inflight_free(&c->table);
-}
-
-static void send_api_error(h2o_req_t *req, const api_error *e)
-{
-    vlmd_send_api_error(req, e->status, e->message, e->param[0] ? e->param : NULL, e->code);
 }
 
 /* ---- streaming ------------------------------------------------------------------ */
@@ -350,13 +350,13 @@ void completions_answer_of(const inflight_entry *e, uint32_t index, completions_
 {
     const inflight_choice *ch = &e->choices[index];
     const char *text = ch->text.data ? ch->text.data : "";
-    *a = (completions_answer){.finish = ch->finish};
+    *a = (completions_answer){.finish = ch->out.finish};
     bool begun = false;
-    size_t content_end = e->api.tools ? tool_content_end(text, ch->sent, true, &begun) : 0;
+    size_t content_end = e->api.tools ? tool_content_end(text, ch->out.sent, true, &begun) : 0;
     bool all_calls = begun;
     size_t pos = content_end;
     tool_call call;
-    while (all_calls && tool_call_next(text, ch->sent, true, &pos, &call)) {
+    while (all_calls && tool_call_next(text, ch->out.sent, true, &pos, &call)) {
         if (trailing_fragment(&call, a->n_calls)) {
             tool_call_free(&call);
             break;
@@ -373,12 +373,12 @@ void completions_answer_of(const inflight_entry *e, uint32_t index, completions_
     }
     if (!all_calls || a->n_calls == 0) {
         completions_answer_free(a);
-        a->finish = ch->finish;
+        a->finish = ch->out.finish;
         /* a thinking model's answer may be all reasoning: no content */
-        a->content = ch->sent || !e->api.reasoning ? text : NULL;
-        a->content_len = ch->sent;
+        a->content = ch->out.sent || !e->api.reasoning ? text : NULL;
+        a->content_len = ch->out.sent;
     } else {
-        a->finish = finish_reason(ch->finish, true);
+        a->finish = finish_reason(ch->out.finish, true);
         a->content = content_end ? text : NULL;
         a->content_len = content_end;
     }
@@ -435,14 +435,14 @@ static json_t *full_json(const completions *c, const inflight_entry *e)
     json_t *choices = json_array();
     for (uint32_t i = 0; i < e->n_choices; i++) {
         const inflight_choice *ch = &e->choices[i];
-        const char *text = ch->text.data ? ch->text.data : "", *finish = ch->finish;
+        const char *text = ch->text.data ? ch->text.data : "", *finish = ch->out.finish;
         json_t *lp = logprobs_json(c, e, ch->lps, ch->n_lps, ch->prompt_text_len);
         json_t *message = e->api.chat ? chat_message(e, i, &finish) : NULL;
         json_array_append_new(
             choices, e->api.chat ? json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "message",
                                              message, "logprobs", lp, "finish_reason", finish)
                                  : json_pack("{s:i, s:s%, s:o, s:s}", "index", (int)i, "text",
-                                             text, ch->sent, "logprobs", lp, "finish_reason",
+                                             text, ch->out.sent, "logprobs", lp, "finish_reason",
                                              finish));
     }
     return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", id, "object",
@@ -455,10 +455,13 @@ static json_t *full_json(const completions *c, const inflight_entry *e)
 
 static void openai_text(completions *c, inflight_entry *e, uint32_t index, const char *reasoning,
                         size_t reasoning_len, const char *content, size_t len, bool first,
-                        json_t *logprobs)
+                        const answer_logprobs *logprobs)
 {
+    json_t *lp = logprobs ? logprobs_json(c, e, logprobs->tokens, logprobs->n,
+                                          logprobs->text_offset)
+                          : NULL;
     stream_event(e, chunk_json(c, e, index, reasoning, reasoning_len, content, len, NULL, first,
-                               logprobs));
+                               lp));
 }
 
 /* A tool_calls delta of choice `index` (entry taken). */
@@ -516,9 +519,7 @@ static void openai_end(completions *c, inflight_entry *e)
 static void openai_fail(completions *c, inflight_entry *e, const char *message, const char *code)
 {
     (void)c;
-    stream_event(e, json_pack("{s:{s:s, s:s, s:n, s:o}}", "error", "message", message, "type",
-                              "server_error", "param", "code",
-                              code ? json_string(code) : json_null()));
+    stream_event(e, vlmd_api_error_json(message, "server_error", NULL, code));
     vlmd_buf_puts(&e->pending, "data: [DONE]\n\n");
 }
 
@@ -568,34 +569,22 @@ static size_t visible_end(const inflight_entry *e, inflight_choice *ch, bool *hi
 
 /* ---- the request ------------------------------------------------------------------- */
 
-/* The HTTP status of an error the router or a worker sent. */
-static int error_status(vlmd_status st)
-{
-    switch (st) {
-    case VLMD_ERR_INVALID_ARG:
-    case VLMD_ERR_TOO_LARGE:
-        return 400;
-    case VLMD_ERR_UNAVAILABLE:
-    case VLMD_ERR_BUSY:
-        return 503;
-    case VLMD_ERR_LIMIT:
-        return 429;
-    default:
-        return 500;
-    }
-}
-
-/* Ends a request that has not started its answer with an error; a busy
- * server says when to come back. */
+/* Ends a request that has not started its answer with an error. */
 static void fail_entry(completions *c, inflight_entry *e, const api_error *err)
 {
     h2o_req_t *req = e->req;
     inflight_remove(&c->table, e);
     c->metrics.finished[2]++;
-    vlmd_send_api_error_with_header(req, err->status, err->message,
-                                    err->param[0] ? err->param : NULL, err->code,
-                                    err->status == 503 || err->status == 429 ? "retry-after" : NULL,
-                                    "1");
+    vlmd_send_api_failure(req, err);
+}
+
+/* The same for a failure that names no parameter and has no code. */
+static void fail_entry_with(completions *c, inflight_entry *e, vlmd_status what,
+                            const char *message)
+{
+    api_error err;
+    api_fail(&err, what, NULL, NULL, "%s", message);
+    fail_entry(c, e, &err);
 }
 
 /* The request (prompt complete, images measured) to the router. */
@@ -604,7 +593,7 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
     const api_request *r = &e->api;
     vlmd_image_ref *refs = r->n_images ? calloc(r->n_images, sizeof *refs) : NULL;
     if (r->n_images && !refs) {
-        fail_entry(c, e, &(api_error){500, "out of memory", "", NULL});
+        fail_entry_with(c, e, VLMD_ERR_NOMEM, "out of memory");
         return;
     }
     for (uint32_t i = 0; i < r->n_images; i++) {
@@ -647,7 +636,7 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
         e->api.images[i].data = NULL;
     }
     if (!sent)
-        fail_entry(c, e, &(api_error){503, "the router is not reachable", "", NULL});
+        fail_entry_with(c, e, VLMD_ERR_UNAVAILABLE, "the router is not reachable");
 }
 
 /* Every image's bytes are here: measure them, expand the prompt, submit. */
@@ -655,7 +644,7 @@ static void submit_with_images(completions *c, inflight_entry *e)
 {
     api_error err = {0};
     uint32_t *offsets = malloc(e->api.n_images * sizeof *offsets);
-    bool ok = offsets != NULL || api_fail(&err, 500, NULL, NULL, "out of memory");
+    bool ok = offsets != NULL || api_fail(&err, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     for (uint32_t i = 0; ok && i < e->api.n_images; i++)
         ok = image_input_measure(&e->api.images[i], &c->images, &err);
     if (ok)
@@ -696,7 +685,7 @@ static void on_fetch_done(uv_work_t *w, int status)
         e->api.images = j->images; /* back to the request */
         e->api.n_images = j->n_images;
         if (status != 0)
-            api_fail(&j->err, 500, NULL, NULL, "the image fetch did not run");
+            api_fail(&j->err, VLMD_ERR_INTERNAL, NULL, NULL, "the image fetch did not run");
         if (j->ok && status == 0)
             submit_with_images(j->c, e);
         else
@@ -726,7 +715,7 @@ static void start_images(completions *c, inflight_entry *e)
     }
     fetch_job *j = calloc(1, sizeof *j);
     if (!j) {
-        fail_entry(c, e, &(api_error){500, "out of memory", "", NULL});
+        fail_entry_with(c, e, VLMD_ERR_NOMEM, "out of memory");
         return;
     }
     *j = (fetch_job){.c = c, .req_id = e->req_id, .images = e->api.images,
@@ -749,7 +738,7 @@ static bool session_header(h2o_req_t *req, char *out, size_t outsz, api_error *e
     for (size_t i = 0; ok && i < v.len; i++)
         ok = v.base[i] > 0x20 && v.base[i] < 0x7f;
     if (!ok)
-        return api_fail(err, 400, NULL, "invalid_session_id",
+        return api_fail(err, VLMD_ERR_INVALID_ARG, NULL, "invalid_session_id",
                         "X-Session-ID must be 1 to %zu visible ASCII characters", outsz - 1);
     memcpy(out, v.base, v.len);
     out[v.len] = '\0';
@@ -758,23 +747,20 @@ static bool session_header(h2o_req_t *req, char *out, size_t outsz, api_error *e
 
 bool completions_accepting(completions *c, h2o_req_t *req)
 {
-    if (c->draining) {
-        vlmd_send_api_error_with_header(req, 503, "the server is shutting down", NULL,
-                                        "shutting_down", "retry-after", "1");
-        return false;
-    }
-    if (c->router_down) {
-        vlmd_send_api_error_with_header(req, 503, "the router is not answering; try again", NULL,
-                                        "router_unavailable", "retry-after", "1");
-        return false;
-    }
-    if (!c->length_known) { /* checked against a length the engine may not serve */
-        vlmd_send_api_error_with_header(req, 503, "the LLM engine is not ready yet (the context "
-                                        "length it serves is not known); try again", NULL,
-                                        "engine_not_ready", "retry-after", "1");
-        return false;
-    }
-    return true;
+    api_error err;
+    if (c->draining)
+        api_fail(&err, VLMD_ERR_UNAVAILABLE, NULL, "shutting_down", "the server is shutting down");
+    else if (c->router_down)
+        api_fail(&err, VLMD_ERR_UNAVAILABLE, NULL, "router_unavailable",
+                 "the router is not answering; try again");
+    else if (!c->length_known) /* checked against a length the engine may not serve */
+        api_fail(&err, VLMD_ERR_UNAVAILABLE, NULL, "engine_not_ready",
+                 "the LLM engine is not ready yet (the context length it serves is not known); "
+                 "try again");
+    else
+        return true;
+    vlmd_send_api_failure(req, &err);
+    return false;
 }
 
 json_t *completions_read_body(h2o_req_t *req)
@@ -782,9 +768,10 @@ json_t *completions_read_body(h2o_req_t *req)
     json_error_t jerr;
     json_t *body = json_loadb(req->entity.base, req->entity.len, API_JSON_FLAGS, &jerr);
     if (!body) {
-        char msg[300];
-        snprintf(msg, sizeof msg, "the body is not valid JSON: %s", jerr.text);
-        vlmd_send_api_error(req, 400, msg, NULL, "invalid_json");
+        api_error err;
+        api_fail(&err, VLMD_ERR_INVALID_ARG, NULL, "invalid_json",
+                 "the body is not valid JSON: %s", jerr.text);
+        vlmd_send_api_failure(req, &err);
     }
     return body;
 }
@@ -798,7 +785,8 @@ void completions_start(completions *c, h2o_req_t *req, api_request *r, const ans
         api_request_free(r);
         if (state_free)
             state_free(state);
-        vlmd_send_api_error(req, 500, "out of memory", NULL, NULL);
+        api_fail(&err, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
+        vlmd_send_api_failure(req, &err);
         return;
     }
     e->api = *r;
@@ -812,7 +800,7 @@ void completions_start(completions *c, h2o_req_t *req, api_request *r, const ans
     for (uint32_t i = 0; i < e->n_choices; i++) {
         inflight_choice *ch = &e->choices[i];
         ch->detok.skip_special = true;
-        ch->thinking = r->reasoning;
+        ch->out.state = r->reasoning ? CHOICE_THINKING : CHOICE_CONTENT;
         const vlmd_tokens *prompt = &r->prompts[i / r->n];
         if (r->echo) /* its prompt comes first, as written (its specials included) */
             vlmd_tokenizer_decode(c->tok, prompt->ids, prompt->n, false, &ch->text, NULL);
@@ -839,7 +827,7 @@ static void handle(h2o_req_t *req, completions *c, bool chat)
     bool ok = api_request_parse(body, chat, &c->limits, c->tok, &r, &err);
     json_decref(body);
     if (!ok) {
-        send_api_error(req, &err);
+        vlmd_send_api_failure(req, &err);
         return;
     }
     completions_start(c, req, &r, &openai_writer, NULL, NULL);
@@ -857,12 +845,12 @@ void completions_handle_chat(h2o_req_t *req, void *ud)
 
 /* Ends a request whose choices all ended: the last stream events, or the
  * whole answer. It counts as stopped when every choice stopped. */
-static void finish(completions *c, inflight_entry *e)
+static void request_end(completions *c, inflight_entry *e)
 {
     uint64_t id = e->req_id;
     bool stopped = true;
     for (uint32_t i = 0; i < e->n_choices; i++)
-        stopped = stopped && strcmp(e->choices[i].finish, "stop") == 0;
+        stopped = stopped && strcmp(e->choices[i].out.finish, "stop") == 0;
     metrics_observe_e2e(&c->metrics, (double)(vlmd_now_ns() - e->start_ns) / 1e9);
     c->metrics.prompt_tokens += prompt_tokens(&e->api);
     c->metrics.finished[stopped ? 0 : 1]++;
@@ -882,11 +870,54 @@ static void finish(completions *c, inflight_entry *e)
     stream_flush(c, id);
 }
 
+/* ---- a choice's output ------------------------------------------------------------ */
+
+/* A choice's state changes here only, along these edges:
+ *
+ *   THINKING --</think>--> CONTENT --<tool_call> (tools, stream)--> CALL_HEAD <----------+
+ *                                                                      | a call's name  |
+ *                                                                      v and its '{'    |
+ *                       CALL_TAIL <--their closing brace (or the end)-- CALL_ARGUMENTS  |
+ *                           +---------its </tool_call> (or the end)---------------------+
+ *
+ *   any state --the engine's finish, a stop string, an error--> ENDED (finish says why)
+ *
+ * A block in CALL_HEAD that is not a call, or is cut, goes out whole and
+ * leaves the state as it is. */
+static void choice_move(inflight_choice *ch, choice_state to)
+{
+    static const unsigned next[] = {
+        [CHOICE_THINKING] = 1u << CHOICE_CONTENT,
+        [CHOICE_CONTENT] = 1u << CHOICE_CALL_HEAD,
+        [CHOICE_CALL_HEAD] = 1u << CHOICE_CALL_ARGUMENTS,
+        [CHOICE_CALL_ARGUMENTS] = 1u << CHOICE_CALL_TAIL,
+        [CHOICE_CALL_TAIL] = 1u << CHOICE_CALL_HEAD,
+        [CHOICE_ENDED] = 0,
+    };
+    choice_state from = ch->out.state;
+    VLMD_ASSERT(from != CHOICE_ENDED && (to == CHOICE_ENDED || (next[from] & (1u << to))));
+    ch->out.state = to;
+}
+
+/* Ends the choice: why is "stop", "length" or "error". */
+static void choice_stop(inflight_choice *ch, const char *why)
+{
+    choice_move(ch, CHOICE_ENDED);
+    ch->out.finish = why;
+}
+
+/* The text is read as calls (a streamed answer with tools, past its first <tool_call>). */
+static bool choice_calling(const inflight_choice *ch)
+{
+    return ch->out.state == CHOICE_CALL_HEAD || ch->out.state == CHOICE_CALL_ARGUMENTS ||
+           ch->out.state == CHOICE_CALL_TAIL;
+}
+
 /* reasoning: once </think> has come, what follows it is content. */
 static void end_reasoning(inflight_choice *ch)
 {
     size_t at;
-    if (!ch->thinking)
+    if (ch->out.state != CHOICE_THINKING)
         return;
     if (!reasoning_end(ch->reasoning.data, ch->reasoning.len, ch->reasoning_checked, &at)) {
         ch->reasoning_checked = ch->reasoning.len;
@@ -896,20 +927,20 @@ static void end_reasoning(inflight_choice *ch)
     vlmd_buf_append(&ch->text, ch->reasoning.data + after, ch->reasoning.len - after);
     ch->reasoning.len = at;
     ch->reasoning.data[at] = '\0';
-    ch->thinking = false;
+    choice_move(ch, CHOICE_CONTENT);
 }
 
 /* tools, streamed: content ends where the first <tool_call> begins (from
  * then on the choice is calling). */
 static size_t streamed_content_end(inflight_choice *ch, size_t end, bool final)
 {
-    if (ch->calling)
-        return ch->sent;
+    if (choice_calling(ch))
+        return ch->out.sent;
     bool begun;
     size_t content_end = tool_content_end(ch->text.data ? ch->text.data : "", end, final, &begun);
     if (begun) {
-        ch->calling = true;
-        ch->call_pos = content_end;
+        choice_move(ch, CHOICE_CALL_HEAD);
+        ch->out.call_pos = content_end;
     }
     return content_end;
 }
@@ -922,31 +953,31 @@ static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size
                          bool final)
 {
     inflight_choice *ch = &e->choices[index];
+    choice_output *o = &ch->out;
     const answer_writer *w = e->writer;
     const char *text = ch->text.data ? ch->text.data : "";
     for (;;) {
-        if (ch->in_arguments) {
-            size_t from = ch->args.end;
-            tool_args_scan(&ch->args, text, end);
+        if (o->state == CHOICE_CALL_ARGUMENTS) {
+            size_t from = o->args.end;
+            tool_args_scan(&o->args, text, end);
             completions_stream_begin(c, e);
-            if (ch->args.end > from)
-                w->call_arguments(c, e, index, ch->n_calls - 1, text + from, ch->args.end - from);
-            if (!ch->args.closed && !final)
+            if (o->args.end > from)
+                w->call_arguments(c, e, index, o->n_calls - 1, text + from, o->args.end - from);
+            if (!o->args.closed && !final)
                 return;
-            w->call_end(c, e, index, ch->n_calls - 1, ch->args.closed);
-            ch->in_arguments = false;
-            ch->after_arguments = true;
-            ch->call_pos = ch->args.end;
+            w->call_end(c, e, index, o->n_calls - 1, o->args.closed);
+            choice_move(ch, CHOICE_CALL_TAIL);
+            o->call_pos = o->args.end;
         }
-        if (ch->after_arguments) { /* the rest of the block, up to its </tool_call> */
+        if (o->state == CHOICE_CALL_TAIL) { /* the rest of the block, up to its </tool_call> */
             bool found;
-            size_t after = tool_call_close(text, end, ch->call_pos, &found);
+            size_t after = tool_call_close(text, end, o->call_pos, &found);
             if (!found && !final)
                 return;
-            ch->after_arguments = false;
-            ch->call_pos = after;
+            choice_move(ch, CHOICE_CALL_HEAD);
+            o->call_pos = after;
         }
-        size_t open = tool_call_find(text, end, ch->call_pos);
+        size_t open = tool_call_find(text, end, o->call_pos);
         if (open == end)
             return;
         char *name;
@@ -954,30 +985,30 @@ static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size
         tool_head head = tool_call_head(text, end, open, &name, &args);
         if (head == TOOL_HEAD_WAIT && !final)
             return;
-        bool first = !ch->spoke;
+        bool first = !o->spoke;
         completions_stream_begin(c, e);
         if (head == TOOL_HEAD_CALL) {
-            ch->spoke = true;
-            w->call_begin(c, e, index, ch->n_calls++, name, "", 0, first);
+            o->spoke = true;
+            w->call_begin(c, e, index, o->n_calls++, name, "", 0, first);
             free(name);
-            ch->args = args;
-            ch->in_arguments = true;
+            o->args = args;
+            choice_move(ch, CHOICE_CALL_ARGUMENTS);
             continue;
         }
         tool_call call;
-        size_t pos = ch->call_pos;
+        size_t pos = o->call_pos;
         if (!tool_call_next(text, end, final, &pos, &call))
             return;
-        ch->call_pos = pos;
-        if (trailing_fragment(&call, ch->n_calls)) {
+        o->call_pos = pos;
+        if (trailing_fragment(&call, o->n_calls)) {
             tool_call_free(&call);
             return;
         }
-        ch->spoke = true;
+        o->spoke = true;
         if (call.name) {
-            w->call_begin(c, e, index, ch->n_calls++, call.name, call.arguments,
+            w->call_begin(c, e, index, o->n_calls++, call.name, call.arguments,
                           strlen(call.arguments), first);
-            w->call_end(c, e, index, ch->n_calls - 1, !call.cut);
+            w->call_end(c, e, index, o->n_calls - 1, !call.cut);
         } else {
             w->text(c, e, index, NULL, 0, text + call.start, call.end - call.start, first, NULL);
         }
@@ -985,44 +1016,92 @@ static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size
     }
 }
 
-static bool grow_lps(inflight_choice *ch)
+/* Gives the client what of choice `index`'s text may go out, content up to
+ * end (less a <tool_call> and what follows, which stream_calls sends as
+ * calls) and the reasoning reasoning_shown allows. A stream sends one chunk
+ * per generated token (more: not the choice's last), even when all its text
+ * is held back; lp: this token's log-probabilities (NULL: none). A whole
+ * answer only marks the text as shown. */
+static void choice_write(completions *c, inflight_entry *e, uint32_t index, size_t end,
+                         bool final, bool more, const answer_logprobs *lp)
 {
-    token_logprobs *p = vlmd_grow(ch->lps, ch->n_lps, &ch->cap_lps, sizeof *p, 64);
-    if (p)
-        ch->lps = p;
-    return p != NULL;
+    inflight_choice *ch = &e->choices[index];
+    choice_output *o = &ch->out;
+    size_t show = end; /* what may go out as content */
+    if (e->api.tools && e->api.stream)
+        show = streamed_content_end(ch, end, final);
+    bool thinking = o->state == CHOICE_THINKING;
+    /* what may go out as reasoning: [reasoning_sent, shown) */
+    const char *reasoning = ch->reasoning.data ? ch->reasoning.data : "";
+    size_t r_start = 0, shown = 0;
+    if (e->api.reasoning)
+        reasoning_shown(reasoning, ch->reasoning.len, final || !thinking, &r_start, &shown);
+    o->reasoning_sent = r_start > o->reasoning_sent ? r_start : o->reasoning_sent;
+    bool reasoned = shown > o->reasoning_sent;
+    if (e->api.stream && (reasoned || show > o->sent || (more && !choice_calling(ch)))) {
+        /* (a token of reasoning held back: an empty reasoning_content) */
+        bool first = !o->spoke;
+        o->spoke = true;
+        completions_stream_begin(c, e);
+        bool with_reasoning = reasoned || (thinking && show <= o->sent);
+        e->writer->text(c, e, index, with_reasoning ? reasoning + o->reasoning_sent : NULL,
+                        reasoned ? shown - o->reasoning_sent : 0,
+                        ch->text.data ? ch->text.data + o->sent : "", show - o->sent, first, lp);
+    }
+    o->reasoning_sent = shown > o->reasoning_sent ? shown : o->reasoning_sent;
+    o->sent = show > o->sent ? show : o->sent;
+    if (choice_calling(ch))
+        stream_calls(c, e, index, end, final);
 }
 
-void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
+/* Ends choice `index` once its last text went out (why: "stop" or
+ * "length"); the last choice to end ends the request. True when it did
+ * (the entry is then gone, or its last bytes are queued). */
+static bool choice_end(completions *c, inflight_entry *e, uint32_t index, const char *why)
 {
-    inflight_entry *e = inflight_find(&c->table, m->req_id);
-    if (!e || !e->req || e->final_queued)
-        return; /* a late reply for a request that is gone or has been answered */
-    uint32_t index = (uint32_t)(m->req_id - e->req_id);
     inflight_choice *ch = &e->choices[index];
-    if (ch->finish)
-        return; /* a choice ended by a stop string: the engine's last tokens */
-    if (m->finish == VLMD_FINISH_ERROR) {
-        ch->finish = "error";
-        cancel_choices(c, e);
-        if (!e->started) {
-            /* an image the visual worker could not take is named as the request gave it */
-            bool image = m->error_image && m->error_image <= e->api.n_images;
-            api_error err = {error_status((vlmd_status)m->status), "", "",
-                             image ? "invalid_image" : NULL};
-            snprintf(err.message, sizeof err.message, "%s", m->message);
-            if (image)
-                snprintf(err.param, sizeof err.param, "%s",
-                         e->api.images[m->error_image - 1].param);
-            fail_entry(c, e, &err);
-            return;
-        }
-        c->metrics.finished[2]++;
-        e->writer->fail(c, e, m->message, NULL);
-        e->final_queued = true;
-        stream_flush(c, e->req_id);
+    choice_stop(ch, why);
+    if (e->api.stream) {
+        completions_stream_begin(c, e);
+        e->writer->choice_end(c, e, index, finish_reason(ch->out.finish, ch->out.n_calls));
+    }
+    if (++e->n_finished < e->n_choices)
+        return false;
+    request_end(c, e);
+    return true;
+}
+
+/* ---- a chunk from the engine -------------------------------------------------------- */
+
+/* An error chunk ends the whole request: answered with its status before
+ * the answer began, else ended with the writer's error event. */
+static void chunk_error(completions *c, inflight_entry *e, inflight_choice *ch,
+                        const vlmd_msg_token_chunk *m)
+{
+    choice_stop(ch, "error");
+    cancel_choices(c, e);
+    if (!e->started) {
+        /* an image the visual worker could not take is named as the request gave it */
+        bool image = m->error_image && m->error_image <= e->api.n_images;
+        api_error err = {vlmd_http_status_reported((vlmd_status)m->status), "", "",
+                         image ? "invalid_image" : NULL};
+        snprintf(err.message, sizeof err.message, "%s", m->message);
+        if (image)
+            snprintf(err.param, sizeof err.param, "%s", e->api.images[m->error_image - 1].param);
+        fail_entry(c, e, &err);
         return;
     }
+    c->metrics.finished[2]++;
+    e->writer->fail(c, e, m->message, NULL);
+    e->final_queued = true;
+    stream_flush(c, e->req_id);
+}
+
+/* What a chunk tells the books: the router's cap on max_tokens, the cached
+ * prompt tokens, the latencies, the tokens generated (and reasoned). */
+static void chunk_metrics(completions *c, inflight_entry *e, inflight_choice *ch,
+                          const vlmd_msg_token_chunk *m)
+{
     if (m->max_tokens_capped > e->capped)
         e->capped = m->max_tokens_capped;
     ch->cached_tokens = m->cached_tokens;
@@ -1036,16 +1115,39 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         c->metrics.completion_tokens += m->n_tokens;
     }
     ch->completion_tokens += m->n_tokens;
-    if (ch->thinking)
+    if (ch->out.state == CHOICE_THINKING)
         ch->reasoning_tokens += m->n_tokens;
-    size_t text_before = ch->text.len;
-    /* until </think> the text is reasoning (end_reasoning moves what follows it) */
-    vlmd_buf *into = ch->thinking ? &ch->reasoning : &ch->text;
+}
+
+/* The chunk's tokens as text, whole characters only (its last chunk flushes
+ * the rest): reasoning until </think> (end_reasoning moves what follows it
+ * into the text), then text. */
+static void chunk_take_tokens(const completions *c, inflight_choice *ch,
+                              const vlmd_msg_token_chunk *m)
+{
+    vlmd_buf *into = ch->out.state == CHOICE_THINKING ? &ch->reasoning : &ch->text;
     for (uint32_t i = 0; i < m->n_tokens; i++)
         vlmd_detok_push(&ch->detok, c->tok, m->tokens[i], into, NULL);
-    /* this chunk's logprobs: kept for the answer, or sent with the stream chunk */
-    token_logprobs chunk_lps[8];
-    size_t n_chunk_lps = 0;
+    if (m->finish != VLMD_FINISH_NONE)
+        vlmd_detok_flush(&ch->detok, into);
+    end_reasoning(ch);
+}
+
+static bool grow_lps(inflight_choice *ch)
+{
+    token_logprobs *p = vlmd_grow(ch->lps, ch->n_lps, &ch->cap_lps, sizeof *p, 64);
+    if (p)
+        ch->lps = p;
+    return p != NULL;
+}
+
+/* The chunk's log-probabilities (when asked for): kept for a whole answer,
+ * or, streamed, copied into out (at most cap) for this chunk. Returns how
+ * many were copied. */
+static size_t chunk_logprobs(const inflight_entry *e, inflight_choice *ch,
+                             const vlmd_msg_token_chunk *m, token_logprobs *out, size_t cap)
+{
+    size_t n = 0;
     for (uint32_t i = 0; e->api.logprobs && i < m->n_logprobs; i++) {
         token_logprobs t = {.id = m->tokens[i], .logprob = m->logprobs[i],
                             .n_top = m->top_n > 20 ? 20 : m->top_n};
@@ -1054,64 +1156,60 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
             t.top_logprobs[k] = m->top_logprobs[(size_t)i * m->top_n + k];
         }
         if (e->api.stream) {
-            if (n_chunk_lps < sizeof chunk_lps / sizeof chunk_lps[0])
-                chunk_lps[n_chunk_lps++] = t;
+            if (n < cap)
+                out[n++] = t;
         } else if (grow_lps(ch)) {
             ch->lps[ch->n_lps++] = t;
         }
     }
-    if (m->finish != VLMD_FINISH_NONE)
-        vlmd_detok_flush(&ch->detok, into);
-    end_reasoning(ch);
-    bool hit;
-    size_t end = visible_end(e, ch, &hit);
-    if (hit || m->finish != VLMD_FINISH_NONE) {
-        if (hit && m->finish == VLMD_FINISH_NONE)
-            cancel_at_engine(m->req_id, c); /* the text is complete: the engine may stop */
-        else if (!hit)
-            end = ch->text.len; /* nothing more will come: release the held tail */
+    return n;
+}
+
+/* How much of the text may be shown after the chunk: up to a stop string
+ * (*hit; the text is complete, so the engine may stop), else all but a tail
+ * that could start one, released when the engine ends the choice. *final:
+ * the choice ends with this chunk. */
+static size_t chunk_visible_end(completions *c, const inflight_entry *e, inflight_choice *ch,
+                                const vlmd_msg_token_chunk *m, bool *hit, bool *final)
+{
+    size_t end = visible_end(e, ch, hit);
+    bool engine_ended = m->finish != VLMD_FINISH_NONE;
+    if (*hit && !engine_ended)
+        cancel_at_engine(m->req_id, c);
+    else if (!*hit && engine_ended)
+        end = ch->text.len; /* nothing more will come: release the held tail */
+    *final = *hit || engine_ended;
+    return end;
+}
+
+/* One TOKEN_CHUNK, in order: an error ends the request; else the books,
+ * the tokens as text, their log-probabilities, what may be shown, what goes
+ * out, and the choice's end. */
+void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
+{
+    inflight_entry *e = inflight_find(&c->table, m->req_id);
+    if (!e || !e->req || e->final_queued)
+        return; /* a late reply for a request that is gone or has been answered */
+    uint32_t index = (uint32_t)(m->req_id - e->req_id);
+    inflight_choice *ch = &e->choices[index];
+    if (ch->out.state == CHOICE_ENDED)
+        return; /* a choice ended by a stop string: the engine's last tokens */
+    if (m->finish == VLMD_FINISH_ERROR) {
+        chunk_error(c, e, ch, m);
+        return;
     }
-    bool final = hit || m->finish != VLMD_FINISH_NONE;
-    size_t show = end; /* what may go out as content */
-    if (e->api.tools && e->api.stream)
-        show = streamed_content_end(ch, end, final);
-    /* what may go out as reasoning: [reasoning_sent, shown) */
-    const char *reasoning = ch->reasoning.data ? ch->reasoning.data : "";
-    size_t r_start = 0, shown = 0;
-    if (e->api.reasoning)
-        reasoning_shown(reasoning, ch->reasoning.len, final || !ch->thinking, &r_start, &shown);
-    ch->reasoning_sent = r_start > ch->reasoning_sent ? r_start : ch->reasoning_sent;
-    bool reasoned = shown > ch->reasoning_sent;
-    if (e->api.stream && (reasoned || show > ch->sent ||
-                          (m->finish == VLMD_FINISH_NONE && !ch->calling))) {
-        /* one chunk per generated token, even when its text is held back (a token
-         * of reasoning held back: an empty reasoning_content) */
-        bool first = !ch->spoke;
-        ch->spoke = true;
-        completions_stream_begin(c, e);
-        json_t *lp = n_chunk_lps ? logprobs_json(c, e, chunk_lps, n_chunk_lps, text_before)
-                                 : NULL;
-        bool with_reasoning = reasoned || (ch->thinking && show <= ch->sent);
-        e->writer->text(c, e, index, with_reasoning ? reasoning + ch->reasoning_sent : NULL,
-                        reasoned ? shown - ch->reasoning_sent : 0,
-                        ch->text.data ? ch->text.data + ch->sent : "", show - ch->sent, first,
-                        lp);
-    }
-    ch->reasoning_sent = shown > ch->reasoning_sent ? shown : ch->reasoning_sent;
-    ch->sent = show > ch->sent ? show : ch->sent;
-    if (ch->calling)
-        stream_calls(c, e, index, end, final);
-    if (final) {
-        ch->finish = hit || m->finish == VLMD_FINISH_STOP ? "stop" : "length";
-        if (e->api.stream) {
-            completions_stream_begin(c, e);
-            e->writer->choice_end(c, e, index, finish_reason(ch->finish, ch->n_calls));
-        }
-        if (++e->n_finished == e->n_choices) {
-            finish(c, e);
-            return;
-        }
-    }
+    chunk_metrics(c, e, ch, m);
+    size_t text_before = ch->text.len;
+    chunk_take_tokens(c, ch, m);
+    token_logprobs lps[8];
+    answer_logprobs lp = {lps, chunk_logprobs(e, ch, m, lps, sizeof lps / sizeof lps[0]),
+                          text_before};
+    bool hit, final;
+    size_t end = chunk_visible_end(c, e, ch, m, &hit, &final);
+    choice_write(c, e, index, end, final, m->finish == VLMD_FINISH_NONE, lp.n ? &lp : NULL);
+    if (final &&
+        choice_end(c, e, index, hit || m->finish == VLMD_FINISH_STOP ? "stop" : "length"))
+        return;
     stream_flush(c, e->req_id);
 }
 
@@ -1127,7 +1225,7 @@ static void time_out(completions *c, inflight_entry *e)
     cancel_choices(c, e);
     if (!e->started && !e->sending) {
         api_error err;
-        api_fail(&err, 504, NULL, "timeout", "%s", msg);
+        api_fail(&err, VLMD_ERR_TIMEOUT, NULL, "timeout", "%s", msg);
         fail_entry(c, e, &err);
         return;
     }
@@ -1166,7 +1264,7 @@ void completions_fail_all(completions *c, const char *why)
         if (!e->req)
             continue;
         uint32_t running = 0; /* a choice still waiting for the engine carries the error */
-        while (running + 1 < e->n_choices && e->choices[running].finish)
+        while (running + 1 < e->n_choices && e->choices[running].out.state == CHOICE_ENDED)
             running++;
         vlmd_msg_token_chunk m = {.req_id = e->req_id + running, .finish = VLMD_FINISH_ERROR,
                                   .status = VLMD_ERR_UNAVAILABLE, .message = (char *)why};

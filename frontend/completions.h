@@ -51,6 +51,13 @@ typedef struct completions {
 
 /* ---- writers: how an endpoint writes the answer ----------------------------------- */
 
+/* Log-probabilities of a streamed chunk's tokens (borrowed). */
+typedef struct answer_logprobs {
+    const token_logprobs *tokens;
+    size_t n;
+    size_t text_offset;         /* bytes of the choice's text before the first of them */
+} answer_logprobs;
+
 /* The generation below is one for every endpoint; what differs is how its
  * answer is written: chat.completion(.chunk)s, text_completions, or the
  * Responses API's objects and events (responses.h). The generation calls a
@@ -63,10 +70,11 @@ typedef struct answer_writer {
     /* streamed: one generated token's new text of choice `index`: reasoning
      * (NULL when it has none this token; else len bytes, maybe none) then
      * content (len bytes, maybe none); first: the choice's first piece;
-     * logprobs: the token's (taken; NULL: none) */
+     * logprobs: the token's (borrowed; NULL: none), written as the writer
+     * writes them */
     void (*text)(completions *c, inflight_entry *e, uint32_t index, const char *reasoning,
                  size_t reasoning_len, const char *content, size_t len, bool first,
-                 json_t *logprobs);
+                 const struct answer_logprobs *logprobs);
     /* streamed: call k of choice `index` begins (its name; arguments so far,
      * maybe none), its arguments go on, it ends (complete: false when the
      * answer ended inside it) */

@@ -34,7 +34,7 @@ static bool decode_data_uri(api_image *img, const image_limits *lim, api_error *
     const char *comma = strchr(img->url, ',');
     const char *meta = img->url + 5;
     if (!comma || comma - meta < 7 || strncmp(comma - 7, ";base64", 7) != 0)
-        return api_fail(e, 400, img->param, "invalid_image_url",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "invalid_image_url",
                         "the image's data URI must be base64 (data:image/png;base64,...)");
     size_t type_len = strcspn(meta, ";,");
     if (type_len >= sizeof img->media_type)
@@ -47,7 +47,7 @@ static bool decode_data_uri(api_image *img, const image_limits *lim, api_error *
     const char *b64 = comma + 1;
     size_t n = strlen(b64);
     if (n / 4 * 3 > lim->max_bytes + 3)
-        return api_fail(e, 400, img->param, "image_too_large",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "image_too_large",
                         "the image is over %llu bytes (--max-image-bytes)",
                         (unsigned long long)lim->max_bytes);
     img->data = malloc(n / 4 * 3 + 3);
@@ -64,12 +64,12 @@ static bool decode_data_uri(api_image *img, const image_limits *lim, api_error *
     if (!ok) {
         free(img->data);
         img->data = NULL;
-        return api_fail(e, 400, img->param, "invalid_image_url",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "invalid_image_url",
                         "the image's data URI is not valid base64");
     }
     img->len = (size_t)out + (size_t)tail;
     if (img->len > lim->max_bytes)
-        return api_fail(e, 400, img->param, "image_too_large",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "image_too_large",
                         "the image is %zu bytes; at most %llu (--max-image-bytes)", img->len,
                         (unsigned long long)lim->max_bytes);
     return true;
@@ -95,7 +95,7 @@ static bool host_allowed(const char *list, const char *host)
 bool image_input_resolve(api_image *img, const image_limits *lim, api_error *e)
 {
     if (!lim->params)
-        return api_fail(e, 400, img->param, "images_not_supported",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "images_not_supported",
                         "this model does not take images");
     if (strncasecmp(img->url, "data:", 5) == 0)
         return decode_data_uri(img, lim, e);
@@ -107,10 +107,10 @@ bool image_input_resolve(api_image *img, const image_limits *lim, api_error *e)
     bool web = parsed && (strcmp(scheme, "http") == 0 || strcmp(scheme, "https") == 0);
     bool ok = web && host_allowed(lim->allowed_domains, host);
     if (!web)
-        api_fail(e, 400, img->param, "invalid_image_url",
+        api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "invalid_image_url",
                  "an image URL must be a data: URI or an http(s) URL");
     else if (!ok)
-        api_fail(e, 400, img->param, "image_url_not_allowed",
+        api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "image_url_not_allowed",
                  "images are not fetched from %s (the server's --allowed-media-domains does not "
                  "list it); send the image as a data: URI", host);
     curl_free(scheme);
@@ -141,7 +141,7 @@ bool image_input_fetch(api_image *img, const image_limits *lim, api_error *e)
 {
     CURL *h = curl_easy_init();
     if (!h)
-        return api_fail(e, 500, NULL, NULL, "cannot start a fetch");
+        return api_fail(e, VLMD_ERR_INTERNAL, NULL, NULL, "cannot start a fetch");
     fetch_sink sink = {VLMD_BUF_INIT, lim->max_bytes, false};
     curl_easy_setopt(h, CURLOPT_URL, img->url);
     curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
@@ -157,19 +157,19 @@ bool image_input_fetch(api_image *img, const image_limits *lim, api_error *e)
     curl_easy_cleanup(h);
     bool ok = false;
     if (sink.over || rc == CURLE_FILESIZE_EXCEEDED)
-        api_fail(e, 400, img->param, "image_too_large",
+        api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "image_too_large",
                  "the image at the URL is over %llu bytes (--max-image-bytes)",
                  (unsigned long long)lim->max_bytes);
     else if (rc == CURLE_OPERATION_TIMEDOUT)
-        api_fail(e, 400, img->param, "image_fetch_failed",
+        api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "image_fetch_failed",
                  "fetching the image took over %lld ms (--media-fetch-timeout-ms)",
                  (long long)lim->fetch_timeout_ms);
     else if (rc != CURLE_OK)
-        api_fail(e, 400, img->param, "image_fetch_failed", "fetching the image failed: %s",
-                 curl_easy_strerror(rc));
+        api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "image_fetch_failed", "fetching the image "
+                 "failed: %s", curl_easy_strerror(rc));
     else if (status < 200 || status > 299)
-        api_fail(e, 400, img->param, "image_fetch_failed", "fetching the image: HTTP %ld",
-                 status);
+        api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "image_fetch_failed", "fetching the image: "
+                 "HTTP %ld", status);
     else
         ok = true;
     if (ok) {
@@ -203,24 +203,25 @@ bool image_input_measure(api_image *img, const image_limits *lim, api_error *e)
     vlmd_image_format fmt;
     vlmd_error err = {0};
     if (vlmd_image_probe(img->data, img->len, &fmt, &img->width, &img->height, &err) != VLMD_OK)
-        return api_fail(e, 400, img->param, "invalid_image", "invalid image: %s", err.msg);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "invalid_image", "invalid image: %s",
+                        err.msg);
     if (!media_type_agrees(img->media_type, fmt))
-        return api_fail(e, 400, img->param, "invalid_image",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "invalid_image",
                         "the data URI says %s, but the bytes are a %s image (declare image/png, "
                         "image/jpeg or image/webp as the bytes are)",
                         img->media_type, vlmd_image_format_str(fmt));
     if ((uint64_t)img->width * img->height > lim->max_pixels)
-        return api_fail(e, 400, img->param, "image_too_large",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "image_too_large",
                         "the image is %ux%u; at most %llu pixels (--max-image-pixels)",
                         img->width, img->height, (unsigned long long)lim->max_pixels);
     uint32_t rh = 0, rw = 0;
     if (vlmd_image_tokens(lim->params, img->height, img->width, &img->tokens, &err) != VLMD_OK ||
         vlmd_smart_resize(lim->params, img->height, img->width, &rh, &rw, &err) != VLMD_OK)
-        return api_fail(e, 400, img->param, "invalid_image", "%s", err.msg);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, img->param, "invalid_image", "%s", err.msg);
     img->grid_h = rh / lim->params->patch_size;
     img->grid_w = rw / lim->params->patch_size;
     unsigned int n = 0;
     if (!EVP_Digest(img->data, img->len, img->hash, &n, EVP_sha256(), NULL) || n != 32)
-        return api_fail(e, 500, NULL, NULL, "cannot hash the image");
+        return api_fail(e, VLMD_ERR_INTERNAL, NULL, NULL, "cannot hash the image");
     return true;
 }

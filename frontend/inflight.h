@@ -28,29 +28,45 @@ typedef struct token_logprobs {
     float top_logprobs[20];
 } token_logprobs;
 
+/* Where a choice's output stands: the text is reasoning until </think>, then
+ * content; a streamed answer with tools reads its text as calls from the
+ * first <tool_call> on (the head of the next block, a call's arguments as
+ * they come, the rest of its block); a choice ends once. completions.c moves
+ * it, in choice_move, where the transitions are drawn. */
+typedef enum choice_state {
+    CHOICE_THINKING,            /* reasoning: no </think> yet, the text goes to reasoning */
+    CHOICE_CONTENT,             /* the text is content */
+    CHOICE_CALL_HEAD,           /* tools, stream: the next <tool_call>'s head is awaited */
+    CHOICE_CALL_ARGUMENTS,      /* tools, stream: call n_calls - 1's arguments are streaming */
+    CHOICE_CALL_TAIL,           /* tools, stream: they closed; its </tool_call> is awaited */
+    CHOICE_ENDED,               /* finish says why */
+} choice_state;
+
+/* What of a choice has gone out, and where its output stands. */
+typedef struct choice_output {
+    choice_state state;
+    const char *finish;         /* ENDED: "stop", "length" or "error"; NULL before */
+    bool spoke;                 /* a stream chunk of it went out (chat: the role with it) */
+    size_t sent;                /* bytes of text given to the client (or kept for the answer) */
+    size_t reasoning_sent;      /* reasoning: bytes of it streamed (past a leading <think>) */
+    size_t call_pos;            /* CALL_*: text before this is split into content and calls */
+    uint32_t n_calls;           /* tools, stream: calls begun */
+    tool_args args;             /* CALL_ARGUMENTS: where call n_calls - 1's arguments are */
+} choice_output;
+
 /* One of a request's n choices: the engine request that generates it and
  * what it has produced. */
 typedef struct inflight_choice {
     vlmd_detok detok;           /* generated ids -> text, whole characters only */
     vlmd_buf text;              /* generated text so far (echoed prompt first) */
-    size_t sent;                /* bytes of text already given to the client */
     size_t checked;             /* bytes of text already searched for stop strings */
     size_t prompt_text_len;     /* bytes of echoed prompt (or forced call) it starts with */
     uint32_t completion_tokens;
     uint32_t cached_tokens;     /* prompt tokens the engine's prefix cache gave */
-    bool spoke;                 /* a stream chunk of it went out (chat: the role with it) */
-    bool calling;               /* tools: a <tool_call> began; no more content (stream) */
-    bool thinking;              /* reasoning: no </think> yet, the text goes to reasoning */
     vlmd_buf reasoning;         /* reasoning: the answer before </think> */
     size_t reasoning_checked;   /* reasoning: bytes of it searched for </think> */
-    size_t reasoning_sent;      /* reasoning: bytes of it streamed (past a leading <think>) */
-    size_t call_pos;            /* tools: text before this is split into content and calls */
-    uint32_t n_calls;           /* tools: calls begun (stream) */
-    bool in_arguments;          /* tools, stream: call n_calls - 1's arguments are streaming */
-    bool after_arguments;       /* tools, stream: they closed; its </tool_call> is awaited */
-    tool_args args;             /* tools, stream: where they are */
     uint32_t reasoning_tokens;  /* reasoning: tokens generated before </think> */
-    const char *finish;         /* "stop" or "length" once it ended; NULL while running */
+    choice_output out;
     token_logprobs *lps;        /* non-streamed logprobs: one per generated token */
     size_t n_lps, cap_lps;
 } inflight_choice;

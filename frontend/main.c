@@ -87,8 +87,9 @@ static void handle_model(h2o_req_t *req, void *ud)
         snprintf(id, sizeof id, "(not a model id)");
     if (strcmp(id, fe->model_name) != 0) {
         snprintf(msg, sizeof msg, "the model '%s' does not exist; this server serves '%s'", id,
-                 fe->model_name);
-        vlmd_send_api_error(req, 404, msg, "model", "model_not_found");
+                 fe->model_name); /* (longer than an api_error's message may be) */
+        vlmd_send_api_error(req, vlmd_http_status(VLMD_ERR_NOT_FOUND), msg, "model",
+                            "model_not_found");
         return;
     }
     vlmd_send_json(req, 200,

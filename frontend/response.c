@@ -18,6 +18,40 @@ json_t *vlmd_api_error_json(const char *message, const char *type, const char *p
     return err ? json_pack("{s:o}", "error", err) : NULL;
 }
 
+int vlmd_http_status(vlmd_status what)
+{
+    switch (what) {
+    case VLMD_ERR_INVALID_ARG:
+    case VLMD_ERR_TOO_LARGE:
+        return 400;
+    case VLMD_ERR_NOT_FOUND:
+        return 404;
+    case VLMD_ERR_LIMIT:
+        return 429;
+    case VLMD_ERR_UNAVAILABLE:
+    case VLMD_ERR_BUSY:
+        return 503;
+    case VLMD_ERR_TIMEOUT:
+        return 504;
+    default:
+        return 500;
+    }
+}
+
+int vlmd_http_status_reported(vlmd_status what)
+{
+    switch (what) {
+    case VLMD_ERR_INVALID_ARG:
+    case VLMD_ERR_TOO_LARGE:
+    case VLMD_ERR_LIMIT:
+    case VLMD_ERR_UNAVAILABLE:
+    case VLMD_ERR_BUSY:
+        return vlmd_http_status(what);
+    default:
+        return 500;
+    }
+}
+
 const char *vlmd_api_error_type(int status)
 {
     switch (status) {
@@ -113,4 +147,11 @@ void vlmd_send_api_error(h2o_req_t *req, int status, const char *message, const 
                          const char *code)
 {
     vlmd_send_api_error_with_header(req, status, message, param, code, NULL, NULL);
+}
+
+void vlmd_send_api_failure(h2o_req_t *req, const api_error *e)
+{
+    bool busy = e->status == 503 || e->status == 429;
+    vlmd_send_api_error_with_header(req, e->status, e->message, e->param[0] ? e->param : NULL,
+                                    e->code, busy ? "retry-after" : NULL, "1");
 }

@@ -2,13 +2,29 @@
  * JSON bodies, and errors in OpenAI's shape
  *   {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
  * with the HTTP status that goes with them. Every handler answers through
- * these, so clients see one error format everywhere. */
+ * these, so clients see one error format everywhere. A request's failure
+ * (api_error.h, or one a worker reports) gets its status here, from what
+ * went wrong; only the HTTP layer's own refusals (http_server.c: a bad key,
+ * method, size or framing) and /health's 503 (health.c) name theirs. */
 #ifndef VLMD_RESPONSE_H
 #define VLMD_RESPONSE_H
 
 #include <jansson.h>
 
+#include "api_error.h"
+#include "status.h"
+
 typedef struct st_h2o_req_t h2o_req_t;
+
+/* The HTTP status of a request's failure found in the frontend: a bad
+ * value (or one too large) 400, not found 404, over a limit 429, not there
+ * or busy 503 (with Retry-After), a deadline 504, anything else 500. */
+int vlmd_http_status(vlmd_status what);
+
+/* The HTTP status of a failure a worker or the router reported for a
+ * request: the request was bad, the server busy or away, a limit reached
+ * (as vlmd_http_status); anything else is the server's own (500). */
+int vlmd_http_status_reported(vlmd_status what);
 
 /* The OpenAI error object; param and code may be NULL (JSON null). Returns a
  * new reference. */
@@ -38,6 +54,10 @@ void vlmd_send_api_error(h2o_req_t *req, int status, const char *message, const 
 void vlmd_send_api_error_with_header(h2o_req_t *req, int status, const char *message,
                                      const char *param, const char *code, const char *header,
                                      const char *value);
+
+/* Sends a request's failure; a busy server (503, 429) says when to come
+ * back (Retry-After: 1). */
+void vlmd_send_api_failure(h2o_req_t *req, const api_error *e);
 
 /* The OpenAI error type for an HTTP status. */
 const char *vlmd_api_error_type(int status);

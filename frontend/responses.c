@@ -55,7 +55,8 @@ static bool check_strings(const json_t *body, api_error *e)
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const json_t *v = opt(body, keys[i]);
         if (v && !json_is_string(v))
-            return api_fail(e, 400, keys[i], "invalid_type", "'%s' must be a string", keys[i]);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, keys[i], "invalid_type", "'%s' must be a "
+                            "string", keys[i]);
     }
     return true;
 }
@@ -66,25 +67,27 @@ static bool refuse_unsupported(const json_t *body, int64_t top_logprobs, api_err
 {
     const json_t *bg = opt(body, "background"), *truncation = opt(body, "truncation");
     if (bg && !json_is_boolean(bg))
-        return api_fail(e, 400, "background", "invalid_type", "'background' must be true or false");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "background", "invalid_type", "'background' "
+                        "must be true or false");
     if (json_is_true(bg))
-        return api_fail(e, 400, "background", "unsupported_parameter", "vlmd answers while the "
-                        "request waits: 'background' may only be false");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "background", "unsupported_parameter", "vlmd "
+                        "answers while the request waits: 'background' may only be false");
     if (opt(body, "conversation"))
-        return api_fail(e, 400, "conversation", "unsupported_parameter", "vlmd keeps no "
-                        "conversations: send the items in 'input', or continue a stored response "
-                        "with 'previous_response_id'");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "conversation", "unsupported_parameter", "vlmd "
+                        "keeps no conversations: send the items in 'input', or continue a stored "
+                        "response with 'previous_response_id'");
     if (opt(body, "prompt"))
-        return api_fail(e, 400, "prompt", "unsupported_parameter", "vlmd keeps no prompt "
-                        "templates: send the text in 'instructions' and 'input'");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "prompt", "unsupported_parameter", "vlmd keeps "
+                        "no prompt templates: send the text in 'instructions' and 'input'");
     if (truncation && !is(truncation, "disabled"))
-        return api_fail(e, 400, "truncation", is(truncation, "auto") ? "unsupported_parameter"
-                                                                       : "invalid_value",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "truncation",
+                        is(truncation, "auto") ? "unsupported_parameter" : "invalid_value",
                         "vlmd does not drop items to fit the context: 'truncation' may only be "
                         "\"disabled\" (a prompt too long is a 400)");
     if (top_logprobs)
-        return api_fail(e, 400, "top_logprobs", "unsupported_parameter", "the Responses API of "
-                        "vlmd returns no log-probabilities yet: 'top_logprobs' may only be 0");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "top_logprobs", "unsupported_parameter", "the "
+                        "Responses API of vlmd returns no log-probabilities yet: 'top_logprobs' "
+                        "may only be 0");
     return true;
 }
 
@@ -102,17 +105,18 @@ static bool read_include(const json_t *body, api_error *e)
     if (!inc)
         return true;
     if (!json_is_array(inc))
-        return api_fail(e, 400, "include", "invalid_type", "'include' must be a list of strings");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "include", "invalid_type", "'include' must be a "
+                        "list of strings");
     for (size_t i = 0; i < json_array_size(inc); i++) {
         const json_t *v = json_array_get(inc, i);
         char param[32];
         snprintf(param, sizeof param, "include[%zu]", i);
         if (is(v, "message.output_text.logprobs"))
-            return api_fail(e, 400, param, "unsupported_parameter", "the Responses API of vlmd "
-                            "returns no log-probabilities yet");
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "unsupported_parameter", "the "
+                            "Responses API of vlmd returns no log-probabilities yet");
         if (!one_of(v, known))
-            return api_fail(e, 400, param, "invalid_value", "'%s' is not a value 'include' "
-                            "takes", param);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "'%s' is not a value "
+                            "'include' takes", param);
     }
     return true;
 }
@@ -126,14 +130,14 @@ static bool read_metadata(const json_t *body, api_error *e)
     if (!md)
         return true;
     if (!json_is_object(md) || json_object_size(md) > METADATA_MAX_KEYS)
-        return api_fail(e, 400, "metadata", "invalid_value", "'metadata' must be an object of at "
-                        "most %d strings", METADATA_MAX_KEYS);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "metadata", "invalid_value", "'metadata' must be "
+                        "an object of at most %d strings", METADATA_MAX_KEYS);
     json_object_foreach((json_t *)md, key, v) {
         if (strlen(key) > METADATA_MAX_KEY || !json_is_string(v) ||
             json_string_length(v) > METADATA_MAX_VALUE)
-            return api_fail(e, 400, "metadata", "invalid_value", "metadata['%.64s'] must be a "
-                            "string of at most %d characters, its key at most %d", key,
-                            METADATA_MAX_VALUE, METADATA_MAX_KEY);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "metadata", "invalid_value",
+                            "metadata['%.64s'] must be a string of at most %d characters, its key "
+                            "at most %d", key, METADATA_MAX_VALUE, METADATA_MAX_KEY);
     }
     return true;
 }
@@ -151,20 +155,21 @@ static bool read_reasoning(const json_t *body, bool *thinking, api_error *e)
     if (!rs)
         return true;
     if (!json_is_object(rs))
-        return api_fail(e, 400, "reasoning", "invalid_type", "'reasoning' must be an object");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "reasoning", "invalid_type", "'reasoning' must "
+                        "be an object");
     const json_t *effort = opt(rs, "effort");
     if (effort && !one_of(effort, efforts))
-        return api_fail(e, 400, "reasoning.effort", "invalid_value", "'reasoning.effort' must "
-                        "be \"none\", \"minimal\", \"low\", \"medium\", \"high\", \"xhigh\" or "
-                        "\"max\"");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "reasoning.effort", "invalid_value",
+                        "'reasoning.effort' must be \"none\", \"minimal\", \"low\", \"medium\", "
+                        "\"high\", \"xhigh\" or \"max\"");
     static const char *const summary_keys[] = {"summary", "generate_summary"};
     for (size_t i = 0; i < 2; i++) {
         const json_t *v = opt(rs, summary_keys[i]);
         char param[40];
         snprintf(param, sizeof param, "reasoning.%s", summary_keys[i]);
         if (v && !one_of(v, summaries))
-            return api_fail(e, 400, param, "invalid_value", "'%s' must be \"auto\", \"concise\" "
-                            "or \"detailed\"", param);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "'%s' must be "
+                            "\"auto\", \"concise\" or \"detailed\"", param);
     }
     *thinking = !is(effort, "none");
     return true;
@@ -180,11 +185,12 @@ static bool read_text(const json_t *body, const json_t **format, api_error *e)
     if (!text)
         return true;
     if (!json_is_object(text))
-        return api_fail(e, 400, "text", "invalid_type", "'text' must be an object");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "text", "invalid_type", "'text' must be an "
+                        "object");
     const json_t *verbosity = opt(text, "verbosity");
     if (verbosity && !one_of(verbosity, verbosities))
-        return api_fail(e, 400, "text.verbosity", "invalid_value", "'text.verbosity' must be "
-                        "\"low\", \"medium\" or \"high\"");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "text.verbosity", "invalid_value",
+                        "'text.verbosity' must be \"low\", \"medium\" or \"high\"");
     *format = opt(text, "format");
     return true;
 }
@@ -198,35 +204,36 @@ static bool read_tools(const json_t *body, json_t *chat_body, api_error *e)
     if (!tools)
         return true;
     if (!json_is_array(tools) || json_array_size(tools) > API_MAX_TOOLS)
-        return api_fail(e, 400, "tools", "invalid_value", "'tools' must be a list of at most %d "
-                        "tools", API_MAX_TOOLS);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "tools", "invalid_value", "'tools' must be a "
+                        "list of at most %d tools", API_MAX_TOOLS);
     json_t *out = json_array();
     if (!out || json_object_set_new(chat_body, "tools", out))
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     for (size_t i = 0; i < json_array_size(tools); i++) {
         const json_t *t = json_array_get(tools, i);
         char param[48];
         snprintf(param, sizeof param, "tools[%zu]", i);
         if (!json_is_object(t))
-            return api_fail(e, 400, param, "invalid_type", "'%s' must be an object", param);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s' must be an "
+                            "object", param);
         const json_t *type = json_object_get(t, "type"), *name = json_object_get(t, "name");
         const json_t *desc = opt(t, "description"), *params = opt(t, "parameters");
         const json_t *strict = opt(t, "strict");
         snprintf(param, sizeof param, "tools[%zu].type", i);
         if (!is(type, "function"))
-            return api_fail(e, 400, param, json_is_string(type) ? "unsupported_parameter"
-                                                                : "invalid_type",
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param,
+                            json_is_string(type) ? "unsupported_parameter" : "invalid_type",
                             "vlmd runs no built-in tools: only {\"type\": \"function\", "
                             "\"name\": ...} tools are taken");
         snprintf(param, sizeof param, "tools[%zu].name", i);
         if (!api_function_name_ok(name))
-            return api_fail(e, 400, param, "invalid_value", "'%s' must be 1 to 64 letters, "
-                            "digits, '_' or '-'", param);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "'%s' must be 1 to "
+                            "64 letters, digits, '_' or '-'", param);
         snprintf(param, sizeof param, "tools[%zu]", i);
         if ((desc && !json_is_string(desc)) || (params && !json_is_object(params)) ||
             (strict && !json_is_boolean(strict)))
-            return api_fail(e, 400, param, "invalid_type", "'%s': description must be a string, "
-                            "parameters an object and strict a boolean", param);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s': description "
+                            "must be a string, parameters an object and strict a boolean", param);
         json_t *fn = json_pack("{s:O}", "name", name);
         if (fn && desc)
             json_object_set(fn, "description", (json_t *)desc);
@@ -236,7 +243,7 @@ static bool read_tools(const json_t *body, json_t *chat_body, api_error *e)
             json_object_set(fn, "strict", (json_t *)strict);
         if (!fn || json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function",
                                                         "function", fn)))
-            return api_fail(e, 500, NULL, NULL, "out of memory");
+            return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     }
     return true;
 }
@@ -251,20 +258,20 @@ static bool read_tool_choice(const json_t *body, json_t *chat_body, api_error *e
         return true;
     if (one_of(tc, modes))
         return json_object_set(chat_body, "tool_choice", (json_t *)tc) == 0 ||
-               api_fail(e, 500, NULL, NULL, "out of memory");
+               api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     if (json_is_object(tc) && is(type, "function")) {
         const json_t *name = json_object_get(tc, "name");
         if (!api_function_name_ok(name))
-            return api_fail(e, 400, "tool_choice.name", "invalid_value", "'tool_choice.name' "
-                            "must name a function");
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "tool_choice.name", "invalid_value",
+                            "'tool_choice.name' must name a function");
         return json_object_set_new(chat_body, "tool_choice",
                                    json_pack("{s:s, s:{s:O}}", "type", "function", "function",
                                              "name", name)) == 0 ||
-               api_fail(e, 500, NULL, NULL, "out of memory");
+               api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     }
-    return api_fail(e, 400, "tool_choice", json_is_object(tc) && json_is_string(type)
-                                               ? "unsupported_parameter"
-                                               : "invalid_value",
+    return api_fail(e, VLMD_ERR_INVALID_ARG, "tool_choice",
+                    json_is_object(tc) && json_is_string(type) ? "unsupported_parameter"
+                                                               : "invalid_value",
                     "'tool_choice' must be \"auto\", \"none\", \"required\" or {\"type\": "
                     "\"function\", \"name\": ...} (vlmd runs no built-in tools)");
 }
@@ -306,7 +313,8 @@ static bool read_content(item_reader *ir, const json_t *content, const char *rol
         return api_chat_text(ir->chat, json_string_value(content), json_string_length(content), p,
                              e);
     if (!json_is_array(content))
-        return api_fail(e, 400, p, "invalid_type", "'%s' must be a string or a list of parts", p);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_type", "'%s' must be a string or a "
+                        "list of parts", p);
     bool user = strcmp(role, "user") == 0, assistant = strcmp(role, "assistant") == 0;
     for (size_t j = 0; j < json_array_size(content); j++) {
         const json_t *part = json_array_get(content, j);
@@ -324,13 +332,14 @@ static bool read_content(item_reader *ir, const json_t *content, const char *rol
             const json_t *r = json_object_get(part, "refusal");
             ok = api_chat_text(ir->chat, json_string_value(r), json_string_length(r), p, e);
         } else if ((image || file) && !user) {
-            ok = api_fail(e, 400, p, "invalid_value", "images go in user messages");
+            ok = api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_value", "images go in user "
+                          "messages");
         } else if (image) {
             size_t n = strlen(p);
             if (!opt(part, "image_url") && opt(part, "file_id")) {
                 snprintf(p + n, sizeof p - n, ".file_id");
-                return api_fail(e, 400, p, "unsupported_content", "vlmd stores no files: send "
-                                "the image in 'image_url' (a data: URI or a URL)");
+                return api_fail(e, VLMD_ERR_INVALID_ARG, p, "unsupported_content", "vlmd stores "
+                                "no files: send the image in 'image_url' (a data: URI or a URL)");
             }
             snprintf(p + n, sizeof p - n, ".image_url");
             ok = api_chat_image(ir->chat, json_object_get(part, "image_url"), p, e);
@@ -338,13 +347,15 @@ static bool read_content(item_reader *ir, const json_t *content, const char *rol
             if (opt(part, "file_url") && !opt(part, "file_data")) {
                 size_t n = strlen(p);
                 snprintf(p + n, sizeof p - n, ".file_url");
-                return api_fail(e, 400, p, "unsupported_content", "vlmd does not fetch files: "
-                                "send an image's bytes in 'file_data' (a data: URI)");
+                return api_fail(e, VLMD_ERR_INVALID_ARG, p, "unsupported_content", "vlmd does "
+                                "not fetch files: send an image's bytes in 'file_data' (a data: "
+                                "URI)");
             }
             ok = api_chat_file(ir->chat, opt(part, "file_data"), opt(part, "file_id"), p, e);
         } else {
-            ok = api_fail(e, 400, p, "invalid_type", "a content part must be input_text, "
-                          "input_image or input_file (an assistant's: output_text or refusal)");
+            ok = api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_type", "a content part must be "
+                          "input_text, input_image or input_file (an assistant's: output_text or "
+                          "refusal)");
         }
         if (!ok)
             return false;
@@ -362,14 +373,14 @@ static bool read_call_output(item_reader *ir, const json_t *output, const char *
         return api_chat_text(ir->chat, json_string_value(output), json_string_length(output), p,
                              e);
     if (!json_is_array(output))
-        return api_fail(e, 400, p, "invalid_type", "'%s' must be a string or a list of "
-                        "input_text parts", p);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_type", "'%s' must be a string or a "
+                        "list of input_text parts", p);
     for (size_t j = 0; j < json_array_size(output); j++) {
         const json_t *part = json_array_get(output, j), *text = json_object_get(part, "text");
         snprintf(p, sizeof p, "%s.output[%zu]", param, j);
         if (!is(json_object_get(part, "type"), "input_text") || !json_is_string(text))
-            return api_fail(e, 400, p, "unsupported_content", "a tool's output may only be text "
-                            "(input_text parts)");
+            return api_fail(e, VLMD_ERR_INVALID_ARG, p, "unsupported_content", "a tool's output "
+                            "may only be text (input_text parts)");
         if (!api_chat_text(ir->chat, json_string_value(text), json_string_length(text), p, e))
             return false;
     }
@@ -381,7 +392,8 @@ static bool read_item(item_reader *ir, const json_t *item, const char *param, ap
     static const char *const roles[] = {"user", "assistant", "system", "developer", NULL};
     char p[96];
     if (!json_is_object(item))
-        return api_fail(e, 400, param, "invalid_type", "'%s' must be an object", param);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s' must be an object",
+                        param);
     const json_t *type_j = json_object_get(item, "type"), *role = json_object_get(item, "role");
     /* an item with a role and no type is a message (EasyInputMessage) */
     const char *type = json_is_string(type_j) ? json_string_value(type_j)
@@ -389,12 +401,12 @@ static bool read_item(item_reader *ir, const json_t *item, const char *param, ap
                                             : NULL;
     snprintf(p, sizeof p, "%s.type", param);
     if (!type)
-        return api_fail(e, 400, p, "invalid_type", "'%s' must be a string", p);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_type", "'%s' must be a string", p);
     if (strcmp(type, "message") == 0) {
         snprintf(p, sizeof p, "%s.role", param);
         if (!one_of(role, roles))
-            return api_fail(e, 400, p, "invalid_value", "'%s' must be \"user\", \"assistant\", "
-                            "\"system\" or \"developer\"", p);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_value", "'%s' must be \"user\", "
+                            "\"assistant\", \"system\" or \"developer\"", p);
         const char *r = json_string_value(role);
         bool ok = strcmp(r, "assistant") == 0 ? assistant_turn(ir, param, false, e)
                                               : api_chat_turn_add(ir->chat, r, param, e);
@@ -405,7 +417,7 @@ static bool read_item(item_reader *ir, const json_t *item, const char *param, ap
     snprintf(p, sizeof p, "%s.call_id", param);
     if ((strcmp(type, "function_call") == 0 || strcmp(type, "function_call_output") == 0) &&
         (!api_plain_string(call_id) || json_string_length(call_id) == 0))
-        return api_fail(e, 400, p, "invalid_type", "'%s' must be a string", p);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_type", "'%s' must be a string", p);
     if (strcmp(type, "function_call") == 0)
         return assistant_turn(ir, param, true, e) &&
                api_chat_call(ir->chat, json_object_get(item, "name"),
@@ -420,8 +432,8 @@ static bool read_item(item_reader *ir, const json_t *item, const char *param, ap
         const json_t *content = opt(item, "content");
         snprintf(p, sizeof p, "%s.content", param);
         if (content && !json_is_array(content))
-            return api_fail(e, 400, p, "invalid_type", "'%s' must be a list of reasoning_text "
-                            "parts", p);
+            return api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_type", "'%s' must be a list of "
+                            "reasoning_text parts", p);
         const json_t *text = json_object_get(json_array_get(content, 0), "text");
         if (json_is_string(text)) {
             ir->reasoning = json_string_value(text);
@@ -430,8 +442,8 @@ static bool read_item(item_reader *ir, const json_t *item, const char *param, ap
         return true;
     }
     snprintf(p, sizeof p, "%s.type", param);
-    return api_fail(e, 400, p, "invalid_value", "vlmd takes message, function_call, "
-                    "function_call_output and reasoning items, not '%.64s'", type);
+    return api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_value", "vlmd takes message, "
+                    "function_call, function_call_output and reasoning items, not '%.64s'", type);
 }
 
 /* The item an item_reference names: an output item of a stored response
@@ -446,7 +458,7 @@ static bool referenced_item(const json_t *ref, responses_store *store, uint64_t 
     snprintf(p, sizeof p, "%s.id", param);
     const json_t *id = json_object_get(ref, "id");
     if (!api_plain_string(id) || json_string_length(id) == 0)
-        return api_fail(e, 400, p, "invalid_type", "'%s' must be a string", p);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_type", "'%s' must be a string", p);
     const char *s = json_string_value(id), *hex = strchr(s, '_'), *end = strrchr(s, '_');
     const json_t *response = NULL, *conversation;
     if (hex && end > hex + 1 && (size_t)(end - hex) < sizeof resp_id - 5) {
@@ -460,9 +472,10 @@ static bool referenced_item(const json_t *ref, responses_store *store, uint64_t 
         if (json_equal(json_object_get(*item, "id"), id))
             return true;
     }
-    return api_fail(e, 400, p, "item_not_found", "no item '%.64s' is stored here: an "
-                    "item_reference names an output item of a response kept in this frontend's "
-                    "memory (see previous_response_id); send the item itself otherwise", s);
+    return api_fail(e, VLMD_ERR_INVALID_ARG, p, "item_not_found", "no item '%.64s' is stored "
+                    "here: an item_reference names an output item of a response kept in this "
+                    "frontend's memory (see previous_response_id); send the item itself otherwise",
+                    s);
 }
 
 /* instructions, then previous_response_id's items, then input's, into the
@@ -481,21 +494,21 @@ static bool read_input(const json_t *body, responses_store *store, uint64_t now_
     if (prev) {
         const json_t *response, *items;
         if (!api_plain_string(prev))
-            return api_fail(e, 400, "previous_response_id", "invalid_type",
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "previous_response_id", "invalid_type",
                             "'previous_response_id' must be a string");
         if (!store || !responses_store_get(store, json_string_value(prev), now_ms, &response,
                                            &items))
-            return api_fail(e, 400, "previous_response_id", "previous_response_not_found",
-                            "no response '%.64s' is stored here: a response is kept in the "
-                            "memory of the frontend that answered it (not another one's, not "
-                            "across a restart), for --responses-store-ttl-s, while it is among "
-                            "the last --responses-store-entries, and only when it was created "
-                            "with \"store\" true", json_string_value(prev));
+            return api_fail(e, VLMD_ERR_INVALID_ARG, "previous_response_id",
+                            "previous_response_not_found", "no response '%.64s' is stored here: a "
+                            "response is kept in the memory of the frontend that answered it (not "
+                            "another one's, not across a restart), for --responses-store-ttl-s, "
+                            "while it is among the last --responses-store-entries, and only when "
+                            "it was created with \"store\" true", json_string_value(prev));
         for (size_t i = 0; i < json_array_size(items); i++) {
             if (!read_item(&ir, json_array_get(items, i), "previous_response_id", e))
                 return false;
             if (json_array_append(conversation, json_array_get(items, i)))
-                return api_fail(e, 500, NULL, NULL, "out of memory");
+                return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
         }
     }
     const json_t *input = opt(body, "input");
@@ -503,12 +516,12 @@ static bool read_input(const json_t *body, responses_store *store, uint64_t now_
         json_t *item = json_pack("{s:s, s:s, s:[{s:s, s:O}]}", "type", "message", "role", "user",
                                  "content", "type", "input_text", "text", input);
         if (!item || json_array_append_new(conversation, item))
-            return api_fail(e, 500, NULL, NULL, "out of memory");
+            return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
         return read_item(&ir, item, "input", e);
     }
     if ((input && !json_is_array(input)) || (!prev && json_array_size(input) == 0))
-        return api_fail(e, 400, "input", input && !json_is_array(input) ? "invalid_type"
-                                                                         : "invalid_value",
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "input",
+                        input && !json_is_array(input) ? "invalid_type" : "invalid_value",
                         "'input' must be a string or a non-empty list of items");
     for (size_t i = 0; i < json_array_size(input); i++) {
         char param[32];
@@ -521,7 +534,7 @@ static bool read_input(const json_t *body, responses_store *store, uint64_t now_
         if (!read_item(&ir, item, param, e))
             return false;
         if (json_array_append(conversation, (json_t *)item))
-            return api_fail(e, 500, NULL, NULL, "out of memory");
+            return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     }
     return true;
 }
@@ -597,7 +610,8 @@ bool responses_request_parse(const json_t *body, const api_limits *lim,
     memset(e, 0, sizeof *e);
     *job_out = NULL;
     if (!json_is_object(body))
-        return api_fail(e, 400, NULL, "invalid_json", "the body must be a JSON object");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, NULL, "invalid_json", "the body must be a JSON "
+                        "object");
     if (!api_model_check(body, lim, e))
         return false;
     r->chat = true;
@@ -613,13 +627,13 @@ bool responses_request_parse(const json_t *body, const api_limits *lim,
     const json_t *format = NULL; /* text.format */
     bool max_given = false, thinking = true, parallel = true, ok = job && chat_body;
     if (!ok)
-        api_fail(e, 500, NULL, NULL, "out of memory");
+        api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     if (ok && !new_id(job->id, sizeof job->id))
-        ok = api_fail(e, 500, NULL, NULL, "no random bytes for the response's id");
+        ok = api_fail(e, VLMD_ERR_INTERNAL, NULL, NULL, "no random bytes for the response's id");
     if (ok) {
         job->store = true;
         job->conversation = json_array();
-        ok = job->conversation ? true : api_fail(e, 500, NULL, NULL, "out of memory");
+        ok = job->conversation ? true : api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     }
     ok = ok && api_field_integer(body, "max_output_tokens", 1, INT32_MAX, &max_out, &max_given,
                                  e) &&
@@ -635,9 +649,9 @@ bool responses_request_parse(const json_t *body, const api_limits *lim,
          read_tool_choice(body, chat_body, e);
     const json_t *so = opt(body, "stream_options");
     if (ok && so && (!json_is_object(so) || !r->stream))
-        ok = api_fail(e, 400, "stream_options", json_is_object(so) ? "invalid_value"
-                                                                   : "invalid_type",
-                      "'stream_options' is an object, only with \"stream\": true");
+        ok = api_fail(e, VLMD_ERR_INVALID_ARG, "stream_options",
+                      json_is_object(so) ? "invalid_value" : "invalid_type", "'stream_options' "
+                      "is an object, only with \"stream\": true");
     ok = ok && read_input(body, store, now_ms, &chat, job->conversation, e) &&
          api_chat_render(&chat, chat_body, thinking, &text, e);
     if (ok) {
@@ -645,7 +659,7 @@ bool responses_request_parse(const json_t *body, const api_limits *lim,
         r->n_prompts = r->prompts ? 1 : 0;
         ok = r->prompts && vlmd_tokenizer_encode_prompt(tok, &text, &r->prompts[0]) == VLMD_OK;
         if (!ok)
-            api_fail(e, 500, NULL, NULL, "out of memory");
+            api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     }
     if (ok) { /* the images, in prompt order, go with the request */
         r->images = chat.images;
@@ -663,7 +677,7 @@ bool responses_request_parse(const json_t *body, const api_limits *lim,
     }
     if (ok) {
         job->echo = echo_of(body, r, job->store, parallel, lim);
-        ok = job->echo ? true : api_fail(e, 500, NULL, NULL, "out of memory");
+        ok = job->echo ? true : api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     }
     vlmd_prompt_free(&text);
     api_chat_free(&chat);
@@ -920,7 +934,7 @@ static void keep(const responses_job *job, const char *id, const json_t *respons
 /* The status of a finished answer: "incomplete" when max_output_tokens cut it. */
 static bool complete_of(const inflight_entry *e)
 {
-    return strcmp(e->choices[0].finish, "length") != 0;
+    return strcmp(e->choices[0].out.finish, "length") != 0;
 }
 
 /* The response, once done: status, output, usage; kept. A new reference. */
@@ -960,10 +974,10 @@ static responses_events *events_of(inflight_entry *e)
 
 static void w_text(completions *c, inflight_entry *e, uint32_t index, const char *reasoning,
                    size_t reasoning_len, const char *content, size_t len, bool first,
-                   json_t *logprobs)
+                   const answer_logprobs *logprobs)
 {
     (void)c, (void)index, (void)first;
-    json_decref(logprobs); /* (not asked for: top_logprobs is refused) */
+    (void)logprobs; /* (not asked for: top_logprobs is refused) */
     responses_events *ev = events_of(e);
     if (!ev)
         return;
@@ -1090,8 +1104,7 @@ void responses_handle_create(h2o_req_t *req, void *ud)
                                       &job, &err);
     json_decref(body);
     if (!ok) {
-        vlmd_send_api_error(req, err.status, err.message, err.param[0] ? err.param : NULL,
-                            err.code);
+        vlmd_send_api_failure(req, &err);
         return;
     }
     job->to = rs->store;
@@ -1105,8 +1118,10 @@ static bool path_id(h2o_req_t *req, char *id, size_t idsz)
     h2o_iovec_t p = req->path_normalized;
     size_t n = p.len - prefix;
     if (n >= idsz || memchr(p.base + prefix, '/', n)) {
-        vlmd_send_api_error(req, 404, "vlmd answers GET and DELETE /v1/responses/{id} only",
-                            NULL, "not_found");
+        api_error err;
+        api_fail(&err, VLMD_ERR_NOT_FOUND, NULL, "not_found",
+                 "vlmd answers GET and DELETE /v1/responses/{id} only");
+        vlmd_send_api_failure(req, &err);
         return false;
     }
     memcpy(id, p.base + prefix, n);
@@ -1116,9 +1131,10 @@ static bool path_id(h2o_req_t *req, char *id, size_t idsz)
 
 static void not_stored(h2o_req_t *req, const char *id)
 {
-    char msg[160];
-    snprintf(msg, sizeof msg, "no response '%.64s' is stored here", id);
-    vlmd_send_api_error(req, 404, msg, "response_id", "response_not_found");
+    api_error err;
+    api_fail(&err, VLMD_ERR_NOT_FOUND, "response_id", "response_not_found",
+             "no response '%.64s' is stored here", id);
+    vlmd_send_api_failure(req, &err);
 }
 
 void responses_handle_get(h2o_req_t *req, void *ud)
@@ -1129,8 +1145,10 @@ void responses_handle_get(h2o_req_t *req, void *ud)
         return;
     if (req->query_at != SIZE_MAX &&
         memmem(req->path.base + req->query_at, req->path.len - req->query_at, "stream=true", 11)) {
-        vlmd_send_api_error(req, 400, "vlmd does not replay a stored response's events: "
-                            "retrieve it without 'stream'", "stream", "unsupported_parameter");
+        api_error err;
+        api_fail(&err, VLMD_ERR_INVALID_ARG, "stream", "unsupported_parameter",
+                 "vlmd does not replay a stored response's events: retrieve it without 'stream'");
+        vlmd_send_api_failure(req, &err);
         return;
     }
     const json_t *response, *conversation;

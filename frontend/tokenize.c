@@ -15,9 +15,10 @@ static json_t *read_body(h2o_req_t *req)
     if (json_is_object(body))
         return body;
     json_decref(body);
-    char msg[300];
-    snprintf(msg, sizeof msg, "the body is not a JSON object: %s", body ? "" : jerr.text);
-    vlmd_send_api_error(req, 400, msg, NULL, "invalid_json");
+    api_error e;
+    api_fail(&e, VLMD_ERR_INVALID_ARG, NULL, "invalid_json", "the body is not a JSON object: %s",
+             body ? "" : jerr.text);
+    vlmd_send_api_failure(req, &e);
     return NULL;
 }
 
@@ -39,7 +40,7 @@ void tokenize_handle(h2o_req_t *req, void *ud)
                                  "max_model_len", (json_int_t)c->limits.max_model_len),
                        NULL, NULL);
     } else {
-        vlmd_send_api_error(req, e.status, e.message, e.param[0] ? e.param : NULL, e.code);
+        vlmd_send_api_failure(req, &e);
     }
     vlmd_tokens_free(&ids);
     json_decref(body);
@@ -62,10 +63,10 @@ void detokenize_handle(h2o_req_t *req, void *ud)
     vlmd_buf text = VLMD_BUF_INIT;
     vlmd_error err = {0};
     if (!ok || vlmd_tokenizer_decode(c->tok, ids.ids, ids.n, false, &text, &err) != VLMD_OK) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "'tokens' must be a list of token ids below %u",
-                 vlmd_tokenizer_size(c->tok));
-        vlmd_send_api_error(req, 400, msg, "tokens", "invalid_value");
+        api_error e;
+        api_fail(&e, VLMD_ERR_INVALID_ARG, "tokens", "invalid_value",
+                 "'tokens' must be a list of token ids below %u", vlmd_tokenizer_size(c->tok));
+        vlmd_send_api_failure(req, &e);
     } else {
         vlmd_send_json(req, 200, json_pack("{s:s%}", "prompt", text.data ? text.data : "",
                                            text.len), NULL, NULL);

@@ -37,18 +37,18 @@ static bool check_tool(const json_t *tool, size_t i, api_error *e)
     const json_t *type = json_object_get(tool, "type"), *fn = json_object_get(tool, "function");
     if (!json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
         !json_is_object(fn))
-        return api_fail(e, 400, param, "invalid_value", "'%s' must be {\"type\": \"function\", "
-                        "\"function\": {\"name\": ...}}", param);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "'%s' must be {\"type\": "
+                        "\"function\", \"function\": {\"name\": ...}}", param);
     snprintf(param, sizeof param, "tools[%zu].function", i);
     const json_t *desc = json_object_get(fn, "description");
     const json_t *params = json_object_get(fn, "parameters");
     if (!api_function_name_ok(json_object_get(fn, "name")))
-        return api_fail(e, 400, param, "invalid_value", "'%s.name' must be 1 to 64 letters, "
-                        "digits, '_' or '-'", param);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "'%s.name' must be 1 to "
+                        "64 letters, digits, '_' or '-'", param);
     if ((desc && !json_is_string(desc) && !json_is_null(desc)) ||
         (params && !json_is_object(params) && !json_is_null(params)))
-        return api_fail(e, 400, param, "invalid_type", "'%s': description must be a string and "
-                        "parameters an object", param);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "'%s': description must "
+                        "be a string and parameters an object", param);
     return true;
 }
 
@@ -71,16 +71,16 @@ static bool check_choice(const json_t *choice, const json_t *tools, api_error *e
         return true;
     const char *name = named_function(choice);
     if (!choice_is(choice, "required") && !name)
-        return api_fail(e, 400, "tool_choice", "invalid_value", "'tool_choice' must be \"auto\", "
-                        "\"none\", \"required\" or {\"type\": \"function\", \"function\": "
-                        "{\"name\": ...}}");
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "tool_choice", "invalid_value", "'tool_choice' "
+                        "must be \"auto\", \"none\", \"required\" or {\"type\": \"function\", "
+                        "\"function\": {\"name\": ...}}");
     for (size_t i = 0; i < json_array_size(tools); i++) {
         const json_t *fn = json_object_get(json_array_get(tools, i), "function");
         if (!name || strcmp(json_string_value(json_object_get(fn, "name")), name) == 0)
             return true;
     }
-    return api_fail(e, 400, "tool_choice", "invalid_value", "'tool_choice' %s%s%s, which "
-                    "'tools' does not offer", name ? "names '" : "requires a call",
+    return api_fail(e, VLMD_ERR_INVALID_ARG, "tool_choice", "invalid_value", "'tool_choice' "
+                    "%s%s%s, which 'tools' does not offer", name ? "names '" : "requires a call",
                     name ? name : "", name ? "'" : "");
 }
 
@@ -113,8 +113,8 @@ bool api_tools_parse(const json_t *body, vlmd_prompt_text *section, api_error *e
     if (json_is_null(tools))
         tools = NULL;
     if (tools && (!json_is_array(tools) || json_array_size(tools) > API_MAX_TOOLS))
-        return api_fail(e, 400, "tools", "invalid_value", "'tools' must be a list of at most %d "
-                        "tools", API_MAX_TOOLS);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "tools", "invalid_value", "'tools' must be a "
+                        "list of at most %d tools", API_MAX_TOOLS);
     for (size_t i = 0; i < json_array_size(tools); i++)
         if (!check_tool(json_array_get(tools, i), i, e))
             return false;
@@ -134,7 +134,7 @@ bool api_tools_parse(const json_t *body, vlmd_prompt_text *section, api_error *e
     ok = ok && vlmd_prompt_puts(section, VLMD_SPECIAL_MATCH, TOOLS_OUTRO) == VLMD_OK;
     if (!ok) {
         vlmd_prompt_free(section);
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     }
     return true;
 }
@@ -163,15 +163,15 @@ bool api_tool_call_read(const json_t *name, const json_t *arguments, const char 
                                                : NULL;
     if (!api_function_name_ok(name) || !json_is_object(parsed)) {
         json_decref(parsed);
-        return api_fail(e, 400, param, "invalid_value", "'%s' must have a name and arguments "
-                        "as a string of a JSON object", param);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "'%s' must have a name "
+                        "and arguments as a string of a JSON object", param);
     }
     out->name = strdup(json_string_value(name));
     out->arguments = json_dumps(parsed, 0); /* as the template's tojson writes it */
     json_decref(parsed);
     if (!out->name || !out->arguments) {
         api_tool_call_free(out);
-        return api_fail(e, 500, NULL, NULL, "out of memory");
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     }
     return true;
 }
