@@ -1,6 +1,6 @@
 /* model_config.c - config.json of a Hugging Face checkpoint into vlmd_model_config.
  *
- * Reads both config shapes (DESIGN.md §3): text fields at the top level or in
+ * Reads both config shapes (docs/ARCHITECTURE.md, Backends): text fields at the top level or in
  * text_config; RoPE settings in rope_scaling or rope_parameters, either at the
  * text level or the top. Every error names the file and the field. */
 #include "model_config.h"

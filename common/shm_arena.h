@@ -2,7 +2,7 @@
  * made once by the router, written by the visual worker (image embeddings,
  * float32, at offsets the router hands out) and read by the engine.
  *
- * One file for every image (DESIGN.md §1), not a file per image: those
+ * One file for every image (docs/ARCHITECTURE.md, An image's path), not a file per image: those
  * exhaust /dev/shm and leak when a process dies. The router creates the file
  * at its configured size and never unlinks it while serving (a restarted
  * router reuses the same inode, so the workers' mappings stay valid); the

@@ -2,7 +2,7 @@
  *
  * Holds no model state. It listens at once (so /health answers while the
  * rest starts), keeps the router's latest stats snapshot, and reports READY
- * only once a snapshot shows the engine ready (DESIGN.md §1). */
+ * only once a snapshot shows the engine ready (docs/ARCHITECTURE.md, Start-up order). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

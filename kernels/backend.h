@@ -1,9 +1,9 @@
 /* backend.h - the compute backend interface: one device, its memory, and
- * (from the text-path issue on) the ops a transformer needs.
+ * the ops a transformer needs.
  *
  * Every device allocation goes through vlmd_backend_alloc, which counts
  * calls and bytes: after a worker reports ready the count must not change
- * (DESIGN.md §4). The CPU backend is the reference every CUDA op is tested
+ * (docs/MEMORY.md). The CPU backend is the reference every CUDA op is tested
  * against; the CUDA backend exists when vlmd is built with nvcc. */
 #ifndef VLMD_BACKEND_H
 #define VLMD_BACKEND_H

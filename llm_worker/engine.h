@@ -14,7 +14,7 @@
  *             exceeds the model length)
  *
  * KV accounting: admission (the router's estimate of the running set's peak,
- * DESIGN.md §4) keeps preemption rare; the engine admits a waiting request
+ * docs/MEMORY.md §3) keeps preemption rare; the engine admits a waiting request
  * when its tokens fit the free slots now. When a step needs more slots than
  * are free, the newest running requests are paused and go back to the queue,
  * where they come before everything that arrived after them; recomputing

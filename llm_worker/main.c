@@ -1,8 +1,9 @@
 /* main.c - vlmd-llm: the engine process.
  *
- * Start-up order (DESIGN.md §1): check that the weights fit and load them,
- * say hello, ask the router for the peer footprint (it answers once the
- * visual worker has reserved its memory), run the four-phase auto-profile
+ * Start-up order (docs/ARCHITECTURE.md, Start-up order): check that the
+ * weights fit and load them, say hello, ask the router for the peer footprint
+ * (it answers once the visual worker has reserved its memory), run the
+ * four-phase auto-profile
  * (profile.h) that sizes the KV cache and creates the engine, then publish
  * READY with the capacity and the profile's numbers; the frontend reports
  * ready only after that. From then on the device allocator's count must not

@@ -1,4 +1,4 @@
-/* profile.h - the engine's four-phase auto-profile (DESIGN.md §4): how many
+/* profile.h - the engine's four-phase auto-profile (docs/MEMORY.md §2): how many
  * KV tokens this device can hold beside everything else, measured once.
  *
  *   fit       before anything runs: whether one request of max_model_len tokens

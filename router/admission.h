@@ -1,5 +1,5 @@
 /* admission.h - whether the engine's KV cache can take one more request
- * (DESIGN.md §4). The running set's future peak is estimated as LightLLM
+ * (docs/MEMORY.md §3). The running set's future peak is estimated as LightLLM
  * does: with the requests sorted by remaining output, longest first, the
  * cache is fullest when one of them finishes, so
  *

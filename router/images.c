@@ -1,4 +1,4 @@
-/* images.c - the router's image stage (DESIGN.md §1): a request with images
+/* images.c - the router's image stage (docs/ARCHITECTURE.md, An image's path): a request with images
  * waits here until each image's embeddings are in the shared arena, then goes
  * to the engine with their offsets.
  *

@@ -1,7 +1,7 @@
 /* bench_ops.c - `vlmd-bench-ops [--device D] [--bandwidth-gbs X] [--gemm-tflops Y]
  * [--shape 7b|30b-a3b|tiny] [--runs N] [--only linear|rows|attention|sample|moe]`:
  * each op of the backend (or of one group) timed alone on random inputs
- * (STYLE.md habit 8; that each op is right is test_cuda_ops's job). Shapes:
+ * (docs/ARCHITECTURE.md, Tests; that each op is right is test_cuda_ops's job). Shapes:
  * those of Qwen2.5-7B's text model (hidden 3584, 28 query and 4 KV heads of
  * 128, intermediate 18944, vocabulary 152064), of Qwen3-30B-A3B's (hidden
  * 2048, 32 query and 4 KV heads of 128 with q/k norm, 128 experts of 768, 8 a

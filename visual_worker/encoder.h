@@ -1,7 +1,7 @@
 /* encoder.h - the visual worker's work without its sockets: encoded images in,
  * embeddings out, in batches no larger than what was reserved.
  *
- * Creation is the stress-reserve (DESIGN.md §4): the tower's workspace is
+ * Creation is the stress-reserve (docs/MEMORY.md §1): the tower's workspace is
  * sized for --visual-batch-size images of the largest size the pixel limits
  * allow, and that worst case runs through the real tower once (Qwen3-VL's
  * DeepStack mergers and their outputs included), so that any failure to fit

@@ -1,5 +1,5 @@
 /* test_cuda_ops.c - every op of the CUDA backend against the CPU reference on
- * fresh random inputs at several shapes (STYLE.md habit 8). Inputs are
+ * fresh random inputs at several shapes (docs/ARCHITECTURE.md, Tests). Inputs are
  * rounded to bf16 first so both backends see the same numbers; outputs are
  * compared by relative L2 error (bf16 outputs: < 1e-2). Without a GPU the
  * CUDA backend must refuse clearly; that is what the test checks there. */

@@ -136,7 +136,7 @@ Test(demo_model, config_dimensions_and_token_ids_agree)
     cr_expect_eq(mc.vision.embed_dim % mc.vision.num_heads, 0);
     cr_expect_eq((mc.vision.embed_dim / mc.vision.num_heads) % 4, 0, "2-D rotary halves");
 
-    /* The nested shape DESIGN.md names: text_config with rope_parameters. */
+    /* The nested shape docs/ARCHITECTURE.md names: text_config with rope_parameters. */
     json_t *cfg = load_json(path_in(dir, "config.json"));
     json_t *text = json_object_get(cfg, "text_config");
     cr_assert(json_is_object(text));
