@@ -451,7 +451,7 @@ vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err)
     for (int32_t i = 0; i < r; i++)
         e->sample_rows[i] = (vlmd_sample_row){.temperature = 1, .top_p = 0.9f, .top_k = 50,
                                               .min_p = 0.01f, .repetition_penalty = 1,
-                                              .n_top = VLMD_SAMPLE_MAX_TOP, .draw = (uint64_t)i};
+                                              .n_top = VLMD_MAX_TOP_LOGPROBS, .draw = (uint64_t)i};
     if (s == VLMD_OK)
         s = qwen2_sample(e->m, e->ws, 0, e->sample_rows, r, e->sample_out, err);
     return s;
@@ -715,8 +715,8 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     q->sampling = r->sampling;
     q->logprobs = r->logprobs;
     q->ignore_eos = r->ignore_eos;
-    q->top_logprobs = r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS ? ENGINE_MAX_TOP_LOGPROBS
-                                                                : r->top_logprobs;
+    q->top_logprobs = r->top_logprobs > VLMD_MAX_TOP_LOGPROBS ? VLMD_MAX_TOP_LOGPROBS
+                                                              : r->top_logprobs;
     q->min_tokens = (int32_t)(r->min_tokens < r->max_tokens ? r->min_tokens : r->max_tokens);
     q->n_stop = r->n_stop_tokens;
     if (r->n_stop_tokens)

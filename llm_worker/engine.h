@@ -74,16 +74,14 @@ typedef struct engine_config {
  * one byte a token, so that it ends complete when there is room. */
 #define ENGINE_GRAMMAR_CLOSE_MARGIN 16
 
-#define ENGINE_MAX_TOP_LOGPROBS 20
-
 /* Log-probabilities of a generated token under the model's distribution (the
  * raw logits' log-softmax, before penalties and temperature) and the most
  * likely alternatives, for requests that ask. */
 typedef struct engine_logprobs {
     float logprob;
     uint32_t n_top;
-    uint32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
-    float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
+    uint32_t top_ids[VLMD_MAX_TOP_LOGPROBS];
+    float top_logprobs[VLMD_MAX_TOP_LOGPROBS];
 } engine_logprobs;
 
 /* What a step gives one request: its token (or none, when it ended for want
