@@ -90,7 +90,8 @@ typedef struct vlmd_op_table {
     /* out[n,H] = table[ids[i], :] (a weight) */
     void (*embedding)(vlmd_backend *b, void *out, const void *table, const int32_t *ids, int n,
                       int hidden);
-    /* out[n,dim] = x[ids[i], :] (activations) */
+    /* out[n,dim] = x[ids[i], :] (activations; where a weight's rows have the
+     * activations' type, as on CUDA, the embedding is this gather) */
     void (*gather_rows)(vlmd_backend *b, void *out, const void *x, const int32_t *ids, int n,
                         int dim);
     /* residual == NULL: out = rmsnorm(x) * w.
