@@ -224,6 +224,13 @@ const vlmd_flag vlmd_flags[] = {
      R(LAUNCHER) | R(LLM),
      "Launch every kernel of a decode step one by one instead of replaying the CUDA graphs "
      "captured at start-up (slower; for debugging). /health shows the effective setting"},
+    {"check-invariants", VLMD_FLAG_BOOL, OFF(check_invariants), "false", 0, 0, NULL,
+     R(LAUNCHER) | R(LLM),
+     "Check the engine's invariant (its requests' states and KV books, every KV slot held "
+     "once) after every step, in any build (a cost of the order of the KV slots a step). On "
+     "a failure the engine logs what disagreed, ends every request with an error (500), "
+     "empties the KV cache and goes on serving; without it only debug builds check, and "
+     "stop the process"},
     {"kv-events-endpoint", VLMD_FLAG_STRING, OFF(kv_events_endpoint), "", 0, 0, NULL,
      R(LAUNCHER) | R(LLM),
      "ZeroMQ endpoint where the engine publishes its prefix cache's changes as vLLM's "

@@ -80,6 +80,7 @@ typedef struct vlmd_config {
     bool disable_prefix_cache;      /* --disable-prefix-cache */
     int64_t chunked_prefill_size;   /* --chunked-prefill-size: prompt tokens per request per step */
     bool enforce_eager;             /* --enforce-eager: no CUDA graphs for decode steps */
+    bool check_invariants;          /* --check-invariants: the engine checks its books each step */
     char *kv_events_endpoint;       /* --kv-events-endpoint: ZMQ PUB of KV-cache events; "" = off */
     char *kv_events_topic;          /* --kv-events-topic: each batch's first frame */
     int64_t kv_events_block_size;   /* --kv-events-block-size: tokens per event block */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api_limits.h"
 #include "chat_template.h"
 #include "mrope.h"
 #include "tools.h"
@@ -680,9 +681,11 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
          refuse_unsupported(body, chat, n, e);
     if (ok && chat)
         ok = api_field_bool(body, "logprobs", &logprobs, e) &&
-             api_field_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e);
+             api_field_integer(body, "top_logprobs", 0, VLMD_MAX_TOP_LOGPROBS, &top_logprobs,
+                               NULL, e);
     if (ok && !chat)
-        ok = api_field_integer(body, "logprobs", 0, 20, &completion_logprobs, NULL, e) &&
+        ok = api_field_integer(body, "logprobs", 0, VLMD_MAX_TOP_LOGPROBS, &completion_logprobs,
+                               NULL, e) &&
              api_field_bool(body, "echo", &r->echo, e);
     const json_t *user = opt(body, "user");
     if (ok && user && !json_is_string(user))

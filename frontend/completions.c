@@ -19,6 +19,7 @@
 
 #include <jansson.h>
 
+#include "api_limits.h"
 #include "buf.h"
 #include "clock.h"
 #include "h2o_include.h"
@@ -1150,7 +1151,8 @@ static size_t chunk_logprobs(const inflight_entry *e, inflight_choice *ch,
     size_t n = 0;
     for (uint32_t i = 0; e->api.logprobs && i < m->n_logprobs; i++) {
         token_logprobs t = {.id = m->tokens[i], .logprob = m->logprobs[i],
-                            .n_top = m->top_n > 20 ? 20 : m->top_n};
+                            .n_top = m->top_n > VLMD_MAX_TOP_LOGPROBS ? VLMD_MAX_TOP_LOGPROBS
+                                                                      : m->top_n};
         for (uint32_t k = 0; k < t.n_top; k++) {
             t.top_ids[k] = m->top_ids[(size_t)i * m->top_n + k];
             t.top_logprobs[k] = m->top_logprobs[(size_t)i * m->top_n + k];

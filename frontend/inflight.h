@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "api_limits.h"
 #include "api_request.h"
 #include "tokenizer.h"
 #include "tools.h"
@@ -24,8 +25,8 @@ typedef struct token_logprobs {
     uint32_t id;
     float logprob;
     uint32_t n_top;
-    uint32_t top_ids[20];
-    float top_logprobs[20];
+    uint32_t top_ids[VLMD_MAX_TOP_LOGPROBS];
+    float top_logprobs[VLMD_MAX_TOP_LOGPROBS];
 } token_logprobs;
 
 /* Where a choice's output stands: the text is reasoning until </think>, then

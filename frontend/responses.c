@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "api_limits.h"
 #include "clock.h"
 #include "h2o_include.h"
 #include "response.h"
@@ -642,7 +643,8 @@ bool responses_request_parse(const json_t *body, const api_limits *lim,
          api_field_bool(body, "stream", &r->stream, e) &&
          api_field_bool(body, "parallel_tool_calls", &parallel, e) &&
          api_field_bool(body, "store", &job->store, e) &&
-         api_field_integer(body, "top_logprobs", 0, 20, &top_logprobs, NULL, e) &&
+         api_field_integer(body, "top_logprobs", 0, VLMD_MAX_TOP_LOGPROBS, &top_logprobs, NULL,
+                           e) &&
          check_strings(body, e) && refuse_unsupported(body, top_logprobs, e) &&
          read_include(body, e) && read_metadata(body, e) && read_reasoning(body, &thinking, e) &&
          read_text(body, &format, e) && read_tools(body, chat_body, e) &&

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api_limits.h"
 #include "backend.h"
 
 #ifdef __cplusplus
@@ -59,8 +60,6 @@ typedef enum vlmd_gelu_form {
                                  * gelu_pytorch_tanh, Qwen3-VL's vision MLP */
 } vlmd_gelu_form;
 
-#define VLMD_SAMPLE_MAX_TOP 20
-
 /* How one row of logits becomes a token. */
 typedef struct vlmd_sample_row {
     float temperature;          /* <= 0: greedy */
@@ -83,15 +82,16 @@ typedef struct vlmd_sample_out {
     int32_t token;
     int32_t n_top;
     float logprob;              /* of token under the raw logits' log-softmax */
-    int32_t top_ids[VLMD_SAMPLE_MAX_TOP];       /* the most likely, best first */
-    float top_logprobs[VLMD_SAMPLE_MAX_TOP];
+    int32_t top_ids[VLMD_MAX_TOP_LOGPROBS];       /* the most likely, best first */
+    float top_logprobs[VLMD_MAX_TOP_LOGPROBS];
 } vlmd_sample_out;
 
 typedef struct vlmd_op_table {
     /* out[n,H] = table[ids[i], :] (a weight) */
     void (*embedding)(vlmd_backend *b, void *out, const void *table, const int32_t *ids, int n,
                       int hidden);
-    /* out[n,dim] = x[ids[i], :] (activations) */
+    /* out[n,dim] = x[ids[i], :] (activations; where a weight's rows have the
+     * activations' type, as on CUDA, the embedding is this gather) */
     void (*gather_rows)(vlmd_backend *b, void *out, const void *x, const int32_t *ids, int n,
                         int dim);
     /* residual == NULL: out = rmsnorm(x) * w.

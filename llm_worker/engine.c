@@ -86,6 +86,7 @@ typedef struct request {
     uint32_t end_ids[VLMD_PROTO_MAX_STOPS + 1]; /* eos_id and the stop tokens */
     uint32_t n_end;
     bool mask_failed;           /* this step's mask could not be made: it ends in an error */
+    bool listed;                /* on the engine's list (request_free refuses it then) */
     struct request *next;       /* in arrival order */
 } request;
 
@@ -98,13 +99,16 @@ struct engine {
     qwen2_workspace *ws;
     kv_slots slots;
     prefix_cache *cache;        /* NULL when disabled */
-    request *head, *tail;
+    request *head, *tail;       /* every request, in arrival order; the only list that owns
+                                 * them (request_end takes one off and frees it) */
     int32_t n_running, n_active;
     uint64_t preemptions;
     uint64_t prompt_tokens, cached_tokens; /* over first admissions: the cache's hit rate */
     uint64_t generated_tokens;
     bool events_on;             /* the cache's changes are logged in `events` */
     kv_event_log events;
+    /* one step's views of the list (borrowed, valid during the step only; an entry
+     * whose request ended in the step is never read again) */
     request **running;          /* one step's running requests, oldest first [max_running] */
     request **seq_req;          /* the request of each attention sequence of the step */
     /* one step's batch, sized for max_batch_tokens */
@@ -127,6 +131,8 @@ struct engine {
     const uint32_t **row_masks;
     vlmd_mask_scratch *scratch;
     int32_t byte_token[256];
+    uint8_t *slot_owner;        /* engine_check_invariants' scratch: who holds each slot */
+    uint64_t resets;            /* reset_books after a failed check (--check-invariants) */
 };
 
 /* ---- lifetime ----------------------------------------------------------------- */
@@ -217,10 +223,11 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     e->seen_at = calloc((size_t)V, sizeof *e->seen_at);
     e->mask_words = qwen2_mask_words(m);
     e->row_masks = calloc((size_t)r, sizeof *e->row_masks);
+    e->slot_owner = malloc(cfg->kv_slots > 0 ? (size_t)cfg->kv_slots : 1);
     if (s == VLMD_OK && (!e->ids || !e->positions || !e->step_slots || !e->logit_rows ||
                          !e->seqs || !e->embeds || !e->in_step || !e->running || !e->seq_req ||
                          !e->sample_rows || !e->sample_out || !e->seen || !e->seen_at ||
-                         !e->row_masks))
+                         !e->row_masks || !e->slot_owner))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the engine's batch");
     if (s == VLMD_OK && cfg->vocab)
         s = grammars_init(e, cfg->vocab, err);
@@ -232,8 +239,13 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     return VLMD_OK;
 }
 
+static void request_end(engine *e, request *q);
+
+/* Frees a request that is on no list: one engine_submit refused, or one
+ * request_end took off the list (the only two callers). */
 static void request_free(engine *e, request *q)
 {
+    VLMD_ASSERT(!q->listed);
     free(q->block_hash);
     free(q->spans);
     if (q->grammar)
@@ -252,10 +264,8 @@ void engine_free(engine *e)
 {
     if (!e)
         return;
-    for (request *q = e->head, *next; q; q = next) {
-        next = q->next;
-        request_free(e, q);
-    }
+    while (e->head) /* (their KV goes to the cache, which gives it all back below) */
+        request_end(e, e->head);
     grammar_cache_free(e->grammars);
     vlmd_mask_scratch_free(e->scratch);
     free(e->masks);
@@ -278,6 +288,7 @@ void engine_free(engine *e)
     free(e->sample_out);
     free(e->seen);
     free(e->seen_at);
+    free(e->slot_owner);
     free(e);
 }
 
@@ -354,16 +365,151 @@ int32_t engine_kv_in_use(const engine *e)
            (e->cache ? prefix_cache_evictable(e->cache) : 0);
 }
 
-bool engine_kv_balanced(const engine *e)
+uint64_t engine_invariant_resets(const engine *e)
 {
-    int64_t held = 0;
-    for (const request *q = e->head; q; q = q->next) {
-        if (q->state != REQ_RUNNING && (q->n_cached || q->lock))
-            return false; /* a waiting request holds nothing */
-        held += q->n_cached - q->n_shared;
+    return e->resets;
+}
+
+bool engine_test_break_books(engine *e, bool leak)
+{
+    if (e->slots.n_free == 0)
+        return false;
+    if (leak) {
+        e->slots.n_free--;
+        return true;
     }
-    return held + e->slots.n_free + (e->cache ? prefix_cache_tokens(e->cache) : 0) ==
-           e->slots.capacity;
+    for (request *q = e->head; q; q = q->next)
+        if (q->state == REQ_RUNNING && q->n_cached > q->n_shared) {
+            e->slots.free[e->slots.n_free - 1] = q->slots[q->n_shared];
+            return true;
+        }
+    return false;
+}
+
+/* ---- the invariant (stated at the top of schedule()) ---------------------------- */
+
+/* Who holds a slot, in engine_check_invariants' scratch. */
+enum { SLOT_NOBODY, SLOT_FREE, SLOT_CACHE, SLOT_REQUEST };
+
+typedef struct slot_marks {
+    uint8_t *owner;
+    int32_t capacity;
+    bool broken;                /* a slot out of range or held twice was found: */
+    int32_t bad;                /* the first */
+    uint8_t as;                 /* what marks are made now */
+} slot_marks;
+
+static void mark_slots(const int32_t *slots, int32_t n, void *ud)
+{
+    slot_marks *m = ud;
+    for (int32_t i = 0; i < n && !m->broken; i++) {
+        int32_t s = slots[i];
+        if (s < 0 || s >= m->capacity || m->owner[s] != SLOT_NOBODY)
+            m->broken = true, m->bad = s;
+        else
+            m->owner[s] = m->as;
+    }
+}
+
+static const char *slot_owner_str(uint8_t who)
+{
+    switch (who) {
+    case SLOT_FREE:
+        return "the free list";
+    case SLOT_CACHE:
+        return "the prefix cache";
+    case SLOT_REQUEST:
+        return "a request";
+    }
+    return "nobody";
+}
+
+/* One request's part of the invariant; *held gets its private slots. */
+static vlmd_status check_request(const engine *e, const request *q, int64_t *held,
+                                 vlmd_error *err)
+{
+    unsigned long long id = (unsigned long long)q->id;
+    *held = 0;
+    if (!q->listed)
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "request %llu is on the list unmarked", id);
+    if (q->state == REQ_WAITING) {
+        if (q->n_cached || q->n_shared || q->lock)
+            return vlmd_errorf(err, VLMD_ERR_INTERNAL, "waiting request %llu holds KV "
+                               "(n_cached %d, n_shared %d, lock %s)", id, q->n_cached,
+                               q->n_shared, q->lock ? "set" : "none");
+        return VLMD_OK;
+    }
+    if (q->state != REQ_RUNNING)
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "request %llu is in state %d", id,
+                           (int)q->state);
+    if (q->n_shared < 0 || q->n_shared > q->n_cached || q->n_cached >= q->n_tokens ||
+        q->n_tokens > q->n_prompt + q->max_tokens)
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "running request %llu: want 0 <= n_shared "
+                           "%d <= n_cached %d < n_tokens %d <= prompt %d + max_tokens %d", id,
+                           q->n_shared, q->n_cached, q->n_tokens, q->n_prompt, q->max_tokens);
+    if ((q->lock != NULL) != (q->n_shared > 0) || (q->lock && !e->cache))
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "running request %llu: n_shared %d with "
+                           "lock %s%s", id, q->n_shared, q->lock ? "set" : "none",
+                           e->cache ? "" : " and no prefix cache");
+    if (q->lock && prefix_cache_path_len(q->lock) != q->n_shared)
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "running request %llu shares %d tokens; its "
+                           "locked path holds %d", id, q->n_shared,
+                           prefix_cache_path_len(q->lock));
+    if (q->lock && !prefix_cache_path_has_slots(q->lock, q->slots))
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "running request %llu: its shared slots "
+                           "are not its locked path's", id);
+    *held = q->n_cached - q->n_shared;
+    return VLMD_OK;
+}
+
+vlmd_status engine_check_invariants(const engine *e, vlmd_error *err)
+{
+    int32_t cap = e->slots.capacity, n_free = e->slots.n_free;
+    int32_t cached = e->cache ? prefix_cache_tokens(e->cache) : 0;
+    int32_t active = 0, running = 0, locks = 0;
+    int64_t held = 0;
+    const request *last = NULL;
+    for (const request *q = e->head; q; last = q, q = q->next) {
+        int64_t h;
+        vlmd_status st = check_request(e, q, &h, err);
+        if (st != VLMD_OK)
+            return st;
+        active++;
+        running += q->state == REQ_RUNNING;
+        locks += q->lock != NULL;
+        held += h;
+    }
+    if (last != e->tail || active != e->n_active || running != e->n_running ||
+        running > e->cfg.max_running)
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "the list holds %d requests, %d running "
+                           "(counted %d and %d, at most %d running; tail %s)", active, running,
+                           e->n_active, e->n_running, e->cfg.max_running,
+                           last == e->tail ? "right" : "wrong");
+    if (e->cache && prefix_cache_locks(e->cache) != locks)
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "the prefix cache has %d locked paths; "
+                           "requests hold %d", prefix_cache_locks(e->cache), locks);
+    if (n_free < 0 || held + n_free + cached != cap)
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "the KV books: %lld held by requests + %d "
+                           "free + %d cached != the capacity %d", (long long)held, n_free,
+                           cached, cap);
+    /* the sums agree, so no slot held twice (nor out of range) means each is held once */
+    slot_marks m = {e->slot_owner, cap, false, 0, SLOT_FREE};
+    memset(m.owner, SLOT_NOBODY, (size_t)cap);
+    mark_slots(e->slots.free, n_free, &m);
+    m.as = SLOT_CACHE;
+    if (e->cache && !m.broken)
+        prefix_cache_visit_slots(e->cache, mark_slots, &m);
+    m.as = SLOT_REQUEST;
+    for (const request *q = e->head; q && !m.broken; q = q->next)
+        if (q->state == REQ_RUNNING)
+            mark_slots(q->slots + q->n_shared, q->n_cached - q->n_shared, &m);
+    if (m.broken && (m.bad < 0 || m.bad >= cap))
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "KV slot %d held by %s is outside the "
+                           "capacity %d", m.bad, slot_owner_str(m.as), cap);
+    if (m.broken)
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "KV slot %d is held twice: by %s, then "
+                           "by %s", m.bad, slot_owner_str(m.owner[m.bad]), slot_owner_str(m.as));
+    return VLMD_OK;
 }
 
 const char *engine_stress_str(engine_stress_kind k)
@@ -451,7 +597,7 @@ vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err)
     for (int32_t i = 0; i < r; i++)
         e->sample_rows[i] = (vlmd_sample_row){.temperature = 1, .top_p = 0.9f, .top_k = 50,
                                               .min_p = 0.01f, .repetition_penalty = 1,
-                                              .n_top = VLMD_SAMPLE_MAX_TOP, .draw = (uint64_t)i};
+                                              .n_top = VLMD_MAX_TOP_LOGPROBS, .draw = (uint64_t)i};
     if (s == VLMD_OK)
         s = qwen2_sample(e->m, e->ws, 0, e->sample_rows, r, e->sample_out, err);
     return s;
@@ -715,8 +861,8 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     q->sampling = r->sampling;
     q->logprobs = r->logprobs;
     q->ignore_eos = r->ignore_eos;
-    q->top_logprobs = r->top_logprobs > ENGINE_MAX_TOP_LOGPROBS ? ENGINE_MAX_TOP_LOGPROBS
-                                                                : r->top_logprobs;
+    q->top_logprobs = r->top_logprobs > VLMD_MAX_TOP_LOGPROBS ? VLMD_MAX_TOP_LOGPROBS
+                                                              : r->top_logprobs;
     q->min_tokens = (int32_t)(r->min_tokens < r->max_tokens ? r->min_tokens : r->max_tokens);
     q->n_stop = r->n_stop_tokens;
     if (r->n_stop_tokens)
@@ -727,6 +873,7 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     else
         e->head = q;
     e->tail = q;
+    q->listed = true;
     e->n_active++;
     return VLMD_OK;
 }
@@ -766,8 +913,12 @@ static void release_kv(engine *e, request *q)
     q->lock = NULL;
 }
 
-static void remove_request(engine *e, request *q, request *prev)
+/* Ends a request on the list: its KV goes back (a running one's), it leaves
+ * the list, and it is freed - the one way a listed request is freed. */
+static void request_end(engine *e, request *q)
 {
+    request *prev = NULL;
+    VLMD_ASSERT(q->listed && find(e, q->id, &prev) == q);
     if (q->state == REQ_RUNNING) {
         release_kv(e, q);
         e->n_running--;
@@ -778,16 +929,18 @@ static void remove_request(engine *e, request *q, request *prev)
         e->head = q->next;
     if (e->tail == q)
         e->tail = prev;
+    q->listed = false;
+    q->next = NULL;
     e->n_active--;
     request_free(e, q);
 }
 
 bool engine_cancel(engine *e, uint64_t req_id)
 {
-    request *prev = NULL, *q = find(e, req_id, &prev);
+    request *q = find(e, req_id, NULL);
     if (!q)
         return false;
-    remove_request(e, q, prev);
+    request_end(e, q);
     return true;
 }
 
@@ -795,7 +948,7 @@ int32_t engine_cancel_all(engine *e)
 {
     int32_t n = 0;
     for (; e->head; n++)
-        remove_request(e, e->head, NULL);
+        request_end(e, e->head);
     return n;
 }
 
@@ -940,7 +1093,35 @@ static void forget_prefix(engine *e, request *q)
  * prefixes, then the slots of the newest running requests, when the cache is
  * short; then waiting requests (paused ones first: they are older), each from
  * its longest cached prefix, while the budget, the sequence limit and the
- * slots allow, first come first served. */
+ * slots allow, first come first served.
+ *
+ * The invariant, which holds between steps (engine_check_invariants checks
+ * it; within a step add_chunk makes n_cached run ahead until sampling):
+ *
+ *   WAITING (new, or preempted, or its shared prompt could not be cached):
+ *     it holds no KV: n_cached = n_shared = 0, lock NULL. Its tokens, output
+ *     so far and sampler state survive; its KV is recomputed on admission.
+ *   RUNNING: tokens[0..n_cached) have KV in slots[0..n_cached), and
+ *       0 <= n_shared <= n_cached < n_tokens
+ *     (at least its next token is still to compute). slots[0..n_shared) are
+ *     the prefix cache's, along the path `lock` locks, which is exactly
+ *     n_shared keys long (lock != NULL iff n_shared > 0; never without the
+ *     cache); slots[n_shared..n_cached) are its own.
+ *   Every KV slot is held by exactly one of: the free list, the prefix cache
+ *     (a node's; locked or evictable), one running request's own range. So
+ *       free + cache tokens + sum over running of (n_cached - n_shared)
+ *         = capacity,
+ *     and the cache's locked paths are the running requests' locks.
+ *   n_running counts the RUNNING requests (at most max_running), n_active
+ *     the list; the list (head..tail, arrival order) owns every request, and
+ *     a request leaves it only through request_end, which frees it.
+ *
+ * What keeps it: preempt() and request_end() give all of a running request's
+ * KV back (release_kv: into the cache, or the free list) before it stops
+ * running; share_prompt() moves its own range into the cache and re-locks it
+ * (n_shared = n_cached), or on failure makes it WAITING with nothing; admission
+ * takes a lock (reuse_prefix) and drops it again (forget_prefix) when the
+ * request does not go in. */
 static void schedule(engine *e, step_plan *p)
 {
     int32_t nr = 0;
@@ -962,6 +1143,7 @@ static void schedule(engine *e, step_plan *p)
         } else if (!room) {
             if (e->n_running == 1) { /* alone and still no room: never preempted for itself */
                 emit_finish(e, q, VLMD_FINISH_LENGTH);
+                e->running[i] = NULL;
                 continue;
             }
             preempt(e, q); /* the older ones hold the cache: this one waits */
@@ -1223,11 +1405,62 @@ static vlmd_status sample_step(engine *e, int32_t n_logits, vlmd_error *err)
 static void emit_finish(engine *e, request *q, vlmd_finish_reason why)
 {
     engine_output o = {q->id, NULL, 0, why, (uint32_t)q->n_prompt,
-                       (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens, NULL, NULL};
+                       (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens, NULL, NULL,
+                       VLMD_OK};
     e->emit(&o, e->ud);
-    request *prev = NULL;
-    find(e, q->id, &prev);
-    remove_request(e, q, prev);
+    request_end(e, q);
+}
+
+/* The books broke (engine_check_invariants said how): nothing they say can be
+ * trusted, so none of it is given back. Every request holds nothing now and
+ * ends with an error; the prefix cache is forgotten (AllBlocksCleared when
+ * events are on) and every slot is free again. The process goes on serving
+ * from a state that holds the invariant. */
+static void reset_books(engine *e, const char *why)
+{
+    char msg[sizeof(vlmd_error) + 64];
+    snprintf(msg, sizeof msg, "the engine's books broke (%s); its requests ended", why);
+    for (request *q = e->head; q; q = q->next) {
+        q->lock = NULL; /* void once the cache is forgotten */
+        q->n_cached = q->n_shared = 0;
+        q->state = REQ_WAITING;
+    }
+    e->n_running = 0;
+    if (e->cache) {
+        prefix_cache_forget(e->cache);
+        if (e->events_on)
+            kv_event_all_cleared(&e->events);
+    }
+    kv_slots_reset(&e->slots);
+    while (e->head) {
+        request *q = e->head;
+        engine_output o = {q->id, NULL, 0, VLMD_FINISH_ERROR, (uint32_t)q->n_prompt,
+                           (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens, NULL, msg,
+                           VLMD_ERR_INTERNAL};
+        e->emit(&o, e->ud);
+        request_end(e, q);
+    }
+    e->resets++;
+}
+
+/* After every step: with cfg.check_invariants (any build) a broken invariant
+ * is logged and the engine resets (reset_books): the requests fail, the
+ * process does not. Without it, debug builds stop the process at once (the
+ * supervisor restarts it), release builds do not look. */
+static void check_step(engine *e)
+{
+    vlmd_error err = {0};
+#ifdef NDEBUG
+    if (!e->cfg.check_invariants)
+        return;
+#endif
+    if (engine_check_invariants(e, &err) == VLMD_OK)
+        return;
+    if (!e->cfg.check_invariants)
+        VLMD_FATAL("the engine's invariant broke: %s", err.msg);
+    VLMD_ERROR("the engine's invariant broke: %s; %d request(s) end with an error and the KV "
+               "cache is emptied", err.msg, e->n_active);
+    reset_books(e, err.msg);
 }
 
 vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
@@ -1237,8 +1470,10 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
     step_plan plan = {.budget = e->cfg.max_batch_tokens};
     schedule(e, &plan);
     int32_t n_tok = plan.n_tok, n_seq = plan.n_seq;
-    if (n_seq == 0)
+    if (n_seq == 0) { /* (schedule may still have ended or paused requests) */
+        check_step(e);
         return VLMD_OK;
+    }
     /* Text positions are the token indices, the same in all three M-RoPE rows;
      * an image prompt has its own, and its output continues from them. */
     for (int32_t s = 0; s < n_seq; s++) {
@@ -1294,16 +1529,14 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
                        : finished(e, q, tok);
         engine_output o = {q->id, &tok, 1, fin, (uint32_t)q->n_prompt,
                            (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens,
-                           q->logprobs ? &lp : NULL, why[0] ? why : NULL};
+                           q->logprobs ? &lp : NULL, why[0] ? why : NULL,
+                           fin == VLMD_FINISH_ERROR ? VLMD_ERR_INVALID_ARG : VLMD_OK};
         e->emit(&o, e->ud);
         if (fin != VLMD_FINISH_NONE) {
-            request *prev = NULL;
-            find(e, q->id, &prev);
-            remove_request(e, q, prev);
+            request_end(e, q);
+            e->in_step[i] = NULL;
         }
     }
-#ifndef NDEBUG
-    VLMD_ASSERT(engine_kv_balanced(e)); /* debug builds check the books after every step */
-#endif
+    check_step(e);
     return VLMD_OK;
 }

@@ -63,6 +63,11 @@ typedef struct engine_config {
     /* the tokenizer's tokens as bytes (borrowed; at most the model's vocabulary): what
      * grammars are matched against. NULL: a request with a grammar is refused */
     const vlmd_vocab *vocab;
+    /* after every step, engine_check_invariants in any build; a failure is
+     * logged, every request ends with an error (VLMD_ERR_INTERNAL) and the KV
+     * cache is emptied, and serving goes on (--check-invariants). false: only
+     * debug builds check, and a failure stops the process */
+    bool check_invariants;
 } engine_config;
 
 /* Compiled grammars the engine keeps for reuse (grammar_cache.h). */
@@ -74,16 +79,14 @@ typedef struct engine_config {
  * one byte a token, so that it ends complete when there is room. */
 #define ENGINE_GRAMMAR_CLOSE_MARGIN 16
 
-#define ENGINE_MAX_TOP_LOGPROBS 20
-
 /* Log-probabilities of a generated token under the model's distribution (the
  * raw logits' log-softmax, before penalties and temperature) and the most
  * likely alternatives, for requests that ask. */
 typedef struct engine_logprobs {
     float logprob;
     uint32_t n_top;
-    uint32_t top_ids[ENGINE_MAX_TOP_LOGPROBS];
-    float top_logprobs[ENGINE_MAX_TOP_LOGPROBS];
+    uint32_t top_ids[VLMD_MAX_TOP_LOGPROBS];
+    float top_logprobs[VLMD_MAX_TOP_LOGPROBS];
 } engine_logprobs;
 
 /* What a step gives one request: its token (or none, when it ended for want
@@ -97,6 +100,8 @@ typedef struct engine_output {
     uint32_t cached_tokens;             /* prompt tokens the prefix cache gave it */
     const engine_logprobs *logprobs;    /* one per token; NULL unless asked */
     const char *error;                  /* finish ERROR: why (borrowed for the call) */
+    vlmd_status status;                 /* finish ERROR: what kind (VLMD_ERR_INVALID_ARG: the
+                                         * request's grammar; _INTERNAL: the engine's books) */
 } engine_output;
 
 /* Called after every step for each request that produced tokens (or ended). */
@@ -200,9 +205,24 @@ kv_event_log *engine_events(engine *e);
  * returns how many. */
 int32_t engine_event_blocks(const engine *e, uint64_t *out, int32_t max);
 
-/* The KV books: slots the prefix cache holds, plus the free ones, plus
- * those requests hold privately, make the capacity (and a waiting request
- * holds none). Checked after every step in debug builds. */
-bool engine_kv_balanced(const engine *e);
+/* The invariant schedule() keeps between steps (stated at its top in
+ * engine.c): each request's n_cached, n_shared and lock agree with its
+ * state; the list's counts; the prefix cache's locked paths are the
+ * requests' locks and hold their shared slots; every KV slot is held
+ * exactly once, by the free list, the prefix cache or one request's own
+ * range. VLMD_ERR_INTERNAL with what disagrees in err. Allocates nothing and
+ * writes only a scratch sized at engine_create: O(requests + KV slots +
+ * prefix-cache nodes + the running requests' cached tokens), less than a
+ * step's attention reads. Call it between steps (not from an emit
+ * callback). See engine_config.check_invariants. */
+vlmd_status engine_check_invariants(const engine *e, vlmd_error *err);
+/* Times a failed check reset the engine (check_invariants only). */
+uint64_t engine_invariant_resets(const engine *e);
+/* Tests only: breaks the books on purpose, so that a test sees the check
+ * fail and the engine recover. leak: a free slot is lost (the sums then
+ * disagree); otherwise the free list's next slot becomes one that a running
+ * request holds as its own (the sums agree; one slot is held twice). false
+ * when it cannot (no free slot; no running request with a slot of its own). */
+bool engine_test_break_books(engine *e, bool leak);
 
 #endif

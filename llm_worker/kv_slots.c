@@ -10,10 +10,16 @@ vlmd_status kv_slots_init(kv_slots *a, int32_t capacity, vlmd_error *err)
     a->free = malloc((size_t)(capacity > 0 ? capacity : 1) * sizeof *a->free);
     if (!a->free)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "no memory for %d KV slots", capacity);
-    a->capacity = a->n_free = capacity;
-    for (int32_t i = 0; i < capacity; i++)
-        a->free[i] = capacity - 1 - i; /* hand out low slots first */
+    a->capacity = capacity;
+    kv_slots_reset(a);
     return VLMD_OK;
+}
+
+void kv_slots_reset(kv_slots *a)
+{
+    a->n_free = a->capacity;
+    for (int32_t i = 0; i < a->capacity; i++)
+        a->free[i] = a->capacity - 1 - i; /* hand out low slots first */
 }
 
 void kv_slots_free(kv_slots *a)

@@ -20,5 +20,8 @@ void kv_slots_free(kv_slots *a);
 vlmd_status kv_slots_take(kv_slots *a, int32_t n, int32_t *out);
 /* Returns n slots taken earlier. */
 void kv_slots_give(kv_slots *a, const int32_t *slots, int32_t n);
+/* Every slot free again, as after init; whoever held slots holds none now
+ * (the engine's recovery from broken books, engine.c's reset_books). */
+void kv_slots_reset(kv_slots *a);
 
 #endif

@@ -50,6 +50,7 @@ typedef struct emitted {
     bool has_logprobs;
     engine_logprobs lp;
     char *error;                /* finish ERROR: why (owned) */
+    vlmd_status status;         /* finish ERROR: what kind */
 } emitted;
 
 typedef struct llm_worker {
@@ -102,7 +103,8 @@ static void emit(const engine_output *eo, void *ud)
                            .prompt_tokens = eo->prompt_tokens,
                            .completion_tokens = eo->completion_tokens,
                            .cached_tokens = eo->cached_tokens,
-                           .error = eo->error ? vlmd_xstrdup(eo->error) : NULL};
+                           .error = eo->error ? vlmd_xstrdup(eo->error) : NULL,
+                           .status = eo->status};
             break;
         }
         *o = (emitted){eo->req_id, eo->tokens[i], true, i + 1 == n ? eo->finish : VLMD_FINISH_NONE,
@@ -112,6 +114,8 @@ static void emit(const engine_output *eo, void *ud)
             o->lp = eo->logprobs[i];
         if (i + 1 == n && eo->error)
             o->error = vlmd_xstrdup(eo->error);
+        if (i + 1 == n)
+            o->status = eo->status;
     }
 }
 
@@ -154,6 +158,7 @@ static void report_kv(llm_worker *w)
     vlmd_peer_set_counter(p, "device_allocations_since_ready",
                           vlmd_backend_alloc_count(w->backend) - w->allocs_at_ready);
     vlmd_peer_set_counter(p, "preemptions_total", engine_preemptions(w->engine));
+    vlmd_peer_set_counter(p, "invariant_resets_total", engine_invariant_resets(w->engine));
     vlmd_peer_set_counter(p, "decode_graph_steps_total", engine_graph_steps(w->engine));
     vlmd_peer_set_counter(p, "generation_tokens_total", cache.generated_tokens);
     if (w->events.sock) {
@@ -233,7 +238,7 @@ static void on_step_done(uv_work_t *req, int status)
             .finish = o->finish, .message = o->error ? o->error : "",
             .prompt_tokens = o->prompt_tokens, .completion_tokens = o->completion_tokens,
             .cached_tokens = o->cached_tokens,
-            .status = o->finish == VLMD_FINISH_ERROR ? VLMD_ERR_INVALID_ARG : VLMD_OK};
+            .status = o->finish == VLMD_FINISH_ERROR ? o->status : VLMD_OK};
         if (o->has_logprobs) {
             vlmd_msg_token_chunk *c = &m.u.token_chunk;
             c->logprobs = (float *)&o->lp.logprob;
@@ -337,6 +342,7 @@ static engine_config engine_base(llm_worker *w)
         .event_block_size = cfg->kv_events_endpoint[0] ? (int32_t)cfg->kv_events_block_size : 0,
         .event_hash_root = kv_events_hash_init(cfg->kv_events_hash_seed, name),
         .vocab = w->vocab,
+        .check_invariants = cfg->check_invariants,
     };
 }
 

@@ -3,10 +3,10 @@
  * Invariants: a node's children start with different keys; a node's refs
  * is the number of locked paths through it (so a parent's refs is at least
  * each child's); `tokens` is the sum of every node's length and `locked`
- * the sum over nodes with refs > 0. With blocks tracked, a node at depth d
- * of length len holds the hashes of the blocks ending in it: those whose
- * end (i + 1) * B is in (d, d + len], (d + len) / B - d / B of them; `blocks`
- * is their sum over nodes. */
+ * the sum over nodes with refs > 0; `locks` counts the locked paths. With
+ * blocks tracked, a node at depth d of length len holds the hashes of the
+ * blocks ending in it: those whose end (i + 1) * B is in (d, d + len],
+ * (d + len) / B - d / B of them; `blocks` is their sum over nodes. */
 #include "prefix_cache.h"
 
 #include <stdbool.h>
@@ -32,6 +32,7 @@ struct prefix_cache {
     kv_slots *alloc;            /* borrowed */
     pc_node root;               /* no keys */
     int32_t tokens, locked;
+    int32_t locks;              /* matches not unlocked yet (a path each) */
     uint64_t clock;
     int32_t block_size;         /* 0: blocks are not tracked */
     int32_t blocks;
@@ -63,11 +64,13 @@ void prefix_cache_track_blocks(prefix_cache *c, int32_t block_size, pc_blocks_re
     c->removed_ud = ud;
 }
 
-static void node_free(prefix_cache *c, pc_node *n)
+/* Frees n's subtree (and n, unless the root), its slots going back to the
+ * allocator when give. */
+static void node_free(prefix_cache *c, pc_node *n, bool give)
 {
     for (int32_t i = 0; i < n->n_children; i++)
-        node_free(c, n->children[i]);
-    if (n->len)
+        node_free(c, n->children[i], give);
+    if (n->len && give)
         kv_slots_give(c->alloc, n->slots, n->len);
     free(n->children);
     free(n->key);
@@ -81,8 +84,15 @@ void prefix_cache_free(prefix_cache *c)
 {
     if (!c)
         return;
-    node_free(c, &c->root);
+    node_free(c, &c->root, true);
     free(c);
+}
+
+void prefix_cache_forget(prefix_cache *c)
+{
+    node_free(c, &c->root, false);
+    c->root = (pc_node){0};
+    c->tokens = c->locked = c->locks = c->blocks = 0;
 }
 
 static pc_node *find_child(const pc_node *n, uint32_t key)
@@ -200,12 +210,14 @@ int32_t prefix_cache_match(prefix_cache *c, const uint32_t *key, int32_t n, int3
     }
     lock_path(c, node, 1);
     *locked = node == &c->root ? NULL : node;
+    c->locks += *locked != NULL;
     return i;
 }
 
 void prefix_cache_unlock(prefix_cache *c, pc_node *locked)
 {
     lock_path(c, locked, -1);
+    c->locks -= locked != NULL;
 }
 
 vlmd_status prefix_cache_insert(prefix_cache *c, const uint32_t *key, const int32_t *slots,
@@ -354,6 +366,37 @@ int32_t prefix_cache_evictable(const prefix_cache *c)
 int32_t prefix_cache_blocks(const prefix_cache *c)
 {
     return c->blocks;
+}
+
+int32_t prefix_cache_locks(const prefix_cache *c)
+{
+    return c->locks;
+}
+
+int32_t prefix_cache_path_len(const pc_node *locked)
+{
+    return locked ? locked->depth + locked->len : 0;
+}
+
+bool prefix_cache_path_has_slots(const pc_node *locked, const int32_t *slots)
+{
+    for (const pc_node *n = locked; n && n->parent; n = n->parent) /* the root has no parent */
+        if (memcmp(n->slots, slots + n->depth, (size_t)n->len * sizeof *slots))
+            return false;
+    return true;
+}
+
+static void visit_slots(const pc_node *n, pc_slots_fn fn, void *ud)
+{
+    if (n->len)
+        fn(n->slots, n->len, ud);
+    for (int32_t i = 0; i < n->n_children; i++)
+        visit_slots(n->children[i], fn, ud);
+}
+
+void prefix_cache_visit_slots(const prefix_cache *c, pc_slots_fn fn, void *ud)
+{
+    visit_slots(&c->root, fn, ud);
 }
 
 static void collect_blocks(const prefix_cache *c, const pc_node *n, uint64_t *out, int32_t max,

@@ -20,6 +20,7 @@
 #ifndef VLMD_PREFIX_CACHE_H
 #define VLMD_PREFIX_CACHE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "kv_slots.h"
@@ -69,6 +70,24 @@ int32_t prefix_cache_evict(prefix_cache *c, int32_t want);
 int32_t prefix_cache_tokens(const prefix_cache *c);     /* slots the cache holds */
 int32_t prefix_cache_evictable(const prefix_cache *c);  /* of those, in no locked node */
 int32_t prefix_cache_blocks(const prefix_cache *c);     /* blocks held (0 when not tracked) */
+int32_t prefix_cache_locks(const prefix_cache *c);      /* paths locked (matches not unlocked) */
+
+/* For the engine's invariant check (engine_check_invariants), which reads
+ * and changes nothing: */
+/* The length of the prefix whose path `locked` ends (what its match
+ * returned; splits never change it). 0 for NULL. */
+int32_t prefix_cache_path_len(const pc_node *locked);
+/* Whether slots[0..prefix_cache_path_len(locked)) are the cache's slots of
+ * that path, key by key. */
+bool prefix_cache_path_has_slots(const pc_node *locked, const int32_t *slots);
+/* Calls fn with every node's slots (borrowed for the call), in no order. */
+typedef void (*pc_slots_fn)(const int32_t *slots, int32_t n, void *ud);
+void prefix_cache_visit_slots(const prefix_cache *c, pc_slots_fn fn, void *ud);
+
+/* Empties the cache without giving its slots back, for a caller that then
+ * resets the allocator (kv_slots_reset) because the books broke; every lock
+ * is void (nobody may unlock one), no block removal is reported. */
+void prefix_cache_forget(prefix_cache *c);
 /* Writes the hashes of the blocks held (at most max) to out, in no
  * particular order; returns how many were written. */
 int32_t prefix_cache_block_hashes(const prefix_cache *c, uint64_t *out, int32_t max);

@@ -61,7 +61,6 @@
  * VLMD_PROTO_MAX_TOKENS; the rest is small. Bounds msgpack-c's object tree
  * (24 bytes an object) to about 100 MiB whatever the frame holds. */
 #define PROTO_MAX_OBJECTS (4u * VLMD_PROTO_MAX_TOKENS + (1u << 16))
-#define PROTO_MAX_TOP_N 20          /* alternatives per token */
 
 /* ---- names ---------------------------------------------------------------- */
 
@@ -279,7 +278,7 @@ static const field_desc request_submit_fields[] = {
     U32(vlmd_msg_request_submit, max_tokens),
     SUB(vlmd_msg_request_submit, sampling, sampling_desc),
     ARR(vlmd_msg_request_submit, stop_tokens, n_stop_tokens, F_U32_ARRAY, VLMD_PROTO_MAX_STOPS),
-    U32_MAX(vlmd_msg_request_submit, top_logprobs, PROTO_MAX_TOP_N, false),
+    U32_MAX(vlmd_msg_request_submit, top_logprobs, VLMD_MAX_TOP_LOGPROBS, false),
     FLD(vlmd_msg_request_submit, logprobs, F_BOOL),
     SUB_ARR(vlmd_msg_request_submit, images, n_images, image_ref_desc, VLMD_PROTO_MAX_IMAGES),
     OPT(vlmd_msg_request_submit, session, F_STR),
@@ -303,7 +302,7 @@ static const field_desc token_chunk_fields[] = {
     U32(vlmd_msg_token_chunk, prompt_tokens),
     U32(vlmd_msg_token_chunk, completion_tokens),
     U32_MAX(vlmd_msg_token_chunk, cached_tokens, UINT32_MAX, true),
-    U32_MAX(vlmd_msg_token_chunk, top_n, PROTO_MAX_TOP_N, true),
+    U32_MAX(vlmd_msg_token_chunk, top_n, VLMD_MAX_TOP_LOGPROBS, true),
     OPT_ARR(vlmd_msg_token_chunk, top_ids, n_top_ids, F_U32_ARRAY, VLMD_PROTO_MAX_TOKENS),
     OPT_ARR(vlmd_msg_token_chunk, top_logprobs, n_top_logprobs, F_F32_ARRAY,
             VLMD_PROTO_MAX_TOKENS),

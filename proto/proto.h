@@ -22,6 +22,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api_limits.h"
 #include "buf.h"
 #include "role.h"
 #include "status.h"
@@ -254,7 +255,7 @@ typedef struct vlmd_msg_request_submit {
     vlmd_sampling sampling;
     uint32_t *stop_tokens;          /* extra token ids that end generation */
     uint32_t n_stop_tokens;
-    uint32_t top_logprobs;          /* 0-20; 0 = no logprobs */
+    uint32_t top_logprobs;          /* 0 to VLMD_MAX_TOP_LOGPROBS; 0 = no logprobs */
     bool logprobs;
     vlmd_image_ref *images;
     uint32_t n_images;
@@ -281,7 +282,7 @@ typedef struct vlmd_msg_token_chunk {
     uint32_t status;                /* vlmd_status when finish == ERROR */
     char *message;                  /* error text when finish == ERROR, else "" */
     uint32_t prompt_tokens, completion_tokens, cached_tokens;
-    uint32_t top_n;                 /* alternatives per token (0-20) in top_ids/top_logprobs */
+    uint32_t top_n;                 /* alternatives per token (0 to VLMD_MAX_TOP_LOGPROBS) */
     uint32_t *top_ids;              /* n_tokens x top_n, most likely first */
     uint32_t n_top_ids;
     float *top_logprobs;            /* n_tokens x top_n */

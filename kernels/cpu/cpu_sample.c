@@ -72,7 +72,7 @@ static void sample_row(vlmd_sample_out *o, float *x, const vlmd_sample_row *r, i
         for (int i = 0; i < vocab; i++)
             sum += exp((double)(x[i] - mx));
         lse = mx + log(sum);
-        int n_top = r->n_top < VLMD_SAMPLE_MAX_TOP ? r->n_top : VLMD_SAMPLE_MAX_TOP;
+        int n_top = r->n_top < VLMD_MAX_TOP_LOGPROBS ? r->n_top : VLMD_MAX_TOP_LOGPROBS;
         for (; o->n_top < n_top && o->n_top < vocab; o->n_top++) {
             int32_t id = argmax_except(x, vocab, o->top_ids, o->n_top);
             o->top_ids[o->n_top] = id;

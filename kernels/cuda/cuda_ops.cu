@@ -28,22 +28,31 @@ static int blocks_for(size_t n, int threads)
     return (int)((n + (size_t)threads - 1) / (size_t)threads);
 }
 
-/* ---- embedding / gather ---------------------------------------------------- */
+/* ---- gather rows, embedding ------------------------------------------------ */
 
-__global__ void k_embedding(bf16 *out, const bf16 *table, const int32_t *ids, int hidden)
+/* out[i, :] = x[ids[i], :], a block per row; bf16 rows of activations or of a
+ * weight alike (both are bf16 here), so the embedding is this gather. */
+__global__ void k_gather_rows(bf16 *out, const bf16 *x, const int32_t *ids, int dim)
 {
     vlmd_kernel_start();
-    const bf16 *src = table + (size_t)ids[blockIdx.x] * hidden;
-    bf16 *dst = out + (size_t)blockIdx.x * hidden;
-    for (int j = threadIdx.x; j < hidden; j += blockDim.x)
+    const bf16 *src = x + (size_t)ids[blockIdx.x] * dim;
+    bf16 *dst = out + (size_t)blockIdx.x * dim;
+    for (int j = threadIdx.x; j < dim; j += blockDim.x)
         dst[j] = src[j];
 }
 
+static void cuda_gather_rows(vlmd_backend *b, void *out, const void *x, const int32_t *ids, int n,
+                             int dim)
+{
+    vlmd_cuda_launch(k_gather_rows, n, 256, 0, vlmd_cuda_stream(b), (bf16 *)out, (const bf16 *)x,
+                     ids, dim);
+}
+
+/* The weight table is bf16 like the activations: a row gather. */
 static void cuda_embedding(vlmd_backend *b, void *out, const void *table, const int32_t *ids,
                            int n, int hidden)
 {
-    vlmd_cuda_launch(k_embedding, n, 256, 0, vlmd_cuda_stream(b), (bf16 *)out, (const bf16 *)table,
-                     ids, hidden);
+    cuda_gather_rows(b, out, table, ids, n, hidden);
 }
 
 /* ---- rmsnorm (with the fused residual add) ---------------------------------- */
@@ -458,7 +467,7 @@ extern "C" size_t vlmd_cuda_moe_scratch_bytes(int n, int k, int n_experts, int h
 
 extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .embedding = cuda_embedding,
-    .gather_rows = cuda_embedding, /* weights and activations are both bf16 rows */
+    .gather_rows = cuda_gather_rows,
     .rmsnorm = cuda_rmsnorm,
     .linear = cuda_linear,
     .rope_kv_write = cuda_rope_kv_write,

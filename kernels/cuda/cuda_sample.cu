@@ -65,7 +65,7 @@ typedef struct block_state {
     float f;
     int i;
     arg_max a;
-    int top_ids[VLMD_SAMPLE_MAX_TOP];
+    int top_ids[VLMD_MAX_TOP_LOGPROBS];
 } block_state;
 
 /* Thread 0's result of a block reduction, given to every thread (the
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(SAMPLE_THREADS)
         for (int i = threadIdx.x; i < vocab; i += blockDim.x)
             part += expf(__bfloat162float(x[i]) - mx);
         lse = mx + logf(block_sum(&bs, part));
-        n_top = min(min(r.n_top, VLMD_SAMPLE_MAX_TOP), vocab);
+        n_top = min(min(r.n_top, VLMD_MAX_TOP_LOGPROBS), vocab);
         for (int j = 0; j < n_top; j++) {
             arg_max a = block_argmax(&bs, x, vocab, j);
             if (threadIdx.x == 0) {

@@ -120,6 +120,7 @@ static void expect_close(const char *what, vlmd_backend *cpu, const void *dc, vl
     expect_close_cols(what, cpu, dc, gpu, dg, 1, n, n, tol);
 }
 
+/* gather_rows takes rows of activations (the logit rows, the vision merger's order). */
 Test(cuda_ops, embedding_rmsnorm_silu)
 {
     pair p;
@@ -128,10 +129,10 @@ Test(cuda_ops, embedding_rmsnorm_silu)
     int V = 100, H = 256, n = 7;
     float *table = random_floats((size_t)V * H, 1), *w = random_floats((size_t)H, 1);
     float *x = random_floats((size_t)n * H, 2), *r = random_floats((size_t)n * H, 2);
-    int32_t ids[7] = {0, 5, 99, 5, 42, 17, 63};
+    int32_t ids[7] = {0, 5, 99, 5, 42, 17, 63}, rows[5] = {6, 0, 3, 3, 1};
     vlmd_backend *bs[2] = {p.cpu, p.gpu};
     float *gu = random_floats((size_t)n * 2 * H, 3);
-    void *out[2], *res[2], *gate[2], *dxs[2];
+    void *out[2], *res[2], *gate[2], *dxs[2], *picked[2];
     for (int k = 0; k < 2; k++) {
         const vlmd_op_table *op = vlmd_backend_ops(bs[k]);
         void *dt = on(bs[k], table, (size_t)V * H), *dw = on(bs[k], w, H);
@@ -139,11 +140,14 @@ Test(cuda_ops, embedding_rmsnorm_silu)
         out[k] = on(bs[k], NULL, (size_t)n * H);
         res[k] = on(bs[k], r, (size_t)n * H);
         gate[k] = on(bs[k], NULL, (size_t)n * H);
+        picked[k] = on(bs[k], NULL, (size_t)5 * H);
         op->embedding(bs[k], out[k], dt, di, n, H);
+        op->gather_rows(bs[k], picked[k], dx, ints_on(bs[k], rows, 5), 5, H);
         op->rmsnorm(bs[k], dx, dx, res[k], dw, n, H, 1e-6f); /* fused add, in place */
         op->silu_mul(bs[k], gate[k], on(bs[k], gu, (size_t)n * 2 * H), n, H);
     }
     expect_close("embedding", p.cpu, out[0], p.gpu, out[1], (size_t)n * H, 1e-6);
+    expect_close("gather_rows", p.cpu, picked[0], p.gpu, picked[1], (size_t)5 * H, 1e-6);
     expect_close("residual", p.cpu, res[0], p.gpu, res[1], (size_t)n * H, 1e-2);
     expect_close("rmsnorm", p.cpu, dxs[0], p.gpu, dxs[1], (size_t)n * H, 1e-2);
     expect_close("silu_mul", p.cpu, gate[0], p.gpu, gate[1], (size_t)n * H, 1e-2);

@@ -21,6 +21,7 @@ typedef struct outputs {
     int32_t tokens[N_REQ][MAX_OUT];
     int32_t n[N_REQ];
     vlmd_finish_reason finish[N_REQ];
+    vlmd_status status[N_REQ];
     uint32_t cached[N_REQ];
     int emits;
 } outputs;
@@ -36,6 +37,7 @@ static void on_emit(const engine_output *eo, void *ud)
     }
     cr_expect_eq(eo->completion_tokens, (uint32_t)o->n[id]);
     o->finish[id] = eo->finish;
+    o->status[id] = eo->status;
     o->cached[id] = eo->cached_tokens;
     o->emits++;
 }
@@ -153,7 +155,7 @@ static void run_until_idle(engine *e, int max_steps)
         bool worked = false;
         vlmd_error err = {0};
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
-        cr_assert(engine_kv_balanced(e), "the KV books balance after step %d", i);
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "after step %d: %s", i, err.msg);
         if (!worked)
             return;
     }
@@ -191,6 +193,7 @@ static void batched_equals_alone_on(const char *device, const char *model, bool 
         cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
         bool worked;
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
     }
     run_until_idle(e, 200);
     if (graphs)
@@ -428,6 +431,7 @@ Test(engine, kv_events_replayed_hold_the_caches_blocks)
         cr_assert_lt(step, 2000);
         bool worked = false;
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
         ev_apply(e, root, &r);
         static uint64_t held[EV_MAX];
         int32_t n = engine_event_blocks(e, held, EV_MAX);
@@ -506,6 +510,7 @@ Test(engine, stop_tokens_eos_and_cancel)
     cr_assert_eq(engine_submit(e, &r3, &err), VLMD_OK);
     bool worked;
     engine_step(e, &worked, &err);
+    cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
     cr_expect(engine_cancel(e, 3));
     cr_expect_not(engine_cancel(e, 3), "already gone");
     run_until_idle(e, 100);
@@ -537,18 +542,75 @@ Test(engine, cancel_all_drops_running_and_waiting_requests)
     }
     bool worked;
     engine_step(e, &worked, &err);
+    cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
     cr_assert_gt(engine_running(e), 0);
     int emits = o.emits;
     cr_expect_eq(engine_cancel_all(e), 6);
     cr_expect_eq(engine_active(e), 0);
     cr_expect_eq(engine_kv_in_use(e), 0);
-    cr_expect(engine_kv_balanced(e));
+    cr_expect_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
     engine_step(e, &worked, &err);
+    cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
     cr_expect_not(worked, "idle");
     cr_expect_eq(o.emits, emits, "nothing more");
     vlmd_msg_request_submit again = request(1, prompt);
     cr_expect_eq(engine_submit(e, &again, &err), VLMD_OK, "its id is free again: %s", err.msg);
     engine_free(e);
+    close_model(&f);
+}
+
+/* --check-invariants: books broken on purpose (a lost slot; a slot held twice
+ * while the sums agree) fail the check, which names what disagrees; the next
+ * step ends every request with an internal error and empties the cache, and
+ * the engine then serves a request as a fresh one does. */
+Test(engine, broken_books_end_the_requests_not_the_process)
+{
+    fixture f;
+    open_model(&f);
+    static outputs o, fresh;
+    uint32_t prompt[64], prompt1[64];
+    vlmd_error err = {0};
+    engine_config cfg = {.kv_slots = 256, .max_batch_tokens = 256, .max_running = 16,
+                         .eos_id = -1, .max_model_len = 4096, .image_token_id = -1,
+                         .prefix_cache = true, .check_invariants = true};
+    memset(&fresh, 0, sizeof fresh);
+    engine *alone = NULL;
+    cr_assert_eq(engine_create(f.m, &cfg, on_emit, &fresh, &alone, &err), VLMD_OK, "%s", err.msg);
+    vlmd_msg_request_submit r1 = request(1, prompt1);
+    cr_assert_eq(engine_submit(alone, &r1, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(alone, 200);
+    engine_free(alone);
+    for (int leak = 0; leak < 2; leak++) {
+        memset(&o, 0, sizeof o);
+        engine *e = NULL;
+        cr_assert_eq(engine_create(f.m, &cfg, on_emit, &o, &e, &err), VLMD_OK, "%s", err.msg);
+        for (uint32_t i = 2; i < 5; i++) {
+            vlmd_msg_request_submit r = request(i, prompt);
+            cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+        }
+        bool worked;
+        for (int step = 0; step < 2; step++) /* prefill (shared with the cache), a decode */
+            cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
+        cr_assert(engine_test_break_books(e, leak));
+        cr_expect_eq(engine_check_invariants(e, &err), VLMD_ERR_INTERNAL);
+        cr_expect(strstr(err.msg, leak ? "the KV books" : "held twice"), "%s", err.msg);
+        cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        cr_expect_eq(engine_invariant_resets(e), 1);
+        cr_expect_eq(engine_active(e), 0);
+        for (uint32_t i = 2; i < 5; i++) {
+            cr_expect_eq(o.finish[i], VLMD_FINISH_ERROR, "request %u", i);
+            cr_expect_eq(o.status[i], VLMD_ERR_INTERNAL, "request %u", i);
+        }
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
+        cr_expect_eq(engine_free_slots(e), 256);
+        cr_assert_eq(engine_submit(e, &r1, &err), VLMD_OK, "%s", err.msg);
+        run_until_idle(e, 200);
+        cr_expect_eq(o.finish[1], fresh.finish[1]);
+        cr_expect_eq(o.n[1], fresh.n[1]);
+        cr_expect_arr_eq(o.tokens[1], fresh.tokens[1], sizeof o.tokens[1]);
+        engine_free(e);
+    }
     close_model(&f);
 }
 

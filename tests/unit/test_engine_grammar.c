@@ -93,7 +93,7 @@ static void run_until_idle(engine *e, int max_steps)
         bool worked = false;
         vlmd_error err = {0};
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
-        cr_assert(engine_kv_balanced(e), "the KV books balance after step %d", i);
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "after step %d: %s", i, err.msg);
         if (!worked)
             return;
     }
@@ -332,6 +332,7 @@ Test(engine_grammar, alone_equals_batched_and_free_rows_are_untouched, .timeout 
         cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
         bool worked;
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
     }
     run_until_idle(e, 2000);
     engine_free(e);

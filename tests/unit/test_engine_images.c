@@ -266,7 +266,7 @@ static void run_until_idle(engine *e)
         bool worked = false;
         vlmd_error err = {0};
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
-        cr_assert(engine_kv_balanced(e));
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
         if (!worked)
             return;
     }
@@ -502,6 +502,7 @@ Test(engine_images, qwen3_vl_prefix_cache_holds_an_image_whole_or_in_part)
     for (int i = 0; i < 3; i++) {
         bool worked;
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
     }
     cr_assert(engine_cancel(e, 8));
     r.req_id = 3;

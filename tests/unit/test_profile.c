@@ -599,6 +599,7 @@ static void serve_cases(engine *e, json_t *ref, int n_cases, int n_tokens,
     for (int steps = 0; worked; steps++) {
         cr_assert_lt(steps, 100);
         cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
     }
 }
 
