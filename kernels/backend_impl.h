@@ -39,7 +39,7 @@ typedef struct vlmd_device_vtable {
 
 struct vlmd_backend {
     const vlmd_device_vtable *ops;
-    const vlmd_op_table *op_table;  /* NULL: this backend cannot run models yet */
+    const vlmd_op_table *op_table;  /* every backend has one */
     size_t elem_size;               /* bytes per activation element */
     int native_dtype;               /* the vlmd_dtype of activations */
     vlmd_dtype weight_dtype, kv_dtype;  /* see vlmd_backend_weight_dtype */

@@ -189,7 +189,8 @@ typedef struct vlmd_op_table {
     bool rope_qk_norm, rope_interleaved;
 } vlmd_op_table;
 
-/* The backend's ops, or NULL when it cannot run models yet. */
+/* The backend's ops (never NULL; a backend may lack the optional ones a
+ * model needs, which qwen2_backend_check names). */
 const vlmd_op_table *vlmd_backend_ops(const vlmd_backend *b);
 
 #ifdef __cplusplus

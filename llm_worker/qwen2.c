@@ -231,9 +231,6 @@ vlmd_status qwen2_backend_check(const vlmd_backend *b, const vlmd_model_config *
     const vlmd_op_table *op = vlmd_backend_ops(b);
     const char *name = vlmd_backend_info(b)->name, *arch = mc->architecture;
     const vlmd_text_config *t = &mc->text;
-    if (!op)
-        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend cannot run models yet",
-                           name);
     if (t->num_experts && (!op->moe_route || !op->moe_experts || !op->moe_scratch_bytes))
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no mixture-of-experts "
                            "ops yet, which %s needs", name, arch);
