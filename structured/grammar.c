@@ -183,7 +183,7 @@ static bool shortest(const vlmd_grammar *g, const rev *r, bool need, const uint3
 }
 
 /* minb and need of every state, to their fixed point over the rules. */
-static bool completions(vlmd_grammar *g)
+static bool find_completions(vlmd_grammar *g)
 {
     uint32_t nr = g->n_rules;
     uint32_t *rule_need = malloc(nr * sizeof *rule_need);
@@ -428,7 +428,7 @@ vlmd_status sg_grammar_finish(sg_build *b, const sg_frag *rule_frag, uint32_t n_
         g->call_off[g->dfa.calls[k].from + 1]++;
     for (uint32_t s = 0; s < n; s++)
         g->call_off[s + 1] += g->call_off[s];
-    if (!completions(g) || !trim(g))
+    if (!find_completions(g) || !trim(g))
         goto nomem;
     if (g->rule_start[g->root] == SG_NONE) {
         vlmd_grammar_free(g);

@@ -8,12 +8,7 @@
 
 #include "buf.h"
 #include "random_image.h"
-
-double bench_uniform(uint64_t *state)
-{
-    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
-    return (double)(*state >> 11) / 9007199254740992.0; /* 53 bits */
-}
+#include "rng.h"
 
 void bench_dataset_free(bench_dataset *d)
 {

@@ -47,7 +47,4 @@ vlmd_status bench_attach_images(bench_dataset *d, double ratio, int width, int h
 
 void bench_dataset_free(bench_dataset *d);
 
-/* The benchmarks' random stream: a 64-bit LCG's next value in [0, 1). */
-double bench_uniform(uint64_t *state);
-
 #endif

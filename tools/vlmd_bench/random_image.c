@@ -3,11 +3,12 @@
 
 #include <openssl/evp.h>
 #include <png.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "buf.h"
-#include "dataset.h"
+#include "rng.h"
 
 static void on_png_bytes(png_structp png, png_bytep data, size_t n)
 {

@@ -3,7 +3,7 @@
 
 #include <math.h>
 
-#include "dataset.h"
+#include "rng.h"
 
 void bench_arrivals(size_t n, double rate, uint64_t seed, double *out)
 {
