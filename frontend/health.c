@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "response.h"
 
 static json_t *config_json(const vlmd_worker_info *w)
 {
@@ -53,7 +54,7 @@ json_t *vlmd_health_render(const vlmd_msg_stats_snapshot *snap, uint64_t snapsho
         json_array_append_new(procs, process_json(w, state));
     }
     const char *status = any_down ? "degraded" : all_ready ? "ok" : "starting";
-    *http_status = all_ready && !any_down ? 200 : 503;
+    *http_status = vlmd_http_status(all_ready && !any_down ? VLMD_OK : VLMD_ERR_UNAVAILABLE);
     return json_pack("{s:s, s:s, s:s, s:o, s:I, s:I}",
                      "status", status,
                      "version", VLMD_VERSION,

@@ -165,10 +165,10 @@ static bool refuse_without_key(const http_server *s, h2o_req_t *req, http_access
     h2o_iovec_t v = header_value(req, "authorization");
     if (auth_check(a, v.base, v.len, NULL))
         return false;
-    vlmd_send_api_error_with_header(req, 401, v.base ? "the API key is not valid"
-                                                     : "an API key is required: send "
-                                                       "\"Authorization: Bearer KEY\"",
-                                    NULL, "invalid_api_key", "www-authenticate", "Bearer");
+    vlmd_send_refusal(req, VLMD_REFUSAL_KEY,
+                      v.base ? "the API key is not valid"
+                             : "an API key is required: send \"Authorization: Bearer KEY\"",
+                      NULL);
     return true;
 }
 
@@ -330,7 +330,7 @@ static bool refuse_bad_framing(http_server *s, h2o_req_t *req)
     http_conn *c = conn_of(s, req);
     if (c)
         linger_arm(c);
-    vlmd_send_api_error(req, 400, f.message, NULL, "invalid_framing");
+    vlmd_send_refusal(req, VLMD_REFUSAL_FRAMING, f.message, NULL);
     return true;
 }
 
@@ -485,9 +485,10 @@ static bool watch_request(http_server *s, h2o_req_t *req)
         c->last_stream_id = id;
     if (!c->reset_cut)
         return false;
-    vlmd_send_api_error(req, 429, "this connection cancelled too many requests before their "
-                                  "answer (--http2-reset-budget): open a new one",
-                        NULL, "too_many_resets");
+    vlmd_send_refusal(req, VLMD_REFUSAL_RESETS,
+                      "this connection cancelled too many requests before their answer "
+                      "(--http2-reset-budget): open a new one",
+                      NULL);
     return true;
 }
 
@@ -522,14 +523,14 @@ static int on_request(h2o_handler_t *self, h2o_req_t *req)
         char msg[128];
         snprintf(msg, sizeof msg, "the request's headers are over %zu bytes (--max-header-bytes)",
                  s->cfg.max_header_bytes);
-        vlmd_send_api_error(req, 431, msg, NULL, "headers_too_large");
+        vlmd_send_refusal(req, VLMD_REFUSAL_HEADERS, msg, NULL);
         return 0;
     }
     if (req->entity.len > s->cfg.max_body_bytes) {
         char msg[128];
         snprintf(msg, sizeof msg, "the body is %zu bytes; at most %zu are accepted",
                  req->entity.len, s->cfg.max_body_bytes);
-        vlmd_send_api_error(req, 413, msg, NULL, "request_too_large");
+        vlmd_send_refusal(req, VLMD_REFUSAL_BODY, msg, NULL);
         return 0;
     }
     for (size_t i = 0; i < s->n_routes; i++) {
@@ -551,9 +552,9 @@ static int on_request(h2o_handler_t *self, h2o_req_t *req)
              (int)(req->path_normalized.len < 256 ? req->path_normalized.len : 256),
              req->path_normalized.base);
     if (allow[0])
-        vlmd_send_api_error_with_header(req, 405, msg, NULL, "method_not_allowed", "allow", allow);
+        vlmd_send_refusal(req, VLMD_REFUSAL_METHOD, msg, allow);
     else
-        vlmd_send_api_error(req, 404, msg, NULL, "not_found");
+        vlmd_send_refusal(req, VLMD_REFUSAL_ROUTE, msg, NULL);
     return 0;
 }
 

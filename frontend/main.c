@@ -60,7 +60,7 @@ static void handle_health(h2o_req_t *req, void *ud)
 {
     frontend *fe = ud;
     const vlmd_msg_stats_snapshot *snap = latest(fe);
-    int status = 503;
+    int status = vlmd_http_status(VLMD_ERR_UNAVAILABLE); /* (no body: out of memory) */
     json_t *body = vlmd_health_render(snap, vlmd_now_ms() - fe->snapshot_at_ms,
                                       (uint64_t)fe->svc.cfg.heartbeat_timeout_ms, fe->model_name,
                                       &status);

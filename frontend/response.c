@@ -21,6 +21,8 @@ json_t *vlmd_api_error_json(const char *message, const char *type, const char *p
 int vlmd_http_status(vlmd_status what)
 {
     switch (what) {
+    case VLMD_OK:
+        return 200;
     case VLMD_ERR_INVALID_ARG:
     case VLMD_ERR_TOO_LARGE:
         return 400;
@@ -147,6 +149,26 @@ void vlmd_send_api_error(h2o_req_t *req, int status, const char *message, const 
                          const char *code)
 {
     vlmd_send_api_error_with_header(req, status, message, param, code, NULL, NULL);
+}
+
+void vlmd_send_refusal(h2o_req_t *req, vlmd_http_refusal what, const char *message,
+                       const char *allow)
+{
+    static const struct {
+        int status;
+        const char *code, *header, *value;
+    } how[] = {
+        [VLMD_REFUSAL_KEY] = {401, "invalid_api_key", "www-authenticate", "Bearer"},
+        [VLMD_REFUSAL_FRAMING] = {400, "invalid_framing", NULL, NULL},
+        [VLMD_REFUSAL_RESETS] = {429, "too_many_resets", NULL, NULL},
+        [VLMD_REFUSAL_HEADERS] = {431, "headers_too_large", NULL, NULL},
+        [VLMD_REFUSAL_BODY] = {413, "request_too_large", NULL, NULL},
+        [VLMD_REFUSAL_METHOD] = {405, "method_not_allowed", "allow", NULL},
+        [VLMD_REFUSAL_ROUTE] = {404, "not_found", NULL, NULL},
+    };
+    vlmd_send_api_error_with_header(req, how[what].status, message, NULL, how[what].code,
+                                    how[what].header, what == VLMD_REFUSAL_METHOD ? allow
+                                                                                  : how[what].value);
 }
 
 void vlmd_send_api_failure(h2o_req_t *req, const api_error *e)

@@ -59,6 +59,23 @@ void vlmd_send_api_error_with_header(h2o_req_t *req, int status, const char *mes
  * back (Retry-After: 1). */
 void vlmd_send_api_failure(h2o_req_t *req, const api_error *e);
 
+/* What the HTTP layer refuses before an endpoint runs. Its status, code
+ * and header are chosen in vlmd_send_refusal, as every other status is
+ * chosen in this file. */
+typedef enum vlmd_http_refusal {
+    VLMD_REFUSAL_KEY,           /* 401 invalid_api_key (WWW-Authenticate: Bearer) */
+    VLMD_REFUSAL_FRAMING,       /* 400 invalid_framing (RFC 9112's ambiguities) */
+    VLMD_REFUSAL_RESETS,        /* 429 too_many_resets (--http2-reset-budget) */
+    VLMD_REFUSAL_HEADERS,       /* 431 headers_too_large */
+    VLMD_REFUSAL_BODY,          /* 413 request_too_large */
+    VLMD_REFUSAL_METHOD,        /* 405 method_not_allowed (Allow: allow) */
+    VLMD_REFUSAL_ROUTE,         /* 404 not_found */
+} vlmd_http_refusal;
+
+/* Sends a refusal; allow is the methods the path takes (METHOD only). */
+void vlmd_send_refusal(h2o_req_t *req, vlmd_http_refusal what, const char *message,
+                       const char *allow);
+
 /* The OpenAI error type for an HTTP status. */
 const char *vlmd_api_error_type(int status);
 
