@@ -134,7 +134,8 @@ static void synth_build(void)
     (void)floats;
 }
 
-/* Opens `model`'s config and weights: a fixture, or SYNTH. */
+/* Opens `model`'s config and weights: a fixture ("name" for its
+ * model.safetensors, "name:file" for another of its checkpoints), or SYNTH. */
 static vlmd_status open_model(const char *model, vlmd_model_config *mc, vlmd_safetensors **st,
                               vlmd_error *err)
 {
@@ -144,10 +145,14 @@ static vlmd_status open_model(const char *model, vlmd_model_config *mc, vlmd_saf
         vlmd_status s = vlmd_model_config_parse(synth_config, SYNTH "/config.json", mc, err);
         return s != VLMD_OK ? s : vlmd_safetensors_open_memory(synth.data, synth.len, st, err);
     }
-    vlmd_status s = vlmd_model_config_load(test_fixture(model), mc, err);
+    char name[64];
+    const char *colon = strchr(model, ':');
+    snprintf(name, sizeof name, "%.*s", colon ? (int)(colon - model) : (int)strlen(model), model);
+    vlmd_status s = vlmd_model_config_load(test_fixture(name), mc, err);
     return s != VLMD_OK ? s
-                        : vlmd_safetensors_open_file(test_model_file(model, "model.safetensors"),
-                                                     st, err);
+                        : vlmd_safetensors_open_file(
+                              test_model_file(name, colon ? colon + 1 : "model.safetensors"), st,
+                              err);
 }
 
 /* ---- the scenario ------------------------------------------------------------------- */
@@ -378,6 +383,12 @@ Test(tp, qwen2_5_vl_two_ranks, .timeout = 120)
     expect_same_as_whole("qwen2_5_vl", 2);
 }
 
+/* BF16 weights stay BF16 on the CPU: the slices are copied as they are. */
+Test(tp, qwen2_bf16_two_ranks, .timeout = 120)
+{
+    expect_same_as_whole("qwen2:model.bf16.safetensors", 2);
+}
+
 /* 4 ranks of the 4-head Qwen2 over 2 KV heads: one query head each, the KV
  * heads replicated (ranks 0 and 1 keep KV head 0, ranks 2 and 3 KV head 1). */
 Test(tp, qwen2_four_ranks_replicated_kv_heads, .timeout = 120)
@@ -390,6 +401,12 @@ Test(tp, qwen2_four_ranks_replicated_kv_heads, .timeout = 120)
 Test(tp, qwen3_two_ranks, .timeout = 120)
 {
     expect_same_as_whole("qwen3", 2);
+}
+
+/* Qwen3-VL's text path (interleaved M-RoPE; text rows only, no DeepStack). */
+Test(tp, qwen3_vl_two_ranks, .timeout = 120)
+{
+    expect_same_as_whole("qwen3_vl", 2);
 }
 
 /* 12 heads over 4 KV heads in 3 ranks: KV heads repeated per query head. */
