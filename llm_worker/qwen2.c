@@ -16,6 +16,13 @@
  * The q, k and v projections are stacked into one weight at load, and so are
  * gate and up (every expert's too): one GEMM each instead of three and two.
  *
+ * Tensor parallelism (qwen2_load_rank): a rank holds its heads' rows of
+ * Wqkv and their columns of Wo, its rows of Wgu and columns of Wd; x after
+ * Wo and after Wd is a partial sum, all-reduced over the group before the
+ * next rmsnorm adds it in; its lm_head rows give a vocabulary slice of the
+ * logits, all-gathered. Every field below named "this rank's" is the whole
+ * model's in a model of one rank.
+ *
  * Owns every backend allocation it makes (weights, cache, workspace) and
  * frees them with their sizes. */
 #include "qwen2.h"
@@ -25,6 +32,7 @@
 #include <string.h>
 
 #include "buf.h"
+#include "comm.h"
 #include "log.h"
 
 typedef struct qwen2_layer {
@@ -41,7 +49,11 @@ typedef struct qwen2_layer {
 struct qwen2_model {
     vlmd_backend *b;            /* borrowed */
     const vlmd_op_table *op;
-    int H, I, L, nh, nkv, hd, V;
+    int H, I, L, nh, nkv, hd, V; /* I, nh, nkv: this rank's */
+    int rank, world;            /* tensor parallelism: this rank of world (1: the whole model) */
+    vlmd_comm *comm;            /* borrowed; NULL when world is 1 */
+    bool vocab_split;           /* lm_head holds this rank's Vr rows; the logits all-gathered */
+    int Vr;                     /* lm_head's rows here: V / world when split, else V */
     float eps, theta;
     bool mrope, interleaved;    /* M-RoPE; its sections interleaved (Qwen3-VL) */
     int sections[3];
@@ -53,7 +65,7 @@ struct qwen2_model {
     int n_dense, n_moe;         /* layers of each kind */
     uint64_t worst_case_steps;  /* steps that routed the stress's worst case */
     void *embed;                /* [V, H] */
-    void *lm_head;              /* [V, H]; the embedding when tied */
+    void *lm_head;              /* [Vr, H]; the embedding (its rows of this rank) when tied */
     void *final_norm;           /* [H] */
     qwen2_layer *layers;
     vlmd_backend_owned weights;
@@ -91,6 +103,12 @@ struct qwen2_workspace {
     void *deepstack;            /* [n_deepstack][n, H]: the step's image rows of each feature */
     bool worst_case;            /* route as the stress does (qwen2_set_worst_case_routing) */
     void *rows, *logits;        /* [n_logits, H], [n_logits, V] */
+    /* a vocabulary split: every rank's [n_logits, Vr] slice, rank after rank (the all-gather's
+     * layout), and each logits row's place in it ([n_logits x world]: row i, rank r) */
+    void *logit_slices;         /* [world][n_logits, Vr] */
+    int32_t *vocab_order, *vocab_order_host;
+    vlmd_status comm_status;    /* the first collective that failed, kept for the group */
+    vlmd_error comm_err;
     int32_t *ids, *positions, *slots, *logit_rows; /* backend copies of the batch */
     vlmd_attn_seq *seqs;        /* backend copy of the attention batch [max_logits] */
     vlmd_attn_seq *seqs_host;   /* its host staging */
@@ -116,35 +134,79 @@ struct qwen2_workspace {
 
 /* ---- loading ---------------------------------------------------------------- */
 
-/* Loads the named tensors, rows part_rows[i] each and `cols` columns (0:
- * vectors, such as biases and norms), stacked into one backend allocation
- * the model owns; a dry model only counts their bytes. */
-static vlmd_status load_stacked(qwen2_model *m, const vlmd_safetensors *st, int n_parts,
-                                char names[][256], const int64_t *part_rows, int64_t cols,
-                                void **out, vlmd_error *err)
+/* A block of one checkpoint tensor: rows [row0, row0 + n_rows) and columns
+ * [col0, col0 + n_cols) of a [rows, cols] matrix (cols 0: a vector [rows]). */
+typedef struct part {
+    char name[256];
+    int64_t rows, cols;
+    int64_t row0, n_rows, col0, n_cols;
+} part;
+
+/* Uploads p's block of t to dst: rows of a row-major matrix are one range of
+ * the mapped file; a column block is copied row by row into host memory
+ * first. */
+static vlmd_status upload_part(vlmd_backend *b, void *dst, const vlmd_tensor_view *t,
+                               const part *p, vlmd_error *err)
 {
-    const char *parts[3];
-    int64_t shapes[6];
-    int ndim = cols ? 2 : 1;
-    VLMD_ASSERT(n_parts <= 3);
-    for (int i = 0; i < n_parts; i++) {
-        parts[i] = names[i];
-        shapes[i * ndim] = part_rows[i];
-        if (cols)
-            shapes[i * ndim + 1] = cols;
+    int64_t cols = p->cols ? p->cols : 1, n_cols = p->cols ? p->n_cols : 1;
+    size_t ds = vlmd_dtype_size(t->dtype);
+    vlmd_tensor_view v = *t;
+    v.shape[0] = p->n_rows;
+    if (p->cols)
+        v.shape[1] = n_cols;
+    v.nbytes = (size_t)(p->n_rows * n_cols) * ds;
+    if (n_cols == cols) {
+        v.data = (const char *)t->data + (size_t)(p->row0 * cols) * ds;
+        return vlmd_backend_upload_tensor(b, dst, &v, false, err);
     }
-    size_t bytes = 0;
+    char *host = malloc(v.nbytes ? v.nbytes : 1);
+    if (!host)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory for a slice of %s", t->name);
+    for (int64_t r = 0; r < p->n_rows; r++)
+        memcpy(host + (size_t)(r * n_cols) * ds,
+               (const char *)t->data + (size_t)((p->row0 + r) * cols + p->col0) * ds,
+               (size_t)n_cols * ds);
+    v.data = host;
+    vlmd_status s = vlmd_backend_upload_tensor(b, dst, &v, false, err);
+    free(host);
+    return s;
+}
+
+/* Loads the blocks parts[0..n), each checked against its tensor's whole
+ * shape, stacked along their rows into one backend allocation the model
+ * owns, in the weight type; a dry model only checks them and counts their
+ * bytes. */
+static vlmd_status load_parts(qwen2_model *m, const vlmd_safetensors *st, const part *parts,
+                              int n, void **out, vlmd_error *err)
+{
+    size_t es = vlmd_backend_weight_elem_size(m->b), bytes = 0;
+    const vlmd_tensor_view *t;
+    vlmd_status s;
     *out = NULL;
-    vlmd_status s = vlmd_backend_load_stacked(m->b, st, n_parts, parts, ndim, shapes,
-                                              m->dry ? NULL : out, &bytes, err);
-    if (s != VLMD_OK)
-        return s;
+    for (int i = 0; i < n; i++) {
+        const part *p = &parts[i];
+        if ((s = vlmd_safetensors_get(st, p->name, p->cols ? 2 : 1,
+                                      (int64_t[]){p->rows, p->cols}, &t, err)) != VLMD_OK)
+            return s;
+        bytes += (size_t)(p->n_rows * (p->cols ? p->n_cols : 1)) * es;
+    }
     if (m->dry) {
         m->dry_bytes += bytes;
         return VLMD_OK;
     }
-    if ((s = vlmd_backend_own(m->b, &m->weights, *out, bytes, err)) != VLMD_OK)
-        *out = NULL; /* own freed it */
+    void *w;
+    if ((s = vlmd_backend_alloc_owned(m->b, &m->weights, bytes, &w, err)) != VLMD_OK)
+        return s;
+    char *dst = w;
+    for (int i = 0; s == VLMD_OK && i < n; i++) {
+        const part *p = &parts[i];
+        t = vlmd_safetensors_find(st, p->name);
+        s = upload_part(m->b, dst, t, p, err);
+        vlmd_safetensors_release(st, t); /* copied: not resident twice */
+        dst += (size_t)(p->n_rows * (p->cols ? p->n_cols : 1)) * es;
+    }
+    if (s == VLMD_OK)
+        *out = w;
     return s;
 }
 
@@ -243,23 +305,93 @@ vlmd_status qwen2_backend_check(const vlmd_backend *b, const vlmd_model_config *
     return VLMD_OK;
 }
 
+/* Refuses a share of the model this code cannot run (see qwen2_load_rank). */
+static vlmd_status check_parallel(const vlmd_backend *b, const vlmd_model_config *mc,
+                                  const qwen2_parallel *p, vlmd_error *err)
+{
+    const vlmd_text_config *t = &mc->text;
+    const char *arch = mc->architecture;
+    int world = p->world;
+    if (p->rank < 0 || p->rank >= world)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: rank %d is not one of a "
+                           "tensor-parallel group of %d", arch, p->rank, world);
+    if (!p->comm || vlmd_comm_rank(p->comm) != p->rank || vlmd_comm_world(p->comm) != world)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: rank %d of %d needs the group's "
+                           "communicator (given: %s)", arch, p->rank, world,
+                           p->comm ? "one of another rank or world" : "none");
+    if (vlmd_backend_info(b)->kind == VLMD_DEVICE_CUDA)
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "%s: tensor parallelism (size %d) on "
+                           "CUDA needs the communicator's all-reduce and all-gather in the "
+                           "decode graphs, which is not there yet (use --device cpu)", arch,
+                           world);
+    if (t->num_experts)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: a mixture-of-experts model (%lld "
+                           "experts) cannot be split over a tensor-parallel size of %d yet: "
+                           "expert parallelism is not there", arch,
+                           (long long)t->num_experts, world);
+    if (t->num_heads % world || t->intermediate_size % world)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: num_attention_heads %lld and "
+                           "intermediate_size %lld must both be multiples of the "
+                           "tensor-parallel size %d", arch, (long long)t->num_heads,
+                           (long long)t->intermediate_size, world);
+    if (t->num_heads % t->num_kv_heads)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: num_attention_heads %lld is not a "
+                           "multiple of num_key_value_heads %lld", arch,
+                           (long long)t->num_heads, (long long)t->num_kv_heads);
+    return VLMD_OK;
+}
+
+/* The KV heads (indices into the checkpoint's) a rank keeps for its query
+ * heads [q0, q0 + nq) of a model whose query heads share KV heads in groups
+ * of g: into kv[], their count returned. The attention op gives local query
+ * head i the KV head i / (nq / count): when the heads used fit that (a split
+ * of the KV heads, or a whole group of query heads per KV head) each is kept
+ * once, else one per query head (repeated). */
+static int rank_kv_heads(int q0, int nq, int g, int *kv)
+{
+    int lo = q0 / g, n = (q0 + nq - 1) / g - lo + 1;
+    bool even = nq % n == 0;
+    for (int i = 0; even && i < nq; i++)
+        even = (q0 + i) / g - lo == i / (nq / n);
+    if (!even) {
+        for (int i = 0; i < nq; i++)
+            kv[i] = (q0 + i) / g;
+        return nq;
+    }
+    for (int i = 0; i < n; i++)
+        kv[i] = lo + i;
+    return n;
+}
+
 static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
-                        bool dry, qwen2_model **out, vlmd_error *err)
+                        const qwen2_parallel *par, bool dry, qwen2_model **out, vlmd_error *err)
 {
     *out = NULL;
     vlmd_error why = {0};
     vlmd_status s = qwen2_backend_check(b, mc, &why);
     if (s != VLMD_OK)
         return vlmd_errorf(err, s, "%s (use --device cpu)", why.msg);
+    qwen2_parallel whole = {0, 1, NULL};
+    if (!par || par->world <= 1)
+        par = &whole;
+    else if ((s = check_parallel(b, mc, par, err)) != VLMD_OK)
+        return s;
     const vlmd_op_table *op = vlmd_backend_ops(b);
     qwen2_model *m = calloc(1, sizeof *m);
-    if (!m)
+    int *kv_heads = malloc(((size_t)mc->text.num_heads + 1) * sizeof *kv_heads);
+    part *parts = malloc((2 * (size_t)mc->text.num_heads + 3) * sizeof *parts);
+    if (!m || !kv_heads || !parts) {
+        free(m), free(kv_heads), free(parts);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    }
     const vlmd_text_config *t = &mc->text;
+    const int world = par->world, rank = par->rank;
     *m = (qwen2_model){
-        .b = b, .op = op, .H = (int)t->hidden_size, .I = (int)t->intermediate_size,
-        .L = (int)t->num_layers, .nh = (int)t->num_heads, .nkv = (int)t->num_kv_heads,
+        .b = b, .op = op, .H = (int)t->hidden_size, .I = (int)t->intermediate_size / world,
+        .L = (int)t->num_layers, .nh = (int)t->num_heads / world, .nkv = (int)t->num_kv_heads,
         .hd = (int)t->head_dim, .V = (int)t->vocab_size, .eps = (float)t->rms_norm_eps,
+        .rank = rank, .world = world, .comm = par->comm,
+        .vocab_split = world > 1 && t->vocab_size % world == 0,
         .theta = (float)t->rope_theta, .mrope = t->n_mrope_section == 3,
         .interleaved = t->n_mrope_section == 3 && t->mrope_interleaved,
         .qkv_bias = t->qkv_bias, .qk_norm = t->qk_norm, .E = (int)t->num_experts,
@@ -268,85 +400,121 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         .n_deepstack = mc->has_vision ? mc->vision.n_deepstack : 0,
         .image_token_bytes = vlmd_image_token_bytes(mc),
     };
+    m->Vr = m->vocab_split ? m->V / world : m->V;
+    if (world > 1) /* the KV heads this rank's query heads read */
+        m->nkv = rank_kv_heads(rank * m->nh, m->nh, (int)(t->num_heads / t->num_kv_heads),
+                               kv_heads);
+    else
+        for (int i = 0; i < m->nkv; i++)
+            kv_heads[i] = i;
     for (int i = 0; i < 3; i++)
         m->sections[i] = (int)t->mrope_section[i];
     m->dry = dry;
     m->layers = calloc((size_t)m->L, sizeof *m->layers);
     if (!m->layers) {
-        free(m);
+        free(m), free(kv_heads), free(parts);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
     if ((s = vlmd_backend_hold_weights(b, st, err)) != VLMD_OK)
         goto fail;
     m->holds = true;
-    const int64_t H = m->H, I = m->I, Q = (int64_t)m->nh * m->hd, KV = (int64_t)m->nkv * m->hd,
-                  V = m->V, hd = m->hd, E = m->E;
+    /* whole-model sizes (the checkpoint's) and this rank's */
+    const int64_t H = m->H, I = t->intermediate_size, Q = t->num_heads * m->hd,
+                  KV = t->num_kv_heads * m->hd, V = m->V, hd = m->hd, E = m->E;
+    const int64_t Ir = m->I, Qr = (int64_t)m->nh * hd, Vr = m->Vr;
     const char *pre = text_prefix(st);
-    char names[3][256], at[200];
-    /* NAME(i, "x") names part i "<at>x"; LOAD(field, parts, cols, rows...) loads the
-     * named parts stacked (cols 0: vectors) */
-#define NAME(i, suffix) snprintf(names[i], sizeof names[i], "%s%s", at, suffix)
-#define LOAD(field, n_parts, cols, ...)                                                       \
-    if ((s = load_stacked(m, st, n_parts, names, (int64_t[]){__VA_ARGS__}, cols, &field,      \
-                          err)) != VLMD_OK)                                                   \
+    char at[200];
+    int np = 0;
+    /* PART(suffix, rows, cols, row0, n_rows, col0, n_cols) adds a block of "<at>suffix";
+     * WHOLE(suffix, rows, cols) all of it; KV_PARTS(suffix, cols) this rank's KV heads' rows
+     * (runs of consecutive heads as one block); LOAD(field) loads the blocks added since the
+     * last LOAD, stacked. */
+#define PART(suffix, r_, c_, r0_, nr_, c0_, nc_)                                              \
+    do {                                                                                      \
+        part *p_ = &parts[np++];                                                              \
+        snprintf(p_->name, sizeof p_->name, "%s%s", at, suffix);                              \
+        p_->rows = r_, p_->cols = c_, p_->row0 = r0_, p_->n_rows = nr_;                       \
+        p_->col0 = c0_, p_->n_cols = nc_;                                                     \
+    } while (0)
+#define WHOLE(suffix, r_, c_) PART(suffix, r_, c_, 0, r_, 0, c_)
+#define KV_PARTS(suffix, c_)                                                                  \
+    for (int i_ = 0, j_; i_ < m->nkv; i_ = j_) {                                              \
+        for (j_ = i_ + 1; j_ < m->nkv && kv_heads[j_] == kv_heads[j_ - 1] + 1; j_++)          \
+            ;                                                                                 \
+        PART(suffix, KV, c_, kv_heads[i_] * hd, (j_ - i_) * hd, 0, c_);                       \
+    }
+#define LOAD(field)                                                                           \
+    s = load_parts(m, st, parts, np, &field, err);                                            \
+    np = 0;                                                                                   \
+    if (s != VLMD_OK)                                                                         \
         goto fail;
     snprintf(at, sizeof at, "%s", pre);
-    NAME(0, "embed_tokens.weight");
-    LOAD(m->embed, 1, H, V)
-    NAME(0, "norm.weight");
-    LOAD(m->final_norm, 1, 0, H)
+    WHOLE("embed_tokens.weight", V, H);
+    LOAD(m->embed)
+    WHOLE("norm.weight", H, 0);
+    LOAD(m->final_norm)
     if (vlmd_safetensors_find(st, "lm_head.weight")) {
-        snprintf(names[0], sizeof names[0], "lm_head.weight");
-        LOAD(m->lm_head, 1, H, V)
-    } else {
-        m->lm_head = m->embed; /* tied embeddings */
+        at[0] = '\0';
+        PART("lm_head.weight", V, H, rank * Vr, Vr, 0, H);
+        LOAD(m->lm_head)
+    } else { /* tied embeddings: this rank's rows of them */
+        m->lm_head = m->embed ? (char *)m->embed + (size_t)(rank * Vr * H) *
+                                                       vlmd_backend_weight_elem_size(b)
+                              : NULL;
     }
     for (int l = 0; l < m->L; l++) {
         qwen2_layer *y = &m->layers[l];
         snprintf(at, sizeof at, "%slayers.%d.", pre, l);
-        NAME(0, "input_layernorm.weight");
-        LOAD(y->ln_in, 1, 0, H)
-        NAME(0, "self_attn.q_proj.weight");
-        NAME(1, "self_attn.k_proj.weight");
-        NAME(2, "self_attn.v_proj.weight");
-        LOAD(y->w_qkv, 3, H, Q, KV, KV)
+        WHOLE("input_layernorm.weight", H, 0);
+        LOAD(y->ln_in)
+        PART("self_attn.q_proj.weight", Q, H, rank * Qr, Qr, 0, H);
+        KV_PARTS("self_attn.k_proj.weight", H)
+        KV_PARTS("self_attn.v_proj.weight", H)
+        LOAD(y->w_qkv)
         if (m->qkv_bias) {
-            NAME(0, "self_attn.q_proj.bias");
-            NAME(1, "self_attn.k_proj.bias");
-            NAME(2, "self_attn.v_proj.bias");
-            LOAD(y->b_qkv, 3, 0, Q, KV, KV)
+            PART("self_attn.q_proj.bias", Q, 0, rank * Qr, Qr, 0, 0);
+            KV_PARTS("self_attn.k_proj.bias", 0)
+            KV_PARTS("self_attn.v_proj.bias", 0)
+            LOAD(y->b_qkv)
         }
-        if (m->qk_norm) {
-            NAME(0, "self_attn.q_norm.weight");
-            LOAD(y->q_norm, 1, 0, hd)
-            NAME(0, "self_attn.k_norm.weight");
-            LOAD(y->k_norm, 1, 0, hd)
+        if (m->qk_norm) { /* one [hd] weight for every head: every rank's */
+            WHOLE("self_attn.q_norm.weight", hd, 0);
+            LOAD(y->q_norm)
+            WHOLE("self_attn.k_norm.weight", hd, 0);
+            LOAD(y->k_norm)
         }
-        NAME(0, "self_attn.o_proj.weight");
-        LOAD(y->wo, 1, Q, H)
-        NAME(0, "post_attention_layernorm.weight");
-        LOAD(y->ln_post, 1, 0, H)
-        if (vlmd_text_layer_is_moe(t, l)) {
+        PART("self_attn.o_proj.weight", H, Q, 0, H, rank * Qr, Qr);
+        LOAD(y->wo)
+        WHOLE("post_attention_layernorm.weight", H, 0);
+        LOAD(y->ln_post)
+        if (vlmd_text_layer_is_moe(t, l)) { /* world 1 only (check_parallel) */
             m->n_moe++;
-            NAME(0, "mlp.gate.weight");
-            LOAD(y->router, 1, H, E)
-            NAME(0, "mlp.");
-            if ((s = load_experts(m, st, names[0], y, err)) != VLMD_OK)
+            WHOLE("mlp.gate.weight", E, H);
+            LOAD(y->router)
+            char mlp[256];
+            snprintf(mlp, sizeof mlp, "%smlp.", at);
+            if ((s = load_experts(m, st, mlp, y, err)) != VLMD_OK)
                 goto fail;
         } else {
             m->n_dense++;
-            NAME(0, "mlp.gate_proj.weight");
-            NAME(1, "mlp.up_proj.weight");
-            LOAD(y->w_gate_up, 2, H, I, I)
-            NAME(0, "mlp.down_proj.weight");
-            LOAD(y->w_down, 1, I, H)
+            PART("mlp.gate_proj.weight", I, H, rank * Ir, Ir, 0, H);
+            PART("mlp.up_proj.weight", I, H, rank * Ir, Ir, 0, H);
+            LOAD(y->w_gate_up)
+            PART("mlp.down_proj.weight", H, I, 0, H, rank * Ir, Ir);
+            LOAD(y->w_down)
         }
     }
-#undef NAME
+#undef PART
+#undef WHOLE
+#undef KV_PARTS
 #undef LOAD
+    free(kv_heads);
+    free(parts);
     *out = m;
     return VLMD_OK;
 fail:
+    free(kv_heads);
+    free(parts);
     qwen2_free(m);
     return s;
 }
@@ -354,14 +522,21 @@ fail:
 vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
                        qwen2_model **out, vlmd_error *err)
 {
-    return load(b, mc, st, false, out, err);
+    return load(b, mc, st, NULL, false, out, err);
+}
+
+vlmd_status qwen2_load_rank(vlmd_backend *b, const vlmd_model_config *mc,
+                            const vlmd_safetensors *st, const qwen2_parallel *p,
+                            qwen2_model **out, vlmd_error *err)
+{
+    return load(b, mc, st, p, false, out, err);
 }
 
 vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
                                const vlmd_safetensors *st, uint64_t *bytes, vlmd_error *err)
 {
     qwen2_model *m = NULL;
-    vlmd_status s = load(b, mc, st, true, &m, err);
+    vlmd_status s = load(b, mc, st, NULL, true, &m, err);
     *bytes = m ? m->dry_bytes : 0;
     qwen2_free(m);
     return s;
@@ -371,7 +546,7 @@ vlmd_status qwen2_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
                               const vlmd_safetensors *st, qwen2_model **out,
                               uint64_t *weight_bytes, vlmd_error *err)
 {
-    vlmd_status s = load(b, mc, st, true, out, err);
+    vlmd_status s = load(b, mc, st, NULL, true, out, err);
     *weight_bytes = *out ? (*out)->dry_bytes : 0;
     return s;
 }
@@ -535,6 +710,10 @@ static vlmd_status workspace_buffers(qwen2_model *m, qwen2_workspace *ws, int32_
     }
     WS(rows, r * m->H * f)
     WS(logits, r * m->V * f)
+    if (m->vocab_split) {
+        WS(logit_slices, r * m->V * f)
+        WS(vocab_order, r * (size_t)m->world * i32)
+    }
     WS(ids, n * i32)
     WS(positions, 3 * n * i32)
     WS(slots, n * i32)
@@ -576,7 +755,8 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
     ws->pad_slots = malloc(r * i32), ws->pad_rows = malloc(r * i32);
     ws->pad_seqs = malloc(r * sizeof *ws->pad_seqs);
     ws->sample_rows_host = malloc(r * sizeof *ws->sample_rows_host);
-    if (s == VLMD_OK && (!ws->seqs_host || !ws->slot_table_host || !ws->pad_ids ||
+    ws->vocab_order_host = malloc(r * (size_t)m->world * i32);
+    if (s == VLMD_OK && (!ws->vocab_order_host || !ws->seqs_host || !ws->slot_table_host || !ws->pad_ids ||
                          !ws->pad_positions || !ws->pad_slots || !ws->pad_rows || !ws->pad_seqs ||
                          !ws->sample_rows_host))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
@@ -604,6 +784,7 @@ void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
     free(ws->pad_rows);
     free(ws->pad_seqs);
     free(ws->sample_rows_host);
+    free(ws->vocab_order_host);
     free(ws);
 }
 
@@ -673,6 +854,14 @@ static vlmd_status upload_batch(qwen2_model *m, qwen2_workspace *ws, const qwen2
     if (s == VLMD_OK)
         s = vlmd_backend_copy_to_device(b, ws->seqs, ws->seqs_host,
                                         (size_t)bt->n_seqs * sizeof *ws->seqs, err);
+    if (s == VLMD_OK && m->vocab_split && bt->n_logits) {
+        /* logits row i, vocabulary slice r: row r x n_logits + i of the gathered slices */
+        for (int32_t i = 0; i < bt->n_logits; i++)
+            for (int r = 0; r < m->world; r++)
+                ws->vocab_order_host[i * m->world + r] = r * bt->n_logits + i;
+        s = vlmd_backend_copy_to_device(b, ws->vocab_order, ws->vocab_order_host,
+                                        (size_t)bt->n_logits * m->world * i32, err);
+    }
     return s;
 }
 
@@ -706,6 +895,25 @@ static vlmd_status upload_embeds(qwen2_model *m, qwen2_workspace *ws, const qwen
     return s;
 }
 
+/* The collectives of a step (nothing in a model of one rank): x's partial
+ * sums over the group, and the logits' vocabulary slices to every rank. The
+ * first failure is kept in the workspace for qwen2_forward to return; the
+ * communicator is broken then, so every later collective fails at once and
+ * the ops between them compute what nobody reads. */
+static void all_reduce(const qwen2_model *m, qwen2_workspace *ws, void *buf, size_t count)
+{
+    if (m->world > 1 && ws->comm_status == VLMD_OK)
+        ws->comm_status = vlmd_comm_all_reduce_sum(m->comm, buf, count,
+                                                   vlmd_backend_act_dtype(m->b), &ws->comm_err);
+}
+
+static void all_gather(const qwen2_model *m, qwen2_workspace *ws, void *buf, size_t count)
+{
+    if (m->world > 1 && ws->comm_status == VLMD_OK)
+        ws->comm_status = vlmd_comm_all_gather(m->comm, buf, count, vlmd_backend_act_dtype(m->b),
+                                               &ws->comm_err);
+}
+
 /* The step's ops once its inputs are in backend memory, from the residual
  * stream's first rows (embedded before, by the caller) to the logits.
  * images: the batch's embedding runs, whose DeepStack features (in
@@ -731,6 +939,7 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
         op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], vlmd_backend_kv_dtype(b),
                       ws->seqs, n_seqs, n, m->nh, m->nkv, m->hd, true);
         op->linear(b, ws->x, ws->attn, y->wo, NULL, n, Q, H);
+        all_reduce(m, ws, ws->x, (size_t)n * H); /* each rank's heads' share of x */
         /* MLP block: dense, or the experts the router picks */
         op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, m->eps);
         if (y->router) {
@@ -744,6 +953,7 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
             op->linear(b, ws->gate_up, ws->h, y->w_gate_up, NULL, n, H, 2 * m->I);
             op->silu_mul(b, ws->act, ws->gate_up, n, m->I);
             op->linear(b, ws->x, ws->act, y->w_down, NULL, n, m->I, H);
+            all_reduce(m, ws, ws->x, (size_t)n * H); /* each rank's columns' share */
         }
         /* the layer's output is residual + x: feature l goes into the residual */
         for (int i = 0; l < m->n_deepstack && i < n_images; i++)
@@ -755,7 +965,18 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
         return;
     op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, m->eps);
     op->gather_rows(b, ws->rows, ws->h, ws->logit_rows, n_logits, H);
-    op->linear(b, ws->logits, ws->rows, m->lm_head, NULL, n_logits, H, m->V);
+    if (!m->vocab_split) {
+        op->linear(b, ws->logits, ws->rows, m->lm_head, NULL, n_logits, H, m->V);
+        return;
+    }
+    /* this rank's vocabulary slice into its place among the slices, all gathered, then each
+     * row's slices side by side */
+    size_t slice = (size_t)n_logits * m->Vr;
+    op->linear(b, (char *)ws->logit_slices + m->rank * slice * vlmd_backend_elem_size(b),
+               ws->rows, m->lm_head, NULL, n_logits, H, m->Vr);
+    all_gather(m, ws, ws->logit_slices, slice);
+    op->gather_rows(b, ws->logits, ws->logit_slices, ws->vocab_order, n_logits * m->world,
+                    m->Vr);
 }
 
 /* A captured decode step: every row is a sequence of one token and wants its logits. */
@@ -808,6 +1029,8 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
     vlmd_status s = check_batch(m, kv, ws, bt, err);
     if (s != VLMD_OK)
         return s;
+    if (ws->comm_status != VLMD_OK) /* a broken group stays broken */
+        return vlmd_errorf(err, ws->comm_status, "%s", ws->comm_err.msg);
     vlmd_backend *b = m->b;
     decode_graph *g = graph_for(m, ws, kv, bt);
     if (g) {
@@ -828,6 +1051,8 @@ vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
             run_layers(m, kv, ws, n, bt->n_seqs, bt->n_logits, bt->embeds, bt->n_embeds);
         m->worst_case_steps += s == VLMD_OK && ws->worst_case && m->n_moe;
     }
+    if (s == VLMD_OK && ws->comm_status != VLMD_OK)
+        return vlmd_errorf(err, ws->comm_status, "%s", ws->comm_err.msg);
     if (s != VLMD_OK || !bt->n_logits || !logits)
         return s;
     return vlmd_backend_download_f32(b, logits, ws->logits, (size_t)bt->n_logits * m->V, err);

@@ -43,6 +43,36 @@ vlmd_status qwen2_backend_check(const vlmd_backend *b, const vlmd_model_config *
 vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
                        qwen2_model **out, vlmd_error *err);
 void qwen2_free(qwen2_model *m);
+
+struct vlmd_comm;
+/* Which share of the model one rank holds (tensor parallelism, issue 22). A
+ * zeroed struct, or world 1, is the whole model: qwen2_load's path, bit for
+ * bit. */
+typedef struct qwen2_parallel {
+    int rank, world;                /* 0 <= rank < world */
+    struct vlmd_comm *comm;         /* the group's communicator (borrowed; its rank and world
+                                     * are these); NULL when world <= 1 */
+} qwen2_parallel;
+
+/* qwen2_load as rank p->rank of p->world: attention heads and the MLP's
+ * width split across the ranks, each rank reading only its slices from st,
+ * and qwen2_forward joining the partial results over p->comm (every rank
+ * calls it with the same batches, in the same order). q/k/v are split by
+ * heads (rows), o_proj by its input columns, then an all-reduce; gate/up by
+ * rows, down by columns, then an all-reduce. KV heads are split when
+ * num_key_value_heads % world == 0, else each rank keeps the KV heads its
+ * query heads use (the KV cache holds only those). lm_head is split by
+ * vocabulary when vocab_size % world == 0 (the logits all-gathered, so every
+ * rank has all of them), else replicated; the embedding and the norms are
+ * replicated. VLMD_ERR_INVALID_ARG naming the model, the counts and the
+ * world when num_attention_heads or intermediate_size is not a multiple of
+ * the world, for a mixture-of-experts model with world > 1 (expert
+ * parallelism is not there yet), or a communicator of another rank or
+ * world; VLMD_ERR_UNAVAILABLE on CUDA with world > 1 (the communicator is
+ * not in the decode graphs yet). p may be NULL (the whole model). */
+vlmd_status qwen2_load_rank(vlmd_backend *b, const vlmd_model_config *mc,
+                            const vlmd_safetensors *st, const qwen2_parallel *p,
+                            qwen2_model **out, vlmd_error *err);
 /* The device bytes qwen2_load would take, found without allocating (every
  * tensor is checked as loading would). */
 vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
@@ -127,7 +157,9 @@ typedef struct qwen2_batch {
 /* Runs the step; its n_logits rows of logits stay in the workspace for
  * qwen2_sample and, when logits is not NULL, are also written there
  * (n_logits x vocab floats, host). Fails (changing nothing) when the batch
- * exceeds the workspace. */
+ * exceeds the workspace. A rank of a group (qwen2_load_rank) runs the same
+ * step as every other rank and gets the same logits; a failed collective is
+ * the communicator's status and message (the group must restart). */
 vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
                           const qwen2_batch *batch, float *logits, vlmd_error *err);
 
