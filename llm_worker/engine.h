@@ -63,10 +63,11 @@ typedef struct engine_config {
     /* the tokenizer's tokens as bytes (borrowed; at most the model's vocabulary): what
      * grammars are matched against. NULL: a request with a grammar is refused */
     const vlmd_vocab *vocab;
-    /* after every step, engine_check_invariants in any build; a failure is
-     * logged, every request ends with an error (VLMD_ERR_INTERNAL) and the KV
-     * cache is emptied, and serving goes on (--check-invariants). false: only
-     * debug builds check, and a failure stops the process */
+    /* after every step, engine_check_invariants in any build (a pass over
+     * every KV slot); a failure is logged, every request ends with an error
+     * (VLMD_ERR_INTERNAL) and the KV cache is emptied, and serving goes on
+     * (--check-invariants). false: only debug builds check, the books alone
+     * (not who holds each slot), and a failure stops the process */
     bool check_invariants;
 } engine_config;
 

@@ -202,14 +202,18 @@ static float from_bf16(uint16_t h)
     return f;
 }
 
-/* Fills dst[n] with rank r's inputs of case k in dtype. */
+/* Fills dst[n] with rank r's inputs of case k in dtype (dst may be at any
+ * byte: the broadcast cases pack odd sizes one after another). */
 static void fill(void *dst, vlmd_dtype dtype, int k, int r, size_t n)
 {
+    unsigned char *out = dst;
     for (size_t i = 0; i < n; i++) {
+        float f = value(k, r, i);
+        uint16_t h = to_bf16(f);
         if (dtype == VLMD_DTYPE_F32)
-            ((float *)dst)[i] = value(k, r, i);
+            memcpy(out + i * sizeof f, &f, sizeof f);
         else
-            ((uint16_t *)dst)[i] = to_bf16(value(k, r, i));
+            memcpy(out + i * sizeof h, &h, sizeof h);
     }
 }
 
