@@ -1261,33 +1261,24 @@ static void sample_row(engine *e, const request *q, vlmd_sample_row *row, int32_
 
 /* ---- constrained decoding ------------------------------------------------------ */
 
-/* The byte that starts st's shortest completion (min bytes m > 0 to go): one
- * after which the fewest bytes left are m - 1. -1 when none is found. */
-static int closing_byte(const vlmd_grammar *g, const vlmd_grammar_state *st, size_t m)
-{
-    vlmd_grammar_state c;
-    for (int b = 0; b < 256; b++) {
-        uint8_t byte = (uint8_t)b;
-        memcpy(c.w, st->w, st->w[0] * sizeof st->w[0]);
-        if (vlmd_grammar_accept_bytes(g, &c, &byte, 1) && vlmd_grammar_min_completion(g, &c) == m - 1)
-            return b;
-    }
-    return -1;
-}
-
-/* The fewest bytes that take a complete st past more output to complete
- * again (another call after a whole one); SIZE_MAX when nothing may follow. */
-static size_t min_extension(const vlmd_grammar *g, const vlmd_grammar_state *st)
+/* The shortest way from st on to a complete output: its first byte (*byte; -1
+ * when no byte may follow) and its length in bytes, that byte included
+ * (SIZE_MAX when none). Where st is not complete that is its shortest
+ * completion; where it is, the shortest continuation that completes again
+ * (another call after a whole one). */
+static size_t shortest_step(const vlmd_grammar *g, const vlmd_grammar_state *st, int *byte)
 {
     size_t best = SIZE_MAX;
     vlmd_grammar_state c;
+    *byte = -1;
     for (int b = 0; b < 256; b++) {
-        uint8_t byte = (uint8_t)b;
+        uint8_t u = (uint8_t)b;
         memcpy(c.w, st->w, st->w[0] * sizeof st->w[0]);
-        if (vlmd_grammar_accept_bytes(g, &c, &byte, 1)) {
-            size_t m = 1 + vlmd_grammar_min_completion(g, &c);
-            best = m < best ? m : best;
-        }
+        if (!vlmd_grammar_accept_bytes(g, &c, &u, 1))
+            continue;
+        size_t m = 1 + vlmd_grammar_min_completion(g, &c);
+        if (m < best)
+            best = m, *byte = b;
     }
     return best;
 }
@@ -1302,10 +1293,12 @@ static vlmd_status fill_mask(engine *e, const request *q, uint32_t *mask, vlmd_e
     const vlmd_grammar *g = grammar_entry_grammar(q->grammar);
     int32_t left = q->max_tokens - (q->n_tokens - q->n_prompt); /* this one included */
     size_t need = vlmd_grammar_min_completion(g, q->gstate);
-    size_t room = need ? need : min_extension(g, q->gstate); /* what the bytes after this need */
+    int b = -1;
+    size_t room = need ? need : shortest_step(g, q->gstate, &b); /* what the bytes after need */
     if (room == SIZE_MAX || (size_t)left <= room + ENGINE_GRAMMAR_CLOSE_MARGIN) {
-        int b = need ? closing_byte(g, q->gstate, need) : -1;
-        int32_t tok = b >= 0 ? e->byte_token[b] : -1;
+        if (need)
+            shortest_step(g, q->gstate, &b);
+        int32_t tok = need && b >= 0 ? e->byte_token[b] : -1;
         if (!need || tok >= 0) {
             memset(mask, 0, e->mask_words * sizeof *mask);
             if (need)

@@ -26,6 +26,7 @@
 
 #include "backend.h"
 #include "comm.h"
+#include "test_ranks.h"
 
 #define MAX_RANKS 4
 #define OUT_BYTES (8u << 20)        /* what each rank reports, at most */
@@ -50,13 +51,6 @@ typedef struct group {
 } group;
 
 typedef int (*rank_fn)(group *g, vlmd_backend *b, vlmd_comm *c, int rank, const void *arg);
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void group_init(group *g, int world, int timeout_ms, size_t slot_bytes)
 {
@@ -96,10 +90,10 @@ static void rank_main(group *g, int rank, rank_fn fn, const void *arg, bool join
     o.rank = rank;
     o.world = g->world;
     vlmd_comm *c = NULL;
-    int64_t t0 = now_ms();
+    int64_t t0 = test_now_ms();
     vlmd_status st = vlmd_comm_create(b, &g->id, &o, &c, &err);
     g->sh->status[rank] = st;
-    g->sh->elapsed_ms[rank] = now_ms() - t0;
+    g->sh->elapsed_ms[rank] = test_now_ms() - t0;
     if (st != VLMD_OK) {
         snprintf(g->sh->msg[rank], sizeof g->sh->msg[rank], "%s", err.msg);
         vlmd_backend_destroy(b);
@@ -139,23 +133,14 @@ static void group_run(group *g, unsigned starts, rank_fn fn, const void *arg, in
         if (pids[r] == 0)
             rank_main(g, r, fn, arg, fn == NULL);
     }
-    int64_t deadline = now_ms() + WAIT_S * 1000;
+    int64_t deadline = test_now_ms() + WAIT_S * 1000;
     for (int r = 0; r < g->world; r++) {
         if (!pids[r])
             continue;
-        int ws = 0;
-        pid_t got;
-        while ((got = waitpid(pids[r], &ws, WNOHANG)) == 0 && now_ms() < deadline) {
-            struct timespec ts = {0, 2000000};
-            nanosleep(&ts, NULL);
-        }
-        if (got == 0) {
-            kill(pids[r], SIGKILL);
-            waitpid(pids[r], &ws, 0);
+        bool killed;
+        codes[r] = test_wait_rank(pids[r], deadline, &killed);
+        if (killed)
             cr_log_error("rank %d did not finish within %d s: killed", r, WAIT_S);
-            continue;
-        }
-        codes[r] = WIFEXITED(ws) ? WEXITSTATUS(ws) : -1;
     }
 }
 
@@ -542,10 +527,10 @@ static int die_rank(group *g, vlmd_backend *b, vlmd_comm *c, int rank, const voi
     fill(x, VLMD_DTYPE_F32, 0, rank, 64);
     void *dev = to_device(b, x, sizeof x);
     vlmd_error err = {0};
-    int64_t t0 = now_ms();
+    int64_t t0 = test_now_ms();
     vlmd_status st = vlmd_comm_all_reduce_sum(c, dev, 64, VLMD_DTYPE_F32, &err);
     g->sh->status[rank] = st;
-    g->sh->elapsed_ms[rank] = now_ms() - t0;
+    g->sh->elapsed_ms[rank] = test_now_ms() - t0;
     snprintf(g->sh->msg[rank], sizeof g->sh->msg[rank], "%s", err.msg);
     vlmd_error again = {0};
     if (vlmd_comm_barrier(c, &again) == VLMD_OK || !strstr(again.msg, "broken")) {
@@ -583,9 +568,9 @@ static int leave_rank(group *g, vlmd_backend *b, vlmd_comm *c, int rank, const v
     if (rank == 0)
         return 0; /* rank_main destroys it */
     vlmd_error err = {0};
-    int64_t t0 = now_ms();
+    int64_t t0 = test_now_ms();
     g->sh->status[rank] = vlmd_comm_barrier(c, &err);
-    g->sh->elapsed_ms[rank] = now_ms() - t0;
+    g->sh->elapsed_ms[rank] = test_now_ms() - t0;
     snprintf(g->sh->msg[rank], sizeof g->sh->msg[rank], "%s", err.msg);
     return 0;
 }

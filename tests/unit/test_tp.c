@@ -27,6 +27,7 @@
 #include "backend.h"
 #include "comm.h"
 #include "qwen2.h"
+#include "test_ranks.h"
 #include "test_support.h"
 
 #define MAX_RANKS 4
@@ -225,13 +226,6 @@ static vlmd_status run_scenario(qwen2_model *m, float *logits, int32_t *tokens, 
 
 /* ---- ranks --------------------------------------------------------------------------- */
 
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* One rank's life: open the CPU backend, join, load its share, run the
  * scenario; rank 0 reports. Exit 0, or a code per stage (sh->msg says why). */
 static void rank_main(const char *model, const vlmd_comm_id *id, int world, int rank,
@@ -289,22 +283,14 @@ static void run_group(const char *model, int world, shared *sh)
         if (pids[r] == 0)
             rank_main(model, &id, world, r, sh);
     }
-    int64_t deadline = now_ms() + WAIT_S * 1000;
+    int64_t deadline = test_now_ms() + WAIT_S * 1000;
     int codes[MAX_RANKS];
     for (int r = 0; r < world; r++) {
-        int wst = 0;
-        pid_t got;
-        while ((got = waitpid(pids[r], &wst, WNOHANG)) == 0 && now_ms() < deadline) {
-            struct timespec ts = {0, 2000000};
-            nanosleep(&ts, NULL);
-        }
-        if (got == 0) {
-            kill(pids[r], SIGKILL);
-            waitpid(pids[r], &wst, 0);
+        bool killed;
+        codes[r] = test_wait_rank(pids[r], deadline, &killed);
+        if (killed)
             cr_log_error("%s rank %d of %d did not finish within %d s: killed", model, r, world,
                          WAIT_S);
-        }
-        codes[r] = got > 0 && WIFEXITED(wst) ? WEXITSTATUS(wst) : -1;
     }
     int removed = rmdir(dir);
     cr_expect_eq(removed, 0, "%s is not empty after the group: %s", dir, strerror(errno));
@@ -496,11 +482,11 @@ static void refuse_in_group(const char *model, int world, const char *want)
         vlmd_backend_destroy(b);
         _exit(code);
     }
-    int64_t deadline = now_ms() + WAIT_S * 1000;
+    int64_t deadline = test_now_ms() + WAIT_S * 1000;
     for (int r = 0; r < world; r++) {
         int wst = 0;
         pid_t got;
-        while ((got = waitpid(pids[r], &wst, WNOHANG)) == 0 && now_ms() < deadline) {
+        while ((got = waitpid(pids[r], &wst, WNOHANG)) == 0 && test_now_ms() < deadline) {
             struct timespec ts = {0, 2000000};
             nanosleep(&ts, NULL);
         }
