@@ -249,11 +249,13 @@ const vlmd_flag vlmd_flags[] = {
     /* the CUDA backend's ways kept until a GPU run has compared them (the CPU ignores them) */
     {"cuda-attention", VLMD_FLAG_CHOICE, OFF(cuda_attention), "mma", 0, 0, "mma|wmma",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
-     "CUDA attention kernels for head dims that are multiples of 16: mma (S, P and O in "
-     "registers on mma.sync) or wmma (the first kernels: S, P and O through shared memory)"},
+     "CUDA attention kernels: mma (S, P and O in registers on mma.sync; head dims that are "
+     "multiples of 8 up to 128) or wmma (the first kernels: S, P and O through shared memory; "
+     "7x slower; multiples of 16)"},
     {"cuda-decode-linear", VLMD_FLAG_CHOICE, OFF(cuda_decode_linear), "cublas", 0, 0,
      "cublas|gemv", R(LAUNCHER) | R(VISUAL) | R(LLM),
-     "CUDA linears of at most 8 rows (decode steps): cuBLAS, or vlmd's GEMV kernel"},
+     "CUDA linears of 1 or 2 rows (decode steps): cuBLAS, or vlmd's GEMV kernel (faster there "
+     "on an H200, but a batch then decodes differently from its sequences alone)"},
     {"cuda-pdl", VLMD_FLAG_CHOICE, OFF(cuda_pdl), "off", 0, 0, "off|on",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
      "CUDA kernel launches allow programmatic dependent launch (Hopper): a kernel's launch "

@@ -3,16 +3,19 @@
  * steps and the vision tower's per-image attention. Three paths, chosen in
  * vlmd_cuda_attention_op at the bottom:
  *
- *   k_flash_attention_mma  the main one, for the head dims it is built for
- *                          (16, 32, 64, 80, 96, 128): each warp owns 16 rows
+ *   k_flash_attention_mma  the main one, for head dims that are a multiple of
+ *                          8 up to 128 (built for 16, 32, 64, 80, 96 and 128;
+ *                          the others padded with zeros to the next, as
+ *                          Qwen3-VL's tower's 72 is to 80): each warp owns 16 rows
  *                          end to end on mma.sync, S, P and O in registers,
  *                          K/V tiles arriving by cp.async (warp_mma.h)
  *   k_flash_attention      the first one, on WMMA with S, P and O through
- *                          shared memory: other multiples of 16 up to 256,
- *                          and every head dim with --cuda-attention wmma
- *                          (kept until a GPU run has compared the two)
- *   k_attention            the simple one, for head dims that are not a
- *                          multiple of 16: a block per (query row, head)
+ *                          shared memory: multiples of 16 from 144 to 256,
+ *                          and the multiples of 16 with --cuda-attention wmma
+ *                          (7x slower than mma at an 8192-token prefill on an
+ *                          H200: docs/PERFORMANCE.md)
+ *   k_attention            the simple one, for the other head dims: a block
+ *                          per (query row, head)
  *
  * The tiled kernels share one map, attn_tile: a block takes a tile of BR
  * "rows" of one sequence and one KV head, a row being a (query token, query
@@ -254,6 +257,7 @@ __global__ void __launch_bounds__(WARPS * 32)
             }
             for (int o = 16; o > 0; o /= 2)
                 sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            __syncwarp(); /* every lane has read row_m[r] before lane 0 writes it (racecheck) */
             if (lane == 0) {
                 float alpha = m_old == -INFINITY ? 0.0f : expf(m_old - m_new);
                 row_alpha[r] = alpha;
@@ -307,7 +311,10 @@ __global__ void __launch_bounds__(WARPS * 32)
  * end to end: Q as A fragments, S = Q K^T and O in mma.m16n8k16 accumulators,
  * P rebuilt from S's accumulators as A fragments without leaving the
  * registers (an accumulator pair (row, 2t..2t+1) is exactly an A register),
- * so shared memory holds only Q, K and V. K and V tiles arrive by cp.async, each while
+ * so shared memory holds only Q, K and V. A head dim hd below the HD the kernel is
+ * built for is padded: the columns hd..HD of Q, K and V are zeros in shared
+ * memory (they add nothing to S, and O's columns there are not written).
+ * K and V tiles arrive by cp.async, each while
  * the previous one is being used: V(j) while S(j) is computed, K(j+1) while
  * P(j) V(j) is. Rows are 16 bytes apart modulo 128 (a pad of 8 elements),
  * so ldmatrix reads them without bank conflicts. */
@@ -320,15 +327,17 @@ template <int HD, int ROW_WARPS>
 __global__ void __launch_bounds__(ROW_WARPS * 32)
     k_flash_attention_mma(bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
                           const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
-                          int nkv, float scale_log2, bool causal, int splits, float *partial)
+                          int nkv, int hd, float scale_log2, bool causal, int splits,
+                          float *partial)
 {
     vlmd_kernel_start();
     constexpr int BR = 16 * ROW_WARPS, LD = HD + 8, CHUNKS = HD / 8; /* rows; bf16 row stride;
                                                                        16-byte pieces per row */
+    const int live_chunks = hd / 8; /* the pieces the head has; zeros after them */
     VLMD_DYNAMIC_SMEM(smem); /* cp.async and ldmatrix: 16-byte rows, as LD keeps them */
     VLMD_KERNEL_ASSERT((uintptr_t)smem % 16 == 0);
     bf16 *Qs = (bf16 *)smem, *Ks = Qs + BR * LD, *Vs = Ks + BC * LD;
-    const int kvh = blockIdx.y, split = blockIdx.z, kv_dim = nkv * HD;
+    const int kvh = blockIdx.y, split = blockIdx.z, kv_dim = nkv * hd;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     /* the longest causal rows (the last tiles) first: less of a tail at the launch's end */
     const int tile_id = gridDim.x - 1 - blockIdx.x;
@@ -349,16 +358,16 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
 
     for (int c = tid; c < BR * CHUNKS; c += blockDim.x) { /* Q rows, zeros past the last */
         int r = c / CHUNKS, d8 = c % CHUNKS;
-        bool ok = r < T.rows;
-        cp_async_16(Qs + r * LD + d8 * 8, ok ? q + T.q_at(r, q_stride, HD) + d8 * 8 : q, ok);
+        bool ok = r < T.rows && d8 < live_chunks;
+        cp_async_16(Qs + r * LD + d8 * 8, ok ? q + T.q_at(r, q_stride, hd) + d8 * 8 : q, ok);
     }
     /* keys t0.. through the slot table; zeros past hi, not garbage: 0 x NaN is NaN */
     auto load_tile = [&](bf16 *dst, const bf16 *cache, int t0) {
         for (int c = tid; c < BC * CHUNKS; c += blockDim.x) {
             int j = c / CHUNKS, d8 = c % CHUNKS;
-            bool ok = t0 + j < hi;
+            bool ok = t0 + j < hi && d8 < live_chunks;
             const bf16 *src = ok ? cache + (size_t)T.sq.slots[t0 + j] * kv_dim +
-                                       (size_t)kvh * HD + d8 * 8
+                                       (size_t)kvh * hd + d8 * 8
                                  : cache;
             cp_async_16(dst + j * LD + d8 * 8, src, ok);
         }
@@ -454,52 +463,71 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
             continue;
         int r = warp * 16 + g + 8 * h;
         if (splits == 1) {
-            bf16 *dst = out + T.out_at(r, nh, HD) + 2 * t;
+            bf16 *dst = out + T.out_at(r, nh, hd) + 2 * t;
             float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
-            for (int nd = 0; nd < HD / 8; nd++)
-                *(uint32_t *)(dst + nd * 8) = pack_bf16x2(o[nd][2 * h] * inv,
-                                                          o[nd][2 * h + 1] * inv);
+            for (int nd = 0; nd < HD / 8; nd++) /* a constant count: o stays in registers */
+                if (nd < live_chunks)
+                    *(uint32_t *)(dst + nd * 8) = pack_bf16x2(o[nd][2 * h] * inv,
+                                                              o[nd][2 * h + 1] * inv);
             continue;
         }
-        float *mine = split_row(partial, tile_id, kvh, nkv, splits, split, BR, r, HD);
+        float *mine = split_row(partial, tile_id, kvh, nkv, splits, split, BR, r, hd);
         for (int nd = 0; nd < HD / 8; nd++)
-            mine[nd * 8 + 2 * t] = o[nd][2 * h], mine[nd * 8 + 2 * t + 1] = o[nd][2 * h + 1];
+            if (nd < live_chunks)
+                mine[nd * 8 + 2 * t] = o[nd][2 * h], mine[nd * 8 + 2 * t + 1] = o[nd][2 * h + 1];
         if (t == 0) /* m to natural log units */
-            mine[HD] = m[h] * 0.69314718f, mine[HD + 1] = l[h];
+            mine[hd] = m[h] * 0.69314718f, mine[hd + 1] = l[h];
     }
 }
 
 /* ---- the splits' merge ---------------------------------------------------------------------- */
 
-/* Merges the splits of each row: weights exp(m_s - M), sums l_s exp(m_s - M). */
+/* Merges the splits of each row: weights exp(m_s - M), sums l_s exp(m_s - M).
+ * A warp a row, lane s holding split s's m and weight (MAX_SPLITS is a warp),
+ * so each output element's loads over the splits are independent and in
+ * flight together: at a decode step of few sequences this merge was most of
+ * the attention's time when each thread redid every split's max. */
+#define MERGE_WARPS 4
+static_assert(MAX_SPLITS <= 32, "a split a lane");
+
 template <int BR>
-__global__ void k_merge_splits(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int nh,
-                               int nkv, int hd, int splits, float *partial)
+__global__ void __launch_bounds__(MERGE_WARPS * 32)
+    k_merge_splits(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv, int hd,
+                   int splits, float *partial)
 {
     vlmd_kernel_start();
-    const int kvh = blockIdx.y;
+    const int kvh = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     attn_tile T;
     if (!find_tile(seqs, n_seqs, nh / nkv, BR, blockIdx.x, kvh, &T))
         return;
-    for (int c = threadIdx.x; c < T.rows * hd; c += blockDim.x) {
-        int r = c / hd, d = c % hd;
-        float M = -INFINITY;
-        for (int s = 0; s < splits; s++)
-            M = fmaxf(M, split_row(partial, blockIdx.x, kvh, nkv, splits, s, BR, r, hd)[hd]);
-        float o = 0, l = 0;
-        for (int s = 0; s < splits; s++) {
-            const float *p = split_row(partial, blockIdx.x, kvh, nkv, splits, s, BR, r, hd);
-            if (p[hd] == -INFINITY)
-                continue; /* a split with no key this row sees */
-            float w = expf(p[hd] - M);
-            o += p[d] * w;
-            l += p[hd + 1] * w;
+    for (int r = warp; r < T.rows; r += MERGE_WARPS) {
+        float m = -INFINITY, l = 0;
+        if (lane < splits) {
+            const float *mine = split_row(partial, blockIdx.x, kvh, nkv, splits, lane, BR, r, hd);
+            m = mine[hd], l = mine[hd + 1];
         }
-        out[T.out_at(r, nh, hd) + d] = __float2bfloat16(l > 0 ? o / l : 0.0f);
+        float M = m;
+        for (int o = 16; o > 0; o /= 2)
+            M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        /* a split with no key this row sees has m = -inf: weight 0 */
+        float w = m == -INFINITY ? 0.0f : expf(m - M), L = l * w;
+        for (int o = 16; o > 0; o /= 2)
+            L += __shfl_xor_sync(0xffffffffu, L, o);
+        for (int d0 = 0; d0 < hd; d0 += 32) {
+            int d = d0 + lane;
+            float acc = 0;
+            for (int s = 0; s < splits; s++) {
+                float ws = __shfl_sync(0xffffffffu, w, s);
+                if (d < hd && ws > 0)
+                    acc += split_row(partial, blockIdx.x, kvh, nkv, splits, s, BR, r, hd)[d] * ws;
+            }
+            if (d < hd)
+                out[T.out_at(r, nh, hd) + d] = __float2bfloat16(L > 0 ? acc / L : 0.0f);
+        }
     }
 }
 
-/* ---- the simple kernel: head dims that are not a multiple of 16 ----------------------------- */
+/* ---- the simple kernel: the head dims the tiled ones do not take ----------------------------- */
 
 #define SIMPLE_MAX_HD 256
 #define SIMPLE_WARPS 8
@@ -622,8 +650,8 @@ static void launch_split(vlmd_backend *b, bf16 *out, const vlmd_attn_seq *seqs, 
     int splits = plan_splits(b, tiles * nkv, BR, hd, &scratch);
     launch(dim3(tiles, nkv, splits), splits, scratch);
     if (splits > 1) {
-        vlmd_cuda_launch(k_merge_splits<BR>, dim3(tiles, nkv), 128, 0, vlmd_cuda_stream(b), out,
-                         seqs, n_seqs, nh, nkv, hd, splits, scratch);
+        vlmd_cuda_launch(k_merge_splits<BR>, dim3(tiles, nkv), MERGE_WARPS * 32, 0,
+                         vlmd_cuda_stream(b), out, seqs, n_seqs, nh, nkv, hd, splits, scratch);
     }
 }
 
@@ -646,42 +674,44 @@ static void launch_wmma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
 template <int HD, int ROW_WARPS>
 static void launch_mma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                        const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
-                       int n_seqs, int n_rows, int nh, int nkv, bool causal)
+                       int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal)
 {
     constexpr int BR = 16 * ROW_WARPS;
     static size_t allowed = 0;
     allow_smem(k_flash_attention_mma<HD, ROW_WARPS>, mma_smem_bytes(BR, HD), &allowed);
     const float log2e = 1.44269504f;
-    launch_split<BR>(b, out, seqs, n_seqs, n_rows, nh, nkv, HD,
+    launch_split<BR>(b, out, seqs, n_seqs, n_rows, nh, nkv, hd,
                      [&](dim3 grid, int splits, float *scratch) {
         vlmd_cuda_launch(k_flash_attention_mma<HD, ROW_WARPS>, grid, ROW_WARPS * 32,
                          mma_smem_bytes(BR, HD), vlmd_cuda_stream(b), out, q, q_stride, k_cache,
-                         v_cache, seqs, n_seqs, nh, nkv, log2e / sqrtf((float)HD), causal,
+                         v_cache, seqs, n_seqs, nh, nkv, hd, log2e / sqrtf((float)hd), causal,
                          splits, scratch);
     });
 }
 
-/* The register-resident kernel for the head dims it is built for, in 16-row
- * tiles for a decode step (one query per sequence) and 64-row ones
- * otherwise; false for other head dims. */
+/* The register-resident kernel built for the smallest head dim of its list
+ * that holds hd (a multiple of 8), in 16-row tiles for a decode step (one
+ * query per sequence) and 64-row ones otherwise; false past 128. */
 static bool launch_mma_for(int hd, vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                            const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
                            int n_seqs, int n_rows, int nh, int nkv, bool causal)
 {
     bool decode = n_rows == n_seqs;
-#define VLMD_MMA_HEAD_DIM(HD)                                                              \
-    case HD:                                                                               \
+    if (hd % 8)
+        return false;
+#define VLMD_MMA_HEAD_DIM(HD)                                                                \
+    if (hd <= HD) {                                                                          \
         (decode ? launch_mma<HD, 1> : launch_mma<HD, 4>)(b, out, q, q_stride, k_cache, v_cache, \
-                                                          seqs, n_seqs, n_rows, nh, nkv, causal); \
-        return true;
-    switch (hd) {
-        VLMD_MMA_HEAD_DIM(16)
-        VLMD_MMA_HEAD_DIM(32)
-        VLMD_MMA_HEAD_DIM(64)
-        VLMD_MMA_HEAD_DIM(80)
-        VLMD_MMA_HEAD_DIM(96)
-        VLMD_MMA_HEAD_DIM(128)
+                                                          seqs, n_seqs, n_rows, nh, nkv, hd,   \
+                                                          causal);                           \
+        return true;                                                                         \
     }
+    VLMD_MMA_HEAD_DIM(16)
+    VLMD_MMA_HEAD_DIM(32)
+    VLMD_MMA_HEAD_DIM(64)
+    VLMD_MMA_HEAD_DIM(80)
+    VLMD_MMA_HEAD_DIM(96)
+    VLMD_MMA_HEAD_DIM(128)
 #undef VLMD_MMA_HEAD_DIM
     return false;
 }
@@ -694,10 +724,10 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
     VLMD_ASSERT(kv_dtype == VLMD_DTYPE_BF16); /* cache and activations: both bf16 here */
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kc = (const bf16 *)k_cache, *vc = (const bf16 *)v_cache;
+    if (nh % nkv == 0 && vlmd_cuda_attention_kernel(b) == VLMD_CUDA_ATTENTION_MMA &&
+        launch_mma_for(hd, b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, causal))
+        return;
     if (hd % 16 == 0 && hd <= 256 && nh % nkv == 0) {
-        if (vlmd_cuda_attention_kernel(b) == VLMD_CUDA_ATTENTION_MMA &&
-            launch_mma_for(hd, b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, causal))
-            return;
         /* a decode step (one query per sequence) fills a 16-row tile with its group's heads */
         if (n_rows == n_seqs)
             launch_wmma<16>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);

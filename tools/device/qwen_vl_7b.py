@@ -1,7 +1,13 @@
 """qwen_vl_7b.py: the Qwen2.5-VL-7B shapes the random-model scripts share:
-its vision tower's config (the text config's defaults are the 7B text shape)
-and its image processor's config."""
+its text and vision configs (written out: transformers' Qwen2_5_VLConfig
+defaults to the 72B text shape) and its image processor's config."""
 import json, os
+
+TEXT = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+            num_attention_heads=28, num_key_value_heads=4, max_position_embeddings=128000,
+            rms_norm_eps=1e-6, rope_theta=1000000.0, hidden_act="silu", tie_word_embeddings=False,
+            rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})
+ARCHITECTURES = ["Qwen2_5_VLForConditionalGeneration"]
 
 VISION = dict(depth=32, hidden_size=1280, num_heads=16, intermediate_size=3420,
               out_hidden_size=3584, window_size=112, fullatt_block_indexes=[7, 15, 23, 31],
