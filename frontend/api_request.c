@@ -341,6 +341,7 @@ bool api_chat_render(api_chat *c, const json_t *tools_body, bool thinking,
     if (ok) {
         vlmd_chat_options copt = {.family = c->lim->chat_family, .add_generation_prompt = true,
                                   .enable_thinking = thinking,
+                                  .call_forced = api_tool_forced(tools_body),
                                   .tools = tools.n_pieces ? &tools : NULL};
         vlmd_error err = {0};
         vlmd_status st = vlmd_chat_render_with(msgs, c->n_turns, &copt, out, &err);
@@ -730,8 +731,10 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
         ok = tokenize_prompts(body, tok, lim, API_MAX_N / r->n, &r->prompts, &r->n_prompts, e);
     }
     bool thinking = false; /* (the prompt's rendering checked it) */
-    r->reasoning = ok && chat && lim->chat_family && lim->chat_family->thinking &&
-                   !r->answer_prefix && thinking_wanted(body, &thinking, e) && thinking;
+    const vlmd_chat_family *f = lim->chat_family;
+    r->reasoning = ok && chat && f && !r->answer_prefix &&
+                   (f->opens_think ||
+                    (f->think_switch && thinking_wanted(body, &thinking, e) && thinking));
     if (ok)
         ok = api_grammar_parse(body, chat, chat ? opt(body, "response_format") : NULL, false,
                                "response_format", tok, r->reasoning, &r->grammar, e);

@@ -19,10 +19,20 @@
  * holds (Qwen2's default system prompt is in no Qwen3 template, but in
  * Qwen2.5's longer one; the vision slot is in Qwen2-VL's too, which has that
  * prompt). */
+#define OPENS_THINK "'<|im_start|>assistant\\n<think>\\n'" /* a Thinking model's template */
 static const vlmd_chat_family families[] = {
     {.name = "qwen3", .default_system = NULL, .part_separator = "\n", .thinking = true,
-     .later_system = true, .signature = {"enable_thinking", "<think>\\n\\n</think>\\n\\n"},
+     .think_switch = true, .later_system = true,
+     .signature = {"enable_thinking", "<think>\\n\\n</think>\\n\\n"},
      .arches = ARCH(VLMD_ARCH_QWEN3) | ARCH(VLMD_ARCH_QWEN3_MOE)},
+    {.name = "qwen3_vl_thinking", .default_system = NULL, .part_separator = "", .thinking = true,
+     .opens_think = true, .later_system = false,
+     .signature = {"<|vision_start|><|image_pad|><|vision_end|>", OPENS_THINK}, .arches = 0},
+    {.name = "qwen3_thinking", .default_system = NULL, .part_separator = "\n", .thinking = true,
+     .opens_think = true, .later_system = true, .signature = {OPENS_THINK}, .arches = 0},
+    /* Qwen3-2507 Instruct's: Qwen3's handling of earlier reasoning, no switch */
+    {.name = "qwen3_instruct", .default_system = NULL, .part_separator = "\n", .thinking = true,
+     .later_system = true, .signature = {"reasoning_content", "<|im_start|>"}, .arches = 0},
     {.name = "qwen2_5", .default_system = QWEN25_SYSTEM_PROMPT, .part_separator = "\n",
      .thinking = false, .later_system = true, .signature = {QWEN25_SYSTEM_PROMPT},
      .arches = 0}, /* Qwen2.5's text models: their architecture is Qwen2's */
@@ -352,8 +362,10 @@ vlmd_status vlmd_chat_render_with(const vlmd_chat_message *msgs, size_t n,
     }
     if (st == VLMD_OK && opt->add_generation_prompt)
         st = marker(out, "<|im_start|>assistant\n");
-    if (st == VLMD_OK && opt->add_generation_prompt && f->thinking && !opt->enable_thinking)
+    if (st == VLMD_OK && opt->add_generation_prompt && f->think_switch && !opt->enable_thinking)
         st = marker(out, "<think>\n\n</think>\n\n");
+    if (st == VLMD_OK && opt->add_generation_prompt && f->opens_think)
+        st = marker(out, opt->call_forced ? "<think>\n\n</think>\n\n" : "<think>\n");
     return st == VLMD_OK ? VLMD_OK : vlmd_errorf(err, st, "out of memory rendering the prompt");
 }
 

@@ -16,8 +16,14 @@
  *             generation prompt closes an empty think block); assistant turns
  *             before the last user query lose their <think> part, later ones
  *             keep it (from reasoning_content or their text)
+ *   qwen3_thinking  Qwen3-2507 Thinking: as qwen3, but no switch: the
+ *             generation prompt opens the think block ("<think>\n")
+ *   qwen3_instruct  Qwen3-2507 Instruct: as qwen3, but no switch and no
+ *             thinking: the answer is all content
  *   qwen3_vl  Qwen3-VL(-MoE) Instruct: no default system prompt, no thinking,
  *             system turns after the first are not written
+ *   qwen3_vl_thinking  Qwen3-VL(-MoE) Thinking: as qwen3_vl, with earlier
+ *             turns' think parts as qwen3's and the think block opened
  * The family is the one the model's chat_template is recognised as, else the
  * one of its architecture (vlmd_chat_family_for_model).
  *
@@ -45,13 +51,18 @@ typedef struct vlmd_chat_family {
     const char *default_system;     /* written when no system turn leads; NULL: none */
     const char *part_separator;     /* between a turn's parts (Qwen3's template takes the
                                      * content as one string: vLLM joins text parts by "\n") */
-    bool thinking;                  /* Qwen3's enable_thinking and <think> handling */
+    bool thinking;                  /* Qwen3's <think> parts of earlier assistant turns */
+    bool think_switch;              /* enable_thinking (on by default; off closes an empty
+                                     * think block in the generation prompt) */
+    bool opens_think;               /* the generation prompt opens a think block: every
+                                     * answer starts in it (Qwen3's Thinking models) */
     bool later_system;              /* system turns after the first are written */
     const char *signature[3];       /* all in a chat_template: it is this family's */
     unsigned arches;                /* bit (1u << vlmd_arch): its architectures */
 } vlmd_chat_family;
 
-/* The family named so ("qwen2", "qwen2_5", "qwen3", "qwen3_vl"); NULL when none is. */
+/* The family named so ("qwen2", "qwen2_5", "qwen3", "qwen3_thinking",
+ * "qwen3_instruct", "qwen3_vl", "qwen3_vl_thinking"); NULL when none is. */
 const vlmd_chat_family *vlmd_chat_family_find(const char *name);
 
 /* The family of the model in dir: the first whose signature its chat_template
@@ -96,6 +107,8 @@ typedef struct vlmd_chat_options {
     bool add_generation_prompt;
     bool enable_thinking;               /* families with thinking: false closes the think
                                          * block in the generation prompt */
+    bool call_forced;                   /* the answer starts with a forced call: a think
+                                         * block the prompt opens is closed empty */
 } vlmd_chat_options;
 
 /* Appends the prompt to out. Calls are written as <tool_call> blocks, and

@@ -84,12 +84,17 @@ static bool check_choice(const json_t *choice, const json_t *tools, api_error *e
                     name ? name : "", name ? "'" : "");
 }
 
-vlmd_status api_tool_answer_prefix_add(const json_t *body, vlmd_prompt_text *out)
+bool api_tool_forced(const json_t *body)
 {
     const json_t *choice = json_object_get(body, "tool_choice");
-    const char *name = named_function(choice);
-    if (!api_tools_active(body) || (!name && !choice_is(choice, "required")))
+    return api_tools_active(body) && (named_function(choice) || choice_is(choice, "required"));
+}
+
+vlmd_status api_tool_answer_prefix_add(const json_t *body, vlmd_prompt_text *out)
+{
+    if (!api_tool_forced(body))
         return VLMD_OK;
+    const char *name = named_function(json_object_get(body, "tool_choice"));
     vlmd_status st = vlmd_prompt_puts(out, VLMD_SPECIAL_MATCH, CALL_OPEN "\n{\"name\": \"");
     if (st == VLMD_OK && name && (st = vlmd_prompt_puts(out, VLMD_SPECIAL_SPLIT, name)) == VLMD_OK)
         st = vlmd_prompt_puts(out, VLMD_SPECIAL_MATCH, "\", \"arguments\": ");

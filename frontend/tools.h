@@ -35,10 +35,11 @@ bool api_tools_parse(const json_t *body, vlmd_prompt_text *section, api_error *e
  * written it): "required": `<tool_call>\n{"name": "`; a named function:
  * `<tool_call>\n{"name": "NAME", "arguments": `. Appended to out as prompt
  * pieces (the name untrusted); nothing when the model chooses. For a body
- * api_tools_parse accepted; VLMD_ERR_NOMEM is the only failure. No
- * constrained decoding: the model is started on the call, not held to the
- * function's schema. */
+ * api_tools_parse accepted; VLMD_ERR_NOMEM is the only failure. (The
+ * arguments are then held to the function's schema: api_grammar.h.) */
 vlmd_status api_tool_answer_prefix_add(const json_t *body, vlmd_prompt_text *out);
+/* The answer must start with a call: tool_choice "required" or a named function. */
+bool api_tool_forced(const json_t *body);
 /* The same as a string (owned); NULL when the model chooses, or out of memory. */
 char *api_tool_answer_prefix(const json_t *body);
 

@@ -355,6 +355,94 @@ Test(chat_template, qwen3_thinks_by_default_and_enable_thinking_false_closes_the
     vlmd_tokenizer_free(tok);
 }
 
+/* Whether a chat request's answer is read for reasoning (api_request_parse). */
+static bool reads_reasoning(const vlmd_tokenizer *tok, const char *family, const char *body_text)
+{
+    api_limits lim = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
+                      .image_token_id = 1022, .chat_family = vlmd_chat_family_find(family)};
+    json_t *body = json_loads(body_text, 0, NULL);
+    cr_assert_not_null(body, "%s", body_text);
+    api_request r;
+    api_error e;
+    cr_assert(api_request_parse(body, true, &lim, tok, &r, &e), "%s: %s", body_text, e.message);
+    bool reasoning = r.reasoning;
+    api_request_free(&r);
+    json_decref(body);
+    return reasoning;
+}
+
+/* The endings of Qwen3-2507's and Qwen3-VL-Thinking's templates, as published (JSON
+ * strings of Jinja, whose string literals hold the two characters \ and n): the
+ * Thinking ones open the think block in the generation prompt, the Instruct one has
+ * no switch and no thinking (only the earlier turns' reasoning handling). */
+#define THINKING_END "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\\\n<think>\\\\n' }}"
+#define INSTRUCT_TEXT "{%- if message.reasoning_content is string %}{{- '<|im_start|>' }}"
+#define VISION_SLOT "'<|vision_start|><|image_pad|><|vision_end|>'"
+
+Test(chat_template, qwen3_2507_thinking_and_instruct_templates_are_told_apart)
+{
+    static const struct {
+        const char *template, *family;
+    } cases[] = {
+        {THINKING_END, "qwen3_thinking"},
+        {INSTRUCT_TEXT " " THINKING_END, "qwen3_thinking"},
+        {INSTRUCT_TEXT, "qwen3_instruct"},
+        {VISION_SLOT " " INSTRUCT_TEXT " " THINKING_END, "qwen3_vl_thinking"},
+    };
+    char dir[] = "/tmp/vlmd-template-XXXXXX", path[128], json[512];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(json, sizeof json, "{\"chat_template\": \"%s\"}", cases[i].template);
+        write_file(path, json);
+        const char *source = NULL;
+        const vlmd_chat_family *f = vlmd_chat_family_for_model(dir, VLMD_ARCH_QWEN3_MOE, &source);
+        cr_expect_str_eq(f->name, cases[i].family, "%s: %s", cases[i].template, f->name);
+        cr_expect_str_eq(source, "tokenizer_config.json");
+    }
+    unlink(path);
+    rmdir(dir);
+
+    vlmd_tokenizer *tok = load_tok("qwen3");
+    static const char *const kwargs[] = {"", ", \"chat_template_kwargs\": {\"enable_thinking\": "
+                                             "false}"};
+    for (int k = 0; k < 2; k++) { /* neither has the switch: enable_thinking changes nothing */
+        char body[256];
+        snprintf(body, sizeof body, "{\"messages\": [" HI "]%s}", kwargs[k]);
+        expect_body(tok, "qwen3_thinking", body, HI_PROMPT "<think>\n");
+        cr_expect(reads_reasoning(tok, "qwen3_thinking", body), "%s", body);
+        expect_body(tok, "qwen3_instruct", body, HI_PROMPT);
+        cr_expect_not(reads_reasoning(tok, "qwen3_instruct", body), "%s", body);
+    }
+    cr_expect(reads_reasoning(tok, "qwen3", "{\"messages\": [" HI "]}"));
+    cr_expect_not(reads_reasoning(tok, "qwen3", "{\"messages\": [" HI "], \"chat_template_kwargs\": "
+                                                "{\"enable_thinking\": false}}"));
+    /* a forced call is written after an empty, closed think block */
+    const char *forced = "{\"messages\": [" HI "], \"tools\": [{\"type\": \"function\", "
+                         "\"function\": {\"name\": \"f\", \"parameters\": {\"type\": "
+                         "\"object\"}}}], \"tool_choice\": \"required\"}";
+    json_t *body = json_loads(forced, 0, NULL);
+    cr_assert_not_null(body);
+    api_limits lim = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
+                      .image_token_id = 1022, .chat_family = vlmd_chat_family_find("qwen3_thinking")};
+    vlmd_tokens got = {0};
+    api_image *images = NULL;
+    uint32_t n_images = 0;
+    api_error e;
+    cr_assert(api_prompt_tokens(body, true, tok, &lim, &got, &images, &n_images, &e), "%s",
+              e.message);
+    vlmd_buf text = VLMD_BUF_INIT;
+    cr_assert_eq(vlmd_tokenizer_decode(tok, got.ids, got.n, false, &text, NULL), VLMD_OK);
+    const char *want = "<|im_start|>assistant\n" EMPTY_THINK "<tool_call>\n{\"name\": \"";
+    cr_expect(text.len >= strlen(want) && strcmp(text.data + text.len - strlen(want), want) == 0,
+              "the prompt ends %s", text.data);
+    cr_expect_not(reads_reasoning(tok, "qwen3_thinking", forced));
+    vlmd_buf_free(&text);
+    vlmd_tokens_free(&got);
+    json_decref(body);
+    vlmd_tokenizer_free(tok);
+}
+
 Test(chat_template, qwen3_keeps_think_parts_only_after_the_last_user_query)
 {
     vlmd_tokenizer *tok = load_tok("qwen3");
