@@ -222,6 +222,42 @@ Test(model_config, qwen3_vl_moe_with_rope_parameters)
     cr_expect_eq(mc.vision.n_deepstack, 1);
 }
 
+/* transformers 5 writes a text model's rope as rope_parameters at the top level,
+ * with no rope_theta beside it; and the Qwen2.5-VL config it writes keeps its
+ * M-RoPE sections there, inside text_config. */
+Test(model_config, top_level_rope_parameters_as_transformers_5_writes_them)
+{
+    const char *json =
+        "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,"
+        "\"intermediate_size\":128,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+        "\"num_key_value_heads\":2,\"head_dim\":32,\"vocab_size\":300,"
+        "\"max_position_embeddings\":40960,\"num_experts\":8,\"num_experts_per_tok\":2,"
+        "\"moe_intermediate_size\":32,\"norm_topk_prob\":true,"
+        "\"rope_parameters\":{\"rope_type\":\"default\",\"rope_theta\":1000000.0}}";
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_parse(json, "inline", &mc, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(mc.arch, VLMD_ARCH_QWEN3_MOE);
+    cr_expect_float_eq(mc.text.rope_theta, 1e6, 1e-3);
+    cr_expect(vlmd_text_layer_is_moe(&mc.text, 0));
+    const char *vl =
+        "{\"architectures\":[\"Qwen2_5_VLForConditionalGeneration\"],\"image_token_id\":299,"
+        "\"text_config\":{\"hidden_size\":64,\"intermediate_size\":128,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+        "\"vocab_size\":300,\"max_position_embeddings\":2048,\"rope_parameters\":"
+        "{\"mrope_section\":[2,3,3],\"rope_theta\":1000000.0,\"rope_type\":\"default\","
+        "\"type\":\"mrope\"}},"
+        "\"vision_config\":{\"depth\":2,\"hidden_size\":32,\"out_hidden_size\":64,"
+        "\"intermediate_size\":64,\"num_heads\":2,\"patch_size\":14,\"spatial_merge_size\":2,"
+        "\"temporal_patch_size\":2,\"window_size\":112,\"fullatt_block_indexes\":[1],"
+        "\"hidden_act\":\"silu\"}}";
+    cr_assert_eq(vlmd_model_config_parse(vl, "inline", &mc, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(mc.arch, VLMD_ARCH_QWEN2_5_VL);
+    cr_expect_float_eq(mc.text.rope_theta, 1e6, 1e-3);
+    cr_expect_eq(mc.text.mrope_section[0], 2);
+    cr_expect_eq(mc.text.mrope_section[2], 3);
+}
+
 /* Feature k of DeepStack is added after text layer k: a config with more
  * features than text layers is refused, naming both counts. */
 Test(model_config, more_deepstack_features_than_text_layers_are_refused)

@@ -454,9 +454,12 @@ Test(qwen2, qwen2_5_vl_text_bf16)
 #define BF16 "model.bf16.safetensors"
 static const model_check qwen3_checks[] = {
     {"cpu", "qwen3", F32, 1e-4, GREEDY_EXACT, false, NULL},
-    {"cpu", "qwen3", BF16, 2e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
+    /* BF16 weights: the fixtures' README measures 5e-3 to 1.1e-2 for qwen3, so the
+     * issue's "1e-2" is held as 1.2e-2; qwen3_moe with the F32 model's expert choices
+     * (bf16 rounding flips some top-2 choices, 3e-2 to 6e-2 without them) likewise */
+    {"cpu", "qwen3", BF16, 1.2e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
     {"cpu", "qwen3_moe", F32, 1e-4, GREEDY_EXACT, false, NULL},
-    {"cpu", "qwen3_moe", BF16, 2e-2, GREEDY_UNTIL_NEAR_TIE, false, F32},
+    {"cpu", "qwen3_moe", BF16, 1.2e-2, GREEDY_UNTIL_NEAR_TIE, false, F32},
     /* Qwen3-VL's text model (interleaved M-RoPE, model.language_model.*), its image
      * cases with the DeepStack features (case 3: two images); BF16 weights move its
      * logits by 4.1e-3 to 6.9e-3 (measured), under the issue's 1e-2 */
