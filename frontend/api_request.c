@@ -741,12 +741,6 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     if (ok && r->grammar.kind && r->ignore_eos)
         ok = api_fail(e, VLMD_ERR_INVALID_ARG, "ignore_eos", "invalid_value", "'ignore_eos' and "
                       "a constrained output together: the grammar decides where the output ends");
-    if (ok && r->grammar.kind && r->grammar.trigger < 0) {
-        /* the grammar decides where the output ends: a stop string would cut the value */
-        for (int i = 0; i < r->n_stops; i++)
-            free(r->stops[i]);
-        r->n_stops = 0;
-    }
     /* max_completion_tokens wins over the older max_tokens; neither: chat gets the room
      * left, completions OpenAI's 16 */
     r->asked_max_tokens = completion_given ? max_completion

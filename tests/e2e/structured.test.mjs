@@ -67,6 +67,48 @@ test('chat.completions.stream with response_format: the streamed answer parses a
   Person.parse(ch.message.parsed);
 });
 
+test('stop strings, logprobs and the prefix cache with a schema: cut as any answer, the model\'s own logprobs, cached prompts hold', async () => {
+  const schema = { type: 'object', properties: { a: { const: 'xyz' }, b: { type: 'integer' } },
+    required: ['a', 'b'], additionalProperties: false };
+  const response_format = { type: 'json_schema', json_schema: { name: 'o', schema } };
+  const long = [{ role: 'user', content: 'Say it as JSON. '.repeat(40) }];
+  // the stop string ends the answer where it starts, as OpenAI and vLLM do: the value is left cut
+  for (const stream of [false, true]) {
+    const body = { model: 'qwen2', messages: long, seed: 3, max_tokens: 60, stop: ['xyz'], response_format, stream };
+    let content = '', finish;
+    if (stream) {
+      for await (const chunk of await client.chat.completions.create(body)) {
+        content += chunk.choices[0]?.delta?.content ?? '';
+        finish = chunk.choices[0]?.finish_reason ?? finish;
+      }
+    } else {
+      const c = await client.chat.completions.create(body);
+      content = c.choices[0].message.content;
+      finish = c.choices[0].finish_reason;
+    }
+    assert.equal(finish, 'stop', content);
+    assert.match(content, /^\{ ?"a": ?"$/, `streamed: ${stream}`);
+  }
+  // logprobs stay the model's: a token the grammar forced can be improbable, never impossible
+  const first = await client.chat.completions.create({ model: 'qwen2', messages: long, seed: 3,
+    max_tokens: 60, response_format, logprobs: true, top_logprobs: 2 });
+  const ch = first.choices[0];
+  assert.equal(ch.finish_reason, 'stop', ch.message.content);
+  assert.equal(JSON.parse(ch.message.content).a, 'xyz');
+  assert.ok(ch.logprobs.content.length > 0);
+  for (const t of ch.logprobs.content) {
+    assert.ok(Number.isFinite(t.logprob) && t.logprob <= 0, JSON.stringify(t));
+    assert.equal(t.top_logprobs.length, 2);
+  }
+  // (the end-of-sequence token that ends the value is among them, as vLLM gives it)
+  assert.equal(ch.logprobs.content.map((t) => t.token).join(''), `${ch.message.content}<|im_end|>`);
+  // the same prompt again comes from the prefix cache, and the grammar holds the same way
+  const again = await client.chat.completions.create({ model: 'qwen2', messages: long, seed: 3,
+    max_tokens: 60, response_format, logprobs: true, top_logprobs: 2 });
+  assert.ok(again.usage.prompt_tokens_details.cached_tokens > 0, JSON.stringify(again.usage));
+  assert.equal(again.choices[0].message.content, ch.message.content);
+});
+
 test('responses.parse and responses.stream with zodTextFormat: the Responses API holds text.format to its schema', async () => {
   for (const temperature of [0, 1]) {
     const r = await client.responses.parse({ model: 'qwen2', input: 'Describe a person as JSON.', temperature,
