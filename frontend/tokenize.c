@@ -3,8 +3,11 @@
 #include "tokenize.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "h2o_include.h"
+#include "image_input.h"
+#include "mrope.h"
 #include "response.h"
 
 /* The body as a JSON object, or NULL after answering 400. */
@@ -22,6 +25,39 @@ static json_t *read_body(h2o_req_t *req)
     return NULL;
 }
 
+/* A chat's images, as the engine would get them: each measured from its bytes
+ * (a data: URI; /tokenize fetches nothing) and its pad expanded to its token
+ * count. */
+static bool expand_images(const completions *c, api_image *images, uint32_t n_images,
+                          vlmd_tokens *ids, api_error *e)
+{
+    if (!n_images)
+        return true;
+    uint32_t *counts = malloc(n_images * sizeof *counts), *expanded = NULL;
+    bool ok = counts || api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
+    for (uint32_t i = 0; ok && i < n_images; i++) {
+        ok = image_input_resolve(&images[i], &c->images, e) &&
+             (!images[i].remote || api_fail(e, VLMD_ERR_INVALID_ARG, images[i].param,
+                                            "unsupported_content", "/tokenize fetches no images: "
+                                            "send the image's bytes as a data: URI")) &&
+             image_input_measure(&images[i], &c->images, e);
+        if (ok)
+            counts[i] = images[i].tokens;
+    }
+    size_t n = 0;
+    vlmd_error err = {0};
+    if (ok && vlmd_expand_image_pads(ids->ids, ids->n, (uint32_t)c->limits.image_token_id, counts,
+                                     n_images, &expanded, &n, &err) != VLMD_OK)
+        ok = api_fail(e, VLMD_ERR_INVALID_ARG, "messages", "invalid_value", "%s", err.msg);
+    free(counts);
+    if (ok) {
+        free(ids->ids);
+        ids->ids = expanded;
+        ids->n = ids->cap = n;
+    }
+    return ok;
+}
+
 void tokenize_handle(h2o_req_t *req, void *ud)
 {
     completions *c = ud;
@@ -31,7 +67,15 @@ void tokenize_handle(h2o_req_t *req, void *ud)
     vlmd_tokens ids = {0};
     api_error e = {0};
     bool chat = json_object_get(body, "messages") != NULL;
-    if (api_prompt_tokens(body, chat, c->tok, &c->limits, &ids, NULL, NULL, &e)) {
+    api_image *images = NULL;
+    uint32_t n_images = 0;
+    bool ok = api_prompt_tokens(body, chat, c->tok, &c->limits, &ids, chat ? &images : NULL,
+                                chat ? &n_images : NULL, &e) &&
+              expand_images(c, images, n_images, &ids, &e);
+    for (uint32_t i = 0; i < n_images; i++)
+        api_image_free(&images[i]);
+    free(images);
+    if (ok) {
         json_t *tokens = json_array();
         for (size_t i = 0; i < ids.n; i++)
             json_array_append_new(tokens, json_integer(ids.ids[i]));

@@ -1,8 +1,8 @@
 // reasoning.test.mjs - Qwen3's chat template and a thinking model's answer over HTTP.
 //
-// /tokenize: each qwen3, qwen3_moe and (text) qwen3_vl fixture chat gives the fixture's
-// input_ids, asked of a frontend alone (it tokenizes without an engine), with thinking off as
-// the fixtures were rendered, and on.
+// /tokenize: each qwen3, qwen3_moe and qwen3_vl fixture chat (images included, as data: URIs)
+// gives the fixture's input_ids, asked of a frontend alone (it tokenizes without an engine),
+// with thinking off as the fixtures were rendered, and on.
 //
 // The answer: a scripted model (scripted_model.mjs: the last token alone decides the next)
 // with Qwen3's tokenizer and chat template on a Qwen2 body, whose greedy answer to a
@@ -61,9 +61,12 @@ test('/tokenize gives each Qwen3 fixture chat its input_ids', async () => {
         assert.match(fe.stderr, model === 'qwen3_vl' ? /chat template: qwen3_vl / : /chat template: qwen3 /);
         const ref = JSON.parse(readFileSync(`${FIXTURES}/${model}/reference.json`, 'utf8'));
         for (const [i, c] of ref.cases.entries()) {
-          if (c.image_grid_thw) continue; // /tokenize takes no images (the unit test has them)
           const thinks = model !== 'qwen3_vl'; // Qwen3-VL-Instruct's template has no switch
-          const r = await postJson(`${fe.url}/tokenize`, { messages: c.messages, ...(thinks ? off : {}) });
+          // an image part as a client sends it: its file's bytes in a data: URI
+          const sent = c.messages.map((m) => !Array.isArray(m.content) ? m : { ...m, content: m.content.map((p) =>
+            p.type !== 'image' ? p : { type: 'image_url', image_url: { url:
+              `data:image/png;base64,${readFileSync(`${FIXTURES}/${model}/${p.image}`).toString('base64')}` } }) });
+          const r = await postJson(`${fe.url}/tokenize`, { messages: sent, ...(thinks ? off : {}) });
           assert.equal(r.status, 200, JSON.stringify(r.body));
           assert.deepEqual(r.body.tokens, c.input_ids, `${model} case ${i}`);
           if (!thinks) continue;
@@ -72,6 +75,12 @@ test('/tokenize gives each Qwen3 fixture chat its input_ids', async () => {
           const [blank, think, unthink] = [c.input_ids.at(-1), ref.special_ids['<think>'], ref.special_ids['</think>']];
           assert.deepEqual(c.input_ids.slice(-4), [think, blank, unthink, blank], 'an empty think block ends it');
           assert.deepEqual(on.body.tokens, c.input_ids.slice(0, -4), `${model} case ${i}, thinking on`);
+        }
+        if (model === 'qwen3_vl') { // it fetches nothing: a URL image is refused, naming it
+          const url = await postJson(`${fe.url}/tokenize`, { messages: [{ role: 'user', content: [
+            { type: 'image_url', image_url: { url: 'http://127.0.0.1:9/x.png' } }] }] });
+          assert.equal(url.status, 400, JSON.stringify(url.body));
+          assert.equal(url.body.error.param, 'messages[0].content[0].image_url');
         }
         const bad = await postJson(`${fe.url}/tokenize`, { messages, chat_template_kwargs: { enable_thinking: 'no' } });
         assert.equal(bad.status, 400);
