@@ -247,7 +247,7 @@ test('errors name the field, as chat\'s do, and the server keeps serving', async
   assert.equal(ok.status, 'completed');
 });
 
-test('images: input_image in a response, a file part in chat, on qwen2_vl', async () => {
+test('images: input_image in a response, created and streamed, a file part in chat, on qwen2_vl', async () => {
   const fixture = `${FIXTURES}/qwen2_vl`;
   const reference = JSON.parse(readFileSync(`${fixture}/reference.json`, 'utf8'));
   const decode = makeDecoder(JSON.parse(readFileSync(`${fixture}/tokenizer.json`, 'utf8')));
@@ -266,6 +266,16 @@ test('images: input_image in a response, a file part in chat, on qwen2_vl', asyn
       { type: 'input_file', file_data: png, filename: 'a.png' }, { type: 'input_text', text: 'What is in this image?' }] }],
     max_output_tokens: 12, temperature: 0 });
     assert.equal(f.output_text, r.output_text);
+    // streamed (responses.stream), the same text delta by delta
+    const stream = vlClient.responses.stream({ input: [{ role: 'user', content: [
+      { type: 'input_image', image_url: png }, { type: 'input_text', text: 'What is in this image?' }] }],
+    max_output_tokens: 12, temperature: 0 });
+    let deltas = '';
+    stream.on('response.output_text.delta', (ev) => { deltas += ev.delta; });
+    const done = await stream.finalResponse();
+    assert.equal(deltas, r.output_text);
+    assert.equal(done.output_text, r.output_text);
+    assert.equal(done.usage.input_tokens, want.input_ids.length);
     const c = await vlClient.chat.completions.create({ messages: [{ role: 'user', content: [
       { type: 'file', file: { file_data: png, filename: 'a.png' } }, { type: 'text', text: 'What is in this image?' }] }],
     max_tokens: 12, temperature: 0 });
