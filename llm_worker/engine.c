@@ -292,6 +292,11 @@ void engine_free(engine *e)
     free(e);
 }
 
+grammar_cache *engine_grammars(engine *e)
+{
+    return e->grammars;
+}
+
 void engine_grammar_stats(const engine *e, grammar_cache_stats *out)
 {
     if (e->grammars)

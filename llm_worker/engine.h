@@ -177,6 +177,9 @@ vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err);
 
 /* The grammar cache's numbers (entries, bytes, hits, compiles...). */
 void engine_grammar_stats(const engine *e, grammar_cache_stats *out);
+/* The compiled grammars (NULL without a vocabulary): the worker puts there
+ * what it compiled off the loop (grammar_jobs.h) before it submits. */
+grammar_cache *engine_grammars(engine *e);
 
 int32_t engine_free_slots(const engine *e);
 /* Decode graphs captured, the largest batch they cover (0, 0 when eager),

@@ -126,48 +126,87 @@ void grammar_cache_free(grammar_cache *c)
     free(c);
 }
 
-vlmd_status grammar_cache_acquire(grammar_cache *c, uint32_t kind, const char *text, size_t len,
-                                  grammar_entry **out, vlmd_error *err)
+/* The entry of (kind, text), or NULL. */
+static grammar_entry *find(const grammar_cache *c, uint32_t kind, const char *text, size_t len)
 {
-    *out = NULL;
     uint64_t h = fnv1a(kind, text, len);
     for (grammar_entry *e = c->head; e; e = e->next)
         if (e->hash == h && e->kind == kind && e->len == len &&
-            (len == 0 || memcmp(e->text, text, len) == 0)) {
-            unlink_entry(c, e);
-            push_front(c, e);
-            e->holders++;
-            c->hits++;
-            *out = e;
-            return VLMD_OK;
-        }
+            (len == 0 || memcmp(e->text, text, len) == 0))
+            return e;
+    return NULL;
+}
+
+bool grammar_cache_has(const grammar_cache *c, uint32_t kind, const char *text, size_t len)
+{
+    return find(c, kind, text, len) != NULL;
+}
+
+/* A new entry of (kind, text) for g (taken: freed on failure), with its masker, at the
+ * front with `holders` holders. */
+static vlmd_status add(grammar_cache *c, uint32_t kind, const char *text, size_t len,
+                       vlmd_grammar *g, uint32_t holders, grammar_entry **out, vlmd_error *err)
+{
     grammar_entry *e = calloc(1, sizeof *e);
     if (!e || (len && !(e->text = malloc(len)))) {
         free(e);
+        vlmd_grammar_free(g);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for a grammar");
     }
     if (len)
         memcpy(e->text, text, len);
     e->kind = kind;
     e->len = len;
-    e->hash = h;
-    vlmd_status st = vlmd_grammar_compile_text(vlmd_grammar_kind_str((vlmd_grammar_kind)kind),
-                                               text, len, &e->g, err);
-    if (st == VLMD_OK)
-        st = vlmd_masker_create(e->g, c->vocab, &e->m, err);
+    e->hash = fnv1a(kind, text, len);
+    e->g = g;
+    vlmd_status st = vlmd_masker_create(e->g, c->vocab, &e->m, err);
     if (st != VLMD_OK) {
         c->failures++;
         entry_free(e);
         return st;
     }
     c->compiles++;
-    e->holders = 1;
+    e->holders = holders;
     push_front(c, e);
     c->n++;
     measure(c, e);
     evict(c);
-    *out = e;
+    if (out)
+        *out = e;
     return VLMD_OK;
+}
+
+vlmd_status grammar_cache_acquire(grammar_cache *c, uint32_t kind, const char *text, size_t len,
+                                  grammar_entry **out, vlmd_error *err)
+{
+    *out = NULL;
+    grammar_entry *e = find(c, kind, text, len);
+    if (e) {
+        unlink_entry(c, e);
+        push_front(c, e);
+        e->holders++;
+        c->hits++;
+        *out = e;
+        return VLMD_OK;
+    }
+    vlmd_grammar *g = NULL;
+    vlmd_status st = vlmd_grammar_compile_text(vlmd_grammar_kind_str((vlmd_grammar_kind)kind),
+                                               text, len, &g, err);
+    if (st != VLMD_OK) {
+        c->failures++;
+        return st;
+    }
+    return add(c, kind, text, len, g, 1, out, err);
+}
+
+vlmd_status grammar_cache_adopt(grammar_cache *c, uint32_t kind, const char *text, size_t len,
+                                vlmd_grammar *g, vlmd_error *err)
+{
+    if (find(c, kind, text, len)) { /* (compiled meanwhile for another request) */
+        vlmd_grammar_free(g);
+        return VLMD_OK;
+    }
+    return add(c, kind, text, len, g, 0, NULL, err);
 }
 
 void grammar_cache_release(grammar_cache *c, grammar_entry *e)

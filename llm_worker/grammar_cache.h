@@ -11,6 +11,7 @@
 #ifndef VLMD_GRAMMAR_CACHE_H
 #define VLMD_GRAMMAR_CACHE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -33,6 +34,14 @@ void grammar_cache_free(grammar_cache *c);  /* accepts NULL; no entry may be hel
 vlmd_status grammar_cache_acquire(grammar_cache *c, uint32_t kind, const char *text, size_t len,
                                   grammar_entry **out, vlmd_error *err);
 void grammar_cache_release(grammar_cache *c, grammar_entry *e);   /* accepts NULL */
+
+/* Whether (kind, text) is compiled here (no use counted). */
+bool grammar_cache_has(const grammar_cache *c, uint32_t kind, const char *text, size_t len);
+
+/* Takes g, compiled from (kind, text) elsewhere (grammar_jobs.h: on the thread
+ * pool), as the unheld entry the next acquire finds; counted as a compile. */
+vlmd_status grammar_cache_adopt(grammar_cache *c, uint32_t kind, const char *text, size_t len,
+                                vlmd_grammar *g, vlmd_error *err);
 
 const vlmd_grammar *grammar_entry_grammar(const grammar_entry *e);
 vlmd_masker *grammar_entry_masker(const grammar_entry *e);

@@ -22,7 +22,9 @@
  *
  * Constrained decoding matches grammars against the model directory's
  * tokenizer.json, loaded once at start as the vocabulary's bytes (without
- * it requests with a grammar are refused, and everything else is served). */
+ * it requests with a grammar are refused, and everything else is served).
+ * A grammar the engine has not compiled yet is compiled on the pool first
+ * (grammar_jobs.h): the request reaches the engine with it. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +33,7 @@
 #include "host_memory.h"
 #include "clock.h"
 #include "engine.h"
+#include "grammar_jobs.h"
 #include "kv_events.h"
 #include "log.h"
 #include "process.h"
@@ -53,6 +56,13 @@ typedef struct emitted {
     vlmd_status status;         /* finish ERROR: what kind */
 } emitted;
 
+/* A message for the engine once no step runs, and a SUBMIT's grammar compiled
+ * meanwhile (or NULL). Both owned. */
+typedef struct deferred_msg {
+    vlmd_msg msg;
+    vlmd_grammar *g;
+} deferred_msg;
+
 typedef struct llm_worker {
     vlmd_service svc;
     vlmd_backend *backend;
@@ -65,8 +75,9 @@ typedef struct llm_worker {
     vlmd_error step_err;
     emitted *out;               /* filled by the step, drained by the loop */
     size_t n_out, cap_out;
-    vlmd_msg *deferred;         /* SUBMIT/CANCEL messages that arrived mid-step (taken) */
+    deferred_msg *deferred;     /* SUBMIT/CANCEL messages that arrived mid-step */
     size_t n_deferred, cap_deferred;
+    grammar_jobs grammar_jobs;  /* requests whose grammar is compiling on the pool */
     bool orphaned;              /* re-registered mid-step: the requests are nobody's */
     bool stopping;
     bool profiling, profiled;
@@ -177,21 +188,49 @@ static void report_kv(llm_worker *w)
     vlmd_peer_set_counter(p, "grammar_cache_hits_total", gs.hits);
 }
 
-/* Applies a request or a cancel to the engine (loop thread, no step running). */
-static void apply(llm_worker *w, const vlmd_msg *msg)
+/* A request's grammar the engine has not compiled: compiled on the pool first. */
+static bool compiles_first(llm_worker *w, const vlmd_msg_request_submit *r)
+{
+    grammar_cache *cache = engine_grammars(w->engine);
+    return r->grammar.kind != VLMD_GRAMMAR_NONE && cache &&
+           !grammar_cache_has(cache, r->grammar.kind, r->grammar.text, r->grammar.n_text);
+}
+
+/* Applies a request or a cancel to the engine (loop thread, no step running);
+ * g: the request's grammar compiled on the pool (taken), or NULL. A request
+ * whose grammar must be compiled first leaves for the pool (msg taken). */
+static void apply(llm_worker *w, vlmd_msg *msg, vlmd_grammar *g)
 {
     if (msg->type == VLMD_MSG_REQUEST_CANCEL) {
         engine_cancel(w->engine, msg->u.request_cancel.req_id);
         return;
     }
+    const vlmd_msg_request_submit *r = &msg->u.request_submit;
     vlmd_error err = {0};
     vlmd_status st = VLMD_OK;
-    if (msg->u.request_submit.n_images && !w->arena.base)
-        st = vlmd_shm_arena_open(w->svc.cfg.embed_arena_path, false, &w->arena, &err);
-    if (st != VLMD_OK || engine_submit(w->engine, &msg->u.request_submit, &err) != VLMD_OK) {
-        VLMD_REQ_WARN(msg->u.request_submit.req_id, "refused: %s", err.msg);
-        refuse(w, msg->u.request_submit.req_id, err.status, err.msg);
+    if (g) /* (the engine finds it there) */
+        st = grammar_cache_adopt(engine_grammars(w->engine), r->grammar.kind, r->grammar.text,
+                                 r->grammar.n_text, g, &err);
+    else if (compiles_first(w, r)) {
+        grammar_jobs_start(&w->grammar_jobs, msg);
+        return;
     }
+    if (st == VLMD_OK && r->n_images && !w->arena.base)
+        st = vlmd_shm_arena_open(w->svc.cfg.embed_arena_path, false, &w->arena, &err);
+    if (st != VLMD_OK || engine_submit(w->engine, r, &err) != VLMD_OK) {
+        VLMD_REQ_WARN(r->req_id, "refused: %s", err.msg);
+        refuse(w, r->req_id, err.status, err.msg);
+    }
+}
+
+/* Frees the deferred messages. */
+static void free_deferred(llm_worker *w)
+{
+    for (size_t i = 0; i < w->n_deferred; i++) {
+        vlmd_msg_free(&w->deferred[i].msg);
+        vlmd_grammar_free(w->deferred[i].g);
+    }
+    w->n_deferred = 0;
 }
 
 /* Registered again (a new router, or one that thought this engine gone): the
@@ -200,9 +239,8 @@ static void apply(llm_worker *w, const vlmd_msg *msg)
 static void drop_orphans(llm_worker *w)
 {
     w->orphaned = false;
-    for (size_t i = 0; i < w->n_deferred; i++) /* they came from the same router */
-        vlmd_msg_free(&w->deferred[i]);
-    w->n_deferred = 0;
+    free_deferred(w); /* they came from the same router */
+    grammar_jobs_cancel_all(&w->grammar_jobs);
     int32_t n = engine_cancel_all(w->engine);
     if (n)
         VLMD_WARN("registered with the router again: dropped %d request(s) it no longer holds", n);
@@ -256,8 +294,8 @@ static void on_step_done(uv_work_t *req, int status)
     if (w->orphaned)
         drop_orphans(w);
     for (size_t i = 0; i < w->n_deferred; i++) {
-        apply(w, &w->deferred[i]);
-        vlmd_msg_free(&w->deferred[i]);
+        apply(w, &w->deferred[i].msg, w->deferred[i].g);
+        vlmd_msg_free(&w->deferred[i].msg);
     }
     w->n_deferred = 0;
     report_kv(w);
@@ -273,20 +311,64 @@ static void start_step(llm_worker *w)
     uv_queue_work(&w->svc.loop, &w->step, on_step_work, on_step_done);
 }
 
-/* A request or cancel now, or (taken from the lender) after the step in flight. */
-static void submit_or_defer(llm_worker *w, vlmd_msg *msg)
+/* A request or cancel now, or (taken from the lender) after the step in flight;
+ * g as apply's. */
+static void submit_or_defer(llm_worker *w, vlmd_msg *msg, vlmd_grammar *g)
 {
     if (!w->stepping) {
-        apply(w, msg);
+        apply(w, msg, g);
         report_kv(w);
         start_step(w);
         return;
     }
-    vlmd_msg *grown = vlmd_grow(w->deferred, w->n_deferred, &w->cap_deferred, sizeof *grown, 64);
+    deferred_msg *grown = vlmd_grow(w->deferred, w->n_deferred, &w->cap_deferred,
+                                    sizeof *grown, 64);
     if (!grown)
         VLMD_FATAL("out of memory deferring a request");
     w->deferred = grown;
-    vlmd_msg_take(&w->deferred[w->n_deferred++], msg);
+    vlmd_msg_take(&w->deferred[w->n_deferred].msg, msg);
+    w->deferred[w->n_deferred++].g = g;
+}
+
+/* A cancel of a request that has not reached the engine: its compile or its
+ * deferred submit is dropped. True when one was. */
+static bool cancel_before_engine(llm_worker *w, uint64_t req_id)
+{
+    if (grammar_jobs_cancel(&w->grammar_jobs, req_id))
+        return true;
+    for (size_t i = 0; i < w->n_deferred; i++) {
+        deferred_msg *d = &w->deferred[i];
+        if (d->msg.type == VLMD_MSG_REQUEST_SUBMIT && d->msg.u.request_submit.req_id == req_id) {
+            vlmd_msg_free(&d->msg);
+            vlmd_grammar_free(d->g);
+            memmove(d, d + 1, (w->n_deferred - i - 1) * sizeof *d);
+            w->n_deferred--;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* A grammar compiled on the pool: its request goes on to the engine. */
+static void on_grammar_compiled(vlmd_msg *submit, vlmd_grammar *g, const vlmd_error *err,
+                                void *ud)
+{
+    llm_worker *w = ud;
+    const vlmd_msg_request_submit *r = &submit->u.request_submit;
+    if (w->stopping) {
+        vlmd_grammar_free(g);
+        return;
+    }
+    if (!g) { /* worded as the engine words it */
+        VLMD_REQ_WARN(r->req_id, "refused: request %llu: %s: %s", (unsigned long long)r->req_id,
+                      vlmd_grammar_kind_str((vlmd_grammar_kind)r->grammar.kind), err->msg);
+        char why[sizeof err->msg + 64];
+        snprintf(why, sizeof why, "request %llu: %s: %s", (unsigned long long)r->req_id,
+                 vlmd_grammar_kind_str((vlmd_grammar_kind)r->grammar.kind), err->msg);
+        refuse(w, r->req_id, err->status, why);
+        return;
+    }
+    submit_or_defer(w, submit, g);
 }
 
 /* ---- start-up ----------------------------------------------------------------- */
@@ -481,11 +563,11 @@ static void on_message(vlmd_service *svc, vlmd_msg *msg, void *ud)
         if (!w->profiled)
             refuse(w, msg->u.request_submit.req_id, VLMD_ERR_UNAVAILABLE, "not ready");
         else
-            submit_or_defer(w, msg);
+            submit_or_defer(w, msg, NULL);
         break;
     case VLMD_MSG_REQUEST_CANCEL:
-        if (w->profiled)
-            submit_or_defer(w, msg);
+        if (w->profiled && !cancel_before_engine(w, msg->u.request_cancel.req_id))
+            submit_or_defer(w, msg, NULL);
         break;
     default:
         VLMD_WARN("ignored an unexpected %s message", vlmd_msg_type_str(msg->type));
@@ -505,8 +587,7 @@ static void free_engine(llm_worker *w)
     w->engine = NULL;
     w->model = NULL;
     w->backend = NULL;
-    for (size_t i = 0; i < w->n_deferred; i++)
-        vlmd_msg_free(&w->deferred[i]);
+    free_deferred(w);
     free(w->deferred);
     free(w->out);
     vlmd_shm_arena_close(&w->arena);
@@ -615,6 +696,7 @@ int main(int argc, char **argv)
         exit(VLMD_EXIT_CONFIG);
     }
     load_model(&w);
+    grammar_jobs_init(&w.grammar_jobs, &w.svc.loop, on_grammar_compiled, &w);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
     int rc = vlmd_service_run(&w.svc); /* returns after any step in flight is done */
     free_engine(&w);
