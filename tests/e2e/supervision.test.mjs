@@ -159,8 +159,12 @@ test('serve: the processes can talk over tcp:// instead of ipc://', async () => 
   const endpoint = `tcp://127.0.0.1:${await freePort()}`;
   const server = await startServer(['--model', MODEL, '--port', '0', '--router-endpoint', endpoint, ...FAST]);
   try {
-    const { status, body } = await getJson(`${server.url}/health`);
-    assert.equal(status, 200);
+    // (with 100 ms heartbeats and a 1 s timeout, a loaded machine can show a late one as a
+    // 503 right after the ready line: the check is that it answers 200 over tcp://)
+    const { body } = await waitFor('/health 200 over tcp://', async () => {
+      const r = await getJson(`${server.url}/health`);
+      return r.status === 200 && r;
+    }, 10000);
     assert.equal(byRole(body, 'router').listen_url, endpoint);
     for (const p of body.processes) assert.equal(p.config['router-endpoint'], endpoint, p.role);
   } finally {
