@@ -414,6 +414,17 @@ Test(chat_template, qwen3_2507_thinking_and_instruct_templates_are_told_apart)
         expect_body(tok, "qwen3_instruct", body, HI_PROMPT);
         cr_expect_not(reads_reasoning(tok, "qwen3_instruct", body), "%s", body);
     }
+    /* an answer being continued: the hybrid template writes its (empty) think block,
+     * the Instruct one only reasoning it was given */
+    const char *continued = "{\"messages\": [" HI ", {\"role\": \"assistant\", \"content\": "
+                            "\"Hel\"}]}";
+    const char *turn = "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n";
+    char prompt[256];
+    snprintf(prompt, sizeof prompt, "%s%sHel<|im_end|>\n<|im_start|>assistant\n", turn,
+             EMPTY_THINK);
+    expect_body(tok, "qwen3", continued, prompt);
+    snprintf(prompt, sizeof prompt, "%sHel<|im_end|>\n<|im_start|>assistant\n", turn);
+    expect_body(tok, "qwen3_instruct", continued, prompt);
     cr_expect(reads_reasoning(tok, "qwen3", "{\"messages\": [" HI "]}"));
     cr_expect_not(reads_reasoning(tok, "qwen3", "{\"messages\": [" HI "], \"chat_template_kwargs\": "
                                                 "{\"enable_thinking\": false}}"));
