@@ -785,27 +785,36 @@ bool api_request_finish(api_request *r, const api_limits *lim, const char *max_p
     return r->n_images || fit_output(r, lim, e);
 }
 
-bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *token_offsets,
-                               api_error *e)
+bool api_expand_image_pads(vlmd_tokens *prompt, const api_image *images, uint32_t n_images,
+                           const api_limits *lim, const char *param, api_error *e)
 {
-    uint32_t *counts = malloc(r->n_images * sizeof *counts), *ids = NULL;
+    uint32_t *counts = malloc((n_images ? n_images : 1) * sizeof *counts), *ids = NULL;
     if (!counts)
         return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
-    for (uint32_t i = 0; i < r->n_images; i++)
-        counts[i] = r->images[i].tokens;
+    for (uint32_t i = 0; i < n_images; i++)
+        counts[i] = images[i].tokens;
     size_t n = 0;
     vlmd_error err = {0};
-    vlmd_tokens *prompt = &r->prompts[0]; /* (chat: the one prompt) */
     vlmd_status st = vlmd_expand_image_pads(prompt->ids, prompt->n,
-                                            (uint32_t)lim->image_token_id, counts, r->n_images,
+                                            (uint32_t)lim->image_token_id, counts, n_images,
                                             &ids, &n, &err);
     free(counts);
     if (st != VLMD_OK) /* a check: only the template writes pads, request text cannot */
-        return api_fail(e, VLMD_ERR_INVALID_ARG, r->prompt_param, "invalid_value", "the prompt's "
-                        "image placeholders do not match its %u images: %s", r->n_images, err.msg);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_value", "the prompt's image "
+                        "placeholders do not match its %u images: %s", n_images, err.msg);
     free(prompt->ids);
     prompt->ids = ids;
     prompt->n = prompt->cap = n;
+    return true;
+}
+
+bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *token_offsets,
+                               api_error *e)
+{
+    vlmd_tokens *prompt = &r->prompts[0]; /* (chat: the one prompt) */
+    if (!api_expand_image_pads(prompt, r->images, r->n_images, lim, r->prompt_param, e))
+        return false;
+    const uint32_t *ids = prompt->ids;
     /* each image's run starts at the first pad after the previous run (the
      * expansion checked the counts) */
     size_t at = 0;

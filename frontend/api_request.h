@@ -79,6 +79,10 @@ typedef struct api_request {
  * api_request_expand_images. */
 bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
                        const vlmd_tokenizer *tok, api_request *out, api_error *e);
+/* Expands each of a chat prompt's image pads to its (measured) image's token
+ * count; a mismatch is a 400 on param. */
+bool api_expand_image_pads(vlmd_tokens *prompt, const api_image *images, uint32_t n_images,
+                           const api_limits *lim, const char *param, api_error *e);
 /* Expands each image's pad to its token count, records where each image's
  * tokens start (token_offsets, n_images entries), then checks the prompt's
  * length and sets max_tokens. */

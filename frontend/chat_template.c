@@ -22,15 +22,14 @@
 #define OPENS_THINK "'<|im_start|>assistant\\n<think>\\n'" /* a Thinking model's template */
 static const vlmd_chat_family families[] = {
     {.name = "qwen3", .default_system = NULL, .part_separator = "\n", .thinking = true,
-     .think_switch = true, .think_last_empty = true, .later_system = true,
+     .think_switch = true, .later_system = true,
      .signature = {"enable_thinking", "<think>\\n\\n</think>\\n\\n"},
      .arches = ARCH(VLMD_ARCH_QWEN3) | ARCH(VLMD_ARCH_QWEN3_MOE)},
     {.name = "qwen3_vl_thinking", .default_system = NULL, .part_separator = "", .thinking = true,
-     .opens_think = true, .think_last_empty = true, .later_system = false,
+     .opens_think = true, .later_system = false,
      .signature = {"<|vision_start|><|image_pad|><|vision_end|>", OPENS_THINK}, .arches = 0},
     {.name = "qwen3_thinking", .default_system = NULL, .part_separator = "\n", .thinking = true,
-     .opens_think = true, .think_last_empty = true, .later_system = true,
-     .signature = {OPENS_THINK}, .arches = 0},
+     .opens_think = true, .later_system = true, .signature = {OPENS_THINK}, .arches = 0},
     /* Qwen3-2507 Instruct's: Qwen3's handling of earlier reasoning, no switch */
     {.name = "qwen3_instruct", .default_system = NULL, .part_separator = "\n", .thinking = true,
      .later_system = true, .signature = {"reasoning_content", "<|im_start|>"}, .arches = 0},
@@ -266,7 +265,10 @@ static vlmd_status render_assistant(const vlmd_chat_family *f, const vlmd_chat_m
         else
             split_think(content, &reasoning, &content);
         has_content = content.len > 0;
-        if (i > last_query && ((i + 1 == n && f->think_last_empty) || reasoning.len > 0)) {
+        /* the last turn gets its think block even when empty, where the model thinks
+         * (Qwen3-2507 Instruct's template writes one only for reasoning) */
+        bool thinks = f->think_switch || f->opens_think;
+        if (i > last_query && ((i + 1 == n && thinks) || reasoning.len > 0)) {
             slice r = rstrip_nl(lstrip_nl(reasoning)), c = lstrip_nl(content);
             if ((st = marker(out, "<think>\n")) == VLMD_OK &&
                 (st = text(out, r.s, r.len)) == VLMD_OK &&

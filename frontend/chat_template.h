@@ -56,10 +56,6 @@ typedef struct vlmd_chat_family {
                                      * think block in the generation prompt) */
     bool opens_think;               /* the generation prompt opens a think block: every
                                      * answer starts in it (Qwen3's Thinking models) */
-    bool think_last_empty;          /* the last turn, an assistant's after the last query,
-                                     * gets a think block even with no reasoning (all but
-                                     * Qwen3-2507 Instruct's, which write one only for
-                                     * reasoning) */
     bool later_system;              /* system turns after the first are written */
     const char *signature[3];       /* all in a chat_template: it is this family's */
     unsigned arches;                /* bit (1u << vlmd_arch): its architectures */

@@ -7,7 +7,6 @@
 
 #include "h2o_include.h"
 #include "image_input.h"
-#include "mrope.h"
 #include "response.h"
 
 /* The body as a JSON object, or NULL after answering 400. */
@@ -33,29 +32,14 @@ static bool expand_images(const completions *c, api_image *images, uint32_t n_im
 {
     if (!n_images)
         return true;
-    uint32_t *counts = malloc(n_images * sizeof *counts), *expanded = NULL;
-    bool ok = counts || api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
-    for (uint32_t i = 0; ok && i < n_images; i++) {
-        ok = image_input_resolve(&images[i], &c->images, e) &&
-             (!images[i].remote || api_fail(e, VLMD_ERR_INVALID_ARG, images[i].param,
-                                            "unsupported_content", "/tokenize fetches no images: "
-                                            "send the image's bytes as a data: URI")) &&
-             image_input_measure(&images[i], &c->images, e);
-        if (ok)
-            counts[i] = images[i].tokens;
-    }
-    size_t n = 0;
-    vlmd_error err = {0};
-    if (ok && vlmd_expand_image_pads(ids->ids, ids->n, (uint32_t)c->limits.image_token_id, counts,
-                                     n_images, &expanded, &n, &err) != VLMD_OK)
-        ok = api_fail(e, VLMD_ERR_INVALID_ARG, "messages", "invalid_value", "%s", err.msg);
-    free(counts);
-    if (ok) {
-        free(ids->ids);
-        ids->ids = expanded;
-        ids->n = ids->cap = n;
-    }
-    return ok;
+    for (uint32_t i = 0; i < n_images; i++)
+        if (!image_input_resolve(&images[i], &c->images, e) ||
+            (images[i].remote && !api_fail(e, VLMD_ERR_INVALID_ARG, images[i].param,
+                                           "unsupported_content", "/tokenize fetches no images: "
+                                           "send the image's bytes as a data: URI")) ||
+            !image_input_measure(&images[i], &c->images, e))
+            return false;
+    return api_expand_image_pads(ids, images, n_images, &c->limits, "messages", e);
 }
 
 void tokenize_handle(h2o_req_t *req, void *ud)

@@ -360,11 +360,10 @@ static void on_grammar_compiled(vlmd_msg *submit, vlmd_grammar *g, const vlmd_er
         return;
     }
     if (!g) { /* worded as the engine words it */
-        VLMD_REQ_WARN(r->req_id, "refused: request %llu: %s: %s", (unsigned long long)r->req_id,
-                      vlmd_grammar_kind_str((vlmd_grammar_kind)r->grammar.kind), err->msg);
         char why[sizeof err->msg + 64];
         snprintf(why, sizeof why, "request %llu: %s: %s", (unsigned long long)r->req_id,
                  vlmd_grammar_kind_str((vlmd_grammar_kind)r->grammar.kind), err->msg);
+        VLMD_REQ_WARN(r->req_id, "refused: %s", why);
         refuse(w, r->req_id, err->status, why);
         return;
     }

@@ -307,12 +307,18 @@ Test(chat_template, the_family_is_the_models_template_else_its_architecture)
     cr_expect_null(vlmd_chat_family_find("llama"));
 }
 
+/* A chat's limits with the named family's template (the VL fixtures' image token). */
+static api_limits family_limits(const char *family)
+{
+    return (api_limits){.model_name = "m", .max_model_len = 4096, .max_images = 8,
+                        .image_token_id = 1022, .chat_family = vlmd_chat_family_find(family)};
+}
+
 /* The ids of a chat body (api_request.c's parsing, then the family's template). */
 static void expect_body(const vlmd_tokenizer *tok, const char *family, const char *body_text,
                         const char *want)
 {
-    api_limits lim = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
-                      .image_token_id = 1022, .chat_family = vlmd_chat_family_find(family)};
+    api_limits lim = family_limits(family);
     json_t *body = json_loads(body_text, 0, NULL);
     cr_assert_not_null(body, "%s", body_text);
     vlmd_tokens got = {0}, ids = {0};
@@ -358,8 +364,7 @@ Test(chat_template, qwen3_thinks_by_default_and_enable_thinking_false_closes_the
 /* Whether a chat request's answer is read for reasoning (api_request_parse). */
 static bool reads_reasoning(const vlmd_tokenizer *tok, const char *family, const char *body_text)
 {
-    api_limits lim = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
-                      .image_token_id = 1022, .chat_family = vlmd_chat_family_find(family)};
+    api_limits lim = family_limits(family);
     json_t *body = json_loads(body_text, 0, NULL);
     cr_assert_not_null(body, "%s", body_text);
     api_request r;
@@ -434,8 +439,7 @@ Test(chat_template, qwen3_2507_thinking_and_instruct_templates_are_told_apart)
                          "\"object\"}}}], \"tool_choice\": \"required\"}";
     json_t *body = json_loads(forced, 0, NULL);
     cr_assert_not_null(body);
-    api_limits lim = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
-                      .image_token_id = 1022, .chat_family = vlmd_chat_family_find("qwen3_thinking")};
+    api_limits lim = family_limits("qwen3_thinking");
     vlmd_tokens got = {0};
     api_image *images = NULL;
     uint32_t n_images = 0;
