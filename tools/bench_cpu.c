@@ -4,8 +4,10 @@
  * the pool's threads: bytes read plus written per second; and a read-only
  * stream, what a weight-streaming GEMV can reach: where the copy's stores
  * bypass the caches, the copy moves more bytes a second than reads alone
- * can) and the fp32 GEMM
- * peak (OpenBLAS sgemm on as many threads). Then each op that carries the
+ * can), the fp32 GEMM
+ * peak (OpenBLAS sgemm on as many threads) and the cores' fp32 multiply-add
+ * peak (chains of FMAs in registers on the pool's threads, the widest the CPU
+ * has: the arithmetic no fp32 product can pass). Then each op that carries the
  * model alone at Qwen2.5-0.5B's shapes (hidden 896, intermediate 4864, 14
  * query and 2 KV heads of 64, vocabulary 151936), weights in --dtype: the
  * decode-sized linears (1 and 8 rows; each call on a weight out of the
@@ -17,6 +19,7 @@
  * ($VLMD_CPU_ISA caps the choice) are checked by test_cpu_kernels; this
  * only times them. A benchmark, not a test. */
 #include <cblas.h>
+#include <immintrin.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +129,75 @@ static double read_gbs(vlmd_cpu_pool *pool, int runs)
     return best;
 }
 
+/* Twelve independent chains of fused multiply-adds, enough to cover the
+ * FMA units' latency; nothing leaves the registers. */
+#define FMA_ROUNDS 20000000L
+#define FMA_CHAINS(vec, fma)                                                            \
+    vec a0 = set1(0.f), a1 = set1(.1f), a2 = set1(.2f), a3 = set1(.3f), a4 = set1(.4f),   \
+        a5 = set1(.5f), a6 = set1(.6f), a7 = set1(.7f), a8 = set1(.8f), a9 = set1(.9f),     \
+        a10 = set1(1.f), a11 = set1(1.1f), m = set1(0.9999f), c = set1(1e-6f);           \
+    for (long r = 0; r < FMA_ROUNDS; r++) {                                             \
+        a0 = fma(a0, m, c), a1 = fma(a1, m, c), a2 = fma(a2, m, c), a3 = fma(a3, m, c);   \
+        a4 = fma(a4, m, c), a5 = fma(a5, m, c), a6 = fma(a6, m, c), a7 = fma(a7, m, c);   \
+        a8 = fma(a8, m, c), a9 = fma(a9, m, c), a10 = fma(a10, m, c);                    \
+        a11 = fma(a11, m, c);                                                           \
+    }                                                                                   \
+    *(vec *)sink = add(add(add(add(a0, a1), add(a2, a3)), add(add(a4, a5), add(a6, a7))), \
+                       add(add(a8, a9), add(a10, a11)));
+
+__attribute__((target("avx2,fma"))) static void fma_avx2(float *sink)
+{
+#define set1 _mm256_set1_ps
+#define add _mm256_add_ps
+    FMA_CHAINS(__m256, _mm256_fmadd_ps)
+#undef set1
+#undef add
+}
+
+__attribute__((target("avx512f"))) static void fma_avx512(float *sink)
+{
+#define set1 _mm512_set1_ps
+#define add _mm512_add_ps
+    FMA_CHAINS(__m512, _mm512_fmadd_ps)
+#undef set1
+#undef add
+}
+
+typedef struct fma_job {
+    int lanes;                          /* 16: AVX-512, 8: AVX2 */
+    _Alignas(64) float sinks[64][16];   /* a thread's, so the chains are not optimized away */
+} fma_job;
+
+static void fma_part(void *ctx, int index, int count)
+{
+    (void)count;
+    fma_job *j = ctx;
+    if (j->lanes == 16)
+        fma_avx512(j->sinks[index % 64]);
+    else
+        fma_avx2(j->sinks[index % 64]);
+}
+
+/* fp32 FLOP/s of fused multiply-adds on the pool's threads, the best of runs;
+ * 0 on a CPU without FMA */
+static double fma_gflops(vlmd_cpu_pool *pool, int runs)
+{
+    __builtin_cpu_init();
+    static fma_job j;
+    j.lanes = __builtin_cpu_supports("avx512f") ? 16 : __builtin_cpu_supports("fma") ? 8 : 0;
+    if (!j.lanes)
+        return 0;
+    double best = 0;
+    for (int r = 0; r < runs; r++) {
+        double t = now_s();
+        vlmd_cpu_pool_run(pool, fma_part, &j, false);
+        double g = 2.0 * 12 * j.lanes * (double)FMA_ROUNDS * vlmd_cpu_pool_size(pool) /
+                   (now_s() - t) / 1e9;
+        best = g > best ? g : best;
+    }
+    return best;
+}
+
 /* sgemm FLOP/s on threads threads, 1536^3, the best of runs */
 static double sgemm_gflops(int threads, int runs)
 {
@@ -155,7 +227,7 @@ typedef struct bench {
     const vlmd_op_table *op;
     vlmd_dtype wt, kvt;
     int runs;
-    double gbs, read_gbs, gflops; /* the ceilings: copy, read stream, sgemm */
+    double gbs, read_gbs, gflops, fma_gflops; /* the ceilings: copy, read stream, sgemm, FMA */
 } bench;
 
 static void *alloc_or_die(bench *k, size_t bytes)
@@ -300,6 +372,7 @@ int main(int argc, char **argv)
     }
     k.gbs = copy_gbs(pool, (int)runs);
     k.read_gbs = read_gbs(pool, (int)runs);
+    k.fma_gflops = fma_gflops(pool, (int)runs);
     vlmd_cpu_pool_destroy(pool);
     k.gflops = sgemm_gflops(n, (int)runs);
     if (vlmd_backend_create("cpu", &k.b, &err) != VLMD_OK ||
@@ -314,7 +387,7 @@ int main(int argc, char **argv)
            vlmd_backend_info(k.b)->name, n, vlmd_backend_isa(k.b), vlmd_dtype_str(k.wt),
            vlmd_dtype_str(k.kvt));
     printf("ceilings: copy %.1f GB/s (read + written), read stream %.1f GB/s, sgemm %.1f "
-           "GFLOP/s\n", k.gbs, k.read_gbs, k.gflops);
+           "GFLOP/s, fp32 FMA %.1f GFLOP/s\n", k.gbs, k.read_gbs, k.gflops, k.fma_gflops);
     static const struct { const char *name; int in, out; } lin[] = {
         {"qkv", H, (NH + 2 * NKV) * HD}, {"o", NH * HD, H}, {"gate_up", H, 2 * INTER},
         {"down", INTER, H}, {"lm_head", H, V}};
@@ -338,9 +411,12 @@ int main(int argc, char **argv)
                    100 * read_floor_s / step);
         } else {
             double att = bench_attention(&k, 1, 512, 512);
+            /* what the linears alone would take at the FMA peak: no fp32 prefill is faster */
+            double flop = 2.0 * 512 * layers * (H * (NH + 2 * NKV) * HD + NH * HD * H + 3.0 * H * INTER);
             printf("  a 512-token prefill's layers (linears and attention): %.0f ms, %.0f "
-                   "tokens/s\n",
-                   (layers * (layer + att) + step) * 1e3, 512 / (layers * (layer + att) + step));
+                   "tokens/s; its linears at the FMA peak alone: %.0f ms, %.0f tokens/s at most\n",
+                   (layers * (layer + att) + step) * 1e3, 512 / (layers * (layer + att) + step),
+                   flop / (k.fma_gflops * 1e9) * 1e3, 512 / (flop / (k.fma_gflops * 1e9)));
         }
     }
     vlmd_backend_destroy(k.b);
