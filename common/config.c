@@ -246,6 +246,16 @@ const vlmd_flag vlmd_flags[] = {
     {"kv-events-hash-seed", VLMD_FLAG_STRING, OFF(kv_events_hash_seed), "", 0, 0, NULL,
      R(LAUNCHER) | R(LLM),
      "Seed of the KV-event block hashes (llm-d's hashSeed; vLLM's PYTHONHASHSEED)"},
+    {"tensor-parallel-size", VLMD_FLAG_INT, OFF(tensor_parallel_size), "1", 1, 16, NULL,
+     R(LAUNCHER) | R(ROUTER) | R(LLM),
+     "Engine processes (ranks) one model is split across (tensor parallelism): attention "
+     "heads, the MLP and the vocabulary divided among them, each rank holding its share of "
+     "the weights and the KV cache; the ranks are restarted together. The CPU backend runs "
+     "them as processes of this host; the model's heads and MLP width must divide by it"},
+    {"rank", VLMD_FLAG_INT, OFF(rank), "0", 0, 15, NULL, R(LAUNCHER) | R(LLM),
+     "This engine's rank among --tensor-parallel-size: rank 0 schedules and talks to the "
+     "router, the others follow its steps. Set per engine by the launcher (which takes only "
+     "0) or by the deploy files that start each vlmd-llm"},
     /* the CUDA backend's ways kept until a GPU run has compared them (the CPU ignores them) */
     {"cuda-attention", VLMD_FLAG_CHOICE, OFF(cuda_attention), "mma", 0, 0, "mma|wmma",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
@@ -469,6 +479,14 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--cpu-device-mb %lld: give at least 64 MiB, or 0 for what the "
                            "machine can spare", (long long)cfg->cpu_device_mb);
+    if (role == VLMD_ROLE_LAUNCHER && cfg->rank != 0)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--rank %lld: vlmd serve gives each engine its own rank",
+                           (long long)cfg->rank);
+    if (cfg->rank >= cfg->tensor_parallel_size)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--rank %lld is not below --tensor-parallel-size %lld",
+                           (long long)cfg->rank, (long long)cfg->tensor_parallel_size);
     if (cfg->restart_backoff_max_ms < cfg->restart_backoff_ms)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--restart-backoff-max-ms %lld is less than --restart-backoff-ms %lld",

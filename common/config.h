@@ -88,6 +88,8 @@ typedef struct vlmd_config {
     char *cuda_attention;           /* --cuda-attention: mma, wmma */
     char *cuda_decode_linear;       /* --cuda-decode-linear: cublas, gemv */
     char *cuda_pdl;                 /* --cuda-pdl: off, on */
+    int64_t tensor_parallel_size;   /* --tensor-parallel-size: engine ranks of one model */
+    int64_t rank;                   /* --rank: this engine's rank (the launcher gives each its own) */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {

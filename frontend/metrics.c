@@ -180,6 +180,25 @@ metrics_engine_load metrics_engine_load_of(const vlmd_msg_stats_snapshot *snap,
     return l;
 }
 
+/* An engine as the gateways count them: a group's rank 0 (the other ranks of
+ * a tensor-parallel group hold shares of its model, not requests). */
+static bool is_engine(const vlmd_worker_info *w)
+{
+    return w->role == VLMD_ROLE_LLM && w->rank == 0;
+}
+
+/* Whether a process before workers[i] has the same role and the counter
+ * `key` (NULL: any): that series was written with it. */
+static bool typed_before(const vlmd_msg_stats_snapshot *snap, uint32_t i, const char *key)
+{
+    for (uint32_t j = 0; j < i; j++) {
+        const vlmd_worker_info *w = &snap->workers[j];
+        if (w->role == snap->workers[i].role && (!key || kv_get(w->counters, w->n_counters, key)))
+            return true;
+    }
+    return false;
+}
+
 static void gauge_head(vlmd_buf *out, const char *name, const char *type, const char *help)
 {
     vlmd_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
@@ -216,7 +235,7 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
         gauge_head(out, gauges[g][0], "gauge", gauges[g][1]);
         for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
             const vlmd_worker_info *w = &snap->workers[i];
-            if (w->role != VLMD_ROLE_LLM)
+            if (!is_engine(w))
                 continue;
             metrics_engine_load l = metrics_engine_load_of(snap, w);
             double usage = w->kv_capacity_tokens
@@ -236,7 +255,7 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
                "token-granular: num_gpu_blocks is its tokens / block_size)");
     for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
         const vlmd_worker_info *w = &snap->workers[i];
-        if (w->role != VLMD_ROLE_LLM || !w->kv_capacity_tokens)
+        if (!is_engine(w) || !w->kv_capacity_tokens)
             continue;
         const char *bs = kv_get(w->config, w->n_config, "kv-events-block-size");
         const char *off = kv_get(w->config, w->n_config, "disable-prefix-cache");
@@ -252,7 +271,7 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
         gauge_head(out, counters[c][0], "counter", counters[c][2]);
         for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
             const vlmd_worker_info *w = &snap->workers[i];
-            if (w->role == VLMD_ROLE_LLM)
+            if (is_engine(w))
                 vlmd_buf_printf(out, "%s{model_name=\"%s\",engine=\"%u\"} %llu\n",
                                 counters[c][0], name, w->rank,
                                 (unsigned long long)counter_of(w, counters[c][1]));
@@ -302,27 +321,51 @@ void metrics_render(const frontend_metrics *m, const http_server_stats *http,
                         model, outcomes[i], (unsigned long long)m->finished[i]);
     if (http)
         http_counters(http, out);
+    /* per process, each metric's series together (a role's ranks are series of one
+     * metric), its TYPE line once */
     for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
-        const vlmd_worker_info *w = &snap->workers[i];
-        const char *role = vlmd_role_str((vlmd_role)w->role);
-        vlmd_buf_printf(out, "# TYPE vlmd_%s_up gauge\nvlmd_%s_up{rank=\"%u\"} %d\n", role, role,
-                        w->rank, w->state == VLMD_WORKER_READY);
-        vlmd_buf_printf(out, "# TYPE vlmd_%s_restarts_total counter\n"
-                             "vlmd_%s_restarts_total{rank=\"%u\"} %u\n",
-                        role, role, w->rank, w->restarts);
-        if (w->role == VLMD_ROLE_LLM && w->kv_capacity_tokens)
-            vlmd_buf_printf(out, "# TYPE vlmd_kv_cache_usage_ratio gauge\n"
-                                 "vlmd_kv_cache_usage_ratio{rank=\"%u\"} %.6f\n"
-                                 "# TYPE vlmd_kv_cache_capacity_tokens gauge\n"
-                                 "vlmd_kv_cache_capacity_tokens{rank=\"%u\"} %llu\n",
-                            w->rank, (double)w->kv_used_tokens / (double)w->kv_capacity_tokens,
-                            w->rank, (unsigned long long)w->kv_capacity_tokens);
-        for (uint32_t k = 0; k < w->n_counters; k++) {
-            char name[128];
-            metric_name(name, sizeof name, role, w->counters[k].key);
-            vlmd_buf_printf(out, "# TYPE %s %s\n%s{rank=\"%u\"} %s\n", name,
-                            ends_with(name, "_total") ? "counter" : "gauge", name, w->rank,
-                            w->counters[k].value);
+        if (typed_before(snap, i, NULL))
+            continue; /* its role was written with the first of its ranks */
+        const vlmd_role r = (vlmd_role)snap->workers[i].role;
+        const char *role = vlmd_role_str(r);
+        vlmd_buf_printf(out, "# TYPE vlmd_%s_up gauge\n", role);
+        for (uint32_t j = i; j < snap->n_workers; j++)
+            if (snap->workers[j].role == r)
+                vlmd_buf_printf(out, "vlmd_%s_up{rank=\"%u\"} %d\n", role, snap->workers[j].rank,
+                                snap->workers[j].state == VLMD_WORKER_READY);
+        vlmd_buf_printf(out, "# TYPE vlmd_%s_restarts_total counter\n", role);
+        for (uint32_t j = i; j < snap->n_workers; j++)
+            if (snap->workers[j].role == r)
+                vlmd_buf_printf(out, "vlmd_%s_restarts_total{rank=\"%u\"} %u\n", role,
+                                snap->workers[j].rank, snap->workers[j].restarts);
+        for (uint32_t j = i; j < snap->n_workers; j++) {
+            const vlmd_worker_info *w = &snap->workers[j];
+            if (is_engine(w) && w->kv_capacity_tokens)
+                vlmd_buf_printf(out, "# TYPE vlmd_kv_cache_usage_ratio gauge\n"
+                                     "vlmd_kv_cache_usage_ratio{rank=\"%u\"} %.6f\n"
+                                     "# TYPE vlmd_kv_cache_capacity_tokens gauge\n"
+                                     "vlmd_kv_cache_capacity_tokens{rank=\"%u\"} %llu\n",
+                                w->rank,
+                                (double)w->kv_used_tokens / (double)w->kv_capacity_tokens,
+                                w->rank, (unsigned long long)w->kv_capacity_tokens);
+        }
+        for (uint32_t j = i; j < snap->n_workers; j++) {
+            const vlmd_worker_info *w = &snap->workers[j];
+            for (uint32_t k = 0; w->role == r && k < w->n_counters; k++) {
+                const char *key = w->counters[k].key;
+                if (typed_before(snap, j, key))
+                    continue; /* written with an earlier rank's */
+                char name[128];
+                metric_name(name, sizeof name, role, key);
+                vlmd_buf_printf(out, "# TYPE %s %s\n", name,
+                                ends_with(name, "_total") ? "counter" : "gauge");
+                for (uint32_t q = j; q < snap->n_workers; q++) {
+                    const vlmd_worker_info *o = &snap->workers[q];
+                    const char *v = o->role == r ? kv_get(o->counters, o->n_counters, key) : NULL;
+                    if (v)
+                        vlmd_buf_printf(out, "%s{rank=\"%u\"} %s\n", name, o->rank, v);
+                }
+            }
         }
     }
     vllm_metrics(m, snap, model_name, out);
@@ -364,7 +407,11 @@ json_t *metrics_memory_stats(const vlmd_msg_stats_snapshot *snap)
         }
         json_object_set_new(p, "memory", numbers(w->memory, w->n_memory));
         json_object_set_new(p, "counters", numbers(w->counters, w->n_counters));
-        json_object_set_new(doc, vlmd_role_str((vlmd_role)w->role), p);
+        /* a tensor-parallel group's other ranks beside rank 0: "llm-1", "llm-2"... */
+        char key[32];
+        snprintf(key, sizeof key, w->rank ? "%s-%u" : "%s", vlmd_role_str((vlmd_role)w->role),
+                 w->rank);
+        json_object_set_new(doc, key, p);
     }
     return doc;
 }

@@ -30,6 +30,7 @@
 
 #include "backend.h"
 #include "buf.h"
+#include "comm.h"
 #include "host_memory.h"
 #include "clock.h"
 #include "engine.h"
@@ -91,7 +92,19 @@ typedef struct llm_worker {
     uint64_t allocs_at_ready;   /* the device allocator's count when READY was sent */
     kv_publisher events;        /* --kv-events-endpoint (sock NULL: off) */
     vlmd_buf event_batch;       /* the batch being sent */
+    /* a rank of a tensor-parallel group (--tensor-parallel-size > 1): the rendezvous, the
+     * communicator, the join and load on the pool, rank 0's idle pings, a follower's loop */
+    vlmd_comm_id group_id;
+    bool has_group_id;
+    vlmd_comm *comm;
+    bool joining, joined, following;
+    vlmd_status group_status;
+    vlmd_error group_err;
+    uv_timer_t ping;
 } llm_worker;
+
+/* Rank 0's pings while idle: well within the communicator's timeout. */
+#define GROUP_PING_MS 1000
 
 /* The engine's rank among engines (one engine today); KV-event batches
  * carry it as their data_parallel_rank. */
@@ -541,12 +554,177 @@ static void start_profile(llm_worker *w, uint64_t peer_bytes)
     uv_queue_work(&w->svc.loop, &w->step, on_profile_work, on_profile_done);
 }
 
+/* ---- the ranks of a tensor-parallel group ---------------------------------------- */
+
+static vlmd_status load_weights(llm_worker *w, const qwen2_parallel *par, vlmd_error *err);
+
+static bool in_group(const llm_worker *w)
+{
+    return w->svc.cfg.tensor_parallel_size > 1;
+}
+
+/* Rank 0 tells the router its rendezvous (again after a router restart); the
+ * others ask for it. */
+static void say_group_id(llm_worker *w)
+{
+    size_t len = 0;
+    const void *bytes = w->svc.cfg.rank == 0 ? vlmd_comm_id_bytes(&w->group_id, &len) : NULL;
+    vlmd_msg m = {.type = VLMD_MSG_GROUP_ID};
+    m.u.group_id = (vlmd_msg_group_id){(uint32_t)w->svc.cfg.rank, (uint8_t *)bytes,
+                                       (uint32_t)len};
+    vlmd_peer_send(w->svc.peer, &m);
+}
+
+/* Joins the group, loads this rank's share of the weights, and (rank 0)
+ * takes the lead: on the pool, since loading takes seconds and joining waits
+ * for the others, while the loop keeps the heartbeats going. */
+static void on_join_work(uv_work_t *req)
+{
+    llm_worker *w = req->data;
+    const vlmd_config *cfg = &w->svc.cfg;
+    vlmd_comm_options o = {.rank = (int)cfg->rank, .world = (int)cfg->tensor_parallel_size};
+    w->group_status = vlmd_comm_create(w->backend, &w->group_id, &o, &w->comm, &w->group_err);
+    if (w->group_status != VLMD_OK)
+        return;
+    qwen2_parallel par = {o.rank, o.world, w->comm};
+    if (load_weights(w, &par, &w->group_err) != VLMD_OK) {
+        w->group_status = VLMD_ERR_INVALID_ARG; /* the configuration's: exit 2 */
+        return;
+    }
+    if (o.rank == 0)
+        w->group_status = qwen2_lead(w->model, &w->group_err);
+}
+
+static void on_follow_work(uv_work_t *req)
+{
+    llm_worker *w = req->data;
+    w->group_status = qwen2_follow(w->model, &w->group_err);
+}
+
+/* qwen2_follow returned: rank 0 stopped the group, or it broke. Either way
+ * this rank's part is over; the launcher restarts the group as one. */
+static void on_follow_done(uv_work_t *req, int status)
+{
+    llm_worker *w = req->data;
+    w->following = false;
+    if (status != 0 || w->group_status != VLMD_OK) {
+        VLMD_ERROR("rank %lld: the group broke: %s", (long long)w->svc.cfg.rank,
+                   status ? "the follower did not run" : w->group_err.msg);
+        exit(VLMD_EXIT_FATAL);
+    }
+    if (!w->stopping) {
+        VLMD_INFO("rank 0 stopped the group");
+        exit(0);
+    }
+}
+
+/* While no step runs, rank 0 tells the others it is there, so that their
+ * wait for its next step stays within the communicator's timeout. */
+static void on_ping(uv_timer_t *t)
+{
+    llm_worker *w = t->data;
+    vlmd_error err = {0};
+    if (w->stepping || w->profiling || w->stopping || !w->model)
+        return;
+    if (qwen2_ping(w->model, &err) != VLMD_OK) {
+        VLMD_ERROR("the group broke: %s", err.msg);
+        exit(VLMD_EXIT_FATAL);
+    }
+}
+
+static void on_join_done(uv_work_t *req, int status)
+{
+    llm_worker *w = req->data;
+    const vlmd_config *cfg = &w->svc.cfg;
+    w->joining = false;
+    if (status != 0 || w->group_status != VLMD_OK) {
+        VLMD_ERROR("rank %lld of %lld: %s", (long long)cfg->rank,
+                   (long long)cfg->tensor_parallel_size,
+                   status ? "the join did not run" : w->group_err.msg);
+        exit(w->group_status == VLMD_ERR_INVALID_ARG ? VLMD_EXIT_CONFIG : VLMD_EXIT_FATAL);
+    }
+    w->joined = true;
+    if (w->stopping)
+        return;
+    VLMD_INFO("rank %lld of %lld joined the group", (long long)cfg->rank,
+              (long long)cfg->tensor_parallel_size);
+    if (cfg->rank == 0) { /* on to the auto-profile, which the others follow */
+        vlmd_msg m = {.type = VLMD_MSG_FOOTPRINT_REQUEST};
+        vlmd_peer_send(w->svc.peer, &m);
+        uv_timer_init(&w->svc.loop, &w->ping);
+        w->ping.data = w;
+        uv_timer_start(&w->ping, on_ping, GROUP_PING_MS, GROUP_PING_MS);
+        return;
+    }
+    /* its share of the weights is held; its cache and workspace come from rank 0's profile */
+    vlmd_msg_ready ready = {.reserved_bytes = vlmd_backend_allocated_bytes(w->backend),
+                            .device = (char *)vlmd_backend_info(w->backend)->name};
+    w->allocs_at_ready = vlmd_backend_alloc_count(w->backend);
+    vlmd_peer_set_ready(w->svc.peer, &ready);
+    w->following = true;
+    w->step.data = w;
+    uv_queue_work(&w->svc.loop, &w->step, on_follow_work, on_follow_done);
+}
+
+static void start_join(llm_worker *w)
+{
+    w->joining = true;
+    w->step.data = w; /* nothing else runs on it before the model exists */
+    uv_queue_work(&w->svc.loop, &w->step, on_join_work, on_join_done);
+}
+
+/* A welcome before the group formed: rank 0 makes the rendezvous (the CPU
+ * communicator's file in the runtime directory, beside the arena) and starts
+ * joining; the others ask the router for it. */
+static void group_hello(llm_worker *w)
+{
+    if (w->svc.cfg.rank > 0) {
+        if (!w->joining)
+            say_group_id(w);
+        return;
+    }
+    if (!w->has_group_id) {
+        char dir[4096];
+        vlmd_strlcpy(dir, w->svc.cfg.embed_arena_path, sizeof dir);
+        char *slash = strrchr(dir, '/');
+        if (slash)
+            *slash = '\0';
+        vlmd_error err = {0};
+        if (vlmd_comm_id_make(vlmd_backend_info(w->backend)->kind, slash ? dir : ".",
+                              &w->group_id, &err) != VLMD_OK) {
+            VLMD_ERROR("%s", err.msg);
+            exit(VLMD_EXIT_CONFIG);
+        }
+        w->has_group_id = true;
+    }
+    say_group_id(w);
+    if (!w->joining)
+        start_join(w);
+}
+
+/* A rank above 0 got rank 0's rendezvous. */
+static void on_group_id(llm_worker *w, const vlmd_msg_group_id *m)
+{
+    vlmd_error err = {0};
+    if (w->svc.cfg.rank == 0 || w->joining || w->joined)
+        return;
+    if (vlmd_comm_id_from_bytes(m->id, m->n_id, &w->group_id, &err) != VLMD_OK) {
+        VLMD_WARN("ignored a rendezvous: %s", err.msg);
+        return;
+    }
+    start_join(w);
+}
+
 static void on_message(vlmd_service *svc, vlmd_msg *msg, void *ud)
 {
     llm_worker *w = ud;
     switch (msg->type) {
     case VLMD_MSG_WELCOME:
-        if (!w->profiled && !w->profiling) {
+        if (in_group(w) && !w->joined)
+            group_hello(w);
+        else if (svc->cfg.rank > 0)
+            ; /* a follower holds no requests; its READY is repeated by its peer */
+        else if (!w->profiled && !w->profiling) {
             vlmd_msg req = {.type = VLMD_MSG_FOOTPRINT_REQUEST};
             vlmd_peer_send(svc->peer, &req);
         } else if (w->profiled) {
@@ -556,7 +734,11 @@ static void on_message(vlmd_service *svc, vlmd_msg *msg, void *ud)
         }
         break;
     case VLMD_MSG_FOOTPRINT_REPLY:
-        start_profile(w, msg->u.footprint_reply.peer_bytes);
+        if (w->model && svc->cfg.rank == 0)
+            start_profile(w, msg->u.footprint_reply.peer_bytes);
+        break;
+    case VLMD_MSG_GROUP_ID:
+        on_group_id(w, &msg->u.group_id);
         break;
     case VLMD_MSG_REQUEST_SUBMIT:
         if (!w->profiled)
@@ -579,7 +761,9 @@ static void free_engine(llm_worker *w)
 {
     engine_free(w->engine);
     vlmd_backend_free(w->backend, w->canary, w->canary_bytes);
-    qwen2_free(w->model);
+    qwen2_free(w->model); /* rank 0's stops the group's followers */
+    vlmd_comm_destroy(w->comm);
+    w->comm = NULL;
     vlmd_vocab_free(w->vocab);
     w->vocab = NULL;
     vlmd_backend_destroy(w->backend);
@@ -598,6 +782,8 @@ static void on_stop(vlmd_service *svc, void *ud)
     (void)svc;
     llm_worker *w = ud;
     w->stopping = true; /* a step in flight finishes; no new one starts */
+    if (w->ping.data)
+        uv_close((uv_handle_t *)&w->ping, NULL);
     kv_publisher_close(&w->events); /* before the ZMQ context ends */
 }
 
@@ -621,9 +807,9 @@ static void load_vocab(llm_worker *w)
     vlmd_tokenizer_free(tok);
 }
 
-/* Loads the weights before the process says it is ready; a model that
- * cannot load is a configuration error (exit 2: restarting cannot help). */
-static void load_model(llm_worker *w)
+/* The backend the engine runs on; a device that cannot run the model falls
+ * back to the CPU under --device auto, else is a configuration error. */
+static void open_backend(llm_worker *w)
 {
     vlmd_error err = {0};
     vlmd_backend_options opts = vlmd_backend_options_of(&w->svc.cfg);
@@ -645,41 +831,49 @@ static void load_model(llm_worker *w)
         vlmd_backend_limit(w->backend, vlmd_cpu_device_bytes(w->svc.cfg.cpu_device_mb));
     if (vlmd_backend_set_threads(w->backend, (int)w->svc.cfg.threads, &err) != VLMD_OK)
         VLMD_FATAL("--threads %lld: %s", (long long)w->svc.cfg.threads, err.msg);
+}
+
+/* Loads the weights (this rank's share of them in a group: par) before the
+ * process says it is ready, after checking that they and one request of
+ * the model's length fit. A failure is a configuration error: restarting
+ * cannot help. */
+static vlmd_status load_weights(llm_worker *w, const qwen2_parallel *par, vlmd_error *err)
+{
     uint64_t t0 = vlmd_now_ms(), weight_bytes = 0;
     vlmd_safetensors *st = NULL;
     qwen2_model *shapes = NULL;
     engine_config base = engine_base(w);
     profile_config pc = profile_base(w);
-    vlmd_status s = vlmd_safetensors_open_dir(w->svc.cfg.model, &st, &err);
+    vlmd_status s = vlmd_safetensors_open_dir(w->svc.cfg.model, &st, err);
     if (s == VLMD_OK)
-        s = qwen2_load_shapes(w->backend, &w->svc.model, st, &shapes, &weight_bytes, &err);
+        s = qwen2_load_shapes(w->backend, &w->svc.model, st, par, &shapes, &weight_bytes, err);
     if (s == VLMD_OK)
-        s = profile_check_weights(w->backend, weight_bytes, 0, &err);
+        s = profile_check_weights(w->backend, weight_bytes, 0, err);
     /* a given length that cannot fit is refused before the seconds of loading */
     if (s == VLMD_OK)
-        s = profile_check_length(shapes, w->backend, weight_bytes, &base, &pc, &err);
+        s = profile_check_length(shapes, w->backend, weight_bytes, &base, &pc, err);
     qwen2_free(shapes);
     if (s == VLMD_OK)
-        s = qwen2_load(w->backend, &w->svc.model, st, &w->model, &err);
-    if (s != VLMD_OK) {
-        VLMD_ERROR("%s", err.msg);
-        exit(VLMD_EXIT_CONFIG);
-    }
+        s = qwen2_load_rank(w->backend, &w->svc.model, st, par, &w->model, err);
     vlmd_safetensors_close(st);
-    load_vocab(w);
+    if (s != VLMD_OK)
+        return s;
+    if (w->svc.cfg.rank == 0)
+        load_vocab(w);
     const vlmd_text_config *t = &w->svc.model.text;
     VLMD_INFO("%s loaded in %llu ms: %lld layers, hidden %lld, %lld heads (%lld KV), vocab %lld, "
-              "%llu MiB of weights on %s",
+              "%llu MiB of weights on %s%s",
               w->svc.model.architecture, (unsigned long long)(vlmd_now_ms() - t0),
               (long long)t->num_layers, (long long)t->hidden_size, (long long)t->num_heads,
               (long long)t->num_kv_heads, (long long)t->vocab_size,
               (unsigned long long)(vlmd_backend_allocated_bytes(w->backend) >> 20),
-              vlmd_backend_info(w->backend)->name);
+              vlmd_backend_info(w->backend)->name, par ? " (this rank's share)" : "");
     if (vlmd_backend_info(w->backend)->kind == VLMD_DEVICE_CPU)
         VLMD_INFO("CPU backend: %s weights, %s KV cache, %d threads, %s kernels",
                   vlmd_dtype_str(vlmd_backend_weight_dtype(w->backend)),
                   vlmd_dtype_str(vlmd_backend_kv_dtype(w->backend)),
                   vlmd_backend_threads(w->backend), vlmd_backend_isa(w->backend));
+    return VLMD_OK;
 }
 
 int main(int argc, char **argv)
@@ -694,7 +888,12 @@ int main(int argc, char **argv)
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }
-    load_model(&w);
+    open_backend(&w);
+    /* a group's ranks load once they have joined (their shares depend on it) */
+    if (!in_group(&w) && load_weights(&w, NULL, &err) != VLMD_OK) {
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
     grammar_jobs_init(&w.grammar_jobs, &w.svc.loop, on_grammar_compiled, &w);
     vlmd_service_start(&w.svc, on_message, on_stop, &w);
     int rc = vlmd_service_run(&w.svc); /* returns after any step in flight is done */

@@ -34,103 +34,7 @@
 #include "buf.h"
 #include "comm.h"
 #include "log.h"
-
-typedef struct qwen2_layer {
-    void *ln_in, *w_qkv, *wo;               /* attention: [Q + 2 KV, H], [H, Q] */
-    void *b_qkv;                            /* [Q + 2 KV]; NULL without qkv bias (Qwen3) */
-    void *q_norm, *k_norm;                  /* Qwen3: [hd] each; NULL without */
-    void *ln_post;                          /* [H] */
-    void *w_gate_up, *w_down;               /* dense MLP: [2 I, H] (gate rows, then up), [H, I] */
-    /* a mixture-of-experts layer instead (the dense pair NULL): the router [E, H], each
-     * expert's gate and up rows [E][2 Ie, H], its down projection [E][H, Ie] */
-    void *router, *experts_gate_up, *experts_down;
-} qwen2_layer;
-
-struct qwen2_model {
-    vlmd_backend *b;            /* borrowed */
-    const vlmd_op_table *op;
-    int H, I, L, nh, nkv, hd, V; /* I, nh, nkv: this rank's */
-    int rank, world;            /* tensor parallelism: this rank of world (1: the whole model) */
-    vlmd_comm *comm;            /* borrowed; NULL when world is 1 */
-    bool vocab_split;           /* lm_head holds this rank's Vr rows; the logits all-gathered */
-    int Vr;                     /* lm_head's rows here: V / world when split, else V */
-    float eps, theta;
-    bool mrope, interleaved;    /* M-RoPE; its sections interleaved (Qwen3-VL) */
-    int sections[3];
-    bool qkv_bias, qk_norm;
-    int E, K, Ie;               /* experts, chosen per token, their MLP width (E 0: dense) */
-    bool renormalize;           /* the chosen experts' weights sum to 1 */
-    int n_deepstack;            /* Qwen3-VL: features per image token (0: none) */
-    uint64_t image_token_bytes; /* an image token in the arena (vlmd_image_token_bytes) */
-    int n_dense, n_moe;         /* layers of each kind */
-    uint64_t worst_case_steps;  /* steps that routed the stress's worst case */
-    void *embed;                /* [V, H] */
-    void *lm_head;              /* [Vr, H]; the embedding (its rows of this rank) when tied */
-    void *final_norm;           /* [H] */
-    qwen2_layer *layers;
-    vlmd_backend_owned weights;
-    bool holds;                 /* holds the backend's weight type (vlmd_backend_hold_weights) */
-    bool dry;                   /* sizing only: tensors are checked and counted, not loaded */
-    uint64_t dry_bytes;
-};
-
-struct qwen2_kv {
-    int32_t n_slots;            /* slots the engine hands out */
-    void **k, **v;              /* per layer: [n_slots + 1, nkv * hd]; the last row is the
-                                 * pad slot, written by a graph's padding rows, never read */
-};
-
-/* A decode step captured for `rows` sequences of one token each. */
-typedef struct decode_graph {
-    qwen2_model *m;
-    qwen2_kv *kv;
-    qwen2_workspace *ws;
-    int32_t rows;
-    vlmd_graph *graph;
-} decode_graph;
-
-struct qwen2_workspace {
-    int32_t max_tokens, max_logits;
-    void *x, *h, *residual;     /* [n, H] */
-    void *qkv;                  /* [n, (nh + 2 nkv) * hd] */
-    void *attn;                 /* [n, nh * hd] */
-    void *gate_up;              /* [n, 2 I]; NULL without dense layers */
-    void *act;                  /* [n, I]; likewise */
-    void *router_logits;        /* [n, E]; MoE only, as the next three */
-    int32_t *expert_ids;        /* [n, K] */
-    float *expert_weights;      /* [n, K] fp32 */
-    void *moe_scratch;          /* moe_scratch_bytes(n, ...) */
-    void *deepstack;            /* [n_deepstack][n, H]: the step's image rows of each feature */
-    bool worst_case;            /* route as the stress does (qwen2_set_worst_case_routing) */
-    void *rows, *logits;        /* [n_logits, H], [n_logits, V] */
-    /* a vocabulary split: every rank's [n_logits, Vr] slice, rank after rank (the all-gather's
-     * layout), and each logits row's place in it ([n_logits x world]: row i, rank r) */
-    void *logit_slices;         /* [world][n_logits, Vr] */
-    int32_t *vocab_order, *vocab_order_host;
-    vlmd_status comm_status;    /* the first collective that failed, kept for the group */
-    vlmd_error comm_err;
-    int32_t *ids, *positions, *slots, *logit_rows; /* backend copies of the batch */
-    vlmd_attn_seq *seqs;        /* backend copy of the attention batch [max_logits] */
-    vlmd_attn_seq *seqs_host;   /* its host staging */
-    /* every sequence's slots, packed: [max_logits x max_kv_len] (sequences that share a
-     * cached prefix list the same slots, so the sum is not bounded by the cache) */
-    int32_t *slot_table, *slot_table_host;
-    size_t table_len;
-    vlmd_backend_owned buffers;
-    /* decode graphs, smallest batch first, for one KV cache; a padded batch's host arrays */
-    decode_graph *graphs;
-    int n_graphs;
-    uint64_t graph_steps;       /* steps that ran through a graph */
-    const qwen2_kv *graph_kv;
-    int32_t *pad_ids, *pad_positions, *pad_slots, *pad_rows, pad_slot;
-    vlmd_attn_seq *pad_seqs;
-    /* sampling: the rows' parameters and outputs, their seen tokens (backend), staging */
-    vlmd_sample_row *sample_rows, *sample_rows_host;
-    vlmd_sample_out *sample_out;
-    vlmd_seen_token *seen;
-    int32_t seen_capacity;
-    uint32_t *masks;            /* [max_logits][mask words]: constrained rows' token masks */
-};
+#include "qwen2_impl.h"
 
 /* ---- loading ---------------------------------------------------------------- */
 
@@ -543,10 +447,10 @@ vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
 }
 
 vlmd_status qwen2_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
-                              const vlmd_safetensors *st, qwen2_model **out,
-                              uint64_t *weight_bytes, vlmd_error *err)
+                              const vlmd_safetensors *st, const qwen2_parallel *p,
+                              qwen2_model **out, uint64_t *weight_bytes, vlmd_error *err)
 {
-    vlmd_status s = load(b, mc, st, NULL, true, out, err);
+    vlmd_status s = load(b, mc, st, p, true, out, err);
     *weight_bytes = *out ? (*out)->dry_bytes : 0;
     return s;
 }
@@ -555,6 +459,7 @@ void qwen2_free(qwen2_model *m)
 {
     if (!m)
         return;
+    qwen2_ranks_free(m);
     vlmd_backend_free_owned(m->b, &m->weights);
     if (m->holds)
         vlmd_backend_release_weights(m->b);
@@ -617,7 +522,8 @@ uint64_t qwen2_kv_bytes(const qwen2_model *m, int32_t n_slots)
            vlmd_backend_kv_elem_size(m->b);
 }
 
-vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err)
+vlmd_status qwen2_kv_create_here(qwen2_model *m, int32_t n_slots, qwen2_kv **out,
+                                 vlmd_error *err)
 {
     *out = NULL;
     qwen2_kv *kv = calloc(1, sizeof *kv);
@@ -640,7 +546,7 @@ vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlm
         if (s == VLMD_OK)
             s = vlmd_backend_alloc(m->b, bytes, &kv->v[l], err);
         if (s != VLMD_OK) {
-            qwen2_kv_free(m, kv);
+            qwen2_kv_free_here(m, kv);
             return vlmd_error_prefix(err, "KV cache of %d slots", n_slots);
         }
     }
@@ -648,7 +554,7 @@ vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlm
     return VLMD_OK;
 }
 
-void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv)
+void qwen2_kv_free_here(qwen2_model *m, qwen2_kv *kv)
 {
     if (!kv)
         return;
@@ -736,8 +642,9 @@ uint64_t qwen2_workspace_bytes(qwen2_model *m, int32_t max_tokens, int32_t max_l
     return bytes;
 }
 
-vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
-                                   int32_t max_kv_len, qwen2_workspace **out, vlmd_error *err)
+vlmd_status qwen2_workspace_create_here(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+                                        int32_t max_kv_len, qwen2_workspace **out,
+                                        vlmd_error *err)
 {
     *out = NULL;
     qwen2_workspace *ws = calloc(1, sizeof *ws);
@@ -761,14 +668,14 @@ vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t m
                          !ws->sample_rows_host))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     if (s != VLMD_OK) {
-        qwen2_workspace_free(m, ws);
+        qwen2_workspace_free_here(m, ws);
         return vlmd_error_prefix(err, "workspace for %d tokens", max_tokens);
     }
     *out = ws;
     return VLMD_OK;
 }
 
-void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
+void qwen2_workspace_free_here(qwen2_model *m, qwen2_workspace *ws)
 {
     if (!ws)
         return;
@@ -791,8 +698,8 @@ void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
 /* ---- the forward step -------------------------------------------------------- */
 
 /* Checks a batch against the model, the cache and the workspace. */
-static vlmd_status check_batch(const qwen2_model *m, const qwen2_kv *kv,
-                               const qwen2_workspace *ws, const qwen2_batch *bt, vlmd_error *err)
+vlmd_status qwen2_check_batch(const qwen2_model *m, const qwen2_kv *kv, const qwen2_workspace *ws,
+                              const qwen2_batch *bt, vlmd_error *err)
 {
     int n = bt->n_tokens;
     if (n <= 0 || n > ws->max_tokens || bt->n_logits > ws->max_logits || bt->n_logits < 0 ||
@@ -1023,10 +930,10 @@ static qwen2_batch pad_batch(qwen2_workspace *ws, const qwen2_batch *bt, int32_t
                          rows, ws->pad_rows, rows, NULL, 0};
 }
 
-vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
-                          const qwen2_batch *bt, float *logits, vlmd_error *err)
+vlmd_status qwen2_forward_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                               const qwen2_batch *bt, float *logits, vlmd_error *err)
 {
-    vlmd_status s = check_batch(m, kv, ws, bt, err);
+    vlmd_status s = qwen2_check_batch(m, kv, ws, bt, err);
     if (s != VLMD_OK)
         return s;
     if (ws->comm_status != VLMD_OK) /* a broken group stays broken */
@@ -1113,8 +1020,8 @@ static int32_t next_graph_size(int32_t rows)
     return rows < 8 ? rows * 2 : rows + 8;
 }
 
-vlmd_status qwen2_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
-                                 vlmd_error *err)
+vlmd_status qwen2_capture_decode_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                                      vlmd_error *err)
 {
     VLMD_ASSERT(!ws->n_graphs);
     int32_t max = ws->max_logits < ws->max_tokens ? ws->max_logits : ws->max_tokens;
@@ -1161,4 +1068,49 @@ uint64_t qwen2_decode_graph_steps(const qwen2_workspace *ws)
 int32_t qwen2_decode_graph_max(const qwen2_workspace *ws)
 {
     return ws->n_graphs ? ws->graphs[ws->n_graphs - 1].rows : 0;
+}
+
+/* ---- the calls a leading rank mirrors to its group (qwen2_ranks.c) ------------- */
+
+vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err)
+{
+    return m->ranks ? qwen2_ranks_kv_create(m, n_slots, out, err)
+                    : qwen2_kv_create_here(m, n_slots, out, err);
+}
+
+void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv)
+{
+    if (m->ranks)
+        qwen2_ranks_kv_free(m, kv);
+    else
+        qwen2_kv_free_here(m, kv);
+}
+
+vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+                                   int32_t max_kv_len, qwen2_workspace **out, vlmd_error *err)
+{
+    return m->ranks ? qwen2_ranks_workspace_create(m, max_tokens, max_logits, max_kv_len, out, err)
+                    : qwen2_workspace_create_here(m, max_tokens, max_logits, max_kv_len, out, err);
+}
+
+void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
+{
+    if (m->ranks)
+        qwen2_ranks_workspace_free(m, ws);
+    else
+        qwen2_workspace_free_here(m, ws);
+}
+
+vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                          const qwen2_batch *bt, float *logits, vlmd_error *err)
+{
+    vlmd_status s = m->ranks ? qwen2_ranks_forward(m, kv, ws, bt, err) : VLMD_OK;
+    return s == VLMD_OK ? qwen2_forward_here(m, kv, ws, bt, logits, err) : s;
+}
+
+vlmd_status qwen2_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                                 vlmd_error *err)
+{
+    return m->ranks ? qwen2_ranks_capture_decode(m, kv, ws, err)
+                    : qwen2_capture_decode_here(m, kv, ws, err);
 }

@@ -73,6 +73,27 @@ typedef struct qwen2_parallel {
 vlmd_status qwen2_load_rank(vlmd_backend *b, const vlmd_model_config *mc,
                             const vlmd_safetensors *st, const qwen2_parallel *p,
                             qwen2_model **out, vlmd_error *err);
+/* Rank processes (issue 22; docs/ARCHITECTURE.md, "Engine ranks"). Rank 0
+ * runs the engine and leads: from qwen2_lead on, each KV cache and workspace
+ * it creates or frees, each forward step and each decode capture is first
+ * broadcast to the group, and the other ranks, inside qwen2_follow, do the
+ * same on their shard; a create succeeds only where it succeeded on every
+ * rank (a failure names the rank). Sampling stays rank 0's: every rank holds
+ * all the logits. Both first agree on the device: rank 0's is limited to the
+ * least free memory any rank has after its weights, so the auto-profile
+ * sizes every rank's cache by the smallest. The group's messages are host
+ * memory, which the CPU communicator moves (CUDA with ranks is refused at
+ * load). */
+vlmd_status qwen2_lead(qwen2_model *m, vlmd_error *err);
+/* Runs what rank 0 sends until it stops the group (VLMD_OK: rank 0 freed its
+ * model) or the group breaks (the communicator's error, or a step that
+ * failed here: the group must restart). */
+vlmd_status qwen2_follow(qwen2_model *m, vlmd_error *err);
+/* Rank 0 while idle: the others wait for its next word within the
+ * communicator's timeout, so it says it is there (at least every quarter of
+ * the timeout). */
+vlmd_status qwen2_ping(qwen2_model *m, vlmd_error *err);
+
 /* The device bytes qwen2_load would take, found without allocating (every
  * tensor is checked as loading would). */
 vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
@@ -80,11 +101,11 @@ vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
 
 /* The model's shapes without its weights (nothing allocated on b), for
  * sizing before loading: the workspace and KV functions below take it;
- * nothing runs on it. *weight_bytes: what qwen2_load would take. Free with
- * qwen2_free. */
+ * nothing runs on it. *weight_bytes: what qwen2_load would take (p: what
+ * qwen2_load_rank would; NULL: the whole model). Free with qwen2_free. */
 vlmd_status qwen2_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
-                              const vlmd_safetensors *st, qwen2_model **out,
-                              uint64_t *weight_bytes, vlmd_error *err);
+                              const vlmd_safetensors *st, const qwen2_parallel *p,
+                              qwen2_model **out, uint64_t *weight_bytes, vlmd_error *err);
 
 /* The backend the model was loaded on (borrowed). */
 vlmd_backend *qwen2_backend(const qwen2_model *m);

@@ -71,6 +71,7 @@ static const char *const msg_type_names[VLMD_MSG_TYPE_MAX + 1] = {
     [VLMD_MSG_HEARTBEAT] = "heartbeat",
     [VLMD_MSG_FOOTPRINT_REQUEST] = "footprint_request",
     [VLMD_MSG_FOOTPRINT_REPLY] = "footprint_reply",
+    [VLMD_MSG_GROUP_ID] = "group_id",
     [VLMD_MSG_WORKER_EXIT] = "worker_exit",
     [VLMD_MSG_STATS_SNAPSHOT] = "stats_snapshot",
     [VLMD_MSG_SHUTDOWN] = "shutdown",
@@ -334,6 +335,10 @@ static const field_desc restart_count_fields[] = {
 };
 static const struct_desc restart_count_desc =
     DESC(vlmd_restart_count, "child", restart_count_fields);
+static const field_desc group_id_fields[] = {
+    U32(vlmd_msg_group_id, rank),
+    ARR(vlmd_msg_group_id, id, n_id, F_BIN, VLMD_PROTO_MAX_GROUP_ID_BYTES),
+};
 static const field_desc restarts_fields[] = {
     SUB_ARR(vlmd_msg_restarts, children, n_children, restart_count_desc, VLMD_PROTO_MAX_WORKERS),
 };
@@ -355,6 +360,7 @@ static const struct_desc body_descs[VLMD_MSG_TYPE_MAX + 1] = {
     BODY(VLMD_MSG_IMAGE_JOB, vlmd_msg_image_job, image_job_fields),
     BODY(VLMD_MSG_IMAGE_RESULT, vlmd_msg_image_result, image_result_fields),
     BODY(VLMD_MSG_RESTARTS, vlmd_msg_restarts, restarts_fields),
+    BODY(VLMD_MSG_GROUP_ID, vlmd_msg_group_id, group_id_fields),
 };
 
 #define AT(base, off, T) ((T *)((char *)(base) + (off)))

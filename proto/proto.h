@@ -59,7 +59,8 @@ typedef enum vlmd_msg_type {
     VLMD_MSG_IMAGE_JOB = 13,        /* router -> visual: encode one image */
     VLMD_MSG_IMAGE_RESULT = 14,     /* visual -> router: where the embeddings are */
     VLMD_MSG_RESTARTS = 15,         /* launcher -> router: how often it restarted each child */
-    VLMD_MSG_TYPE_MAX = 15
+    VLMD_MSG_GROUP_ID = 16,         /* llm <-> router: the rendezvous of the engine's ranks */
+    VLMD_MSG_TYPE_MAX = 16
 } vlmd_msg_type;
 
 /* Process states as the router sees them; wire values, append-only. */
@@ -170,6 +171,17 @@ typedef struct vlmd_msg_restarts {
     vlmd_restart_count *children;
     uint32_t n_children;
 } vlmd_msg_restarts;
+
+/* The rendezvous of a tensor-parallel group (comm.h's vlmd_comm_id as bytes).
+ * Rank 0 sends the one it made; a rank above 0 sends an empty one to ask,
+ * and the router answers with rank 0's latest (at once, or when it comes).
+ * The router forgets it when rank 0 restarts. */
+#define VLMD_PROTO_MAX_GROUP_ID_BYTES 1024
+typedef struct vlmd_msg_group_id {
+    uint32_t rank;                  /* the sender's (router -> llm: 0) */
+    uint8_t *id;
+    uint32_t n_id;
+} vlmd_msg_group_id;
 
 /* One process as the router sees it. */
 typedef struct vlmd_worker_info {
@@ -329,6 +341,7 @@ typedef struct vlmd_msg {
         vlmd_msg_image_job image_job;
         vlmd_msg_image_result image_result;
         vlmd_msg_restarts restarts;
+        vlmd_msg_group_id group_id;
     } u;
 } vlmd_msg;
 

@@ -409,7 +409,9 @@ static int serve(int argc, char **argv)
                                VLMD_ROLE_FRONTEND};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
         snprintf(exe, sizeof exe, "%s/%s", dir, vlmd_role_process_name(order[i]));
-        supervisor_add(&l.sup, order[i], 0, exe);
+        int64_t ranks = order[i] == VLMD_ROLE_LLM ? l.cfg.tensor_parallel_size : 1;
+        for (int64_t r = 0; r < ranks; r++)
+            supervisor_add(&l.sup, order[i], (uint32_t)r, exe);
     }
 
     l.peer = vlmd_peer_create(&l.loop, l.zctx, &l.cfg, VLMD_ROLE_LAUNCHER, 0, on_router_message,

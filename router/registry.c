@@ -85,7 +85,7 @@ registry_entry *registry_hello(registry *r, const vlmd_msg_hello *h, const void 
     e->state = VLMD_WORKER_STARTING;
     e->hello_ms = e->last_seen_ms = now_ms;
     e->reserved_bytes = e->kv_capacity_tokens = 0;
-    e->footprint_wanted = false;
+    e->footprint_wanted = e->group_id_wanted = false;
     e->version = vlmd_xstrdup(h->version);
     e->config = vlmd_kv_dup(h->config, h->n_config);
     e->n_config = h->n_config;
@@ -136,7 +136,7 @@ void registry_heartbeat(registry_entry *e, const vlmd_msg_heartbeat *m, uint64_t
 void registry_down(registry_entry *e)
 {
     e->state = VLMD_WORKER_DOWN;
-    e->footprint_wanted = false;
+    e->footprint_wanted = e->group_id_wanted = false;
 }
 
 int registry_expire(registry *r, uint64_t now_ms, uint64_t timeout_ms)

@@ -36,6 +36,7 @@ typedef struct registry_entry {
     uint32_t launcher_restarts;     /* the launcher's count, shown when it sent one */
     bool has_launcher_restarts;
     bool footprint_wanted;          /* llm asked for the peer footprint before visual was ready */
+    bool group_id_wanted;           /* an llm rank above 0 asked for rank 0's rendezvous */
     uint64_t reserved_bytes;
     uint64_t kv_capacity_tokens;
     uint64_t kv_used_tokens;        /* from its last heartbeat */

@@ -101,8 +101,19 @@ static void answer_footprint_requests(router *rt)
     }
 }
 
+/* Rank 0's rendezvous is of its incarnation alone. */
+static void forget_group_id(router *rt)
+{
+    free(rt->group_id);
+    rt->group_id = NULL;
+    rt->n_group_id = 0;
+    rt->group_id_pid = 0;
+}
+
 static void on_hello(router *rt, const void *id, size_t id_len, const vlmd_msg_hello *h)
 {
+    if (h->role == VLMD_ROLE_LLM && h->rank == 0 && h->pid != rt->group_id_pid)
+        forget_group_id(rt);
     uint32_t restarts_before = 0;
     registry_entry *old = registry_find(&rt->reg, (vlmd_role)h->role, h->rank);
     if (old)
@@ -170,6 +181,45 @@ static void on_footprint_request(router *rt, const void *id, size_t id_len)
     answer_footprint_requests(rt);
 }
 
+/* Answers the ranks above 0 that wait for the rendezvous, once rank 0 gave it. */
+static void answer_group_id_requests(router *rt)
+{
+    if (!rt->group_id)
+        return;
+    vlmd_msg m = {.type = VLMD_MSG_GROUP_ID};
+    m.u.group_id = (vlmd_msg_group_id){.rank = 0, .id = rt->group_id, .n_id = rt->n_group_id};
+    for (int i = 0; i < rt->reg.n; i++) {
+        registry_entry *e = &rt->reg.entries[i];
+        if (e->group_id_wanted) {
+            e->group_id_wanted = false;
+            router_send(rt, e, &m);
+        }
+    }
+}
+
+static void on_group_id(router *rt, const void *id, size_t id_len, const vlmd_msg_group_id *m)
+{
+    registry_entry *e = known_sender(rt, id, id_len, 0);
+    if (!e || e->role != VLMD_ROLE_LLM || e->rank != m->rank || (e->rank == 0) != (m->n_id > 0)) {
+        rt->dropped++;
+        return;
+    }
+    if (e->rank == 0) {
+        forget_group_id(rt);
+        if (!(rt->group_id = malloc(m->n_id))) {
+            rt->dropped++;
+            return;
+        }
+        memcpy(rt->group_id, m->id, m->n_id);
+        rt->n_group_id = m->n_id;
+        rt->group_id_pid = e->pid;
+        VLMD_INFO("llm-0 (pid %lld) made the ranks' rendezvous", (long long)e->pid);
+    } else {
+        e->group_id_wanted = true;
+    }
+    answer_group_id_requests(rt);
+}
+
 static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd_msg_worker_exit *m)
 {
     registry_entry *from = known_sender(rt, id, id_len, 0);
@@ -190,6 +240,8 @@ static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd
         VLMD_INFO("%s-%u (pid %lld) exited", vlmd_role_str(m->role), m->rank, (long long)m->pid);
     e->pid = m->pid;
     registry_down(e);
+    if (e->role == VLMD_ROLE_LLM && e->rank == 0)
+        forget_group_id(rt);
     if (e->role == VLMD_ROLE_LLM)
         requests_fail_all(rt, "the LLM engine stopped");
     if (e->role == VLMD_ROLE_VISUAL)
@@ -286,6 +338,9 @@ void router_handle(router *rt, const void *identity, size_t id_len, const void *
     case VLMD_MSG_WORKER_EXIT:
         on_worker_exit(rt, identity, id_len, &msg.u.worker_exit);
         break;
+    case VLMD_MSG_GROUP_ID:
+        on_group_id(rt, identity, id_len, &msg.u.group_id);
+        break;
     case VLMD_MSG_REQUEST_SUBMIT:
         on_request_submit(rt, identity, id_len, &msg);
         break;
@@ -367,7 +422,8 @@ vlmd_status router_start(router *rt, const vlmd_config *cfg, uv_loop_t *loop, vo
     sessions_init(&rt->sessions, &sl);
     registry_expect(&rt->reg, VLMD_ROLE_FRONTEND, 0, true);
     registry_expect(&rt->reg, VLMD_ROLE_VISUAL, 0, true);
-    registry_expect(&rt->reg, VLMD_ROLE_LLM, 0, true);
+    for (int64_t r = 0; r < cfg->tensor_parallel_size; r++)
+        registry_expect(&rt->reg, VLMD_ROLE_LLM, (uint32_t)r, true);
 
     size_t nflags = 0;
     for (const vlmd_flag *f = vlmd_flags; f->name; f++)
@@ -429,4 +485,5 @@ void router_stop(router *rt)
     request_table_free(&rt->requests); /* the arena's book and the sessions go next */
     embed_cache_free(&rt->embeds);
     sessions_free(&rt->sessions);
+    forget_group_id(rt);
 }

@@ -43,6 +43,11 @@ typedef struct router {
     bool images_enabled;        /* the model has a vision tower and the arena exists */
     uint64_t embed_row_bytes;   /* one image token in the arena: vlmd_image_token_bytes */
     embed_cache embeds;         /* the arena's book */
+    /* the engine ranks' rendezvous (--tensor-parallel-size > 1): rank 0's latest, and the
+     * pid that sent it; forgotten when that rank 0 is gone */
+    uint8_t *group_id;
+    uint32_t n_group_id;
+    int64_t group_id_pid;
 } router;
 
 /* Sends msg (borrowed) to a registered process or to a routing id; a message

@@ -8,7 +8,10 @@
  * --restart-backoff-max-ms; a child that exits with VLMD_EXIT_CONFIG, that
  * exits three times in a row before becoming ready, or that restarts more
  * than --max-restarts-per-minute times in a minute makes the whole server
- * stop with an error. */
+ * stop with an error. The engine's ranks (--tensor-parallel-size > 1) are one
+ * group: the first of them to exit ends its generation, the others of that
+ * generation are killed, and each is restarted into the next one, so a group
+ * never serves with a rank missing or a rank of an older group. */
 #ifndef VLMD_SUPERVISOR_H
 #define VLMD_SUPERVISOR_H
 
@@ -36,6 +39,8 @@ typedef struct child {
     uint64_t spawned_ms;            /* monotonic time the running incarnation started */
     bool ready_since_start;         /* reported ready since its last spawn */
     bool term_sent;                 /* stopping: SIGTERM sent to the running incarnation */
+    bool in_group;                  /* one of the engine's ranks: they restart together */
+    uint32_t group_gen;             /* the group's generation it was spawned in */
     int fails_in_a_row;             /* exits before becoming ready */
     uint32_t restarts;
     uint64_t restart_times_ms[SUPERVISOR_MAX_RESTART_WINDOW]; /* ring of recent restarts */
@@ -56,7 +61,7 @@ typedef void (*supervisor_fail_fn)(supervisor *sup, child *c, const char *why);
 /* Called once every child has exited during a stop. */
 typedef void (*supervisor_stopped_fn)(supervisor *sup);
 
-#define SUPERVISOR_MAX_CHILDREN 8
+#define SUPERVISOR_MAX_CHILDREN 20
 
 struct supervisor {
     uv_loop_t *loop;                /* borrowed */
@@ -65,6 +70,7 @@ struct supervisor {
     int n_children;
     bool stopping;
     uv_timer_t kill_timer;
+    uint32_t group_gen;             /* grows each time a rank's exit ends the group */
     supervisor_exit_fn on_exit;
     supervisor_fail_fn on_fail;
     supervisor_stopped_fn on_stopped;

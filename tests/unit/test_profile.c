@@ -529,7 +529,7 @@ Test(profile, a_given_length_that_cannot_fit_is_refused_before_loading)
     vlmd_backend_limit(b, DEVICE);
     uint64_t allocations = vlmd_backend_alloc_count(b);
     cr_assert_eq(vlmd_safetensors_open_dir(test_fixture("qwen2"), &st, &err), VLMD_OK);
-    cr_assert_eq(qwen2_load_shapes(b, &mc, st, &shapes, &weight_bytes, &err), VLMD_OK, "%s",
+    cr_assert_eq(qwen2_load_shapes(b, &mc, st, NULL, &shapes, &weight_bytes, &err), VLMD_OK, "%s",
                  err.msg);
     cr_expect_gt(weight_bytes, 0);
     engine_config cfg = {.max_batch_tokens = 256, .max_running = 8, .eos_id = -1,

@@ -131,6 +131,9 @@ static vlmd_msg sample(vlmd_msg_type t)
     case VLMD_MSG_RESTARTS:
         m.u.restarts = (vlmd_msg_restarts){sample_restarts, 2};
         break;
+    case VLMD_MSG_GROUP_ID:
+        m.u.group_id = (vlmd_msg_group_id){2, (uint8_t *)"/dev/shm/vlmd.comm", 18};
+        break;
     }
     return m;
 }
@@ -295,6 +298,13 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
         for (uint32_t i = 0; i < a->n_children && i < b->n_children; i++) {
             EQ(children[i].role); EQ(children[i].rank); EQ(children[i].restarts);
         }
+        break;
+    }
+    case VLMD_MSG_GROUP_ID: {
+        const vlmd_msg_group_id *a = &x->u.group_id, *b = &y->u.group_id;
+        EQ(rank);
+        EQ(n_id);
+        cr_assert(a->n_id == b->n_id && memcmp(a->id, b->id, a->n_id) == 0);
         break;
     }
     }

@@ -1,0 +1,146 @@
+/* qwen2_impl.h - the model's, KV cache's and workspace's insides, shared by
+ * qwen2.c (loading and the forward) and qwen2_ranks.c (what rank 0 tells the
+ * other ranks of a group, and what they do with it). Nothing else includes it. */
+#ifndef VLMD_QWEN2_IMPL_H
+#define VLMD_QWEN2_IMPL_H
+
+#include "comm.h"
+#include "ops.h"
+#include "qwen2.h"
+
+typedef struct qwen2_ranks qwen2_ranks;
+
+typedef struct qwen2_layer {
+    void *ln_in, *w_qkv, *wo;               /* attention: [Q + 2 KV, H], [H, Q] */
+    void *b_qkv;                            /* [Q + 2 KV]; NULL without qkv bias (Qwen3) */
+    void *q_norm, *k_norm;                  /* Qwen3: [hd] each; NULL without */
+    void *ln_post;                          /* [H] */
+    void *w_gate_up, *w_down;               /* dense MLP: [2 I, H] (gate rows, then up), [H, I] */
+    /* a mixture-of-experts layer instead (the dense pair NULL): the router [E, H], each
+     * expert's gate and up rows [E][2 Ie, H], its down projection [E][H, Ie] */
+    void *router, *experts_gate_up, *experts_down;
+} qwen2_layer;
+
+struct qwen2_model {
+    vlmd_backend *b;            /* borrowed */
+    const vlmd_op_table *op;
+    int H, I, L, nh, nkv, hd, V; /* I, nh, nkv: this rank's */
+    int rank, world;            /* tensor parallelism: this rank of world (1: the whole model) */
+    vlmd_comm *comm;            /* borrowed; NULL when world is 1 */
+    bool vocab_split;           /* lm_head holds this rank's Vr rows; the logits all-gathered */
+    int Vr;                     /* lm_head's rows here: V / world when split, else V */
+    float eps, theta;
+    bool mrope, interleaved;    /* M-RoPE; its sections interleaved (Qwen3-VL) */
+    int sections[3];
+    bool qkv_bias, qk_norm;
+    int E, K, Ie;               /* experts, chosen per token, their MLP width (E 0: dense) */
+    bool renormalize;           /* the chosen experts' weights sum to 1 */
+    int n_deepstack;            /* Qwen3-VL: features per image token (0: none) */
+    uint64_t image_token_bytes; /* an image token in the arena (vlmd_image_token_bytes) */
+    int n_dense, n_moe;         /* layers of each kind */
+    uint64_t worst_case_steps;  /* steps that routed the stress's worst case */
+    void *embed;                /* [V, H] */
+    void *lm_head;              /* [Vr, H]; the embedding (its rows of this rank) when tied */
+    void *final_norm;           /* [H] */
+    qwen2_layer *layers;
+    vlmd_backend_owned weights;
+    bool holds;                 /* holds the backend's weight type (vlmd_backend_hold_weights) */
+    bool dry;                   /* sizing only: tensors are checked and counted, not loaded */
+    uint64_t dry_bytes;
+    qwen2_ranks *ranks;         /* leading or following the group's steps (qwen2_ranks.c); NULL:
+                                 * every rank calls the model itself (or world 1) */
+};
+
+struct qwen2_kv {
+    uint32_t id;                /* the group's name for it (qwen2_ranks.c); 0 alone */
+    int32_t n_slots;            /* slots the engine hands out */
+    void **k, **v;              /* per layer: [n_slots + 1, nkv * hd]; the last row is the
+                                 * pad slot, written by a graph's padding rows, never read */
+};
+
+/* A decode step captured for `rows` sequences of one token each. */
+typedef struct decode_graph {
+    qwen2_model *m;
+    qwen2_kv *kv;
+    qwen2_workspace *ws;
+    int32_t rows;
+    vlmd_graph *graph;
+} decode_graph;
+
+struct qwen2_workspace {
+    uint32_t id;                /* the group's name for it (qwen2_ranks.c); 0 alone */
+    int32_t max_tokens, max_logits;
+    void *x, *h, *residual;     /* [n, H] */
+    void *qkv;                  /* [n, (nh + 2 nkv) * hd] */
+    void *attn;                 /* [n, nh * hd] */
+    void *gate_up;              /* [n, 2 I]; NULL without dense layers */
+    void *act;                  /* [n, I]; likewise */
+    void *router_logits;        /* [n, E]; MoE only, as the next three */
+    int32_t *expert_ids;        /* [n, K] */
+    float *expert_weights;      /* [n, K] fp32 */
+    void *moe_scratch;          /* moe_scratch_bytes(n, ...) */
+    void *deepstack;            /* [n_deepstack][n, H]: the step's image rows of each feature */
+    bool worst_case;            /* route as the stress does (qwen2_set_worst_case_routing) */
+    void *rows, *logits;        /* [n_logits, H], [n_logits, V] */
+    /* a vocabulary split: every rank's [n_logits, Vr] slice, rank after rank (the all-gather's
+     * layout), and each logits row's place in it ([n_logits x world]: row i, rank r) */
+    void *logit_slices;         /* [world][n_logits, Vr] */
+    int32_t *vocab_order, *vocab_order_host;
+    vlmd_status comm_status;    /* the first collective that failed, kept for the group */
+    vlmd_error comm_err;
+    int32_t *ids, *positions, *slots, *logit_rows; /* backend copies of the batch */
+    vlmd_attn_seq *seqs;        /* backend copy of the attention batch [max_logits] */
+    vlmd_attn_seq *seqs_host;   /* its host staging */
+    /* every sequence's slots, packed: [max_logits x max_kv_len] (sequences that share a
+     * cached prefix list the same slots, so the sum is not bounded by the cache) */
+    int32_t *slot_table, *slot_table_host;
+    size_t table_len;
+    vlmd_backend_owned buffers;
+    /* decode graphs, smallest batch first, for one KV cache; a padded batch's host arrays */
+    decode_graph *graphs;
+    int n_graphs;
+    uint64_t graph_steps;       /* steps that ran through a graph */
+    const qwen2_kv *graph_kv;
+    int32_t *pad_ids, *pad_positions, *pad_slots, *pad_rows, pad_slot;
+    vlmd_attn_seq *pad_seqs;
+    /* sampling: the rows' parameters and outputs, their seen tokens (backend), staging */
+    vlmd_sample_row *sample_rows, *sample_rows_host;
+    vlmd_sample_out *sample_out;
+    vlmd_seen_token *seen;
+    int32_t seen_capacity;
+    uint32_t *masks;            /* [max_logits][mask words]: constrained rows' token masks */
+};
+
+/* The calls rank 0 of a leading group mirrors, as they run on this rank
+ * alone (qwen2.c). */
+vlmd_status qwen2_kv_create_here(qwen2_model *m, int32_t n_slots, qwen2_kv **out,
+                                 vlmd_error *err);
+void qwen2_kv_free_here(qwen2_model *m, qwen2_kv *kv);
+vlmd_status qwen2_workspace_create_here(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+                                        int32_t max_kv_len, qwen2_workspace **out,
+                                        vlmd_error *err);
+void qwen2_workspace_free_here(qwen2_model *m, qwen2_workspace *ws);
+vlmd_status qwen2_check_batch(const qwen2_model *m, const qwen2_kv *kv, const qwen2_workspace *ws,
+                              const qwen2_batch *bt, vlmd_error *err);
+vlmd_status qwen2_forward_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                               const qwen2_batch *bt, float *logits, vlmd_error *err);
+vlmd_status qwen2_capture_decode_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                                      vlmd_error *err);
+
+/* The leading rank's side (each a no-op returning VLMD_OK when m->ranks is
+ * NULL or follows): before a mirrored call runs here, the others are told;
+ * after it, they agree (the call succeeded only where it did on every rank). */
+vlmd_status qwen2_ranks_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out,
+                                  vlmd_error *err);
+void qwen2_ranks_kv_free(qwen2_model *m, qwen2_kv *kv);
+vlmd_status qwen2_ranks_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+                                         int32_t max_kv_len, qwen2_workspace **out,
+                                         vlmd_error *err);
+void qwen2_ranks_workspace_free(qwen2_model *m, qwen2_workspace *ws);
+vlmd_status qwen2_ranks_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                                const qwen2_batch *bt, vlmd_error *err);
+vlmd_status qwen2_ranks_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+                                       vlmd_error *err);
+void qwen2_ranks_free(qwen2_model *m);
+
+#endif
