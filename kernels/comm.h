@@ -19,7 +19,8 @@
  * (vlmd_comm_barrier is one).
  *
  * A failure (a peer that died, left or hung; a wait that outlived the
- * timeout) is a vlmd_status with a message naming this rank, the operation
+ * timeout; on the CPU, where the ranks share a host, a rank whose process
+ * is gone fails the others at once) is a vlmd_status with a message naming this rank, the operation
  * and, where it is known, the rank that is missing. After a failure the
  * communicator is broken: every later operation fails at once with the
  * first error, and the group must be restarted (issue 22: never a

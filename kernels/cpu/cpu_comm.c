@@ -39,6 +39,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <linux/futex.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -176,6 +177,21 @@ static void give_up(vlmd_comm *c, uint64_t missing)
     futex_wake_all(&cc->h->gen);
 }
 
+/* A rank that joined and has not arrived at barrier g whose process is gone
+ * (killed, crashed: it could not say it left), or -1. Ranks share a host, so
+ * its pid is checked; a zombie not yet reaped still counts as there. */
+static int dead_rank(const vlmd_comm *c, uint32_t g, int32_t *pid)
+{
+    cpu_comm *cc = (cpu_comm *)c->impl;
+    for (int q = 0; q < c->world; q++) {
+        *pid = atomic_load(&cc->ranks[q].pid);
+        if (q != c->rank && *pid > 0 && atomic_load(&cc->ranks[q].arrived) != g + 1 &&
+            kill(*pid, 0) != 0 && errno == ESRCH)
+            return q;
+    }
+    return -1;
+}
+
 /* Meets every rank (`what` names the wait in errors: "join" or "barrier"),
  * bounded by `deadline`. On a failure this rank gives up, and the error
  * names the ranks that did not arrive, the one that gave up first, or the
@@ -218,6 +234,13 @@ static vlmd_status barrier_until(vlmd_comm *c, int64_t deadline, const char *wha
             if (atomic_load(&cc->ranks[q].left) && atomic_load(&cc->ranks[q].arrived) != g + 1)
                 return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "%s: rank %d left the group",
                                    what, q);
+        int32_t pid;
+        int dead = dead_rank(c, g, &pid);
+        if (dead >= 0) { /* fail now, not at the timeout */
+            give_up(c, 1ull << dead);
+            return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "%s: rank %d (pid %d) is gone; the "
+                               "group must restart", what, dead, (int)pid);
+        }
         int64_t left = deadline - now_ns();
         if (left <= 0) {
             char missing[256];

@@ -561,6 +561,27 @@ Test(comm, a_rank_that_dies_is_named_and_breaks_the_group)
     group_end(&g);
 }
 
+/* A rank whose process is gone (rank 0 here: the parent reaps it first, so it
+ * is no zombie) fails the others at once, long before the timeout, naming it. */
+Test(comm, a_rank_whose_process_is_gone_fails_the_others_at_once)
+{
+    group g;
+    group_init(&g, 3, 10000, SMALL_SLOT);
+    int victim = 0, codes[MAX_RANKS], saw_it = 0;
+    group_run(&g, 0x7, die_rank, &victim, codes);
+    for (int r = 1; r < 3; r++) {
+        cr_expect_eq(codes[r], 0, "rank %d: %s", r, g.sh->msg[r]);
+        /* the first to see it says so; the other may learn it from the first */
+        cr_expect_eq(g.sh->status[r], VLMD_ERR_UNAVAILABLE, "rank %d: %s", r, g.sh->msg[r]);
+        cr_expect(strstr(g.sh->msg[r], "rank 0"), "rank %d: %s", r, g.sh->msg[r]);
+        saw_it += strstr(g.sh->msg[r], "rank 0 (pid ") && strstr(g.sh->msg[r], "is gone");
+        cr_expect_lt(g.sh->elapsed_ms[r], 5000, "rank %d failed after %lld ms, not at once", r,
+                     (long long)g.sh->elapsed_ms[r]);
+    }
+    cr_expect_geq(saw_it, 1, "a rank named the process that is gone");
+    group_end(&g);
+}
+
 /* A rank that leaves (destroys its communicator) fails the others at once. */
 static int leave_rank(group *g, vlmd_backend *b, vlmd_comm *c, int rank, const void *arg)
 {
