@@ -254,8 +254,8 @@ const vlmd_flag vlmd_flags[] = {
      "them as processes of this host; the model's heads and MLP width must divide by it"},
     {"rank", VLMD_FLAG_INT, OFF(rank), "0", 0, 15, NULL, R(LAUNCHER) | R(LLM),
      "This engine's rank among --tensor-parallel-size: rank 0 schedules and talks to the "
-     "router, the others follow its steps. Set per engine by the launcher (which takes only "
-     "0) or by the deploy files that start each vlmd-llm"},
+     "router, the others follow its steps. Set per engine by vlmd serve (which takes only 0) "
+     "or, without it, by `vlmd args llm ... --rank R` in the deploy files"},
     /* the CUDA backend's ways kept until a GPU run has compared them (the CPU ignores them) */
     {"cuda-attention", VLMD_FLAG_CHOICE, OFF(cuda_attention), "mma", 0, 0, "mma|wmma",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
@@ -479,10 +479,6 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--cpu-device-mb %lld: give at least 64 MiB, or 0 for what the "
                            "machine can spare", (long long)cfg->cpu_device_mb);
-    if (role == VLMD_ROLE_LAUNCHER && cfg->rank != 0)
-        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
-                           "--rank %lld: vlmd serve gives each engine its own rank",
-                           (long long)cfg->rank);
     if (cfg->rank >= cfg->tensor_parallel_size)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--rank %lld is not below --tensor-parallel-size %lld",

@@ -9,7 +9,7 @@ packages=(
   libzmq3-dev libmsgpack-dev libuv1-dev libh2o-dev libssl-dev zlib1g-dev
   libjansson-dev libpcre2-dev libcbor-dev libunistring-dev libopenblas-dev libcriterion-dev
   libpng-dev libjpeg62-turbo-dev libwebp-dev libcurl4-openssl-dev
-  nodejs curl
+  nodejs curl supervisor systemd
 )
 
 missing=()

@@ -97,7 +97,7 @@ typedef struct llm_worker {
     vlmd_comm_id group_id;
     bool has_group_id;
     vlmd_comm *comm;
-    bool joining, joined, following;
+    bool joining, joined, following, load_failed;
     vlmd_status group_status;
     vlmd_error group_err;
     uv_timer_t ping;
@@ -109,6 +109,14 @@ typedef struct llm_worker {
 /* The engine's rank among engines (one engine today); KV-event batches
  * carry it as their data_parallel_rank. */
 #define ENGINE_RANK 0
+
+/* A status that says a rank of this engine's group is gone or hung (the
+ * communicator's): the group restarts, the configuration is not at fault. */
+static bool group_broke(const llm_worker *w, vlmd_status s)
+{
+    return w->svc.cfg.tensor_parallel_size > 1 &&
+           (s == VLMD_ERR_UNAVAILABLE || s == VLMD_ERR_TIMEOUT);
+}
 
 /* ---- engine output (on the pool thread during a step) --------------------------- */
 
@@ -273,6 +281,10 @@ static void on_step_done(uv_work_t *req, int status)
 {
     llm_worker *w = req->data;
     w->stepping = false;
+    if (status == 0 && group_broke(w, w->step_status)) { /* the launcher restarts the group */
+        VLMD_ERROR("the group broke: %s", w->step_err.msg);
+        exit(VLMD_EXIT_FATAL);
+    }
     if (status != 0 || w->step_status != VLMD_OK)
         VLMD_FATAL("engine step failed: %s", w->step_err.msg); /* an invariant, not a request's */
     if (w->stopping) { /* the peer is gone: nothing more leaves */
@@ -504,7 +516,7 @@ static void on_profile_done(uv_work_t *req, int status)
     w->profiling = false;
     if (status != 0 || w->profile_status != VLMD_OK) {
         VLMD_ERROR("%s", status ? "the auto-profile did not run" : w->profile_err.msg);
-        exit(VLMD_EXIT_CONFIG);
+        exit(group_broke(w, w->profile_status) ? VLMD_EXIT_FATAL : VLMD_EXIT_CONFIG);
     }
     const profile_report *rep = &w->profile;
     engine_config base = engine_base(w);
@@ -563,12 +575,12 @@ static bool in_group(const llm_worker *w)
     return w->svc.cfg.tensor_parallel_size > 1;
 }
 
-/* Rank 0 tells the router its rendezvous (again after a router restart); the
- * others ask for it. */
+/* Rank 0 tells the router its rendezvous (again after a router restart), and
+ * that it is no longer needed once every rank joined; the others ask for it. */
 static void say_group_id(llm_worker *w)
 {
     size_t len = 0;
-    const void *bytes = w->svc.cfg.rank == 0 ? vlmd_comm_id_bytes(&w->group_id, &len) : NULL;
+    const void *bytes = w->has_group_id ? vlmd_comm_id_bytes(&w->group_id, &len) : NULL;
     vlmd_msg m = {.type = VLMD_MSG_GROUP_ID};
     m.u.group_id = (vlmd_msg_group_id){(uint32_t)w->svc.cfg.rank, (uint8_t *)bytes,
                                        (uint32_t)len};
@@ -587,8 +599,9 @@ static void on_join_work(uv_work_t *req)
     if (w->group_status != VLMD_OK)
         return;
     qwen2_parallel par = {o.rank, o.world, w->comm};
-    if (load_weights(w, &par, &w->group_err) != VLMD_OK) {
-        w->group_status = VLMD_ERR_INVALID_ARG; /* the configuration's: exit 2 */
+    w->group_status = load_weights(w, &par, &w->group_err);
+    if (w->group_status != VLMD_OK) {
+        w->load_failed = true; /* the configuration's: exit 2 */
         return;
     }
     if (o.rank == 0)
@@ -641,7 +654,7 @@ static void on_join_done(uv_work_t *req, int status)
         VLMD_ERROR("rank %lld of %lld: %s", (long long)cfg->rank,
                    (long long)cfg->tensor_parallel_size,
                    status ? "the join did not run" : w->group_err.msg);
-        exit(w->group_status == VLMD_ERR_INVALID_ARG ? VLMD_EXIT_CONFIG : VLMD_EXIT_FATAL);
+        exit(w->load_failed ? VLMD_EXIT_CONFIG : VLMD_EXIT_FATAL);
     }
     w->joined = true;
     if (w->stopping)
@@ -649,6 +662,8 @@ static void on_join_done(uv_work_t *req, int status)
     VLMD_INFO("rank %lld of %lld joined the group", (long long)cfg->rank,
               (long long)cfg->tensor_parallel_size);
     if (cfg->rank == 0) { /* on to the auto-profile, which the others follow */
+        w->has_group_id = false;
+        say_group_id(w); /* empty: the router forgets the rendezvous */
         vlmd_msg m = {.type = VLMD_MSG_FOOTPRINT_REQUEST};
         vlmd_peer_send(w->svc.peer, &m);
         uv_timer_init(&w->svc.loop, &w->ping);
@@ -674,8 +689,9 @@ static void start_join(llm_worker *w)
 }
 
 /* A welcome before the group formed: rank 0 makes the rendezvous (the CPU
- * communicator's file in the runtime directory, beside the arena) and starts
- * joining; the others ask the router for it. */
+ * communicator's file in the runtime directory, beside the arena, else in
+ * /dev/shm; removed once every rank has joined) and starts joining; the others
+ * ask the router for it. */
 static void group_hello(llm_worker *w)
 {
     if (w->svc.cfg.rank > 0) {
@@ -684,14 +700,13 @@ static void group_hello(llm_worker *w)
         return;
     }
     if (!w->has_group_id) {
-        char dir[4096];
-        vlmd_strlcpy(dir, w->svc.cfg.embed_arena_path, sizeof dir);
-        char *slash = strrchr(dir, '/');
-        if (slash)
-            *slash = '\0';
+        char dir[4096] = "/dev/shm";
+        const char *arena = w->svc.cfg.embed_arena_path, *slash = strrchr(arena, '/');
+        if (slash && slash > arena)
+            snprintf(dir, sizeof dir, "%.*s", (int)(slash - arena), arena);
         vlmd_error err = {0};
-        if (vlmd_comm_id_make(vlmd_backend_info(w->backend)->kind, slash ? dir : ".",
-                              &w->group_id, &err) != VLMD_OK) {
+        if (vlmd_comm_id_make(vlmd_backend_info(w->backend)->kind, dir, &w->group_id, &err) !=
+            VLMD_OK) {
             VLMD_ERROR("%s", err.msg);
             exit(VLMD_EXIT_CONFIG);
         }

@@ -301,6 +301,8 @@ vlmd_status profile_run(qwen2_model *m, vlmd_backend *b, const engine_config *ba
             vlmd_backend_mem_info(b, &rep->free_after_bytes, &rep->total_bytes, NULL);
             return VLMD_OK;
         }
+        if (st == VLMD_ERR_UNAVAILABLE || st == VLMD_ERR_TIMEOUT) /* a rank's group broke */
+            return vlmd_errorf(err, st, "%s", last.msg);
         VLMD_WARN("profile: attempt %d at %lld tokens failed: %s", a + 1, (long long)tokens,
                   last.msg);
         tokens = tokens * 95 / 100;

@@ -175,7 +175,9 @@ typedef struct vlmd_msg_restarts {
 /* The rendezvous of a tensor-parallel group (comm.h's vlmd_comm_id as bytes).
  * Rank 0 sends the one it made; a rank above 0 sends an empty one to ask,
  * and the router answers with rank 0's latest (at once, or when it comes).
- * The router forgets it when rank 0 restarts. */
+ * Rank 0 sends an empty one once every rank has joined, and the router
+ * forgets it then or when rank 0 restarts: a rank restarted later waits for
+ * the next group's. */
 #define VLMD_PROTO_MAX_GROUP_ID_BYTES 1024
 typedef struct vlmd_msg_group_id {
     uint32_t rank;                  /* the sender's (router -> llm: 0) */

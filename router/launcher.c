@@ -364,6 +364,12 @@ static int serve(int argc, char **argv)
     vlmd_log_init("vlmd", level);
 
     vlmd_error err = {0};
+    if (l.cfg.rank != 0) {
+        fprintf(stderr, "vlmd: --rank %lld: vlmd serve gives each engine its own rank\n",
+                (long long)l.cfg.rank);
+        vlmd_config_free(&l.cfg);
+        return VLMD_EXIT_CONFIG;
+    }
     if (vlmd_model_config_load(l.cfg.model, &l.model, &err) != VLMD_OK) {
         fprintf(stderr, "vlmd: %s\n", err.msg);
         vlmd_config_free(&l.cfg);

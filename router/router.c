@@ -200,8 +200,12 @@ static void answer_group_id_requests(router *rt)
 static void on_group_id(router *rt, const void *id, size_t id_len, const vlmd_msg_group_id *m)
 {
     registry_entry *e = known_sender(rt, id, id_len, 0);
-    if (!e || e->role != VLMD_ROLE_LLM || e->rank != m->rank || (e->rank == 0) != (m->n_id > 0)) {
+    if (!e || e->role != VLMD_ROLE_LLM || e->rank != m->rank || (e->rank > 0 && m->n_id)) {
         rt->dropped++;
+        return;
+    }
+    if (e->rank == 0 && !m->n_id) { /* every rank joined: the rendezvous serves no one now */
+        forget_group_id(rt);
         return;
     }
     if (e->rank == 0) {

@@ -141,7 +141,8 @@ test('models whose heads or width do not divide by the ranks are refused at star
     '--tensor-parallel-size', '2'], 60000);
   assert.equal(moe.code, 1, moe.stderr.slice(-2000));
   assert.match(moe.stderr, /mixture-of-experts/, moe.stderr.slice(-2000));
-  const rank = await runToExit(['serve', '--model', `${FIXTURES}/qwen2`, '--rank', '1']);
+  const rank = await runToExit(['serve', '--model', `${FIXTURES}/qwen2`, '--tensor-parallel-size', '2',
+    '--rank', '1']);
   assert.equal(rank.code, 2);
   assert.match(rank.stderr, /--rank 1: vlmd serve gives each engine its own rank/);
 });
