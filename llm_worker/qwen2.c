@@ -20,8 +20,9 @@
  * Wqkv and their columns of Wo, its rows of Wgu and columns of Wd; x after
  * Wo and after Wd is a partial sum, all-reduced over the group before the
  * next rmsnorm adds it in; its lm_head rows give a vocabulary slice of the
- * logits, all-gathered. Every field below named "this rank's" is the whole
- * model's in a model of one rank.
+ * logits, all-gathered; its embedding rows (the same slice, and a zero row
+ * for the ids of the others) are summed over the group. Every field named
+ * "this rank's" is the whole model's in a model of one rank.
  *
  * Owns every backend allocation it makes (weights, cache, workspace) and
  * frees them with their sizes. */
@@ -39,7 +40,8 @@
 /* ---- loading ---------------------------------------------------------------- */
 
 /* A block of one checkpoint tensor: rows [row0, row0 + n_rows) and columns
- * [col0, col0 + n_cols) of a [rows, cols] matrix (cols 0: a vector [rows]). */
+ * [col0, col0 + n_cols) of a [rows, cols] matrix (cols 0: a vector [rows]).
+ * An empty name is n_rows x n_cols zeros. */
 typedef struct part {
     char name[256];
     int64_t rows, cols;
@@ -76,6 +78,21 @@ static vlmd_status upload_part(vlmd_backend *b, void *dst, const vlmd_tensor_vie
     return s;
 }
 
+/* rows x cols zeros at dst, in the weight type. */
+static vlmd_status upload_zeros(vlmd_backend *b, void *dst, int64_t rows, int64_t cols,
+                                vlmd_error *err)
+{
+    vlmd_tensor_view v = {.name = "zeros", .dtype = VLMD_DTYPE_F32, .ndim = 2,
+                          .shape = {rows, cols}, .nbytes = (size_t)(rows * cols) * sizeof(float)};
+    void *zeros = calloc(1, v.nbytes ? v.nbytes : 1);
+    if (!zeros)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    v.data = zeros;
+    vlmd_status s = vlmd_backend_upload_tensor(b, dst, &v, false, err);
+    free(zeros);
+    return s;
+}
+
 /* Loads the blocks parts[0..n), each checked against its tensor's whole
  * shape, stacked along their rows into one backend allocation the model
  * owns, in the weight type; a dry model only checks them and counts their
@@ -89,8 +106,9 @@ static vlmd_status load_parts(qwen2_model *m, const vlmd_safetensors *st, const 
     *out = NULL;
     for (int i = 0; i < n; i++) {
         const part *p = &parts[i];
-        if ((s = vlmd_safetensors_get(st, p->name, p->cols ? 2 : 1,
-                                      (int64_t[]){p->rows, p->cols}, &t, err)) != VLMD_OK)
+        if (p->name[0] && (s = vlmd_safetensors_get(st, p->name, p->cols ? 2 : 1,
+                                                    (int64_t[]){p->rows, p->cols}, &t, err)) !=
+                              VLMD_OK)
             return s;
         bytes += (size_t)(p->n_rows * (p->cols ? p->n_cols : 1)) * es;
     }
@@ -104,9 +122,13 @@ static vlmd_status load_parts(qwen2_model *m, const vlmd_safetensors *st, const 
     char *dst = w;
     for (int i = 0; s == VLMD_OK && i < n; i++) {
         const part *p = &parts[i];
-        t = vlmd_safetensors_find(st, p->name);
-        s = upload_part(m->b, dst, t, p, err);
-        vlmd_safetensors_release(st, t); /* copied: not resident twice */
+        if (!p->name[0]) {
+            s = upload_zeros(m->b, dst, p->n_rows, p->n_cols, err);
+        } else {
+            t = vlmd_safetensors_find(st, p->name);
+            s = upload_part(m->b, dst, t, p, err);
+            vlmd_safetensors_release(st, t); /* copied: not resident twice */
+        }
         dst += (size_t)(p->n_rows * (p->cols ? p->n_cols : 1)) * es;
     }
     if (s == VLMD_OK)
@@ -353,7 +375,12 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
     if (s != VLMD_OK)                                                                         \
         goto fail;
     snprintf(at, sizeof at, "%s", pre);
-    WHOLE("embed_tokens.weight", V, H);
+    if (m->vocab_split) { /* this rank's rows, then a row of zeros for every other id */
+        PART("embed_tokens.weight", V, H, rank * Vr, Vr, 0, H);
+        parts[np++] = (part){.rows = 1, .cols = H, .n_rows = 1, .n_cols = H};
+    } else {
+        WHOLE("embed_tokens.weight", V, H);
+    }
     LOAD(m->embed)
     WHOLE("norm.weight", H, 0);
     LOAD(m->final_norm)
@@ -361,10 +388,8 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         at[0] = '\0';
         PART("lm_head.weight", V, H, rank * Vr, Vr, 0, H);
         LOAD(m->lm_head)
-    } else { /* tied embeddings: this rank's rows of them */
-        m->lm_head = m->embed ? (char *)m->embed + (size_t)(rank * Vr * H) *
-                                                       vlmd_backend_weight_elem_size(b)
-                              : NULL;
+    } else { /* tied: the embedding, which holds this rank's vocabulary slice when split */
+        m->lm_head = m->embed;
     }
     for (int l = 0; l < m->L; l++) {
         qwen2_layer *y = &m->layers[l];
@@ -663,7 +688,8 @@ vlmd_status qwen2_workspace_create_here(qwen2_model *m, int32_t max_tokens, int3
     ws->pad_seqs = malloc(r * sizeof *ws->pad_seqs);
     ws->sample_rows_host = malloc(r * sizeof *ws->sample_rows_host);
     ws->vocab_order_host = malloc(r * (size_t)m->world * i32);
-    if (s == VLMD_OK && (!ws->vocab_order_host || !ws->seqs_host || !ws->slot_table_host || !ws->pad_ids ||
+    ws->ids_host = malloc((size_t)max_tokens * i32);
+    if (s == VLMD_OK && (!ws->vocab_order_host || !ws->ids_host || !ws->seqs_host || !ws->slot_table_host || !ws->pad_ids ||
                          !ws->pad_positions || !ws->pad_slots || !ws->pad_rows || !ws->pad_seqs ||
                          !ws->sample_rows_host))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
@@ -692,6 +718,7 @@ void qwen2_workspace_free_here(qwen2_model *m, qwen2_workspace *ws)
     free(ws->pad_seqs);
     free(ws->sample_rows_host);
     free(ws->vocab_order_host);
+    free(ws->ids_host);
     free(ws);
 }
 
@@ -740,7 +767,14 @@ static vlmd_status upload_batch(qwen2_model *m, qwen2_workspace *ws, const qwen2
 {
     vlmd_backend *b = m->b;
     size_t i32 = sizeof(int32_t), n = (size_t)bt->n_tokens, packed = 0;
-    vlmd_status s = vlmd_backend_copy_to_device(b, ws->ids, bt->ids, n * i32, err);
+    const int32_t *ids = bt->ids;
+    if (m->vocab_split) { /* the ids as rows of this rank's slice; others read its zero row */
+        int32_t lo = m->rank * m->Vr;
+        for (size_t i = 0; i < n; i++)
+            ws->ids_host[i] = bt->ids[i] >= lo && bt->ids[i] < lo + m->Vr ? bt->ids[i] - lo : m->Vr;
+        ids = ws->ids_host;
+    }
+    vlmd_status s = vlmd_backend_copy_to_device(b, ws->ids, ids, n * i32, err);
     if (s == VLMD_OK)
         s = vlmd_backend_copy_to_device(b, ws->positions, bt->positions, 3 * n * i32, err);
     if (s == VLMD_OK)
@@ -886,11 +920,21 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
                     m->Vr);
 }
 
+/* The residual stream's start: each id's embedding row. A rank of a
+ * vocabulary split holds its slice's rows (the others read a zero row), so the
+ * rows are summed over the group. */
+static void embed(qwen2_model *m, qwen2_workspace *ws, int n)
+{
+    m->op->embedding(m->b, ws->residual, m->embed, ws->ids, n, m->H);
+    if (m->vocab_split)
+        all_reduce(m, ws, ws->residual, (size_t)n * m->H);
+}
+
 /* A captured decode step: every row is a sequence of one token and wants its logits. */
 static void decode_graph_run(void *ctx)
 {
     decode_graph *g = ctx;
-    g->m->op->embedding(g->m->b, g->ws->residual, g->m->embed, g->ws->ids, g->rows, g->m->H);
+    embed(g->m, g->ws, g->rows);
     run_layers(g->m, g->kv, g->ws, g->rows, g->rows, g->rows, NULL, 0);
 }
 
@@ -952,7 +996,7 @@ vlmd_status qwen2_forward_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws
          * vision tower made them); each block's output is added to it by the
          * next fused rmsnorm. */
         int n = bt->n_tokens;
-        m->op->embedding(b, ws->residual, m->embed, ws->ids, n, m->H);
+        embed(m, ws, n);
         s = upload_embeds(m, ws, bt, err);
         if (s == VLMD_OK)
             run_layers(m, kv, ws, n, bt->n_seqs, bt->n_logits, bt->embeds, bt->n_embeds);

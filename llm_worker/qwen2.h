@@ -63,8 +63,9 @@ typedef struct qwen2_parallel {
  * num_key_value_heads % world == 0, else each rank keeps the KV heads its
  * query heads use (the KV cache holds only those). lm_head is split by
  * vocabulary when vocab_size % world == 0 (the logits all-gathered, so every
- * rank has all of them), else replicated; the embedding and the norms are
- * replicated. VLMD_ERR_INVALID_ARG naming the model, the counts and the
+ * rank has all of them), else replicated; the embedding likewise (an id
+ * outside the rank's slice reads a zero row, and the rows are all-reduced);
+ * the norms are replicated. VLMD_ERR_INVALID_ARG naming the model, the counts and the
  * world when num_attention_heads or intermediate_size is not a multiple of
  * the world, for a mixture-of-experts model with world > 1 (expert
  * parallelism is not there yet), or a communicator of another rank or

@@ -39,8 +39,8 @@ struct qwen2_model {
     uint64_t image_token_bytes; /* an image token in the arena (vlmd_image_token_bytes) */
     int n_dense, n_moe;         /* layers of each kind */
     uint64_t worst_case_steps;  /* steps that routed the stress's worst case */
-    void *embed;                /* [V, H] */
-    void *lm_head;              /* [Vr, H]; the embedding (its rows of this rank) when tied */
+    void *embed;                /* [V, H]; a vocabulary split's rank: its [Vr, H] and a zero row */
+    void *lm_head;              /* [Vr, H]; the embedding when tied */
     void *final_norm;           /* [H] */
     qwen2_layer *layers;
     vlmd_backend_owned weights;
@@ -89,6 +89,7 @@ struct qwen2_workspace {
     vlmd_status comm_status;    /* the first collective that failed, kept for the group */
     vlmd_error comm_err;
     int32_t *ids, *positions, *slots, *logit_rows; /* backend copies of the batch */
+    int32_t *ids_host;          /* a vocabulary split's ids as rows of the rank's slice */
     vlmd_attn_seq *seqs;        /* backend copy of the attention batch [max_logits] */
     vlmd_attn_seq *seqs_host;   /* its host staging */
     /* every sequence's slots, packed: [max_logits x max_kv_len] (sequences that share a

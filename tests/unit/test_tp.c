@@ -50,13 +50,14 @@ typedef struct shared {
 /* A Qwen2 of 12 heads over 4 KV heads (groups of 3) with random weights:
  * over 3 ranks each rank's 4 query heads read KV heads 0,0,0,1 / 1,1,2,2 /
  * 2,3,3,3, which no split of the KV heads gives, so each rank keeps one per
- * query head. No fixture has such counts. Built in the parent before the
- * ranks fork (they inherit it). */
+ * query head; and a vocabulary of 1030, which 3 does not divide, so its tied
+ * embedding (and lm_head) is every rank's whole. No fixture has such counts.
+ * Built in the parent before the ranks fork (they inherit it). */
 #define SYNTH "synthetic-gqa"
 static const char synth_config[] =
     "{\"architectures\": [\"Qwen2ForCausalLM\"], \"model_type\": \"qwen2\", "
     "\"hidden_size\": 96, \"intermediate_size\": 48, \"num_attention_heads\": 12, "
-    "\"num_key_value_heads\": 4, \"num_hidden_layers\": 2, \"vocab_size\": 1032, "
+    "\"num_key_value_heads\": 4, \"num_hidden_layers\": 2, \"vocab_size\": 1030, "
     "\"max_position_embeddings\": 4096, \"rms_norm_eps\": 1e-06, \"rope_theta\": 10000.0, "
     "\"tie_word_embeddings\": true, \"hidden_act\": \"silu\"}";
 static struct {
@@ -76,7 +77,7 @@ static float synth_value(uint64_t k)
 /* The synthetic checkpoint as a safetensors image in synth. */
 static void synth_build(void)
 {
-    enum { H = 96, I = 48, Q = 96, KV = 32, V = 1032, L = 2, MAX_T = 4 + 11 * L };
+    enum { H = 96, I = 48, Q = 96, KV = 32, V = 1030, L = 2, MAX_T = 4 + 11 * L };
     struct { char name[96]; int64_t r, c; float scale, bias; } t[MAX_T];
     int n = 0;
 #define T(r_, c_, scale_, bias_, ...)                                                         \
