@@ -252,6 +252,9 @@ const vlmd_flag vlmd_flags[] = {
      "heads, the MLP and the vocabulary divided among them, each rank holding its share of "
      "the weights and the KV cache; the ranks are restarted together. The CPU backend runs "
      "them as processes of this host; the model's heads and MLP width must divide by it"},
+    {"devices", VLMD_FLAG_STRING, OFF(devices), "", 0, 0, NULL, R(LAUNCHER) | R(VISUAL) | R(LLM),
+     "GPUs of the engine's ranks, comma-separated CUDA ordinals, one per rank (rank 0's also "
+     "the visual worker's); empty: rank r on GPU r. The CPU backend ignores it"},
     {"rank", VLMD_FLAG_INT, OFF(rank), "0", 0, 15, NULL, R(LAUNCHER) | R(LLM),
      "This engine's rank among --tensor-parallel-size: rank 0 schedules and talks to the "
      "router, the others follow its steps. Set per engine by vlmd serve (which takes only 0) "
@@ -479,6 +482,19 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--cpu-device-mb %lld: give at least 64 MiB, or 0 for what the "
                            "machine can spare", (long long)cfg->cpu_device_mb);
+    int ordinals = 0;
+    for (const char *p = cfg->devices; *p; ordinals++) {
+        char *end = NULL;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 255 || (*end && *end != ','))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--devices: '%s' is not a "
+                               "comma-separated list of GPU ordinals", cfg->devices);
+        p = *end ? end + 1 : end;
+    }
+    if (cfg->devices[0] && ordinals < cfg->tensor_parallel_size)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--devices names %d GPU(s) for "
+                           "--tensor-parallel-size %lld: one per rank", ordinals,
+                           (long long)cfg->tensor_parallel_size);
     if (cfg->rank >= cfg->tensor_parallel_size)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--rank %lld is not below --tensor-parallel-size %lld",

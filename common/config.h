@@ -90,6 +90,7 @@ typedef struct vlmd_config {
     char *cuda_pdl;                 /* --cuda-pdl: off, on */
     int64_t tensor_parallel_size;   /* --tensor-parallel-size: engine ranks of one model */
     int64_t rank;                   /* --rank: this engine's rank (the launcher gives each its own) */
+    char *devices;                  /* --devices: GPU ordinals, one per rank; "" = rank r on GPU r */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {

@@ -30,7 +30,15 @@ vlmd_backend_options vlmd_backend_options_of(const vlmd_config *cfg)
                                                                : VLMD_CUDA_ATTENTION_MMA,
         .gemv_decode = strcmp(cfg->cuda_decode_linear, "gemv") == 0,
         .pdl = strcmp(cfg->cuda_pdl, "on") == 0,
+        .ordinal = (int)cfg->rank,
     };
+    /* --devices: the rank-th ordinal of the list (validated: one per rank) */
+    const char *p = cfg->devices;
+    for (int64_t r = 0; *p && r <= cfg->rank; r++) {
+        char *end = NULL;
+        o.ordinal = (int)strtol(p, &end, 10);
+        p = *end ? end + 1 : end;
+    }
     return o;
 }
 
@@ -70,7 +78,7 @@ vlmd_status vlmd_backend_open(const vlmd_backend_options *o, vlmd_backend **out,
     if (want_cuda || want_auto) {
 #ifdef VLMD_HAVE_CUDA
         vlmd_error cuda_err = {0};
-        st = vlmd_cuda_backend_open(b, 0, o, &cuda_err);
+        st = vlmd_cuda_backend_open(b, o->ordinal, o, &cuda_err);
         if (st != VLMD_OK && want_cuda) {
             free(b);
             return vlmd_errorf(err, st, "--device cuda: %s", cuda_err.msg);

@@ -52,6 +52,7 @@ typedef struct vlmd_backend_options {
     vlmd_cuda_attention attention; /* --cuda-attention */
     bool gemv_decode;              /* --cuda-decode-linear gemv: the GEMV kernel, not cuBLAS */
     bool pdl;                      /* --cuda-pdl on: launches allow programmatic dependent launch */
+    int ordinal;                   /* the GPU (--devices, by --rank) */
 } vlmd_backend_options;
 
 struct vlmd_config;

@@ -184,6 +184,34 @@ Test(backend, cpu_threads_and_weight_types)
     vlmd_backend_destroy(b);
 }
 
+/* Each rank's GPU: rank r's ordinal in --devices, or r when it is empty; a
+ * list that is not ordinals, or names fewer than the ranks, is refused. */
+Test(backend, a_ranks_gpu_comes_from_devices)
+{
+    vlmd_config cfg;
+    vlmd_error err = {0};
+    vlmd_config_init_defaults(&cfg);
+    char *two[] = {"--tensor-parallel-size", "3", "--rank", "2"};
+    cr_assert_eq(vlmd_config_parse(&cfg, VLMD_ROLE_LLM, 4, two, 0, NULL, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_expect_eq(vlmd_backend_options_of(&cfg).ordinal, 2, "rank r on GPU r");
+    char *list[] = {"--devices", "4,6,7", "--model", "m", "--router-endpoint", "ipc:///r"};
+    cr_assert_eq(vlmd_config_parse(&cfg, VLMD_ROLE_LLM, 6, list, 0, NULL, &err), VLMD_OK);
+    cr_assert_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LLM, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(vlmd_backend_options_of(&cfg).ordinal, 7);
+    cfg.rank = 0;
+    cr_expect_eq(vlmd_backend_options_of(&cfg).ordinal, 4);
+    const char *bad[] = {"4,6", "4,x,7", "-1,2,3", "1,,2"};
+    for (int i = 0; i < 4; i++) {
+        char *argv[] = {"--devices", (char *)bad[i]};
+        cr_assert_eq(vlmd_config_parse(&cfg, VLMD_ROLE_LLM, 2, argv, 0, NULL, &err), VLMD_OK);
+        cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LLM, &err), VLMD_ERR_INVALID_ARG,
+                     "--devices %s", bad[i]);
+        cr_expect(strstr(err.msg, "--devices"), "%s", err.msg);
+    }
+    vlmd_config_free(&cfg);
+}
+
 /* The CUDA backend's ways come from the workers' flags (the flag table, so
  * --help and /health show them), defaults first; the CPU backend opens with
  * any of them. */
