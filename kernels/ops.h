@@ -176,12 +176,16 @@ typedef struct vlmd_op_table {
     /* Mixture of experts, the experts: out[n, H] = sum over j of weights[t, j]
      * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j], the terms added in
      * expert order. gate_up[E][2I, H] holds each expert's gate rows, then its
-     * up rows; down[E][H, I]. scratch: moe_scratch_bytes(n, k, E, H, I) bytes of
-     * backend memory (ops allocate nothing; enough for any smaller n too). out
-     * must not overlap x. */
+     * up rows; down[E][H, I]: the model's experts first .. first + E - 1 (a
+     * tensor-parallel rank's share; 0 and all of them alone). ids are the
+     * model's; a choice of an expert outside the share adds nothing (the
+     * ranks' outputs are summed). scratch: moe_scratch_bytes(n, k, E, H, I)
+     * bytes of backend memory (ops allocate nothing; enough for any smaller n
+     * too). out must not overlap x. */
     void (*moe_experts)(vlmd_backend *b, void *out, const void *x, const int32_t *ids,
                         const float *weights, const void *gate_up, const void *down,
-                        void *scratch, int n, int k, int n_experts, int hidden, int inter);
+                        void *scratch, int n, int k, int n_experts, int hidden, int inter,
+                        int first);
     size_t (*moe_scratch_bytes)(int n, int k, int n_experts, int hidden, int inter);
     /* The vlmd_rope forms rope_kv_write does beyond theta and block M-RoPE
      * sections: a model that needs one the backend lacks does not load there

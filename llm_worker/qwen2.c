@@ -161,16 +161,37 @@ static vlmd_status load_part(qwen2_model *m, const vlmd_safetensors *st, const c
     return s;
 }
 
+/* This rank's experts of one fused tensor [E, rows, cols], transposed into
+ * dst: [Er][cols, rows] (a dry model only checks it). */
+static vlmd_status load_fused_experts(qwen2_model *m, const vlmd_safetensors *st,
+                                      const char *name, int64_t rows, int64_t cols, void *dst,
+                                      vlmd_error *err)
+{
+    const vlmd_tensor_view *t;
+    vlmd_status s = vlmd_safetensors_get(st, name, 3, (int64_t[]){m->E, rows, cols}, &t, err);
+    if (s != VLMD_OK || m->dry)
+        return s;
+    vlmd_tensor_view v = *t;
+    size_t per = (size_t)(rows * cols) * vlmd_dtype_size(t->dtype);
+    v.data = (const char *)t->data + (size_t)m->e0 * per;
+    v.shape[0] = m->Er;
+    v.nbytes = (size_t)m->Er * per;
+    s = vlmd_backend_upload_tensor(m->b, dst, &v, true, err);
+    vlmd_safetensors_release(st, t); /* copied: not resident twice */
+    return s;
+}
+
 /* A layer's experts in the op's layout, gate_up [E][2 Ie, H] and down
- * [E][H, Ie], from `at` ("...mlp."): one tensor per expert and projection
- * (Qwen3-MoE: experts.N.{gate,up,down}_proj.weight), or all experts in two
- * fused tensors stored for x . W (Qwen3-VL-MoE: experts.gate_up_proj
- * [E, H, 2 Ie], gate columns then up, and experts.down_proj [E, Ie, H]),
- * transposed here. Two allocations the model owns; a dry model counts them. */
+ * [E][H, Ie] (this rank's Er of them, from e0), from `at` ("...mlp."): one
+ * tensor per expert and projection (Qwen3-MoE: experts.N.{gate,up,down}_
+ * proj.weight), or all experts in two fused tensors stored for x . W
+ * (Qwen3-VL-MoE: experts.gate_up_proj [E, H, 2 Ie], gate columns then up,
+ * and experts.down_proj [E, Ie, H]), transposed here. Two allocations the
+ * model owns; a dry model counts them. */
 static vlmd_status load_experts(qwen2_model *m, const vlmd_safetensors *st, const char *at,
                                 qwen2_layer *y, vlmd_error *err)
 {
-    const int64_t E = m->E, H = m->H, Ie = m->Ie;
+    const int64_t E = m->Er, H = m->H, Ie = m->Ie;
     size_t es = vlmd_backend_weight_elem_size(m->b);
     size_t gu_bytes = (size_t)(E * 2 * Ie * H) * es, down_bytes = (size_t)(E * H * Ie) * es;
     char name[320];
@@ -188,12 +209,10 @@ static vlmd_status load_experts(qwen2_model *m, const vlmd_safetensors *st, cons
     }
     size_t gu_at = 0, down_at = 0;
     if (fused) {
-        s = load_part(m, st, name, 3, (int64_t[]){E, H, 2 * Ie}, true, y->experts_gate_up,
-                      &gu_at, err);
+        s = load_fused_experts(m, st, name, H, 2 * Ie, y->experts_gate_up, err);
         snprintf(name, sizeof name, "%sexperts.down_proj", at);
         if (s == VLMD_OK)
-            s = load_part(m, st, name, 3, (int64_t[]){E, Ie, H}, true, y->experts_down,
-                          &down_at, err);
+            s = load_fused_experts(m, st, name, Ie, H, y->experts_down, err);
         return s;
     }
     snprintf(name, sizeof name, "%sexperts.0.gate_proj.weight", at);
@@ -201,7 +220,7 @@ static vlmd_status load_experts(qwen2_model *m, const vlmd_safetensors *st, cons
         return vlmd_errorf(err, VLMD_ERR_MODEL, "missing tensor %s (or the fused "
                            "%sexperts.gate_up_proj)", name, at);
     static const char *const parts[] = {"gate_proj", "up_proj", "down_proj"};
-    for (int64_t e = 0; s == VLMD_OK && e < E; e++)
+    for (int64_t e = m->e0; s == VLMD_OK && e < m->e0 + E; e++)
         for (int p = 0; s == VLMD_OK && p < 3; p++) {
             snprintf(name, sizeof name, "%sexperts.%lld.%s.weight", at, (long long)e, parts[p]);
             s = p < 2 ? load_part(m, st, name, 2, (int64_t[]){Ie, H}, false, y->experts_gate_up,
@@ -250,11 +269,10 @@ static vlmd_status check_parallel(const vlmd_backend *b, const vlmd_model_config
                            "CUDA needs the communicator's all-reduce and all-gather in the "
                            "decode graphs, which is not there yet (use --device cpu)", arch,
                            world);
-    if (t->num_experts)
-        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: a mixture-of-experts model (%lld "
-                           "experts) cannot be split over a tensor-parallel size of %d yet: "
-                           "expert parallelism is not there", arch,
-                           (long long)t->num_experts, world);
+    if (t->num_experts % world)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: its %lld experts must be a multiple "
+                           "of the tensor-parallel size %d (each rank holds an equal share)",
+                           arch, (long long)t->num_experts, world);
     if (t->num_heads % world || t->intermediate_size % world)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: num_attention_heads %lld and "
                            "intermediate_size %lld must both be multiples of the "
@@ -327,6 +345,7 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         .image_token_bytes = vlmd_image_token_bytes(mc),
     };
     m->Vr = m->vocab_split ? m->V / world : m->V;
+    m->Er = m->E / world, m->e0 = rank * m->Er;
     if (world > 1) /* the KV heads this rank's query heads read */
         m->nkv = rank_kv_heads(rank * m->nh, m->nh, (int)(t->num_heads / t->num_kv_heads),
                                kv_heads);
@@ -416,7 +435,7 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         LOAD(y->wo)
         WHOLE("post_attention_layernorm.weight", H, 0);
         LOAD(y->ln_post)
-        if (vlmd_text_layer_is_moe(t, l)) { /* world 1 only (check_parallel) */
+        if (vlmd_text_layer_is_moe(t, l)) { /* this rank's share of the experts */
             m->n_moe++;
             WHOLE("mlp.gate.weight", E, H);
             LOAD(y->router)
@@ -634,7 +653,7 @@ static vlmd_status workspace_buffers(qwen2_model *m, qwen2_workspace *ws, int32_
         WS(expert_ids, n * (size_t)m->K * i32)
         WS(expert_weights, n * (size_t)m->K * sizeof(float))
         /* the op's scratch for max_tokens holds any routing, the worst case included */
-        WS(moe_scratch, m->op->moe_scratch_bytes(max_tokens, m->K, m->E, m->H, m->Ie))
+        WS(moe_scratch, m->op->moe_scratch_bytes(max_tokens, m->K, m->Er, m->H, m->Ie))
     }
     if (m->n_deepstack) { /* any row of a step may be an image's */
         WS(deepstack, (size_t)m->n_deepstack * n * m->H * f)
@@ -888,8 +907,9 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
             op->moe_route(b, ws->expert_ids, ws->expert_weights, ws->router_logits, n, m->E,
                           m->K, m->renormalize, ws->worst_case);
             op->moe_experts(b, ws->x, ws->h, ws->expert_ids, ws->expert_weights,
-                            y->experts_gate_up, y->experts_down, ws->moe_scratch, n, m->K, m->E,
-                            H, m->Ie);
+                            y->experts_gate_up, y->experts_down, ws->moe_scratch, n, m->K, m->Er,
+                            H, m->Ie, m->e0);
+            all_reduce(m, ws, ws->x, (size_t)n * H); /* each rank's experts' share */
         } else {
             op->linear(b, ws->gate_up, ws->h, y->w_gate_up, NULL, n, H, 2 * m->I);
             op->silu_mul(b, ws->act, ws->gate_up, n, m->I);

@@ -65,11 +65,13 @@ typedef struct qwen2_parallel {
  * vocabulary when vocab_size % world == 0 (the logits all-gathered, so every
  * rank has all of them), else replicated; the embedding likewise (an id
  * outside the rank's slice reads a zero row, and the rows are all-reduced);
- * the norms are replicated. VLMD_ERR_INVALID_ARG naming the model, the counts and the
- * world when num_attention_heads or intermediate_size is not a multiple of
- * the world, for a mixture-of-experts model with world > 1 (expert
- * parallelism is not there yet), or a communicator of another rank or
- * world; VLMD_ERR_UNAVAILABLE on CUDA with world > 1 (the communicator is
+ * the norms are replicated. A mixture-of-experts layer's experts are split
+ * by rank (expert parallelism: rank r holds experts r E/N .. (r + 1) E/N - 1,
+ * the router is replicated, each rank sums its experts' share of the
+ * token's choices, then an all-reduce). VLMD_ERR_INVALID_ARG naming the
+ * model, the counts and the world when num_attention_heads,
+ * intermediate_size or num_experts is not a multiple of the world, or for a
+ * communicator of another rank or world; VLMD_ERR_UNAVAILABLE on CUDA with world > 1 (the communicator is
  * not in the decode graphs yet). p may be NULL (the whole model). */
 vlmd_status qwen2_load_rank(vlmd_backend *b, const vlmd_model_config *mc,
                             const vlmd_safetensors *st, const qwen2_parallel *p,

@@ -34,6 +34,7 @@ struct qwen2_model {
     int sections[3];
     bool qkv_bias, qk_norm;
     int E, K, Ie;               /* experts, chosen per token, their MLP width (E 0: dense) */
+    int Er, e0;                 /* the experts this rank holds: e0 .. e0 + Er - 1 */
     bool renormalize;           /* the chosen experts' weights sum to 1 */
     int n_deepstack;            /* Qwen3-VL: features per image token (0: none) */
     uint64_t image_token_bytes; /* an image token in the arena (vlmd_image_token_bytes) */

@@ -326,7 +326,7 @@ static void run_moe_experts(bench *k, void *c)
 {
     moe_ctx *m = c;
     k->op->moe_experts(k->b, m->out, m->x, m->ids, m->weights, m->gate_up, m->down, m->scratch,
-                       m->n, m->k, m->E, m->H, m->I);
+                       m->n, m->k, m->E, m->H, m->I, 0);
 }
 
 /* The router and the experts at n tokens. The experts' ids are k distinct

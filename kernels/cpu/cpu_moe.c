@@ -64,7 +64,8 @@ size_t vlmd_cpu_moe_scratch_bytes(int n, int k, int n_experts, int hidden, int i
 
 void vlmd_cpu_moe_experts(vlmd_backend *b, void *out_, const void *x_, const int32_t *ids,
                           const float *weights, const void *gate_up_, const void *down_,
-                          void *scratch, int n, int k, int n_experts, int hidden, int inter)
+                          void *scratch, int n, int k, int n_experts, int hidden, int inter,
+                          int first)
 {
     float *out = out_;
     const float *x = x_;
@@ -73,14 +74,17 @@ void vlmd_cpu_moe_experts(vlmd_backend *b, void *out_, const void *x_, const int
     float *xg = scratch, *gu = xg + rows * hidden, *act = gu + rows * 2 * inter,
           *y = act + rows * inter;
     int32_t *order = (int32_t *)(y + rows * hidden), *start = order + rows;
-    /* counting sort of the assignments by expert, token order within one */
+    /* counting sort of the assignments to the held experts (local ids), token order within
+     * one; the others are left out */
     memset(start, 0, ((size_t)n_experts + 1) * sizeof *start);
     for (size_t a = 0; a < rows; a++)
-        start[ids[a] + 1]++;
+        if (ids[a] >= first && ids[a] < first + n_experts)
+            start[ids[a] - first + 1]++;
     for (int e = 0; e < n_experts; e++)
         start[e + 1] += start[e];
     for (size_t a = 0; a < rows; a++)
-        order[start[ids[a]]++] = (int32_t)a;
+        if (ids[a] >= first && ids[a] < first + n_experts)
+            order[start[ids[a] - first]++] = (int32_t)a;
     for (int e = n_experts; e > 0; e--) /* the fill moved each start to the next one */
         start[e] = start[e - 1];
     start[0] = 0;

@@ -606,7 +606,8 @@ void vlmd_cpu_moe_route(vlmd_backend *b, int32_t *ids, float *weights, const voi
                         int n_experts, int k, bool renormalize, bool worst_case); /* cpu_moe.c */
 void vlmd_cpu_moe_experts(vlmd_backend *b, void *out, const void *x, const int32_t *ids,
                           const float *weights, const void *gate_up, const void *down,
-                          void *scratch, int n, int k, int n_experts, int hidden, int inter);
+                          void *scratch, int n, int k, int n_experts, int hidden, int inter,
+                          int first);
 size_t vlmd_cpu_moe_scratch_bytes(int n, int k, int n_experts, int hidden, int inter);
 
 const vlmd_op_table vlmd_cpu_op_table = {

@@ -227,8 +227,8 @@ static size_t align_smem_bytes(int n_experts)
  * expert, are base[w][e]: the experts' rows start at start[e], warp 0's first,
  * so the rows of one expert are in assignment (token) order. */
 __global__ void __launch_bounds__(ALIGN_WARPS * 32)
-    k_moe_align(const int32_t *ids, int nk, int n_experts, int bm, int tiles, int32_t *sorted,
-                int32_t *row_of, int32_t *tile_expert)
+    k_moe_align(const int32_t *ids, int nk, int n_experts, int first, int bm, int tiles,
+                int32_t *sorted, int32_t *row_of, int32_t *tile_expert)
 {
     vlmd_kernel_start();
     VLMD_DYNAMIC_SMEM(smem); /* ints only */
@@ -243,8 +243,13 @@ __global__ void __launch_bounds__(ALIGN_WARPS * 32)
     for (int i = tid; i < tiles; i += blockDim.x)
         tile_expert[i] = -1;
     __syncthreads();
-    for (int a = lo + lane; a < hi; a += 32)
-        atomicAdd(&base[warp * E + ids[a]], 1); /* integers: the same counts in any order */
+    for (int a = lo + lane; a < hi; a += 32) {
+        int e = ids[a] - first; /* another rank's expert: no row (row_of -1) */
+        if (e >= 0 && e < E)
+            atomicAdd(&base[warp * E + e], 1); /* integers: the same counts in any order */
+        else
+            row_of[a] = -1;
+    }
     __syncthreads();
     if (warp == 0) { /* the padded sizes' exclusive scan; a lane scans a run of experts */
         int per = (E + 31) / 32, e0 = min(E, lane * per), e1 = min(E, e0 + per), sum = 0;
@@ -285,7 +290,8 @@ __global__ void __launch_bounds__(ALIGN_WARPS * 32)
     __syncthreads();
     /* 32 assignments at a time: a lane's rank among the lanes before it with its expert */
     for (int a0 = lo; a0 < hi; a0 += 32) {
-        int a = a0 + lane, e = a < hi ? ids[a] : -1, rank = 0, same = 0;
+        int a = a0 + lane, e = a < hi ? ids[a] - first : -1, rank = 0, same = 0;
+        e = e < E ? e : -1;
         for (int src = 0; src < 32; src++) {
             int other = __shfl_sync(0xffffffffu, e, src);
             same += other == e;
@@ -426,8 +432,9 @@ __global__ void __launch_bounds__(T::THREADS)
 #define COMBINE_THREADS 256
 
 /* out[t] = sum over t's choices in expert-id order of weight * y[its row],
- * in fp32 from 0 (as the reference adds the experts' terms); vec: H a
- * multiple of 8 and out 16-byte aligned, 8 columns a thread. */
+ * in fp32 from 0 (as the reference adds the experts' terms), the choices of
+ * experts another rank holds (row -1) left out; vec: H a multiple of 8 and
+ * out 16-byte aligned, 8 columns a thread. */
 __global__ void __launch_bounds__(COMBINE_THREADS)
     k_moe_combine(bf16 *out, const bf16 *y, const int32_t *row_of, const int32_t *ids,
                   const float *weights, int k, int H, bool vec)
@@ -435,12 +442,16 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
     vlmd_kernel_start();
     __shared__ int rows[MOE_MAX_TOPK];
     __shared__ float ws[MOE_MAX_TOPK];
+    __shared__ int held;
     const int t = blockIdx.x;
     if (threadIdx.x == 0) { /* insertion sort by expert id (a token's ids are distinct) */
         int order[MOE_MAX_TOPK];
+        held = 0;
         for (int j = 0; j < k; j++) {
             size_t a = (size_t)t * k + j;
-            int id = ids[a], i = j;
+            if (row_of[a] < 0)
+                continue;
+            int id = ids[a], i = held++;
             for (; i > 0 && order[i - 1] > id; i--) {
                 order[i] = order[i - 1];
                 rows[i] = rows[i - 1];
@@ -452,6 +463,7 @@ __global__ void __launch_bounds__(COMBINE_THREADS)
         }
     }
     __syncthreads();
+    k = held;
     bf16 *o = out + (size_t)t * H;
     if (vec) {
         for (int c = threadIdx.x; c < H / 8; c += blockDim.x) {
@@ -489,7 +501,8 @@ static bool aligned16(const void *p)
 template <typename T>
 static void moe_experts_with(vlmd_backend *b, bf16 *out, const bf16 *x, const int32_t *ids,
                              const float *weights, const bf16 *gate_up, const bf16 *down,
-                             void *scratch, int n, int k, int n_experts, int hidden, int inter)
+                             void *scratch, int n, int k, int n_experts, int hidden, int inter,
+                             int first)
 {
     cudaStream_t stream = vlmd_cuda_stream(b);
     moe_layout L = moe_plan(n, k, n_experts, hidden, inter, T::BM);
@@ -498,7 +511,7 @@ static void moe_experts_with(vlmd_backend *b, bf16 *out, const bf16 *x, const in
     int32_t *tile_expert = (int32_t *)(at + L.tile_expert);
     bf16 *act = (bf16 *)(at + L.act), *y = (bf16 *)(at + L.y);
     vlmd_cuda_launch(k_moe_align, 1, ALIGN_WARPS * 32, align_smem_bytes(n_experts), stream, ids,
-                     n * k, n_experts, T::BM, L.tiles, sorted, row_of, tile_expert);
+                     n * k, n_experts, first, T::BM, L.tiles, sorted, row_of, tile_expert);
     bool vec = hidden % 8 == 0 && aligned16(x) && aligned16(gate_up);
     vlmd_cuda_launch(k_moe_gemm<T, true>, dim3(L.tiles, (inter + T::BN / 2 - 1) / (T::BN / 2)),
                      T::THREADS, T::SMEM, stream, act, x, k, sorted, tile_expert, gate_up, inter,
@@ -514,7 +527,7 @@ static void moe_experts_with(vlmd_backend *b, bf16 *out, const bf16 *x, const in
 extern "C" void vlmd_cuda_moe_experts(vlmd_backend *b, void *out, const void *x,
                                       const int32_t *ids, const float *weights,
                                       const void *gate_up, const void *down, void *scratch, int n,
-                                      int k, int n_experts, int hidden, int inter)
+                                      int k, int n_experts, int hidden, int inter, int first)
 {
     moe_check_shape(n_experts, k);
     if (n <= 0)
@@ -522,5 +535,5 @@ extern "C" void vlmd_cuda_moe_experts(vlmd_backend *b, void *out, const void *x,
     (moe_small_tiles(n, k, n_experts) ? moe_experts_with<moe_tiles_small>
                                       : moe_experts_with<moe_tiles_large>)(
         b, (bf16 *)out, (const bf16 *)x, ids, weights, (const bf16 *)gate_up, (const bf16 *)down,
-        scratch, n, k, n_experts, hidden, inter);
+        scratch, n, k, n_experts, hidden, inter, first);
 }

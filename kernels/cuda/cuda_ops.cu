@@ -463,7 +463,7 @@ extern "C" void vlmd_cuda_moe_route(vlmd_backend *b, int32_t *ids, float *weight
 extern "C" void vlmd_cuda_moe_experts(vlmd_backend *b, void *out, const void *x,
                                       const int32_t *ids, const float *weights,
                                       const void *gate_up, const void *down, void *scratch, int n,
-                                      int k, int n_experts, int hidden, int inter);
+                                      int k, int n_experts, int hidden, int inter, int first);
 extern "C" size_t vlmd_cuda_moe_scratch_bytes(int n, int k, int n_experts, int hidden, int inter);
 
 extern "C" const vlmd_op_table vlmd_cuda_op_table = {

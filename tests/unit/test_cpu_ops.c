@@ -110,8 +110,10 @@ Test(cpu_ops, moe_route_is_a_sorted_softmax)
 /* ---- the experts --------------------------------------------------------------------- */
 
 /* out[t] = sum over t's choices, in expert-id order, of
- * w down_e(silu(gate_e x) * up_e x), one token at a time, in double. */
-static void check_experts(int n, int k, int E, int H, int I, bool one_expert)
+ * w down_e(silu(gate_e x) * up_e x), one token at a time, in double; the op
+ * given experts first .. first + held - 1 of the E (a rank's share) sums only
+ * the choices of those. */
+static void check_experts(int n, int k, int E, int H, int I, bool one_expert, int first, int held)
 {
     vlmd_backend *b = cpu_open();
     float *x = random_floats((size_t)n * H, 1), *gate_up = random_floats((size_t)E * 2 * I * H, 0.1f);
@@ -124,14 +126,15 @@ static void check_experts(int n, int k, int E, int H, int I, bool one_expert)
         }
     const vlmd_op_table *op = vlmd_backend_ops(b);
     float *out = malloc((size_t)n * H * sizeof *out);
-    void *scratch = malloc(op->moe_scratch_bytes(n, k, E, H, I));
-    op->moe_experts(b, out, x, ids, w, gate_up, down, scratch, n, k, E, H, I);
+    void *scratch = malloc(op->moe_scratch_bytes(n, k, held, H, I));
+    op->moe_experts(b, out, x, ids, w, gate_up + (size_t)first * 2 * I * H,
+                    down + (size_t)first * H * I, scratch, n, k, held, H, I, first);
     double *act = malloc((size_t)I * sizeof *act), *want = malloc((size_t)H * sizeof *want);
     double diff = 0, norm = 0;
     for (int t = 0; t < n; t++) {
         const float *xt = x + (size_t)t * H;
         memset(want, 0, (size_t)H * sizeof *want);
-        for (int e = 0; e < E; e++) /* expert order */
+        for (int e = first; e < first + held; e++) /* expert order */
             for (int j = 0; j < k; j++) {
                 if (ids[(size_t)t * k + j] != e)
                     continue;
@@ -157,9 +160,9 @@ static void check_experts(int n, int k, int E, int H, int I, bool one_expert)
             norm += want[h] * want[h];
         }
     }
-    double rel = sqrt(diff / norm);
-    cr_expect_lt(rel, 1e-5, "experts n=%d k=%d E=%d H=%d I=%d: relative error %g", n, k, E, H, I,
-                 rel);
+    double rel = norm > 0 ? sqrt(diff / norm) : sqrt(diff); /* no choice held: zeros */
+    cr_expect_lt(rel, 1e-5, "experts n=%d k=%d E=%d H=%d I=%d, %d from %d: relative error %g", n,
+                 k, E, H, I, held, first, rel);
     free(x), free(gate_up), free(down), free(w), free(ids), free(out), free(scratch);
     free(act), free(want);
     vlmd_backend_destroy(b);
@@ -167,10 +170,14 @@ static void check_experts(int n, int k, int E, int H, int I, bool one_expert)
 
 Test(cpu_ops, moe_experts_are_each_tokens_sum_over_its_experts)
 {
-    check_experts(1, 1, 8, 16, 8, false);
-    check_experts(9, 2, 8, 24, 12, false);
-    check_experts(33, 8, 64, 32, 20, false);
-    check_experts(20, 2, 8, 16, 8, true); /* every token on experts 7 and 6 */
+    check_experts(1, 1, 8, 16, 8, false, 0, 8);
+    check_experts(9, 2, 8, 24, 12, false, 0, 8);
+    check_experts(33, 8, 64, 32, 20, false, 0, 64);
+    check_experts(20, 2, 8, 16, 8, true, 0, 8); /* every token on experts 7 and 6 */
+    /* a rank's share: the choices of the other experts add nothing */
+    check_experts(9, 2, 8, 24, 12, false, 4, 4);
+    check_experts(33, 8, 64, 32, 20, false, 16, 16);
+    check_experts(20, 2, 8, 16, 8, true, 0, 4); /* none of the share's: zeros */
 }
 
 /* ---- rope with q/k norm ---------------------------------------------------------------- */

@@ -686,13 +686,14 @@ typedef struct moe_case {
     int n, k, E, H, I;
     float *x, *weights, *gate_up, *down;
     int32_t *ids;
+    int first, held;            /* the op's share of the E experts (a rank's): 0 and E alone */
 } moe_case;
 
 static moe_case moe_case_make(int n, int k, int E, int H, int I, int only)
 {
     moe_case c = {n, k, E, H, I, random_floats((size_t)n * H, 1), malloc((size_t)n * k * 4),
                   random_floats((size_t)E * 2 * I * H, 0.1f), random_floats((size_t)E * H * I, 0.1f),
-                  malloc((size_t)n * k * sizeof(int32_t))};
+                  malloc((size_t)n * k * sizeof(int32_t)), 0, E};
     int32_t *perm = malloc((size_t)E * sizeof *perm);
     for (int t = 0; t < n; t++) {
         for (int e = 0; e < E; e++)
@@ -728,12 +729,13 @@ static void *moe_run_in(vlmd_backend *b, const moe_case *c, int offset, int scra
     cr_assert_eq(vlmd_backend_upload_f32(b, x, c->x, (size_t)c->n * c->H, NULL), VLMD_OK);
     void *out = on(b, NULL, (size_t)c->n * c->H);
     int sn = scratch_n > c->n ? scratch_n : c->n;
-    void *scratch = bytes_on(b, NULL, op->moe_scratch_bytes(sn, c->k, c->E, c->H, c->I));
+    void *scratch = bytes_on(b, NULL, op->moe_scratch_bytes(sn, c->k, c->held, c->H, c->I));
+    size_t gu = (size_t)2 * c->I * c->H, dn = (size_t)c->H * c->I; /* an expert's */
     op->moe_experts(b, out, x, bytes_on(b, c->ids, nk * sizeof(int32_t)),
                     bytes_on(b, c->weights, nk * sizeof(float)),
-                    on(b, c->gate_up, (size_t)c->E * 2 * c->I * c->H),
-                    on(b, c->down, (size_t)c->E * c->H * c->I), scratch, c->n, c->k, c->E, c->H,
-                    c->I);
+                    on(b, c->gate_up + c->first * gu, c->held * gu),
+                    on(b, c->down + c->first * dn, c->held * dn), scratch, c->n, c->k, c->held,
+                    c->H, c->I, c->first);
     return out;
 }
 
@@ -742,15 +744,23 @@ static void *moe_run(vlmd_backend *b, const moe_case *c, int offset)
     return moe_run_in(b, c, offset, 0);
 }
 
-static void check_moe_experts(pair *p, int n, int k, int E, int H, int I, int only, int offset)
+static void check_moe_share(pair *p, int n, int k, int E, int H, int I, int only, int offset,
+                            int first, int held)
 {
     moe_case c = moe_case_make(n, k, E, H, I, only);
+    c.first = first, c.held = held;
     void *cpu = moe_run(p->cpu, &c, 0), *gpu = moe_run(p->gpu, &c, offset);
     char what[128];
-    snprintf(what, sizeof what, "moe_experts n=%d k=%d E=%d H=%d I=%d%s%s", n, k, E, H, I,
-             only >= 0 ? " all on one expert" : "", offset ? " x unaligned" : "");
+    snprintf(what, sizeof what, "moe_experts n=%d k=%d E=%d H=%d I=%d%s%s, %d from %d", n, k, E,
+             H, I, only >= 0 ? " all on one expert" : "", offset ? " x unaligned" : "", held,
+             first);
     expect_close(what, p->cpu, cpu, p->gpu, gpu, (size_t)n * H, 1e-2);
     moe_case_free(&c);
+}
+
+static void check_moe_experts(pair *p, int n, int k, int E, int H, int I, int only, int offset)
+{
+    check_moe_share(p, n, k, E, H, I, only, offset, 0, E);
 }
 
 /* The grouped expert GEMMs: both tile shapes (few rows an expert, as in a
@@ -771,6 +781,10 @@ Test(cuda_ops, moe_experts_against_the_reference)
     check_moe_experts(&p, 40, 2, 8, 72, 48, 0, 0);    /* the stress's routing: experts 0 and 1 */
     check_moe_experts(&p, 9, 2, 8, 36, 20, -1, 0);    /* rows of 36 and 20: not 16-byte pieces */
     check_moe_experts(&p, 5, 2, 8, 64, 32, -1, 3);    /* x at an odd element */
+    /* a tensor-parallel rank's share: the other experts' choices add nothing */
+    check_moe_share(&p, 33, 8, 128, 128, 64, -1, 0, 64, 64);
+    check_moe_share(&p, 300, 8, 64, 136, 88, -1, 0, 16, 16);
+    check_moe_share(&p, 40, 2, 8, 72, 48, 0, 0, 4, 4); /* none of the share's: zeros */
     close_pair(&p);
 }
 
@@ -835,7 +849,7 @@ static void moe_step_run(void *ctx)
     const vlmd_op_table *op = vlmd_backend_ops(s->b);
     op->moe_route(s->b, s->ids, s->weights, s->logits, s->n, s->E, s->k, true, false);
     op->moe_experts(s->b, s->out, s->x, s->ids, s->weights, s->gate_up, s->down, s->scratch, s->n,
-                    s->k, s->E, s->H, s->I);
+                    s->k, s->E, s->H, s->I, 0);
 }
 
 static moe_step moe_step_make(vlmd_backend *b, const moe_case *c, const float *logits)

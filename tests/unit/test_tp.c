@@ -9,8 +9,9 @@
  * difference seen is logged), tokens equal. Every child exits with a status;
  * the parent waits with a deadline and kills a hang; the communicator's
  * directory under /dev/shm must be empty after each group. Also the
- * refusals: heads or MLP width not a multiple of N, a mixture-of-experts
- * model with N > 1, a communicator that is not the rank's. */
+ * refusals: heads, MLP width or experts not a multiple of N, a communicator
+ * that is not the rank's. Mixture-of-experts models split their experts by
+ * rank (Qwen3-MoE at N = 2 and 4). */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -396,6 +397,14 @@ Test(tp, qwen3_vl_two_ranks, .timeout = 120)
     expect_same_as_whole("qwen3_vl", 2);
 }
 
+/* Expert parallelism: each rank holds 4 (then 2) of the 8 experts, the
+ * router replicated; layer 0 is dense (mlp_only_layers), split by columns. */
+Test(tp, qwen3_moe_two_and_four_ranks, .timeout = 120)
+{
+    expect_same_as_whole("qwen3_moe", 2);
+    expect_same_as_whole("qwen3_moe", 4);
+}
+
 /* 12 heads over 4 KV heads in 3 ranks: KV heads repeated per query head. */
 Test(tp, synthetic_three_ranks_repeated_kv_heads, .timeout = 120)
 {
@@ -515,9 +524,10 @@ Test(tp, qwen2_three_ranks_refused_naming_the_counts, .timeout = 120)
                                 "multiples of the tensor-parallel size 3");
 }
 
-Test(tp, moe_with_two_ranks_refused, .timeout = 120)
+Test(tp, moe_experts_not_a_multiple_refused, .timeout = 120)
 {
-    refuse_in_group("qwen3_moe", 2, "mixture-of-experts model (8 experts)");
+    refuse_in_group("qwen3_moe", 3, "its 8 experts must be a multiple of the tensor-parallel "
+                                    "size 3");
 }
 
 Test(tp, a_communicator_of_another_world_is_refused)
