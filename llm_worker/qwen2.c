@@ -251,8 +251,8 @@ vlmd_status qwen2_backend_check(const vlmd_backend *b, const vlmd_model_config *
 }
 
 /* Refuses a share of the model this code cannot run (see qwen2_load_rank). */
-static vlmd_status check_parallel(const vlmd_backend *b, const vlmd_model_config *mc,
-                                  const qwen2_parallel *p, vlmd_error *err)
+static vlmd_status check_parallel(const vlmd_model_config *mc, const qwen2_parallel *p,
+                                  vlmd_error *err)
 {
     const vlmd_text_config *t = &mc->text;
     const char *arch = mc->architecture;
@@ -264,11 +264,6 @@ static vlmd_status check_parallel(const vlmd_backend *b, const vlmd_model_config
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: rank %d of %d needs the group's "
                            "communicator (given: %s)", arch, p->rank, world,
                            p->comm ? "one of another rank or world" : "none");
-    if (vlmd_backend_info(b)->kind == VLMD_DEVICE_CUDA)
-        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "%s: tensor parallelism (size %d) on "
-                           "CUDA needs the communicator's all-reduce and all-gather in the "
-                           "decode graphs, which is not there yet (use --device cpu)", arch,
-                           world);
     if (t->num_experts % world)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: its %lld experts must be a multiple "
                            "of the tensor-parallel size %d (each rank holds an equal share)",
@@ -318,7 +313,7 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
     qwen2_parallel whole = {0, 1, NULL};
     if (!par || par->world <= 1)
         par = &whole;
-    else if ((s = check_parallel(b, mc, par, err)) != VLMD_OK)
+    else if ((s = check_parallel(mc, par, err)) != VLMD_OK)
         return s;
     const vlmd_op_table *op = vlmd_backend_ops(b);
     qwen2_model *m = calloc(1, sizeof *m);

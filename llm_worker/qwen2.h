@@ -71,8 +71,9 @@ typedef struct qwen2_parallel {
  * token's choices, then an all-reduce). VLMD_ERR_INVALID_ARG naming the
  * model, the counts and the world when num_attention_heads,
  * intermediate_size or num_experts is not a multiple of the world, or for a
- * communicator of another rank or world; VLMD_ERR_UNAVAILABLE on CUDA with world > 1 (the communicator is
- * not in the decode graphs yet). p may be NULL (the whole model). */
+ * communicator of another rank or world. On CUDA the collectives (NCCL) are
+ * queued on the backend's stream, so the decode graphs capture them. p may
+ * be NULL (the whole model). */
 vlmd_status qwen2_load_rank(vlmd_backend *b, const vlmd_model_config *mc,
                             const vlmd_safetensors *st, const qwen2_parallel *p,
                             qwen2_model **out, vlmd_error *err);
@@ -85,8 +86,7 @@ vlmd_status qwen2_load_rank(vlmd_backend *b, const vlmd_model_config *mc,
  * all the logits. Both first agree on the device: rank 0's is limited to the
  * least free memory any rank has after its weights, so the auto-profile
  * sizes every rank's cache by the smallest. The group's messages are host
- * memory, which the CPU communicator moves (CUDA with ranks is refused at
- * load). */
+ * memory, through a device buffer on CUDA. */
 vlmd_status qwen2_lead(qwen2_model *m, vlmd_error *err);
 /* Runs what rank 0 sends until it stops the group (VLMD_OK: rank 0 freed its
  * model) or the group breaks (the communicator's error, or a step that

@@ -12,7 +12,8 @@
  * 0 gave them. A create is agreed: every rank's status all-gathered, and
  * where one failed, those that succeeded free theirs, so the group holds the
  * same things on every rank. An idle rank 0 pings within the communicator's
- * timeout, so a follower's wait fails only when rank 0 is gone or hung. */
+ * timeout, so a follower's wait fails only when rank 0 is gone or hung.
+ * The messages are host memory; on CUDA they travel through a device buffer. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,8 +48,14 @@ typedef struct handle {
     void *p;                    /* qwen2_kv or qwen2_workspace; NULL: free entry */
 } handle;
 
+/* The CUDA communicator moves device memory: there the group's messages, which
+ * are host memory, go through a device buffer in pieces of this size (on the
+ * CPU, backend memory is host memory and nothing is copied). */
+#define RANKS_STAGE_BYTES ((size_t)4 << 20)
+
 struct qwen2_ranks {
     bool leads;                 /* rank 0 */
+    void *stage;                /* RANKS_STAGE_BYTES of backend memory; NULL on the CPU */
     uint32_t next_id;           /* rank 0: the last id given */
     unsigned char *buf;         /* a step's batch, sent or received */
     size_t cap;
@@ -58,9 +65,39 @@ struct qwen2_ranks {
 
 /* ---- both sides ------------------------------------------------------------- */
 
+/* Rank 0's bytes at buf (host memory) into every rank's buf. */
 static vlmd_status broadcast(qwen2_model *m, void *buf, size_t bytes, vlmd_error *err)
 {
-    return vlmd_comm_broadcast(m->comm, buf, bytes, 0, err);
+    qwen2_ranks *g = m->ranks;
+    if (!g->stage)
+        return vlmd_comm_broadcast(m->comm, buf, bytes, 0, err);
+    vlmd_status s = VLMD_OK;
+    for (size_t at = 0; s == VLMD_OK && at < bytes; at += RANKS_STAGE_BYTES) {
+        size_t n = bytes - at < RANKS_STAGE_BYTES ? bytes - at : RANKS_STAGE_BYTES;
+        if (g->leads)
+            s = vlmd_backend_copy_to_device(m->b, g->stage, (char *)buf + at, n, err);
+        if (s == VLMD_OK)
+            s = vlmd_comm_broadcast(m->comm, g->stage, n, 0, err);
+        if (s == VLMD_OK && !g->leads) /* (waits for the stream) */
+            s = vlmd_backend_copy_to_host(m->b, (char *)buf + at, g->stage, n, err);
+    }
+    return s;
+}
+
+/* Each rank's `bytes` at its slot of buf (host memory, [world][bytes]) into
+ * every rank's buf. */
+static vlmd_status gather(qwen2_model *m, void *buf, size_t bytes, vlmd_error *err)
+{
+    qwen2_ranks *g = m->ranks;
+    size_t count = bytes / sizeof(float), all = bytes * (size_t)m->world;
+    if (!g->stage)
+        return vlmd_comm_all_gather(m->comm, buf, count, VLMD_DTYPE_F32, err);
+    char *mine = (char *)buf + (size_t)m->rank * bytes;
+    vlmd_status s = vlmd_backend_copy_to_device(m->b, (char *)g->stage + (size_t)m->rank * bytes,
+                                                mine, bytes, err);
+    if (s == VLMD_OK)
+        s = vlmd_comm_all_gather(m->comm, g->stage, count, VLMD_DTYPE_F32, err);
+    return s == VLMD_OK ? vlmd_backend_copy_to_host(m->b, buf, g->stage, all, err) : s;
 }
 
 /* The batch bytes a workspace's largest step takes: its ints, then the
@@ -95,7 +132,7 @@ static vlmd_status agree(qwen2_model *m, vlmd_status mine, const char *what, boo
     qwen2_ranks *g = m->ranks;
     vlmd_error mine_err = *err;
     g->statuses[m->rank] = (int32_t)mine;
-    vlmd_status s = vlmd_comm_all_gather(m->comm, g->statuses, 1, VLMD_DTYPE_F32, err);
+    vlmd_status s = gather(m, g->statuses, sizeof *g->statuses, err);
     *broken = s != VLMD_OK;
     if (s != VLMD_OK)
         return s;
@@ -125,7 +162,7 @@ static vlmd_status agree_device(qwen2_model *m, vlmd_error *err)
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     if (s == VLMD_OK) {
         all[m->rank] = free_bytes;
-        s = vlmd_comm_all_gather(m->comm, all, 2, VLMD_DTYPE_F32, err); /* 8 bytes a rank */
+        s = gather(m, all, sizeof *all, err);
     }
     uint64_t least = free_bytes;
     int who = m->rank;
@@ -158,7 +195,10 @@ static vlmd_status start(qwen2_model *m, bool leads, vlmd_error *err)
     g->leads = leads;
     g->statuses = statuses;
     m->ranks = g;
-    return agree_device(m, err);
+    vlmd_status s = VLMD_OK;
+    if (vlmd_backend_info(m->b)->kind != VLMD_DEVICE_CPU)
+        s = vlmd_backend_alloc(m->b, RANKS_STAGE_BYTES, &g->stage, err);
+    return s == VLMD_OK ? agree_device(m, err) : s;
 }
 
 void qwen2_ranks_free(qwen2_model *m)
@@ -176,6 +216,7 @@ void qwen2_ranks_free(qwen2_model *m)
         qwen2_kv_free_here(m, g->kvs[i].p);
         qwen2_workspace_free_here(m, g->wss[i].p);
     }
+    vlmd_backend_free(m->b, g->stage, RANKS_STAGE_BYTES);
     free(g->buf);
     free(g->statuses);
     free(g);
