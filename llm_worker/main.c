@@ -98,9 +98,11 @@ typedef struct llm_worker {
     bool has_group_id;
     vlmd_comm *comm;
     bool joining, joined, following, load_failed;
+    uint64_t reported_bytes;    /* a rank above 0: what its last READY said */
+    int32_t reported_slots;
     vlmd_status group_status;
     vlmd_error group_err;
-    uv_timer_t ping;
+    uv_timer_t ping;            /* rank 0: its pings; the others: their reports */
 } llm_worker;
 
 /* Rank 0's pings while idle: well within the communicator's timeout. */
@@ -631,6 +633,22 @@ static void on_follow_done(uv_work_t *req, int status)
     }
 }
 
+/* A rank above 0: what it holds (its share of the weights, then of every cache
+ * rank 0 creates) in its READY, again whenever that changed. */
+static void on_follower_report(uv_timer_t *t)
+{
+    llm_worker *w = t->data;
+    int32_t slots = 0;
+    uint64_t bytes = 0;
+    qwen2_follower_holds(w->model, &slots, &bytes);
+    if (w->stopping || (bytes == w->reported_bytes && slots == w->reported_slots))
+        return;
+    w->reported_bytes = bytes, w->reported_slots = slots;
+    vlmd_msg_ready ready = {.reserved_bytes = bytes, .kv_capacity_tokens = (uint64_t)slots,
+                            .device = (char *)vlmd_backend_info(w->backend)->name};
+    vlmd_peer_set_ready(w->svc.peer, &ready);
+}
+
 /* While no step runs, rank 0 tells the others it is there, so that their
  * wait for its next step stays within the communicator's timeout. */
 static void on_ping(uv_timer_t *t)
@@ -671,11 +689,11 @@ static void on_join_done(uv_work_t *req, int status)
         uv_timer_start(&w->ping, on_ping, GROUP_PING_MS, GROUP_PING_MS);
         return;
     }
-    /* its share of the weights is held; its cache and workspace come from rank 0's profile */
-    vlmd_msg_ready ready = {.reserved_bytes = vlmd_backend_allocated_bytes(w->backend),
-                            .device = (char *)vlmd_backend_info(w->backend)->name};
-    w->allocs_at_ready = vlmd_backend_alloc_count(w->backend);
-    vlmd_peer_set_ready(w->svc.peer, &ready);
+    /* its share of the weights is held; its cache and workspace come from rank 0's profile,
+     * and its READY says so as they come */
+    uv_timer_init(&w->svc.loop, &w->ping);
+    w->ping.data = w;
+    uv_timer_start(&w->ping, on_follower_report, 0, (uint64_t)cfg->heartbeat_ms);
     w->following = true;
     w->step.data = w;
     uv_queue_work(&w->svc.loop, &w->step, on_follow_work, on_follow_done);

@@ -92,6 +92,9 @@ vlmd_status qwen2_lead(qwen2_model *m, vlmd_error *err);
  * model) or the group breaks (the communicator's error, or a step that
  * failed here: the group must restart). */
 vlmd_status qwen2_follow(qwen2_model *m, vlmd_error *err);
+/* What a rank inside qwen2_follow holds now: its KV caches' slots and its
+ * backend's bytes (weights included). Any thread may ask. */
+void qwen2_follower_holds(qwen2_model *m, int32_t *kv_slots, uint64_t *bytes);
 /* Rank 0 while idle: the others wait for its next word within the
  * communicator's timeout, so it says it is there (at least every quarter of
  * the timeout). */

@@ -4,6 +4,8 @@
 #ifndef VLMD_QWEN2_IMPL_H
 #define VLMD_QWEN2_IMPL_H
 
+#include <stdatomic.h>
+
 #include "comm.h"
 #include "ops.h"
 #include "qwen2.h"
@@ -50,6 +52,9 @@ struct qwen2_model {
     uint64_t dry_bytes;
     qwen2_ranks *ranks;         /* leading or following the group's steps (qwen2_ranks.c); NULL:
                                  * every rank calls the model itself (or world 1) */
+    /* a following rank's KV slots and backend bytes, for its own loop thread to report */
+    _Atomic int32_t followed_slots;
+    _Atomic uint64_t followed_bytes;
 };
 
 struct qwen2_kv {

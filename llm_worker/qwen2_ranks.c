@@ -469,10 +469,28 @@ static vlmd_status follow_create(qwen2_model *m, const ranks_cmd *c, vlmd_error 
     return VLMD_OK;
 }
 
+void qwen2_follower_holds(qwen2_model *m, int32_t *kv_slots, uint64_t *bytes)
+{
+    *kv_slots = atomic_load(&m->followed_slots);
+    *bytes = atomic_load(&m->followed_bytes);
+}
+
+/* What qwen2_follower_holds reports, after a create or a free. */
+static void note_held(qwen2_model *m)
+{
+    int32_t slots = 0;
+    for (int i = 0; i < RANKS_MAX_HANDLES; i++)
+        slots += m->ranks->kvs[i].p ? ((qwen2_kv *)m->ranks->kvs[i].p)->n_slots : 0;
+    atomic_store(&m->followed_slots, slots);
+    atomic_store(&m->followed_bytes, vlmd_backend_allocated_bytes(m->b));
+}
+
 vlmd_status qwen2_follow(qwen2_model *m, vlmd_error *err)
 {
     vlmd_status s = start(m, false, err);
     qwen2_ranks *g = m->ranks;
+    if (s == VLMD_OK)
+        note_held(m);
     while (s == VLMD_OK) {
         ranks_cmd c = {0};
         if ((s = broadcast(m, &c, sizeof c, err)) != VLMD_OK)
@@ -491,6 +509,7 @@ vlmd_status qwen2_follow(qwen2_model *m, vlmd_error *err)
         case OP_KV_CREATE:
         case OP_WS_CREATE:
             s = follow_create(m, &c, err);
+            note_held(m);
             break;
         case OP_KV_FREE:
         case OP_WS_FREE:
@@ -505,6 +524,7 @@ vlmd_status qwen2_follow(qwen2_model *m, vlmd_error *err)
             else
                 qwen2_workspace_free_here(m, h->p);
             *h = (handle){0};
+            note_held(m);
             break;
         case OP_FORWARD:
             s = follow_forward(m, &c, err);

@@ -123,7 +123,9 @@ test('TP=2: preempted requests finish as they do alone; every rank in /health, /
     const mem = (await getJson(`${server.url}/memory_stats`)).body;
     assert.equal(mem.llm.kv_capacity_tokens, 320);
     assert.equal(mem['llm-1'].state, 'ready');
-    assert.ok(mem['llm-1'].reserved_bytes > 0, 'rank 1 holds its share of the weights');
+    assert.equal(mem['llm-1'].kv_capacity_tokens, 320, 'rank 1 holds a cache of the same tokens');
+    assert.ok(mem['llm-1'].reserved_bytes > 0 && mem['llm-1'].reserved_bytes < mem.llm.reserved_bytes,
+      'rank 1 holds its share of the weights and its cache (rank 0 also the canary)');
     assert.equal(mem.llm.counters.device_allocations_since_ready, 0);
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
