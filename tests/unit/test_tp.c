@@ -273,11 +273,8 @@ static void rank_main(const char *model, const vlmd_comm_id *id, int world, int 
 static void run_group(const char *model, int world, shared *sh)
 {
     char dir[64];
-    snprintf(dir, sizeof dir, "/dev/shm/tp-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
     vlmd_comm_id id;
-    vlmd_error err = {0};
-    cr_assert_eq(vlmd_comm_id_make(VLMD_DEVICE_CPU, dir, &id, &err), VLMD_OK, "%s", err.msg);
+    test_group_id("tp-test", &dir, &id);
     pid_t pids[MAX_RANKS] = {0};
     for (int r = 0; r < world; r++) {
         pids[r] = fork();
@@ -285,15 +282,8 @@ static void run_group(const char *model, int world, shared *sh)
         if (pids[r] == 0)
             rank_main(model, &id, world, r, sh);
     }
-    int64_t deadline = test_now_ms() + WAIT_S * 1000;
     int codes[MAX_RANKS];
-    for (int r = 0; r < world; r++) {
-        bool killed;
-        codes[r] = test_wait_rank(pids[r], deadline, &killed);
-        if (killed)
-            cr_log_error("%s rank %d of %d did not finish within %d s: killed", model, r, world,
-                         WAIT_S);
-    }
+    test_wait_group(pids, world, WAIT_S, codes);
     int removed = rmdir(dir);
     cr_expect_eq(removed, 0, "%s is not empty after the group: %s", dir, strerror(errno));
     for (int r = 0; r < world; r++)
@@ -438,15 +428,13 @@ static const char *refusal(const char *model, int world, vlmd_comm *c, vlmd_stat
 
 /* A communicator of one rank (world 1) joined in this process, standing in
  * for a group's: the checks before it is used. */
-static vlmd_comm *lone_comm(vlmd_backend **b, char *dir)
+static vlmd_comm *lone_comm(vlmd_backend **b, char (*dir)[64])
 {
-    strcpy(dir, "/dev/shm/tp-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
     vlmd_comm_id id;
+    test_group_id("tp-test", dir, &id);
     vlmd_comm *c = NULL;
     vlmd_error err = {0};
     cr_assert_eq(vlmd_backend_create("cpu", b, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(vlmd_comm_id_make(VLMD_DEVICE_CPU, dir, &id, &err), VLMD_OK, "%s", err.msg);
     vlmd_comm_options o = {.rank = 0, .world = 1, .timeout_ms = 5000};
     cr_assert_eq(vlmd_comm_create(*b, &id, &o, &c, &err), VLMD_OK, "%s", err.msg);
     return c;
@@ -457,11 +445,9 @@ static vlmd_comm *lone_comm(vlmd_backend **b, char *dir)
 static void refuse_in_group(const char *model, int world, const char *want)
 {
     char dir[64];
-    snprintf(dir, sizeof dir, "/dev/shm/tp-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
     vlmd_comm_id id;
     vlmd_error err = {0};
-    cr_assert_eq(vlmd_comm_id_make(VLMD_DEVICE_CPU, dir, &id, &err), VLMD_OK, "%s", err.msg);
+    test_group_id("tp-test", &dir, &id);
     shared *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
                       0);
     cr_assert_neq(sh, MAP_FAILED);
@@ -492,20 +478,11 @@ static void refuse_in_group(const char *model, int world, const char *want)
         vlmd_backend_destroy(b);
         _exit(code);
     }
-    int64_t deadline = test_now_ms() + WAIT_S * 1000;
+    int codes[MAX_RANKS];
+    test_wait_group(pids, world, WAIT_S, codes);
     for (int r = 0; r < world; r++) {
-        int wst = 0;
-        pid_t got;
-        while ((got = waitpid(pids[r], &wst, WNOHANG)) == 0 && test_now_ms() < deadline) {
-            struct timespec ts = {0, 2000000};
-            nanosleep(&ts, NULL);
-        }
-        if (got == 0) {
-            kill(pids[r], SIGKILL);
-            waitpid(pids[r], &wst, 0);
-        }
-        cr_expect(got > 0 && WIFEXITED(wst) && WEXITSTATUS(wst) == 0,
-                  "%s rank %d of %d was not refused: %s", model, r, world, sh->msg[r]);
+        cr_expect_eq(codes[r], 0, "%s rank %d of %d was not refused: %s", model, r, world,
+                     sh->msg[r]);
         cr_expect(strstr(sh->msg[r], want), "%s rank %d of %d: \"%s\" lacks \"%s\"", model, r,
                   world, sh->msg[r], want);
     }
@@ -534,7 +511,7 @@ Test(tp, a_communicator_of_another_world_is_refused)
 {
     vlmd_backend *b;
     char dir[64];
-    vlmd_comm *c = lone_comm(&b, dir);
+    vlmd_comm *c = lone_comm(&b, &dir);
     const char *msg = refusal("qwen2", 2, c, VLMD_ERR_INVALID_ARG);
     cr_expect(strstr(msg, "rank 0 of 2") && strstr(msg, "another rank or world"), "%s", msg);
     msg = refusal("qwen2", 2, NULL, VLMD_ERR_INVALID_ARG);

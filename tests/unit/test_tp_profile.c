@@ -149,11 +149,8 @@ static void run_group(uint64_t mib0, uint64_t mib1, bool squeeze, shared *sh)
 {
     memset(sh, 0, sizeof *sh);
     char dir[64];
-    snprintf(dir, sizeof dir, "/dev/shm/tp-profile-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir), "mkdtemp: %s", strerror(errno));
     vlmd_comm_id id;
-    vlmd_error err = {0};
-    cr_assert_eq(vlmd_comm_id_make(VLMD_DEVICE_CPU, dir, &id, &err), VLMD_OK, "%s", err.msg);
+    test_group_id("tp-profile", &dir, &id);
     const uint64_t device_mib[WORLD] = {mib0, mib1};
     pid_t pids[WORLD];
     for (int r = 0; r < WORLD; r++) {
@@ -162,14 +159,8 @@ static void run_group(uint64_t mib0, uint64_t mib1, bool squeeze, shared *sh)
         if (pids[r] == 0)
             rank_main(&id, r, device_mib, squeeze, sh);
     }
-    int64_t deadline = test_now_ms() + WAIT_S * 1000;
     int codes[WORLD];
-    for (int r = 0; r < WORLD; r++) {
-        bool killed;
-        codes[r] = test_wait_rank(pids[r], deadline, &killed);
-        if (killed)
-            cr_log_error("rank %d did not finish within %d s: killed", r, WAIT_S);
-    }
+    test_wait_group(pids, WORLD, WAIT_S, codes);
     cr_expect_eq(rmdir(dir), 0, "%s is not empty after the group: %s", dir, strerror(errno));
     for (int r = 0; r < WORLD; r++)
         cr_assert_eq(codes[r], 0, "rank %d (%llu and %llu MiB) exited %d: %s", r,
