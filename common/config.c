@@ -251,7 +251,8 @@ const vlmd_flag vlmd_flags[] = {
      "Engine processes (ranks) one model is split across (tensor parallelism): attention "
      "heads, the MLP and the vocabulary divided among them, each rank holding its share of "
      "the weights and the KV cache; the ranks are restarted together. The CPU backend runs "
-     "them as processes of this host; the model's heads and MLP width must divide by it"},
+     "them as processes of this host; the model's attention heads, MLP width and experts must "
+     "divide by it"},
     {"devices", VLMD_FLAG_STRING, OFF(devices), "", 0, 0, NULL, R(LAUNCHER) | R(VISUAL) | R(LLM),
      "GPUs of the engine's ranks, comma-separated CUDA ordinals, one per rank (rank 0's also "
      "the visual worker's); empty: rank r on GPU r. The CPU backend ignores it"},
