@@ -483,16 +483,11 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--cpu-device-mb %lld: give at least 64 MiB, or 0 for what the "
                            "machine can spare", (long long)cfg->cpu_device_mb);
-    int ordinals = 0;
-    for (const char *p = cfg->devices; *p; ordinals++) {
-        char *end = NULL;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > 255 || (*end && *end != ','))
-            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--devices: '%s' is not a "
-                               "comma-separated list of GPU ordinals", cfg->devices);
-        p = *end ? end + 1 : end;
-    }
-    if (cfg->devices[0] && ordinals < cfg->tensor_parallel_size)
+    int ordinal, ordinals = vlmd_config_devices(cfg, cfg->rank, &ordinal);
+    if (ordinals < 0)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--devices: '%s' is not a "
+                           "comma-separated list of GPU ordinals", cfg->devices);
+    if (ordinals && ordinals < cfg->tensor_parallel_size)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--devices names %d GPU(s) for "
                            "--tensor-parallel-size %lld: one per rank", ordinals,
                            (long long)cfg->tensor_parallel_size);
@@ -506,6 +501,22 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
                            (long long)cfg->restart_backoff_max_ms,
                            (long long)cfg->restart_backoff_ms);
     return VLMD_OK;
+}
+
+int vlmd_config_devices(const vlmd_config *cfg, int64_t rank, int *ordinal)
+{
+    int n = 0;
+    *ordinal = (int)rank;
+    for (const char *p = cfg->devices; *p; n++) {
+        char *end = NULL;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 0 || v > 255 || (*end && *end != ','))
+            return -1;
+        if (n == rank)
+            *ordinal = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return n;
 }
 
 void vlmd_served_model_name(const char *flag_value, const char *model_dir, char *out, size_t outsz)

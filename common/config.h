@@ -139,6 +139,10 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
 /* The name to serve: --served-model-name, or the last component of the model
  * directory (trailing slashes ignored). Writes into out. */
 void vlmd_served_model_name(const char *flag_value, const char *model_dir, char *out, size_t outsz);
+/* --devices read: how many GPU ordinals it lists (0 when empty), -1 when it is
+ * not a comma-separated list of ordinals; *ordinal: rank's GPU (the rank-th
+ * ordinal, or rank itself when the list is empty or shorter). */
+int vlmd_config_devices(const vlmd_config *cfg, int64_t rank, int *ordinal);
 
 /* Start-up helper for main(): defaults, parse, validate; prints --help and
  * exits 0, or prints the error and exits 2. */

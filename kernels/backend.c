@@ -30,15 +30,8 @@ vlmd_backend_options vlmd_backend_options_of(const vlmd_config *cfg)
                                                                : VLMD_CUDA_ATTENTION_MMA,
         .gemv_decode = strcmp(cfg->cuda_decode_linear, "gemv") == 0,
         .pdl = strcmp(cfg->cuda_pdl, "on") == 0,
-        .ordinal = (int)cfg->rank,
     };
-    /* --devices: the rank-th ordinal of the list (validated: one per rank) */
-    const char *p = cfg->devices;
-    for (int64_t r = 0; *p && r <= cfg->rank; r++) {
-        char *end = NULL;
-        o.ordinal = (int)strtol(p, &end, 10);
-        p = *end ? end + 1 : end;
-    }
+    vlmd_config_devices(cfg, cfg->rank, &o.ordinal); /* validated: one per rank */
     return o;
 }
 

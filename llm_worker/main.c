@@ -112,12 +112,17 @@ typedef struct llm_worker {
  * carry it as their data_parallel_rank. */
 #define ENGINE_RANK 0
 
+/* One of the ranks of a tensor-parallel group (--tensor-parallel-size > 1). */
+static bool in_group(const llm_worker *w)
+{
+    return w->svc.cfg.tensor_parallel_size > 1;
+}
+
 /* A status that says a rank of this engine's group is gone or hung (the
  * communicator's): the group restarts, the configuration is not at fault. */
 static bool group_broke(const llm_worker *w, vlmd_status s)
 {
-    return w->svc.cfg.tensor_parallel_size > 1 &&
-           (s == VLMD_ERR_UNAVAILABLE || s == VLMD_ERR_TIMEOUT);
+    return in_group(w) && (s == VLMD_ERR_UNAVAILABLE || s == VLMD_ERR_TIMEOUT);
 }
 
 /* ---- engine output (on the pool thread during a step) --------------------------- */
@@ -571,11 +576,6 @@ static void start_profile(llm_worker *w, uint64_t peer_bytes)
 /* ---- the ranks of a tensor-parallel group ---------------------------------------- */
 
 static vlmd_status load_weights(llm_worker *w, const qwen2_parallel *par, vlmd_error *err);
-
-static bool in_group(const llm_worker *w)
-{
-    return w->svc.cfg.tensor_parallel_size > 1;
-}
 
 /* Rank 0 tells the router its rendezvous (again after a router restart), and
  * that it is no longer needed once every rank joined; the others ask for it. */

@@ -125,7 +125,8 @@ static vlmd_status reserve_buf(qwen2_ranks *g, size_t bytes, vlmd_error *err)
 /* Every rank's status of the call just made (mine; its message in err),
  * all-gathered: VLMD_OK when it succeeded everywhere, else the first failing
  * rank's, named in err (a rank above 0's own message stays in its log).
- * *broken: the all-gather itself failed (the group must restart). */
+ * *broken (when given): the all-gather itself failed (the group must
+ * restart). */
 static vlmd_status agree(qwen2_model *m, vlmd_status mine, const char *what, bool *broken,
                          vlmd_error *err)
 {
@@ -133,7 +134,8 @@ static vlmd_status agree(qwen2_model *m, vlmd_status mine, const char *what, boo
     vlmd_error mine_err = *err;
     g->statuses[m->rank] = (int32_t)mine;
     vlmd_status s = gather(m, g->statuses, sizeof *g->statuses, err);
-    *broken = s != VLMD_OK;
+    if (broken)
+        *broken = s != VLMD_OK;
     if (s != VLMD_OK)
         return s;
     for (int r = 0; r < m->world; r++) {
@@ -256,8 +258,7 @@ vlmd_status qwen2_ranks_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **ou
     if (s != VLMD_OK)
         return s;
     qwen2_kv *kv = NULL;
-    bool broken;
-    s = agree(m, qwen2_kv_create_here(m, n_slots, &kv, err), "the KV cache", &broken, err);
+    s = agree(m, qwen2_kv_create_here(m, n_slots, &kv, err), "the KV cache", NULL, err);
     if (s != VLMD_OK) {
         qwen2_kv_free_here(m, kv);
         return s;
@@ -291,8 +292,7 @@ vlmd_status qwen2_ranks_workspace_create(qwen2_model *m, int32_t max_tokens, int
     s = qwen2_workspace_create_here(m, max_tokens, max_logits, max_kv_len, &ws, err);
     if (s == VLMD_OK)
         s = reserve_buf(m->ranks, batch_capacity(m, ws), err);
-    bool broken;
-    s = agree(m, s, "the workspace", &broken, err);
+    s = agree(m, s, "the workspace", NULL, err);
     if (s != VLMD_OK) {
         qwen2_workspace_free_here(m, ws);
         return s;
@@ -365,9 +365,8 @@ vlmd_status qwen2_ranks_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_works
     vlmd_status s = send_cmd(m, (ranks_cmd){.op = OP_CAPTURE, .kv = kv->id, .ws = ws->id}, err);
     if (s != VLMD_OK)
         return s;
-    bool broken;
     return agree(m, qwen2_capture_decode_here(m, kv, ws, err), "capturing the decode graphs",
-                 &broken, err);
+                 NULL, err);
 }
 
 /* ---- the other ranks ------------------------------------------------------------ */

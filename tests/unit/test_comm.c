@@ -58,11 +58,7 @@ static void group_init(group *g, int world, int timeout_ms, size_t slot_bytes)
     g->world = world;
     g->o.timeout_ms = timeout_ms;
     g->o.cpu_slot_bytes = slot_bytes;
-    snprintf(g->dir, sizeof g->dir, "/dev/shm/comm-test-XXXXXX");
-    cr_assert_not_null(mkdtemp(g->dir), "mkdtemp: %s", strerror(errno));
-    vlmd_error err = {0};
-    cr_assert_eq(vlmd_comm_id_make(VLMD_DEVICE_CPU, g->dir, &g->id, &err), VLMD_OK, "%s",
-                 err.msg);
+    test_group_id("comm-test", &g->dir, &g->id);
     g->sh = mmap(NULL, sizeof *g->sh, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     cr_assert_neq(g->sh, MAP_FAILED);
 }
