@@ -253,13 +253,29 @@ const vlmd_flag vlmd_flags[] = {
      "the weights and the KV cache; the ranks are restarted together. The CPU backend runs "
      "them as processes of this host; the model's attention heads, MLP width and experts must "
      "divide by it"},
-    {"devices", VLMD_FLAG_STRING, OFF(devices), "", 0, 0, NULL, R(LAUNCHER) | R(VISUAL) | R(LLM),
-     "GPUs of the engine's ranks, comma-separated CUDA ordinals, one per rank (rank 0's also "
-     "the visual worker's); empty: rank r on GPU r. The CPU backend ignores it"},
+    {"devices", VLMD_FLAG_STRING, OFF(devices), "", 0, 0, NULL,
+     R(LAUNCHER) | R(ROUTER) | R(VISUAL) | R(LLM),
+     "GPUs of the engines' processes, comma-separated CUDA ordinals, one per process in the "
+     "order engine 0's ranks, engine 1's... (the first also the visual worker's); empty: "
+     "process p on GPU p. The CPU backend ignores it"},
     {"rank", VLMD_FLAG_INT, OFF(rank), "0", 0, 15, NULL, R(LAUNCHER) | R(LLM),
-     "This engine's rank among --tensor-parallel-size: rank 0 schedules and talks to the "
-     "router, the others follow its steps. Set per engine by vlmd serve (which takes only 0) "
-     "or, without it, by `vlmd args llm ... --rank R` in the deploy files"},
+     "This process's rank in its engine (among --tensor-parallel-size): rank 0 schedules and "
+     "talks to the router, the others follow its steps. Set per process by vlmd serve (which "
+     "takes only 0) or, without it, by `vlmd args llm ... --rank R` in the deploy files"},
+    {"data-parallel-size", VLMD_FLAG_INT, OFF(data_parallel_size), "1", 1, 16, NULL,
+     R(LAUNCHER) | R(ROUTER) | R(LLM),
+     "Engines behind the router, each a whole copy of the model (of --tensor-parallel-size "
+     "ranks) with its own KV cache: a request goes to the engine holding its longest cached "
+     "prefix among those with room, else to the least loaded. Engines may run on other hosts "
+     "(vlmd llm --data-parallel-rank G --router-endpoint tcp://...)"},
+    {"data-parallel-rank", VLMD_FLAG_INT, OFF(data_parallel_rank), "0", 0, 15, NULL,
+     R(LAUNCHER) | R(LLM),
+     "This process's engine among --data-parallel-size. Set per process by vlmd serve (which "
+     "takes only 0) or by `vlmd args llm ... --data-parallel-rank G` in the deploy files"},
+    {"route-large-requests", VLMD_FLAG_STRING, OFF(route_large_requests), "", 0, 0, NULL,
+     R(LAUNCHER) | R(ROUTER),
+     "TOKENS=ENGINE: requests whose KV need (prompt + max_tokens) reaches TOKENS go to engine "
+     "ENGINE (a larger one), and the others stay off it unless it is idle; empty: off"},
     /* the CUDA backend's ways kept until a GPU run has compared them (the CPU ignores them) */
     {"cuda-attention", VLMD_FLAG_CHOICE, OFF(cuda_attention), "mma", 0, 0, "mma|wmma",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
@@ -483,14 +499,33 @@ vlmd_status vlmd_config_validate(const vlmd_config *cfg, vlmd_role role, vlmd_er
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--cpu-device-mb %lld: give at least 64 MiB, or 0 for what the "
                            "machine can spare", (long long)cfg->cpu_device_mb);
-    int ordinal, ordinals = vlmd_config_devices(cfg, cfg->rank, &ordinal);
+    int ordinal, ordinals = vlmd_config_devices(cfg, vlmd_config_process_rank(cfg), &ordinal);
     if (ordinals < 0)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--devices: '%s' is not a "
                            "comma-separated list of GPU ordinals", cfg->devices);
-    if (ordinals && ordinals < cfg->tensor_parallel_size)
+    int64_t processes = cfg->tensor_parallel_size * cfg->data_parallel_size;
+    if (processes > 16)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--tensor-parallel-size %lld times "
+                           "--data-parallel-size %lld is more than 16 engine processes",
+                           (long long)cfg->tensor_parallel_size,
+                           (long long)cfg->data_parallel_size);
+    if (ordinals && ordinals < processes)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--devices names %d GPU(s) for "
-                           "--tensor-parallel-size %lld: one per rank", ordinals,
-                           (long long)cfg->tensor_parallel_size);
+                           "--tensor-parallel-size %lld x --data-parallel-size %lld: one per "
+                           "rank", ordinals, (long long)cfg->tensor_parallel_size,
+                           (long long)cfg->data_parallel_size);
+    if (cfg->data_parallel_rank >= cfg->data_parallel_size)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
+                           "--data-parallel-rank %lld is not below --data-parallel-size %lld",
+                           (long long)cfg->data_parallel_rank,
+                           (long long)cfg->data_parallel_size);
+    uint64_t large_tokens;
+    uint32_t large_engine;
+    if (cfg->route_large_requests[0] && !vlmd_config_large_route(cfg, &large_tokens, &large_engine))
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--route-large-requests: '%s' is not "
+                           "TOKENS=ENGINE (a token count above 0 and an engine below "
+                           "--data-parallel-size %lld)", cfg->route_large_requests,
+                           (long long)cfg->data_parallel_size);
     if (cfg->rank >= cfg->tensor_parallel_size)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG,
                            "--rank %lld is not below --tensor-parallel-size %lld",
@@ -517,6 +552,29 @@ int vlmd_config_devices(const vlmd_config *cfg, int64_t rank, int *ordinal)
         p = *end ? end + 1 : end;
     }
     return n;
+}
+
+int64_t vlmd_config_process_rank(const vlmd_config *cfg)
+{
+    return cfg->data_parallel_rank * cfg->tensor_parallel_size + cfg->rank;
+}
+
+bool vlmd_config_large_route(const vlmd_config *cfg, uint64_t *tokens, uint32_t *engine)
+{
+    const char *s = cfg->route_large_requests;
+    char *end = NULL;
+    if (!s[0] || s[0] < '0' || s[0] > '9')
+        return false;
+    unsigned long long t = strtoull(s, &end, 10);
+    if (t == 0 || t > UINT32_MAX || *end != '=' || end[1] < '0' || end[1] > '9')
+        return false;
+    const char *g = end + 1;
+    unsigned long e = strtoul(g, &end, 10);
+    if (*end || (int64_t)e >= cfg->data_parallel_size)
+        return false;
+    *tokens = t;
+    *engine = (uint32_t)e;
+    return true;
 }
 
 void vlmd_served_model_name(const char *flag_value, const char *model_dir, char *out, size_t outsz)

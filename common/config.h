@@ -91,6 +91,9 @@ typedef struct vlmd_config {
     int64_t tensor_parallel_size;   /* --tensor-parallel-size: engine ranks of one model */
     int64_t rank;                   /* --rank: this engine's rank (the launcher gives each its own) */
     char *devices;                  /* --devices: GPU ordinals, one per rank; "" = rank r on GPU r */
+    int64_t data_parallel_size;     /* --data-parallel-size: engines (groups of ranks) behind the router */
+    int64_t data_parallel_rank;     /* --data-parallel-rank: this rank's engine (the launcher gives it) */
+    char *route_large_requests;     /* --route-large-requests: TOKENS=ENGINE, "" = off */
 } vlmd_config;
 
 typedef enum vlmd_flag_type {
@@ -143,6 +146,15 @@ void vlmd_served_model_name(const char *flag_value, const char *model_dir, char 
  * not a comma-separated list of ordinals; *ordinal: rank's GPU (the rank-th
  * ordinal, or rank itself when the list is empty or shorter). */
 int vlmd_config_devices(const vlmd_config *cfg, int64_t rank, int *ordinal);
+
+/* Engines (groups of --tensor-parallel-size ranks) are numbered 0 to
+ * --data-parallel-size - 1; an engine process's rank among all of them (its
+ * registry rank, routing id "llm-R", supervisor child and --devices entry)
+ * is engine * tensor_parallel_size + its rank in the engine. */
+int64_t vlmd_config_process_rank(const vlmd_config *cfg);
+/* --route-large-requests read: false when off; else the KV tokens (prompt +
+ * max_tokens) from which a request goes to *engine. */
+bool vlmd_config_large_route(const vlmd_config *cfg, uint64_t *tokens, uint32_t *engine);
 
 /* Start-up helper for main(): defaults, parse, validate; prints --help and
  * exits 0, or prints the error and exits 2. */

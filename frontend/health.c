@@ -64,22 +64,41 @@ json_t *vlmd_health_render(const vlmd_msg_stats_snapshot *snap, uint64_t snapsho
                      "snapshot_age_ms", snap ? (json_int_t)snapshot_age_ms : (json_int_t)-1);
 }
 
+static const char *config_of(const vlmd_worker_info *w, const char *key)
+{
+    for (uint32_t k = 0; k < w->n_config; k++)
+        if (strcmp(w->config[k].key, key) == 0)
+            return w->config[k].value;
+    return NULL;
+}
+
+bool vlmd_health_engine_of(const vlmd_worker_info *w, uint32_t *engine)
+{
+    /* a process never seen has no flags yet: its rank among all engines' processes stands in */
+    long long rank = w->rank, g = 0;
+    const char *r = config_of(w, "rank"), *d = config_of(w, "data-parallel-rank");
+    if (w->role != VLMD_ROLE_LLM || (r && vlmd_parse_i64(r, 0, INT32_MAX, &rank) != VLMD_OK) ||
+        (d && vlmd_parse_i64(d, 0, INT32_MAX, &g) != VLMD_OK))
+        return false;
+    *engine = (uint32_t)g;
+    return rank == 0;
+}
+
 bool vlmd_health_engine_length(const vlmd_msg_stats_snapshot *snap, int64_t *max_model_len)
 {
+    bool ready = false;
     *max_model_len = 0;
     for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
         const vlmd_worker_info *w = &snap->workers[i];
-        if (w->role != VLMD_ROLE_LLM || w->rank != 0)
+        uint32_t g;
+        if (!vlmd_health_engine_of(w, &g) || w->state != VLMD_WORKER_READY)
             continue;
-        if (w->state != VLMD_WORKER_READY)
-            return false;
-        for (uint32_t k = 0; k < w->n_config; k++) {
-            long long v;
-            if (strcmp(w->config[k].key, "max_model_len") == 0 &&
-                vlmd_parse_i64(w->config[k].value, 1, INT32_MAX, &v) == VLMD_OK)
-                *max_model_len = v;
-        }
-        return true;
+        ready = true;
+        long long v;
+        const char *len = config_of(w, "max_model_len");
+        if (len && vlmd_parse_i64(len, 1, INT32_MAX, &v) == VLMD_OK &&
+            (!*max_model_len || v < *max_model_len))
+            *max_model_len = v;
     }
-    return false;
+    return ready;
 }

@@ -19,10 +19,15 @@
 json_t *vlmd_health_render(const vlmd_msg_stats_snapshot *snap, uint64_t snapshot_age_ms,
                            uint64_t stale_after_ms, const char *model_name, int *http_status);
 
-/* Whether the snapshot shows the engine (llm rank 0) ready; then
- * *max_model_len is the length it serves, from its READY settings
- * ("max_model_len": --max-model-len, the model's, or what fits when the
- * auto-profile lowered it), or 0 when it published none. */
+/* Whether w leads an engine (an llm process of rank 0 in its engine, as its
+ * flags say; one never seen: of rank 0 among all); *engine: its
+ * --data-parallel-rank. */
+bool vlmd_health_engine_of(const vlmd_worker_info *w, uint32_t *engine);
+
+/* Whether the snapshot shows an engine ready; then *max_model_len is the
+ * length the ready engines serve (the least of them), from their READY
+ * settings ("max_model_len": --max-model-len, the model's, or what fits when
+ * the auto-profile lowered it), or 0 when they published none. */
 bool vlmd_health_engine_length(const vlmd_msg_stats_snapshot *snap, int64_t *max_model_len);
 
 #endif

@@ -176,9 +176,9 @@ static void keep_snapshot(frontend *fe, vlmd_msg *msg)
 
 static bool engine_ready(const vlmd_msg_stats_snapshot *s)
 {
-    for (uint32_t i = 0; i < s->n_workers; i++)
-        if (s->workers[i].role == VLMD_ROLE_LLM && s->workers[i].rank == 0)
-            return s->workers[i].state == VLMD_WORKER_READY;
+    for (uint32_t i = 0, g; i < s->n_workers; i++)
+        if (vlmd_health_engine_of(&s->workers[i], &g) && s->workers[i].state == VLMD_WORKER_READY)
+            return true;
     return false;
 }
 

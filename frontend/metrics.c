@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "health.h"
+
 /* vlmd's buckets, shared by its three histograms */
 static const double vlmd_bounds[] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
                                      1,     2.5,  5,     10,   30,  60,  120};
@@ -170,9 +172,14 @@ metrics_engine_load metrics_engine_load_of(const vlmd_msg_stats_snapshot *snap,
     /* The router's counts are of the snapshot's moment, the engine's of its
      * last heartbeat: what the router sent to the engine is running as far
      * as the engine had scheduled it, and waiting otherwise, so the two add
-     * up to every request the router holds. (With several engines the
-     * router's count at each engine and its queue per engine group go here.) */
-    uint64_t at_engine = counter_of(rt, "requests_at_engine");
+     * up to every request the router holds for it. The router's queue is
+     * shared (a queued request goes to the first engine with room): each
+     * engine's waiting counts it. */
+    uint32_t g = 0;
+    vlmd_health_engine_of(engine, &g);
+    char key[64];
+    snprintf(key, sizeof key, "engine_%u_requests_at_engine", g);
+    uint64_t at_engine = counter_of(rt, key);
     if (l.running > at_engine)
         l.running = at_engine; /* some ended since that heartbeat */
     l.waiting = counter_of(rt, "requests_waiting_for_images") +
@@ -181,10 +188,11 @@ metrics_engine_load metrics_engine_load_of(const vlmd_msg_stats_snapshot *snap,
 }
 
 /* An engine as the gateways count them: a group's rank 0 (the other ranks of
- * a tensor-parallel group hold shares of its model, not requests). */
-static bool is_engine(const vlmd_worker_info *w)
+ * a tensor-parallel group hold shares of its model, not requests), labelled
+ * with its --data-parallel-rank. */
+static bool is_engine(const vlmd_worker_info *w, uint32_t *engine)
 {
-    return w->role == VLMD_ROLE_LLM && w->rank == 0;
+    return vlmd_health_engine_of(w, engine);
 }
 
 /* Whether a process before workers[i] has the same role and the counter
@@ -235,14 +243,15 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
         gauge_head(out, gauges[g][0], "gauge", gauges[g][1]);
         for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
             const vlmd_worker_info *w = &snap->workers[i];
-            if (!is_engine(w))
+            uint32_t engine;
+            if (!is_engine(w, &engine))
                 continue;
             metrics_engine_load l = metrics_engine_load_of(snap, w);
             double usage = w->kv_capacity_tokens
                                ? (double)w->kv_used_tokens / (double)w->kv_capacity_tokens
                                : 0;
             vlmd_buf_printf(out, "%s{model_name=\"%s\",engine=\"%u\"} ", gauges[g][0], name,
-                            w->rank);
+                            engine);
             if (g < 2)
                 vlmd_buf_printf(out, "%llu\n", (unsigned long long)(g == 0 ? l.running
                                                                           : l.waiting));
@@ -255,7 +264,8 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
                "token-granular: num_gpu_blocks is its tokens / block_size)");
     for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
         const vlmd_worker_info *w = &snap->workers[i];
-        if (!is_engine(w) || !w->kv_capacity_tokens)
+        uint32_t engine;
+        if (!is_engine(w, &engine) || !w->kv_capacity_tokens)
             continue;
         const char *bs = kv_get(w->config, w->n_config, "kv-events-block-size");
         const char *off = kv_get(w->config, w->n_config, "disable-prefix-cache");
@@ -264,21 +274,27 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
                         "vllm:cache_config_info{block_size=\"%llu\",enable_prefix_caching="
                         "\"%s\",engine=\"%u\",num_gpu_blocks=\"%llu\"} 1\n",
                         (unsigned long long)block,
-                        off && strcmp(off, "true") == 0 ? "False" : "True", w->rank,
+                        off && strcmp(off, "true") == 0 ? "False" : "True", engine,
                         (unsigned long long)(w->kv_capacity_tokens / (block ? block : 1)));
     }
     for (size_t c = 0; c < sizeof counters / sizeof counters[0]; c++) {
         gauge_head(out, counters[c][0], "counter", counters[c][2]);
         for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
             const vlmd_worker_info *w = &snap->workers[i];
-            if (is_engine(w))
+            uint32_t engine;
+            if (is_engine(w, &engine))
                 vlmd_buf_printf(out, "%s{model_name=\"%s\",engine=\"%u\"} %llu\n",
-                                counters[c][0], name, w->rank,
+                                counters[c][0], name, engine,
                                 (unsigned long long)counter_of(w, counters[c][1]));
         }
     }
-    /* the frontend's own observations: every request went to engine 0 */
-    snprintf(labels, sizeof labels, "model_name=\"%s\",engine=\"0\"", name);
+    /* the frontend's own observations, of every engine: labelled engine 0 when it is the only
+     * one, else by model alone */
+    uint32_t engines = 0;
+    for (uint32_t i = 0, g; snap && i < snap->n_workers; i++)
+        engines += is_engine(&snap->workers[i], &g);
+    snprintf(labels, sizeof labels, engines > 1 ? "model_name=\"%s\"" : "model_name=\"%s\",engine=\"0\"",
+             name);
     gauge_head(out, "vllm:request_success_total", "counter",
                "Requests finished, by reason (abort: the client left; error: failed)");
     static const char *const reasons[4] = {"stop", "length", "error", "abort"};
@@ -338,16 +354,20 @@ void metrics_render(const frontend_metrics *m, const http_server_stats *http,
             if (snap->workers[j].role == r)
                 vlmd_buf_printf(out, "vlmd_%s_restarts_total{rank=\"%u\"} %u\n", role,
                                 snap->workers[j].rank, snap->workers[j].restarts);
-        for (uint32_t j = i; j < snap->n_workers; j++) {
-            const vlmd_worker_info *w = &snap->workers[j];
-            if (is_engine(w) && w->kv_capacity_tokens)
-                vlmd_buf_printf(out, "# TYPE vlmd_kv_cache_usage_ratio gauge\n"
-                                     "vlmd_kv_cache_usage_ratio{rank=\"%u\"} %.6f\n"
-                                     "# TYPE vlmd_kv_cache_capacity_tokens gauge\n"
-                                     "vlmd_kv_cache_capacity_tokens{rank=\"%u\"} %llu\n",
-                                w->rank,
-                                (double)w->kv_used_tokens / (double)w->kv_capacity_tokens,
-                                w->rank, (unsigned long long)w->kv_capacity_tokens);
+        for (int pass = 0; r == VLMD_ROLE_LLM && pass < 2; pass++) { /* usage, capacity */
+            vlmd_buf_printf(out, "# TYPE vlmd_kv_cache_%s gauge\n",
+                            pass ? "capacity_tokens" : "usage_ratio");
+            for (uint32_t j = i, g; j < snap->n_workers; j++) {
+                const vlmd_worker_info *w = &snap->workers[j];
+                if (!is_engine(w, &g) || !w->kv_capacity_tokens)
+                    continue;
+                if (pass)
+                    vlmd_buf_printf(out, "vlmd_kv_cache_capacity_tokens{rank=\"%u\"} %llu\n",
+                                    w->rank, (unsigned long long)w->kv_capacity_tokens);
+                else
+                    vlmd_buf_printf(out, "vlmd_kv_cache_usage_ratio{rank=\"%u\"} %.6f\n", w->rank,
+                                    (double)w->kv_used_tokens / (double)w->kv_capacity_tokens);
+            }
         }
         for (uint32_t j = i; j < snap->n_workers; j++) {
             const vlmd_worker_info *w = &snap->workers[j];
@@ -404,10 +424,15 @@ json_t *metrics_memory_stats(const vlmd_msg_stats_snapshot *snap)
             json_object_set_new(p, "kv_used_tokens", json_integer((json_int_t)w->kv_used_tokens));
             json_object_set_new(p, "kv_used_bytes",
                                 json_integer((json_int_t)(w->kv_used_tokens * per_token)));
+            /* which engine (--data-parallel-rank) it is of, and its rank there */
+            const char *g = kv_get(w->config, w->n_config, "data-parallel-rank");
+            const char *r = kv_get(w->config, w->n_config, "rank");
+            json_object_set_new(p, "engine", json_integer(g ? strtoll(g, NULL, 10) : 0));
+            json_object_set_new(p, "engine_rank", json_integer(r ? strtoll(r, NULL, 10) : 0));
         }
         json_object_set_new(p, "memory", numbers(w->memory, w->n_memory));
         json_object_set_new(p, "counters", numbers(w->counters, w->n_counters));
-        /* a tensor-parallel group's other ranks beside rank 0: "llm-1", "llm-2"... */
+        /* every engine process by its rank among all of them: "llm", "llm-1", "llm-2"... */
         char key[32];
         snprintf(key, sizeof key, w->rank ? "%s-%u" : "%s", vlmd_role_str((vlmd_role)w->role),
                  w->rank);

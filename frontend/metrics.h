@@ -10,8 +10,8 @@
  * (vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ...; docs/API.md),
  * which the Kubernetes inference gateways read to route. Each of those
  * carries vLLM's labels: model_name (the served name) and engine (the
- * engine's rank; the frontend's own timings are of engine 0, the one engine
- * today). */
+ * engine's --data-parallel-rank; the frontend's own timings are of every
+ * engine: labelled engine 0 when there is one, by model alone otherwise). */
 #ifndef VLMD_METRICS_H
 #define VLMD_METRICS_H
 

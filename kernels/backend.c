@@ -31,7 +31,7 @@ vlmd_backend_options vlmd_backend_options_of(const vlmd_config *cfg)
         .gemv_decode = strcmp(cfg->cuda_decode_linear, "gemv") == 0,
         .pdl = strcmp(cfg->cuda_pdl, "on") == 0,
     };
-    vlmd_config_devices(cfg, cfg->rank, &o.ordinal); /* validated: one per rank */
+    vlmd_config_devices(cfg, vlmd_config_process_rank(cfg), &o.ordinal); /* validated */
     return o;
 }
 

@@ -12,6 +12,7 @@
 #include "kv_events.h"
 
 #include <cbor.h>
+#include <stdio.h>
 #include <msgpack.h>
 #include <stdlib.h>
 #include <string.h>
@@ -226,6 +227,29 @@ vlmd_status kv_event_log_batch(kv_event_log *log, double ts, int32_t rank, vlmd_
 }
 
 /* ---- the publisher ------------------------------------------------------------ */
+
+vlmd_status kv_events_engine_endpoint(const char *endpoint, int64_t engine, char *out,
+                                      size_t outsz, vlmd_error *err)
+{
+    int n = -1;
+    const char *colon = strrchr(endpoint, ':');
+    if (engine == 0) {
+        n = snprintf(out, outsz, "%s", endpoint);
+    } else if (strncmp(endpoint, "tcp://", 6) == 0) {
+        char *end = NULL;
+        long port = colon ? strtol(colon + 1, &end, 10) : -1;
+        if (colon && end != colon + 1 && !*end && port > 0 && port + engine <= 65535)
+            n = snprintf(out, outsz, "%.*s:%lld", (int)(colon - endpoint), endpoint,
+                         (long long)(port + engine));
+    } else {
+        n = snprintf(out, outsz, "%s_dp%lld", endpoint, (long long)engine);
+    }
+    if (n < 0 || (size_t)n >= outsz)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--kv-events-endpoint %s: engine %lld's "
+                           "endpoint (the port plus the engine) is out of range", endpoint,
+                           (long long)engine);
+    return VLMD_OK;
+}
 
 vlmd_status kv_publisher_open(kv_publisher *p, void *zctx, const char *endpoint,
                               const char *topic, vlmd_error *err)

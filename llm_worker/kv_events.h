@@ -83,6 +83,12 @@ typedef struct kv_publisher {
     uint64_t sent, dropped;     /* batches; dropped: a subscriber's queue was full */
 } kv_publisher;
 
+/* Engine `engine`'s endpoint for --kv-events-endpoint (vLLM's rule with data
+ * parallelism): a tcp:// port grows by the engine, another endpoint gains
+ * "_dp<engine>"; engine 0 keeps it as given. VLMD_ERR_INVALID_ARG when the
+ * port cannot grow or out is too small. */
+vlmd_status kv_events_engine_endpoint(const char *endpoint, int64_t engine, char *out,
+                                      size_t outsz, vlmd_error *err);
 /* Opens the PUB socket: an endpoint with "*" or "::", or an ipc:// or
  * inproc:// one, is bound, any other connected (vLLM's rule). Returns
  * VLMD_ERR_INVALID_ARG naming the endpoint when ZeroMQ refuses it. */

@@ -108,10 +108,6 @@ typedef struct llm_worker {
 /* Rank 0's pings while idle: well within the communicator's timeout. */
 #define GROUP_PING_MS 1000
 
-/* The engine's rank among engines (one engine today); KV-event batches
- * carry it as their data_parallel_rank. */
-#define ENGINE_RANK 0
-
 /* One of the ranks of a tensor-parallel group (--tensor-parallel-size > 1). */
 static bool in_group(const llm_worker *w)
 {
@@ -173,7 +169,8 @@ static void publish_kv_events(llm_worker *w)
     kv_event_log *log = engine_events(w->engine);
     if (!log || !w->events.sock || log->n_events == 0)
         return;
-    if (kv_event_log_batch(log, (double)vlmd_wall_ms() / 1000.0, ENGINE_RANK, &w->event_batch) !=
+    if (kv_event_log_batch(log, (double)vlmd_wall_ms() / 1000.0,
+                           (int32_t)w->svc.cfg.data_parallel_rank, &w->event_batch) !=
         VLMD_OK) {
         VLMD_ERROR("out of memory encoding %u KV events; they go with the next batch",
                    log->n_events);
@@ -584,7 +581,8 @@ static void say_group_id(llm_worker *w)
     size_t len = 0;
     const void *bytes = w->has_group_id ? vlmd_comm_id_bytes(&w->group_id, &len) : NULL;
     vlmd_msg m = {.type = VLMD_MSG_GROUP_ID};
-    m.u.group_id = (vlmd_msg_group_id){(uint32_t)w->svc.cfg.rank, (uint8_t *)bytes,
+    m.u.group_id = (vlmd_msg_group_id){(uint32_t)vlmd_config_process_rank(&w->svc.cfg),
+                                       (uint8_t *)bytes,
                                        (uint32_t)len};
     vlmd_peer_send(w->svc.peer, &m);
 }
@@ -915,9 +913,14 @@ int main(int argc, char **argv)
     vlmd_service_init(&w.svc, VLMD_ROLE_LLM, argc, argv);
     const vlmd_config *cfg = &w.svc.cfg;
     vlmd_error err = {0};
-    if (cfg->kv_events_endpoint[0] &&
-        kv_publisher_open(&w.events, w.svc.zctx, cfg->kv_events_endpoint, cfg->kv_events_topic,
-                          &err) != VLMD_OK) {
+    /* an engine's rank 0 publishes (the others hold no prefix cache), each engine on its own
+     * endpoint: vLLM's offset by data_parallel_rank */
+    char endpoint[1024];
+    if (cfg->kv_events_endpoint[0] && cfg->rank == 0 &&
+        (kv_events_engine_endpoint(cfg->kv_events_endpoint, cfg->data_parallel_rank, endpoint,
+                                   sizeof endpoint, &err) != VLMD_OK ||
+         kv_publisher_open(&w.events, w.svc.zctx, endpoint, cfg->kv_events_topic, &err) !=
+             VLMD_OK)) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }

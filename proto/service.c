@@ -61,7 +61,8 @@ void vlmd_service_start(vlmd_service *svc, vlmd_service_msg_fn on_message,
     svc->on_stop = on_stop;
     svc->ud = ud;
     vlmd_error err = {0};
-    svc->peer = vlmd_peer_create(&svc->loop, svc->zctx, &svc->cfg, svc->role, (uint32_t)svc->cfg.rank, on_peer_message,
+    svc->peer = vlmd_peer_create(&svc->loop, svc->zctx, &svc->cfg, svc->role,
+                                 (uint32_t)vlmd_config_process_rank(&svc->cfg), on_peer_message,
                                  svc, &err);
     if (!svc->peer)
         VLMD_FATAL("%s", err.msg);

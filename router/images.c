@@ -56,7 +56,7 @@ vlmd_status images_submit(router *rt, router_request *q, vlmd_msg *msg, vlmd_err
     const vlmd_msg_request_submit *r = &msg->u.request_submit;
     if (!rt->images_enabled)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "this model takes no images");
-    if (!router_ready_worker(rt, VLMD_ROLE_VISUAL))
+    if (!router_ready_visual(rt))
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the visual worker is not ready");
     uint64_t total = 0;
     for (uint32_t i = 0; i < r->n_images; i++) {
@@ -97,7 +97,7 @@ void images_release(router *rt, router_request *q)
 /* Sends the job for image i of q, whose room at offset the cache just gave. */
 static bool send_job(router *rt, router_request *q, uint32_t i, uint64_t offset)
 {
-    registry_entry *visual = router_ready_worker(rt, VLMD_ROLE_VISUAL);
+    registry_entry *visual = router_ready_visual(rt);
     if (!visual)
         return false;
     const vlmd_image_ref *im = &q->submit->u.request_submit.images[i];

@@ -364,9 +364,10 @@ static int serve(int argc, char **argv)
     vlmd_log_init("vlmd", level);
 
     vlmd_error err = {0};
-    if (l.cfg.rank != 0) {
-        fprintf(stderr, "vlmd: --rank %lld: vlmd serve gives each engine its own rank\n",
-                (long long)l.cfg.rank);
+    if (l.cfg.rank != 0 || l.cfg.data_parallel_rank != 0) {
+        fprintf(stderr, "vlmd: --rank %lld --data-parallel-rank %lld: vlmd serve gives each "
+                "engine process its own\n", (long long)l.cfg.rank,
+                (long long)l.cfg.data_parallel_rank);
         vlmd_config_free(&l.cfg);
         return VLMD_EXIT_CONFIG;
     }
@@ -385,9 +386,19 @@ static int serve(int argc, char **argv)
     VLMD_INFO("model %s (%s); runtime directory %s; router at %s", l.cfg.model,
               l.model.architecture, l.dir.path, l.cfg.router_endpoint);
     /* measured once, so the visual worker and the engine (and their restarts)
-     * share one device */
-    if (l.cfg.cpu_device_mb == 0 && strcmp(l.cfg.device, "cuda") != 0)
-        l.cfg.cpu_device_mb = (int64_t)(vlmd_cpu_device_bytes(0) >> 20);
+     * share one device; the engine processes of this host (every rank of every engine)
+     * share its memory, each given an equal part (docs/MEMORY.md §7) */
+    if (l.cfg.cpu_device_mb == 0 && strcmp(l.cfg.device, "cuda") != 0) {
+        int64_t processes = l.cfg.tensor_parallel_size * l.cfg.data_parallel_size;
+        l.cfg.cpu_device_mb = (int64_t)(vlmd_cpu_device_bytes(0) >> 20) / processes;
+        if (l.cfg.cpu_device_mb < 64) {
+            fprintf(stderr, "vlmd: this machine can spare less than 64 MiB for each of the %lld "
+                    "engine processes\n", (long long)processes);
+            runtime_dir_close(&l.dir);
+            vlmd_config_free(&l.cfg);
+            return VLMD_EXIT_CONFIG;
+        }
+    }
 
     uv_loop_init(&l.loop);
     l.zctx = zmq_ctx_new();
@@ -415,7 +426,8 @@ static int serve(int argc, char **argv)
                                VLMD_ROLE_FRONTEND};
     for (size_t i = 0; i < sizeof order / sizeof order[0]; i++) {
         snprintf(exe, sizeof exe, "%s/%s", dir, vlmd_role_process_name(order[i]));
-        int64_t ranks = order[i] == VLMD_ROLE_LLM ? l.cfg.tensor_parallel_size : 1;
+        int64_t ranks = order[i] == VLMD_ROLE_LLM
+                            ? l.cfg.tensor_parallel_size * l.cfg.data_parallel_size : 1;
         for (int64_t r = 0; r < ranks; r++)
             supervisor_add(&l.sup, order[i], (uint32_t)r, exe);
     }

@@ -39,6 +39,7 @@ static void free_entry(router_request *q)
         free(q->submit);
     }
     free(q->hashes);
+    free(q->blocks);
     free(q);
 }
 

@@ -33,8 +33,8 @@
  * a worker gone, a limit, a timeout) with an error chunk to the frontend. */
 typedef enum request_stage {
     STAGE_IMAGES,               /* waiting for its images */
-    STAGE_QUEUED,               /* waiting for room in the engine's KV cache */
-    STAGE_ENGINE,               /* sent to the engine */
+    STAGE_QUEUED,               /* waiting for room in an engine's KV cache */
+    STAGE_ENGINE,               /* sent to an engine */
 } request_stage;
 
 /* A request in flight: which frontend socket asked for it, what it will take
@@ -54,6 +54,9 @@ typedef struct router_request {
     uint32_t n_images;
     uint32_t n_held;            /* arena references taken so far (images 0..n_held-1) */
     uint32_t passes;            /* queued: requests admitted past it (--admission-policy fair) */
+    uint32_t engine;            /* at an engine: which (engines.h) */
+    uint64_t *blocks;           /* queued: its prompt's block hashes (prefix_book.h), owned */
+    uint32_t n_blocks;
     uint64_t deadline_ms;       /* while waiting for images: fail with 503 after this */
     size_t slot;                /* the table's: where it sits in items */
 } router_request;
@@ -77,7 +80,7 @@ typedef struct request_iter {
 router_request *request_table_add(request_table *t, uint64_t req_id);
 /* The entry for req_id (borrowed), or NULL. */
 router_request *request_table_find(const request_table *t, uint64_t req_id);
-/* Removes q and frees it with its submit and hashes. What it holds outside
+/* Removes q and frees it with its submit, hashes and blocks. What it holds outside
  * the table (arena references, a session's share) is the caller's to give
  * back first. */
 void request_table_remove(request_table *t, router_request *q);

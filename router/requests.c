@@ -58,37 +58,57 @@ void requests_fail_all(router *rt, const char *why)
         fail(rt, q, VLMD_ERR_UNAVAILABLE, 0, why);
 }
 
+void requests_fail_engine(router *rt, uint32_t g, const char *why)
+{
+    request_iter it = request_table_iter(&rt->requests);
+    router_request *q;
+    while ((q = request_table_next(&it)))
+        if (q->stage == STAGE_ENGINE && q->engine == g)
+            fail(rt, q, VLMD_ERR_UNAVAILABLE, 0, why);
+}
+
 /* The output a request may produce: max_tokens, or the pressure cap. */
 static uint32_t output_limit(const router_request *q)
 {
     return q->capped ? q->capped : q->max_tokens;
 }
 
-/* KV tokens the requests at the engine hold now (their prompt and output so far).
- * The engine reports its own figure in heartbeats (kv_used_tokens, shown only);
- * the pressure cap uses this sum and admission the same per-request figures,
- * current when a request arrives or leaves and never below the engine's (which
- * counts a shared prefix once and lags a heartbeat): tests/e2e/memory.test.mjs
- * holds them to it. */
-static uint64_t kv_in_use(router *rt)
+/* KV tokens the requests at an engine hold now (their prompt and output so
+ * far); g -1: at every engine. The engine reports its own figure in
+ * heartbeats (kv_used_tokens, shown only); the pressure cap uses this sum and
+ * admission the same per-request figures, current when a request arrives or
+ * leaves and never below the engine's (which counts a shared prefix once and
+ * lags a heartbeat): tests/e2e/memory.test.mjs holds them to it. */
+static uint64_t kv_in_use(router *rt, int g)
 {
     uint64_t used = 0;
     request_iter it = request_table_iter(&rt->requests);
     for (const router_request *q; (q = request_table_next(&it));)
-        if (q->stage == STAGE_ENGINE)
+        if (q->stage == STAGE_ENGINE && (g < 0 || q->engine == (uint32_t)g))
             used += (uint64_t)q->prompt_tokens + q->generated;
     return used;
 }
 
-/* Under pressure (--degrade-under-pressure), a new request's max_tokens is
- * capped; the frontend tells the client in a header. */
+/* The ready engines' KV caches together, tokens. */
+static uint64_t kv_capacity(router *rt)
+{
+    uint64_t capacity = 0;
+    for (uint32_t g = 0; g < rt->n_engines; g++) {
+        registry_entry *llm = engines_leader(rt, g);
+        capacity += llm ? llm->kv_capacity_tokens : 0;
+    }
+    return capacity;
+}
+
+/* Under pressure (--degrade-under-pressure: the engines' caches together), a
+ * new request's max_tokens is capped; the frontend tells the client in a header. */
 static void cap_under_pressure(router *rt, router_request *q, vlmd_msg_request_submit *r)
 {
-    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
     int64_t level = rt->cfg->degrade_under_pressure, cap = rt->cfg->degrade_max_tokens;
-    if (!level || !llm || !llm->kv_capacity_tokens || r->max_tokens <= (uint64_t)cap)
+    uint64_t capacity = kv_capacity(rt);
+    if (!level || !capacity || r->max_tokens <= (uint64_t)cap)
         return;
-    if (kv_in_use(rt) * 100 < (uint64_t)level * llm->kv_capacity_tokens)
+    if (kv_in_use(rt, -1) * 100 < (uint64_t)level * capacity)
         return;
     r->max_tokens = (uint32_t)cap;
     q->capped = (uint32_t)cap;
@@ -111,6 +131,13 @@ static void enqueue(router *rt, router_request *q)
         fail(rt, q, VLMD_ERR_BUSY, 0, why);
         return;
     }
+    const vlmd_msg_request_submit *r = &q->submit->u.request_submit;
+    if (rt->n_engines > 1 && /* for the choice of an engine by cached prefix */
+        prefix_book_hash_prompt(r->tokens, r->n_tokens, r->images, r->n_images, &q->blocks,
+                                &q->n_blocks) != VLMD_OK) {
+        fail(rt, q, VLMD_ERR_NOMEM, 0, "the router is out of memory");
+        return;
+    }
     q->stage = STAGE_QUEUED;
     rt->counts.queued_total++;
     rt->admit_dirty = true;
@@ -119,7 +146,7 @@ static void enqueue(router *rt, router_request *q)
 void requests_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
 {
     vlmd_msg_request_submit *r = &msg->u.request_submit;
-    if (!router_ready_worker(rt, VLMD_ROLE_LLM)) {
+    if (!engines_any_ready(rt)) {
         fail_unregistered(rt, id, id_len, r->req_id, VLMD_ERR_UNAVAILABLE,
                           "the LLM engine is not ready");
         return;
@@ -225,8 +252,8 @@ void requests_visual_down(router *rt)
     images_visual_down(rt); /* what it was writing will never be finished */
 }
 
-/* Sends q to the engine (its image bytes dropped: the arena has them). */
-static void send_to_engine(router *rt, router_request *q, registry_entry *llm)
+/* Sends q to an engine (its image bytes dropped: the arena has them). */
+static void send_to_engine(router *rt, router_request *q, uint32_t g, registry_entry *llm)
 {
     vlmd_msg_request_submit *r = &q->submit->u.request_submit;
     for (uint32_t i = 0; i < r->n_images; i++) {
@@ -239,6 +266,11 @@ static void send_to_engine(router *rt, router_request *q, registry_entry *llm)
     free(q->submit);
     q->submit = NULL;
     q->stage = STAGE_ENGINE;
+    q->engine = g;
+    engines_sent(rt, g, &(engine_request){.blocks = q->blocks, .n_blocks = q->n_blocks});
+    free(q->blocks); /* booked; not needed again */
+    q->blocks = NULL;
+    q->n_blocks = 0;
     rt->counts.admitted++;
 }
 
@@ -251,42 +283,82 @@ static void send_to_engine(router *rt, router_request *q, registry_entry *llm)
 /* Requests tried past blocked ones in one pass (the rest at the next). */
 #define ROUTER_FAIR_LOOKAHEAD 32
 
-typedef struct admit_books {
+/* One engine's books for a pass of admission. */
+typedef struct engine_books {
+    registry_entry *leader;     /* NULL: not ready */
     uint64_t capacity;
+    admission_load *loads;      /* the requests at it, with room for all */
+    size_t n;
+    uint64_t used;              /* their KV tokens */
+} engine_books;
+
+typedef struct admit_books {
     double fraction;
-    admission_load *engine;     /* the requests at the engine, with room for all */
-    size_t n_engine;
+    engine_books engines[ROUTER_MAX_ENGINES];
     admission_load *scratch;    /* admission_peak reorders what it is given */
 } admit_books;
 
-/* Whether q can join the requests at the engine (alone it always goes: the
+static uint64_t kv_need(const router_request *q)
+{
+    return (uint64_t)q->prompt_tokens + output_limit(q);
+}
+
+/* Whether q can join the requests at engine e (alone it always goes: the
  * engine ends it early if the cache cannot hold its output). */
-static bool fits(admit_books *b, const router_request *q)
+static bool fits(admit_books *b, const engine_books *e, const router_request *q)
 {
-    if (b->n_engine == 0)
-        return true;
-    memcpy(b->scratch, b->engine, b->n_engine * sizeof *b->scratch);
-    b->scratch[b->n_engine] = (admission_load){q->prompt_tokens, output_limit(q)};
-    return admission_peak(b->scratch, b->n_engine + 1, b->fraction) <= b->capacity;
+    if (e->n == 0)
+        return (uint64_t)q->prompt_tokens + 1 <= e->capacity;
+    memcpy(b->scratch, e->loads, e->n * sizeof *b->scratch);
+    b->scratch[e->n] = (admission_load){q->prompt_tokens, output_limit(q)};
+    return admission_peak(b->scratch, e->n + 1, b->fraction) <= e->capacity;
 }
 
-static void admit(router *rt, admit_books *b, router_request *q, registry_entry *llm)
+/* The engine q goes to now (engines.h), or -1 when none has room. */
+static int choose(router *rt, admit_books *b, const router_request *q)
 {
-    b->engine[b->n_engine++] = (admission_load){q->prompt_tokens, output_limit(q)};
-    send_to_engine(rt, q, llm);
+    engine_option opts[ROUTER_MAX_ENGINES];
+    for (uint32_t g = 0; g < rt->n_engines; g++) {
+        engine_books *e = &b->engines[g];
+        opts[g] = (engine_option){.ready = e->leader != NULL, .used = e->used,
+                                  .capacity = e->capacity, .requests = (uint32_t)e->n};
+        opts[g].fits = opts[g].ready && fits(b, e, q);
+    }
+    engine_request r = {kv_need(q), q->blocks, q->n_blocks};
+    return engines_choose(rt, opts, &r);
 }
 
-/* Fails the queued requests whose prompt alone is more than the cache holds. */
-static void refuse_too_large(router *rt, uint64_t capacity)
+static void admit(router *rt, admit_books *b, router_request *q, uint32_t g)
 {
+    engine_books *e = &b->engines[g];
+    e->loads[e->n++] = (admission_load){q->prompt_tokens, output_limit(q)};
+    e->used += q->prompt_tokens;
+    send_to_engine(rt, q, g, e->leader);
+}
+
+/* Fails the queued requests whose prompt alone is more than the cache of
+ * every engine they may go to holds. */
+static void refuse_too_large(router *rt, const admit_books *b)
+{
+    engine_option opts[ROUTER_MAX_ENGINES];
+    for (uint32_t g = 0; g < rt->n_engines; g++)
+        opts[g] = (engine_option){.ready = b->engines[g].leader != NULL};
     request_iter it = request_table_iter(&rt->requests);
     router_request *q;
     while ((q = request_table_next(&it))) {
-        if (q->stage != STAGE_QUEUED || (uint64_t)q->prompt_tokens + 1 <= capacity)
+        if (q->stage != STAGE_QUEUED)
             continue;
+        uint64_t most = 0;
+        for (uint32_t g = 0; g < rt->n_engines; g++) {
+            uint64_t c = b->engines[g].capacity;
+            if (b->engines[g].leader && c > most && engines_allowed(rt, opts, kv_need(q), g))
+                most = c;
+        }
+        if (!most || (uint64_t)q->prompt_tokens + 1 <= most)
+            continue; /* (an engine it must wait for is not ready: it waits) */
         char why[200];
         snprintf(why, sizeof why, "the prompt has %u tokens; the KV cache holds %llu",
-                 q->prompt_tokens, (unsigned long long)capacity);
+                 q->prompt_tokens, (unsigned long long)most);
         rt->counts.rejected_too_large++;
         fail(rt, q, VLMD_ERR_TOO_LARGE, 0, why);
     }
@@ -303,17 +375,18 @@ static router_request *oldest_queued(router *rt)
     return best;
 }
 
-/* First come, first served: the oldest that does not fit holds the rest. */
-static void admit_fifo(router *rt, admit_books *b, registry_entry *llm)
+/* First come, first served: the oldest that fits no engine holds the rest. */
+static void admit_fifo(router *rt, admit_books *b)
 {
     router_request *q;
-    while ((q = oldest_queued(rt)) && fits(b, q))
-        admit(rt, b, q, llm);
+    int g;
+    while ((q = oldest_queued(rt)) && (g = choose(rt, b, q)) >= 0)
+        admit(rt, b, q, (uint32_t)g);
 }
 
 typedef struct turn {
     router_request *q;
-    uint64_t turn;              /* its session's requests at the engine and queued before it */
+    uint64_t turn;              /* its session's requests at the engines and queued before it */
 } turn;
 
 static int by_session_then_arrival(const void *a, const void *b)
@@ -333,7 +406,7 @@ static int by_turn_then_arrival(const void *a, const void *b)
 
 /* The queued requests in fair order, into out (room for every request):
  * sessions take turns (requests without X-Session-ID are one session), a
- * session with requests at the engine waits its turn behind those without.
+ * session with requests at the engines waits its turn behind those without.
  * Returns how many. */
 static size_t fair_order(router *rt, turn *out)
 {
@@ -358,9 +431,9 @@ static size_t fair_order(router *rt, turn *out)
     return n_queued;
 }
 
-/* Sessions take turns, and a request that does not fit is passed by those
+/* Sessions take turns, and a request that fits no engine is passed by those
  * behind it that do, ROUTER_FAIR_MAX_PASSES times at most. */
-static void admit_fair(router *rt, admit_books *b, registry_entry *llm)
+static void admit_fair(router *rt, admit_books *b)
 {
     turn *order = malloc((rt->requests.n + 1) * sizeof *order);
     router_request *blocked[ROUTER_FAIR_LOOKAHEAD];
@@ -370,8 +443,9 @@ static void admit_fair(router *rt, admit_books *b, registry_entry *llm)
     size_t n = fair_order(rt, order);
     for (size_t i = 0; i < n && n_blocked < ROUTER_FAIR_LOOKAHEAD; i++) {
         router_request *q = order[i].q;
-        if (fits(b, q)) {
-            admit(rt, b, q, llm); /* stages change; no request is removed */
+        int g = choose(rt, b, q);
+        if (g >= 0) {
+            admit(rt, b, q, (uint32_t)g); /* stages change; no request is removed */
             for (size_t j = 0; j < n_blocked; j++)
                 blocked[j]->passes++;
             continue;
@@ -383,60 +457,86 @@ static void admit_fair(router *rt, admit_books *b, registry_entry *llm)
     free(order);
 }
 
+/* Fills each engine's books: its leader when ready, the requests at it. */
+static bool open_books(router *rt, admit_books *b)
+{
+    bool any = false;
+    for (uint32_t g = 0; g < rt->n_engines; g++) {
+        engine_books *e = &b->engines[g];
+        registry_entry *llm = engines_leader(rt, g);
+        e->leader = llm && llm->kv_capacity_tokens ? llm : NULL;
+        e->capacity = e->leader ? llm->kv_capacity_tokens : 0;
+        e->loads = malloc((rt->requests.n + 1) * sizeof *e->loads);
+        if (!e->loads)
+            return false;
+        any = any || e->leader;
+    }
+    request_iter it = request_table_iter(&rt->requests);
+    for (const router_request *q; (q = request_table_next(&it));) {
+        if (q->stage != STAGE_ENGINE || q->engine >= rt->n_engines)
+            continue;
+        engine_books *e = &b->engines[q->engine];
+        e->loads[e->n++] = (admission_load){(uint64_t)q->prompt_tokens + q->generated,
+                                            output_limit(q) - q->generated};
+        e->used += (uint64_t)q->prompt_tokens + q->generated;
+    }
+    return any;
+}
+
 void requests_admit(router *rt)
 {
-    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
-    if (!llm || !llm->kv_capacity_tokens)
-        return;
     bool fair = strcmp(rt->cfg->admission_policy, "fair") == 0;
     /* fair admission sorts every request: it runs when a request queued or left, and at every
-     * tick (for what the engine's progress freed), not after every token */
+     * tick (for what the engines' progress freed), not after every token */
     if (fair && !rt->admit_dirty)
         return;
-    rt->admit_dirty = false;
-    refuse_too_large(rt, llm->kv_capacity_tokens);
-    admit_books b = {.capacity = llm->kv_capacity_tokens,
-                     .fraction = rt->cfg->admission_output_fraction,
-                     .engine = malloc((rt->requests.n + 1) * sizeof *b.engine),
+    admit_books b = {.fraction = rt->cfg->admission_output_fraction,
                      .scratch = malloc((rt->requests.n + 1) * sizeof *b.scratch)};
-    if (b.engine && b.scratch) {
-        request_iter it = request_table_iter(&rt->requests);
-        for (const router_request *e; (e = request_table_next(&it));) {
-            if (e->stage == STAGE_ENGINE)
-                b.engine[b.n_engine++] = (admission_load){(uint64_t)e->prompt_tokens + e->generated,
-                                                          output_limit(e) - e->generated};
-        }
+    bool books = b.scratch != NULL;
+    bool any = books && open_books(rt, &b);
+    for (uint32_t g = 0; g < rt->n_engines; g++)
+        books = books && b.engines[g].loads;
+    if (any && books) {
+        rt->admit_dirty = false;
+        refuse_too_large(rt, &b);
         if (fair)
-            admit_fair(rt, &b, llm);
+            admit_fair(rt, &b);
         else
-            admit_fifo(rt, &b, llm);
-    } else {
+            admit_fifo(rt, &b);
+    } else if (!books) {
         rt->admit_dirty = true; /* tried again after the next message */
     }
-    free(b.engine);
+    for (uint32_t g = 0; g < rt->n_engines; g++)
+        free(b.engines[g].loads);
     free(b.scratch);
+}
+
+/* The engine holding q, when q is at one and it is still there. */
+static registry_entry *engine_of(router *rt, const router_request *q)
+{
+    return q->stage == STAGE_ENGINE ? engines_leader(rt, q->engine) : NULL;
 }
 
 void requests_on_cancel(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
 {
     router_request *q = request_table_find(&rt->requests, msg->u.request_cancel.req_id);
-    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
     if (!q || q->id_len != id_len || memcmp(q->identity, id, id_len) != 0)
         return; /* finished already, or not the asker's */
-    if (llm && q->stage == STAGE_ENGINE)
+    registry_entry *llm = engine_of(rt, q);
+    if (llm)
         router_send(rt, llm, msg);
     forget(rt, q);
 }
 
 void requests_cancel_from(router *rt, const void *id, size_t id_len)
 {
-    registry_entry *llm = router_ready_worker(rt, VLMD_ROLE_LLM);
     request_iter it = request_table_iter(&rt->requests);
     router_request *q;
     while ((q = request_table_next(&it))) {
         if (q->id_len != id_len || memcmp(q->identity, id, id_len) != 0)
             continue;
-        if (llm && q->stage == STAGE_ENGINE) {
+        registry_entry *llm = engine_of(rt, q);
+        if (llm) {
             vlmd_msg m = {.type = VLMD_MSG_REQUEST_CANCEL};
             m.u.request_cancel = (vlmd_msg_request_cancel){q->req_id, VLMD_FINISH_CANCELLED};
             router_send(rt, llm, &m);
@@ -445,12 +545,12 @@ void requests_cancel_from(router *rt, const void *id, size_t id_len)
     }
 }
 
-void requests_on_chunk(router *rt, vlmd_msg *msg)
+void requests_on_chunk(router *rt, uint32_t g, vlmd_msg *msg)
 {
     vlmd_msg_token_chunk *c = &msg->u.token_chunk;
     router_request *q = request_table_find(&rt->requests, c->req_id);
-    if (!q || q->stage != STAGE_ENGINE)
-        return; /* a late chunk of a forgotten request */
+    if (!q || q->stage != STAGE_ENGINE || q->engine != g)
+        return; /* a late chunk of a forgotten request (or not that engine's) */
     q->generated += c->n_tokens;
     if (!q->chunk_seen)
         c->max_tokens_capped = q->capped;
@@ -460,12 +560,15 @@ void requests_on_chunk(router *rt, vlmd_msg *msg)
         forget(rt, q);
 }
 
-uint32_t requests_counters_kv(router *rt, vlmd_kv *kv, char (*values)[24], uint32_t n)
+uint32_t requests_counters_kv(router *rt, vlmd_kv *kv, char (*names)[40], char (*values)[24],
+                              uint32_t n)
 {
-    uint64_t stage[3] = {0};
+    uint64_t stage[3] = {0}, at[ROUTER_MAX_ENGINES] = {0};
     request_iter it = request_table_iter(&rt->requests);
-    for (const router_request *q; (q = request_table_next(&it));)
+    for (const router_request *q; (q = request_table_next(&it));) {
         stage[q->stage]++;
+        at[q->engine] += q->stage == STAGE_ENGINE;
+    }
     uint64_t sessions_active = 0;
     for (size_t i = 0; i < rt->sessions.n; i++)
         sessions_active += rt->sessions.s[i].active > 0;
@@ -484,7 +587,7 @@ uint32_t requests_counters_kv(router *rt, vlmd_kv *kv, char (*values)[24], uint3
         {"max_tokens_capped_total", rt->counts.capped},
         {"sessions", rt->sessions.n},
         {"sessions_active", sessions_active},
-        {"kv_tokens_at_engine", kv_in_use(rt)},
+        {"kv_tokens_at_engine", kv_in_use(rt, -1)},
         {"arena_bytes", rt->embeds.capacity},
         {"arena_used_bytes", rt->embeds.used},
         {"arena_images", rt->embeds.n},
@@ -496,6 +599,22 @@ uint32_t requests_counters_kv(router *rt, vlmd_kv *kv, char (*values)[24], uint3
     for (; k < n && k < sizeof rows / sizeof rows[0]; k++) {
         snprintf(values[k], sizeof values[k], "%llu", (unsigned long long)rows[k].value);
         kv[k] = (vlmd_kv){(char *)rows[k].name, values[k]};
+    }
+    /* each engine's share (the metrics' engine label): engine_G_... */
+    for (uint32_t g = 0; g < rt->n_engines; g++) {
+        const struct {
+            const char *name;
+            uint64_t value;
+        } per[] = {
+            {"requests_at_engine", at[g]},
+            {"kv_tokens_at_engine", kv_in_use(rt, (int)g)},
+            {"requests_admitted_total", rt->engines[g].admitted},
+        };
+        for (size_t i = 0; i < sizeof per / sizeof per[0] && k < n; i++, k++) {
+            snprintf(names[k], sizeof names[k], "engine_%u_%s", g, per[i].name);
+            snprintf(values[k], sizeof values[k], "%llu", (unsigned long long)per[i].value);
+            kv[k] = (vlmd_kv){names[k], values[k]};
+        }
     }
     return k;
 }

@@ -17,6 +17,9 @@
 #include "peer.h"
 #include "requests.h"
 
+/* The router's counters: its own, and three for each engine. */
+#define ROUTER_COUNTERS_MAX (32 + 3 * ROUTER_MAX_ENGINES)
+
 static void send_welcome(router *rt, const void *id, size_t id_len, bool known)
 {
     vlmd_msg m = {.type = VLMD_MSG_WELCOME};
@@ -28,8 +31,8 @@ static void send_welcome(router *rt, const void *id, size_t id_len, bool known)
 static void publish_snapshot(router *rt)
 {
     uint64_t now = vlmd_now_ms();
-    vlmd_kv counters[32];
-    char values[32][24];
+    vlmd_kv counters[ROUTER_COUNTERS_MAX];
+    char names[ROUTER_COUNTERS_MAX][40], values[ROUTER_COUNTERS_MAX][24];
     vlmd_worker_info self = {
         .role = VLMD_ROLE_ROUTER,
         .state = VLMD_WORKER_READY,
@@ -42,7 +45,7 @@ static void publish_snapshot(router *rt)
         .config = rt->self_config,
         .n_config = rt->n_self_config,
         .counters = counters,
-        .n_counters = requests_counters_kv(rt, counters, values, 32),
+        .n_counters = requests_counters_kv(rt, counters, names, values, ROUTER_COUNTERS_MAX),
     };
     vlmd_msg m = {.type = VLMD_MSG_STATS_SNAPSHOT};
     m.u.stats_snapshot.seq = ++rt->snapshot_seq;
@@ -60,13 +63,18 @@ static void publish_snapshot(router *rt)
     free(m.u.stats_snapshot.workers);
 }
 
-/* Bytes the visual workers hold on the device, for the engine's auto-profile. */
-static uint64_t peer_footprint(const registry *reg)
+/* Bytes the visual workers hold on an engine process's device, for its
+ * auto-profile: the visual worker runs on the first engine process's GPU
+ * (--devices), so the processes on other GPUs share theirs with no one. */
+static uint64_t peer_footprint(const router *rt, uint32_t rank)
 {
+    int visual_gpu, gpu;
+    vlmd_config_devices(rt->cfg, 0, &visual_gpu);
+    vlmd_config_devices(rt->cfg, rank, &gpu);
     uint64_t bytes = 0;
-    for (int i = 0; i < reg->n; i++)
-        if (reg->entries[i].role == VLMD_ROLE_VISUAL)
-            bytes += reg->entries[i].reserved_bytes;
+    for (int i = 0; gpu == visual_gpu && i < rt->reg.n; i++)
+        if (rt->reg.entries[i].role == VLMD_ROLE_VISUAL)
+            bytes += rt->reg.entries[i].reserved_bytes;
     return bytes;
 }
 
@@ -89,11 +97,11 @@ static void answer_footprint_requests(router *rt)
     if (!visual_ready(&rt->reg))
         return;
     vlmd_msg m = {.type = VLMD_MSG_FOOTPRINT_REPLY};
-    m.u.footprint_reply.peer_bytes = peer_footprint(&rt->reg);
     for (int i = 0; i < rt->reg.n; i++) {
         registry_entry *e = &rt->reg.entries[i];
         if (e->footprint_wanted) {
             e->footprint_wanted = false;
+            m.u.footprint_reply.peer_bytes = peer_footprint(rt, e->rank);
             VLMD_INFO("peer footprint for llm-%u: %llu bytes", e->rank,
                       (unsigned long long)m.u.footprint_reply.peer_bytes);
             router_send(rt, e, &m);
@@ -101,26 +109,32 @@ static void answer_footprint_requests(router *rt)
     }
 }
 
-/* Rank 0's rendezvous is of its incarnation alone. */
-static void forget_group_id(router *rt)
+/* An engine process of a known engine (its rank below the engines' processes). */
+static bool engine_process(const router *rt, vlmd_role role, uint32_t rank)
 {
-    free(rt->group_id);
-    rt->group_id = NULL;
-    rt->n_group_id = 0;
-    rt->group_id_pid = 0;
+    return role == VLMD_ROLE_LLM && engines_of_rank(rt, rank) < rt->n_engines;
 }
 
 static void on_hello(router *rt, const void *id, size_t id_len, const vlmd_msg_hello *h)
 {
-    if (h->role == VLMD_ROLE_LLM && h->rank == 0 && h->pid != rt->group_id_pid)
-        forget_group_id(rt);
-    uint32_t restarts_before = 0;
+    if (h->role == VLMD_ROLE_LLM && !engine_process(rt, VLMD_ROLE_LLM, h->rank)) {
+        rt->dropped++;
+        VLMD_WARN("refused hello from llm-%u: past the --data-parallel-size %lld engines' "
+                  "processes", h->rank, (long long)rt->cfg->data_parallel_size);
+        return;
+    }
+    uint32_t restarts_before = 0, g = engines_of_rank(rt, h->rank);
+    bool leader = engines_is_leader(rt, h->rank);
+    if (h->role == VLMD_ROLE_LLM && leader && h->pid != rt->engines[g].group_id_pid)
+        engines_lost(rt, g, true); /* a rendezvous is of its leader's incarnation alone */
     registry_entry *old = registry_find(&rt->reg, (vlmd_role)h->role, h->rank);
     if (old)
         restarts_before = old->restarts;
     registry_entry *e = registry_hello(&rt->reg, h, id, id_len, vlmd_now_ms());
-    if (e && e->role == VLMD_ROLE_LLM && e->restarts != restarts_before)
-        requests_fail_all(rt, "the LLM engine restarted"); /* what it held is gone */
+    if (e && e->role == VLMD_ROLE_LLM && e->restarts != restarts_before) {
+        engines_lost(rt, g, leader); /* what it held is gone */
+        requests_fail_engine(rt, g, "the LLM engine restarted");
+    }
     if (!e) {
         rt->dropped++;
         VLMD_WARN("refused hello from %s-%u: process table full or identity too long",
@@ -156,6 +170,8 @@ static void on_ready(router *rt, const void *id, size_t id_len, const vlmd_msg_r
               (unsigned long long)m->reserved_bytes, (unsigned long long)m->kv_capacity_tokens);
     if (e->role == VLMD_ROLE_VISUAL)
         answer_footprint_requests(rt);
+    if (e->role == VLMD_ROLE_LLM && engines_is_leader(rt, e->rank))
+        engines_ready(rt, engines_of_rank(rt, e->rank), e->kv_capacity_tokens);
     publish_snapshot(rt);
 }
 
@@ -181,16 +197,18 @@ static void on_footprint_request(router *rt, const void *id, size_t id_len)
     answer_footprint_requests(rt);
 }
 
-/* Answers the ranks above 0 that wait for the rendezvous, once rank 0 gave it. */
-static void answer_group_id_requests(router *rt)
+/* Answers engine g's followers that wait for the rendezvous, once its leader gave it. */
+static void answer_group_id_requests(router *rt, uint32_t g)
 {
-    if (!rt->group_id)
+    router_engine *eng = &rt->engines[g];
+    if (!eng->group_id)
         return;
     vlmd_msg m = {.type = VLMD_MSG_GROUP_ID};
-    m.u.group_id = (vlmd_msg_group_id){.rank = 0, .id = rt->group_id, .n_id = rt->n_group_id};
+    m.u.group_id = (vlmd_msg_group_id){.rank = g * (uint32_t)rt->cfg->tensor_parallel_size,
+                                       .id = eng->group_id, .n_id = eng->n_group_id};
     for (int i = 0; i < rt->reg.n; i++) {
         registry_entry *e = &rt->reg.entries[i];
-        if (e->group_id_wanted) {
+        if (e->group_id_wanted && engines_of_rank(rt, e->rank) == g) {
             e->group_id_wanted = false;
             router_send(rt, e, &m);
         }
@@ -200,28 +218,32 @@ static void answer_group_id_requests(router *rt)
 static void on_group_id(router *rt, const void *id, size_t id_len, const vlmd_msg_group_id *m)
 {
     registry_entry *e = known_sender(rt, id, id_len, 0);
-    if (!e || e->role != VLMD_ROLE_LLM || e->rank != m->rank || (e->rank > 0 && m->n_id)) {
+    bool leader = e && engines_is_leader(rt, e->rank);
+    if (!e || e->role != VLMD_ROLE_LLM || e->rank != m->rank || (!leader && m->n_id)) {
         rt->dropped++;
         return;
     }
-    if (e->rank == 0 && !m->n_id) { /* every rank joined: the rendezvous serves no one now */
-        forget_group_id(rt);
-        return;
-    }
-    if (e->rank == 0) {
-        forget_group_id(rt);
-        if (!(rt->group_id = malloc(m->n_id))) {
+    uint32_t g = engines_of_rank(rt, e->rank);
+    router_engine *eng = &rt->engines[g];
+    if (leader) { /* a new rendezvous, or (empty) every rank joined: it serves no one now */
+        free(eng->group_id);
+        eng->group_id = NULL;
+        eng->n_group_id = 0;
+        eng->group_id_pid = 0;
+        if (!m->n_id)
+            return;
+        if (!(eng->group_id = malloc(m->n_id))) {
             rt->dropped++;
             return;
         }
-        memcpy(rt->group_id, m->id, m->n_id);
-        rt->n_group_id = m->n_id;
-        rt->group_id_pid = e->pid;
-        VLMD_INFO("llm-0 (pid %lld) made the ranks' rendezvous", (long long)e->pid);
+        memcpy(eng->group_id, m->id, m->n_id);
+        eng->n_group_id = m->n_id;
+        eng->group_id_pid = e->pid;
+        VLMD_INFO("llm-%u (pid %lld) made engine %u's rendezvous", e->rank, (long long)e->pid, g);
     } else {
         e->group_id_wanted = true;
     }
-    answer_group_id_requests(rt);
+    answer_group_id_requests(rt, g);
 }
 
 static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd_msg_worker_exit *m)
@@ -244,10 +266,11 @@ static void on_worker_exit(router *rt, const void *id, size_t id_len, const vlmd
         VLMD_INFO("%s-%u (pid %lld) exited", vlmd_role_str(m->role), m->rank, (long long)m->pid);
     e->pid = m->pid;
     registry_down(e);
-    if (e->role == VLMD_ROLE_LLM && e->rank == 0)
-        forget_group_id(rt);
-    if (e->role == VLMD_ROLE_LLM)
-        requests_fail_all(rt, "the LLM engine stopped");
+    if (engine_process(rt, e->role, e->rank)) {
+        uint32_t g = engines_of_rank(rt, e->rank);
+        engines_lost(rt, g, engines_is_leader(rt, e->rank));
+        requests_fail_engine(rt, g, "the LLM engine stopped");
+    }
     if (e->role == VLMD_ROLE_VISUAL)
         requests_visual_down(rt);
     if (e->role == VLMD_ROLE_FRONTEND) /* its clients are gone with it */
@@ -300,8 +323,8 @@ static void on_request_submit(router *rt, const void *id, size_t id_len, vlmd_ms
 static void on_token_chunk(router *rt, const void *id, size_t id_len, vlmd_msg *msg)
 {
     registry_entry *from = known_sender(rt, id, id_len, 0);
-    if (from && from->role == VLMD_ROLE_LLM)
-        requests_on_chunk(rt, msg);
+    if (from && from->role == VLMD_ROLE_LLM && engines_is_leader(rt, from->rank))
+        requests_on_chunk(rt, engines_of_rank(rt, from->rank), msg);
 }
 
 static void on_image_result(router *rt, const void *id, size_t id_len, const vlmd_msg *msg)
@@ -391,9 +414,12 @@ static void on_tick(uv_timer_t *t)
     if (expired)
         VLMD_WARN("%d process(es) missed their heartbeats for %lld ms: marked down", expired,
                   (long long)rt->cfg->heartbeat_timeout_ms);
-    if (rt->requests.n && !router_ready_worker(rt, VLMD_ROLE_LLM))
+    if (rt->requests.n && !engines_any_ready(rt))
         requests_fail_all(rt, "the LLM engine is not answering");
-    if (!router_ready_worker(rt, VLMD_ROLE_VISUAL))
+    for (uint32_t g = 0; g < rt->n_engines; g++) /* the others go on */
+        if (!engines_leader(rt, g))
+            requests_fail_engine(rt, g, "the LLM engine is not answering");
+    if (!router_ready_visual(rt))
         requests_visual_down(rt);
     requests_advance_images(rt);
     rt->admit_dirty = true; /* what the engine's progress freed since */
@@ -426,7 +452,9 @@ vlmd_status router_start(router *rt, const vlmd_config *cfg, uv_loop_t *loop, vo
     sessions_init(&rt->sessions, &sl);
     registry_expect(&rt->reg, VLMD_ROLE_FRONTEND, 0, true);
     registry_expect(&rt->reg, VLMD_ROLE_VISUAL, 0, true);
-    for (int64_t r = 0; r < cfg->tensor_parallel_size; r++)
+    rt->n_engines = (uint32_t)cfg->data_parallel_size;
+    rt->large_route = vlmd_config_large_route(cfg, &rt->large_tokens, &rt->large_engine);
+    for (int64_t r = 0; r < cfg->tensor_parallel_size * cfg->data_parallel_size; r++)
         registry_expect(&rt->reg, VLMD_ROLE_LLM, (uint32_t)r, true);
 
     size_t nflags = 0;
@@ -489,5 +517,5 @@ void router_stop(router *rt)
     request_table_free(&rt->requests); /* the arena's book and the sessions go next */
     embed_cache_free(&rt->embeds);
     sessions_free(&rt->sessions);
-    forget_group_id(rt);
+    engines_free(rt);
 }

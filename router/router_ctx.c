@@ -29,8 +29,8 @@ void router_send_to_identity(router *rt, const void *id, size_t id_len, const vl
     router_send(rt, &tmp, msg);
 }
 
-registry_entry *router_ready_worker(router *rt, vlmd_role role)
+registry_entry *router_ready_visual(router *rt)
 {
-    registry_entry *e = registry_find(&rt->reg, role, 0);
+    registry_entry *e = registry_find(&rt->reg, VLMD_ROLE_VISUAL, 0);
     return e && e->state == VLMD_WORKER_READY ? e : NULL;
 }

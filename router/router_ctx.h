@@ -12,6 +12,7 @@
 
 #include "config.h"
 #include "embed_cache.h"
+#include "engines.h"
 #include "registry.h"
 #include "request_table.h"
 #include "sessions.h"
@@ -43,18 +44,18 @@ typedef struct router {
     bool images_enabled;        /* the model has a vision tower and the arena exists */
     uint64_t embed_row_bytes;   /* one image token in the arena: vlmd_image_token_bytes */
     embed_cache embeds;         /* the arena's book */
-    /* the engine ranks' rendezvous (--tensor-parallel-size > 1): rank 0's latest, and the
-     * pid that sent it; forgotten when that rank 0 is gone */
-    uint8_t *group_id;
-    uint32_t n_group_id;
-    int64_t group_id_pid;
+    router_engine engines[ROUTER_MAX_ENGINES]; /* --data-parallel-size of them */
+    uint32_t n_engines;
+    bool large_route;           /* --route-large-requests: from large_tokens to large_engine */
+    uint64_t large_tokens;
+    uint32_t large_engine;
 } router;
 
 /* Sends msg (borrowed) to a registered process or to a routing id; a message
  * that cannot be encoded or delivered is logged and dropped. */
 void router_send(router *rt, const registry_entry *to, const vlmd_msg *msg);
 void router_send_to_identity(router *rt, const void *id, size_t id_len, const vlmd_msg *msg);
-/* The engine (rank 0) or the visual worker when ready, else NULL. */
-registry_entry *router_ready_worker(router *rt, vlmd_role role);
+/* The visual worker when ready, else NULL (engines.h finds engines). */
+registry_entry *router_ready_visual(router *rt);
 
 #endif

@@ -174,10 +174,11 @@ static void on_restart_timer(uv_timer_t *t)
  * restarts into the next generation. */
 static void end_group(supervisor *sup, const child *dead)
 {
-    sup->group_gen++;
+    uint32_t gen = ++sup->group_gen[dead->engine];
     for (int i = 0; i < sup->n_children; i++) {
         child *c = &sup->children[i];
-        if (c == dead || !c->in_group || !c->spawn || !c->pid || c->group_gen >= sup->group_gen)
+        if (c == dead || !c->in_group || c->engine != dead->engine || !c->spawn || !c->pid ||
+            c->group_gen >= gen)
             continue;
         VLMD_WARN("%s rank %u (pid %lld): its group lost rank %u; killing it to restart the "
                   "group", vlmd_role_process_name(c->role), c->rank, (long long)c->pid,
@@ -222,7 +223,7 @@ static void on_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
         }
         return;
     }
-    if (c->in_group && c->group_gen == sup->group_gen)
+    if (c->in_group && c->group_gen == sup->group_gen[c->engine])
         end_group(sup, c);
     if (!term_signal && exit_status == VLMD_EXIT_CONFIG) {
         fail(sup, c, "%s exited with a configuration error", name);
@@ -253,7 +254,10 @@ static void spawn_child(child *c)
     child_spawn *s = calloc(1, sizeof *s);
     int child_argc = 0;
     vlmd_config mine = *sup->cfg; /* (borrowed strings) */
-    mine.rank = c->rank;
+    if (c->role == VLMD_ROLE_LLM) { /* its rank in its engine, and the engine */
+        mine.rank = c->rank % sup->cfg->tensor_parallel_size;
+        mine.data_parallel_rank = c->engine;
+    }
     char **flags = vlmd_config_child_argv(&mine, c->role, &child_argc);
     char **args = flags ? calloc((size_t)child_argc + 2, sizeof *args) : NULL;
     size_t n_env = 0;
@@ -312,7 +316,7 @@ static void spawn_child(child *c)
     c->spawned_ms = vlmd_now_ms();
     c->term_sent = false;
     c->ready_since_start = false;
-    c->group_gen = sup->group_gen;
+    c->group_gen = sup->group_gen[c->engine];
     uv_read_start((uv_stream_t *)&s->err_pipe, on_alloc, on_read);
     VLMD_INFO("started %s (pid %lld)", vlmd_role_process_name(c->role), (long long)c->pid);
 }
@@ -338,6 +342,7 @@ child *supervisor_add(supervisor *sup, vlmd_role role, uint32_t rank, const char
     c->role = role;
     c->rank = rank;
     c->in_group = role == VLMD_ROLE_LLM && sup->cfg->tensor_parallel_size > 1;
+    c->engine = role == VLMD_ROLE_LLM ? rank / (uint32_t)sup->cfg->tensor_parallel_size : 0;
     vlmd_strlcpy(c->exe, exe, sizeof c->exe);
     uv_timer_init(sup->loop, &c->restart_timer);
     c->restart_timer.data = c;

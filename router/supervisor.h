@@ -8,10 +8,13 @@
  * --restart-backoff-max-ms; a child that exits with VLMD_EXIT_CONFIG, that
  * exits three times in a row before becoming ready, or that restarts more
  * than --max-restarts-per-minute times in a minute makes the whole server
- * stop with an error. The engine's ranks (--tensor-parallel-size > 1) are one
+ * stop with an error. An engine's ranks (--tensor-parallel-size > 1) are one
  * group: the first of them to exit ends its generation, the others of that
  * generation are killed, and each is restarted into the next one, so a group
- * never serves with a rank missing or a rank of an older group. */
+ * never serves with a rank missing or a rank of an older group. Engines
+ * (--data-parallel-size) restart apart: one's exit leaves the others alone.
+ * An engine process's rank here is its rank among all engines' processes
+ * (vlmd_config_process_rank). */
 #ifndef VLMD_SUPERVISOR_H
 #define VLMD_SUPERVISOR_H
 
@@ -32,15 +35,16 @@ struct child_spawn;
 typedef struct child {
     supervisor *sup;
     vlmd_role role;
-    uint32_t rank;
+    uint32_t rank;                  /* an engine process's: among every engine's */
+    uint32_t engine;                /* an engine process's engine (--data-parallel-size) */
     char exe[4096];
     struct child_spawn *spawn;      /* the running incarnation, NULL when none */
     int64_t pid;                    /* of the running incarnation, 0 when none */
     uint64_t spawned_ms;            /* monotonic time the running incarnation started */
     bool ready_since_start;         /* reported ready since its last spawn */
     bool term_sent;                 /* stopping: SIGTERM sent to the running incarnation */
-    bool in_group;                  /* one of the engine's ranks: they restart together */
-    uint32_t group_gen;             /* the group's generation it was spawned in */
+    bool in_group;                  /* one of an engine's ranks: they restart together */
+    uint32_t group_gen;             /* its engine's generation it was spawned in */
     int fails_in_a_row;             /* exits before becoming ready */
     uint32_t restarts;
     uint64_t restart_times_ms[SUPERVISOR_MAX_RESTART_WINDOW]; /* ring of recent restarts */
@@ -70,7 +74,8 @@ struct supervisor {
     int n_children;
     bool stopping;
     uv_timer_t kill_timer;
-    uint32_t group_gen;             /* grows each time a rank's exit ends the group */
+    uint32_t group_gen[SUPERVISOR_MAX_CHILDREN]; /* per engine: grows each time a rank's exit
+                                                  * ends the group */
     supervisor_exit_fn on_exit;
     supervisor_fail_fn on_fail;
     supervisor_stopped_fn on_stopped;

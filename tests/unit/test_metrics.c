@@ -1,7 +1,8 @@
 /* test_metrics.c - the gateway-facing series of /metrics (vLLM's names):
  * waiting and running add up what the router and the engine hold, the KV
  * ratio and cache_config_info come from the engine's heartbeat, the
- * histograms have vLLM's buckets, labels are escaped. */
+ * histograms have vLLM's buckets, labels are escaped; with two engines each
+ * has its series, labelled by its --data-parallel-rank. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
@@ -26,7 +27,7 @@ static void fixture_make(fixture *f, unsigned images, unsigned queued, unsigned 
         snprintf(f->v[i], sizeof f->v[i], "%u", vals[i]);
     f->router_counters[0] = (vlmd_kv){"requests_waiting_for_images", f->v[0]};
     f->router_counters[1] = (vlmd_kv){"requests_queued", f->v[1]};
-    f->router_counters[2] = (vlmd_kv){"requests_at_engine", f->v[2]};
+    f->router_counters[2] = (vlmd_kv){"engine_0_requests_at_engine", f->v[2]};
     f->engine_counters[0] = (vlmd_kv){"running", f->v[3]};
     f->engine_counters[1] = (vlmd_kv){"waiting", f->v[4]};
     f->engine_counters[2] = (vlmd_kv){"preemptions_total", "7"};
@@ -110,5 +111,48 @@ Test(metrics, the_vllm_series_carry_vllms_names_labels_and_buckets)
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_expect(strstr(out.data, want[i]), "missing: %s", want[i]);
+    vlmd_buf_free(&out);
+}
+
+Test(metrics, each_engine_has_its_series)
+{
+    /* engine 1 (process rank 2 of tensor-parallel pairs) runs 4 of the 6 the router sent it */
+    vlmd_kv router[4] = {{"requests_queued", "3"}, {"engine_0_requests_at_engine", "1"},
+                         {"engine_1_requests_at_engine", "6"}, {"requests_waiting_for_images", "0"}};
+    vlmd_kv run0[1] = {{"running", "1"}}, run1[1] = {{"running", "4"}};
+    vlmd_kv leader0[2] = {{"rank", "0"}, {"data-parallel-rank", "0"}};
+    vlmd_kv follower0[2] = {{"rank", "1"}, {"data-parallel-rank", "0"}};
+    vlmd_kv leader1[2] = {{"rank", "0"}, {"data-parallel-rank", "1"}};
+    vlmd_worker_info w[4] = {
+        {.role = VLMD_ROLE_ROUTER, .counters = router, .n_counters = 4},
+        {.role = VLMD_ROLE_LLM, .rank = 0, .pid = 10, .config = leader0, .n_config = 2,
+         .counters = run0, .n_counters = 1, .kv_capacity_tokens = 100, .kv_used_tokens = 10},
+        {.role = VLMD_ROLE_LLM, .rank = 1, .pid = 11, .config = follower0, .n_config = 2,
+         .kv_capacity_tokens = 100},
+        {.role = VLMD_ROLE_LLM, .rank = 2, .pid = 12, .config = leader1, .n_config = 2,
+         .counters = run1, .n_counters = 1, .kv_capacity_tokens = 200, .kv_used_tokens = 100},
+    };
+    vlmd_msg_stats_snapshot snap = {.workers = w, .n_workers = 4};
+    metrics_engine_load l = metrics_engine_load_of(&snap, &w[3]);
+    cr_expect_eq(l.running, 4);
+    cr_expect_eq(l.waiting, 3 + 2, "the shared queue and the 2 it has not scheduled");
+    frontend_metrics m;
+    metrics_init(&m);
+    m.finished[0] = 5;
+    vlmd_buf out = VLMD_BUF_INIT;
+    metrics_render(&m, NULL, &snap, "m", &out);
+    const char *want[] = {
+        "vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 1\n",
+        "vllm:num_requests_running{model_name=\"m\",engine=\"1\"} 4\n",
+        "vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"1\"} 0.500000\n",
+        "vllm:request_success_total{model_name=\"m\",finished_reason=\"stop\"} 5\n",
+        "vlmd_kv_cache_capacity_tokens{rank=\"2\"} 200\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        cr_expect(strstr(out.data, want[i]), "missing: %s", want[i]);
+    cr_expect_null(strstr(out.data, "engine=\"2\""), "a follower is no engine");
+    const char *type = "# TYPE vlmd_kv_cache_usage_ratio gauge\n";
+    const char *first = strstr(out.data, type);
+    cr_expect(first && !strstr(first + 1, type), "one TYPE line for the engines' series");
     vlmd_buf_free(&out);
 }
