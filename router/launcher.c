@@ -303,7 +303,9 @@ static void usage(FILE *out)
                  "       vlmd args ROLE --model DIR --router-endpoint EP [flags]\n"
                  "                             the arguments vlmd-ROLE gets from these flags\n"
                  "                             (ROLE: router, frontend, visual, llm), shell-quoted,\n"
-                 "                             for running under systemd or supervisord\n"
+                 "                             for running under systemd or supervisord;\n"
+                 "                             llm --engine-process P: the P-th engine process\n"
+                 "                             of all engines (its --data-parallel-rank and --rank)\n"
                  "       vlmd --version\n");
 }
 
@@ -320,6 +322,25 @@ static void print_shell_quoted(const char *s)
     putchar('\'');
 }
 
+/* Takes `--engine-process P` out of argv (the deploy files' instance number: an engine
+ * process's rank among every engine's, docs/ARCHITECTURE.md, Engines); -1 when absent,
+ * -2 when its value is not a number. */
+static long take_engine_process(int *argc, char **argv)
+{
+    for (int i = 3; i < *argc; i++) {
+        if (strcmp(argv[i], "--engine-process") != 0)
+            continue;
+        char *end = NULL;
+        long p = i + 1 < *argc ? strtol(argv[i + 1], &end, 10) : -1;
+        if (!end || *end || end == argv[i + 1] || p < 0)
+            return -2;
+        memmove(argv + i, argv + i + 2, (size_t)(*argc - i - 2) * sizeof *argv);
+        *argc -= 2;
+        return p;
+    }
+    return -1;
+}
+
 /* `vlmd args ROLE [flags]`: what the launcher would pass to that process, so
  * that a process supervisor runs every process from one set of flags. */
 static int print_args(int argc, char **argv)
@@ -332,8 +353,26 @@ static int print_args(int argc, char **argv)
         usage(stderr);
         return VLMD_EXIT_CONFIG;
     }
+    long process = take_engine_process(&argc, argv);
+    if (process == -2 || (process >= 0 && role != VLMD_ROLE_LLM)) {
+        fprintf(stderr, "vlmd args: --engine-process takes a number, for llm only\n");
+        return VLMD_EXIT_CONFIG;
+    }
     vlmd_config cfg;
     vlmd_config_parse_or_exit(&cfg, VLMD_ROLE_LAUNCHER, argc, argv, 3);
+    if (process >= 0) {
+        vlmd_error err = {0};
+        cfg.rank = process % cfg.tensor_parallel_size;
+        cfg.data_parallel_rank = process / cfg.tensor_parallel_size;
+        if (cfg.data_parallel_rank >= cfg.data_parallel_size ||
+            vlmd_config_validate(&cfg, VLMD_ROLE_LLM, &err) != VLMD_OK) {
+            fprintf(stderr, "vlmd args: --engine-process %ld: %s\n", process,
+                    err.msg[0] ? err.msg : "past the engines' processes "
+                                           "(--tensor-parallel-size x --data-parallel-size)");
+            vlmd_config_free(&cfg);
+            return VLMD_EXIT_CONFIG;
+        }
+    }
     if (!cfg.router_endpoint[0]) {
         fprintf(stderr, "vlmd args: --router-endpoint is required (without the launcher there is "
                         "no runtime directory to put it in)\n");

@@ -37,7 +37,7 @@ test('supervisord runs a tensor-parallel group from deploy/supervisor/vlmd.conf 
   // the shipped file, with the binaries where this build put them and two engine ranks
   const programs = readFileSync(`${DEPLOY}/supervisor/vlmd.conf`, 'utf8')
     .replaceAll('/usr/local/bin', BIN).replace('numprocs=1', 'numprocs=2');
-  assert.match(programs, /--rank %\(process_num\)d/);
+  assert.match(programs, /--engine-process %\(process_num\)d/);
   writeFileSync(`${dir}/supervisord.conf`, [
     '[supervisord]', 'nodaemon=true', `logfile=${dir}/supervisord.log`, `pidfile=${dir}/supervisord.pid`,
     `childlogdir=${dir}`, `environment=VLMD_FLAGS="${flags}"`, '', programs].join('\n'));
@@ -91,19 +91,26 @@ test('the systemd units and the rank template\'s instances pass systemd-analyze 
     for (const f of readdirSync(`${DEPLOY}/systemd`))
       writeFileSync(`${dir}/${f}`, readFileSync(`${DEPLOY}/systemd/${f}`, 'utf8').replaceAll('/usr/local/bin', BIN));
     const template = readFileSync(`${dir}/vlmd-llm@.service`, 'utf8');
-    assert.match(template, /vlmd args llm \$VLMD_FLAGS --rank %i/);
+    assert.match(template, /vlmd args llm \$VLMD_FLAGS --engine-process %i/);
     assert.match(readFileSync(`${dir}/vlmd.target`, 'utf8'), /Wants=.*vlmd-llm@0\.service/);
     const units = ['vlmd.target', 'vlmd-router.service', 'vlmd-visual.service', 'vlmd-frontend.service',
       'vlmd-llm@0.service', 'vlmd-llm@1.service'];
     const v = spawnSync('systemd-analyze', ['verify', '--man=no', ...units], { cwd: dir, encoding: 'utf8' });
     assert.equal(v.status, 0, v.stderr);
     assert.equal(v.stderr.trim(), '', 'no warning about any unit');
-    // what the template's ExecStart gives rank 1
-    const args = spawnSync(`${BIN}/vlmd`, ['args', 'llm', '--model', MODEL, '--router-endpoint',
-      'ipc:///run/vlmd/router.sock', '--tensor-parallel-size', '2', '--rank', '1'], { encoding: 'utf8' });
+    // what the template's ExecStart gives instance 3 of two engines of two ranks: engine 1's rank 1
+    const argsOf = (p) => spawnSync(`${BIN}/vlmd`, ['args', 'llm', '--model', MODEL, '--router-endpoint',
+      'ipc:///run/vlmd/router.sock', '--tensor-parallel-size', '2', '--data-parallel-size', '2',
+      '--engine-process', String(p)], { encoding: 'utf8' });
+    const args = argsOf(3);
     assert.equal(args.status, 0, args.stderr);
     assert.match(args.stdout, /'--rank=1'/);
+    assert.match(args.stdout, /'--data-parallel-rank=1'/);
     assert.match(args.stdout, /'--tensor-parallel-size=2'/);
+    assert.match(argsOf(2).stdout, /'--rank=0'.*'--data-parallel-rank=1'|'--data-parallel-rank=1'.*'--rank=0'/);
+    const past = argsOf(4);
+    assert.equal(past.status, 2, 'an instance past the engines\' processes is refused');
+    assert.match(past.stderr, /--engine-process 4/);
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -201,6 +201,19 @@ Test(backend, a_ranks_gpu_comes_from_devices)
     cr_expect_eq(vlmd_backend_options_of(&cfg).ordinal, 7);
     cfg.rank = 0;
     cr_expect_eq(vlmd_backend_options_of(&cfg).ordinal, 4);
+    /* two engines of three ranks: engine 1's rank 1 is the fifth process */
+    char *engines[] = {"--devices", "0,1,2,3,5,4", "--data-parallel-size", "2",
+                       "--data-parallel-rank", "1", "--rank", "1"};
+    cr_assert_eq(vlmd_config_parse(&cfg, VLMD_ROLE_LLM, 8, engines, 0, NULL, &err), VLMD_OK);
+    cr_assert_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LLM, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(vlmd_config_process_rank(&cfg), 4);
+    cr_expect_eq(vlmd_backend_options_of(&cfg).ordinal, 5);
+    char *short_list[] = {"--devices", "0,1,2,3,4"};
+    cr_assert_eq(vlmd_config_parse(&cfg, VLMD_ROLE_LLM, 2, short_list, 0, NULL, &err), VLMD_OK);
+    cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LLM, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "--data-parallel-size 2"), "%s", err.msg);
+    cfg.data_parallel_size = 1;
+    cfg.data_parallel_rank = 0;
     const char *bad[] = {"4,6", "4,x,7", "-1,2,3", "1,,2"};
     for (int i = 0; i < 4; i++) {
         char *argv[] = {"--devices", (char *)bad[i]};

@@ -287,3 +287,41 @@ Test(config, model_help_names_every_architecture)
     }
     cr_expect(strstr(model->help, "Hugging Face Hub, no conversion"), "%s", model->help);
 }
+
+/* --data-parallel-size: the engine a process is of, the processes' bound, and
+ * --route-large-requests read as TOKENS=ENGINE. */
+Test(config, engines_and_the_large_route)
+{
+    vlmd_config cfg;
+    vlmd_error err = {0};
+    char *ok[] = {"--model", "m", "--router-endpoint", "ipc:///r", "--data-parallel-size", "3",
+                  "--tensor-parallel-size", "2", "--data-parallel-rank", "2", "--rank", "1",
+                  "--route-large-requests", "8192=2"};
+    cr_assert_eq(parse(&cfg, VLMD_ROLE_LAUNCHER, &err, 14, ok), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LAUNCHER, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(vlmd_config_process_rank(&cfg), 5);
+    uint64_t tokens = 0;
+    uint32_t engine = 0;
+    cr_expect(vlmd_config_large_route(&cfg, &tokens, &engine));
+    cr_expect_eq(tokens, 8192);
+    cr_expect_eq(engine, 2);
+    const char *bad_routes[] = {"8192", "=1", "0=1", "8192=3", "8192=x", "8192=1x", "-5=1"};
+    for (size_t i = 0; i < sizeof bad_routes / sizeof bad_routes[0]; i++) {
+        free(cfg.route_large_requests);
+        cfg.route_large_requests = strdup(bad_routes[i]);
+        cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LAUNCHER, &err), VLMD_ERR_INVALID_ARG,
+                     "%s", bad_routes[i]);
+        cr_expect(strstr(err.msg, "--route-large-requests"), "%s", err.msg);
+    }
+    free(cfg.route_large_requests);
+    cfg.route_large_requests = strdup("");
+    cr_expect(!vlmd_config_large_route(&cfg, &tokens, &engine), "empty: off");
+    cfg.data_parallel_rank = 3;
+    cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LLM, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "--data-parallel-rank 3"), "%s", err.msg);
+    cfg.data_parallel_rank = 0;
+    cfg.data_parallel_size = 9; /* 9 x 2 processes */
+    cr_expect_eq(vlmd_config_validate(&cfg, VLMD_ROLE_LAUNCHER, &err), VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "more than 16"), "%s", err.msg);
+    vlmd_config_free(&cfg);
+}

@@ -240,3 +240,23 @@ Test(kv_events, an_endpoint_zeromq_refuses_is_named)
     kv_publisher_close(&p);
     zmq_ctx_term(ctx);
 }
+
+/* With several engines each publishes on its own endpoint, vLLM's rule. */
+Test(kv_events, each_engine_has_its_endpoint)
+{
+    char out[128];
+    vlmd_error err = {0};
+    cr_assert_eq(kv_events_engine_endpoint("tcp://*:5557", 0, out, sizeof out, &err), VLMD_OK);
+    cr_expect_str_eq(out, "tcp://*:5557");
+    cr_assert_eq(kv_events_engine_endpoint("tcp://*:5557", 3, out, sizeof out, &err), VLMD_OK);
+    cr_expect_str_eq(out, "tcp://*:5560");
+    cr_assert_eq(kv_events_engine_endpoint("tcp://[::1]:9000", 1, out, sizeof out, &err), VLMD_OK);
+    cr_expect_str_eq(out, "tcp://[::1]:9001");
+    cr_assert_eq(kv_events_engine_endpoint("ipc:///run/kv.sock", 2, out, sizeof out, &err), VLMD_OK);
+    cr_expect_str_eq(out, "ipc:///run/kv.sock_dp2");
+    cr_expect_eq(kv_events_engine_endpoint("tcp://*:65535", 1, out, sizeof out, &err),
+                 VLMD_ERR_INVALID_ARG);
+    cr_expect(strstr(err.msg, "tcp://*:65535"), "%s", err.msg);
+    cr_expect_eq(kv_events_engine_endpoint("tcp://*:x", 1, out, sizeof out, &err),
+                 VLMD_ERR_INVALID_ARG);
+}
