@@ -27,6 +27,7 @@
  * (grammar_jobs.h): the request reaches the engine with it. */
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "buf.h"
@@ -544,8 +545,12 @@ static void on_profile_done(uv_work_t *req, int status)
     describe_graphs(w, graphs, sizeof graphs);
     snprintf(length, sizeof length, "%lld", (long long)rep->max_model_len);
     describe_length(w, why, sizeof why);
+    /* an engine on another host than the router has no embedding arena to read images from:
+     * the router sends it text alone (docs/ARCHITECTURE.md, Engines) */
+    bool reads_images = w->svc.model.has_vision && access(w->svc.cfg.embed_arena_path, R_OK) == 0;
     vlmd_kv settings[] = {{"cuda_graphs", graphs}, {"max_model_len", length},
-                          {"max_model_len_reason", why}};
+                          {"max_model_len_reason", why},
+                          {"reads_images", reads_images ? "true" : "false"}};
     vlmd_msg_ready ready = {.kv_capacity_tokens = (uint64_t)rep->tokens,
                             .reserved_bytes = vlmd_backend_allocated_bytes(w->backend),
                             .device = (char *)vlmd_backend_info(w->backend)->name,

@@ -3,6 +3,7 @@
 #include "engines.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "log.h"
 #include "router_ctx.h"
@@ -55,12 +56,22 @@ void engines_ready(router *rt, uint32_t g, uint64_t kv_capacity_tokens)
         VLMD_WARN("engine %u: no memory for its prefix book; requests go to it by load alone", g);
 }
 
-bool engines_allowed(const router *rt, const engine_option *opts, uint64_t kv_need, uint32_t g)
+bool engines_read_images(router *rt, uint32_t g)
 {
+    registry_entry *e = engines_leader(rt, g);
+    const char *reads = e ? registry_config(e, "reads_images") : NULL;
+    return e && (!reads || strcmp(reads, "false") != 0);
+}
+
+bool engines_allowed(const router *rt, const engine_option *opts, const engine_request *r,
+                     uint32_t g)
+{
+    if (r->images && !opts[g].reads_images)
+        return false;
     if (!rt->large_route)
         return true;
     uint32_t large = rt->large_engine;
-    if (kv_need >= rt->large_tokens)
+    if (r->kv_need >= rt->large_tokens)
         return g == large;
     if (g != large || opts[large].requests == 0)
         return true;
@@ -87,7 +98,7 @@ int engines_choose(router *rt, const engine_option *opts, const engine_request *
     int least = -1, cached = -1;
     uint32_t best_blocks = 0;
     for (uint32_t g = 0; g < rt->n_engines; g++) {
-        if (!opts[g].ready || !opts[g].fits || !engines_allowed(rt, opts, r->kv_need, g))
+        if (!opts[g].ready || !opts[g].fits || !engines_allowed(rt, opts, r, g))
             continue;
         if (least < 0 || less_loaded(&opts[g], &opts[least]))
             least = (int)g;

@@ -40,10 +40,12 @@ typedef struct engine_option {
     uint64_t used;              /* KV tokens its requests hold */
     uint64_t capacity;          /* its KV cache, tokens */
     uint32_t requests;          /* requests at it */
+    bool reads_images;          /* it can read the embedding arena (it runs on the router's host) */
 } engine_option;
 
 typedef struct engine_request {
     uint64_t kv_need;           /* prompt + the output it may produce */
+    bool images;                /* it has images: only an engine that reads the arena takes it */
     const uint64_t *blocks;     /* its prompt's chained block hashes (prefix_book.h) */
     uint32_t n_blocks;
 } engine_request;
@@ -62,11 +64,13 @@ bool engines_any_ready(struct router *rt);
 void engines_lost(struct router *rt, uint32_t g, bool leader);
 /* Engine g is ready with this KV capacity: sizes its prefix book. */
 void engines_ready(struct router *rt, uint32_t g, uint64_t kv_capacity_tokens);
-/* Whether a request of kv_need tokens may go to engine g at all (--route-large-requests:
- * large ones only to the named engine; the others off it unless it is idle or the only
- * one ready). */
-bool engines_allowed(const struct router *rt, const engine_option *opts, uint64_t kv_need,
-                     uint32_t g);
+/* Whether r may go to engine g at all: a request with images only to an engine that reads
+ * the arena; --route-large-requests: large ones only to the named engine, the others off it
+ * unless it is idle or the only one ready. */
+bool engines_allowed(const struct router *rt, const engine_option *opts,
+                     const engine_request *r, uint32_t g);
+/* Whether engine g's leader (READY) can read images from the embedding arena. */
+bool engines_read_images(struct router *rt, uint32_t g);
 /* The engine for r among opts[0..n_engines) (allowed and fitting): the longest cached
  * prefix, else the least loaded; -1 when none has room. */
 int engines_choose(struct router *rt, const engine_option *opts, const engine_request *r);

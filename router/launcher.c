@@ -404,9 +404,10 @@ static int serve(int argc, char **argv)
 
     vlmd_error err = {0};
     if (l.cfg.rank != 0 || l.cfg.data_parallel_rank != 0) {
-        fprintf(stderr, "vlmd: --rank %lld --data-parallel-rank %lld: vlmd serve gives each "
-                "engine process its own\n", (long long)l.cfg.rank,
-                (long long)l.cfg.data_parallel_rank);
+        fprintf(stderr, "vlmd: %s %lld: vlmd serve gives each engine process its own %s\n",
+                l.cfg.rank ? "--rank" : "--data-parallel-rank",
+                (long long)(l.cfg.rank ? l.cfg.rank : l.cfg.data_parallel_rank),
+                l.cfg.rank ? "rank" : "engine");
         vlmd_config_free(&l.cfg);
         return VLMD_EXIT_CONFIG;
     }

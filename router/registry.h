@@ -67,6 +67,8 @@ registry_entry *registry_find_identity(registry *r, const void *id, size_t id_le
 registry_entry *registry_hello(registry *r, const vlmd_msg_hello *h, const void *identity,
                                size_t id_len, uint64_t now_ms);
 void registry_ready(registry_entry *e, const vlmd_msg_ready *m, uint64_t now_ms);
+/* The value of a flag of its hello or a setting of its READY, or NULL. */
+const char *registry_config(const registry_entry *e, const char *key);
 /* Keeps a heartbeat's numbers (KV in use, counters). */
 void registry_heartbeat(registry_entry *e, const vlmd_msg_heartbeat *m, uint64_t now_ms);
 /* Marks an entry down (keeps its pid and config for display). */

@@ -286,6 +286,7 @@ static void send_to_engine(router *rt, router_request *q, uint32_t g, registry_e
 /* One engine's books for a pass of admission. */
 typedef struct engine_books {
     registry_entry *leader;     /* NULL: not ready */
+    bool reads_images;
     uint64_t capacity;
     admission_load *loads;      /* the requests at it, with room for all */
     size_t n;
@@ -321,10 +322,11 @@ static int choose(router *rt, admit_books *b, const router_request *q)
     for (uint32_t g = 0; g < rt->n_engines; g++) {
         engine_books *e = &b->engines[g];
         opts[g] = (engine_option){.ready = e->leader != NULL, .used = e->used,
-                                  .capacity = e->capacity, .requests = (uint32_t)e->n};
+                                  .capacity = e->capacity, .requests = (uint32_t)e->n,
+                                  .reads_images = e->reads_images};
         opts[g].fits = opts[g].ready && fits(b, e, q);
     }
-    engine_request r = {kv_need(q), q->blocks, q->n_blocks};
+    engine_request r = {kv_need(q), q->n_images > 0, q->blocks, q->n_blocks};
     return engines_choose(rt, opts, &r);
 }
 
@@ -336,22 +338,33 @@ static void admit(router *rt, admit_books *b, router_request *q, uint32_t g)
     send_to_engine(rt, q, g, e->leader);
 }
 
-/* Fails the queued requests whose prompt alone is more than the cache of
- * every engine they may go to holds. */
-static void refuse_too_large(router *rt, const admit_books *b)
+/* Fails the queued requests no ready engine may take: with images when none
+ * reads the arena (503), a prompt more than the cache of every engine they may
+ * go to holds (400). */
+static void refuse_unservable(router *rt, const admit_books *b)
 {
     engine_option opts[ROUTER_MAX_ENGINES];
-    for (uint32_t g = 0; g < rt->n_engines; g++)
-        opts[g] = (engine_option){.ready = b->engines[g].leader != NULL};
+    bool images = false;
+    for (uint32_t g = 0; g < rt->n_engines; g++) {
+        opts[g] = (engine_option){.ready = b->engines[g].leader != NULL,
+                                  .reads_images = b->engines[g].reads_images};
+        images = images || (opts[g].ready && opts[g].reads_images);
+    }
     request_iter it = request_table_iter(&rt->requests);
     router_request *q;
     while ((q = request_table_next(&it))) {
         if (q->stage != STAGE_QUEUED)
             continue;
+        if (q->n_images && !images) {
+            fail(rt, q, VLMD_ERR_UNAVAILABLE, 0, "no engine that reads images is ready (an "
+                 "engine on another host than the router serves text alone)");
+            continue;
+        }
         uint64_t most = 0;
+        engine_request r = {.kv_need = kv_need(q), .images = q->n_images > 0};
         for (uint32_t g = 0; g < rt->n_engines; g++) {
             uint64_t c = b->engines[g].capacity;
-            if (b->engines[g].leader && c > most && engines_allowed(rt, opts, kv_need(q), g))
+            if (b->engines[g].leader && c > most && engines_allowed(rt, opts, &r, g))
                 most = c;
         }
         if (!most || (uint64_t)q->prompt_tokens + 1 <= most)
@@ -466,6 +479,7 @@ static bool open_books(router *rt, admit_books *b)
         registry_entry *llm = engines_leader(rt, g);
         e->leader = llm && llm->kv_capacity_tokens ? llm : NULL;
         e->capacity = e->leader ? llm->kv_capacity_tokens : 0;
+        e->reads_images = e->leader && engines_read_images(rt, g);
         e->loads = malloc((rt->requests.n + 1) * sizeof *e->loads);
         if (!e->loads)
             return false;
@@ -498,7 +512,7 @@ void requests_admit(router *rt)
         books = books && b.engines[g].loads;
     if (any && books) {
         rt->admit_dirty = false;
-        refuse_too_large(rt, &b);
+        refuse_unservable(rt, &b);
         if (fair)
             admit_fair(rt, &b);
         else

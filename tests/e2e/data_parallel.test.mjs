@@ -10,7 +10,7 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import * as zmq from 'zeromq';
 import { decode } from '@msgpack/msgpack';
-import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor, pidAlive, sleep } from './harness.mjs';
+import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor, pidAlive, runToExit } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
 const FAST = ['--heartbeat-ms', '100', '--heartbeat-timeout-ms', '1000', '--restart-backoff-ms', '100'];
@@ -151,4 +151,13 @@ test('--route-large-requests: a large request goes to the named engine, the smal
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   }
+});
+
+test('vlmd serve gives each engine its number, and refuses a route to an engine it does not run', async () => {
+  const given = await runToExit(['serve', '--model', MODEL, '--data-parallel-size', '2', '--data-parallel-rank', '1']);
+  assert.equal(given.code, 2);
+  assert.match(given.stderr, /--data-parallel-rank 1: vlmd serve gives each engine process its own engine/);
+  const route = await runToExit(['serve', '--model', MODEL, '--data-parallel-size', '2', '--route-large-requests', '4096=2']);
+  assert.equal(route.code, 2);
+  assert.match(route.stderr, /--route-large-requests: '4096=2' is not TOKENS=ENGINE/);
 });

@@ -146,5 +146,5 @@ test('models whose heads, width or experts do not divide by the ranks are refuse
   const rank = await runToExit(['serve', '--model', `${FIXTURES}/qwen2`, '--tensor-parallel-size', '2',
     '--rank', '1']);
   assert.equal(rank.code, 2);
-  assert.match(rank.stderr, /--rank 1: vlmd serve gives each engine its own rank/);
+  assert.match(rank.stderr, /--rank 1: vlmd serve gives each engine process its own rank/);
 });

@@ -4,7 +4,8 @@
  * both; a request goes to the engine that holds its prefix; a large one goes
  * to the engine --route-large-requests names and the others stay off it
  * while it is busy; an engine that goes silent fails only its own requests
- * and the other goes on serving. And the prefix book those choices read:
+ * and the other goes on serving; a request with images goes only to an
+ * engine that reads the embedding arena. And the prefix book those choices read:
  * chained block hashes (an image changes them), bounded memory that forgets
  * the oldest blocks first. */
 #include <criterion/criterion.h>
@@ -24,6 +25,8 @@
 
 typedef struct seen {
     int welcomes;
+    vlmd_msg_image_job jobs[MAX_SEEN];  /* the visual worker: jobs (data not kept) */
+    int n_jobs;
     uint64_t submits[MAX_SEEN];     /* an engine: request ids, in order */
     int n_submits;
     uint64_t errors[MAX_SEEN];      /* the frontend: request ids of error chunks */
@@ -37,8 +40,9 @@ typedef struct fixture {
     void *zctx;
     vlmd_config cfg;
     router rt;
-    seen fe, llm[2];
-    vlmd_peer *fe_peer, *llm_peer[2];
+    char arena[64];
+    seen fe, visual, llm[2];
+    vlmd_peer *fe_peer, *visual_peer, *llm_peer[2];
 } fixture;
 
 static void on_peer_msg(vlmd_peer *peer, vlmd_msg *msg, void *ud)
@@ -47,6 +51,9 @@ static void on_peer_msg(vlmd_peer *peer, vlmd_msg *msg, void *ud)
     seen *s = ud;
     if (msg->type == VLMD_MSG_WELCOME) {
         s->welcomes++;
+    } else if (msg->type == VLMD_MSG_IMAGE_JOB && s->n_jobs < MAX_SEEN) {
+        s->jobs[s->n_jobs] = msg->u.image_job;
+        s->jobs[s->n_jobs++].data = NULL;
     } else if (msg->type == VLMD_MSG_REQUEST_SUBMIT && s->n_submits < MAX_SEEN) {
         s->submits[s->n_submits++] = msg->u.request_submit.req_id;
     } else if (msg->type == VLMD_MSG_TOKEN_CHUNK &&
@@ -78,22 +85,26 @@ static bool wait_for(fixture *f, const int *counter, int at_least)
     return *counter >= at_least;
 }
 
+/* reads_images: the READY setting of an engine (NULL: none, as before engines said it) */
 static vlmd_peer *connect_as(fixture *f, vlmd_role role, uint32_t rank, uint64_t capacity,
-                             seen *s)
+                             const char *reads_images, seen *s)
 {
     vlmd_error err = {0};
     vlmd_peer *p = vlmd_peer_create(&f->loop, f->zctx, &f->cfg, role, rank, on_peer_msg, s, &err);
     cr_assert_not_null(p, "%s", err.msg);
-    vlmd_msg_ready ready = {.device = "cpu", .listen_url = "", .kv_capacity_tokens = capacity};
+    vlmd_kv setting = {"reads_images", (char *)reads_images};
+    vlmd_msg_ready ready = {.device = "cpu", .listen_url = "", .kv_capacity_tokens = capacity,
+                            .settings = &setting, .n_settings = reads_images ? 1 : 0};
     vlmd_peer_set_ready(p, &ready);
     cr_assert(wait_for(f, &s->welcomes, 1));
     return p;
 }
 
-/* A router for two engines of `capacity` KV tokens each (a text model); change sets flags
- * before it starts. */
-static void setup(fixture *f, const char *endpoint, uint64_t capacity,
-                  void (*change)(vlmd_config *))
+/* A router for two engines of `capacity` KV tokens each (a text model, or with `vl` the
+ * qwen2_vl fixture, a visual worker and an arena that engine 1 cannot read); change sets
+ * flags before it starts. */
+static void setup_model(fixture *f, const char *endpoint, uint64_t capacity, bool vl,
+                        void (*change)(vlmd_config *))
 {
     memset(f, 0, sizeof *f);
     uv_loop_init(&f->loop);
@@ -102,7 +113,11 @@ static void setup(fixture *f, const char *endpoint, uint64_t capacity,
     free(f->cfg.router_endpoint);
     f->cfg.router_endpoint = strdup(endpoint);
     free(f->cfg.model);
-    f->cfg.model = strdup(test_fixture("qwen2"));
+    f->cfg.model = strdup(test_fixture(vl ? "qwen2_vl" : "qwen2"));
+    snprintf(f->arena, sizeof f->arena, "/tmp/vlmd-test-engines-arena-%d", (int)getpid());
+    free(f->cfg.embed_arena_path);
+    f->cfg.embed_arena_path = strdup(f->arena);
+    f->cfg.embed_arena_mb = 1;
     f->cfg.heartbeat_ms = 20;
     f->cfg.heartbeat_timeout_ms = 200;
     f->cfg.data_parallel_size = 2;
@@ -110,15 +125,25 @@ static void setup(fixture *f, const char *endpoint, uint64_t capacity,
         change(&f->cfg);
     vlmd_error err = {0};
     cr_assert_eq(router_start(&f->rt, &f->cfg, &f->loop, f->zctx, &err), VLMD_OK, "%s", err.msg);
-    f->fe_peer = connect_as(f, VLMD_ROLE_FRONTEND, 0, 0, &f->fe);
+    f->fe_peer = connect_as(f, VLMD_ROLE_FRONTEND, 0, 0, NULL, &f->fe);
+    if (vl)
+        f->visual_peer = connect_as(f, VLMD_ROLE_VISUAL, 0, 0, NULL, &f->visual);
     for (uint32_t g = 0; g < 2; g++)
-        f->llm_peer[g] = connect_as(f, VLMD_ROLE_LLM, g, capacity, &f->llm[g]);
+        f->llm_peer[g] = connect_as(f, VLMD_ROLE_LLM, g, capacity,
+                                    vl ? (g ? "false" : "true") : NULL, &f->llm[g]);
     pump(f, 30); /* the READYs arrive */
+}
+
+static void setup(fixture *f, const char *endpoint, uint64_t capacity,
+                  void (*change)(vlmd_config *))
+{
+    setup_model(f, endpoint, capacity, false, change);
 }
 
 static void teardown(fixture *f)
 {
     vlmd_peer_destroy(f->fe_peer);
+    vlmd_peer_destroy(f->visual_peer);
     for (int g = 0; g < 2; g++)
         vlmd_peer_destroy(f->llm_peer[g]);
     uv_run(&f->loop, UV_RUN_NOWAIT);
@@ -126,6 +151,7 @@ static void teardown(fixture *f)
     uv_run(&f->loop, UV_RUN_NOWAIT);
     zmq_ctx_term(f->zctx);
     vlmd_config_free(&f->cfg);
+    unlink(f->arena);
 }
 
 /* Request id: these prompt tokens and up to max_tokens more. */
@@ -286,6 +312,60 @@ Test(router_engines, an_engine_gone_fails_only_its_requests)
     finish(&f, 0, 1);
     cr_assert(wait_for(&f, &f.fe.n_done, 1));
     cr_expect_eq(f.fe.n_errors, 2);
+    teardown(&f);
+}
+
+/* Request id with one image of 4 tokens (hash byte h) after `first`, 40 tokens in all. */
+static void submit_image(fixture *f, uint64_t id, uint8_t h)
+{
+    static uint32_t ids[40];
+    static uint8_t png[] = {0x89, 'P', 'N', 'G', 1, 2, 3};
+    vlmd_image_ref im = {.token_offset = 1, .token_count = 4, .grid_t = 1, .grid_h = 2,
+                         .grid_w = 8, .data = png, .n_data = sizeof png};
+    memset(im.hash, h, 32);
+    vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
+    m.u.request_submit = (vlmd_msg_request_submit){.req_id = id, .tokens = ids, .n_tokens = 40,
+                                                   .max_tokens = 4, .images = &im,
+                                                   .n_images = 1, .session = ""};
+    cr_assert_eq(vlmd_peer_send(f->fe_peer, &m), VLMD_OK);
+}
+
+/* The visual worker answers its job k: encoded. */
+static void encoded(fixture *f, int k)
+{
+    const vlmd_msg_image_job *j = &f->visual.jobs[k];
+    vlmd_msg m = {.type = VLMD_MSG_IMAGE_RESULT};
+    m.u.image_result = (vlmd_msg_image_result){.req_id = j->req_id, .image_index = j->image_index,
+                                               .status = VLMD_OK, .message = "",
+                                               .image = {.token_count = j->token_count,
+                                                         .arena_offset = j->arena_offset}};
+    memcpy(m.u.image_result.image.hash, j->hash, 32);
+    cr_assert_eq(vlmd_peer_send(f->visual_peer, &m), VLMD_OK);
+}
+
+Test(router_engines, a_request_with_images_goes_only_to_an_engine_that_reads_the_arena)
+{
+    fixture f;
+    setup_model(&f, "inproc://router-engines-6", 100000, true, NULL);
+    for (uint64_t id = 1; id <= 3; id++) /* engine 0 busier: 2 requests to engine 1's 1 */
+        submit(&f, id, (uint32_t)(1000 * id), 40, 100);
+    pump(&f, 30);
+    cr_assert_eq(f.llm[0].n_submits, 2);
+    submit_image(&f, 10, 7);
+    cr_assert(wait_for(&f, &f.visual.n_jobs, 1));
+    encoded(&f, 0);
+    cr_assert(wait_for(&f, &f.llm[0].n_submits, 3));
+    cr_expect_eq(engine_of(&f, 10), 0, "engine 1 reads no images");
+    vlmd_peer_destroy(f.llm_peer[0]); /* the one engine that reads images goes */
+    f.llm_peer[0] = NULL;
+    cr_assert(wait_for(&f, &f.fe.n_errors, 3)); /* its three requests */
+    submit_image(&f, 11, 7); /* its image is in the arena already */
+    cr_assert(wait_for(&f, &f.fe.n_errors, 4));
+    cr_expect_eq(f.fe.errors[3], 11);
+    cr_expect_eq(f.fe.statuses[3], VLMD_ERR_UNAVAILABLE);
+    submit(&f, 12, 5000, 40, 100); /* text still goes to engine 1 */
+    cr_assert(wait_for(&f, &f.llm[1].n_submits, 2));
+    cr_expect_eq(engine_of(&f, 12), 1);
     teardown(&f);
 }
 
