@@ -64,7 +64,7 @@ static void cancel_choices(completions *c, const inflight_entry *e)
 static void client_gone(const inflight_entry *e, void *ud)
 {
     completions *c = ud;
-    c->metrics.finished[3]++;
+    metrics_finished(&c->metrics, e->engine, METRICS_CANCELLED);
     cancel_choices(c, e);
 }
 
@@ -574,8 +574,8 @@ static size_t visible_end(const inflight_entry *e, inflight_choice *ch, bool *hi
 static void fail_entry(completions *c, inflight_entry *e, const api_error *err)
 {
     h2o_req_t *req = e->req;
+    metrics_finished(&c->metrics, e->engine, METRICS_ERROR);
     inflight_remove(&c->table, e);
-    c->metrics.finished[2]++;
     vlmd_send_api_failure(req, err);
 }
 
@@ -852,9 +852,9 @@ static void request_end(completions *c, inflight_entry *e)
     bool stopped = true;
     for (uint32_t i = 0; i < e->n_choices; i++)
         stopped = stopped && strcmp(e->choices[i].out.finish, "stop") == 0;
-    metrics_observe_e2e(&c->metrics, (double)(vlmd_now_ns() - e->start_ns) / 1e9);
+    metrics_observe_e2e(&c->metrics, e->engine, (double)(vlmd_now_ns() - e->start_ns) / 1e9);
     c->metrics.prompt_tokens += prompt_tokens(&e->api);
-    c->metrics.finished[stopped ? 0 : 1]++;
+    metrics_finished(&c->metrics, e->engine, stopped ? METRICS_STOP : METRICS_LENGTH);
     if (!e->api.stream) {
         h2o_req_t *req = e->req;
         json_t *resp = e->writer->whole(c, e);
@@ -1092,7 +1092,7 @@ static void chunk_error(completions *c, inflight_entry *e, inflight_choice *ch,
         fail_entry(c, e, &err);
         return;
     }
-    c->metrics.finished[2]++;
+    metrics_finished(&c->metrics, e->engine, METRICS_ERROR);
     e->writer->fail(c, e, m->message, NULL);
     e->final_queued = true;
     stream_flush(c, e->req_id);
@@ -1105,13 +1105,14 @@ static void chunk_metrics(completions *c, inflight_entry *e, inflight_choice *ch
 {
     if (m->max_tokens_capped > e->capped)
         e->capped = m->max_tokens_capped;
+    e->engine = m->engine;
     ch->cached_tokens = m->cached_tokens;
     if (m->n_tokens) {
         uint64_t now = vlmd_now_ns();
         if (!e->last_token_ns)
-            metrics_observe_ttft(&c->metrics, (double)(now - e->start_ns) / 1e9);
+            metrics_observe_ttft(&c->metrics, e->engine, (double)(now - e->start_ns) / 1e9);
         else
-            metrics_observe_itl(&c->metrics, (double)(now - e->last_token_ns) / 1e9);
+            metrics_observe_itl(&c->metrics, e->engine, (double)(now - e->last_token_ns) / 1e9);
         e->last_token_ns = now;
         c->metrics.completion_tokens += m->n_tokens;
     }
@@ -1233,7 +1234,7 @@ static void time_out(completions *c, inflight_entry *e)
     }
     if (e->final_queued)
         return;
-    c->metrics.finished[2]++;
+    metrics_finished(&c->metrics, e->engine, METRICS_ERROR);
     e->writer->fail(c, e, msg, "timeout");
     e->final_queued = true;
     stream_flush(c, e->req_id);

@@ -92,6 +92,7 @@ typedef struct inflight_entry {
     uint64_t last_token_ns;     /* 0 until the first token */
     uint64_t send_started_ns;   /* when the h2o_send in flight began */
     uint32_t capped;            /* the router capped max_tokens to this (0: not) */
+    uint32_t engine;            /* the engine its chunks came from (the metrics' label) */
     char session[65];           /* X-Session-ID, "" when none */
     struct inflight_entry *next;
     inflight *owner;

@@ -2,6 +2,7 @@
 #include "metrics.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,9 +35,16 @@ void metrics_init(frontend_metrics *m)
     histogram_init(&m->ttft, BOUNDS(vlmd_bounds));
     histogram_init(&m->itl, BOUNDS(vlmd_bounds));
     histogram_init(&m->e2e, BOUNDS(vlmd_bounds));
-    histogram_init(&m->vllm_ttft, BOUNDS(vllm_ttft_bounds));
-    histogram_init(&m->vllm_itl, BOUNDS(vllm_itl_bounds));
-    histogram_init(&m->vllm_e2e, BOUNDS(vllm_e2e_bounds));
+    for (int g = 0; g < METRICS_MAX_ENGINES; g++) {
+        histogram_init(&m->engines[g].ttft, BOUNDS(vllm_ttft_bounds));
+        histogram_init(&m->engines[g].itl, BOUNDS(vllm_itl_bounds));
+        histogram_init(&m->engines[g].e2e, BOUNDS(vllm_e2e_bounds));
+    }
+}
+
+static engine_metrics *engine_of(frontend_metrics *m, uint32_t engine)
+{
+    return &m->engines[engine < METRICS_MAX_ENGINES ? engine : 0];
 }
 
 static void observe(histogram *h, double seconds)
@@ -49,22 +57,28 @@ static void observe(histogram *h, double seconds)
     h->sum += seconds;
 }
 
-void metrics_observe_ttft(frontend_metrics *m, double seconds)
+void metrics_observe_ttft(frontend_metrics *m, uint32_t engine, double seconds)
 {
     observe(&m->ttft, seconds);
-    observe(&m->vllm_ttft, seconds);
+    observe(&engine_of(m, engine)->ttft, seconds);
 }
 
-void metrics_observe_itl(frontend_metrics *m, double seconds)
+void metrics_observe_itl(frontend_metrics *m, uint32_t engine, double seconds)
 {
     observe(&m->itl, seconds);
-    observe(&m->vllm_itl, seconds);
+    observe(&engine_of(m, engine)->itl, seconds);
 }
 
-void metrics_observe_e2e(frontend_metrics *m, double seconds)
+void metrics_observe_e2e(frontend_metrics *m, uint32_t engine, double seconds)
 {
     observe(&m->e2e, seconds);
-    observe(&m->vllm_e2e, seconds);
+    observe(&engine_of(m, engine)->e2e, seconds);
+}
+
+void metrics_finished(frontend_metrics *m, uint32_t engine, metrics_outcome outcome)
+{
+    m->finished[outcome]++;
+    engine_of(m, engine)->finished[outcome]++;
 }
 
 /* A label value as the text format wants it: \\, \" and \n escaped. */
@@ -80,10 +94,10 @@ static void label_value(char *out, size_t outsz, const char *s)
 }
 
 /* A histogram's series; labels ("model=\"m\"", or two of them) go on each. */
-static void histogram_text(vlmd_buf *out, const char *name, const char *help, const histogram *h,
-                           const char *labels)
+/* A histogram's series with these labels (its HELP and TYPE written before). */
+static void histogram_series(vlmd_buf *out, const char *name, const histogram *h,
+                             const char *labels)
 {
-    vlmd_buf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
     uint64_t cumulative = 0;
     for (int b = 0; b <= h->n_bounds; b++) {
         cumulative += h->counts[b];
@@ -96,6 +110,13 @@ static void histogram_text(vlmd_buf *out, const char *name, const char *help, co
     }
     vlmd_buf_printf(out, "%s_sum{%s} %.6f\n%s_count{%s} %llu\n", name, labels, h->sum, name,
                     labels, (unsigned long long)h->count);
+}
+
+static void histogram_text(vlmd_buf *out, const char *name, const char *help, const histogram *h,
+                           const char *labels)
+{
+    vlmd_buf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    histogram_series(out, name, h, labels);
 }
 
 static const char *kv_get(const vlmd_kv *kv, uint32_t n, const char *key)
@@ -288,25 +309,47 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
                                 (unsigned long long)counter_of(w, counters[c][1]));
         }
     }
-    /* the frontend's own observations, of every engine: labelled engine 0 when it is the only
-     * one, else by model alone */
-    uint32_t engines = 0;
+    /* the frontend's own observations, by the engine each request went to: the engines the
+     * snapshot shows, and any that answered before */
+    bool shown[METRICS_MAX_ENGINES] = {0};
     for (uint32_t i = 0, g; snap && i < snap->n_workers; i++)
-        engines += is_engine(&snap->workers[i], &g);
-    snprintf(labels, sizeof labels, engines > 1 ? "model_name=\"%s\"" : "model_name=\"%s\",engine=\"0\"",
-             name);
+        if (is_engine(&snap->workers[i], &g) && g < METRICS_MAX_ENGINES)
+            shown[g] = true;
+    for (int g = 0; g < METRICS_MAX_ENGINES; g++)
+        shown[g] = shown[g] || m->engines[g].e2e.count || m->engines[g].ttft.count ||
+                   m->engines[g].finished[METRICS_ERROR] ||
+                   m->engines[g].finished[METRICS_CANCELLED];
     gauge_head(out, "vllm:request_success_total", "counter",
                "Requests finished, by reason (abort: the client left; error: failed)");
-    static const char *const reasons[4] = {"stop", "length", "error", "abort"};
-    for (int i = 0; i < 4; i++)
-        vlmd_buf_printf(out, "vllm:request_success_total{%s,finished_reason=\"%s\"} %llu\n",
-                        labels, reasons[i], (unsigned long long)m->finished[i]);
-    histogram_text(out, "vllm:time_to_first_token_seconds",
-                   "Time from a request's arrival to its first token", &m->vllm_ttft, labels);
-    histogram_text(out, "vllm:inter_token_latency_seconds", "Time between a request's tokens",
-                   &m->vllm_itl, labels);
-    histogram_text(out, "vllm:e2e_request_latency_seconds",
-                   "Time from a request's arrival to its last token", &m->vllm_e2e, labels);
+    static const char *const reasons[METRICS_OUTCOMES] = {"stop", "length", "error", "abort"};
+    for (int g = 0; g < METRICS_MAX_ENGINES; g++)
+        for (int i = 0; shown[g] && i < METRICS_OUTCOMES; i++)
+            vlmd_buf_printf(out, "vllm:request_success_total{model_name=\"%s\",engine=\"%d\","
+                                 "finished_reason=\"%s\"} %llu\n", name, g, reasons[i],
+                            (unsigned long long)m->engines[g].finished[i]);
+    const struct {
+        const char *name, *help;
+        size_t offset;
+    } hists[] = {
+        {"vllm:time_to_first_token_seconds", "Time from a request's arrival to its first token",
+         offsetof(engine_metrics, ttft)},
+        {"vllm:inter_token_latency_seconds", "Time between a request's tokens",
+         offsetof(engine_metrics, itl)},
+        {"vllm:e2e_request_latency_seconds", "Time from a request's arrival to its last token",
+         offsetof(engine_metrics, e2e)},
+    };
+    for (size_t k = 0; k < sizeof hists / sizeof hists[0]; k++) {
+        vlmd_buf_printf(out, "# HELP %s %s\n# TYPE %s histogram\n", hists[k].name, hists[k].help,
+                        hists[k].name);
+        for (int g = 0; g < METRICS_MAX_ENGINES; g++) {
+            if (!shown[g])
+                continue;
+            snprintf(labels, sizeof labels, "model_name=\"%s\",engine=\"%d\"", name, g);
+            histogram_series(out, hists[k].name,
+                             (const histogram *)((const char *)&m->engines[g] + hists[k].offset),
+                             labels);
+        }
+    }
 }
 
 /* ---- all of it ------------------------------------------------------------------- */

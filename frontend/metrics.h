@@ -10,8 +10,8 @@
  * (vllm:num_requests_waiting, vllm:kv_cache_usage_perc, ...; docs/API.md),
  * which the Kubernetes inference gateways read to route. Each of those
  * carries vLLM's labels: model_name (the served name) and engine (the
- * engine's --data-parallel-rank; the frontend's own timings are of every
- * engine: labelled engine 0 when there is one, by model alone otherwise). */
+ * engine's --data-parallel-rank; the frontend's own timings of a request are
+ * its engine's, which the router names in each chunk). */
 #ifndef VLMD_METRICS_H
 #define VLMD_METRICS_H
 
@@ -33,21 +33,39 @@ typedef struct histogram {
     double sum;
 } histogram;
 
+#define METRICS_MAX_ENGINES 16
+
+typedef enum metrics_outcome {
+    METRICS_STOP,
+    METRICS_LENGTH,
+    METRICS_ERROR,
+    METRICS_CANCELLED,
+    METRICS_OUTCOMES,
+} metrics_outcome;
+
+/* What the frontend saw of one engine's requests, in vLLM's buckets. */
+typedef struct engine_metrics {
+    histogram ttft, itl, e2e;
+    uint64_t finished[METRICS_OUTCOMES];
+} engine_metrics;
+
 typedef struct frontend_metrics {
-    histogram ttft, itl, e2e;               /* seconds; vlmd's buckets */
-    histogram vllm_ttft, vllm_itl, vllm_e2e; /* the same, in vLLM's buckets */
+    histogram ttft, itl, e2e;               /* seconds, vlmd's buckets: every engine's */
+    engine_metrics engines[METRICS_MAX_ENGINES]; /* per engine (--data-parallel-rank) */
     uint64_t prompt_tokens, completion_tokens;
-    uint64_t finished[4];                   /* by outcome: stop, length, error, cancelled */
+    uint64_t finished[METRICS_OUTCOMES];
 } frontend_metrics;
 
 /* Zeroes m and gives each histogram its buckets. */
 void metrics_init(frontend_metrics *m);
 
-/* A request's first token came after `seconds`; another token `seconds`
- * after the one before; its last one `seconds` after it arrived. */
-void metrics_observe_ttft(frontend_metrics *m, double seconds);
-void metrics_observe_itl(frontend_metrics *m, double seconds);
-void metrics_observe_e2e(frontend_metrics *m, double seconds);
+/* Of a request at `engine` (the one its chunks came from; 0 before any came):
+ * its first token came after `seconds`; another token `seconds` after the
+ * one before; its last one `seconds` after it arrived; it ended so. */
+void metrics_observe_ttft(frontend_metrics *m, uint32_t engine, double seconds);
+void metrics_observe_itl(frontend_metrics *m, uint32_t engine, double seconds);
+void metrics_observe_e2e(frontend_metrics *m, uint32_t engine, double seconds);
+void metrics_finished(frontend_metrics *m, uint32_t engine, metrics_outcome outcome);
 
 /* The vLLM gauges of one engine, from a snapshot: its running requests and
  * the waiting ones (those the router holds, waiting for images or for KV

@@ -33,6 +33,7 @@
  *   min_tokens               request_submit              0
  *   grammar                  request_submit              kind NONE (free text)
  *   max_tokens_capped        token_chunk                 0
+ *   engine                   token_chunk                 0
  *   cached_tokens            token_chunk                 0
  *   arena_offset, token_count image_job                  0
  *
@@ -309,6 +310,7 @@ static const field_desc token_chunk_fields[] = {
             VLMD_PROTO_MAX_TOKENS),
     U32_MAX(vlmd_msg_token_chunk, error_image, VLMD_PROTO_MAX_IMAGES, true),
     U32_MAX(vlmd_msg_token_chunk, max_tokens_capped, UINT32_MAX, true),
+    U32_MAX(vlmd_msg_token_chunk, engine, 15, true),
 };
 static const field_desc image_job_fields[] = {
     FLD(vlmd_msg_image_job, req_id, F_U64),

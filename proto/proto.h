@@ -303,6 +303,7 @@ typedef struct vlmd_msg_token_chunk {
     uint32_t n_top_logprobs;
     uint32_t error_image;           /* finish == ERROR because of image i: i + 1; else 0 */
     uint32_t max_tokens_capped;     /* the router capped max_tokens to this (under pressure); 0 */
+    uint32_t engine;                /* router -> frontend: the engine that answered (--data-parallel-rank) */
 } vlmd_msg_token_chunk;
 
 typedef struct vlmd_msg_image_job {

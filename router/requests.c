@@ -566,6 +566,7 @@ void requests_on_chunk(router *rt, uint32_t g, vlmd_msg *msg)
     if (!q || q->stage != STAGE_ENGINE || q->engine != g)
         return; /* a late chunk of a forgotten request (or not that engine's) */
     q->generated += c->n_tokens;
+    c->engine = g; /* the frontend's metrics are per engine */
     if (!q->chunk_seen)
         c->max_tokens_capped = q->capped;
     q->chunk_seen = true;

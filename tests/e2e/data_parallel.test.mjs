@@ -75,6 +75,12 @@ test('two engines: a burst spreads, a shared prefix finds its engine, each publi
     const spread = await wentSince(server.url, before, 8);
     assert.equal(spread[0] + spread[1], 8);
     assert.ok(spread[0] >= 2 && spread[1] >= 2, `both engines served the burst: ${spread}`);
+    // the frontend's observations go to the engine that answered
+    const text = await fetch(`${server.url}/metrics`).then((r) => r.text());
+    for (const g of [0, 1]) {
+      const n = text.match(new RegExp(`^vllm:e2e_request_latency_seconds_count\\{model_name="qwen2",engine="${g}"\\} (\\d+)$`, 'm'))?.[1];
+      assert.equal(Number(n), spread[g], `engine ${g}'s requests in its latency histogram`);
+    }
 
     // a long prompt, both engines idle: engine 0
     const prompt = Array.from({ length: 320 }, (_, i) => 10 + ((i * 37) % 900));

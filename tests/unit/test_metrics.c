@@ -71,11 +71,11 @@ Test(metrics, the_vllm_series_carry_vllms_names_labels_and_buckets)
     fixture_make(&f, 0, 1, 2, 2, 0);
     frontend_metrics m;
     metrics_init(&m);
-    metrics_observe_ttft(&m, 0.03);
-    metrics_observe_itl(&m, 0.012);
-    metrics_observe_e2e(&m, 0.4);
-    m.finished[0] = 5;
-    m.finished[1] = 2;
+    metrics_observe_ttft(&m, 0, 0.03);
+    metrics_observe_itl(&m, 0, 0.012);
+    metrics_observe_e2e(&m, 0, 0.4);
+    for (int i = 0; i < 7; i++)
+        metrics_finished(&m, 0, i < 5 ? METRICS_STOP : METRICS_LENGTH);
     vlmd_buf out = VLMD_BUF_INIT;
     metrics_render(&m, NULL, &f.snap, "qwen\"vl", &out);
     const char *want[] = {
@@ -138,21 +138,32 @@ Test(metrics, each_engine_has_its_series)
     cr_expect_eq(l.waiting, 3 + 2, "the shared queue and the 2 it has not scheduled");
     frontend_metrics m;
     metrics_init(&m);
-    m.finished[0] = 5;
+    for (int i = 0; i < 5; i++)
+        metrics_finished(&m, 1, METRICS_STOP);
+    metrics_observe_ttft(&m, 1, 0.03);
+    metrics_finished(&m, 0, METRICS_CANCELLED);
     vlmd_buf out = VLMD_BUF_INIT;
     metrics_render(&m, NULL, &snap, "m", &out);
     const char *want[] = {
         "vllm:num_requests_running{model_name=\"m\",engine=\"0\"} 1\n",
         "vllm:num_requests_running{model_name=\"m\",engine=\"1\"} 4\n",
         "vllm:kv_cache_usage_perc{model_name=\"m\",engine=\"1\"} 0.500000\n",
-        "vllm:request_success_total{model_name=\"m\",finished_reason=\"stop\"} 5\n",
+        "vllm:request_success_total{model_name=\"m\",engine=\"1\",finished_reason=\"stop\"} 5\n",
+        "vllm:request_success_total{model_name=\"m\",engine=\"0\",finished_reason=\"stop\"} 0\n",
+        "vllm:request_success_total{model_name=\"m\",engine=\"0\",finished_reason=\"abort\"} 1\n",
+        "vllm:time_to_first_token_seconds_count{model_name=\"m\",engine=\"1\"} 1\n",
+        "vllm:time_to_first_token_seconds_count{model_name=\"m\",engine=\"0\"} 0\n",
+        "vlmd_requests_finished_total{model=\"m\",finished_reason=\"stop\"} 5\n",
         "vlmd_kv_cache_capacity_tokens{rank=\"2\"} 200\n",
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
         cr_expect(strstr(out.data, want[i]), "missing: %s", want[i]);
     cr_expect_null(strstr(out.data, "engine=\"2\""), "a follower is no engine");
-    const char *type = "# TYPE vlmd_kv_cache_usage_ratio gauge\n";
-    const char *first = strstr(out.data, type);
-    cr_expect(first && !strstr(first + 1, type), "one TYPE line for the engines' series");
+    const char *types[] = {"# TYPE vlmd_kv_cache_usage_ratio gauge\n",
+                           "# TYPE vllm:e2e_request_latency_seconds histogram\n"};
+    for (int i = 0; i < 2; i++) {
+        const char *first = strstr(out.data, types[i]);
+        cr_expect(first && !strstr(first + 1, types[i]), "one TYPE line: %s", types[i]);
+    }
     vlmd_buf_free(&out);
 }
