@@ -9,29 +9,13 @@
 #ifndef VLMD_ENGINES_H
 #define VLMD_ENGINES_H
 
-#include <stdbool.h>
-#include <stdint.h>
-
-#include "prefix_book.h"
-#include "registry.h"
-
-#define ROUTER_MAX_ENGINES 16
+#include "router_ctx.h"
 
 /* A request goes to the engine holding its longest cached prefix when that
  * prefix is at least half its prompt, unless that engine is this much busier
  * than the least loaded (KV share in use, requests at it): then balance wins. */
 #define ENGINES_PREFIX_MAX_KV_EXCESS 0.25
 #define ENGINES_PREFIX_MAX_EXTRA_REQUESTS 8
-
-typedef struct router_engine {
-    /* its ranks' rendezvous (--tensor-parallel-size > 1): its leader's latest, and the pid
-     * that sent it; forgotten when that leader is gone */
-    uint8_t *group_id;
-    uint32_t n_group_id;
-    int64_t group_id_pid;
-    prefix_book book;           /* what it was sent (sized at its first READY) */
-    uint64_t admitted;          /* requests sent to it */
-} router_engine;
 
 /* What admission found for one request on each engine. */
 typedef struct engine_option {
@@ -50,32 +34,30 @@ typedef struct engine_request {
     uint32_t n_blocks;
 } engine_request;
 
-struct router;
-
 /* The engine of an engine process (its registry rank), and whether it leads. */
-uint32_t engines_of_rank(const struct router *rt, uint32_t rank);
-bool engines_is_leader(const struct router *rt, uint32_t rank);
+uint32_t engines_of_rank(const router *rt, uint32_t rank);
+bool engines_is_leader(const router *rt, uint32_t rank);
 /* Engine g's leader when READY, else NULL. */
-registry_entry *engines_leader(struct router *rt, uint32_t g);
+registry_entry *engines_leader(router *rt, uint32_t g);
 /* Whether any engine is ready. */
-bool engines_any_ready(struct router *rt);
+bool engines_any_ready(router *rt);
 /* Engine g lost what it held (a rank restarted or exited): its prefix book is
  * emptied; its rendezvous is forgotten when its leader is the one gone. */
-void engines_lost(struct router *rt, uint32_t g, bool leader);
+void engines_lost(router *rt, uint32_t g, bool leader);
 /* Engine g is ready with this KV capacity: sizes its prefix book. */
-void engines_ready(struct router *rt, uint32_t g, uint64_t kv_capacity_tokens);
+void engines_ready(router *rt, uint32_t g, uint64_t kv_capacity_tokens);
 /* Whether r may go to engine g at all: a request with images only to an engine that reads
  * the arena; --route-large-requests: large ones only to the named engine, the others off it
  * unless it is idle or the only one ready. */
-bool engines_allowed(const struct router *rt, const engine_option *opts,
+bool engines_allowed(const router *rt, const engine_option *opts,
                      const engine_request *r, uint32_t g);
 /* Whether engine g's leader (READY) can read images from the embedding arena. */
-bool engines_read_images(struct router *rt, uint32_t g);
+bool engines_read_images(router *rt, uint32_t g);
 /* The engine for r among opts[0..n_engines) (allowed and fitting): the longest cached
  * prefix, else the least loaded; -1 when none has room. */
-int engines_choose(struct router *rt, const engine_option *opts, const engine_request *r);
+int engines_choose(router *rt, const engine_option *opts, const engine_request *r);
 /* Books r's prompt as sent to engine g. */
-void engines_sent(struct router *rt, uint32_t g, const engine_request *r);
-void engines_free(struct router *rt);
+void engines_sent(router *rt, uint32_t g, const engine_request *r);
+void engines_free(router *rt);
 
 #endif

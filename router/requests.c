@@ -13,6 +13,7 @@
 
 #include "admission.h"
 #include "clock.h"
+#include "engines.h"
 #include "images.h"
 #include "log.h"
 

@@ -12,6 +12,7 @@
 #include <zmq.h>
 
 #include "clock.h"
+#include "engines.h"
 #include "images.h"
 #include "log.h"
 #include "peer.h"

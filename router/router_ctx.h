@@ -1,8 +1,8 @@
 /* router_ctx.h - the router process's one context (created in main.c,
  * passed to every part) and what every part uses of it: sending a message
- * and finding a ready worker. router.c handles messages and calls
- * requests.h, which calls images.h; all three stand on this header, which
- * includes none of them.
+ * and finding the ready visual worker. router.c handles messages and calls
+ * requests.h, which calls images.h and engines.h; all of them stand on this
+ * header, which includes none of them.
  *
  * Threading: one libuv loop thread owns everything. */
 #ifndef VLMD_ROUTER_CTX_H
@@ -12,7 +12,7 @@
 
 #include "config.h"
 #include "embed_cache.h"
-#include "engines.h"
+#include "prefix_book.h"
 #include "registry.h"
 #include "request_table.h"
 #include "sessions.h"
@@ -22,6 +22,19 @@
 typedef struct router_counters {
     uint64_t admitted, queued_total, rejected_queue_full, rejected_too_large, capped;
 } router_counters;
+
+#define ROUTER_MAX_ENGINES 16
+
+/* One engine's part of the router (engines.h acts on it). */
+typedef struct router_engine {
+    /* its ranks' rendezvous (--tensor-parallel-size > 1): its leader's latest, and the pid
+     * that sent it; forgotten when that leader is gone */
+    uint8_t *group_id;
+    uint32_t n_group_id;
+    int64_t group_id_pid;
+    prefix_book book;           /* what it was sent (sized at its first READY) */
+    uint64_t admitted;          /* requests sent to it */
+} router_engine;
 
 typedef struct router {
     const vlmd_config *cfg;     /* borrowed */

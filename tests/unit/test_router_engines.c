@@ -19,6 +19,7 @@
 #include "peer.h"
 #include "prefix_book.h"
 #include "router.h"
+#include "test_router_support.h"
 #include "test_support.h"
 
 #define MAX_SEEN 64
@@ -67,22 +68,12 @@ static void on_peer_msg(vlmd_peer *peer, vlmd_msg *msg, void *ud)
 
 static void pump(fixture *f, int ms)
 {
-    uint64_t until = vlmd_now_ms() + (uint64_t)ms;
-    while (vlmd_now_ms() < until) {
-        uv_run(&f->loop, UV_RUN_NOWAIT);
-        usleep(500);
-    }
+    test_loop_pump(&f->loop, ms);
 }
 
-/* Runs the loop until *counter >= at_least or 2 s pass. */
 static bool wait_for(fixture *f, const int *counter, int at_least)
 {
-    uint64_t deadline = vlmd_now_ms() + 2000;
-    while (*counter < at_least && vlmd_now_ms() < deadline) {
-        uv_run(&f->loop, UV_RUN_NOWAIT);
-        usleep(500);
-    }
-    return *counter >= at_least;
+    return test_loop_wait(&f->loop, counter, at_least);
 }
 
 /* reads_images: the READY setting of an engine (NULL: none, as before engines said it) */
@@ -333,14 +324,7 @@ static void submit_image(fixture *f, uint64_t id, uint8_t h)
 /* The visual worker answers its job k: encoded. */
 static void encoded(fixture *f, int k)
 {
-    const vlmd_msg_image_job *j = &f->visual.jobs[k];
-    vlmd_msg m = {.type = VLMD_MSG_IMAGE_RESULT};
-    m.u.image_result = (vlmd_msg_image_result){.req_id = j->req_id, .image_index = j->image_index,
-                                               .status = VLMD_OK, .message = "",
-                                               .image = {.token_count = j->token_count,
-                                                         .arena_offset = j->arena_offset}};
-    memcpy(m.u.image_result.image.hash, j->hash, 32);
-    cr_assert_eq(vlmd_peer_send(f->visual_peer, &m), VLMD_OK);
+    test_answer_job(f->visual_peer, &f->visual.jobs[k], VLMD_OK, "");
 }
 
 Test(router_engines, a_request_with_images_goes_only_to_an_engine_that_reads_the_arena)
