@@ -33,16 +33,20 @@ bool engines_any_ready(router *rt)
     return false;
 }
 
-void engines_lost(router *rt, uint32_t g, bool leader)
+void engines_forget_rendezvous(router *rt, uint32_t g)
 {
     router_engine *e = &rt->engines[g];
-    prefix_book_clear(&e->book);
-    if (leader) { /* its rendezvous was of that incarnation alone */
-        free(e->group_id);
-        e->group_id = NULL;
-        e->n_group_id = 0;
-        e->group_id_pid = 0;
-    }
+    free(e->group_id);
+    e->group_id = NULL;
+    e->n_group_id = 0;
+    e->group_id_pid = 0;
+}
+
+void engines_lost(router *rt, uint32_t g, bool leader)
+{
+    prefix_book_clear(&rt->engines[g].book);
+    if (leader) /* its rendezvous was of that incarnation alone */
+        engines_forget_rendezvous(rt, g);
 }
 
 void engines_ready(router *rt, uint32_t g, uint64_t kv_capacity_tokens)
@@ -125,7 +129,7 @@ void engines_sent(router *rt, uint32_t g, const engine_request *r)
 void engines_free(router *rt)
 {
     for (uint32_t g = 0; g < ROUTER_MAX_ENGINES; g++) {
-        engines_lost(rt, g, true);
+        engines_forget_rendezvous(rt, g);
         prefix_book_free(&rt->engines[g].book);
     }
 }

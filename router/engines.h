@@ -44,6 +44,8 @@ bool engines_any_ready(router *rt);
 /* Engine g lost what it held (a rank restarted or exited): its prefix book is
  * emptied; its rendezvous is forgotten when its leader is the one gone. */
 void engines_lost(router *rt, uint32_t g, bool leader);
+/* Forgets engine g's rendezvous (its ranks all joined, or its leader is new). */
+void engines_forget_rendezvous(router *rt, uint32_t g);
 /* Engine g is ready with this KV capacity: sizes its prefix book. */
 void engines_ready(router *rt, uint32_t g, uint64_t kv_capacity_tokens);
 /* Whether r may go to engine g at all: a request with images only to an engine that reads

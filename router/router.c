@@ -227,10 +227,7 @@ static void on_group_id(router *rt, const void *id, size_t id_len, const vlmd_ms
     uint32_t g = engines_of_rank(rt, e->rank);
     router_engine *eng = &rt->engines[g];
     if (leader) { /* a new rendezvous, or (empty) every rank joined: it serves no one now */
-        free(eng->group_id);
-        eng->group_id = NULL;
-        eng->n_group_id = 0;
-        eng->group_id_pid = 0;
+        engines_forget_rendezvous(rt, g);
         if (!m->n_id)
             return;
         if (!(eng->group_id = malloc(m->n_id))) {
