@@ -13,6 +13,8 @@ import { decode } from '@msgpack/msgpack';
 import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor, pidAlive, runToExit } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
+// the sanitizers' builds run several times slower (ctest sets it)
+const SCALE = Number(process.env.VLMD_E2E_TIME_SCALE || 1);
 const FAST = ['--heartbeat-ms', '100', '--heartbeat-timeout-ms', '1000', '--restart-backoff-ms', '100'];
 const engines = (health) => health.processes.filter((p) => p.role === 'llm');
 
@@ -29,7 +31,7 @@ async function wentSince(url, before, n) {
   return waitFor(`the router to count ${n} request(s)`, async () => {
     const now = (await admitted(url)).map((c, g) => c - before[g]);
     return now[0] + now[1] >= n && now;
-  }, 10000, 20);
+  }, 10000 * SCALE, 20);
 }
 
 async function subscribe(endpoint) {
@@ -48,7 +50,7 @@ async function subscribe(endpoint) {
   return sub;
 }
 
-const complete = (url, body, timeoutMs = 60000) =>
+const complete = (url, body, timeoutMs = 60000 * SCALE) =>
   postJson(`${url}/v1/completions`, { temperature: 0, ...body }, { timeoutMs });
 
 test('two engines: a burst spreads, a shared prefix finds its engine, each publishes its events, one killed fails only its requests', async () => {
@@ -56,7 +58,7 @@ test('two engines: a burst spreads, a shared prefix finds its engine, each publi
   const endpoint = `ipc://${dir}/kv.sock`;
   const subs = [await subscribe(endpoint), await subscribe(`${endpoint}_dp1`)];
   const server = await startServer(['--model', MODEL, '--port', '0', '--device', 'cpu',
-    '--data-parallel-size', '2', '--kv-events-endpoint', endpoint, ...FAST], { readyTimeoutMs: 120000 });
+    '--data-parallel-size', '2', '--kv-events-endpoint', endpoint, ...FAST], { readyTimeoutMs: 120000 * SCALE });
   try {
     const h = (await getJson(`${server.url}/health`)).body;
     const old = engines(h);
@@ -65,7 +67,7 @@ test('two engines: a burst spreads, a shared prefix finds its engine, each publi
     const mem = (await getJson(`${server.url}/memory_stats`)).body;
     assert.deepEqual([mem.llm.engine, mem['llm-1'].engine], [0, 1], '/memory_stats per engine');
     assert.ok(mem.llm.kv_capacity_tokens > 0 && mem['llm-1'].kv_capacity_tokens > 0);
-    await waitFor('the subscribers to connect', () => subs.every((s) => s.handshake), 20000);
+    await waitFor('the subscribers to connect', () => subs.every((s) => s.handshake), 20000 * SCALE);
 
     // a burst of distinct prompts spreads over both
     let before = await admitted(server.url);
@@ -90,7 +92,7 @@ test('two engines: a burst spreads, a shared prefix finds its engine, each publi
     assert.deepEqual(await wentSince(server.url, before, 1), [1, 0]);
     // engine 0 busy with another request, engine 1 idle: the prompt's continuation still goes
     // where its prefix is cached
-    const filler = complete(server.url, { prompt: 'a filler that keeps engine 0 busy', max_tokens: 3000, ignore_eos: true });
+    const filler = complete(server.url, { prompt: 'a filler that keeps engine 0 busy', max_tokens: 2000, ignore_eos: true });
     assert.deepEqual(await wentSince(server.url, before, 2), [2, 0], 'the filler at engine 0');
     const again = await complete(server.url, { prompt: [...prompt, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20], max_tokens: 1 });
     assert.equal(again.status, 200);
@@ -100,14 +102,14 @@ test('two engines: a burst spreads, a shared prefix finds its engine, each publi
     assert.equal((await filler).status, 200);
 
     // each engine's events on its own endpoint, with its data_parallel_rank
-    await waitFor('both engines to publish', () => subs.every((s) => s.ranks.length > 0), 10000);
+    await waitFor('both engines to publish', () => subs.every((s) => s.ranks.length > 0), 10000 * SCALE);
     assert.ok(subs[0].ranks.every((r) => r === 0), `engine 0's batches: ${subs[0].ranks}`);
     assert.ok(subs[1].ranks.every((r) => r === 1), `engine 1's batches: ${subs[1].ranks}`);
 
     // engine 1 killed under load: only its requests fail
     before = await admitted(server.url);
     const inFlight = Array.from({ length: 6 }, (_, i) =>
-      complete(server.url, { prompt: `long request ${i} ${'dogs '.repeat(i + 1)}`, max_tokens: 3000, ignore_eos: true }));
+      complete(server.url, { prompt: `long request ${i} ${'dogs '.repeat(i + 1)}`, max_tokens: 2000, ignore_eos: true }));
     const split = await wentSince(server.url, before, 6);
     assert.ok(split[1] >= 1, `engine 1 has requests: ${split}`);
     process.kill(old[1].pid, 'SIGKILL');
@@ -125,7 +127,7 @@ test('two engines: a burst spreads, a shared prefix finds its engine, each publi
     await waitFor('engine 1 back', async () => {
       const e = engines((await getJson(`${server.url}/health`)).body);
       return e[1].state === 'ready' && e[1].pid !== old[1].pid;
-    }, 30000);
+    }, 30000 * SCALE);
     const now = engines((await getJson(`${server.url}/health`)).body);
     assert.equal(now[0].pid, old[0].pid, 'engine 0 was not restarted');
     assert.ok(!pidAlive(old[1].pid));
@@ -140,7 +142,7 @@ test('two engines: a burst spreads, a shared prefix finds its engine, each publi
 
 test('--route-large-requests: a large request goes to the named engine, the small ones stay off it while it is busy', async () => {
   const server = await startServer(['--model', MODEL, '--port', '0', '--device', 'cpu',
-    '--data-parallel-size', '2', '--route-large-requests', '200=1', ...FAST], { readyTimeoutMs: 120000 });
+    '--data-parallel-size', '2', '--route-large-requests', '200=1', ...FAST], { readyTimeoutMs: 120000 * SCALE });
   try {
     const before = await admitted(server.url);
     const large = complete(server.url, { prompt: Array.from({ length: 150 }, (_, i) => 20 + i), max_tokens: 2000, ignore_eos: true });

@@ -60,7 +60,8 @@ export async function startServer(args, { readyTimeoutMs = 30000 * SCALE, env = 
 export async function stopServer(server, timeoutMs = 20000) {
   if (!server.exited) {
     server.child.kill('SIGTERM');
-    await waitFor('the launcher to exit', () => server.exited, timeoutMs);
+    await waitFor('the launcher to exit', () => server.exited, timeoutMs)
+      .catch((e) => { throw new Error(`${e.message}\n${server.stderr.slice(-4000)}`); });
   }
   return server.exited;
 }
