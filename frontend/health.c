@@ -66,10 +66,7 @@ json_t *vlmd_health_render(const vlmd_msg_stats_snapshot *snap, uint64_t snapsho
 
 static const char *config_of(const vlmd_worker_info *w, const char *key)
 {
-    for (uint32_t k = 0; k < w->n_config; k++)
-        if (strcmp(w->config[k].key, key) == 0)
-            return w->config[k].value;
-    return NULL;
+    return vlmd_kv_get(w->config, w->n_config, key);
 }
 
 bool vlmd_health_engine_of(const vlmd_worker_info *w, uint32_t *engine)

@@ -119,14 +119,6 @@ static void histogram_text(vlmd_buf *out, const char *name, const char *help, co
     histogram_series(out, name, h, labels);
 }
 
-static const char *kv_get(const vlmd_kv *kv, uint32_t n, const char *key)
-{
-    for (uint32_t i = 0; i < n; i++)
-        if (strcmp(kv[i].key, key) == 0)
-            return kv[i].value;
-    return NULL;
-}
-
 /* A metric name: lowercase letters, digits and '_' only (others become '_'). */
 static void metric_name(char *out, size_t outsz, const char *role, const char *key)
 {
@@ -171,7 +163,7 @@ static void http_counters(const http_server_stats *h, vlmd_buf *out)
 
 static uint64_t counter_of(const vlmd_worker_info *w, const char *key)
 {
-    const char *v = kv_get(w->counters, w->n_counters, key);
+    const char *v = vlmd_kv_get(w->counters, w->n_counters, key);
     return v ? strtoull(v, NULL, 10) : 0;
 }
 
@@ -208,21 +200,13 @@ metrics_engine_load metrics_engine_load_of(const vlmd_msg_stats_snapshot *snap,
     return l;
 }
 
-/* An engine as the gateways count them: a group's rank 0 (the other ranks of
- * a tensor-parallel group hold shares of its model, not requests), labelled
- * with its --data-parallel-rank. */
-static bool is_engine(const vlmd_worker_info *w, uint32_t *engine)
-{
-    return vlmd_health_engine_of(w, engine);
-}
-
 /* Whether a process before workers[i] has the same role and the counter
  * `key` (NULL: any): that series was written with it. */
 static bool typed_before(const vlmd_msg_stats_snapshot *snap, uint32_t i, const char *key)
 {
     for (uint32_t j = 0; j < i; j++) {
         const vlmd_worker_info *w = &snap->workers[j];
-        if (w->role == snap->workers[i].role && (!key || kv_get(w->counters, w->n_counters, key)))
+        if (w->role == snap->workers[i].role && (!key || vlmd_kv_get(w->counters, w->n_counters, key)))
             return true;
     }
     return false;
@@ -265,7 +249,7 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
         for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
             const vlmd_worker_info *w = &snap->workers[i];
             uint32_t engine;
-            if (!is_engine(w, &engine))
+            if (!vlmd_health_engine_of(w, &engine))
                 continue;
             metrics_engine_load l = metrics_engine_load_of(snap, w);
             double usage = w->kv_capacity_tokens
@@ -286,10 +270,10 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
     for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
         const vlmd_worker_info *w = &snap->workers[i];
         uint32_t engine;
-        if (!is_engine(w, &engine) || !w->kv_capacity_tokens)
+        if (!vlmd_health_engine_of(w, &engine) || !w->kv_capacity_tokens)
             continue;
-        const char *bs = kv_get(w->config, w->n_config, "kv-events-block-size");
-        const char *off = kv_get(w->config, w->n_config, "disable-prefix-cache");
+        const char *bs = vlmd_kv_get(w->config, w->n_config, "kv-events-block-size");
+        const char *off = vlmd_kv_get(w->config, w->n_config, "disable-prefix-cache");
         uint64_t block = bs ? strtoull(bs, NULL, 10) : 16;
         vlmd_buf_printf(out,
                         "vllm:cache_config_info{block_size=\"%llu\",enable_prefix_caching="
@@ -303,7 +287,7 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
         for (uint32_t i = 0; snap && i < snap->n_workers; i++) {
             const vlmd_worker_info *w = &snap->workers[i];
             uint32_t engine;
-            if (is_engine(w, &engine))
+            if (vlmd_health_engine_of(w, &engine))
                 vlmd_buf_printf(out, "%s{model_name=\"%s\",engine=\"%u\"} %llu\n",
                                 counters[c][0], name, engine,
                                 (unsigned long long)counter_of(w, counters[c][1]));
@@ -313,7 +297,7 @@ static void vllm_metrics(const frontend_metrics *m, const vlmd_msg_stats_snapsho
      * snapshot shows, and any that answered before */
     bool shown[METRICS_MAX_ENGINES] = {0};
     for (uint32_t i = 0, g; snap && i < snap->n_workers; i++)
-        if (is_engine(&snap->workers[i], &g) && g < METRICS_MAX_ENGINES)
+        if (vlmd_health_engine_of(&snap->workers[i], &g) && g < METRICS_MAX_ENGINES)
             shown[g] = true;
     for (int g = 0; g < METRICS_MAX_ENGINES; g++)
         shown[g] = shown[g] || m->engines[g].e2e.count || m->engines[g].ttft.count ||
@@ -402,7 +386,7 @@ void metrics_render(const frontend_metrics *m, const http_server_stats *http,
                             pass ? "capacity_tokens" : "usage_ratio");
             for (uint32_t j = i, g; j < snap->n_workers; j++) {
                 const vlmd_worker_info *w = &snap->workers[j];
-                if (!is_engine(w, &g) || !w->kv_capacity_tokens)
+                if (!vlmd_health_engine_of(w, &g) || !w->kv_capacity_tokens)
                     continue;
                 if (pass)
                     vlmd_buf_printf(out, "vlmd_kv_cache_capacity_tokens{rank=\"%u\"} %llu\n",
@@ -424,7 +408,7 @@ void metrics_render(const frontend_metrics *m, const http_server_stats *http,
                                 ends_with(name, "_total") ? "counter" : "gauge");
                 for (uint32_t q = j; q < snap->n_workers; q++) {
                     const vlmd_worker_info *o = &snap->workers[q];
-                    const char *v = o->role == r ? kv_get(o->counters, o->n_counters, key) : NULL;
+                    const char *v = o->role == r ? vlmd_kv_get(o->counters, o->n_counters, key) : NULL;
                     if (v)
                         vlmd_buf_printf(out, "%s{rank=\"%u\"} %s\n", name, o->rank, v);
                 }
@@ -460,7 +444,7 @@ json_t *metrics_memory_stats(const vlmd_msg_stats_snapshot *snap)
                               w->device ? w->device : "", "reserved_bytes",
                               (json_int_t)w->reserved_bytes);
         if (w->role == VLMD_ROLE_LLM) {
-            const char *bpt = kv_get(w->memory, w->n_memory, "kv_bytes_per_token");
+            const char *bpt = vlmd_kv_get(w->memory, w->n_memory, "kv_bytes_per_token");
             uint64_t per_token = bpt ? strtoull(bpt, NULL, 10) : 0;
             json_object_set_new(p, "kv_capacity_tokens",
                                 json_integer((json_int_t)w->kv_capacity_tokens));
@@ -468,8 +452,8 @@ json_t *metrics_memory_stats(const vlmd_msg_stats_snapshot *snap)
             json_object_set_new(p, "kv_used_bytes",
                                 json_integer((json_int_t)(w->kv_used_tokens * per_token)));
             /* which engine (--data-parallel-rank) it is of, and its rank there */
-            const char *g = kv_get(w->config, w->n_config, "data-parallel-rank");
-            const char *r = kv_get(w->config, w->n_config, "rank");
+            const char *g = vlmd_kv_get(w->config, w->n_config, "data-parallel-rank");
+            const char *r = vlmd_kv_get(w->config, w->n_config, "rank");
             json_object_set_new(p, "engine", json_integer(g ? strtoll(g, NULL, 10) : 0));
             json_object_set_new(p, "engine_rank", json_integer(r ? strtoll(r, NULL, 10) : 0));
         }

@@ -396,6 +396,14 @@ static bool token_chunk_shapes_ok(const vlmd_msg_token_chunk *c, char *why, size
 
 /* ---- freeing -------------------------------------------------------------- */
 
+const char *vlmd_kv_get(const vlmd_kv *kv, uint32_t n, const char *key)
+{
+    for (uint32_t i = 0; i < n; i++)
+        if (strcmp(kv[i].key, key) == 0)
+            return kv[i].value;
+    return NULL;
+}
+
 vlmd_kv *vlmd_kv_dup(const vlmd_kv *kv, uint32_t n)
 {
     if (!n)

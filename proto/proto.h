@@ -350,6 +350,8 @@ typedef struct vlmd_msg {
 
 /* A deep copy of n entries (NULL when n is 0); fatal when out of memory. */
 vlmd_kv *vlmd_kv_dup(const vlmd_kv *kv, uint32_t n);
+/* The value of key among kv[0..n), or NULL. */
+const char *vlmd_kv_get(const vlmd_kv *kv, uint32_t n, const char *key);
 /* Frees a copy from vlmd_kv_dup (or a decoded map); accepts NULL. */
 void vlmd_kv_free(vlmd_kv *kv, uint32_t n);
 

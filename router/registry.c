@@ -94,10 +94,7 @@ registry_entry *registry_hello(registry *r, const vlmd_msg_hello *h, const void 
 
 const char *registry_config(const registry_entry *e, const char *key)
 {
-    for (uint32_t j = 0; j < e->n_config; j++)
-        if (strcmp(e->config[j].key, key) == 0)
-            return e->config[j].value;
-    return NULL;
+    return vlmd_kv_get(e->config, e->n_config, key);
 }
 
 static void set_config(registry_entry *e, const char *key, const char *value)

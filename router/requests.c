@@ -305,8 +305,8 @@ static uint64_t kv_need(const router_request *q)
     return (uint64_t)q->prompt_tokens + output_limit(q);
 }
 
-/* Whether q can join the requests at engine e (alone it always goes: the
- * engine ends it early if the cache cannot hold its output). */
+/* Whether q can join the requests at engine e (alone it goes when its prompt
+ * fits: the engine ends it early if the cache cannot hold its output). */
 static bool fits(admit_books *b, const engine_books *e, const router_request *q)
 {
     if (e->n == 0)
@@ -316,16 +316,20 @@ static bool fits(admit_books *b, const engine_books *e, const router_request *q)
     return admission_peak(b->scratch, e->n + 1, b->fraction) <= e->capacity;
 }
 
+/* What engines.h is told of an engine (whether a request fits it: the caller's). */
+static engine_option option_of(const engine_books *e)
+{
+    return (engine_option){.ready = e->leader != NULL, .used = e->used, .capacity = e->capacity,
+                           .requests = (uint32_t)e->n, .reads_images = e->reads_images};
+}
+
 /* The engine q goes to now (engines.h), or -1 when none has room. */
 static int choose(router *rt, admit_books *b, const router_request *q)
 {
     engine_option opts[ROUTER_MAX_ENGINES];
     for (uint32_t g = 0; g < rt->n_engines; g++) {
-        engine_books *e = &b->engines[g];
-        opts[g] = (engine_option){.ready = e->leader != NULL, .used = e->used,
-                                  .capacity = e->capacity, .requests = (uint32_t)e->n,
-                                  .reads_images = e->reads_images};
-        opts[g].fits = opts[g].ready && fits(b, e, q);
+        opts[g] = option_of(&b->engines[g]);
+        opts[g].fits = opts[g].ready && fits(b, &b->engines[g], q);
     }
     engine_request r = {kv_need(q), q->n_images > 0, q->blocks, q->n_blocks};
     return engines_choose(rt, opts, &r);
@@ -347,8 +351,8 @@ static void refuse_unservable(router *rt, const admit_books *b)
     engine_option opts[ROUTER_MAX_ENGINES];
     bool images = false;
     for (uint32_t g = 0; g < rt->n_engines; g++) {
-        opts[g] = (engine_option){.ready = b->engines[g].leader != NULL,
-                                  .reads_images = b->engines[g].reads_images};
+        opts[g] = option_of(&b->engines[g]);
+        opts[g].requests = 0; /* where it may go once that engine is idle counts too */
         images = images || (opts[g].ready && opts[g].reads_images);
     }
     request_iter it = request_table_iter(&rt->requests);
