@@ -28,6 +28,9 @@ done | sort -u | while read -r name path; do
     cp -L "$path" "$out/lib/$name"
   fi
 done
+# Symbols and debug sections are half of the binaries' bytes; the device tool carries
+# at most 64 MiB with the repository, so they stay here.
+strip --strip-unneeded "$out"/bin/* "$out"/tests/* "$out"/lib/*
 tar -C "$out" -cJf "$out.tar.xz" bin tests lib
 rm -rf "$out"
 mkdir -p "$out"
