@@ -63,6 +63,7 @@ struct vlmd_tokenizer {
     bool first_byte_added[256];
     pcre2_code *re;
     bool nfc;               /* the normalizer is NFC (Qwen's tokenizer.json says so) */
+    size_t long_piece;      /* pieces of this many bytes or more take bpe_long */
 };
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -438,6 +439,8 @@ vlmd_status vlmd_tokenizer_load(const char *path, vlmd_tokenizer **out, vlmd_err
         return vlmd_errorf(err, VLMD_ERR_MODEL, "%s:%d: invalid JSON: %s", path, jerr.line,
                            jerr.text);
     vlmd_tokenizer *tok = calloc(1, sizeof *tok);
+    if (tok)
+        tok->long_piece = VLMD_TOKENIZER_LONG_PIECE;
     json_t *model = json_object_get(j, "model");
     const char *type = json_string_value(json_object_get(model, "type"));
     const char *re = NULL;
@@ -533,34 +536,68 @@ static heap_item heap_pop(heap_item *h, size_t *n)
     return top;
 }
 
+/* One pending rank of a long piece (bpe_long): the positions of its pair. */
+typedef struct rank_bucket {
+    uint32_t rank, left, right, result;
+    uint32_t *pos;          /* left symbols' indices; pos[done..n) still to take */
+    size_t n, cap, done;
+    bool sorted;            /* pos[done..n) ascending */
+    bool queued;            /* in the rank heap */
+} rank_bucket;
+
 typedef struct bpe_scratch {
-    uint32_t *id;
-    int32_t *prev, *next;
-    heap_item *heap;
+    uint32_t *id;           /* by position: the symbol there (its leftmost byte's index) */
+    int32_t *prev, *next;   /* the symbols' list; prev -2: merged into its left neighbour */
     size_t cap;
+    heap_item *heap;        /* bpe_piece: every pair */
+    size_t heap_cap;
+    rank_bucket *buckets;   /* bpe_long: one per rank met in the piece */
+    size_t n_buckets, bucket_cap;
+    uint32_t *bucket_of;    /* bpe_long: rank -> bucket index + 1, open addressing */
+    uint32_t last_bucket;   /* bpe_long: the one found last, index + 1 (0: none) */
+    size_t slot_cap;
+    uint32_t *ranks;        /* bpe_long: min-heap of queued buckets by rank */
+    size_t n_ranks, ranks_cap;
 } bpe_scratch;
 
-static bool scratch_reserve(bpe_scratch *s, size_t n)
+static bool scratch_reserve(bpe_scratch *s, size_t n, bool with_heap)
 {
-    if (n <= s->cap)
-        return true;
-    size_t cap = n * 2;
-    uint32_t *id = realloc(s->id, cap * sizeof *id);
-    if (id)
-        s->id = id;
-    int32_t *prev = realloc(s->prev, cap * sizeof *prev);
-    if (prev)
-        s->prev = prev;
-    int32_t *next = realloc(s->next, cap * sizeof *next);
-    if (next)
-        s->next = next;
-    heap_item *heap = realloc(s->heap, cap * 2 * sizeof *heap);
-    if (heap)
+    if (n > s->cap) {
+        size_t cap = n * 2;
+        uint32_t *id = realloc(s->id, cap * sizeof *id);
+        if (id)
+            s->id = id;
+        int32_t *prev = realloc(s->prev, cap * sizeof *prev);
+        if (prev)
+            s->prev = prev;
+        int32_t *next = realloc(s->next, cap * sizeof *next);
+        if (next)
+            s->next = next;
+        if (!id || !prev || !next)
+            return false;
+        s->cap = cap;
+    }
+    if (with_heap && 2 * n > s->heap_cap) {
+        heap_item *heap = realloc(s->heap, 4 * n * sizeof *heap);
+        if (!heap)
+            return false;
         s->heap = heap;
-    if (!id || !prev || !next || !heap)
-        return false;
-    s->cap = cap;
+        s->heap_cap = 4 * n;
+    }
     return true;
+}
+
+static void scratch_free(bpe_scratch *s)
+{
+    free(s->id);
+    free(s->prev);
+    free(s->next);
+    free(s->heap);
+    for (size_t i = 0; i < s->n_buckets; i++)
+        free(s->buckets[i].pos);
+    free(s->buckets);
+    free(s->bucket_of);
+    free(s->ranks);
 }
 
 static void queue_pair(const vlmd_tokenizer *tok, bpe_scratch *s, size_t *n_heap, int32_t pos)
@@ -575,13 +612,193 @@ static void queue_pair(const vlmd_tokenizer *tok, bpe_scratch *s, size_t *n_heap
         heap_push(s->heap, n_heap, (heap_item){m->rank, (uint32_t)pos, s->id[pos], s->id[nx]});
 }
 
+/* ---- BPE of a long piece ------------------------------------------------- */
+/* bpe_piece's heap holds every pair of the piece at once: on a run of one
+ * character (a prompt of megabytes of spaces) that is ~n log n moves in a
+ * heap far bigger than the cache, over a second for 4 MiB. A long piece takes
+ * the same merges in the same order from one bucket of positions per rank: a
+ * merge never makes a pair of its own rank (its result is neither of its
+ * inputs), so the positions of the lowest pending rank, taken left to right,
+ * are the heap's next pops, until a merge makes a pair of a lower rank (only
+ * vocabularies whose merges are out of training order do), which then goes
+ * first, as it would from the heap. Work: a merge's two lookups and appends,
+ * plus sorting a bucket whose positions came out of order. */
+
+static bool ranks_less(const bpe_scratch *s, size_t a, size_t b)
+{
+    return s->buckets[s->ranks[a]].rank < s->buckets[s->ranks[b]].rank;
+}
+
+static void ranks_swap(bpe_scratch *s, size_t a, size_t b)
+{
+    uint32_t t = s->ranks[a];
+    s->ranks[a] = s->ranks[b];
+    s->ranks[b] = t;
+}
+
+static bool ranks_push(bpe_scratch *s, uint32_t bucket)
+{
+    uint32_t *r = vlmd_grow(s->ranks, s->n_ranks, &s->ranks_cap, sizeof *r, 64);
+    if (!r)
+        return false;
+    s->ranks = r;
+    size_t i = s->n_ranks++;
+    s->ranks[i] = bucket;
+    for (; i > 0 && ranks_less(s, i, (i - 1) / 2); i = (i - 1) / 2)
+        ranks_swap(s, i, (i - 1) / 2);
+    return true;
+}
+
+static void ranks_pop(bpe_scratch *s)
+{
+    s->ranks[0] = s->ranks[--s->n_ranks];
+    for (size_t i = 0;;) {
+        size_t l = 2 * i + 1, r = l + 1, m = i;
+        if (l < s->n_ranks && ranks_less(s, l, m))
+            m = l;
+        if (r < s->n_ranks && ranks_less(s, r, m))
+            m = r;
+        if (m == i)
+            return;
+        ranks_swap(s, i, m);
+        i = m;
+    }
+}
+
+/* The bucket of m's rank, made on first use; NULL when out of memory. */
+static rank_bucket *bucket_for(bpe_scratch *s, const pair_slot *m, uint32_t left, uint32_t right)
+{
+    if (2 * (s->n_buckets + 1) > s->slot_cap) { /* rehash into twice the slots */
+        size_t cap = s->slot_cap ? 2 * s->slot_cap : 256;
+        uint32_t *slots = calloc(cap, sizeof *slots);
+        if (!slots)
+            return NULL;
+        for (size_t b = 0; b < s->n_buckets; b++) {
+            size_t i = hash_u64(s->buckets[b].rank) & (cap - 1);
+            while (slots[i])
+                i = (i + 1) & (cap - 1);
+            slots[i] = (uint32_t)b + 1;
+        }
+        free(s->bucket_of);
+        s->bucket_of = slots;
+        s->slot_cap = cap;
+    }
+    if (s->last_bucket && s->buckets[s->last_bucket - 1].rank == m->rank)
+        return &s->buckets[s->last_bucket - 1]; /* a run files one rank after another */
+    size_t i = hash_u64(m->rank) & (s->slot_cap - 1);
+    for (; s->bucket_of[i]; i = (i + 1) & (s->slot_cap - 1))
+        if (s->buckets[s->bucket_of[i] - 1].rank == m->rank) {
+            s->last_bucket = s->bucket_of[i];
+            return &s->buckets[s->bucket_of[i] - 1];
+        }
+    rank_bucket *b = vlmd_grow(s->buckets, s->n_buckets, &s->bucket_cap, sizeof *b, 64);
+    if (!b)
+        return NULL;
+    s->buckets = b;
+    s->bucket_of[i] = (uint32_t)s->n_buckets + 1;
+    s->last_bucket = s->bucket_of[i];
+    b = &s->buckets[s->n_buckets++];
+    *b = (rank_bucket){.rank = m->rank, .left = left, .right = right, .result = m->result,
+                       .sorted = true};
+    return b;
+}
+
+/* Files the pair at pos, if the vocabulary merges it. */
+static bool file_pair(const vlmd_tokenizer *tok, bpe_scratch *s, int32_t pos)
+{
+    if (pos < 0 || s->next[pos] < 0)
+        return true;
+    uint32_t left = s->id[pos], right = s->id[s->next[pos]];
+    const pair_slot *m = merge_find(tok, left, right);
+    if (!m)
+        return true;
+    rank_bucket *b = bucket_for(s, m, left, right);
+    uint32_t *p = b ? vlmd_grow(b->pos, b->n, &b->cap, sizeof *p, 16) : NULL;
+    if (!p)
+        return false;
+    b->pos = p;
+    if (b->n > b->done && p[b->n - 1] > (uint32_t)pos)
+        b->sorted = false;
+    p[b->n++] = (uint32_t)pos;
+    if (!b->queued) {
+        b->queued = true;
+        return ranks_push(s, (uint32_t)(b - s->buckets));
+    }
+    return true;
+}
+
+static int cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return (x > y) - (x < y);
+}
+
+static vlmd_status bpe_long(const vlmd_tokenizer *tok, bpe_scratch *s, const uint8_t *p,
+                            size_t n, vlmd_tokens *out)
+{
+    if (n > INT32_MAX || !scratch_reserve(s, n, false))
+        return VLMD_ERR_NOMEM;
+    for (size_t b = 0; b < s->n_buckets; b++)
+        free(s->buckets[b].pos);
+    s->n_buckets = s->n_ranks = 0;
+    s->last_bucket = 0;
+    if (s->slot_cap)
+        memset(s->bucket_of, 0, s->slot_cap * sizeof *s->bucket_of);
+    for (size_t i = 0; i < n; i++) {
+        s->id[i] = tok->byte_token[p[i]];
+        s->prev[i] = (int32_t)i - 1;
+        s->next[i] = i + 1 < n ? (int32_t)i + 1 : -1;
+    }
+    bool ok = true;
+    for (size_t i = 0; ok && i + 1 < n; i++)
+        ok = file_pair(tok, s, (int32_t)i);
+    while (ok && s->n_ranks) {
+        uint32_t bi = s->ranks[0];
+        rank_bucket *b = &s->buckets[bi];
+        if (b->done == b->n) { /* taken: out of the heap until a new pair comes */
+            b->n = b->done = 0;
+            b->sorted = true;
+            b->queued = false;
+            ranks_pop(s);
+            continue;
+        }
+        if (!b->sorted) {
+            qsort(b->pos + b->done, b->n - b->done, sizeof *b->pos, cmp_u32);
+            b->sorted = true;
+        }
+        uint32_t rank = b->rank, left = b->left, right = b->right, result = b->result;
+        bool lower = false; /* a pair of a lower rank came: it goes first */
+        while (ok && !lower && s->buckets[bi].done < s->buckets[bi].n) {
+            b = &s->buckets[bi]; /* (filing may move the buckets) */
+            int32_t pos = (int32_t)b->pos[b->done++], nx = s->next[pos];
+            if (s->prev[pos] == -2 || s->id[pos] != left || nx < 0 || s->id[nx] != right)
+                continue; /* stale: one side was merged away since */
+            s->id[pos] = result;
+            s->next[pos] = s->next[nx];
+            if (s->next[nx] >= 0)
+                s->prev[s->next[nx]] = pos;
+            s->prev[nx] = -2;
+            ok = file_pair(tok, s, s->prev[pos]) && file_pair(tok, s, pos);
+            lower = s->buckets[s->ranks[0]].rank < rank || !s->buckets[bi].sorted;
+        }
+    }
+    if (!ok)
+        return VLMD_ERR_NOMEM;
+    for (int32_t i = 0; i >= 0; i = s->next[i])
+        if (vlmd_tokens_push(out, s->id[i]) != VLMD_OK)
+            return VLMD_ERR_NOMEM;
+    return VLMD_OK;
+}
+
 /* BPE over one pre-token's bytes: lowest-ranked pair first, leftmost on ties. */
 static vlmd_status bpe_piece(const vlmd_tokenizer *tok, bpe_scratch *s, const uint8_t *p,
                              size_t n, vlmd_tokens *out)
 {
     if (n == 0)
         return VLMD_OK;
-    if (!scratch_reserve(s, n))
+    if (n >= tok->long_piece)
+        return bpe_long(tok, s, p, n, out);
+    if (!scratch_reserve(s, n, true))
         return VLMD_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) {
         s->id[i] = tok->byte_token[p[i]];
@@ -715,11 +932,13 @@ static vlmd_status encode_pieces_of(const vlmd_tokenizer *tok, const char *text,
     if (st == VLMD_OK && len > seg)
         st = encode_plain(tok, &s, md, text + seg, len - seg, out);
     pcre2_match_data_free(md);
-    free(s.id);
-    free(s.prev);
-    free(s.next);
-    free(s.heap);
+    scratch_free(&s);
     return st;
+}
+
+void vlmd_tokenizer_set_long_piece(vlmd_tokenizer *tok, size_t bytes)
+{
+    tok->long_piece = bytes ? bytes : 1;
 }
 
 vlmd_status vlmd_tokenizer_encode(const vlmd_tokenizer *tok, const char *text, size_t len,

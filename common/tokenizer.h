@@ -47,9 +47,19 @@ typedef enum vlmd_special {
 } vlmd_special;
 
 /* Appends the ids of text[0..len) to out. Fails only on allocation failure
- * (invalid UTF-8 is tokenized byte-wise). */
+ * (invalid UTF-8 is tokenized byte-wise). Thread-safe: a loaded tokenizer is
+ * read-only, every call has its own scratch. Its work grows as n log n with
+ * the text's length at worst, a run of one character included. */
 vlmd_status vlmd_tokenizer_encode(const vlmd_tokenizer *tok, const char *text, size_t len,
                                   vlmd_special special, vlmd_tokens *out);
+
+/* Pre-tokens of at least this many bytes are merged from buckets of pairs by
+ * rank instead of one heap of every pair: the same ids, in linear time on a
+ * run of one character. */
+#define VLMD_TOKENIZER_LONG_PIECE 64
+
+/* Sets that length (tests compare the two ways with 1 and SIZE_MAX). */
+void vlmd_tokenizer_set_long_piece(vlmd_tokenizer *tok, size_t bytes);
 
 /* Text put together from pieces of both kinds, a chat template's markers and
  * a request's text, tokenized as one: added tokens are looked for within each

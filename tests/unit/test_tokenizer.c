@@ -178,6 +178,126 @@ Test(tokenizer, long_pieces_are_not_quadratic, .timeout = 10)
     vlmd_tokenizer_free(tok);
 }
 
+/* The ids of text with every piece merged by one way: the heap (bpe_piece)
+ * or the rank buckets (bpe_long). */
+static void encode_both(vlmd_tokenizer *tok, const char *text, size_t n, vlmd_tokens *heap,
+                        vlmd_tokens *buckets)
+{
+    vlmd_tokenizer_set_long_piece(tok, SIZE_MAX);
+    cr_assert_eq(vlmd_tokenizer_encode(tok, text, n, VLMD_SPECIAL_SPLIT, heap), VLMD_OK);
+    vlmd_tokenizer_set_long_piece(tok, 1);
+    cr_assert_eq(vlmd_tokenizer_encode(tok, text, n, VLMD_SPECIAL_SPLIT, buckets), VLMD_OK);
+    vlmd_tokenizer_set_long_piece(tok, VLMD_TOKENIZER_LONG_PIECE);
+}
+
+static bool same_ids(const vlmd_tokens *a, const vlmd_tokens *b)
+{
+    return a->n == b->n && memcmp(a->ids, b->ids, a->n * sizeof *a->ids) == 0;
+}
+
+/* Runs of one character (a prompt of megabytes of spaces must not cost
+ * seconds) and mixed text: both ways give the same ids on every fixture's
+ * vocabulary and every case the fixtures hold. */
+Test(tokenizer, rank_buckets_merge_as_the_heap_does)
+{
+    const char *runs[] = {" ", "a", "=", "\n", "ab", " \n", "0", "\xe4\xb8\xad", "-="};
+    unsigned seed = 7;
+    for (int m = 0; m < 3; m++) {
+        vlmd_tokenizer *tok = load(models[m]);
+        char text[4096];
+        for (size_t r = 0; r < sizeof runs / sizeof *runs; r++)
+            for (size_t n = 1; n < sizeof text; n = n * 3 / 2 + 1) {
+                size_t k = strlen(runs[r]);
+                for (size_t i = 0; i < n; i++)
+                    text[i] = runs[r][i % k];
+                vlmd_tokens heap = {0}, buckets = {0};
+                encode_both(tok, text, n, &heap, &buckets);
+                cr_expect(same_ids(&heap, &buckets), "%s: %zu bytes of '%s'", models[m], n,
+                          runs[r]);
+                vlmd_tokens_free(&heap);
+                vlmd_tokens_free(&buckets);
+            }
+        const char alphabet[] = "aaabbbeeenst  \n,.0";
+        for (int t = 0; t < 200; t++) {
+            size_t n = 1 + rand_r(&seed) % 600;
+            for (size_t i = 0; i < n; i++)
+                text[i] = alphabet[rand_r(&seed) % (sizeof alphabet - 1)];
+            vlmd_tokens heap = {0}, buckets = {0};
+            encode_both(tok, text, n, &heap, &buckets);
+            cr_expect(same_ids(&heap, &buckets), "%s: random text %d", models[m], t);
+            vlmd_tokens_free(&heap);
+            vlmd_tokens_free(&buckets);
+        }
+        vlmd_tokenizer_free(tok);
+    }
+}
+
+/* A vocabulary whose merges are out of training order (a merge of a token
+ * can rank before the merge that makes it), so a merge can make a pair of a
+ * lower rank than its own: the buckets must then take that one first, as
+ * the heap does. Every string of a, b, c up to length 4 is a token; random
+ * splits of them are merges, in random order. */
+Test(tokenizer, rank_buckets_follow_merges_out_of_order)
+{
+    unsigned seed = 11;
+    for (int v = 0; v < 20; v++) {
+        json_t *j = json_load_file(test_model_file("qwen2", "tokenizer.json"), 0, NULL);
+        cr_assert_not_null(j);
+        json_t *model = json_object_get(j, "model"), *vocab = json_object_get(model, "vocab");
+        json_t *merges = json_array();
+        json_int_t next_id = 100000;
+        char words[200][5];
+        size_t n_words = 0;
+        for (int len = 2; len <= 4; len++)
+            for (int code = 0; code < 81; code++) {
+                int c = code, ok = 1;
+                for (int i = 0; i < len; i++, c /= 3)
+                    words[n_words][i] = "abc"[c % 3];
+                for (int i = len; i < 4; i++, c /= 3)
+                    ok = ok && c % 3 == 0; /* each word once */
+                words[n_words][len] = '\0';
+                if (!ok)
+                    continue;
+                if (!json_object_get(vocab, words[n_words]))
+                    json_object_set_new(vocab, words[n_words], json_integer(next_id++));
+                n_words++;
+            }
+        /* merges: each word from one of its splits, shuffled */
+        for (size_t w = 0; w < n_words; w++) {
+            size_t len = strlen(words[w]), k = 1 + rand_r(&seed) % (len - 1);
+            if (rand_r(&seed) % 4 == 0)
+                continue; /* some words have no merge */
+            char merge[16];
+            snprintf(merge, sizeof merge, "%.*s %s", (int)k, words[w], words[w] + k);
+            json_array_insert_new(merges, rand_r(&seed) % (json_array_size(merges) + 1),
+                                  json_string(merge));
+        }
+        json_object_set_new(model, "merges", merges);
+        char path[] = "/tmp/vlmd-tok-order-XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert_geq(fd, 0);
+        close(fd);
+        cr_assert_eq(json_dump_file(j, path, 0), 0);
+        json_decref(j);
+        vlmd_tokenizer *tok = NULL;
+        vlmd_error err = {0};
+        cr_assert_eq(vlmd_tokenizer_load(path, &tok, &err), VLMD_OK, "%s", err.msg);
+        unlink(path);
+        for (int t = 0; t < 100; t++) {
+            char text[512];
+            size_t n = 1 + rand_r(&seed) % (sizeof text - 1);
+            for (size_t i = 0; i < n; i++)
+                text[i] = "abc"[rand_r(&seed) % (t % 2 ? 1 + t % 3 : 3)];
+            vlmd_tokens heap = {0}, buckets = {0};
+            encode_both(tok, text, n, &heap, &buckets);
+            cr_expect(same_ids(&heap, &buckets), "vocabulary %d, text %d (%zu bytes)", v, t, n);
+            vlmd_tokens_free(&heap);
+            vlmd_tokens_free(&buckets);
+        }
+        vlmd_tokenizer_free(tok);
+    }
+}
+
 Test(tokenizer, unsupported_files_are_refused)
 {
     char path[] = "/tmp/vlmd-tok-XXXXXX";
