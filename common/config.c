@@ -49,12 +49,20 @@ const vlmd_flag vlmd_flags[] = {
     {"heartbeat-timeout-ms", VLMD_FLAG_INT, OFF(heartbeat_timeout_ms), "3000", 30, 600000, NULL,
      R(LAUNCHER) | R(ROUTER) | R(FRONTEND),
      "A process silent this long is reported down (at least 3 heartbeat intervals)"},
+    {"busy-timeout-ms", VLMD_FLAG_INT, OFF(busy_timeout_ms), "60000", 30, 3600000, NULL,
+     R(LAUNCHER),
+     "A process silent past --heartbeat-timeout-ms whose loop thread is still computing is "
+     "busy, not hung: it has this much longer before it is killed (one that computes nothing "
+     "is killed at once)"},
     {"restart-backoff-ms", VLMD_FLAG_INT, OFF(restart_backoff_ms), "200", 10, 600000, NULL,
      R(LAUNCHER), "First delay before restarting a worker that exited; doubles per restart"},
     {"restart-backoff-max-ms", VLMD_FLAG_INT, OFF(restart_backoff_max_ms), "10000", 10, 3600000,
      NULL, R(LAUNCHER), "Longest delay between restarts of one worker"},
     {"max-restarts-per-minute", VLMD_FLAG_INT, OFF(max_restarts_per_minute), "10", 0, 1000, NULL,
-     R(LAUNCHER), "More restarts of one worker within a minute stop the server"},
+     R(LAUNCHER),
+     "Restarts of one process within a minute past which each further restart waits "
+     "--restart-backoff-max-ms; the server keeps running (only a process that exits three "
+     "times in a row before becoming ready stops it)"},
     {"start-timeout-s", VLMD_FLAG_INT, OFF(start_timeout_s), "900", 1, 86400, NULL, R(LAUNCHER),
      "Time every process has to report ready at start-up before the server gives up"},
     {"shutdown-timeout-ms", VLMD_FLAG_INT, OFF(shutdown_timeout_ms), "10000", 0, 600000, NULL,

@@ -28,6 +28,7 @@ typedef struct vlmd_config {
     char *device;                   /* --device: auto, cpu, cuda */
     int64_t heartbeat_ms;           /* --heartbeat-ms */
     int64_t heartbeat_timeout_ms;   /* --heartbeat-timeout-ms */
+    int64_t busy_timeout_ms;        /* --busy-timeout-ms */
     int64_t restart_backoff_ms;     /* --restart-backoff-ms */
     int64_t restart_backoff_max_ms; /* --restart-backoff-max-ms */
     int64_t max_restarts_per_minute;/* --max-restarts-per-minute */

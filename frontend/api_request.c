@@ -808,8 +808,7 @@ bool api_expand_image_pads(vlmd_tokens *prompt, const api_image *images, uint32_
     return true;
 }
 
-bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *token_offsets,
-                               api_error *e)
+bool api_request_expand_images(api_request *r, const api_limits *lim, api_error *e)
 {
     vlmd_tokens *prompt = &r->prompts[0]; /* (chat: the one prompt) */
     if (!api_expand_image_pads(prompt, r->images, r->n_images, lim, r->prompt_param, e))
@@ -821,7 +820,7 @@ bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *
     for (uint32_t k = 0; k < r->n_images; k++) {
         while (ids[at] != (uint32_t)lim->image_token_id)
             at++;
-        token_offsets[k] = (uint32_t)at;
+        r->images[k].token_offset = (uint32_t)at;
         at += r->images[k].tokens;
     }
     return fit_output(r, lim, e);

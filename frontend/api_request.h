@@ -76,7 +76,8 @@ typedef struct api_request {
  * Without images the request is complete. With images (out->n_images > 0)
  * the prompt holds one pad per image and max_tokens is not set yet: the
  * caller resolves and measures the images (image_input.h), then calls
- * api_request_expand_images. */
+ * api_request_expand_images. Reads lim and tok only: the frontend calls it on
+ * the thread pool (prepare.h). */
 bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
                        const vlmd_tokenizer *tok, api_request *out, api_error *e);
 /* Expands each of a chat prompt's image pads to its (measured) image's token
@@ -84,10 +85,9 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
 bool api_expand_image_pads(vlmd_tokens *prompt, const api_image *images, uint32_t n_images,
                            const api_limits *lim, const char *param, api_error *e);
 /* Expands each image's pad to its token count, records where each image's
- * tokens start (token_offsets, n_images entries), then checks the prompt's
- * length and sets max_tokens. */
-bool api_request_expand_images(api_request *r, const api_limits *lim, uint32_t *token_offsets,
-                               api_error *e);
+ * tokens start (its token_offset), then checks the prompt's length and sets
+ * max_tokens. */
+bool api_request_expand_images(api_request *r, const api_limits *lim, api_error *e);
 void api_request_free(api_request *r);
 
 /* The prompt of a body as token ids: "messages" through the chat template

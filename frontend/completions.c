@@ -84,6 +84,7 @@ void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok
             c->stop_ids[c->n_stop++] = (uint32_t)id;
     }
     inflight_init(&c->table, client_gone, c);
+    preparer_init(&c->prep, loop);
     uv_timer_init(loop, &c->sweep);
     c->sweep.data = c;
     uv_timer_start(&c->sweep, on_sweep, SWEEP_MS, SWEEP_MS);
@@ -589,7 +590,7 @@ static void fail_entry_with(completions *c, inflight_entry *e, vlmd_status what,
 }
 
 /* The request (prompt complete, images measured) to the router. */
-static void submit(completions *c, inflight_entry *e, const uint32_t *image_offsets)
+static void submit(completions *c, inflight_entry *e)
 {
     const api_request *r = &e->api;
     vlmd_image_ref *refs = r->n_images ? calloc(r->n_images, sizeof *refs) : NULL;
@@ -599,7 +600,7 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
     }
     for (uint32_t i = 0; i < r->n_images; i++) {
         const api_image *im = &r->images[i];
-        refs[i] = (vlmd_image_ref){.token_offset = image_offsets[i], .token_count = im->tokens,
+        refs[i] = (vlmd_image_ref){.token_offset = im->token_offset, .token_count = im->tokens,
                                    .grid_t = 1, .grid_h = im->grid_h, .grid_w = im->grid_w,
                                    .data = im->data, .n_data = (uint32_t)im->len};
         memcpy(refs[i].hash, im->hash, 32);
@@ -640,91 +641,18 @@ static void submit(completions *c, inflight_entry *e, const uint32_t *image_offs
         fail_entry_with(c, e, VLMD_ERR_UNAVAILABLE, "the router is not reachable");
 }
 
-/* Every image's bytes are here: measure them, expand the prompt, submit. */
-static void submit_with_images(completions *c, inflight_entry *e)
+bool completions_prepare_images(const completions *c, api_request *r, api_error *err)
 {
-    api_error err = {0};
-    uint32_t *offsets = malloc(e->api.n_images * sizeof *offsets);
-    bool ok = offsets != NULL || api_fail(&err, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
-    for (uint32_t i = 0; ok && i < e->api.n_images; i++)
-        ok = image_input_measure(&e->api.images[i], &c->images, &err);
-    if (ok)
-        ok = api_request_expand_images(&e->api, &c->limits, offsets, &err);
-    if (ok)
-        submit(c, e, offsets);
-    else
-        fail_entry(c, e, &err);
-    free(offsets);
-}
-
-/* URL images are fetched on the pool. The job owns the images meanwhile: the
- * client may go away (and its entry with it) before the fetch ends. */
-typedef struct fetch_job {
-    uv_work_t work;
-    completions *c;
-    uint64_t req_id;
-    api_image *images;
-    uint32_t n_images;
-    bool ok;
-    api_error err;
-} fetch_job;
-
-static void on_fetch_work(uv_work_t *w)
-{
-    fetch_job *j = w->data;
-    j->ok = true;
-    for (uint32_t i = 0; j->ok && i < j->n_images; i++)
-        if (j->images[i].remote)
-            j->ok = image_input_fetch(&j->images[i], &j->c->images, &j->err);
-}
-
-static void on_fetch_done(uv_work_t *w, int status)
-{
-    fetch_job *j = w->data;
-    inflight_entry *e = inflight_find(&j->c->table, j->req_id);
-    if (e && e->req) {
-        e->api.images = j->images; /* back to the request */
-        e->api.n_images = j->n_images;
-        if (status != 0)
-            api_fail(&j->err, VLMD_ERR_INTERNAL, NULL, NULL, "the image fetch did not run");
-        if (j->ok && status == 0)
-            submit_with_images(j->c, e);
-        else
-            fail_entry(j->c, e, &j->err);
-    } else { /* the client left while its images were fetched */
-        for (uint32_t i = 0; i < j->n_images; i++)
-            api_image_free(&j->images[i]);
-        free(j->images);
-    }
-    free(j);
-}
-
-static void start_images(completions *c, inflight_entry *e)
-{
-    api_error err = {0};
-    bool remote = false;
-    for (uint32_t i = 0; i < e->api.n_images; i++) {
-        if (!image_input_resolve(&e->api.images[i], &c->images, &err)) {
-            fail_entry(c, e, &err);
-            return;
-        }
-        remote = remote || e->api.images[i].remote;
-    }
-    if (!remote) {
-        submit_with_images(c, e);
-        return;
-    }
-    fetch_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        fail_entry_with(c, e, VLMD_ERR_NOMEM, "out of memory");
-        return;
-    }
-    *j = (fetch_job){.c = c, .req_id = e->req_id, .images = e->api.images,
-                     .n_images = e->api.n_images};
-    e->api.images = NULL;
-    e->api.n_images = 0;
-    j->work.data = j;
-    uv_queue_work(c->loop, &j->work, on_fetch_work, on_fetch_done);
+    for (uint32_t i = 0; i < r->n_images; i++)
+        if (!image_input_resolve(&r->images[i], &c->images, err))
+            return false;
+    for (uint32_t i = 0; i < r->n_images; i++)
+        if (r->images[i].remote && !image_input_fetch(&r->images[i], &c->images, err))
+            return false;
+    for (uint32_t i = 0; i < r->n_images; i++)
+        if (!image_input_measure(&r->images[i], &c->images, err))
+            return false;
+    return !r->n_images || api_request_expand_images(r, &c->limits, err);
 }
 
 /* X-Session-ID (optional): up to 64 visible ASCII characters. */
@@ -764,19 +692,6 @@ bool completions_accepting(completions *c, h2o_req_t *req)
     return false;
 }
 
-json_t *completions_read_body(h2o_req_t *req)
-{
-    json_error_t jerr;
-    json_t *body = json_loadb(req->entity.base, req->entity.len, API_JSON_FLAGS, &jerr);
-    if (!body) {
-        api_error err;
-        api_fail(&err, VLMD_ERR_INVALID_ARG, NULL, "invalid_json",
-                 "the body is not valid JSON: %s", jerr.text);
-        vlmd_send_api_failure(req, &err);
-    }
-    return body;
-}
-
 void completions_start(completions *c, h2o_req_t *req, api_request *r, const answer_writer *w,
                        void *state, void (*state_free)(void *state))
 {
@@ -810,28 +725,53 @@ void completions_start(completions *c, h2o_req_t *req, api_request *r, const ans
         ch->prompt_text_len = ch->text.len;
         ch->checked = ch->text.len; /* the echoed prompt is not searched for stops */
     }
-    if (r->n_images)
-        start_images(c, e);
-    else
-        submit(c, e, NULL);
+    submit(c, e);
 }
+
+/* A chat or text completion from its body to its start: parsed, templated,
+ * tokenized and its images readied on the pool (prepare.h). */
+typedef struct completion_job {
+    completions *c;
+    bool chat;
+    api_request r;              /* owned until completions_start takes it */
+} completion_job;
+
+static bool completion_work(void *arg, const json_t *body, api_error *err)
+{
+    completion_job *j = arg;
+    return api_request_parse(body, j->chat, &j->c->limits, j->c->tok, &j->r, err) &&
+           completions_prepare_images(j->c, &j->r, err);
+}
+
+static void completion_done(h2o_req_t *req, void *arg)
+{
+    completion_job *j = arg;
+    completions_start(j->c, req, &j->r, &openai_writer, NULL, NULL);
+    memset(&j->r, 0, sizeof j->r); /* taken */
+}
+
+static void completion_free(void *arg)
+{
+    completion_job *j = arg;
+    api_request_free(&j->r);
+    free(j);
+}
+
+static const prepare_ops completion_ops = {completion_work, completion_done, completion_free};
 
 static void handle(h2o_req_t *req, completions *c, bool chat)
 {
     if (!completions_accepting(c, req))
         return;
-    json_t *body = completions_read_body(req);
-    if (!body)
-        return;
-    api_error err;
-    api_request r;
-    bool ok = api_request_parse(body, chat, &c->limits, c->tok, &r, &err);
-    json_decref(body);
-    if (!ok) {
+    completion_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        api_error err;
+        api_fail(&err, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
         vlmd_send_api_failure(req, &err);
         return;
     }
-    completions_start(c, req, &r, &openai_writer, NULL, NULL);
+    *j = (completion_job){.c = c, .chat = chat};
+    prepare_start(&c->prep, req, &completion_ops, j);
 }
 
 void completions_handle_text(h2o_req_t *req, void *ud)

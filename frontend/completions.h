@@ -24,6 +24,7 @@
 #include "inflight.h"
 #include "metrics.h"
 #include "peer.h"
+#include "prepare.h"
 #include "tokenizer.h"
 #include "tools.h"
 
@@ -38,6 +39,7 @@ typedef struct completions {
     uint32_t stop_ids[2];       /* <|im_end|>, <|endoftext|> when the vocabulary has them */
     uint32_t n_stop;
     inflight table;
+    preparer prep;              /* requests parsed and tokenized off the loop */
     frontend_metrics metrics;
     struct http_server *http;   /* borrowed: to cut clients that stop reading */
     uint64_t request_timeout_ns;/* --request-timeout-s */
@@ -125,9 +127,12 @@ void completions_stream_begin(completions *c, inflight_entry *e);
 /* A new request: false (answered with 503) while draining or while the
  * router is silent. */
 bool completions_accepting(completions *c, h2o_req_t *req);
-/* The request's body as JSON (a new reference); NULL: answered with 400. */
-json_t *completions_read_body(h2o_req_t *req);
-/* Generates r (taken: freed here on failure) for req, written by w;
+/* On the pool: a parsed request's images readied for the router (data URIs
+ * decoded, URLs fetched, each measured and hashed, the prompt's pads
+ * expanded, the output fitted). False with *err on a refusal. */
+bool completions_prepare_images(const completions *c, api_request *r, api_error *err);
+/* Generates r (prepared: completions_prepare_images; taken: freed here on
+ * failure) for req, written by w;
  * state (taken) is the writer's, freed by state_free with the request. A
  * failure is answered here. */
 void completions_start(completions *c, h2o_req_t *req, api_request *r, const answer_writer *w,

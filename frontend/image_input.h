@@ -34,6 +34,7 @@ typedef struct api_image {
     uint32_t width, height;     /* from the header */
     uint32_t grid_h, grid_w;    /* patches after the resize */
     uint32_t tokens;            /* image tokens in the prompt */
+    uint32_t token_offset;      /* where they start, once the pads are expanded */
     uint8_t hash[32];           /* SHA-256 of the bytes */
 } api_image;
 

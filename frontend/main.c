@@ -266,11 +266,11 @@ static void on_http_closed(void *ud)
 static void on_drain_tick(uv_timer_t *t)
 {
     frontend *fe = t->data;
-    if (fe->completions.table.count && vlmd_now_ms() < fe->drain_deadline_ms)
+    size_t running = fe->completions.table.count + preparer_pending(&fe->completions.prep);
+    if (running && vlmd_now_ms() < fe->drain_deadline_ms)
         return;
-    if (fe->completions.table.count)
-        VLMD_WARN("%zu request(s) still running after --drain-timeout-s: stopping",
-                  fe->completions.table.count);
+    if (running)
+        VLMD_WARN("%zu request(s) still running after --drain-timeout-s: stopping", running);
     uv_close((uv_handle_t *)t, NULL);
     vlmd_service_stop(&fe->svc, "drained");
 }

@@ -452,8 +452,9 @@ static bool read_item(item_reader *ir, const json_t *item, const char *param, ap
  * such as the AI SDK send these for earlier turns when store is true).
  * *item is borrowed until the store changes; false with e filled (a 400 on
  * param.id) when no stored response has it. */
+/* The output item an item_reference names, as a new reference (*item). */
 static bool referenced_item(const json_t *ref, responses_store *store, uint64_t now_ms,
-                            const char *param, const json_t **item, api_error *e)
+                            const char *param, json_t **item, api_error *e)
 {
     char p[96], resp_id[64];
     snprintf(p, sizeof p, "%s.id", param);
@@ -461,18 +462,23 @@ static bool referenced_item(const json_t *ref, responses_store *store, uint64_t 
     if (!api_plain_string(id) || json_string_length(id) == 0)
         return api_fail(e, VLMD_ERR_INVALID_ARG, p, "invalid_type", "'%s' must be a string", p);
     const char *s = json_string_value(id), *hex = strchr(s, '_'), *end = strrchr(s, '_');
-    const json_t *response = NULL, *conversation;
+    json_t *response = NULL, *conversation = NULL;
     if (hex && end > hex + 1 && (size_t)(end - hex) < sizeof resp_id - 5) {
         snprintf(resp_id, sizeof resp_id, "resp_%.*s", (int)(end - hex - 1), hex + 1);
         if (store)
-            responses_store_get(store, resp_id, now_ms, &response, &conversation);
+            responses_store_ref(store, resp_id, now_ms, &response, &conversation);
     }
+    json_decref(conversation);
     const json_t *output = json_object_get(response, "output");
     for (size_t i = 0; i < json_array_size(output); i++) {
         *item = json_array_get(output, i);
-        if (json_equal(json_object_get(*item, "id"), id))
+        if (json_equal(json_object_get(*item, "id"), id)) {
+            json_incref(*item);
+            json_decref(response);
             return true;
+        }
     }
+    json_decref(response);
     return api_fail(e, VLMD_ERR_INVALID_ARG, p, "item_not_found", "no item '%.64s' is stored "
                     "here: an item_reference names an output item of a response kept in this "
                     "frontend's memory (see previous_response_id); send the item itself otherwise",
@@ -493,11 +499,11 @@ static bool read_input(const json_t *body, responses_store *store, uint64_t now_
         return false;
     const json_t *prev = opt(body, "previous_response_id");
     if (prev) {
-        const json_t *response, *items;
+        json_t *response, *items;
         if (!api_plain_string(prev))
             return api_fail(e, VLMD_ERR_INVALID_ARG, "previous_response_id", "invalid_type",
                             "'previous_response_id' must be a string");
-        if (!store || !responses_store_get(store, json_string_value(prev), now_ms, &response,
+        if (!store || !responses_store_ref(store, json_string_value(prev), now_ms, &response,
                                            &items))
             return api_fail(e, VLMD_ERR_INVALID_ARG, "previous_response_id",
                             "previous_response_not_found", "no response '%.64s' is stored here: a "
@@ -505,12 +511,15 @@ static bool read_input(const json_t *body, responses_store *store, uint64_t now_
                             "another one's, not across a restart), for --responses-store-ttl-s, "
                             "while it is among the last --responses-store-entries, and only when "
                             "it was created with \"store\" true", json_string_value(prev));
-        for (size_t i = 0; i < json_array_size(items); i++) {
-            if (!read_item(&ir, json_array_get(items, i), "previous_response_id", e))
-                return false;
-            if (json_array_append(conversation, json_array_get(items, i)))
-                return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
-        }
+        json_decref(response);
+        bool ok = true;
+        for (size_t i = 0; ok && i < json_array_size(items); i++)
+            ok = read_item(&ir, json_array_get(items, i), "previous_response_id", e) &&
+                 (!json_array_append(conversation, json_array_get(items, i)) ||
+                  api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory"));
+        json_decref(items);
+        if (!ok)
+            return false;
     }
     const json_t *input = opt(body, "input");
     if (json_is_string(input)) {
@@ -527,15 +536,22 @@ static bool read_input(const json_t *body, responses_store *store, uint64_t now_
     for (size_t i = 0; i < json_array_size(input); i++) {
         char param[32];
         snprintf(param, sizeof param, "input[%zu]", i);
-        const json_t *item = json_array_get(input, i);
+        json_t *item = json_incref(json_array_get(input, i));
         /* a reference is kept as the item it names, so a continuation needs no lookup */
-        if (is(json_object_get(item, "type"), "item_reference") &&
-            !referenced_item(item, store, now_ms, param, &item, e))
+        if (is(json_object_get(item, "type"), "item_reference")) {
+            json_t *named = NULL;
+            bool found = referenced_item(item, store, now_ms, param, &named, e);
+            json_decref(item);
+            if (!found)
+                return false;
+            item = named;
+        }
+        bool ok = read_item(&ir, item, param, e) &&
+                  (!json_array_append(conversation, item) ||
+                   api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory"));
+        json_decref(item);
+        if (!ok)
             return false;
-        if (!read_item(&ir, item, param, e))
-            return false;
-        if (json_array_append(conversation, (json_t *)item))
-            return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     }
     return true;
 }
@@ -1090,27 +1106,56 @@ static const answer_writer responses_writer = {
 
 /* ---- routes ---------------------------------------------------------------------------- */
 
+/* A response from its body to its start: read, templated, tokenized and its
+ * images readied on the pool (prepare.h; the store is safe there). */
+typedef struct create_job {
+    responses *rs;
+    api_request r;              /* owned until completions_start takes it */
+    responses_job *job;         /* likewise */
+} create_job;
+
+static bool create_work(void *arg, const json_t *body, api_error *err)
+{
+    create_job *j = arg;
+    completions *c = j->rs->c;
+    return responses_request_parse(body, &c->limits, c->tok, j->rs->store, vlmd_now_ms(), &j->r,
+                                   &j->job, err) &&
+           completions_prepare_images(c, &j->r, err);
+}
+
+static void create_done(h2o_req_t *req, void *arg)
+{
+    create_job *j = arg;
+    j->job->to = j->rs->store;
+    completions_start(j->rs->c, req, &j->r, &responses_writer, j->job, responses_job_free);
+    memset(&j->r, 0, sizeof j->r); /* taken, both */
+    j->job = NULL;
+}
+
+static void create_free(void *arg)
+{
+    create_job *j = arg;
+    api_request_free(&j->r);
+    responses_job_free(j->job);
+    free(j);
+}
+
+static const prepare_ops create_ops = {create_work, create_done, create_free};
+
 void responses_handle_create(h2o_req_t *req, void *ud)
 {
     responses *rs = ud;
-    completions *c = rs->c;
-    if (!completions_accepting(c, req))
+    if (!completions_accepting(rs->c, req))
         return;
-    json_t *body = completions_read_body(req);
-    if (!body)
-        return;
-    api_request r;
-    responses_job *job;
-    api_error err;
-    bool ok = responses_request_parse(body, &c->limits, c->tok, rs->store, vlmd_now_ms(), &r,
-                                      &job, &err);
-    json_decref(body);
-    if (!ok) {
+    create_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        api_error err;
+        api_fail(&err, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
         vlmd_send_api_failure(req, &err);
         return;
     }
-    job->to = rs->store;
-    completions_start(c, req, &r, &responses_writer, job, responses_job_free);
+    j->rs = rs;
+    prepare_start(&rs->c->prep, req, &create_ops, j);
 }
 
 /* The id of /v1/responses/{id}; false (answered 404) for anything under it. */

@@ -6,9 +6,12 @@
  * (a hole, skipped, reclaimed as the oldest go or closed up when the span is
  * full). Lookups scan the span:
  * the count is bounded by a flag, and a scan costs far less than the
- * generation that precedes each put. */
+ * generation that precedes each put. One mutex guards it all: the loop puts,
+ * reads and deletes, requests being prepared on the pool read
+ * (responses_store_ref) while their JSON holds its own references. */
 #include "responses_store.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,6 +28,7 @@ struct responses_store {
     entry *slots;               /* lim.max_entries of them */
     size_t first, span, count;
     uint64_t bytes;
+    pthread_mutex_t lock;
 };
 
 responses_store *responses_store_create(const responses_store_limits *lim)
@@ -37,6 +41,7 @@ responses_store *responses_store_create(const responses_store_limits *lim)
         free(s);
         return NULL;
     }
+    pthread_mutex_init(&s->lock, NULL);
     return s;
 }
 
@@ -57,6 +62,7 @@ void responses_store_destroy(responses_store *s)
         return;
     for (size_t i = 0; i < s->lim.max_entries; i++)
         drop(s, &s->slots[i]);
+    pthread_mutex_destroy(&s->lock);
     free(s->slots);
     free(s);
 }
@@ -141,6 +147,7 @@ bool responses_store_put(responses_store *s, const char *id, json_t *response,
         json_decref(conversation);
         return false;
     }
+    pthread_mutex_lock(&s->lock);
     expire(s, now_ms);
     entry *old = find(s, id);
     if (old)
@@ -156,6 +163,7 @@ bool responses_store_put(responses_store *s, const char *id, json_t *response,
     s->span++;
     s->count++;
     s->bytes += bytes;
+    pthread_mutex_unlock(&s->lock);
     return true;
 }
 
@@ -164,31 +172,61 @@ bool responses_store_get(responses_store *s, const char *id, uint64_t now_ms,
 {
     if (!s->lim.max_entries)
         return false;
+    pthread_mutex_lock(&s->lock);
     expire(s, now_ms);
     const entry *e = find(s, id);
     if (e) {
         *response = e->response;
         *conversation = e->conversation;
     }
+    pthread_mutex_unlock(&s->lock);
     return e != NULL;
+}
+
+bool responses_store_ref(responses_store *s, const char *id, uint64_t now_ms, json_t **response,
+                         json_t **conversation)
+{
+    if (!s->lim.max_entries)
+        return false;
+    pthread_mutex_lock(&s->lock);
+    bool found = false;
+    expire(s, now_ms);
+    const entry *e = find(s, id);
+    if (e) {
+        *response = json_incref(e->response);
+        *conversation = json_incref(e->conversation);
+        found = true;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return found;
 }
 
 bool responses_store_delete(responses_store *s, const char *id)
 {
-    entry *e = s->lim.max_entries ? find(s, id) : NULL;
+    if (!s->lim.max_entries)
+        return false;
+    pthread_mutex_lock(&s->lock);
+    entry *e = find(s, id);
     if (e)
         drop(s, e);
+    pthread_mutex_unlock(&s->lock);
     return e != NULL;
 }
 
 size_t responses_store_count(responses_store *s, uint64_t now_ms)
 {
+    pthread_mutex_lock(&s->lock);
     if (s->lim.max_entries)
         expire(s, now_ms);
-    return s->count;
+    size_t n = s->count;
+    pthread_mutex_unlock(&s->lock);
+    return n;
 }
 
-uint64_t responses_store_bytes(const responses_store *s)
+uint64_t responses_store_bytes(responses_store *s)
 {
-    return s->bytes;
+    pthread_mutex_lock(&s->lock);
+    uint64_t n = s->bytes;
+    pthread_mutex_unlock(&s->lock);
+    return n;
 }

@@ -6,8 +6,9 @@
  * chain of responses shares are counted in each, so the estimate is never
  * below the memory held), each for at most ttl_ms after it was stored. The
  * oldest go first when a new one needs room. A deployment of several
- * frontends, or a restarted one, does not share it (docs/API.md). One loop
- * thread uses it. */
+ * frontends, or a restarted one, does not share it (docs/API.md). Safe
+ * from any thread; what responses_store_get lends is for the loop thread
+ * alone (the loop is what puts and deletes). */
 #ifndef VLMD_RESPONSES_STORE_H
 #define VLMD_RESPONSES_STORE_H
 
@@ -41,11 +42,15 @@ bool responses_store_put(responses_store *s, const char *id, json_t *response,
  * false when the id is not stored or has expired. */
 bool responses_store_get(responses_store *s, const char *id, uint64_t now_ms,
                          const json_t **response, const json_t **conversation);
+/* The same as new references (the caller releases them): for a thread
+ * other than the loop's, whose puts may evict the entry meanwhile. */
+bool responses_store_ref(responses_store *s, const char *id, uint64_t now_ms, json_t **response,
+                         json_t **conversation);
 /* Forgets a response; false when it was not stored. */
 bool responses_store_delete(responses_store *s, const char *id);
 
 /* Responses kept and the bytes counted for them (after expiring old ones). */
 size_t responses_store_count(responses_store *s, uint64_t now_ms);
-uint64_t responses_store_bytes(const responses_store *s);
+uint64_t responses_store_bytes(responses_store *s);
 
 #endif

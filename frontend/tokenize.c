@@ -9,21 +9,6 @@
 #include "image_input.h"
 #include "response.h"
 
-/* The body as a JSON object, or NULL after answering 400. */
-static json_t *read_body(h2o_req_t *req)
-{
-    json_error_t jerr;
-    json_t *body = json_loadb(req->entity.base, req->entity.len, API_JSON_FLAGS, &jerr);
-    if (json_is_object(body))
-        return body;
-    json_decref(body);
-    api_error e;
-    api_fail(&e, VLMD_ERR_INVALID_ARG, NULL, "invalid_json", "the body is not a JSON object: %s",
-             body ? "" : jerr.text);
-    vlmd_send_api_failure(req, &e);
-    return NULL;
-}
-
 /* A chat's images, as the engine would get them: each measured from its bytes
  * (a data: URI; /tokenize fetches nothing) and its pad expanded to its token
  * count. */
@@ -42,64 +27,96 @@ static bool expand_images(const completions *c, api_image *images, uint32_t n_im
     return api_expand_image_pads(ids, images, n_images, &c->limits, "messages", e);
 }
 
-void tokenize_handle(h2o_req_t *req, void *ud)
+/* Both routes' work on the pool (prepare.h): ids from text, or text from ids. */
+typedef struct tokenize_job {
+    completions *c;
+    vlmd_tokens ids;
+    vlmd_buf text;
+} tokenize_job;
+
+static bool tokenize_work(void *arg, const json_t *body, api_error *e)
 {
-    completions *c = ud;
-    json_t *body = read_body(req);
-    if (!body)
-        return;
-    vlmd_tokens ids = {0};
-    api_error e = {0};
+    tokenize_job *j = arg;
+    const completions *c = j->c;
     bool chat = json_object_get(body, "messages") != NULL;
     api_image *images = NULL;
     uint32_t n_images = 0;
-    bool ok = api_prompt_tokens(body, chat, c->tok, &c->limits, &ids, chat ? &images : NULL,
-                                chat ? &n_images : NULL, &e) &&
-              expand_images(c, images, n_images, &ids, &e);
+    bool ok = api_prompt_tokens(body, chat, c->tok, &c->limits, &j->ids, chat ? &images : NULL,
+                                chat ? &n_images : NULL, e) &&
+              expand_images(c, images, n_images, &j->ids, e);
     for (uint32_t i = 0; i < n_images; i++)
         api_image_free(&images[i]);
     free(images);
-    if (ok) {
-        json_t *tokens = json_array();
-        for (size_t i = 0; i < ids.n; i++)
-            json_array_append_new(tokens, json_integer(ids.ids[i]));
-        vlmd_send_json(req, 200,
-                       json_pack("{s:o, s:I, s:I}", "tokens", tokens, "count", (json_int_t)ids.n,
-                                 "max_model_len", (json_int_t)c->limits.max_model_len),
-                       NULL, NULL);
-    } else {
-        vlmd_send_api_failure(req, &e);
+    return ok;
+}
+
+static void tokenize_done(h2o_req_t *req, void *arg)
+{
+    tokenize_job *j = arg;
+    json_t *tokens = json_array();
+    for (size_t i = 0; i < j->ids.n; i++)
+        json_array_append_new(tokens, json_integer(j->ids.ids[i]));
+    vlmd_send_json(req, 200,
+                   json_pack("{s:o, s:I, s:I}", "tokens", tokens, "count", (json_int_t)j->ids.n,
+                             "max_model_len", (json_int_t)j->c->limits.max_model_len),
+                   NULL, NULL);
+}
+
+static bool detokenize_work(void *arg, const json_t *body, api_error *e)
+{
+    tokenize_job *j = arg;
+    const vlmd_tokenizer *tok = j->c->tok;
+    json_t *tokens = json_object_get(body, "tokens");
+    bool ok = json_is_array(tokens);
+    for (size_t i = 0; ok && i < json_array_size(tokens); i++) {
+        uint32_t id;
+        ok = api_token_id(json_array_get(tokens, i), tok, &id) &&
+             vlmd_tokens_push(&j->ids, id) == VLMD_OK;
     }
-    vlmd_tokens_free(&ids);
-    json_decref(body);
+    if (!ok || vlmd_tokenizer_decode(tok, j->ids.ids, j->ids.n, false, &j->text, NULL) != VLMD_OK)
+        return api_fail(e, VLMD_ERR_INVALID_ARG, "tokens", "invalid_value",
+                        "'tokens' must be a list of token ids below %u",
+                        vlmd_tokenizer_size(tok));
+    return true;
+}
+
+static void detokenize_done(h2o_req_t *req, void *arg)
+{
+    tokenize_job *j = arg;
+    vlmd_send_json(req, 200, json_pack("{s:s%}", "prompt", j->text.data ? j->text.data : "",
+                                       j->text.len), NULL, NULL);
+}
+
+static void tokenize_free(void *arg)
+{
+    tokenize_job *j = arg;
+    vlmd_tokens_free(&j->ids);
+    vlmd_buf_free(&j->text);
+    free(j);
+}
+
+static const prepare_ops tokenize_ops = {tokenize_work, tokenize_done, tokenize_free};
+static const prepare_ops detokenize_ops = {detokenize_work, detokenize_done, tokenize_free};
+
+static void start(h2o_req_t *req, completions *c, const prepare_ops *ops)
+{
+    tokenize_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        api_error e;
+        api_fail(&e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
+        vlmd_send_api_failure(req, &e);
+        return;
+    }
+    *j = (tokenize_job){.c = c, .text = VLMD_BUF_INIT};
+    prepare_start(&c->prep, req, ops, j);
+}
+
+void tokenize_handle(h2o_req_t *req, void *ud)
+{
+    start(req, ud, &tokenize_ops);
 }
 
 void detokenize_handle(h2o_req_t *req, void *ud)
 {
-    completions *c = ud;
-    json_t *body = read_body(req);
-    if (!body)
-        return;
-    json_t *tokens = json_object_get(body, "tokens");
-    vlmd_tokens ids = {0};
-    bool ok = json_is_array(tokens);
-    for (size_t i = 0; ok && i < json_array_size(tokens); i++) {
-        uint32_t id;
-        ok = api_token_id(json_array_get(tokens, i), c->tok, &id) &&
-             vlmd_tokens_push(&ids, id) == VLMD_OK;
-    }
-    vlmd_buf text = VLMD_BUF_INIT;
-    vlmd_error err = {0};
-    if (!ok || vlmd_tokenizer_decode(c->tok, ids.ids, ids.n, false, &text, &err) != VLMD_OK) {
-        api_error e;
-        api_fail(&e, VLMD_ERR_INVALID_ARG, "tokens", "invalid_value",
-                 "'tokens' must be a list of token ids below %u", vlmd_tokenizer_size(c->tok));
-        vlmd_send_api_failure(req, &e);
-    } else {
-        vlmd_send_json(req, 200, json_pack("{s:s%}", "prompt", text.data ? text.data : "",
-                                           text.len), NULL, NULL);
-    }
-    vlmd_buf_free(&text);
-    vlmd_tokens_free(&ids);
-    json_decref(body);
+    start(req, ud, &detokenize_ops);
 }

@@ -33,6 +33,18 @@
  * start-up (bind, first snapshot) may be slow on a loaded host. */
 #define ROUTER_START_GRACE_MS 10000
 
+/* What the launcher sees of a child beyond the router's word: whether its
+ * loop thread computes while it is silent (busy) or not (hung). */
+typedef struct child_watch {
+    int64_t pid;                    /* the incarnation last sampled */
+    int64_t cpu_ms;                 /* its loop thread's CPU time then */
+    uint64_t sampled_ms;
+    bool busy;                      /* it computed since the sample before (a blocked,
+                                     * stopped or deadlocked thread gains not one tick; a
+                                     * busy one on a loaded host may gain few) */
+    uint64_t silent_since_ms;       /* 0 while it answers */
+} child_watch;
+
 typedef struct launcher {
     vlmd_config cfg;
     vlmd_model_config model;
@@ -45,6 +57,7 @@ typedef struct launcher {
     uv_timer_t router_watch;        /* kills a router that stopped answering */
     uint64_t router_heard_ms;       /* monotonic time of the router's last message */
     uint64_t watch_tick_ms;
+    child_watch watch[SUPERVISOR_MAX_CHILDREN]; /* by child index */
     runtime_dir dir;
     char ipc_path[PATH_MAX];        /* the router's socket file, "" for tcp:// */
     char arena_path[PATH_MAX];      /* the embedding arena when the launcher chose it, else "" */
@@ -62,6 +75,43 @@ static void launcher_stop(launcher *l, int exit_code)
     uv_timer_stop(&l->start_timer);
     uv_timer_stop(&l->router_watch);
     supervisor_stop(&l->sup);
+}
+
+/* ---- busy or hung ------------------------------------------------------- */
+
+/* Samples the CPU time of the loop thread of process pid, at most every
+ * WATCH_SAMPLE_MS (a verdict over a shorter time would be noise: the clock
+ * counts in ticks of 10 ms). */
+#define WATCH_SAMPLE_MS 250
+static void watch_sample(child_watch *w, int64_t pid, uint64_t now)
+{
+    uint64_t wall = now - w->sampled_ms;
+    if (w->pid == pid && wall < WATCH_SAMPLE_MS)
+        return;
+    int64_t cpu = vlmd_process_loop_cpu_ms(pid);
+    w->busy = w->pid == pid && cpu >= 0 && w->cpu_ms >= 0 && cpu > w->cpu_ms;
+    if (w->pid != pid)
+        w->silent_since_ms = 0;
+    w->pid = pid;
+    w->cpu_ms = cpu;
+    w->sampled_ms = now;
+}
+
+/* A child that stopped answering: hung, to be killed, unless it is busy and
+ * has been silent for less than --busy-timeout-ms past the heartbeat
+ * timeout. Says so once when it spares one. */
+static bool watch_hung(launcher *l, child_watch *w, const child *c, uint64_t now)
+{
+    if (!w->silent_since_ms)
+        w->silent_since_ms = now;
+    uint64_t silent = now - w->silent_since_ms;
+    if (!w->busy || silent > (uint64_t)l->cfg.busy_timeout_ms)
+        return true;
+    if (silent == 0)
+        VLMD_WARN("%s (pid %lld) is not answering but its loop is computing: busy, not hung; "
+                  "it has %lld ms more (--busy-timeout-ms)", vlmd_role_process_name(c->role),
+                  (long long)c->pid, (long long)l->cfg.busy_timeout_ms);
+    return false;
 }
 
 /* ---- following the router ---------------------------------------------- */
@@ -119,7 +169,8 @@ static void on_router_message(vlmd_peer *peer, vlmd_msg *msg, void *ud)
 {
     (void)peer;
     launcher *l = ud;
-    l->router_heard_ms = vlmd_now_ms();
+    uint64_t now = vlmd_now_ms();
+    l->router_heard_ms = now;
     if (msg->type != VLMD_MSG_STATS_SNAPSHOT)
         return;
     const vlmd_msg_stats_snapshot *s = &msg->u.stats_snapshot;
@@ -133,11 +184,17 @@ static void on_router_message(vlmd_peer *peer, vlmd_msg *msg, void *ud)
                                 : NULL;
         if (colon && l->cfg.port == 0)
             l->cfg.port = strtol(colon + 1, NULL, 10);
-        /* down to the router but still running: hung (it missed its heartbeats);
-         * killed, so that the supervisor starts a working one */
+        /* down to the router but still running: it missed its heartbeats; hung
+         * unless its loop computes, then killed, so that the supervisor starts a
+         * working one */
         child *c = supervisor_find(&l->sup, (vlmd_role)w->role, w->rank);
-        if (w->state == VLMD_WORKER_DOWN && !l->stopping && c && c->spawn && c->pid &&
-            c->pid == w->pid) {
+        if (!c || !c->spawn || !c->pid || c->pid != w->pid || c->role == VLMD_ROLE_ROUTER)
+            continue; /* (the router is watched by router_watch) */
+        child_watch *cw = &l->watch[c - l->sup.children];
+        watch_sample(cw, c->pid, now);
+        if (w->state != VLMD_WORKER_DOWN) {
+            cw->silent_since_ms = 0;
+        } else if (!l->stopping && watch_hung(l, cw, c, now)) {
             VLMD_WARN("%s (pid %lld) stopped answering: killing it to restart it",
                       vlmd_role_process_name(c->role), (long long)c->pid);
             kill((pid_t)c->pid, SIGKILL);
@@ -166,7 +223,13 @@ static void on_router_watch(uv_timer_t *t)
     bool heard = l->router_heard_ms >= c->spawned_ms;
     uint64_t since = heard ? l->router_heard_ms : c->spawned_ms;
     uint64_t allowed = heard || timeout > ROUTER_START_GRACE_MS ? timeout : ROUTER_START_GRACE_MS;
-    if (now - since <= allowed)
+    child_watch *cw = &l->watch[c - l->sup.children];
+    watch_sample(cw, c->pid, now);
+    if (now - since <= allowed) {
+        cw->silent_since_ms = 0;
+        return;
+    }
+    if (!watch_hung(l, cw, c, now))
         return;
     VLMD_WARN("%s (pid %lld) sent nothing for %llu ms (--heartbeat-timeout-ms): killing it to "
               "restart it", vlmd_role_process_name(c->role), (long long)c->pid,

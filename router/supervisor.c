@@ -237,13 +237,18 @@ static void on_exit_cb(uv_process_t *proc, int64_t exit_status, int term_signal)
         fail(sup, c, "%s exited %d times in a row before becoming ready", name, c->fails_in_a_row);
         return;
     }
+    /* It became ready since its start: it works, and what ends it may be one
+     * client's traffic. Restarting it often only slows its restarts down: a
+     * server that stopped would serve nobody. */
     int recent = restarts_last_minute(c, vlmd_now_ms());
-    if (recent > sup->cfg->max_restarts_per_minute) {
-        fail(sup, c, "%s needed %d restarts within a minute (--max-restarts-per-minute %lld)",
-             name, recent, (long long)sup->cfg->max_restarts_per_minute);
-        return;
-    }
     uint64_t delay = restart_delay_ms(sup, c);
+    if (recent > sup->cfg->max_restarts_per_minute) {
+        delay = (uint64_t)sup->cfg->restart_backoff_max_ms;
+        VLMD_WARN("%s needed %d restarts within a minute (--max-restarts-per-minute %lld): "
+                  "restarting it every %llu ms (--restart-backoff-max-ms) while that lasts",
+                  name, recent, (long long)sup->cfg->max_restarts_per_minute,
+                  (unsigned long long)delay);
+    }
     VLMD_INFO("%s will be restarted in %llu ms", name, (unsigned long long)delay);
     uv_timer_start(&c->restart_timer, on_restart_timer, delay, 0);
 }

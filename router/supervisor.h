@@ -5,10 +5,11 @@
  * stderr is read through a pipe, copied to the launcher's stderr line by
  * line, and the last lines are kept so that a failure can show them.
  * Restart policy: exponential backoff from --restart-backoff-ms to
- * --restart-backoff-max-ms; a child that exits with VLMD_EXIT_CONFIG, that
- * exits three times in a row before becoming ready, or that restarts more
- * than --max-restarts-per-minute times in a minute makes the whole server
- * stop with an error. An engine's ranks (--tensor-parallel-size > 1) are one
+ * --restart-backoff-max-ms, and that longest delay for a child that restarted
+ * more than --max-restarts-per-minute times in a minute; a child that exits
+ * with VLMD_EXIT_CONFIG, or three times in a row before becoming ready, makes
+ * the whole server stop with an error. A child that becomes ready never stops
+ * it, however often it ends: what ends it may be one client's traffic. An engine's ranks (--tensor-parallel-size > 1) are one
  * group: the first of them to exit ends its generation, the others of that
  * generation are killed, and each is restarted into the next one, so a group
  * never serves with a rank missing or a rank of an older group. Engines
