@@ -25,6 +25,7 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -614,6 +615,22 @@ void http_server_cut(http_server *s, h2o_req_t *req)
         }
     }
     VLMD_WARN("no connection found to cut");
+}
+
+bool http_server_client_left(http_server *s, h2o_req_t *req)
+{
+    if (req->version >= 0x200)
+        return false;
+    http_conn *c = conn_of(s, req);
+    struct pollfd p = {.fd = c ? c->fd : -1, .events = POLLRDHUP};
+    return c && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+void http_server_end_left(http_server *s, h2o_req_t *req)
+{
+    s->stats.cancelled_before_response++; /* (on_req_disposed sees an answer) */
+    req->http1_is_persistent = 0;
+    vlmd_send_refusal(req, VLMD_REFUSAL_CLIENT_LEFT, "the client closed the connection", NULL);
 }
 
 static vlmd_status bind_listener(http_server *s, vlmd_error *err)

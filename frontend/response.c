@@ -80,6 +80,7 @@ static const char *reason_phrase(int status)
     case 413: return "Payload Too Large";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request"; /* nginx's, for a client that left */
     case 502: return "Bad Gateway";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
@@ -165,6 +166,7 @@ void vlmd_send_refusal(h2o_req_t *req, vlmd_http_refusal what, const char *messa
         [VLMD_REFUSAL_BODY] = {413, "request_too_large", NULL, NULL},
         [VLMD_REFUSAL_METHOD] = {405, "method_not_allowed", "allow", NULL},
         [VLMD_REFUSAL_ROUTE] = {404, "not_found", NULL, NULL},
+        [VLMD_REFUSAL_CLIENT_LEFT] = {499, "client_closed_request", NULL, NULL},
     };
     vlmd_send_api_error_with_header(req, how[what].status, message, NULL, how[what].code,
                                     how[what].header, what == VLMD_REFUSAL_METHOD ? allow

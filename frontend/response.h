@@ -70,6 +70,8 @@ typedef enum vlmd_http_refusal {
     VLMD_REFUSAL_BODY,          /* 413 request_too_large */
     VLMD_REFUSAL_METHOD,        /* 405 method_not_allowed (Allow: allow) */
     VLMD_REFUSAL_ROUTE,         /* 404 not_found */
+    VLMD_REFUSAL_CLIENT_LEFT,   /* 499 client_closed_request: what ends a request whose
+                                 * client closed its HTTP/1.1 connection (nobody reads it) */
 } vlmd_http_refusal;
 
 /* Sends a refusal; allow is the methods the path takes (METHOD only). */

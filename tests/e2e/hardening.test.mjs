@@ -175,6 +175,69 @@ test('timeouts cut off slow, stuck and silent clients while others are served', 
   }
 });
 
+// The load a server's /metrics reports: requests in the engine's batches, waiting (the
+// router's queue included), and requests the frontend counted as cancelled.
+async function load(url) {
+  const m = await fetch(`${url}/metrics`).then((r) => r.text());
+  const value = (re) => Number(m.match(re)?.[1] ?? NaN);
+  return { running: value(/^vllm:num_requests_running\{[^}]*\} (\S+)$/m),
+    waiting: value(/^vllm:num_requests_waiting\{[^}]*\} (\S+)$/m),
+    cancelled: value(/^vlmd_requests_finished_total\{[^}]*finished_reason="cancelled"\} (\d+)$/m) };
+}
+
+// A non-streamed request's answer comes only at its end, so h2o writes nothing to an HTTP/1.1
+// client before then and does not read its connection: a client that leaves must still be
+// noticed, and every choice of its request cancelled, those queued at the router included
+// (issue 36: an abandoned n = 128 request ran to its end and a 1-token request waited 522 s).
+test('a client that leaves a non-streamed n = 128 request: every choice is cancelled within 2 s (HTTP/1.1, HTTP/2)', async () => {
+  // a small KV cache: most of the 128 choices wait in the router's queue
+  const server = await startServer(['--model', MODEL, '--port', '0', '--max-total-token-num', '4096',
+    '--heartbeat-ms', '50']);
+  const body = JSON.stringify({ messages: [{ role: 'user', content: 'go on' }], n: 128, max_tokens: 400,
+    ignore_eos: true, temperature: 1, seed: 7 });
+  const overH1 = () => {
+    const { port } = new URL(server.url);
+    const sock = net.connect(Number(port), '127.0.0.1');
+    sock.on('error', () => {});
+    sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n` +
+      `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    return () => sock.destroy();
+  };
+  const overH2 = () => {
+    const session = http2.connect(server.url);
+    session.on('error', () => {});
+    const stream = session.request({ ':method': 'POST', ':path': '/v1/chat/completions', 'content-type': 'application/json' });
+    stream.on('error', () => {});
+    stream.end(body);
+    return () => session.destroy();
+  };
+  try {
+    for (const [name, send] of [['HTTP/1.1', overH1], ['HTTP/2', overH2]]) {
+      const before = await load(server.url);
+      const leave = send();
+      await waitFor(`${name}: choices running and queued`, async () => {
+        const l = await load(server.url);
+        return l.running > 0 && l.waiting > 0;
+      }, 20000);
+      leave();
+      const t0 = Date.now();
+      const after = await waitFor(`${name}: every choice gone from the engine and the queue`, async () => {
+        const l = await load(server.url);
+        return l.running === 0 && l.waiting === 0 && l;
+      }, 10000);
+      const ms = Date.now() - t0;
+      assert.ok(ms < 2000, `${name}: the choices left after ${ms} ms`);
+      assert.equal(after.cancelled, before.cancelled + 1, `${name}: counted as one cancelled request`);
+      const t1 = Date.now();
+      const next = await postJson(`${server.url}/v1/chat/completions`, chat('hi', { max_tokens: 1 }));
+      assert.equal(next.status, 200, JSON.stringify(next.body));
+      assert.ok(Date.now() - t1 < 5000, `${name}: the next request took ${Date.now() - t1} ms`);
+    }
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
 test('workers killed during a 32-request load: each request completes or gets a 503, and service comes back', async () => {
   const server = await startServer(['--model', `${FIXTURES}/qwen2_vl`, '--port', '0', '--restart-backoff-ms', '50',
     '--heartbeat-ms', '100', '--heartbeat-timeout-ms', '1000']);
