@@ -160,7 +160,9 @@ void vlmd_send_refusal(h2o_req_t *req, vlmd_http_refusal what, const char *messa
         const char *code, *header, *value;
     } how[] = {
         [VLMD_REFUSAL_KEY] = {401, "invalid_api_key", "www-authenticate", "Bearer"},
+        [VLMD_REFUSAL_TWO_KEYS] = {400, "invalid_authorization", NULL, NULL},
         [VLMD_REFUSAL_FRAMING] = {400, "invalid_framing", NULL, NULL},
+        [VLMD_REFUSAL_HOST] = {400, "invalid_host", NULL, NULL},
         [VLMD_REFUSAL_RESETS] = {429, "too_many_resets", NULL, NULL},
         [VLMD_REFUSAL_HEADERS] = {431, "headers_too_large", NULL, NULL},
         [VLMD_REFUSAL_BODY] = {413, "request_too_large", NULL, NULL},
