@@ -52,10 +52,14 @@ static void cancel_at_engine(uint64_t req_id, void *ud)
 
 static void on_sweep(uv_timer_t *t);
 
-/* Cancels every choice of e still running at the engine. */
+/* Cancels every choice of e still running at the engine or queued at the
+ * router, the last first: the router admits a request's choices in order,
+ * so those still queued are forgotten before the room the running ones free
+ * is handed out, which they would otherwise take, one by one, each sent to
+ * the engine only to be cancelled there. */
 static void cancel_choices(completions *c, const inflight_entry *e)
 {
-    for (uint32_t i = 0; i < e->n_choices; i++)
+    for (uint32_t i = e->n_choices; i-- > 0;)
         if (e->choices[i].out.state != CHOICE_ENDED)
             cancel_at_engine(e->req_id + i, c);
 }

@@ -182,18 +182,20 @@ async function load(url) {
   const value = (re) => Number(m.match(re)?.[1] ?? NaN);
   return { running: value(/^vllm:num_requests_running\{[^}]*\} (\S+)$/m),
     waiting: value(/^vllm:num_requests_waiting\{[^}]*\} (\S+)$/m),
-    cancelled: value(/^vlmd_requests_finished_total\{[^}]*finished_reason="cancelled"\} (\d+)$/m) };
+    cancelled: value(/^vlmd_requests_finished_total\{[^}]*finished_reason="cancelled"\} (\d+)$/m),
+    admitted: value(/^vlmd_router_requests_admitted_total\{[^}]*\} (\d+)$/m) };
 }
 
 // A non-streamed request's answer comes only at its end, so h2o writes nothing to an HTTP/1.1
 // client before then and does not read its connection: a client that leaves must still be
-// noticed, and every choice of its request cancelled, those queued at the router included
-// (issue 36: an abandoned n = 128 request ran to its end and a 1-token request waited 522 s).
+// noticed, and every choice of its request cancelled, those queued at the router included,
+// without the queued ones taking the room the running ones leave (issue 36: an abandoned
+// n = 128 request ran to its end and a 1-token request waited 522 s).
 test('a client that leaves a non-streamed n = 128 request: every choice is cancelled within 2 s (HTTP/1.1, HTTP/2)', async () => {
-  // a small KV cache: most of the 128 choices wait in the router's queue
+  // a small KV cache: one choice runs, the other 127 wait in the router's queue
   const server = await startServer(['--model', MODEL, '--port', '0', '--max-total-token-num', '4096',
     '--heartbeat-ms', '50']);
-  const body = JSON.stringify({ messages: [{ role: 'user', content: 'go on' }], n: 128, max_tokens: 400,
+  const body = JSON.stringify({ messages: [{ role: 'user', content: 'go on' }], n: 128, max_tokens: 3000,
     ignore_eos: true, temperature: 1, seed: 7 });
   const overH1 = () => {
     const { port } = new URL(server.url);
@@ -219,6 +221,7 @@ test('a client that leaves a non-streamed n = 128 request: every choice is cance
         const l = await load(server.url);
         return l.running > 0 && l.waiting > 0;
       }, 20000);
+      const admitted = (await load(server.url)).admitted;
       leave();
       const t0 = Date.now();
       const after = await waitFor(`${name}: every choice gone from the engine and the queue`, async () => {
@@ -228,6 +231,7 @@ test('a client that leaves a non-streamed n = 128 request: every choice is cance
       const ms = Date.now() - t0;
       assert.ok(ms < 2000, `${name}: the choices left after ${ms} ms`);
       assert.equal(after.cancelled, before.cancelled + 1, `${name}: counted as one cancelled request`);
+      assert.equal(after.admitted, admitted, `${name}: no queued choice went to the engine once the client left`);
       const t1 = Date.now();
       const next = await postJson(`${server.url}/v1/chat/completions`, chat('hi', { max_tokens: 1 }));
       assert.equal(next.status, 200, JSON.stringify(next.body));
