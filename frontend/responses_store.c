@@ -103,11 +103,11 @@ static uint64_t malloc_bytes(uint64_t n)
 #define JSON_BUCKET 16
 
 /* An upper bound of the memory v holds, counting every node it reaches
- * (nodes shared with other values too). Sound for strings that own exactly
- * their length and a NUL, as jansson makes them, except the parser, which
- * sizes a string by its escaped text: what is stored is copied first
- * (responses.c). Numbers and strings past the limits of 64 bits are not a
- * concern here. */
+ * (nodes shared with other values too, so an item of a chain counts in each
+ * response). Sound for strings that own exactly their length and a NUL, as
+ * jansson makes them everywhere but in its parser, which sizes a string by
+ * its escaped text: what a request sent is copied before it is kept
+ * (responses.c). tests/unit/test_responses.c holds it to mallinfo2. */
 static uint64_t json_bytes(const json_t *v)
 {
     const char *key;
