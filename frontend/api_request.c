@@ -680,10 +680,12 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
          parse_stop_token_ids(body, tok, r, e) &&
          api_field_integer(body, "min_tokens", 0, INT32_MAX, &min_tokens, NULL, e) &&
          refuse_unsupported(body, chat, n, e);
+    bool parallel_calls = true; /* (api_grammar.c reads it from the body) */
     if (ok && chat)
         ok = api_field_bool(body, "logprobs", &logprobs, e) &&
              api_field_integer(body, "top_logprobs", 0, VLMD_MAX_TOP_LOGPROBS, &top_logprobs,
-                               NULL, e);
+                               NULL, e) &&
+             api_field_bool(body, "parallel_tool_calls", &parallel_calls, e);
     if (ok && !chat)
         ok = api_field_integer(body, "logprobs", 0, VLMD_MAX_TOP_LOGPROBS, &completion_logprobs,
                                NULL, e) &&

@@ -52,10 +52,14 @@ static void cancel_at_engine(uint64_t req_id, void *ud)
 
 static void on_sweep(uv_timer_t *t);
 
-/* Cancels every choice of e still running at the engine. */
+/* Cancels every choice of e still running at the engine or queued at the
+ * router, the last first: the router admits a request's choices in order,
+ * so those still queued are forgotten before the room the running ones free
+ * is handed out, which they would otherwise take, one by one, each sent to
+ * the engine only to be cancelled there. */
 static void cancel_choices(completions *c, const inflight_entry *e)
 {
-    for (uint32_t i = 0; i < e->n_choices; i++)
+    for (uint32_t i = e->n_choices; i-- > 0;)
         if (e->choices[i].out.state != CHOICE_ENDED)
             cancel_at_engine(e->req_id + i, c);
 }
@@ -1180,13 +1184,28 @@ static void time_out(completions *c, inflight_entry *e)
     stream_flush(c, e->req_id);
 }
 
+/* An HTTP/1.1 client that closed its connection before its answer began:
+ * h2o writes nothing to it before then, so it would not notice, and the
+ * request's choices would run on (a non-streamed one to its end). Cancelled
+ * as a client gone, and the request ended. True when it was. */
+static bool client_left(completions *c, inflight_entry *e)
+{
+    if (e->started || !c->http || !http_server_client_left(c->http, e->req))
+        return false;
+    h2o_req_t *req = e->req;
+    client_gone(e, c);
+    inflight_remove(&c->table, e);
+    http_server_end_left(c->http, req);
+    return true;
+}
+
 static void on_sweep(uv_timer_t *t)
 {
     completions *c = t->data;
     uint64_t now = vlmd_now_ns();
     for (inflight_entry *e = c->table.head, *next; e; e = next) {
         next = e->next; /* e may be removed below */
-        if (!e->req)
+        if (!e->req || client_left(c, e))
             continue;
         bool stuck = e->sending && (now - e->send_started_ns > c->send_timeout_ns ||
                                     e->pending.len > PENDING_MAX);

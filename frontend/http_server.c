@@ -6,7 +6,8 @@
  *
  * Beyond what h2o 2.2 checks itself:
  *   - framing: an HTTP/1.1 head is checked again (http_framing.c) before its
- *     body is used; a refusal is a 400 and the connection closes;
+ *     body is used, its Host with it; a refusal is a 400 and the connection
+ *     closes;
  *   - h2o's own refusals (a body past twice --max-body-bytes, bad chunks, an
  *     unknown Expect) go out in OpenAI's shape through a filter on the
  *     fallback path, the one h2o answers them on;
@@ -25,6 +26,7 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,13 +157,24 @@ static bool route_matches(const http_route *r, h2o_iovec_t path)
     return h2o_memis(path.base, path.len, r->path, n);
 }
 
-/* Answers (and returns true) when the route needs a key that was not given. */
+/* Answers (and returns true) when the route needs a key that was not given.
+ * Two Authorization headers are refused before either is looked at: a proxy
+ * in front may have checked the other one, and the answer must not say which
+ * of them holds a key. */
 static bool refuse_without_key(const http_server *s, h2o_req_t *req, http_access access)
 {
     const auth *a = s->cfg.auth;
     if (access == HTTP_OPEN || !a || !auth_enabled(a) ||
         (access == HTTP_METRICS && !s->cfg.metrics_need_key))
         return false;
+    ssize_t first = h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, -1);
+    if (first >= 0 && h2o_find_header(&req->headers, H2O_TOKEN_AUTHORIZATION, first) >= 0) {
+        vlmd_send_refusal(req, VLMD_REFUSAL_TWO_KEYS,
+                          "more than one Authorization header: send one, \"Authorization: "
+                          "Bearer KEY\"",
+                          NULL);
+        return true;
+    }
     h2o_iovec_t v = header_value(req, "authorization");
     if (auth_check(a, v.base, v.len, NULL))
         return false;
@@ -173,6 +186,13 @@ static bool refuse_without_key(const http_server *s, h2o_req_t *req, http_access
 }
 
 /* ---- connections ------------------------------------------------------------ */
+
+/* Whether req came over HTTP/2. Not req->version alone: the first stream of
+ * an "Upgrade: h2c" connection keeps its HTTP/1.1 request's version. */
+static bool over_http2(h2o_req_t *req)
+{
+    return req->version >= 0x200 || req->conn->callbacks->log_.http2.stream_id != NULL;
+}
 
 /* The connection that carries req, or NULL (unknown, or h2o closed it). */
 static http_conn *conn_of(const http_server *s, h2o_req_t *req)
@@ -313,7 +333,7 @@ static void on_conn_closed(uv_handle_t *h)
 static bool head_framing_ok(h2o_req_t *req, http_framing *f)
 {
     h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
-    if (req->version >= 0x200 || !sock || !sock->input)
+    if (over_http2(req) || !sock || !sock->input)
         return http_framing_check("", 0, f); /* nothing to check: f says so */
     return http_framing_check(sock->input->bytes, sock->input->size, f);
 }
@@ -330,7 +350,7 @@ static bool refuse_bad_framing(http_server *s, h2o_req_t *req)
     http_conn *c = conn_of(s, req);
     if (c)
         linger_arm(c);
-    vlmd_send_refusal(req, VLMD_REFUSAL_FRAMING, f.message, NULL);
+    vlmd_send_refusal(req, f.host ? VLMD_REFUSAL_HOST : VLMD_REFUSAL_FRAMING, f.message, NULL);
     return true;
 }
 
@@ -358,7 +378,7 @@ static void refusal_send(h2o_ostream_t *self, h2o_req_t *req, h2o_iovec_t *bufs,
         req->res.status = 400;
         req->res.reason = "Bad Request";
         snprintf(msg, sizeof msg, "%s", f.message);
-        code = "invalid_framing";
+        code = f.host ? "invalid_host" : "invalid_framing";
     } else if (req->res.status == 413) {
         if (f.content_length >= 0)
             snprintf(msg, sizeof msg, "the body is %lld bytes; at most %zu are accepted",
@@ -614,6 +634,22 @@ void http_server_cut(http_server *s, h2o_req_t *req)
         }
     }
     VLMD_WARN("no connection found to cut");
+}
+
+bool http_server_client_left(http_server *s, h2o_req_t *req)
+{
+    if (over_http2(req))
+        return false;
+    http_conn *c = conn_of(s, req);
+    struct pollfd p = {.fd = c ? c->fd : -1, .events = POLLRDHUP};
+    return c && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR));
+}
+
+void http_server_end_left(http_server *s, h2o_req_t *req)
+{
+    s->stats.cancelled_before_response++; /* (on_req_disposed sees an answer) */
+    req->http1_is_persistent = 0;
+    vlmd_send_refusal(req, VLMD_REFUSAL_CLIENT_LEFT, "the client closed the connection", NULL);
 }
 
 static vlmd_status bind_listener(http_server *s, vlmd_error *err)

@@ -71,6 +71,18 @@ const http_server_stats *http_server_get_stats(const http_server *s);
 /* Cuts the connection that carries req (a client that stopped reading):
  * the socket is shut down, h2o closes the connection and disposes req. */
 void http_server_cut(http_server *s, h2o_req_t *req);
+/* Whether the client of req closed its HTTP/1.1 connection (or reset it)
+ * before the answer. h2o 2.2 reads nothing from an HTTP/1.1 connection while
+ * its request is handled, so it notices only when it writes: a request whose
+ * answer is not streamed yet must ask. Always false for HTTP/2, whose
+ * connections h2o reads all along (a client's leaving disposes req). A
+ * client that half-closes after its request is taken as gone, as nginx does. */
+bool http_server_client_left(http_server *s, h2o_req_t *req);
+/* Ends req, whose client left (http_server_client_left): a 499 that nobody
+ * reads, after which h2o closes the connection and disposes req. The caller
+ * must hold no reference to req afterwards. Counted in
+ * cancelled_before_response. */
+void http_server_end_left(http_server *s, h2o_req_t *req);
 /* The bound port. */
 int http_server_port(const http_server *s);
 /* "http://HOST:PORT" with the bound port (IPv6 hosts in brackets). */

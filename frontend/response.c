@@ -80,6 +80,7 @@ static const char *reason_phrase(int status)
     case 413: return "Payload Too Large";
     case 429: return "Too Many Requests";
     case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request"; /* nginx's, for a client that left */
     case 502: return "Bad Gateway";
     case 500: return "Internal Server Error";
     case 503: return "Service Unavailable";
@@ -159,12 +160,15 @@ void vlmd_send_refusal(h2o_req_t *req, vlmd_http_refusal what, const char *messa
         const char *code, *header, *value;
     } how[] = {
         [VLMD_REFUSAL_KEY] = {401, "invalid_api_key", "www-authenticate", "Bearer"},
+        [VLMD_REFUSAL_TWO_KEYS] = {400, "invalid_authorization", NULL, NULL},
         [VLMD_REFUSAL_FRAMING] = {400, "invalid_framing", NULL, NULL},
+        [VLMD_REFUSAL_HOST] = {400, "invalid_host", NULL, NULL},
         [VLMD_REFUSAL_RESETS] = {429, "too_many_resets", NULL, NULL},
         [VLMD_REFUSAL_HEADERS] = {431, "headers_too_large", NULL, NULL},
         [VLMD_REFUSAL_BODY] = {413, "request_too_large", NULL, NULL},
         [VLMD_REFUSAL_METHOD] = {405, "method_not_allowed", "allow", NULL},
         [VLMD_REFUSAL_ROUTE] = {404, "not_found", NULL, NULL},
+        [VLMD_REFUSAL_CLIENT_LEFT] = {499, "client_closed_request", NULL, NULL},
     };
     vlmd_send_api_error_with_header(req, how[what].status, message, NULL, how[what].code,
                                     how[what].header, what == VLMD_REFUSAL_METHOD ? allow

@@ -64,12 +64,16 @@ void vlmd_send_api_failure(h2o_req_t *req, const api_error *e);
  * chosen in this file. */
 typedef enum vlmd_http_refusal {
     VLMD_REFUSAL_KEY,           /* 401 invalid_api_key (WWW-Authenticate: Bearer) */
+    VLMD_REFUSAL_TWO_KEYS,      /* 400 invalid_authorization: two Authorization headers */
     VLMD_REFUSAL_FRAMING,       /* 400 invalid_framing (RFC 9112's ambiguities) */
+    VLMD_REFUSAL_HOST,          /* 400 invalid_host (RFC 9112 §3.2: none in HTTP/1.1, two, bad) */
     VLMD_REFUSAL_RESETS,        /* 429 too_many_resets (--http2-reset-budget) */
     VLMD_REFUSAL_HEADERS,       /* 431 headers_too_large */
     VLMD_REFUSAL_BODY,          /* 413 request_too_large */
     VLMD_REFUSAL_METHOD,        /* 405 method_not_allowed (Allow: allow) */
     VLMD_REFUSAL_ROUTE,         /* 404 not_found */
+    VLMD_REFUSAL_CLIENT_LEFT,   /* 499 client_closed_request: what ends a request whose
+                                 * client closed its HTTP/1.1 connection (nobody reads it) */
 } vlmd_http_refusal;
 
 /* Sends a refusal; allow is the methods the path takes (METHOD only). */

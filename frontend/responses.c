@@ -523,8 +523,9 @@ static bool read_input(const json_t *body, responses_store *store, uint64_t now_
     }
     const json_t *input = opt(body, "input");
     if (json_is_string(input)) {
-        json_t *item = json_pack("{s:s, s:s, s:[{s:s, s:O}]}", "type", "message", "role", "user",
-                                 "content", "type", "input_text", "text", input);
+        json_t *item = json_pack("{s:s, s:s, s:[{s:s, s:s%}]}", "type", "message", "role",
+                                 "user", "content", "type", "input_text", "text",
+                                 json_string_value(input), json_string_length(input));
         if (!item || json_array_append_new(conversation, item))
             return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
         return read_item(&ir, item, "input", e);
@@ -546,8 +547,9 @@ static bool read_input(const json_t *body, responses_store *store, uint64_t now_
                 return false;
             item = named;
         }
+        /* a copy: the parser sizes a string by its escaped text, the store by its length */
         bool ok = read_item(&ir, item, param, e) &&
-                  (!json_array_append(conversation, item) ||
+                  (!json_array_append_new(conversation, json_deep_copy(item)) ||
                    api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory"));
         json_decref(item);
         if (!ok)
@@ -616,7 +618,9 @@ static json_t *echo_of(const json_t *body, const api_request *r, bool store, boo
         given_or(body, "truncation", json_string("disabled")), "top_logprobs", 0);
     if (echo && opt(body, "user"))
         json_object_set(echo, "user", (json_t *)opt(body, "user"));
-    return echo;
+    json_t *copy = json_deep_copy(echo); /* (as read_input's items: the store counts it) */
+    json_decref(echo);
+    return copy;
 }
 
 bool responses_request_parse(const json_t *body, const api_limits *lim,

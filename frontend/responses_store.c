@@ -86,27 +86,62 @@ static void expire(responses_store *s, uint64_t now_ms)
     }
 }
 
-/* A cost for v's memory: its strings and numbers and the structure around
- * them (jansson's nodes are a few tens of bytes). */
+/* What malloc takes for n bytes (glibc on 64 bits: an 8-byte header, 16-byte
+ * granules, 32 at least; from 128 KiB, M_MMAP_THRESHOLD's default, whole
+ * pages may be mapped). */
+static uint64_t malloc_bytes(uint64_t n)
+{
+    if (n >= 128u << 10)
+        return (n + 16 + 4095) & ~(uint64_t)4095;
+    n = (n + 8 + 15) & ~(uint64_t)15;
+    return n < 32 ? 32 : n;
+}
+
+/* jansson 2.14's allocations (jansson_private.h, hashtable.h): a value's
+ * struct (json_t is 16 bytes); an object's hashtable with 8 buckets of 16
+ * bytes, doubled before it would hold more keys than buckets, and a pair
+ * per key; an array's table of 8 pointers, grown at least twofold. */
+#define JSON_STRING_STRUCT 32   /* json_t, value, length */
+#define JSON_NUMBER_STRUCT 24   /* json_t, value */
+#define JSON_ARRAY_STRUCT 40    /* json_t, size, entries, table */
+#define JSON_OBJECT_STRUCT 72   /* json_t, hashtable_t */
+#define JSON_PAIR_HEAD 56       /* a pair before its key's bytes */
+#define JSON_BUCKET 16
+
+/* An upper bound of the memory v holds, counting every node it reaches
+ * (nodes shared with other values too, so an item of a chain counts in each
+ * response). Sound for strings that own exactly their length and a NUL, as
+ * jansson makes them everywhere but in its parser, which sizes a string by
+ * its escaped text: what a request sent is copied before it is kept
+ * (responses.c). tests/unit/test_responses.c holds it to mallinfo2. */
 static uint64_t json_bytes(const json_t *v)
 {
-    uint64_t n = 32;
     const char *key;
     const json_t *child;
-    size_t i;
+    size_t i, n;
+    uint64_t sum;
     switch (json_typeof(v)) {
     case JSON_OBJECT:
+        n = json_object_size(v);
+        sum = malloc_bytes(JSON_OBJECT_STRUCT) +
+              malloc_bytes(JSON_BUCKET * (n > 4 ? 2 * (uint64_t)n : 8));
         json_object_foreach((json_t *)v, key, child)
-            n += 32 + strlen(key) + json_bytes(child);
-        return n;
+            sum += malloc_bytes(JSON_PAIR_HEAD + strlen(key) + 1) + json_bytes(child);
+        return sum;
     case JSON_ARRAY:
+        n = json_array_size(v);
+        sum = malloc_bytes(JSON_ARRAY_STRUCT) +
+              malloc_bytes(sizeof(json_t *) * (n > 4 ? 2 * (uint64_t)n : 8));
         json_array_foreach(v, i, child)
-            n += 8 + json_bytes(child);
-        return n;
+            sum += json_bytes(child);
+        return sum;
     case JSON_STRING:
-        return n + json_string_length(v);
+        return malloc_bytes(JSON_STRING_STRUCT) + malloc_bytes(json_string_length(v) + 1);
+    case JSON_INTEGER:
+    case JSON_REAL:
+        return malloc_bytes(JSON_NUMBER_STRUCT);
     default:
-        return n;
+        return 0; /* true, false and null are shared singletons */
     }
 }
 

@@ -2,9 +2,11 @@
  * /v1/responses/{id} answers and what previous_response_id continues.
  *
  * In this frontend's memory only, bounded three ways: at most max_entries
- * responses, at most max_bytes of them (estimated from their JSON; items a
- * chain of responses shares are counted in each, so the estimate is never
- * below the memory held), each for at most ttl_ms after it was stored. The
+ * responses, at most max_bytes of them (counted from the allocations their
+ * JSON values hold, an upper bound; items a chain of responses shares are
+ * counted in each, so the count is never below the memory held: the values
+ * given must own their strings exactly, as jansson makes them but for its
+ * parser), each for at most ttl_ms after it was stored. The
  * oldest go first when a new one needs room. A deployment of several
  * frontends, or a restarted one, does not share it (docs/API.md). Safe
  * from any thread; what responses_store_get lends is for the loop thread

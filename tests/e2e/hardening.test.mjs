@@ -14,6 +14,7 @@ import OpenAI from 'openai';
 import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor, sleep, pidAlive } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
+const SCALE = Number(process.env.VLMD_E2E_TIME_SCALE || 1); // the sanitizers' builds are slower
 const chat = (content, extra = {}) => ({ messages: [{ role: 'user', content }], max_tokens: 2, ...extra });
 
 // Sends text on a raw connection; resolves with what came back and how long until the server closed it.
@@ -170,6 +171,73 @@ test('timeouts cut off slow, stuck and silent clients while others are served', 
       const m = await fetch(`${server.url}/metrics`).then((r) => r.text());
       return /vlmd_llm_running\{rank="0"\} 0/.test(m) && /finished_reason="cancelled"\} [1-9]/.test(m);
     }, 10000);
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+// The load a server's /metrics reports: requests in the engine's batches, waiting (the
+// router's queue included), and requests the frontend counted as cancelled.
+async function load(url) {
+  const m = await fetch(`${url}/metrics`).then((r) => r.text());
+  const value = (re) => Number(m.match(re)?.[1] ?? NaN);
+  return { running: value(/^vllm:num_requests_running\{[^}]*\} (\S+)$/m),
+    waiting: value(/^vllm:num_requests_waiting\{[^}]*\} (\S+)$/m),
+    cancelled: value(/^vlmd_requests_finished_total\{[^}]*finished_reason="cancelled"\} (\d+)$/m),
+    admitted: value(/^vlmd_router_requests_admitted_total\{[^}]*\} (\d+)$/m) };
+}
+
+// A non-streamed request's answer comes only at its end, so h2o writes nothing to an HTTP/1.1
+// client before then and does not read its connection: a client that leaves must still be
+// noticed, and every choice of its request cancelled, those queued at the router included,
+// without the queued ones taking the room the running ones leave (issue 36: an abandoned
+// n = 128 request ran to its end and a 1-token request waited 522 s).
+test('a client that leaves a non-streamed n = 128 request: every choice is cancelled within 2 s (HTTP/1.1, HTTP/2)', async () => {
+  // a small KV cache: one choice runs, the other 127 wait in the router's queue
+  const server = await startServer(['--model', MODEL, '--port', '0', '--max-total-token-num', '4096',
+    '--heartbeat-ms', '50']);
+  const body = JSON.stringify({ messages: [{ role: 'user', content: 'go on' }], n: 128, max_tokens: 3000,
+    ignore_eos: true, temperature: 1, seed: 7 });
+  const overH1 = () => {
+    const { port } = new URL(server.url);
+    const sock = net.connect(Number(port), '127.0.0.1');
+    sock.on('error', () => {});
+    sock.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n` +
+      `Content-Length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+    return () => sock.destroy();
+  };
+  const overH2 = () => {
+    const session = http2.connect(server.url);
+    session.on('error', () => {});
+    const stream = session.request({ ':method': 'POST', ':path': '/v1/chat/completions', 'content-type': 'application/json' });
+    stream.on('error', () => {});
+    stream.end(body);
+    return () => session.destroy();
+  };
+  try {
+    for (const [name, send] of [['HTTP/1.1', overH1], ['HTTP/2', overH2]]) {
+      const before = await load(server.url);
+      const leave = send();
+      await waitFor(`${name}: choices running and queued`, async () => {
+        const l = await load(server.url);
+        return l.running > 0 && l.waiting > 0;
+      }, 20000);
+      const admitted = (await load(server.url)).admitted;
+      leave();
+      const t0 = Date.now();
+      const after = await waitFor(`${name}: every choice gone from the engine and the queue`, async () => {
+        const l = await load(server.url);
+        return l.running === 0 && l.waiting === 0 && l;
+      }, 10000 * SCALE);
+      const ms = Date.now() - t0;
+      assert.ok(ms < 2000 * SCALE, `${name}: the choices left after ${ms} ms`);
+      assert.equal(after.cancelled, before.cancelled + 1, `${name}: counted as one cancelled request`);
+      assert.equal(after.admitted, admitted, `${name}: no queued choice went to the engine once the client left`);
+      const t1 = Date.now();
+      const next = await postJson(`${server.url}/v1/chat/completions`, chat('hi', { max_tokens: 1 }));
+      assert.equal(next.status, 200, JSON.stringify(next.body));
+      assert.ok(Date.now() - t1 < 5000 * SCALE, `${name}: the next request took ${Date.now() - t1} ms`);
+    }
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   }

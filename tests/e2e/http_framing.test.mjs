@@ -1,6 +1,7 @@
 // http_framing.test.mjs - the HTTP layer under hostile framing: requests whose
 // Content-Length / Transfer-Encoding could be read two ways (smuggling behind a
-// proxy) get a JSON 400 and a closed connection; bodies over --max-body-bytes get
+// proxy), and HTTP/1.1 requests without one Host, get a JSON 400 and a closed
+// connection; bodies over --max-body-bytes get
 // the JSON 413 even from clients that send them without Expect: 100-continue
 // (the rest is read and dropped, up to a bound in bytes and time); HTTP/2 streams
 // opened and reset at once (rapid reset) cost a connection its GOAWAY past
@@ -109,6 +110,24 @@ test('framing: Content-Length and Transfer-Encoding that could be read two ways 
     const metrics = await fetch(`${server.url}/metrics`).then((x) => x.text());
     const refused = Number(metrics.match(/^vlmd_http_framing_refusals_total (\d+)$/m)?.[1]);
     assert.equal(refused, cases.length, 'each refusal is counted');
+
+    // Host (RFC 9112 §3.2): an HTTP/1.1 request without one, or with two, is refused like the
+    // framings above; HTTP/1.0 may leave it out (issue 36: both were answered)
+    const tokenize = (version, headers) => `POST /tokenize HTTP/${version}\r\n${headers}` +
+      `Content-Type: application/json\r\nContent-Length: ${len}\r\n\r\n${TOKENIZE}`;
+    for (const [what, request, says] of [
+      ['no Host', tokenize('1.1', ''), /must name its host/],
+      ['two Hosts', tokenize('1.1', 'Host: a\r\nHost: b\r\n'), /more than one Host/]]) {
+      const r = await exchange(server.url, request + SMUGGLED);
+      assert.equal(r.responses.length, 1, `${what}: one answer, nothing after it: ${JSON.stringify(r.data)}`);
+      assert.equal(r.responses[0].status, 400, `${what}: ${JSON.stringify(r.data)}`);
+      const err = JSON.parse(r.responses[0].body).error;
+      assert.equal(err.code, 'invalid_host', what);
+      assert.match(err.message, says, what);
+      assert.ok(r.closed, `${what}: the connection is closed`);
+    }
+    const old = await exchange(server.url, tokenize('1.0', ''));
+    assert.deepEqual(old.responses.map((x) => x.status), [200], `HTTP/1.0 without Host: ${JSON.stringify(old.data)}`);
     assert.equal((await getJson(`${server.url}/health`)).status, 200, 'the server keeps serving');
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));

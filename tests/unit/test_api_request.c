@@ -311,6 +311,42 @@ Test(api_request, fixed_limits_at_and_past_their_value)
     vlmd_tokenizer_free(tok);
 }
 
+/* parallel_tool_calls is true or false (null: not given), in chat and in the
+ * Responses API (test_responses.c), whatever else the body holds. */
+Test(api_request, parallel_tool_calls_is_a_boolean)
+{
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("qwen2/tokenizer.json"), &tok, NULL), VLMD_OK);
+    api_limits lim = {.model_name = "m", .max_model_len = 8192, .image_token_id = -1};
+    const char *values[] = {"true", "false", "null", "1", "0", "\"false\"", "{}", "[]"};
+    for (size_t i = 0; i < sizeof values / sizeof values[0]; i++) {
+        for (int tools = 0; tools < 2; tools++) {
+            char text[256];
+            snprintf(text, sizeof text, "{\"messages\": [{\"role\": \"user\", \"content\": "
+                     "\"hi\"}], \"parallel_tool_calls\": %s%s}", values[i],
+                     tools ? ", \"tools\": [{\"type\": \"function\", \"function\": "
+                             "{\"name\": \"f\"}}]" : "");
+            json_t *body = json_loads(text, API_JSON_FLAGS, NULL);
+            cr_assert_not_null(body, "%s", text);
+            api_request r;
+            api_error e;
+            bool ok = api_request_parse(body, true, &lim, tok, &r, &e);
+            if (i < 3) {
+                cr_expect(ok, "%s: %s", text, e.message);
+                if (ok)
+                    api_request_free(&r);
+            } else {
+                cr_expect_not(ok, "%s", text);
+                cr_expect_eq(e.status, 400, "%s", text);
+                cr_expect_str_eq(e.param, "parallel_tool_calls", "%s", text);
+                cr_expect_str_eq(e.code ? e.code : "", "invalid_type", "%s", text);
+            }
+            json_decref(body);
+        }
+    }
+    vlmd_tokenizer_free(tok);
+}
+
 /* ---- special tokens typed in request text -------------------------------- */
 
 /* The default system turn and "<|im_start|>user\n", and the end of the user

@@ -28,12 +28,19 @@ Test(http_framing, one_unambiguous_length_passes_and_is_read)
     const char *kept[] = {
         "GET / HTTP/1.1\r\nHost: t\r\n\r\n",
         "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 12\r\n\r\nbody",
-        "POST / HTTP/1.1\r\ncontent-length:7\r\n\r\n",
-        "POST / HTTP/1.1\r\nTransfer-Encoding:  Chunked\r\n\r\n",
-        "\r\nPOST / HTTP/1.1\nTransfer-Encoding: chunked\n\n", /* h2o takes bare LFs */
-        "POST / HTTP/1.1\r\nX-Content-Length: 1\r\nX: Transfer-Encoding: gzip\r\n\r\n",
+        "POST / HTTP/1.1\r\ncontent-length:7\r\nhost:t\r\n\r\n",
+        "POST / HTTP/1.1\r\nTransfer-Encoding:  Chunked\r\nHost: t\r\n\r\n",
+        "\r\nPOST / HTTP/1.1\nHost: t\nTransfer-Encoding: chunked\n\n", /* h2o takes bare LFs */
+        "POST / HTTP/1.1\r\nHost: t\r\nX-Content-Length: 1\r\nX: Transfer-Encoding: gzip\r\n\r\n",
         "POST / HTTP/1.1\r\nHost: t\r\n\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
         "POST / HTTP/1.1\r\nContent-Length: 3\r\n", /* cut short: as far as it goes */
+        /* Host: HTTP/1.0 may leave it out; an empty one names no authority; a port, an
+         * IPv6 literal, spaces and tabs around it */
+        "GET / HTTP/1.0\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost:\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: [::1]:8000\r\n\r\n",
+        "GET / HTTP/1.1\r\nHOST:\tapi.example.com:443 \r\n\r\n",
+        "GET http://a.example/ HTTP/1.1\r\nHost: a.example\r\n\r\n",
     };
     for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++) {
         http_framing f;
@@ -86,6 +93,33 @@ Test(http_framing, every_ambiguity_is_refused_naming_the_header)
                       i);
         cr_expect(strstr(f.message, refused[i].says) != NULL, "%zu: '%s' in '%s'", i,
                   refused[i].says, f.message);
+        cr_expect_not(f.host, "%zu: a framing refusal", i);
+    }
+}
+
+/* RFC 9112 §3.2: a server must answer 400 to an HTTP/1.1 request without Host,
+ * and to any with two Host lines or a Host that is no host. */
+Test(http_framing, a_missing_doubled_or_bad_host_is_refused)
+{
+    const struct {
+        const char *head, *says;
+    } refused[] = {
+        {"GET / HTTP/1.1\r\n\r\n", "must name its host in a Host header"},
+        {"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}", "Host header"},
+        {"GET / HTTP/1.1\nX-Host: t\n\n", "Host header"},
+        {"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", "more than one Host header"},
+        {"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", "more than one Host header"},
+        {"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "Host must be a host and port, not \"a b\""},
+        {"GET / HTTP/1.1\r\nHost: a/b\r\n\r\n", "not \"a/b\""},
+        {"GET / HTTP/1.1\r\nHost: user@a\r\n\r\n", "not \"user@a\""},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        http_framing f;
+        cr_expect_not(http_framing_check(refused[i].head, strlen(refused[i].head), &f), "%zu",
+                      i);
+        cr_expect(strstr(f.message, refused[i].says) != NULL, "%zu: '%s' in '%s'", i,
+                  refused[i].says, f.message);
+        cr_expect(f.host, "%zu: a Host refusal", i);
     }
 }
 
@@ -735,6 +769,70 @@ Test(http, api_keys_and_cors)
     cr_expect_eq(status_code(f.replies[4]), 204, "the preflight: %s", f.replies[4]);
     cr_expect_str_eq(header(f.replies[4], "access-control-allow-origin"), "https://other.example");
     cr_expect(strstr(header(f.replies[4], "access-control-allow-headers"), "authorization"));
+    auth_free(&a);
+}
+
+/* An HTTP/1.1 request without Host, or with two: 400 (RFC 9112 §3.2), the
+ * connection closed; HTTP/1.0 may leave it out. */
+Test(http, a_request_without_one_host_is_refused)
+{
+    static http_fixture f = {
+        .requests = {
+            "GET /open HTTP/1.1\r\nConnection: close\r\n\r\n",
+            "POST /v1/echo HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}"
+            "GET /ping HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n",
+            "GET /open HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+            "GET /open HTTP/1.0\r\n\r\n",
+            "GET /open HTTP/1.1\r\nHost: [::1]:8000\r\nConnection: close\r\n\r\n",
+        }};
+    serve_requests(&f);
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(status_code(f.replies[i]), 400, "%d: %s", i, f.replies[i]);
+        cr_expect_str_eq(header(f.replies[i], "connection"), "close", "%d", i);
+        cr_expect_null(strstr(f.replies[i], "\nHTTP/1.1 "), "%d: nothing after it", i);
+    }
+    expect_api_error(f.replies[0], "an HTTP/1.1 request must name its host in a Host header",
+                     "invalid_host");
+    expect_api_error(f.replies[1], "an HTTP/1.1 request must name its host in a Host header",
+                     "invalid_host");
+    expect_api_error(f.replies[2], "more than one Host header", "invalid_host");
+    cr_expect(strstr(f.replies[3], " 200 ") != NULL, "HTTP/1.0 without Host: %s", f.replies[3]);
+    cr_expect_eq(status_code(f.replies[4]), 200, "%s", f.replies[4]);
+}
+
+/* Two Authorization headers: 400 whichever holds a key, the same answer for
+ * each (a proxy in front may have checked the other one). */
+Test(http, two_authorization_headers_are_refused_alike)
+{
+    static auth a;
+    load_keys(&a, NULL);
+    http_server_config hc = config_for("127.0.0.1");
+    hc.auth = &a;
+    static http_fixture f = {
+        .requests = {
+            "GET /ping HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer sk-first\r\n"
+            "Authorization: Bearer sk-wrong\r\nConnection: close\r\n\r\n",
+            "GET /ping HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer sk-wrong\r\n"
+            "Authorization: Bearer sk-first\r\nConnection: close\r\n\r\n",
+            "GET /ping HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer sk-first\r\n"
+            "authorization: Bearer sk-second\r\nConnection: close\r\n\r\n",
+            "GET /ping HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer sk-first\r\n"
+            "Connection: close\r\n\r\n",
+            "GET /open HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer sk-first\r\n"
+            "Authorization: Bearer sk-wrong\r\nConnection: close\r\n\r\n",
+        }};
+    serve_requests_with(&f, &hc);
+    for (int i = 0; i < 3; i++) {
+        cr_expect_eq(status_code(f.replies[i]), 400, "%d: %s", i, f.replies[i]);
+        expect_api_error(f.replies[i], "more than one Authorization header: send one, "
+                                       "\"Authorization: Bearer KEY\"",
+                         "invalid_authorization");
+        cr_expect(!strstr(f.replies[i], "sk-"), "%d: no key echoed", i);
+        const char *body = strstr(f.replies[i], "\r\n\r\n"), *first = strstr(f.replies[0], "\r\n\r\n");
+        cr_expect_str_eq(body, first, "%d: the same answer whichever key is right", i);
+    }
+    cr_expect_eq(status_code(f.replies[3]), 200, "one key: %s", f.replies[3]);
+    cr_expect_eq(status_code(f.replies[4]), 200, "an open route reads no key: %s", f.replies[4]);
     auth_free(&a);
 }
 

@@ -4,6 +4,7 @@
  * endpoints share one template. */
 #include <criterion/criterion.h>
 #include <jansson.h>
+#include <malloc.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -683,4 +684,105 @@ Test(responses, the_store_keeps_the_newest_within_its_bounds)
     cr_expect_not(responses_store_put(s, "r", json_object(), json_array(), 0));
     cr_expect_not(responses_store_get(s, "r", 0, &resp, &conv));
     responses_store_destroy(s);
+}
+
+/* What the process's allocator holds now (glibc: chunks in use, headers
+ * included, and mmapped blocks). */
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 m = mallinfo2();
+    return m.uordblks + m.hblkhd;
+}
+
+/* Parses body and keeps its response as the answer does (responses.c, keep):
+ * the object, and the conversation with the output after the input. */
+static void parse_and_keep(const char *body, responses_store *s)
+{
+    api_request r;
+    responses_job *job;
+    parse_ok(body, NULL, &r, &job);
+    api_request_free(&r);
+    json_t *output = json_pack("[{s:s, s:s, s:s, s:s, s:[{s:s, s:s, s:[]}]}]", "id", "msg_1",
+                               "type", "message", "status", "completed", "role", "assistant",
+                               "content", "type", "output_text", "text", "ok", "annotations");
+    json_t *response =
+        responses_object(job, job->id, 1, "completed", json_incref(output), NULL, NULL);
+    json_t *conversation = json_copy(job->conversation);
+    cr_assert(json_array_extend(conversation, output) == 0);
+    json_decref(output);
+    cr_assert(responses_store_put(s, job->id, response, conversation, 1000));
+    responses_job_free(job);
+}
+
+/* A body whose input is one message of `parts` copies of `part`, with
+ * `instructions` (JSON text) beside it. */
+static char *body_of(const char *part, size_t parts, const char *instructions)
+{
+    vlmd_buf b = VLMD_BUF_INIT;
+    vlmd_buf_printf(&b, "{\"instructions\": %s, \"input\": [{\"role\": \"user\", \"content\": [",
+                    instructions);
+    for (size_t i = 0; i < parts; i++)
+        vlmd_buf_printf(&b, "%s%s", i ? ", " : "", part);
+    vlmd_buf_puts(&b, "]}]}");
+    return b.data;
+}
+
+/* The store's count of a response is never below the memory it holds
+ * (docs/SECURITY.md), whatever the shape: many empty parts (issue 36: three
+ * times the count), strings the client wrote as escapes (the parser sizes a
+ * string by its escaped text), nodes that hold nothing, a string malloc maps.
+ * Measured with glibc's own figures, the body and the request freed (under a
+ * sanitizer's allocator they say nothing, and the check is empty). */
+Test(responses, the_store_counts_at_least_the_memory_it_holds, .init = setup,
+     .fini = teardown)
+{
+    lim.max_model_len = 1 << 22;
+    /* a text whose every character is written as an escape (6 bytes for 1) */
+    const char phrase[] = "the quick brown fox jumps over the lazy dog ";
+    char escaped[6 * 20000 + 3] = "\"";
+    for (size_t i = 0; i < 20000; i++)
+        snprintf(escaped + 1 + 6 * i, 7, "\\u%04x", phrase[i % (sizeof phrase - 1)]);
+    strcat(escaped, "\"");
+    char escaped_part[sizeof escaped + 64];
+    snprintf(escaped_part, sizeof escaped_part, "{\"type\": \"input_text\", \"text\": %s}",
+             escaped);
+    /* a text past malloc's mmap threshold, held in whole pages */
+    static char long_part[300000 + 64];
+    size_t at = (size_t)snprintf(long_part, sizeof long_part, "{\"type\": \"input_text\", "
+                                 "\"text\": \"");
+    for (size_t i = 0; i < 300000; i++)
+        long_part[at++] = phrase[i % (sizeof phrase - 1)];
+    strcpy(long_part + at, "\"}");
+    const struct {
+        const char *what, *part, *instructions;
+        size_t parts;
+    } shapes[] = {
+        {"empty parts", "{\"type\": \"input_text\", \"text\": \"\"}", "\"\"", 20000},
+        {"parts with empty extras", "{\"type\": \"input_text\", \"text\": \"\", \"x\": {}, "
+         "\"y\": [], \"z\": 0}", "\"\"", 10000},
+        {"escaped text", escaped_part, escaped, 4},
+        {"one plain text", "{\"type\": \"input_text\", \"text\": \"hello there\"}", "\"be brief\"",
+         1},
+        {"a long text", long_part, "\"\"", 1},
+    };
+    /* once first, so what the first parse sets up for good is not counted as held */
+    responses_store_limits warm = {.max_entries = 1, .max_bytes = 1 << 20, .ttl_ms = 10000};
+    responses_store *scratch = responses_store_create(&warm);
+    parse_and_keep("{\"input\": \"hi\"}", scratch);
+    responses_store_destroy(scratch);
+    for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+        char *body = body_of(shapes[k].part, shapes[k].parts, shapes[k].instructions);
+        responses_store_limits sl = {.max_entries = 4, .max_bytes = 1ull << 32, .ttl_ms = 10000};
+        responses_store *s = responses_store_create(&sl);
+        size_t before = heap_in_use();
+        parse_and_keep(body, s);
+        size_t after = heap_in_use(), held = after > before ? after - before : 0;
+        uint64_t counted = responses_store_bytes(s);
+        cr_expect_geq(counted, held, "%s: counted %llu bytes, %zu held", shapes[k].what,
+                      (unsigned long long)counted, held);
+        cr_log_info("%s: counted %llu bytes, %zu held", shapes[k].what,
+                    (unsigned long long)counted, held);
+        responses_store_destroy(s);
+        free(body);
+    }
 }
