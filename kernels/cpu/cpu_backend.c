@@ -1,9 +1,7 @@
 /* cpu_backend.c - the CPU backend: host memory as the "device". It is the
  * reference implementation every CUDA op is tested against, and what CI and
  * the embedded demo run. Owns its thread pool (--threads) and picks the
- * kernel table for this CPU at open (cpu_kernels.h). OpenBLAS runs on one
- * thread: the pool splits every sgemm, so no BLAS thread spins beside it. */
-#include <cblas.h>
+ * kernel table for this CPU at open (cpu_kernels.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -200,7 +198,6 @@ vlmd_status vlmd_cpu_backend_open(vlmd_backend *b, vlmd_error *err)
     b->impl = cs;
     if (s == VLMD_OK) {
         cs->k = vlmd_cpu_kernels_best();
-        openblas_set_num_threads(1);
         s = cpu_set_threads(b, 0, err);
     }
     if (s != VLMD_OK)

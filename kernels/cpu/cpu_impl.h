@@ -19,8 +19,8 @@ static inline cpu_state *cpu_of(vlmd_backend *b)
 }
 
 /* out[n, out_dim] (row stride ldo) = x[n, in] . W[out_dim, in]^T (+ bias),
- * W and bias in the backend's weight type: the GEMV for a few rows, sgemm on
- * widened tiles for more, split over the pool (cpu_ops.c). */
+ * W and bias in the backend's weight type: the kernels' GEMV for any n, a
+ * row's result the same bits whatever n, split over the pool (cpu_ops.c). */
 void vlmd_cpu_matmul(vlmd_backend *b, float *out, int ldo, const float *x, const void *w,
                      const void *bias, int n, int in, int out_dim);
 

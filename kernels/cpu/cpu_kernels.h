@@ -26,8 +26,9 @@ typedef enum vlmd_cpu_isa {
     VLMD_CPU_ISA_COUNT
 } vlmd_cpu_isa;
 
-/* Linears of at most this many rows take the GEMV (each weight row streamed
- * once for all rows, no packing); larger ones go to sgemm on widened tiles. */
+/* The GEMV's rows per call: a decode's linear in one call (each weight row
+ * streamed once for all rows, no packing), a prefill's in blocks of this
+ * many, so that a row's result never depends on how many share the op. */
 #define VLMD_CPU_GEMV_MAX_ROWS 16
 
 typedef struct vlmd_cpu_kernels {
@@ -35,9 +36,10 @@ typedef struct vlmd_cpu_kernels {
     const char *name;           /* "c", "avx2", "avx512", "avx512bf16" */
     /* y[r * ldy + o] = sum_i x[r * ldx + i] w[o * in + i] for r < n and
      * o0 <= o < o1; n <= VLMD_CPU_GEMV_MAX_ROWS, x fp32, w of type wt (F32,
-     * BF16, F16). scratch: VLMD_CPU_SCRATCH_BYTES of the thread's own (the
-     * BF16 dot product rounds x to bf16 there: its products are bf16 x bf16,
-     * summed in fp32). */
+     * BF16, F16). Each y element is the same bits whatever n, r's place
+     * among the rows and [o0, o1) (test_cpu_kernels). scratch:
+     * VLMD_CPU_SCRATCH_BYTES of the thread's own (the BF16 dot product
+     * rounds x to bf16 there: its products are bf16 x bf16, summed in fp32). */
     void (*gemv)(float *y, int ldy, const float *x, int ldx, const void *w, vlmd_dtype wt,
                  int in, int o0, int o1, int n, void *scratch);
     /* dst[i] = src[i] (type t) as fp32, n elements */
@@ -45,7 +47,8 @@ typedef struct vlmd_cpu_kernels {
     /* dst[i] (type t) = src[i] rounded to nearest even, n elements */
     void (*narrow)(void *dst, vlmd_dtype t, const float *src, size_t n);
     /* Attention blocks, fp32. s[r * lds + j] = q_r . kt[:, j] for r < rows,
-     * j < nk: q rows of hd at q + r * hd, kt the keys transposed [hd][ldk]. */
+     * j < nk: q rows of hd at q + r * hd, kt the keys transposed [hd][ldk];
+     * each score the same bits whatever rows and nk (test_cpu_kernels). */
     void (*qk)(float *s, int lds, const float *q, const float *kt, int ldk, int rows, int nk,
                int hd);
     /* o[r * hd + d] += sum_j p[r * ldp + j] v[j * hd + d], r < rows, j < nk */

@@ -201,9 +201,16 @@ INLINE void qk_rows(const int R, float *s, int lds, const float *q, const float 
         qk_tile(R, 2, s, lds, q, kt, ldk, r, j, hd);
     for (; j + 8 <= nk; j += 8)
         qk_tile(R, 1, s, lds, q, kt, ldk, r, j, hd);
-    for (int a = 0; a < R && j < nk; a++)
-        vlmd_cpu_kernels_c.qk(s + (size_t)(r + a) * lds + j, lds, q + (size_t)(r + a) * hd,
-                              kt + j, ldk, 1, nk - j, hd);
+    /* the keys past the last 8: the tiles' fused multiply-adds in their
+     * order, so a key's score is the same bits wherever the block ends (a
+     * decode's last key is a prefill's middle one) */
+    for (int a = 0; a < R; a++)
+        for (int jj = j; jj < nk; jj++) {
+            float dot = 0;
+            for (int d = 0; d < hd; d++)
+                dot = fmaf(q[(size_t)(r + a) * hd + d], kt[(size_t)d * ldk + jj], dot);
+            s[(size_t)(r + a) * lds + jj] = dot;
+        }
 }
 
 void vlmd_avx2_qk(float *s, int lds, const float *q, const float *kt, int ldk, int rows, int nk,

@@ -4,8 +4,9 @@
  * rounds the activation rows to bf16 once (into the thread's scratch) and
  * multiplies pairs with vdpbf16ps: bf16 x bf16 products summed in fp32, as
  * llama.cpp does on these CPUs, twice the products of an fp32 FMA per
- * instruction and no widening. F32 and F16 weights take the AVX-512F GEMV;
- * the rest of the table is the AVX2 kernels. */
+ * instruction and no widening; decode and prefill alike, so a row's bits do
+ * not depend on its batch. F32 and F16 weights take the AVX-512F GEMV; the
+ * rest of the table is the AVX2 kernels. */
 #include <immintrin.h>
 #include <stdbool.h>
 
@@ -69,15 +70,11 @@ INLINE void dp_rows(const int R, float *y, int ldy, const uint16_t *xb, int ldb,
     }
 }
 
-static void bf16_gemv(float *y, int ldy, const float *x, int ldx, const void *w, vlmd_dtype wt,
-                      int in, int o0, int o1, int n, void *scratch)
+/* x's n rows rounded to bf16 into xb (row stride in), then multiplied. */
+static void bf16_rows(float *y, int ldy, const float *x, int ldx, const uint16_t *w, int in,
+                      int o0, int o1, int n, uint16_t *xb)
 {
-    if (wt != VLMD_DTYPE_BF16 || (size_t)n * in * sizeof(uint16_t) > VLMD_CPU_SCRATCH_BYTES) {
-        vlmd_avx512_gemv(y, ldy, x, ldx, w, wt, in, o0, o1, n, scratch);
-        return;
-    }
     const int in32 = in & ~31;
-    uint16_t *xb = scratch;
     for (int r = 0; r < n; r++) { /* the rows rounded to bf16, in memory order */
         const float *xr = x + (size_t)r * ldx;
         uint16_t *dst = xb + (size_t)r * in;
@@ -99,6 +96,22 @@ static void bf16_gemv(float *y, int ldy, const float *x, int ldx, const void *w,
         if (last)
             break;
     }
+}
+
+/* The rows in as many at a time as the scratch holds rounded: which path a
+ * row takes depends on the input dimension alone, never on how many rows
+ * share the call (a row's result is the same bits in any batch). */
+static void bf16_gemv(float *y, int ldy, const float *x, int ldx, const void *w, vlmd_dtype wt,
+                      int in, int o0, int o1, int n, void *scratch)
+{
+    int fit = (int)(VLMD_CPU_SCRATCH_BYTES / ((size_t)in * sizeof(uint16_t)));
+    if (wt != VLMD_DTYPE_BF16 || fit < 1) {
+        vlmd_avx512_gemv(y, ldy, x, ldx, w, wt, in, o0, o1, n, scratch);
+        return;
+    }
+    for (int r = 0; r < n; r += fit)
+        bf16_rows(y + (size_t)r * ldy, ldy, x + (size_t)r * ldx, ldx, w, in, o0, o1,
+                  n - r < fit ? n - r : fit, scratch);
 }
 
 const vlmd_cpu_kernels vlmd_cpu_kernels_avx512bf16 = {

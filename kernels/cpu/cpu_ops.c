@@ -7,13 +7,18 @@
  * every number stays fp32: this is the reference every CUDA op is tested
  * against.
  *
- * Linears: up to VLMD_CPU_GEMV_MAX_ROWS rows (decode) take the GEMV, which
- * streams each weight row once for all rows, each thread a contiguous range
- * of output rows; more rows (prefill) go to sgemm, each thread its own range
- * of output rows, 16-bit weights widened a tile at a time into the thread's
- * scratch (Debian's OpenBLAS has no bf16 GEMM: cblas_sbgemm is declared but
- * not built). */
-#include <cblas.h>
+ * Batch invariance: every op computes a row (a token) the same way whatever
+ * else shares the call, so a token gets the same bits alone, in any batch,
+ * in a decode step or a prefill, and recomputed after a preemption
+ * (docs/MEMORY.md §4). Linears: every row count takes the table's GEMV
+ * kernel, a decode's few rows in one pass over the weights, a prefill's in
+ * blocks of VLMD_CPU_GEMV_MAX_ROWS over tiles of weight rows that stay in
+ * the cache; the threads take chunks of output rows. (A BLAS sgemm for
+ * prefills orders its sums otherwise, and on AVX-512 BF16 CPUs the GEMV's
+ * products are bf16 x bf16 where sgemm's were fp32: a recomputed token's
+ * logprobs differed by ~1e-3.) Attention: a query's scores, softmax and
+ * sums are the same operations in the same order over the same blocks of
+ * keys whether it is a decode's one query or one of a prefill's. */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -24,6 +29,9 @@
 
 /* Below this many elements an op runs on the calling thread alone. */
 #define PAR_MIN_ELEMS 16384
+/* A linear's weights in tiles of about this many bytes, which stay in a
+ * core's L2 while every block of activation rows passes over them. */
+#define MATMUL_TILE_BYTES ((size_t)256 << 10)
 
 /* fn over the pool, or alone on the calling thread for little work (elems) */
 static void run(vlmd_backend *b, vlmd_cpu_task fn, void *ctx, size_t elems)
@@ -161,8 +169,9 @@ typedef struct matmul_job {
     const float *x;
     const void *w, *bias;
     int n, in, out_dim;
-    int chunk;              /* the GEMV's output rows per take */
-    _Atomic int next;       /* the GEMV's next chunk */
+    int chunk;              /* output rows per take */
+    int tile;               /* output rows whose weights stay cached while all rows pass */
+    _Atomic int next;       /* the next chunk */
 } matmul_job;
 
 /* out[r][o] += bias[o] for o in [o0, o1) */
@@ -177,65 +186,50 @@ static void add_bias(const matmul_job *j, int o0, int o1)
 }
 
 /* Output rows in chunks from a shared counter, several a thread: a thread
- * descheduled on a loaded machine holds up one chunk, not a share. */
-static void gemv_part(void *ctx, int index, int count)
+ * descheduled on a loaded machine holds up one chunk, not a share. A chunk
+ * goes in tiles of weight rows that stay in the cache while every block of
+ * VLMD_CPU_GEMV_MAX_ROWS activation rows passes over them. */
+static void matmul_part(void *ctx, int index, int count)
 {
     (void)count;
     matmul_job *j = ctx;
+    const vlmd_cpu_kernels *k = cpu_of(j->b)->k;
     for (;;) {
         int o0 = atomic_fetch_add(&j->next, 1) * j->chunk;
         if (o0 >= j->out_dim)
             return;
         int o1 = o0 + j->chunk < j->out_dim ? o0 + j->chunk : j->out_dim;
-        cpu_of(j->b)->k->gemv(j->out, j->ldo, j->x, j->in, j->w, j->b->weight_dtype, j->in, o0,
-                              o1, j->n, scratch(j->b, index));
+        for (int t0 = o0; t0 < o1; t0 += j->tile) {
+            int t1 = t0 + j->tile < o1 ? t0 + j->tile : o1;
+            for (int r = 0; r < j->n; r += VLMD_CPU_GEMV_MAX_ROWS) {
+                int rows = j->n - r < VLMD_CPU_GEMV_MAX_ROWS ? j->n - r : VLMD_CPU_GEMV_MAX_ROWS;
+                k->gemv(j->out + (size_t)r * j->ldo, j->ldo, j->x + (size_t)r * j->in, j->in,
+                        j->w, j->b->weight_dtype, j->in, t0, t1, rows, scratch(j->b, index));
+            }
+        }
         if (j->bias)
             add_bias(j, o0, o1);
     }
 }
 
-static void gemm_part(void *ctx, int index, int count)
-{
-    matmul_job *j = ctx;
-    vlmd_dtype wt = j->b->weight_dtype;
-    size_t es = vlmd_dtype_size(wt);
-    int o0, o1;
-    vlmd_cpu_split(j->out_dim, 16, index, count, &o0, &o1);
-    float *tile = scratch(j->b, index);
-    /* the widened tile's rows: what the scratch holds, in 16s, at most 512 */
-    int tile_rows = (int)(VLMD_CPU_SCRATCH_BYTES / ((size_t)j->in * sizeof(float)));
-    tile_rows = tile_rows > 512 ? 512 : tile_rows >= 16 ? tile_rows & ~15 : tile_rows;
-    if (wt == VLMD_DTYPE_F32)
-        tile_rows = o1 - o0; /* sgemm reads the weights where they are */
-    VLMD_ASSERT(tile_rows >= 1 || o0 >= o1);
-    for (int o = o0; o < o1; o += tile_rows) {
-        int rows = o1 - o < tile_rows ? o1 - o : tile_rows;
-        const float *wt32 = (const float *)j->w + (size_t)o * j->in;
-        if (wt != VLMD_DTYPE_F32) {
-            cpu_of(j->b)->k->widen(tile, (const char *)j->w + (size_t)o * j->in * es, wt,
-                                   (size_t)rows * j->in);
-            wt32 = tile;
-        }
-        if (j->bias)
-            for (int r = 0; r < j->n; r++)
-                for (int c = 0; c < rows; c++)
-                    j->out[(size_t)r * j->ldo + o + c] =
-                        vlmd_cpu_load(j->bias, wt, (size_t)(o + c));
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, j->n, rows, j->in, 1.0f, j->x,
-                    j->in, wt32, j->in, j->bias ? 1.0f : 0.0f, j->out + o, j->ldo);
-    }
-}
-
+/* Every row through the same kernel, whatever the row count (a decode's one
+ * or a prefill's thousands): its result does not depend on what shares the
+ * call (see the file comment). */
 void vlmd_cpu_matmul(vlmd_backend *b, float *out, int ldo, const float *x, const void *w,
                      const void *bias, int n, int in, int out_dim)
 {
-    matmul_job j = {b, out, ldo, x, w, bias, n, in, out_dim, 0, 0};
-    bool gemv = n <= VLMD_CPU_GEMV_MAX_ROWS;
+    matmul_job j = {b, out, ldo, x, w, bias, n, in, out_dim, 0, 0, 0};
     /* 8 chunks a thread, of whole 48s (the kernels' 3- and 4-row tiles) */
     int parts = 8 * vlmd_cpu_pool_size(cpu_of(b)->pool);
     j.chunk = (out_dim + parts - 1) / parts;
     j.chunk = (j.chunk + 47) / 48 * 48;
-    run(b, gemv ? gemv_part : gemm_part, &j, (size_t)out_dim * in);
+    /* more rows than one pass takes: tiles of MATMUL_TILE_BYTES of weights, in 48s */
+    j.tile = (int)(MATMUL_TILE_BYTES / ((size_t)in * vlmd_dtype_size(b->weight_dtype)));
+    j.tile = j.tile < 48 ? 48 : j.tile / 48 * 48;
+    if (n <= VLMD_CPU_GEMV_MAX_ROWS)
+        j.tile = j.chunk;
+    int passes = (n + VLMD_CPU_GEMV_MAX_ROWS - 1) / VLMD_CPU_GEMV_MAX_ROWS;
+    run(b, matmul_part, &j, (size_t)out_dim * in * (size_t)passes);
 }
 
 static void cpu_linear(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,

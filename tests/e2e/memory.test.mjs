@@ -1,7 +1,8 @@
 // memory.test.mjs - overload turns into waiting and preemption, never a
 // failure: 64 concurrent requests that need ten times the KV cache all finish
-// with the tokens each produces alone (greedy), preemptions show in /metrics,
-// no request is lost, no process restarts, and no device memory is allocated
+// with the tokens and logprobs each produces alone (greedy, bit for bit: the
+// CPU backend's recomputation is its decode's arithmetic), preemptions show in
+// /metrics, no request is lost, no process restarts, and no device memory is allocated
 // after start-up. The router's book of the KV at the engine, which admission
 // uses, is never below the engine's own figure. /memory_stats shows the
 // auto-profile's numbers. The fit before the probe: a model whose own length
@@ -32,13 +33,15 @@ function metricsText(url) {
 test('64 requests needing 10x the KV cache finish as they do alone, with preemptions', async () => {
   // admission counts a tenth of each max_tokens: it admits far more than fits,
   // and preemption takes care of the rest
-  const server = await startServer(['--model', MODEL, '--port', '0', '--max-total-token-num', String(KV),
+  // the CPU backend, whose recomputation is bit-equal (docs/MEMORY.md §4; CUDA's is not promised)
+  const server = await startServer(['--model', MODEL, '--port', '0', '--device', 'cpu',
+    '--max-total-token-num', String(KV),
     '--max-model-len', '512', '--max-num-seqs', '64', '--admission-output-fraction', '0.1',
     '--heartbeat-ms', '50']);
   try {
     const prompts = Array.from({ length: 64 }, (_, i) => `Request ${i}: ${'tell me more '.repeat(1 + (i % 5))}`);
     const ask = (prompt) => postJson(`${server.url}/v1/completions`,
-      { prompt, max_tokens: 90, temperature: 0 }, { timeoutMs: 120000 });
+      { prompt, max_tokens: 90, temperature: 0, logprobs: 2 }, { timeoutMs: 120000 });
     const alone = [];
     for (const p of prompts) alone.push(await ask(p));
     const demand = alone.reduce((s, r) => s + r.body.usage.total_tokens, 0);
@@ -48,6 +51,9 @@ test('64 requests needing 10x the KV cache finish as they do alone, with preempt
     together.forEach((r, i) => {
       assert.equal(r.status, 200, `request ${i}: ${JSON.stringify(r.body)}`);
       assert.equal(r.body.choices[0].text, alone[i].body.choices[0].text, `request ${i}: the same text`);
+      // recomputed tokens are the same bits as decoded ones (docs/MEMORY.md §4): the logprobs too
+      assert.deepEqual(r.body.choices[0].logprobs, alone[i].body.choices[0].logprobs,
+        `request ${i}: the same logprobs`);
       assert.equal(r.body.choices[0].finish_reason, alone[i].body.choices[0].finish_reason);
     });
 

@@ -2,7 +2,9 @@
  * against the plain-C table on fresh random inputs at several shapes (tails
  * not a multiple of the vector width, output ranges that start mid-matrix,
  * 1 to 16 rows), and the C table itself against double-precision brute
- * force, so the fallback is checked on every machine. A set this CPU lacks
+ * force, so the fallback is checked on every machine; and that a row's
+ * GEMV and a key's score are the same bits in any batch (what makes the
+ * engine's batched and recomputed tokens its tokens alone). A set this CPU lacks
  * is reported as skipped on stderr (its file still compiles in every x86-64
  * build). Also the pool: every part runs exactly once per task. */
 #include <criterion/criterion.h>
@@ -142,6 +144,92 @@ Test(cpu_kernels, gemv_every_set)
         const vlmd_cpu_kernels *k = set_or_skip(fast_sets[i], "gemv");
         if (k)
             check_gemv(k);
+    }
+}
+
+/* ---- a row's bits do not depend on its batch --------------------------------------- */
+
+/* What makes a token computed in a decode step and again in a prefill (a
+ * preempted request's recomputation, a batch of another size) the same
+ * bits: each x row's result is the same whichever rows share the call, and
+ * wherever the output range starts. The last shape's rows do not all fit
+ * the scratch rounded to bf16 (the BF16 dot product takes them in passes). */
+static void check_gemv_rows_invariant(const vlmd_cpu_kernels *k)
+{
+    static const int shapes[][2] = {{2051, 23}, {64, 50}, {150000, 5}};
+    enum { N = VLMD_CPU_GEMV_MAX_ROWS };
+    void *scratch = aligned_alloc(64, VLMD_CPU_SCRATCH_BYTES);
+    cr_assert(scratch);
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++)
+        for (size_t ti = 0; ti < 3; ti++) {
+            int in = shapes[si][0], out = shapes[si][1];
+            vlmd_dtype t = weight_types[ti];
+            float *x = random_floats((size_t)N * in, 1.0f);
+            void *w = random_weights((size_t)out * in, t);
+            float *all = malloc((size_t)N * out * sizeof *all);
+            float *some = malloc((size_t)N * out * sizeof *some);
+            k->gemv(all, out, x, in, w, t, in, 0, out, N, scratch);
+            int bad = 0;
+            for (int n = 1; n < N; n++) { /* rows r0 .. r0 + n - 1, the outputs from o0 */
+                int r0 = (n * 5) % (N - n + 1), o0 = n % 4;
+                k->gemv(some, out, x + (size_t)r0 * in, in, w, t, in, o0, out, n, scratch);
+                for (int r = 0; r < n; r++)
+                    if (memcmp(some + (size_t)r * out + o0, all + (size_t)(r0 + r) * out + o0,
+                               (size_t)(out - o0) * sizeof *some) != 0 && bad++ < 3)
+                        cr_log_error("%s gemv %s in=%d: row %d of %d differs from row %d of %d",
+                                     k->name, vlmd_dtype_str(t), in, r, n, r0 + r, N);
+            }
+            cr_expect_eq(bad, 0, "%s gemv %s in=%d: every row the same bits in any batch",
+                         k->name, vlmd_dtype_str(t), in);
+            free(x), free(w), free(all), free(some);
+        }
+    free(scratch);
+}
+
+Test(cpu_kernels, gemv_rows_are_the_same_bits_in_any_batch)
+{
+    check_gemv_rows_invariant(&vlmd_cpu_kernels_c);
+    for (size_t i = 0; i < sizeof fast_sets / sizeof *fast_sets; i++) {
+        const vlmd_cpu_kernels *k = set_or_skip(fast_sets[i], "gemv rows");
+        if (k)
+            check_gemv_rows_invariant(k);
+    }
+}
+
+/* A key's score is the same bits whether the block ends at it (a decode's
+ * last key) or goes on past it (a prefill's earlier query), for any rows. */
+static void check_qk_invariant(const vlmd_cpu_kernels *k)
+{
+    static const int shapes[][2] = {{1, 64}, {4, 32}, {7, 80}, {14, 128}};
+    enum { KB = 64 };
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        int rows = shapes[si][0], hd = shapes[si][1], bad = 0;
+        float *q = random_floats((size_t)rows * hd, 1.0f);
+        float *kt = random_floats((size_t)hd * KB, 1.0f);
+        float *full = malloc((size_t)rows * KB * sizeof *full);
+        float *part = malloc((size_t)rows * KB * sizeof *part);
+        k->qk(full, KB, q, kt, KB, rows, KB, hd);
+        for (int nk = 1; nk < KB; nk++) {
+            k->qk(part, KB, q, kt, KB, rows, nk, hd);
+            for (int r = 0; r < rows; r++)
+                if (memcmp(part + (size_t)r * KB, full + (size_t)r * KB,
+                           (size_t)nk * sizeof *part) != 0 && bad++ < 3)
+                    cr_log_error("%s qk rows=%d hd=%d: row %d differs with %d keys", k->name, rows,
+                                 hd, r, nk);
+        }
+        cr_expect_eq(bad, 0, "%s qk rows=%d hd=%d: the same bits wherever the block ends", k->name,
+                     rows, hd);
+        free(q), free(kt), free(full), free(part);
+    }
+}
+
+Test(cpu_kernels, qk_scores_are_the_same_bits_wherever_the_block_ends)
+{
+    check_qk_invariant(&vlmd_cpu_kernels_c);
+    for (size_t i = 0; i < sizeof fast_sets / sizeof *fast_sets; i++) {
+        const vlmd_cpu_kernels *k = set_or_skip(fast_sets[i], "qk");
+        if (k)
+            check_qk_invariant(k);
     }
 }
 

@@ -3,7 +3,10 @@
  * from their definitions: the router's softmax and top-k by sorting every
  * expert, the experts as one token at a time through each chosen expert in
  * double precision, and rope_kv_write's q/k RMSNorm and M-RoPE sections from
- * the formulas (the interleaved frequencies by transformers' slices). */
+ * the formulas (the interleaved frequencies by transformers' slices). And
+ * the linear's rows and the attention's decode rows are the same bits in
+ * any batch (a request's tokens alone, batched or recomputed after a
+ * preemption). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -296,8 +299,10 @@ static void expect_near(const char *what, const float *got, const float *want, s
 }
 
 /* A backend holding 16-bit weights gives what an F32 one gives on the same
- * (rounded) values: the GEMV's row counts and sgemm's on widened tiles (16
- * and 17 rows: either side of the switch), with and without a bias. */
+ * (rounded) values, at row counts within one pass of the kernel and over
+ * several (16 and 17 rows), with and without a bias. The AVX-512 BF16
+ * kernels multiply BF16 weights by the activations rounded to bf16
+ * (cpu_kernels_avx512bf16.c): there the F32 backend gets x so rounded. */
 Test(cpu_ops, linear_on_16_bit_weights_matches_fp32)
 {
     static const int shapes[][3] = {{1, 896, 100}, {16, 64, 33}, {17, 64, 33}, {40, 300, 70},
@@ -313,32 +318,26 @@ Test(cpu_ops, linear_on_16_bit_weights_matches_fp32)
             cr_assert_eq(vlmd_backend_weight_dtype(half), types[ti]);
             size_t nw = (size_t)in * out + (size_t)out; /* the weight, then the bias */
             float *src = random_floats(nw, 0.5f), *x = random_floats((size_t)n * in, 1.0f);
-            float *wide = malloc(nw * sizeof *wide);
-            uint16_t *h = malloc(nw * sizeof *h);
+            float *wide = malloc(nw * sizeof *wide), *xw = malloc((size_t)n * in * sizeof *xw);
+            uint16_t *h = malloc(nw * sizeof *h), *xh = malloc((size_t)n * in * sizeof *xh);
             rounded(types[ti], src, nw, h, wide);
+            bool dp = vlmd_cpu_kernels_best()->isa == VLMD_CPU_ISA_AVX512_BF16 &&
+                      types[ti] == VLMD_DTYPE_BF16;
+            if (dp)
+                rounded(VLMD_DTYPE_BF16, x, (size_t)n * in, xh, xw);
             float *got = malloc((size_t)n * out * sizeof *got),
                   *want = malloc((size_t)n * out * sizeof *want);
-            /* the GEMV's vdpbf16ps rounds the activations to bf16 as well
-             * (cpu_kernels_avx512bf16.c): the F32 backend is given them rounded too */
-            float *x_seen = malloc((size_t)n * in * sizeof *x_seen);
-            uint16_t *x_half = malloc((size_t)n * in * sizeof *x_half);
-            if (vlmd_cpu_kernels_best()->isa == VLMD_CPU_ISA_AVX512_BF16 &&
-                types[ti] == VLMD_DTYPE_BF16 && n <= VLMD_CPU_GEMV_MAX_ROWS)
-                rounded(VLMD_DTYPE_BF16, x, (size_t)n * in, x_half, x_seen);
-            else
-                memcpy(x_seen, x, (size_t)n * in * sizeof *x);
             for (int bias = 0; bias < 2; bias++) {
                 vlmd_backend_ops(half)->linear(half, got, x, h, bias ? h + (size_t)in * out : NULL,
                                                n, in, out);
-                vlmd_backend_ops(f32)->linear(f32, want, x_seen, wide,
+                vlmd_backend_ops(f32)->linear(f32, want, dp ? xw : x, wide,
                                               bias ? wide + (size_t)in * out : NULL, n, in, out);
                 char what[80];
                 snprintf(what, sizeof what, "linear %s n=%d in=%d out=%d bias=%d",
                          vlmd_dtype_str(types[ti]), n, in, out, bias);
                 expect_near(what, got, want, (size_t)n * out, 1e-5);
             }
-            free(src), free(x), free(wide), free(h), free(got), free(want), free(x_seen),
-                free(x_half);
+            free(src), free(x), free(wide), free(xw), free(h), free(xh), free(got), free(want);
             vlmd_backend_release_weights(half);
             vlmd_backend_release_weights(f32);
             vlmd_backend_destroy(half);
@@ -379,5 +378,93 @@ Test(cpu_ops, attention_on_a_bf16_cache_matches_fp32)
         expect_near(what, got, want, (size_t)rows * NH * HD, 1e-5);
     }
     free(q), free(k), free(v), free(kw), free(vw), free(kh), free(vh), free(want), free(got);
+    vlmd_backend_destroy(b);
+}
+
+/* ---- a row's bits do not depend on its batch ------------------------------------------ */
+
+/* What makes a request's tokens the same alone, in any batch and after a
+ * preemption (recomputed as a prefill): a linear's row is the same bits
+ * whatever number of rows share the call (a decode's few, a prefill's
+ * hundreds), on any weight type and any number of threads. */
+Test(cpu_ops, linear_rows_are_the_same_bits_in_any_batch)
+{
+    enum { IN = 200, OUT = 150, N = 100 };
+    static const vlmd_dtype types[] = {VLMD_DTYPE_F32, VLMD_DTYPE_BF16, VLMD_DTYPE_F16};
+    static const int batches[] = {1, 3, 16, 17, 40};
+    for (size_t ti = 0; ti < 3; ti++)
+        for (int threads = 1; threads <= 2; threads++) {
+            vlmd_backend *b = cpu_open();
+            vlmd_error err = {0};
+            cr_assert_eq(vlmd_backend_hold_weight_dtype(b, types[ti], &err), VLMD_OK);
+            cr_assert_eq(vlmd_backend_set_threads(b, threads, &err), VLMD_OK, "%s", err.msg);
+            size_t nw = (size_t)IN * OUT + OUT, es = vlmd_dtype_size(types[ti]);
+            float *src = random_floats(nw, 0.5f), *x = random_floats((size_t)N * IN, 1.0f);
+            float *wide = malloc(nw * sizeof *wide);
+            uint16_t *h = malloc(nw * sizeof *h);
+            if (types[ti] != VLMD_DTYPE_F32)
+                rounded(types[ti], src, nw, h, wide);
+            const void *w = types[ti] == VLMD_DTYPE_F32 ? (const void *)src : h;
+            const void *bias = (const char *)w + (size_t)IN * OUT * es;
+            float *all = malloc((size_t)N * OUT * sizeof *all);
+            float *some = malloc((size_t)N * OUT * sizeof *some);
+            vlmd_backend_ops(b)->linear(b, all, x, w, bias, N, IN, OUT);
+            for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
+                int n = batches[bi], r0 = N - n - 7 * (int)bi;
+                vlmd_backend_ops(b)->linear(b, some, x + (size_t)r0 * IN, w, bias, n, IN, OUT);
+                int bad = 0;
+                for (int r = 0; r < n; r++)
+                    bad += memcmp(some + (size_t)r * OUT, all + (size_t)(r0 + r) * OUT,
+                                  OUT * sizeof *some) != 0;
+                cr_expect_eq(bad, 0, "linear %s, %d threads: %d of %d rows differ from the same "
+                             "rows among %d", vlmd_dtype_str(types[ti]), threads, bad, n, N);
+            }
+            free(src), free(x), free(wide), free(h), free(all), free(some);
+            vlmd_backend_release_weights(b);
+            vlmd_backend_destroy(b);
+        }
+}
+
+/* A query computed in a prefill (a chunk of 90 after 40 cached tokens) and
+ * the same query as a decode step (one row over the keys up to its own) are
+ * the same bits, over an fp32 and a bf16 cache, on one thread and on three. */
+Test(cpu_ops, attention_decode_rows_are_a_prefills_bits)
+{
+    enum { NH = 14, NKV = 2, HD = 64, PAST = 40, QL = 90, KV = PAST + QL };
+    const int stride = (NH + 2 * NKV) * HD, kv_dim = NKV * HD, row = NH * HD;
+    vlmd_backend *b = cpu_open();
+    float *q = random_floats((size_t)QL * stride, 1.0f);
+    float *k = random_floats((size_t)KV * kv_dim, 1.0f);
+    float *v = random_floats((size_t)KV * kv_dim, 1.0f);
+    float *kw = malloc((size_t)KV * kv_dim * sizeof *kw);
+    float *vw = malloc((size_t)KV * kv_dim * sizeof *vw);
+    uint16_t *kh = malloc((size_t)KV * kv_dim * 2), *vh = malloc((size_t)KV * kv_dim * 2);
+    rounded(VLMD_DTYPE_BF16, k, (size_t)KV * kv_dim, kh, kw);
+    rounded(VLMD_DTYPE_BF16, v, (size_t)KV * kv_dim, vh, vw);
+    int32_t slots[KV];
+    for (int i = 0; i < KV; i++)
+        slots[i] = (i * 37) % KV;
+    float *prefill = malloc((size_t)QL * row * sizeof *prefill);
+    float *decode = malloc((size_t)row * sizeof *decode);
+    vlmd_error err = {0};
+    for (int threads = 1; threads <= 3; threads += 2)
+        for (int bf16 = 0; bf16 < 2; bf16++) {
+            cr_assert_eq(vlmd_backend_set_threads(b, threads, &err), VLMD_OK, "%s", err.msg);
+            const void *kc = bf16 ? (const void *)kh : kw, *vc = bf16 ? (const void *)vh : vw;
+            vlmd_dtype dt = bf16 ? VLMD_DTYPE_BF16 : VLMD_DTYPE_F32;
+            vlmd_attn_seq all = {0, QL, KV, slots};
+            vlmd_backend_ops(b)->attention(b, prefill, q, stride, kc, vc, dt, &all, 1, QL, NH, NKV,
+                                           HD, true);
+            int bad = 0;
+            for (int t = 0; t < QL; t++) {
+                vlmd_attn_seq one = {0, 1, PAST + t + 1, slots};
+                vlmd_backend_ops(b)->attention(b, decode, q + (size_t)t * stride, stride, kc, vc,
+                                               dt, &one, 1, 1, NH, NKV, HD, true);
+                bad += memcmp(decode, prefill + (size_t)t * row, (size_t)row * sizeof *decode) != 0;
+            }
+            cr_expect_eq(bad, 0, "%s cache, %d threads: %d of %d decode rows differ from the "
+                         "prefill's", bf16 ? "bf16" : "fp32", threads, bad, QL);
+        }
+    free(q), free(k), free(v), free(kw), free(vw), free(kh), free(vh), free(prefill), free(decode);
     vlmd_backend_destroy(b);
 }

@@ -5,6 +5,7 @@
  * model (qwen3_moe) on the CPU, and a small batch of it on TEST_DEVICE
  * (the emulated CUDA device in test_engine_emu). */
 #include <criterion/criterion.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -854,3 +855,166 @@ Test(engine, moe_prefix_cache_gives_the_same_tokens_from_fewer_computed)
 {
     prefix_cache_gives_the_same_tokens("cpu", "qwen3_moe");
 }
+
+/* ---- bit-equal logprobs: batched, preempted and alone ------------------------------- */
+
+#ifndef VLMD_CUDA_EMULATED /* the CPU backend's promise (docs/MEMORY.md §4): no emulator time */
+
+#define BIT_REQ 12
+#define BIT_OUT 40
+#define BIT_TOP 5
+
+/* What each request got: its tokens and their logprobs and top logprobs. */
+typedef struct traced {
+    int32_t tokens[BIT_REQ][BIT_OUT];
+    float logprob[BIT_REQ][BIT_OUT];
+    float top[BIT_REQ][BIT_OUT][BIT_TOP];
+    uint32_t top_ids[BIT_REQ][BIT_OUT][BIT_TOP];
+    int32_t n[BIT_REQ];
+} traced;
+
+static void on_emit_traced(const engine_output *eo, void *ud)
+{
+    traced *t = ud;
+    uint64_t id = eo->req_id;
+    cr_assert_lt(id, BIT_REQ);
+    cr_assert_not_null(eo->logprobs);
+    for (int32_t i = 0; i < eo->n_tokens; i++) {
+        int32_t k = t->n[id]++;
+        cr_assert_lt(k, BIT_OUT);
+        t->tokens[id][k] = eo->tokens[i];
+        t->logprob[id][k] = eo->logprobs[i].logprob;
+        cr_assert_eq(eo->logprobs[i].n_top, BIT_TOP);
+        memcpy(t->top[id][k], eo->logprobs[i].top_logprobs, sizeof t->top[id][k]);
+        memcpy(t->top_ids[id][k], eo->logprobs[i].top_ids, sizeof t->top_ids[id][k]);
+    }
+}
+
+/* Request i of the adversary's kind: greedy with logprobs, prompts of 20 to
+ * 75 tokens, the even ones sharing a 12-token head, 24 to 39 tokens out. */
+static vlmd_msg_request_submit bit_request(uint32_t i, uint32_t *prompt)
+{
+    uint64_t s = 0x9e37 + i;
+    uint32_t len = 20 + (i * 19) % 56;
+    for (uint32_t k = 0; k < len; k++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        prompt[k] = i % 2 == 0 && k < 12 ? 200 + k : (uint32_t)((s >> 33) % 1000);
+    }
+    return (vlmd_msg_request_submit){
+        .req_id = i, .tokens = prompt, .n_tokens = len, .max_tokens = 24 + (i * 7) % 16,
+        .sampling = {.temperature = 0, .top_p = 1, .top_k = -1, .repetition_penalty = 1},
+        .logprobs = true, .top_logprobs = BIT_TOP};
+}
+
+static engine *bit_engine(fixture *f, traced *t, int32_t slots, bool cache, int32_t chunk)
+{
+    engine_config cfg = {.kv_slots = slots, .max_batch_tokens = 256, .max_running = 8,
+                         .eos_id = -1, .max_model_len = 4096, .image_token_id = -1,
+                         .prefix_cache = cache, .chunk_tokens = chunk};
+    engine *e = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(engine_create(f->m, &cfg, on_emit_traced, t, &e, &err), VLMD_OK, "%s",
+                 err.msg);
+    return e;
+}
+
+/* Every request's tokens, logprobs and top logprobs in `got` bit for bit
+ * those of `want`; returns how many requests differ (printing the first
+ * difference of each). */
+static int bit_differences(const traced *got, const traced *want, const char *what)
+{
+    int differ = 0;
+    for (int i = 0; i < BIT_REQ; i++) {
+        cr_expect_eq(got->n[i], want->n[i], "%s: request %d's length", what, i);
+        for (int k = 0; k < want->n[i] && k < got->n[i]; k++) {
+            if (got->tokens[i][k] == want->tokens[i][k] &&
+                memcmp(&got->logprob[i][k], &want->logprob[i][k], sizeof(float)) == 0 &&
+                memcmp(got->top[i][k], want->top[i][k], sizeof got->top[i][k]) == 0 &&
+                memcmp(got->top_ids[i][k], want->top_ids[i][k], sizeof got->top_ids[i][k]) == 0)
+                continue;
+            fprintf(stderr, "%s: request %d differs from token %d: %d (logprob %.9g) alone, "
+                    "%d (%.9g) here\n", what, i, k, want->tokens[i][k], want->logprob[i][k],
+                    got->tokens[i][k], got->logprob[i][k]);
+            differ++;
+            break;
+        }
+    }
+    return differ;
+}
+
+/* The same requests alone, together in a cache that holds them all, and in
+ * one a third of their need (preempted and recomputed, with and without the
+ * prefix cache, prompts whole or in chunks of 13), at most 8 running: the
+ * same tokens and the same logprobs to the bit (docs/MEMORY.md §4). */
+static void bit_equal_on(const char *model, const char *weights)
+{
+    fixture f;
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", test_fixture(model));
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(dir, &f.mc, &err), VLMD_OK, "%s", err.msg);
+    cr_assert(test_backend_open("cpu", &f.b));
+    vlmd_safetensors *st = NULL;
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, weights), &st, &err), VLMD_OK,
+                 "%s", err.msg);
+    cr_assert_eq(qwen2_load(f.b, &f.mc, st, &f.m, &err), VLMD_OK, "%s", err.msg);
+    vlmd_safetensors_close(st);
+
+    static traced alone, together;
+    static uint32_t prompts[BIT_REQ][80];
+    memset(&alone, 0, sizeof alone);
+    int32_t need = 0;
+    for (uint32_t i = 0; i < BIT_REQ; i++) {
+        engine *e = bit_engine(&f, &alone, 1024, false, 0);
+        vlmd_msg_request_submit r = bit_request(i, prompts[i]);
+        need += (int32_t)(r.n_tokens + r.max_tokens);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+        run_until_idle(e, 200);
+        engine_free(e);
+    }
+    struct { int32_t slots; bool cache; int32_t chunk; const char *what; } runs[] = {
+        {1024, false, 0, "batched"}, {need / 3, false, 0, "preempted"},
+        {need / 3, true, 0, "preempted, prefix cache"},
+        {need / 3, true, 13, "preempted, prefix cache, chunks of 13"}};
+    int differ = 0;
+    for (size_t c = 0; c < sizeof runs / sizeof *runs; c++) {
+        memset(&together, 0, sizeof together);
+        engine *e = bit_engine(&f, &together, runs[c].slots, runs[c].cache, runs[c].chunk);
+        for (uint32_t i = 0; i < BIT_REQ; i++) {
+            vlmd_msg_request_submit r = bit_request(i, prompts[i]);
+            cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+            if (i % 3 == 2) { /* arrivals between steps: prefills mixed with decodes */
+                bool worked;
+                cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+            }
+        }
+        run_until_idle(e, 4000);
+        if (runs[c].slots < need)
+            cr_expect_gt(engine_preemptions(e), 0, "%s: the cache was too small", runs[c].what);
+        int d = bit_differences(&together, &alone, runs[c].what);
+        fprintf(stderr, "%s %s, %s: %d of %d requests differ from alone (%" PRIu64
+                " preemptions)\n", model, weights, runs[c].what, d, BIT_REQ,
+                engine_preemptions(e));
+        differ += d;
+        engine_free(e);
+    }
+    cr_expect_eq(differ, 0, "every request bit-equal to itself alone");
+    close_model(&f);
+}
+
+Test(engine, preempted_and_batched_logprobs_are_bit_equal_to_alone)
+{
+    bit_equal_on("qwen2", "model.safetensors");
+}
+
+/* BF16 weights and KV cache (the demo model's kind: Qwen2-VL's text model) */
+Test(engine, preempted_and_batched_logprobs_are_bit_equal_to_alone_bf16)
+{
+    bit_equal_on("qwen2_vl", "model.bf16.safetensors");
+}
+
+Test(engine, moe_preempted_and_batched_logprobs_are_bit_equal_to_alone_bf16)
+{
+    bit_equal_on("qwen3_moe", "model.bf16.safetensors");
+}
+#endif
