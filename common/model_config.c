@@ -25,6 +25,8 @@ static const struct {
     {"Qwen3MoeForCausalLM", VLMD_ARCH_QWEN3_MOE},
     {"Qwen3VLForConditionalGeneration", VLMD_ARCH_QWEN3_VL},
     {"Qwen3VLMoeForConditionalGeneration", VLMD_ARCH_QWEN3_VL_MOE},
+    {"Glm4MoeForCausalLM", VLMD_ARCH_GLM4_MOE},
+    {"MixtralForCausalLM", VLMD_ARCH_MIXTRAL},
 };
 
 static bool arch_is_qwen3(vlmd_arch a)
@@ -102,6 +104,19 @@ static int64_t get_token_id(const json_t *obj, const char *key)
     return json_is_integer(v) ? json_integer_value(v) : -1;
 }
 
+/* Every id of an int or a list of ints (at most VLMD_MAX_EOS) into ids. */
+static int get_token_ids(const json_t *obj, const char *key, int64_t *ids)
+{
+    const json_t *v = json_object_get(obj, key);
+    int n = 0;
+    if (json_is_integer(v))
+        ids[n++] = json_integer_value(v);
+    for (size_t i = 0; json_is_array(v) && i < json_array_size(v) && n < VLMD_MAX_EOS; i++)
+        if (json_is_integer(json_array_get(v, i)) && json_integer_value(json_array_get(v, i)) >= 0)
+            ids[n++] = json_integer_value(json_array_get(v, i));
+    return n;
+}
+
 /* Finds the RoPE settings object: rope_parameters or rope_scaling, text level first. */
 static const json_t *find_rope(const json_t *text, const json_t *root)
 {
@@ -138,14 +153,68 @@ static vlmd_status get_index_list(const json_t *obj, const char *key, int64_t li
     return VLMD_OK;
 }
 
-/* Qwen3-MoE's expert fields (num_experts absent or 0: a dense model). */
-static vlmd_status parse_moe(const json_t *text, const char *path, vlmd_text_config *t,
-                             vlmd_error *err)
+/* GLM-4.5's router and shared expert (DeepSeek-V3's fields), after parse_moe. */
+static vlmd_status parse_glm_moe(const json_t *text, const char *path, vlmd_text_config *t,
+                                 vlmd_error *err)
 {
     vlmd_status st;
-    if ((st = get_int(text, "num_experts", false, 0, 0, &t->num_experts, path, err)) != VLMD_OK ||
+    int64_t n_shared, first_dense;
+    t->router = VLMD_ROUTER_SIGMOID;
+    if ((st = get_int(text, "n_group", false, 1, 1, &t->n_group, path, err)) != VLMD_OK ||
+        (st = get_int(text, "topk_group", false, 1, 1, &t->topk_group, path, err)) != VLMD_OK ||
+        (st = get_num(text, "routed_scaling_factor", false, 1.0, &t->routed_scaling_factor, path,
+                      err)) != VLMD_OK ||
+        (st = get_int(text, "n_shared_experts", false, 0, 0, &n_shared, path, err)) != VLMD_OK ||
+        (st = get_int(text, "first_k_dense_replace", false, 0, 0, &first_dense, path, err)) !=
+            VLMD_OK ||
+        (st = get_int(text, "num_nextn_predict_layers", false, 0, 0,
+                      &t->num_nextn_predict_layers, path, err)) != VLMD_OK)
+        return st;
+    if (t->num_experts % t->n_group || t->topk_group > t->n_group ||
+        t->num_experts_per_tok > t->topk_group * (t->num_experts / t->n_group))
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: %lld experts in n_group %lld groups, "
+                           "topk_group %lld of them, cannot give num_experts_per_tok %lld", path,
+                           (long long)t->num_experts, (long long)t->n_group,
+                           (long long)t->topk_group, (long long)t->num_experts_per_tok);
+    if (t->num_experts / t->n_group < 2)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: a group's score is its two best experts', "
+                           "so groups of %lld experts are not supported", path,
+                           (long long)(t->num_experts / t->n_group));
+    t->shared_expert_size = t->moe_intermediate_size * n_shared;
+    for (int64_t l = 0; l < first_dense && l < t->num_layers; l++)
+        t->mlp_only_layers[l / 64] |= 1ull << (l % 64);
+    return VLMD_OK;
+}
+
+/* The expert fields (num_experts absent or 0: a dense model), under the
+ * architecture's names: num_experts (Qwen3-MoE), n_routed_experts (GLM),
+ * num_local_experts (Mixtral, whose experts are intermediate_size wide). */
+static vlmd_status parse_moe(const json_t *text, vlmd_arch arch, const char *path,
+                             vlmd_text_config *t, vlmd_error *err)
+{
+    vlmd_status st;
+    const char *count = arch == VLMD_ARCH_GLM4_MOE   ? "n_routed_experts"
+                        : arch == VLMD_ARCH_MIXTRAL ? "num_local_experts"
+                                                    : "num_experts";
+    t->routed_scaling_factor = 1.0;
+    t->n_group = t->topk_group = 1;
+    if ((st = get_int(text, count, arch == VLMD_ARCH_MIXTRAL || arch == VLMD_ARCH_GLM4_MOE, 0,
+                      0, &t->num_experts, path, err)) != VLMD_OK ||
         t->num_experts == 0)
         return st;
+    if (arch == VLMD_ARCH_MIXTRAL) { /* every layer's experts, always renormalised */
+        t->moe_intermediate_size = t->intermediate_size;
+        t->norm_topk_prob = true;
+        t->decoder_sparse_step = 1;
+        if ((st = get_int(text, "num_experts_per_tok", true, 0, 1, &t->num_experts_per_tok,
+                          path, err)) != VLMD_OK)
+            return st;
+        if (t->num_experts_per_tok > t->num_experts)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: num_experts_per_tok %lld is more than "
+                               "num_local_experts %lld", path, (long long)t->num_experts_per_tok,
+                               (long long)t->num_experts);
+        return VLMD_OK;
+    }
     if ((st = get_int(text, "num_experts_per_tok", true, 0, 1, &t->num_experts_per_tok, path,
                       err)) != VLMD_OK ||
         (st = get_int(text, "moe_intermediate_size", true, 0, 1, &t->moe_intermediate_size, path,
@@ -165,7 +234,7 @@ static vlmd_status parse_moe(const json_t *text, const char *path, vlmd_text_con
         return st;
     for (int i = 0; i < n_dense; i++)
         t->mlp_only_layers[dense[i] / 64] |= 1ull << (dense[i] % 64);
-    return VLMD_OK;
+    return arch == VLMD_ARCH_GLM4_MOE ? parse_glm_moe(text, path, t, err) : VLMD_OK;
 }
 
 static vlmd_status parse_text(const json_t *root, vlmd_arch arch, const char *path,
@@ -202,10 +271,31 @@ static vlmd_status parse_text(const json_t *root, vlmd_arch arch, const char *pa
     t->tie_word_embeddings = json_is_true(tie);
     t->bos_token_id = get_token_id(text, "bos_token_id");
     t->eos_token_id = get_token_id(text, "eos_token_id");
-    /* Qwen2's q, k and v always have biases; Qwen3's say so in attention_bias */
-    t->qkv_bias = !arch_is_qwen3(arch) || json_is_true(json_object_get(text, "attention_bias"));
-    t->qk_norm = arch_is_qwen3(arch);
-    if ((st = parse_moe(text, path, t, err)) != VLMD_OK)
+    t->n_eos = get_token_ids(text, "eos_token_id", t->eos_ids);
+    /* Qwen2's q, k and v always have biases; Qwen3's and GLM's say so in attention_bias;
+     * Mixtral's have none. Qwen3 has q/k norm always, GLM when use_qk_norm. */
+    bool glm = arch == VLMD_ARCH_GLM4_MOE;
+    t->qkv_bias = arch != VLMD_ARCH_MIXTRAL &&
+                  ((!arch_is_qwen3(arch) && !glm) ||
+                   json_is_true(json_object_get(text, "attention_bias")));
+    t->qk_norm = arch_is_qwen3(arch) || (glm && json_is_true(json_object_get(text, "use_qk_norm")));
+    double partial = 1.0;
+    if ((st = get_num(text, "partial_rotary_factor", false, 1.0, &partial, path, err)) != VLMD_OK)
+        return st;
+    t->rotary_dim = (int64_t)((double)t->head_dim * partial);
+    if (partial <= 0 || partial > 1 || t->rotary_dim % 2)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: partial_rotary_factor %g of head_dim %lld "
+                           "is not an even number of dims", path, partial,
+                           (long long)t->head_dim);
+    if (arch == VLMD_ARCH_MIXTRAL) {
+        const json_t *sw = json_object_get(text, "sliding_window");
+        if (json_is_integer(sw) && json_integer_value(sw) < t->max_position_embeddings)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: sliding_window %lld is shorter than "
+                               "max_position_embeddings %lld: sliding-window attention is not "
+                               "supported", path, (long long)json_integer_value(sw),
+                               (long long)t->max_position_embeddings);
+    }
+    if ((st = parse_moe(text, arch, path, t, err)) != VLMD_OK)
         return st;
     if ((arch == VLMD_ARCH_QWEN3_MOE || arch == VLMD_ARCH_QWEN3_VL_MOE) && !t->num_experts)
         return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: a mixture-of-experts model needs "
@@ -353,7 +443,8 @@ vlmd_status vlmd_model_config_parse(const char *json_text, const char *path,
                          "%s: architecture '%s' is not supported (Qwen2ForCausalLM, "
                          "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration, "
                          "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3VLForConditionalGeneration, "
-                         "Qwen3VLMoeForConditionalGeneration)", path, name);
+                         "Qwen3VLMoeForConditionalGeneration, Glm4MoeForCausalLM, "
+                         "MixtralForCausalLM)", path, name);
         goto done;
     }
     vlmd_strlcpy(out->architecture, name, sizeof out->architecture);

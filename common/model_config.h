@@ -20,7 +20,21 @@ typedef enum vlmd_arch {
     VLMD_ARCH_QWEN3_MOE,        /* Qwen3MoeForCausalLM */
     VLMD_ARCH_QWEN3_VL,         /* Qwen3VLForConditionalGeneration */
     VLMD_ARCH_QWEN3_VL_MOE,     /* Qwen3VLMoeForConditionalGeneration */
+    VLMD_ARCH_GLM4_MOE,         /* Glm4MoeForCausalLM: GLM-4.5, 4.5-Air, 4.6, 4.7 */
+    VLMD_ARCH_MIXTRAL,          /* MixtralForCausalLM */
 } vlmd_arch;
+
+/* How a mixture-of-experts layer's router turns its logits into weights. */
+typedef enum vlmd_router_kind {
+    VLMD_ROUTER_SOFTMAX = 0,    /* Qwen3-MoE, Mixtral: softmax over every expert, top-k, the
+                                 * chosen renormalised when norm_topk_prob */
+    VLMD_ROUTER_SIGMOID,        /* GLM-4.5 (DeepSeek-V3's): sigmoid scores; score + correction
+                                 * bias chooses (grouped top-k), the chosen unbiased scores are
+                                 * the weights, renormalised when norm_topk_prob, then times
+                                 * routed_scaling_factor */
+} vlmd_router_kind;
+
+#define VLMD_MAX_EOS 8
 
 /* The vision MLP's activation (hidden_act). */
 typedef enum vlmd_vision_act {
@@ -38,6 +52,8 @@ typedef struct vlmd_text_config {
     int64_t num_heads;
     int64_t num_kv_heads;
     int64_t head_dim;               /* hidden_size / num_heads unless given */
+    int64_t rotary_dim;             /* the first dims of a head that rotate (GLM:
+                                     * partial_rotary_factor x head_dim); head_dim otherwise */
     int64_t vocab_size;
     int64_t max_position_embeddings;
     double rms_norm_eps;
@@ -56,7 +72,17 @@ typedef struct vlmd_text_config {
     int64_t decoder_sparse_step;    /* layer l has experts when (l + 1) % step == 0 ... */
     uint64_t mlp_only_layers[VLMD_MAX_LAYERS / 64]; /* ... and it is not in this set */
     bool norm_topk_prob;            /* the top-k weights are renormalised to sum to 1 */
-    int64_t bos_token_id, eos_token_id; /* -1 when absent */
+    vlmd_router_kind router;
+    int64_t n_group, topk_group;    /* sigmoid router: experts in n_group groups, the
+                                     * topk_group best groups (by their two best scores) kept */
+    double routed_scaling_factor;   /* sigmoid router: the weights' factor (1 otherwise) */
+    int64_t shared_expert_size;     /* a shared expert's SwiGLU width, added to the routed ones
+                                     * unweighted (GLM: moe_intermediate x n_shared_experts);
+                                     * 0: none */
+    int64_t num_nextn_predict_layers; /* GLM: MTP layers stored after the others, never run */
+    int64_t bos_token_id, eos_token_id; /* -1 when absent; eos_token_id: the first of eos_ids */
+    int64_t eos_ids[VLMD_MAX_EOS];  /* every end token config.json lists (GLM lists three) */
+    int n_eos;
 } vlmd_text_config;
 
 typedef struct vlmd_vision_config {

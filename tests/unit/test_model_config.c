@@ -282,3 +282,93 @@ Test(model_config, more_deepstack_features_than_text_layers_are_refused)
     cr_expect(strstr(err.msg, "3 deepstack_visual_indexes, but the text model has 2 layers"), "%s",
               err.msg);
 }
+
+Test(model_config, glm4_moe_as_published)
+{
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(test_fixture("glm4_moe"), &mc, &err), VLMD_OK, "%s",
+                 err.msg);
+    const vlmd_text_config *t = &mc.text;
+    cr_expect_eq(mc.arch, VLMD_ARCH_GLM4_MOE);
+    cr_expect_eq(t->head_dim, 32, "explicit: heads x head_dim is not hidden");
+    cr_expect_eq(t->rotary_dim, 16, "partial_rotary_factor 0.5");
+    cr_expect(t->qkv_bias, "attention_bias");
+    cr_expect_not(t->qk_norm, "use_qk_norm false");
+    cr_expect_eq(t->num_experts, 8);
+    cr_expect_eq(t->num_experts_per_tok, 2);
+    cr_expect_eq(t->router, VLMD_ROUTER_SIGMOID);
+    cr_expect(t->norm_topk_prob);
+    cr_expect_eq(t->n_group, 1);
+    cr_expect_eq(t->topk_group, 1);
+    cr_expect_float_eq(t->routed_scaling_factor, 1.0, 1e-9);
+    cr_expect_eq(t->shared_expert_size, 16, "moe_intermediate_size x n_shared_experts");
+    cr_expect_not(vlmd_text_layer_is_moe(t, 0), "first_k_dense_replace 1");
+    cr_expect(vlmd_text_layer_is_moe(t, 1));
+    cr_expect(vlmd_text_layer_is_moe(t, 2));
+    cr_expect_eq(t->num_layers, 3, "the MTP layer is not counted");
+    cr_expect_eq(t->num_nextn_predict_layers, 1);
+    cr_expect_float_eq(t->rms_norm_eps, 1e-5, 1e-12);
+    cr_expect_eq(t->n_eos, 3);
+    cr_expect_eq(t->eos_ids[0], 724);
+    cr_expect_eq(t->eos_ids[1], 731);
+    cr_expect_eq(t->eos_ids[2], 733);
+}
+
+Test(model_config, glm4_moe_routing_fields_and_refusals)
+{
+    const char *base = "{\"architectures\":[\"Glm4MoeForCausalLM\"],\"hidden_size\":64,"
+                       "\"intermediate_size\":128,\"num_hidden_layers\":4,\"num_attention_heads\":4,"
+                       "\"vocab_size\":9,\"max_position_embeddings\":9,\"head_dim\":32,"
+                       "\"moe_intermediate_size\":16,\"num_experts_per_tok\":4,\"use_qk_norm\":true,"
+                       "\"first_k_dense_replace\":2,\"n_shared_experts\":2,"
+                       "\"routed_scaling_factor\":2.5,\"partial_rotary_factor\":0.5,";
+    char json[1024];
+    snprintf(json, sizeof json, "%s\"n_routed_experts\":16,\"n_group\":4,\"topk_group\":2}", base);
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_parse(json, "cfg.json", &mc, &err), VLMD_OK, "%s", err.msg);
+    cr_expect(mc.text.qk_norm);
+    cr_expect_eq(mc.text.n_group, 4);
+    cr_expect_eq(mc.text.topk_group, 2);
+    cr_expect_float_eq(mc.text.routed_scaling_factor, 2.5, 1e-9);
+    cr_expect_eq(mc.text.shared_expert_size, 32);
+    cr_expect_not(vlmd_text_layer_is_moe(&mc.text, 1));
+    cr_expect(vlmd_text_layer_is_moe(&mc.text, 2));
+    snprintf(json, sizeof json, "%s\"n_routed_experts\":16,\"n_group\":8,\"topk_group\":1}", base);
+    cr_expect_eq(vlmd_model_config_parse(json, "cfg.json", &mc, &err), VLMD_ERR_MODEL,
+                 "one group of 2 cannot give 4 experts");
+    cr_expect(strstr(err.msg, "num_experts_per_tok 4"), "%s", err.msg);
+    snprintf(json, sizeof json, "%s\"n_routed_experts\":16,\"n_group\":3,\"topk_group\":2}", base);
+    cr_expect_eq(vlmd_model_config_parse(json, "cfg.json", &mc, &err), VLMD_ERR_MODEL);
+}
+
+Test(model_config, mixtral_as_published)
+{
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(test_fixture("mixtral"), &mc, &err), VLMD_OK, "%s",
+                 err.msg);
+    const vlmd_text_config *t = &mc.text;
+    cr_expect_eq(mc.arch, VLMD_ARCH_MIXTRAL);
+    cr_expect_eq(t->num_experts, 8, "num_local_experts");
+    cr_expect_eq(t->num_experts_per_tok, 2);
+    cr_expect_eq(t->moe_intermediate_size, 64, "each expert is intermediate_size wide");
+    cr_expect_eq(t->router, VLMD_ROUTER_SOFTMAX);
+    cr_expect(t->norm_topk_prob, "always renormalised");
+    cr_expect(vlmd_text_layer_is_moe(t, 0) && vlmd_text_layer_is_moe(t, 1));
+    cr_expect_not(t->qkv_bias);
+    cr_expect_not(t->qk_norm);
+    cr_expect_eq(t->rotary_dim, t->head_dim);
+    cr_expect_eq(t->shared_expert_size, 0);
+    cr_expect_eq(t->bos_token_id, 1);
+    cr_expect_eq(t->n_eos, 1);
+    cr_expect_eq(t->eos_ids[0], 2);
+    const char *windowed = "{\"architectures\":[\"MixtralForCausalLM\"],\"hidden_size\":64,"
+                           "\"intermediate_size\":64,\"num_hidden_layers\":2,"
+                           "\"num_attention_heads\":4,\"vocab_size\":9,"
+                           "\"max_position_embeddings\":32768,\"num_local_experts\":8,"
+                           "\"num_experts_per_tok\":2,\"sliding_window\":4096}";
+    cr_expect_eq(vlmd_model_config_parse(windowed, "cfg.json", &mc, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "sliding_window 4096"), "%s", err.msg);
+}
