@@ -41,7 +41,7 @@ vlmd_status images_start(router *rt, vlmd_error *err)
     embed_cache_init(&rt->embeds, bytes);
     rt->embed_row_bytes = vlmd_image_token_bytes(&mc);
     rt->images_enabled = true;
-    VLMD_INFO("embedding arena %s: %lld MiB", cfg->embed_arena_path,
+    VLMD_INFO("embedding arena %s: %lld MiB, reserved", cfg->embed_arena_path,
               (long long)cfg->embed_arena_mb);
     return VLMD_OK;
 }
