@@ -1,8 +1,10 @@
-// arena.test.mjs - the embedding arena's room (issue 36, item 2).
+// arena.test.mjs - the embedding arena's room (issue 36, items 2 and 5).
 // Its file's pages are reserved when vlmd starts: where there is no room (a
 // small tmpfs, Docker's 64 MiB /dev/shm) vlmd serve refuses at once with the
 // numbers and the flags, or puts its runtime directory where there is room;
-// what the filesystem gives others later cannot be the arena's.
+// what the filesystem gives others later cannot be the arena's. Requests
+// that each need much of the arena take their room whole, in turn, and the
+// log says when the arena is the limit.
 //
 // A small tmpfs is mounted in vlmd's own mount namespace (unshare -m as root,
 // else a user namespace); where neither is permitted, the refusal runs under
@@ -136,3 +138,28 @@ test('the arena keeps its reserved room: a tmpfs filled by someone else after st
       assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
     }
   });
+
+// Item 5: eight requests of five images, each 640 KiB of a 1 MiB arena: one at
+// a time fits. Each takes its room whole or waits holding none, in arrival
+// order, so all are answered; the log says the arena is the limit.
+test('requests that each need most of the arena take it in turn, all answered, and the log says the arena is the limit', async () => {
+  const server = await startServer(['--model', MODEL, '--port', '0', '--embed-arena-mb', '1',
+    '--max-images-per-request', '9', '--image-wait-ms', '120000']);
+  try {
+    const answers = await Promise.all(Array.from({ length: 8 }, (_, i) => postJson(`${server.url}/v1/chat/completions`,
+      imagesChat(1000 + i * 5, 5), { timeoutMs: 150000 })));
+    answers.forEach((r, i) => assert.equal(r.status, 200, `request ${i}: ${JSON.stringify(r.body)}`));
+    assert.match(server.stderr, /\d+ request\(s\) wait for room in the embedding arena: [\d.]+ of its 1\.0 MiB are held .* --embed-arena-mb/);
+    const metrics = await fetch(`${server.url}/metrics`).then((r) => r.text());
+    const waits = Number(metrics.match(/^vlmd_router_arena_waits_total\S* (\d+)$/m)?.[1]);
+    assert.ok(waits >= 1, `requests counted as waiting for arena room: ${waits}`);
+    // nine images need 1.1 MiB: refused at once, naming the flag
+    const started = Date.now();
+    const nine = await postJson(`${server.url}/v1/chat/completions`, imagesChat(2000, 9), { timeoutMs: 30000 });
+    assert.equal(nine.status, 400, JSON.stringify(nine.body));
+    assert.match(nine.body.error.message, /--embed-arena-mb/);
+    assert.ok(Date.now() - started < 10000, 'at once, not after --image-wait-ms');
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
