@@ -34,7 +34,8 @@ const vlmd_flag vlmd_flags[] = {
      "directory's name"},
     {"runtime-dir", VLMD_FLAG_STRING, OFF(runtime_dir), "", 0, 0, NULL, R(LAUNCHER),
      "Directory for this instance's ipc sockets and embedding arena; empty means a private new "
-     "directory under $XDG_RUNTIME_DIR, /dev/shm or /tmp, removed at exit"},
+     "directory under the first of $XDG_RUNTIME_DIR, /dev/shm and /tmp with room for the arena, "
+     "removed at exit"},
     {"router-endpoint", VLMD_FLAG_STRING, OFF(router_endpoint), "", 0, 0, NULL, VLMD_ROLES_ALL,
      "ZeroMQ endpoint of the router (ipc://PATH or tcp://HOST:PORT); empty means "
      "ipc://RUNTIME_DIR/router.sock (launcher only; workers need it set)"},
@@ -86,7 +87,8 @@ const vlmd_flag vlmd_flags[] = {
      "empty means RUNTIME_DIR/embeddings.arena (launcher only; the others need it set)"},
     {"embed-arena-mb", VLMD_FLAG_INT, OFF(embed_arena_mb), "256", 1, 1 << 20, NULL,
      R(LAUNCHER) | R(ROUTER),
-     "Size of the embedding arena; encoded images stay cached in it until room is needed"},
+     "Size of the embedding arena, host shared memory reserved whole at start-up (no room for "
+     "it: vlmd refuses to start); encoded images stay cached in it until room is needed"},
     {"image-wait-ms", VLMD_FLAG_INT, OFF(image_wait_ms), "30000", 10, 3600000, NULL,
      R(LAUNCHER) | R(ROUTER),
      "Longest a request may wait for room in the embedding arena and for its images to be "

@@ -1,7 +1,8 @@
 /* launcher.c - `vlmd serve --model DIR [flags]`: the embedded default.
  *
  * Creates the instance's runtime directory (runtime_dir.c: ipc sockets and
- * the embedding arena live there, so two instances never share a path),
+ * the embedding arena live there, so two instances never share a path) and
+ * reserves the arena in it (no room: a refusal with the numbers),
  * starts the router, the visual worker, the engine and the frontend with one set of flags (each receives exactly the
  * flags it reads, from the flag table), follows the router's snapshots as a
  * peer of its own, prints how to call the server once every process is
@@ -26,6 +27,7 @@
 #include "peer.h"
 #include "process.h"
 #include "runtime_dir.h"
+#include "shm_arena.h"
 #include "supervisor.h"
 
 #define IPC_PATH_MAX 100 /* sun_path is 108 bytes with the NUL; keep a margin */
@@ -277,6 +279,17 @@ static void remove_runtime_files(launcher *l)
     runtime_dir_close(&l->dir);
 }
 
+/* Start-up refused before any process started: the arena the launcher put in
+ * its runtime directory goes, and the directory if it made it. */
+static int refuse_start(launcher *l)
+{
+    if (l->arena_path[0])
+        unlink(l->arena_path);
+    runtime_dir_close(&l->dir);
+    vlmd_config_free(&l->cfg);
+    return VLMD_EXIT_CONFIG;
+}
+
 static void on_all_stopped(supervisor *sup)
 {
     launcher *l = sup->ud;
@@ -479,12 +492,17 @@ static int serve(int argc, char **argv)
         vlmd_config_free(&l.cfg);
         return VLMD_EXIT_CONFIG;
     }
-    if (runtime_dir_open(&l.dir, l.cfg.runtime_dir, &err) != VLMD_OK ||
-        choose_endpoint(&l, &err) != VLMD_OK) {
+    /* the arena is reserved whole before anything starts (and before the host's spare memory
+     * is measured, which then no longer counts its pages): no room is a refusal now, with the
+     * numbers, not a SIGBUS in the visual worker later */
+    uint64_t arena_bytes = l.model.has_vision ? (uint64_t)l.cfg.embed_arena_mb << 20 : 0;
+    if (runtime_dir_open(&l.dir, l.cfg.runtime_dir,
+                         l.cfg.embed_arena_path[0] ? 0 : arena_bytes, &err) != VLMD_OK ||
+        choose_endpoint(&l, &err) != VLMD_OK ||
+        (arena_bytes &&
+         vlmd_shm_arena_create(l.cfg.embed_arena_path, arena_bytes, &err) != VLMD_OK)) {
         fprintf(stderr, "vlmd: %s\n", err.msg);
-        runtime_dir_close(&l.dir);
-        vlmd_config_free(&l.cfg);
-        return VLMD_EXIT_CONFIG;
+        return refuse_start(&l);
     }
     VLMD_INFO("model %s (%s); runtime directory %s; router at %s", l.cfg.model,
               l.model.architecture, l.dir.path, l.cfg.router_endpoint);
@@ -497,9 +515,7 @@ static int serve(int argc, char **argv)
         if (l.cfg.cpu_device_mb < 64) {
             fprintf(stderr, "vlmd: this machine can spare less than 64 MiB for each of the %lld "
                     "engine processes\n", (long long)processes);
-            runtime_dir_close(&l.dir);
-            vlmd_config_free(&l.cfg);
-            return VLMD_EXIT_CONFIG;
+            return refuse_start(&l);
         }
     }
 

@@ -39,7 +39,13 @@ int main(int argc, char **argv)
     p.zctx = zmq_ctx_new();
     VLMD_ASSERT(p.zctx);
     vlmd_error err = {0};
-    if (router_start(&p.rt, &p.cfg, &p.loop, p.zctx, &err) != VLMD_OK)
+    vlmd_status st = router_start(&p.rt, &p.cfg, &p.loop, p.zctx, &err);
+    if (st == VLMD_ERR_TOO_LARGE || st == VLMD_ERR_USAGE) {
+        /* no room for the embedding arena, a missing flag: a restart would not help */
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
+    if (st != VLMD_OK)
         VLMD_FATAL("%s", err.msg);
     uv_signal_init(&p.loop, &p.sigterm);
     uv_signal_init(&p.loop, &p.sigint);

@@ -52,7 +52,10 @@ typedef struct router_request {
     char session[SESSION_ID_MAX + 1]; /* "" when none */
     uint8_t (*hashes)[32];      /* its images' hashes, owned */
     uint32_t n_images;
-    uint32_t n_held;            /* arena references taken so far (images 0..n_held-1) */
+    uint32_t n_held;            /* arena references held: 0, or all n_images (taken at once) */
+    uint32_t room_passes;       /* waiting for arena room: later requests that took room first */
+    bool room_waited;           /* it once found no room (counted once) */
+    uint64_t room_freed_seen;   /* the arena book's `freed` when it last found no room, + 1 */
     uint32_t passes;            /* queued: requests admitted past it (--admission-policy fair) */
     uint32_t engine;            /* at an engine: which (engines.h) */
     uint64_t *blocks;           /* queued: its prompt's block hashes (prefix_book.h), owned */

@@ -203,22 +203,41 @@ void requests_on_submit(router *rt, const void *id, size_t id_len, vlmd_msg *msg
 
 /* ---- the image stage (images.c) --------------------------------------------------- */
 
+static int by_arrival(const void *a, const void *b)
+{
+    const router_request *x = *(router_request *const *)a, *y = *(router_request *const *)b;
+    return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
 void requests_advance_images(router *rt)
 {
     uint64_t now = vlmd_now_ms();
+    size_t n = 0;
     request_iter it = request_table_iter(&rt->requests);
-    router_request *q;
-    while ((q = request_table_next(&it))) {
-        if (q->stage != STAGE_IMAGES)
-            continue;
+    for (router_request *q; (q = request_table_next(&it));)
+        n += q->stage == STAGE_IMAGES;
+    router_request **order = n ? malloc(n * sizeof *order) : NULL;
+    if (!order)
+        return; /* none waits, or tried again after the next message or tick */
+    n = 0;
+    it = request_table_iter(&rt->requests);
+    for (router_request *q; (q = request_table_next(&it));)
+        if (q->stage == STAGE_IMAGES)
+            order[n++] = q;
+    qsort(order, n, sizeof *order, by_arrival); /* arena room goes oldest first */
+    images_round round = {0};
+    for (size_t i = 0; i < n; i++) {
+        router_request *q = order[i];
         vlmd_error err = {0};
         uint32_t error_image = 0;
-        images_progress p = images_advance(rt, q, now, &err, &error_image);
+        images_progress p = images_advance(rt, q, &round, now, &err, &error_image);
         if (p == IMAGES_FAILED)
-            fail(rt, q, err.status, error_image, err.msg);
+            fail(rt, q, err.status, error_image, err.msg); /* (never one in round.blocked) */
         else if (p == IMAGES_READY)
             enqueue(rt, q); /* every image is in the arena: on to the KV admission */
     }
+    images_round_end(rt, &round, now);
+    free(order);
 }
 
 void requests_on_image_result(router *rt, const vlmd_msg_image_result *m)
@@ -583,10 +602,11 @@ void requests_on_chunk(router *rt, uint32_t g, vlmd_msg *msg)
 uint32_t requests_counters_kv(router *rt, vlmd_kv *kv, char (*names)[40], char (*values)[24],
                               uint32_t n)
 {
-    uint64_t stage[3] = {0}, at[ROUTER_MAX_ENGINES] = {0};
+    uint64_t stage[3] = {0}, at[ROUTER_MAX_ENGINES] = {0}, waiting_for_room = 0;
     request_iter it = request_table_iter(&rt->requests);
     for (const router_request *q; (q = request_table_next(&it));) {
         stage[q->stage]++;
+        waiting_for_room += q->stage == STAGE_IMAGES && !q->n_held;
         at[q->engine] += q->stage == STAGE_ENGINE;
     }
     uint64_t sessions_active = 0;
@@ -597,6 +617,8 @@ uint32_t requests_counters_kv(router *rt, vlmd_kv *kv, char (*names)[40], char (
         uint64_t value;
     } rows[] = {
         {"requests_waiting_for_images", stage[STAGE_IMAGES]},
+        {"requests_waiting_for_arena", waiting_for_room},
+        {"arena_waits_total", rt->counts.arena_waits},
         {"requests_queued", stage[STAGE_QUEUED]},
         {"requests_at_engine", stage[STAGE_ENGINE]},
         {"requests_admitted_total", rt->counts.admitted},

@@ -25,8 +25,9 @@ void requests_fail_all(router *rt, const char *why);
 void requests_fail_engine(router *rt, uint32_t g, const char *why);
 /* The visual worker went away: the requests waiting for images fail with 503. */
 void requests_visual_down(router *rt);
-/* Moves requests waiting for images on (room freed, images ready) and fails
- * those past their deadline; call after anything that may have changed either. */
+/* Moves requests waiting for images on (room freed, images ready), oldest
+ * first, and fails those past their deadline; call after anything that may
+ * have changed either. */
 void requests_advance_images(router *rt);
 /* Sends queued requests to the engines (engines.h chooses), oldest first (or
  * fairly), while they fit. */

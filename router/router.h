@@ -12,7 +12,9 @@
 
 #include "router_ctx.h"
 
-/* Binds cfg->router_endpoint and starts the loop's watchers. */
+/* Creates and reserves the embedding arena (a model with images), binds
+ * cfg->router_endpoint and starts the loop's watchers. VLMD_ERR_TOO_LARGE
+ * when the arena has no room (the message names the sizes and the flags). */
 vlmd_status router_start(router *rt, const vlmd_config *cfg, uv_loop_t *loop, void *zctx,
                          vlmd_error *err);
 /* Unbinds and frees; the loop still has to run once to finish closing. */

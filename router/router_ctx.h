@@ -21,6 +21,7 @@
 /* What the router counts (published with its own entry in snapshots). */
 typedef struct router_counters {
     uint64_t admitted, queued_total, rejected_queue_full, rejected_too_large, capped;
+    uint64_t arena_waits;       /* requests that had to wait for room in the embedding arena */
 } router_counters;
 
 #define ROUTER_MAX_ENGINES 16
@@ -57,6 +58,7 @@ typedef struct router {
     bool images_enabled;        /* the model has a vision tower and the arena exists */
     uint64_t embed_row_bytes;   /* one image token in the arena: vlmd_image_token_bytes */
     embed_cache embeds;         /* the arena's book */
+    uint64_t arena_logged_ms;   /* when the log last said requests wait for arena room */
     router_engine engines[ROUTER_MAX_ENGINES]; /* --data-parallel-size of them */
     uint32_t n_engines;
     bool large_route;           /* --route-large-requests: from large_tokens to large_engine */

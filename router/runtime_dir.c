@@ -13,6 +13,7 @@
 
 #include "buf.h"
 #include "log.h"
+#include "shm_arena.h"
 
 /* A process's start time in clock ticks since boot (field 22 of
  * /proc/PID/stat), or 0 when it cannot be read. */
@@ -101,7 +102,47 @@ static vlmd_status write_owner(const runtime_dir *d, vlmd_error *err)
               : vlmd_errorf(err, VLMD_ERR_IO, "cannot write %s: %s", path, strerror(errno));
 }
 
-vlmd_status runtime_dir_open(runtime_dir *d, const char *given, vlmd_error *err)
+/* The base of a new runtime directory: the first writable of
+ * $XDG_RUNTIME_DIR, /dev/shm and /tmp (memory-backed first: the embedding
+ * arena is a file in it) with room for need bytes; what dead launchers left
+ * there is removed first (a reserved arena takes room). NULL when none has
+ * room, with err naming each and its room. */
+static const char *choose_base(uint64_t need, vlmd_error *err)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    const char *const bases[] = {xdg && *xdg ? xdg : NULL, "/dev/shm", "/tmp"};
+    char passed[512] = "";
+    const char *base = NULL;
+    for (size_t i = 0; i < sizeof bases / sizeof bases[0] && !base; i++) {
+        if (!bases[i] || access(bases[i], W_OK) != 0)
+            continue;
+        runtime_dir_remove_stale(bases[i]);
+        vlmd_shm_room room = vlmd_shm_arena_room(bases[i]);
+        if (room.bytes >= need) {
+            base = bases[i];
+            continue;
+        }
+        char found[96];
+        size_t at = strlen(passed);
+        snprintf(passed + at, sizeof passed - at, "%s%s: %s", at ? ", " : "", bases[i],
+                 vlmd_shm_room_str(&room, found, sizeof found));
+    }
+    if (!base && passed[0]) {
+        vlmd_errorf(err, VLMD_ERR_TOO_LARGE,
+                    "the embedding arena needs %llu MiB (--embed-arena-mb) and no runtime "
+                    "directory has room for it (%s); give a smaller --embed-arena-mb, or a "
+                    "directory with room: --runtime-dir DIR or --embed-arena-path FILE (in "
+                    "Docker, a larger --shm-size)", (unsigned long long)(need >> 20), passed);
+        return NULL;
+    }
+    if (passed[0])
+        VLMD_WARN("%s: less than the embedding arena's %llu MiB (--embed-arena-mb); the runtime "
+                  "directory goes under %s (a larger --shm-size in Docker, or --runtime-dir, keeps "
+                  "it in memory)", passed, (unsigned long long)(need >> 20), base);
+    return base ? base : "/tmp"; /* none writable: mkdtemp names the failure */
+}
+
+vlmd_status runtime_dir_open(runtime_dir *d, const char *given, uint64_t need, vlmd_error *err)
 {
     memset(d, 0, sizeof *d);
     if (given[0]) {
@@ -110,13 +151,11 @@ vlmd_status runtime_dir_open(runtime_dir *d, const char *given, vlmd_error *err)
         if (mkdir(d->path, 0700) != 0 && errno != EEXIST)
             return vlmd_errorf(err, VLMD_ERR_IO, "--runtime-dir %s: %s", d->path,
                                strerror(errno));
-        return VLMD_OK;
+        return VLMD_OK; /* the arena's own reservation says when it has no room */
     }
-    /* memory-backed first: the embedding arena is a file in it */
-    const char *base = getenv("XDG_RUNTIME_DIR");
-    if (!base || !*base || access(base, W_OK) != 0)
-        base = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
-    runtime_dir_remove_stale(base);
+    const char *base = choose_base(need, err);
+    if (!base)
+        return VLMD_ERR_TOO_LARGE;
     snprintf(d->path, sizeof d->path, "%s/vlmd-XXXXXX", base);
     if (!mkdtemp(d->path))
         return vlmd_errorf(err, VLMD_ERR_IO, "cannot create a runtime directory under %s: %s",

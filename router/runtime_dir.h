@@ -1,8 +1,9 @@
 /* runtime_dir.h - the launcher's private runtime directory.
  *
- * `vlmd serve` keeps its ipc socket and its embedding arena (a large sparse
- * file) in a directory of its own: --runtime-dir, or a new vlmd-XXXXXX (mode
- * 0700) under $XDG_RUNTIME_DIR, /dev/shm or /tmp. A clean stop removes it;
+ * `vlmd serve` keeps its ipc socket and its embedding arena (a large file,
+ * reserved whole) in a directory of its own: --runtime-dir, or a new
+ * vlmd-XXXXXX (mode 0700) under the first of $XDG_RUNTIME_DIR, /dev/shm and
+ * /tmp with room for the arena. A clean stop removes it;
  * a SIGKILLed launcher cannot, so each directory the launcher creates holds
  * OWNER_FILE ("PID START_TICKS" of the launcher), and the next launcher
  * removes every vlmd-* directory of its user whose owner is gone (a pid
@@ -13,6 +14,7 @@
 #include <limits.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "status.h"
 
@@ -26,9 +28,13 @@ typedef struct runtime_dir {
 } runtime_dir;
 
 /* Uses `given` (created when missing, never removed) or, when it is "",
- * removes the stale directories of dead launchers and creates a new one.
- * VLMD_ERR_IO / VLMD_ERR_INVALID_ARG with the path named on failure. */
-vlmd_status runtime_dir_open(runtime_dir *d, const char *given, vlmd_error *err);
+ * removes the stale directories of dead launchers and creates a new one
+ * under the first of $XDG_RUNTIME_DIR, /dev/shm and /tmp with room for need
+ * bytes (the embedding arena when it goes there, else 0); passing one over
+ * is logged with its room. VLMD_ERR_TOO_LARGE naming each base and its room
+ * when none has it; VLMD_ERR_IO / VLMD_ERR_INVALID_ARG with the path named
+ * on other failures. */
+vlmd_status runtime_dir_open(runtime_dir *d, const char *given, uint64_t need, vlmd_error *err);
 
 /* Removes the directories under `base` that a launcher created and left
  * behind when it died (only vlmd-* directories of this user whose owner file

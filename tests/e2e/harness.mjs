@@ -39,10 +39,16 @@ export function pidAlive(pid) {
   }
 }
 
+// The command line that runs `vlmd ARGS`, or runs it through wrap: a command
+// that ends by exec'ing the rest of its arguments (unshare and a mount, prlimit).
+const vlmdCommand = (args, wrap = []) => (wrap.length
+  ? [wrap[0], [...wrap.slice(1), `${BIN}/vlmd`, ...args]] : [`${BIN}/vlmd`, args]);
+
 // Starts the launcher; resolves once it prints its ready line, with the URL.
-// env adds variables to the launcher's environment (its children inherit them).
-export async function startServer(args, { readyTimeoutMs = 30000 * SCALE, env = {} } = {}) {
-  const child = spawn(`${BIN}/vlmd`, ['serve', ...args],
+// env adds variables to the launcher's environment (its children inherit them);
+// wrap, a command that execs the launcher (the child's pid stays the launcher's).
+export async function startServer(args, { readyTimeoutMs = 30000 * SCALE, env = {}, wrap = [] } = {}) {
+  const child = spawn(...vlmdCommand(['serve', ...args], wrap),
     { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   const server = { child, stdout: '', stderr: '', url: null, exited: null };
   child.stdout.on('data', (d) => { server.stdout += d; });
@@ -66,9 +72,10 @@ export async function stopServer(server, timeoutMs = 20000) {
   return server.exited;
 }
 
-// Runs the launcher to completion (for start-up failures).
-export async function runToExit(args, timeoutMs = 20000) {
-  const child = spawn(`${BIN}/vlmd`, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+// Runs the launcher to completion (for start-up failures); env and wrap as startServer's.
+export async function runToExit(args, timeoutMs = 20000, { env = {}, wrap = [] } = {}) {
+  const child = spawn(...vlmdCommand(args, wrap),
+    { stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env } });
   let stdout = '', stderr = '';
   child.stdout.on('data', (d) => { stdout += d; });
   child.stderr.on('data', (d) => { stderr += d; });

@@ -4,8 +4,10 @@
  * Images: a request waits for its images and reaches the engine with their
  * arena offsets and without their bytes; a repeated image is encoded once; a
  * full arena makes a request wait until room is freed, and no longer than
- * --image-wait-ms; a failed image fails every request waiting for it, naming
- * it; a visual worker that goes away fails what waits.
+ * --image-wait-ms; a request's images take their room all at once or wait
+ * holding none, oldest first, and one that needs the whole arena gets its
+ * turn; a failed image fails every request waiting for it, naming it; a
+ * visual worker that goes away fails what waits.
  * Admission: requests wait for KV room in arrival order; a full queue is a
  * 503 (busy), a prompt the cache cannot hold a 400; session limits are 429s;
  * under pressure max_tokens is capped and the frontend is told. */
@@ -17,7 +19,9 @@
 #include <zmq.h>
 
 #include "clock.h"
+#include "images.h"
 #include "peer.h"
+#include "requests.h"
 #include "router.h"
 #include "test_router_support.h"
 #include "test_support.h"
@@ -319,6 +323,143 @@ Test(router_images, a_visual_worker_that_goes_away_fails_what_waits)
     cr_assert(wait_for(&f, &f.fe.n_errors, 2), "refused at once while it is down");
     cr_expect(strstr(f.fe.messages[1], "not ready"), "%s", f.fe.messages[1]);
     cr_expect_eq(f.rt.embeds.n, 0);
+    teardown(&f);
+}
+
+/* Request id with n images of `tokens` tokens each, image i's hash all h[i]. */
+static void submit_images(fixture *f, uint64_t id, const uint8_t *h, uint32_t n, uint32_t tokens)
+{
+    static uint32_t prompt[8192];
+    vlmd_image_ref im[8];
+    cr_assert_leq(n, 8);
+    for (uint32_t i = 0; i < n; i++) {
+        im[i] = (vlmd_image_ref){.token_offset = 1 + i * tokens, .token_count = tokens,
+                                 .grid_t = 1, .grid_h = 2, .grid_w = 2 * tokens,
+                                 .data = image_bytes, .n_data = sizeof image_bytes};
+        memset(im[i].hash, h[i], 32);
+    }
+    vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
+    m.u.request_submit = (vlmd_msg_request_submit){.req_id = id, .tokens = prompt,
+                                                   .n_tokens = n * tokens + 2, .max_tokens = 4,
+                                                   .images = im, .n_images = n};
+    cr_assert_eq(vlmd_peer_send(f->fe_peer, &m), VLMD_OK);
+}
+
+static const uint8_t *hash_of(uint8_t h)
+{
+    static uint8_t hash[32];
+    memset(hash, h, 32);
+    return hash;
+}
+
+/* Answers jobs from..to-1 (each must be req_id's) and waits for the request
+ * at the engine, the engine's n-th. */
+static void encode_for(fixture *f, int from, int to, uint64_t req_id, int nth_submit)
+{
+    cr_assert(wait_for(f, &f->visual.n_jobs, to), "%d jobs, not %d", f->visual.n_jobs, to);
+    for (int j = from; j < to; j++) {
+        cr_expect_eq(f->visual.jobs[j].req_id, req_id, "job %d is request %llu's", j,
+                     (unsigned long long)req_id);
+        answer(f, j, VLMD_OK, "");
+    }
+    cr_assert(wait_for(f, &f->llm.n_submits, nth_submit), "request %llu reaches the engine",
+              (unsigned long long)req_id);
+    cr_expect_eq(f->llm.submits[nth_submit - 1].req_id, req_id);
+}
+
+/* The router's counter of this name, as its snapshot publishes it. */
+static uint64_t counter(fixture *f, const char *name)
+{
+    vlmd_kv kv[64];
+    char names[64][40], values[64][24];
+    uint32_t n = requests_counters_kv(&f->rt, kv, names, values, 64);
+    for (uint32_t i = 0; i < n; i++)
+        if (strcmp(kv[i].key, name) == 0)
+            return strtoull(kv[i].value, NULL, 10);
+    cr_assert_fail("no counter %s", name);
+    return 0;
+}
+
+#define SLOT 500 /* tokens: 256000 arena bytes, four of which fill the 1 MiB arena */
+
+/* Requests that each need most of the arena take all of their room at once
+ * or wait holding none, oldest first, so they go in turn. Before (issue 36)
+ * each took what it found: A two of its three slots, then B the two that X
+ * left, and both waited for the rest until --image-wait-ms. */
+Test(router_images, requests_that_each_need_most_of_the_arena_go_in_turn_never_holding_a_part)
+{
+    fixture f;
+    setup(&f, "inproc://router-images-turn", 30000);
+    submit_images(&f, 1, (const uint8_t[]){0x10}, 1, 2 * SLOT); /* X: two slots */
+    encode_for(&f, 0, 1, 1, 1);
+    submit_images(&f, 2, (const uint8_t[]){0x21, 0x22, 0x23}, 3, SLOT); /* A: two slots free */
+    submit_images(&f, 3, (const uint8_t[]){0x31, 0x32, 0x33}, 3, SLOT); /* B */
+    pump(&f, 60);
+    cr_expect_eq(f.visual.n_jobs, 1, "neither takes a part of its room");
+    cr_expect_null(embed_cache_find(&f.rt.embeds, hash_of(0x21)), "A holds nothing as it waits");
+    cr_expect_eq(counter(&f, "requests_waiting_for_arena"), 2);
+    cr_expect_eq(counter(&f, "arena_waits_total"), 2);
+    finish(&f, 1); /* X ends: A's turn (it came first), all three at once */
+    encode_for(&f, 1, 4, 2, 2);
+    pump(&f, 30);
+    cr_expect_eq(f.visual.n_jobs, 4, "B waits for A");
+    finish(&f, 2);
+    encode_for(&f, 4, 7, 3, 3);
+    cr_expect_eq(f.fe.n_errors, 0, "%s", f.fe.messages[0]);
+    cr_expect_eq(counter(&f, "requests_waiting_for_arena"), 0);
+    cr_expect_eq(counter(&f, "arena_waits_total"), 2, "each counted once");
+    teardown(&f);
+}
+
+/* A request that needs the whole arena is passed by smaller ones that find
+ * room IMAGES_MAX_ROOM_PASSES times at most; then they wait behind it, and it
+ * goes as soon as its room is free. Before, it waited as long as one small
+ * request at a time held a slot: until --image-wait-ms. */
+Test(router_images, a_request_that_needs_the_whole_arena_gets_its_turn)
+{
+    fixture f;
+    setup(&f, "inproc://router-images-big", 30000);
+    submit_images(&f, 1, (const uint8_t[]){0x40}, 1, SLOT);
+    encode_for(&f, 0, 1, 1, 1);
+    submit_images(&f, 100, (const uint8_t[]){0xb0}, 1, 4 * SLOT); /* the whole arena */
+    pump(&f, 30);
+    cr_expect_eq(f.visual.n_jobs, 1, "it waits for room");
+    int jobs = 1, submits = 1;
+    for (uint64_t k = 2; k <= IMAGES_MAX_ROOM_PASSES + 1; k++) {
+        submit_images(&f, k, (const uint8_t[]){(uint8_t)(0x40 + k)}, 1, SLOT); /* passes it */
+        encode_for(&f, jobs, jobs + 1, k, submits + 1);
+        jobs++, submits++;
+        finish(&f, k - 1); /* one small request always holds room */
+    }
+    submit_images(&f, 50, (const uint8_t[]){0x70}, 1, SLOT);
+    pump(&f, 60);
+    cr_expect_eq(f.visual.n_jobs, jobs, "passed %d times, the large one's turn has come: the "
+                 "small one waits", IMAGES_MAX_ROOM_PASSES);
+    finish(&f, IMAGES_MAX_ROOM_PASSES + 1);
+    encode_for(&f, jobs, jobs + 1, 100, submits + 1);
+    pump(&f, 30);
+    cr_expect_eq(f.visual.n_jobs, jobs + 1, "the small one waits for it");
+    finish(&f, 100);
+    encode_for(&f, jobs + 1, jobs + 2, 50, submits + 2);
+    cr_expect_eq(f.fe.n_errors, 0, "%s", f.fe.messages[0]);
+    teardown(&f);
+}
+
+/* A repeated image takes its room once: two of 768000 bytes fit the 1 MiB
+ * arena (they were refused as 1.5 MiB); three different ones are refused at
+ * once, naming the flag, not after --image-wait-ms. */
+Test(router_images, a_repeated_image_counts_once_and_more_than_the_arena_is_refused_at_once)
+{
+    fixture f;
+    setup(&f, "inproc://router-images-need", 30000);
+    submit_images(&f, 1, (const uint8_t[]){0x51, 0x51}, 2, 3 * SLOT);
+    encode_for(&f, 0, 1, 1, 1);
+    cr_expect_eq(f.llm.submits[0].n_images, 2);
+    submit_images(&f, 2, (const uint8_t[]){0x61, 0x62, 0x63}, 3, 3 * SLOT / 2);
+    cr_assert(wait_for(&f, &f.fe.n_errors, 1));
+    cr_expect_eq(f.fe.errors[0].req_id, 2);
+    cr_expect_eq(f.fe.errors[0].status, VLMD_ERR_TOO_LARGE);
+    cr_expect(strstr(f.fe.messages[0], "--embed-arena-mb"), "%s", f.fe.messages[0]);
     teardown(&f);
 }
 
