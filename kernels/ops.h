@@ -5,7 +5,7 @@
  * loaded checkpoint's tensors: named w, bias, table, norms, experts) in its
  * weight type, the KV cache in its KV type (backend.h). Shapes are in the
  * comments: n tokens, H hidden, nh/nkv query/KV heads of hd dims. Every op
- * checks nothing on the hot path; the model (llm_worker/qwen2.c) guarantees
+ * checks nothing on the hot path; the model (llm_worker/lm.c) guarantees
  * shapes. Ops only launch work on the backend's stream: none allocates
  * device memory or waits, so a decode step can be captured as a graph. */
 #ifndef VLMD_OPS_H
@@ -189,12 +189,12 @@ typedef struct vlmd_op_table {
     size_t (*moe_scratch_bytes)(int n, int k, int n_experts, int hidden, int inter);
     /* The vlmd_rope forms rope_kv_write does beyond theta and block M-RoPE
      * sections: a model that needs one the backend lacks does not load there
-     * (qwen2_backend_check), so no op is given what it cannot do. */
+     * (lm_backend_check), so no op is given what it cannot do. */
     bool rope_qk_norm, rope_interleaved;
 } vlmd_op_table;
 
 /* The backend's ops (never NULL; a backend may lack the optional ones a
- * model needs, which qwen2_backend_check names). */
+ * model needs, which lm_backend_check names). */
 const vlmd_op_table *vlmd_backend_ops(const vlmd_backend *b);
 
 #ifdef __cplusplus

@@ -91,12 +91,12 @@ typedef struct request {
 } request;
 
 struct engine {
-    qwen2_model *m;
+    lm_model *m;
     engine_config cfg;
     engine_emit_fn emit;
     void *ud;
-    qwen2_kv *kv;
-    qwen2_workspace *ws;
+    lm_kv *kv;
+    lm_workspace *ws;
     kv_slots slots;
     prefix_cache *cache;        /* NULL when disabled */
     request *head, *tail;       /* every request, in arrival order; the only list that owns
@@ -114,7 +114,7 @@ struct engine {
     /* one step's batch, sized for max_batch_tokens */
     int32_t *ids, *positions, *step_slots, *logit_rows;
     vlmd_attn_seq *seqs;
-    qwen2_embed_run *embeds;    /* image rows of the step, at most max_running x images each */
+    lm_embed_run *embeds;    /* image rows of the step, at most max_running x images each */
     int32_t n_embeds;
     request **in_step;
     /* sampling: each logit row's parameters and result, the seen tokens of
@@ -151,7 +151,7 @@ static vlmd_status grammars_init(engine *e, const vlmd_vocab *v, vlmd_error *err
     if (vlmd_vocab_size(v) > e->mask_words * 32)
         return vlmd_errorf(err, VLMD_ERR_MODEL, "the tokenizer has %u tokens, more than the "
                            "model's vocabulary of %u", vlmd_vocab_size(v),
-                           qwen2_vocab_size(e->m));
+                           lm_vocab_size(e->m));
     e->masks = malloc((size_t)e->cfg.max_running * e->mask_words * sizeof *e->masks);
     e->scratch = vlmd_mask_scratch_create();
     if (!e->masks || !e->scratch)
@@ -174,13 +174,13 @@ static int32_t max_kv_len(const engine_config *cfg)
     return cfg->max_model_len < cfg->kv_slots ? cfg->max_model_len : cfg->kv_slots;
 }
 
-uint64_t engine_device_bytes(qwen2_model *m, const engine_config *cfg)
+uint64_t engine_device_bytes(lm_model *m, const engine_config *cfg)
 {
-    return qwen2_kv_bytes(m, cfg->kv_slots) +
-           qwen2_workspace_bytes(m, cfg->max_batch_tokens, cfg->max_running, max_kv_len(cfg));
+    return lm_kv_bytes(m, cfg->kv_slots) +
+           lm_workspace_bytes(m, cfg->max_batch_tokens, cfg->max_running, max_kv_len(cfg));
 }
 
-vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,
+vlmd_status engine_create(lm_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,
                           engine **out, vlmd_error *err)
 {
     *out = NULL;
@@ -189,11 +189,11 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     e->m = m;
     e->cfg = *cfg;
-    if (e->cfg.eos_id >= (int32_t)qwen2_vocab_size(m))
+    if (e->cfg.eos_id >= (int32_t)lm_vocab_size(m))
         e->cfg.eos_id = -1; /* a config's id the model cannot produce ends nothing */
     e->emit = emit;
     e->ud = ud;
-    int32_t n = cfg->max_batch_tokens, r = cfg->max_running, V = (int32_t)qwen2_vocab_size(m);
+    int32_t n = cfg->max_batch_tokens, r = cfg->max_running, V = (int32_t)lm_vocab_size(m);
     vlmd_status s = kv_slots_init(&e->slots, cfg->kv_slots, err);
     if (s == VLMD_OK && cfg->prefix_cache)
         s = prefix_cache_create(&e->slots, &e->cache, err);
@@ -203,11 +203,11 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
         prefix_cache_track_blocks(e->cache, cfg->event_block_size, blocks_removed, e);
     }
     if (s == VLMD_OK)
-        s = qwen2_kv_create(m, cfg->kv_slots, &e->kv, err);
+        s = lm_kv_create(m, cfg->kv_slots, &e->kv, err);
     if (s == VLMD_OK)
-        s = qwen2_workspace_create(m, n, r, max_kv_len(cfg), &e->ws, err);
+        s = lm_workspace_create(m, n, r, max_kv_len(cfg), &e->ws, err);
     if (s == VLMD_OK && cfg->decode_graphs)
-        s = qwen2_capture_decode(m, e->kv, e->ws, err);
+        s = lm_capture_decode(m, e->kv, e->ws, err);
     e->ids = malloc((size_t)n * sizeof *e->ids);
     e->positions = malloc(3 * (size_t)n * sizeof *e->positions);
     e->step_slots = malloc((size_t)n * sizeof *e->step_slots);
@@ -219,9 +219,9 @@ vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_
     e->seq_req = malloc((size_t)r * sizeof *e->seq_req);
     e->sample_rows = malloc((size_t)r * sizeof *e->sample_rows);
     e->sample_out = malloc((size_t)r * sizeof *e->sample_out);
-    e->seen = s == VLMD_OK ? malloc((size_t)qwen2_seen_capacity(e->ws) * sizeof *e->seen) : NULL;
+    e->seen = s == VLMD_OK ? malloc((size_t)lm_seen_capacity(e->ws) * sizeof *e->seen) : NULL;
     e->seen_at = calloc((size_t)V, sizeof *e->seen_at);
-    e->mask_words = qwen2_mask_words(m);
+    e->mask_words = lm_mask_words(m);
     e->row_masks = calloc((size_t)r, sizeof *e->row_masks);
     e->slot_owner = malloc(cfg->kv_slots > 0 ? (size_t)cfg->kv_slots : 1);
     if (s == VLMD_OK && (!e->ids || !e->positions || !e->step_slots || !e->logit_rows ||
@@ -270,8 +270,8 @@ void engine_free(engine *e)
     vlmd_mask_scratch_free(e->scratch);
     free(e->masks);
     free(e->row_masks);
-    qwen2_workspace_free(e->m, e->ws);
-    qwen2_kv_free(e->m, e->kv);
+    lm_workspace_free(e->m, e->ws);
+    lm_kv_free(e->m, e->kv);
     prefix_cache_free(e->cache);
     kv_event_log_free(&e->events);
     kv_slots_free(&e->slots);
@@ -312,17 +312,17 @@ int32_t engine_free_slots(const engine *e)
 
 int32_t engine_graph_count(const engine *e)
 {
-    return qwen2_decode_graph_count(e->ws);
+    return lm_decode_graph_count(e->ws);
 }
 
 uint64_t engine_graph_steps(const engine *e)
 {
-    return qwen2_decode_graph_steps(e->ws);
+    return lm_decode_graph_steps(e->ws);
 }
 
 int32_t engine_graph_max_batch(const engine *e)
 {
-    return qwen2_decode_graph_max(e->ws);
+    return lm_decode_graph_max(e->ws);
 }
 
 int32_t engine_capacity(const engine *e)
@@ -558,11 +558,11 @@ vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err)
     int32_t n = e->cfg.max_batch_tokens < e->cfg.kv_slots ? e->cfg.max_batch_tokens
                                                           : e->cfg.kv_slots;
     int32_t r = e->cfg.max_running < n ? e->cfg.max_running : n;
-    if (engine_stress_resolve(qwen2_backend(e->m), kind) == ENGINE_STRESS_SHAPES) {
+    if (engine_stress_resolve(lm_backend(e->m), kind) == ENGINE_STRESS_SHAPES) {
         n = n < STRESS_SHAPES_TOKENS ? n : STRESS_SHAPES_TOKENS;
         r = r < STRESS_SHAPES_SEQS ? r : STRESS_SHAPES_SEQS;
     }
-    int32_t V = (int32_t)qwen2_vocab_size(e->m);
+    int32_t V = (int32_t)lm_vocab_size(e->m);
     /* n prompt tokens in slots 0..n-1, as prompts of up to STRESS_PROMPT tokens
      * (the step's memory depends on its rows, not on how they split into
      * sequences; short ones keep the CPU's attention quick) */
@@ -582,18 +582,18 @@ vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err)
      * Qwen3-VL's DeepStack features), so the image path's copies and ops have run
      * before serving (on CUDA a kernel's first launch may take device memory) */
     int32_t image_rows = e->cfg.image_token_id >= 0 ? (n < STRESS_IMAGE ? n : STRESS_IMAGE) : 0;
-    size_t H = qwen2_hidden_size(e->m);
-    float *image = image_rows ? calloc((1 + (size_t)qwen2_deepstack_features(e->m)) *
+    size_t H = lm_hidden_size(e->m);
+    float *image = image_rows ? calloc((1 + (size_t)lm_deepstack_features(e->m)) *
                                            (size_t)image_rows * H, sizeof *image)
                               : NULL;
     if (image_rows && !image)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the stress's image rows");
-    qwen2_embed_run run = {0, image_rows, image, (size_t)image_rows * H};
-    qwen2_batch prefill = {n, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
+    lm_embed_run run = {0, image_rows, image, (size_t)image_rows * H};
+    lm_batch prefill = {n, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
                            n_seq, &run, image_rows ? 1 : 0};
     /* experts see the worst routing there is: every token on the same ones */
-    qwen2_set_worst_case_routing(e->ws, true);
-    vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &prefill, NULL, err);
+    lm_set_worst_case_routing(e->ws, true);
+    vlmd_status s = lm_forward(e->m, e->kv, e->ws, &prefill, NULL, err);
     free(image);
     /* r sequences of one token each, every one attending to its own slot */
     for (int32_t i = 0; s == VLMD_OK && i < r; i++) {
@@ -604,18 +604,18 @@ vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err)
         e->seqs[i] = (vlmd_attn_seq){i, 1, 1, e->step_slots + i};
         e->logit_rows[i] = i;
     }
-    qwen2_batch decode = {r, e->ids, e->positions, e->step_slots, e->seqs, r, e->logit_rows, r,
+    lm_batch decode = {r, e->ids, e->positions, e->step_slots, e->seqs, r, e->logit_rows, r,
                           NULL, 0};
     if (s == VLMD_OK)
-        s = qwen2_forward(e->m, e->kv, e->ws, &decode, NULL, err);
-    qwen2_set_worst_case_routing(e->ws, false);
+        s = lm_forward(e->m, e->kv, e->ws, &decode, NULL, err);
+    lm_set_worst_case_routing(e->ws, false);
     /* and the sampler at its widest: every row with logprobs */
     for (int32_t i = 0; i < r; i++)
         e->sample_rows[i] = (vlmd_sample_row){.temperature = 1, .top_p = 0.9f, .top_k = 50,
                                               .min_p = 0.01f, .repetition_penalty = 1,
                                               .n_top = VLMD_MAX_TOP_LOGPROBS, .draw = (uint64_t)i};
     if (s == VLMD_OK)
-        s = qwen2_sample(e->m, e->ws, 0, e->sample_rows, r, e->sample_out, err);
+        s = lm_sample(e->m, e->ws, 0, e->sample_rows, r, e->sample_out, err);
     return s;
 }
 
@@ -639,7 +639,7 @@ static vlmd_status attach_images(engine *e, request *q, const vlmd_msg_request_s
                                  vlmd_error *err)
 {
     unsigned long long id = (unsigned long long)r->req_id;
-    if (e->cfg.image_token_id < 0 || !qwen2_uses_mrope(e->m))
+    if (e->cfg.image_token_id < 0 || !lm_uses_mrope(e->m))
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu has images; this model "
                            "takes none", id);
     if (!e->cfg.arena || !e->cfg.arena->base)
@@ -651,7 +651,7 @@ static vlmd_status attach_images(engine *e, request *q, const vlmd_msg_request_s
     vlmd_status st = q->images && q->mrope && grids
                          ? VLMD_OK
                          : vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for request %llu", id);
-    uint64_t row_bytes = qwen2_image_token_bytes(e->m);
+    uint64_t row_bytes = lm_image_token_bytes(e->m);
     int32_t merge = e->cfg.merge_size, end = 0;
     for (uint32_t i = 0; st == VLMD_OK && i < r->n_images; i++) {
         const vlmd_image_ref *im = &r->images[i];
@@ -697,7 +697,7 @@ static vlmd_status attach_images(engine *e, request *q, const vlmd_msg_request_s
 /* logit_bias: ids in the vocabulary, each once, biases in [-100, 100]. */
 static vlmd_status check_logit_bias(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err)
 {
-    uint32_t V = qwen2_vocab_size(e->m), i = 0;
+    uint32_t V = lm_vocab_size(e->m), i = 0;
     vlmd_status st = VLMD_OK;
     for (; i < r->n_logit_bias; i++) {
         const vlmd_logit_bias *lb = &r->logit_bias[i];
@@ -745,7 +745,7 @@ static vlmd_status attach_grammar(engine *e, request *q, const vlmd_msg_request_
 {
     const vlmd_request_grammar *gr = &r->grammar;
     unsigned long long id = (unsigned long long)r->req_id;
-    int64_t V = qwen2_vocab_size(e->m);
+    int64_t V = lm_vocab_size(e->m);
     if (!e->grammars)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu has a grammar; this engine "
                            "has no vocabulary to match it against", id);
@@ -793,7 +793,7 @@ static vlmd_status attach_grammar(engine *e, request *q, const vlmd_msg_request_
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err)
 {
     int64_t total = (int64_t)r->n_tokens + r->max_tokens;
-    uint32_t V = qwen2_vocab_size(e->m);
+    uint32_t V = lm_vocab_size(e->m);
     if (r->n_tokens == 0)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu has an empty prompt",
                            (unsigned long long)r->req_id);
@@ -1006,13 +1006,13 @@ static void add_chunk(engine *e, request *q, int32_t count, step_plan *p)
     e->seqs[p->n_seq++] = (vlmd_attn_seq){p->n_tok, count, first + count, q->slots};
     /* the image tokens among these rows take their embeddings (and DeepStack
      * features) from the arena, whenever they are computed */
-    size_t H = qwen2_hidden_size(e->m);
+    size_t H = lm_hidden_size(e->m);
     for (uint32_t i = 0; i < q->n_images; i++) {
         const req_image *im = &q->images[i];
         int32_t lo = im->start > first ? im->start : first;
         int32_t hi = im->start + im->count < first + count ? im->start + im->count : first + count;
         if (lo < hi)
-            e->embeds[e->n_embeds++] = (qwen2_embed_run){
+            e->embeds[e->n_embeds++] = (lm_embed_run){
                 p->n_tok + lo - first, hi - lo, im->data + (size_t)(lo - im->start) * H,
                 (size_t)im->count * H};
     }
@@ -1385,7 +1385,7 @@ static vlmd_finish_reason grammar_token(engine *e, request *q, int32_t tok, char
 /* Samples the step's logit rows, as many at once as the seen tokens allow. */
 static vlmd_status sample_step(engine *e, int32_t n_logits, vlmd_error *err)
 {
-    int32_t cap = qwen2_seen_capacity(e->ws);
+    int32_t cap = lm_seen_capacity(e->ws);
     for (int32_t first = 0; first < n_logits;) {
         int32_t n = 0, n_seen = 0;
         while (first + n < n_logits) {
@@ -1401,7 +1401,7 @@ static vlmd_status sample_step(engine *e, int32_t n_logits, vlmd_error *err)
             e->sample_rows[first + n].mask = e->row_masks[first + n];
             n++;
         }
-        vlmd_status s = qwen2_sample(e->m, e->ws, first, e->sample_rows + first, n,
+        vlmd_status s = lm_sample(e->m, e->ws, first, e->sample_rows + first, n,
                                      e->sample_out + first, err);
         if (s != VLMD_OK)
             return s;
@@ -1500,9 +1500,9 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
                                                 : t + q->rope_delta;
         }
     }
-    qwen2_batch bt = {n_tok, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
+    lm_batch bt = {n_tok, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
                       plan.n_logits, e->embeds, e->n_embeds};
-    vlmd_status s = qwen2_forward(e->m, e->kv, e->ws, &bt, NULL, err);
+    vlmd_status s = lm_forward(e->m, e->kv, e->ws, &bt, NULL, err);
     if (s == VLMD_OK)
         fill_masks(e, plan.n_logits);
     if (s == VLMD_OK)

@@ -34,7 +34,7 @@
 
 #include "kv_events.h"
 #include "proto.h"
-#include "qwen2.h"
+#include "lm.h"
 #include "shm_arena.h"
 #include "grammar_cache.h"
 #include "structured.h"
@@ -55,7 +55,7 @@ typedef struct engine_config {
     const vlmd_shm_arena *arena;
     bool prefix_cache;          /* reuse the KV of cached prefixes (prefix_cache.h) */
     int32_t chunk_tokens;       /* most prompt tokens of one request per step; 0: the budget */
-    bool decode_graphs;         /* decode steps through captured graphs (qwen2_capture_decode) */
+    bool decode_graphs;         /* decode steps through captured graphs (lm_capture_decode) */
     /* KV events (kv_events.h; needs the prefix cache): its blocks of this
      * many tokens are logged as they are stored and removed; 0: off */
     int32_t event_block_size;
@@ -109,7 +109,7 @@ typedef struct engine_output {
 typedef void (*engine_emit_fn)(const engine_output *out, void *ud);
 
 /* Borrows the model; allocates the KV cache and the step workspace. */
-vlmd_status engine_create(qwen2_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,
+vlmd_status engine_create(lm_model *m, const engine_config *cfg, engine_emit_fn emit, void *ud,
                           engine **out, vlmd_error *err);
 void engine_free(engine *e);
 
@@ -148,7 +148,7 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err);
 /* The backend bytes engine_create takes for cfg (KV cache and workspace),
  * found without allocating. Decode graphs are not in it: on CUDA their
  * memory is the driver's, which only running shows. */
-uint64_t engine_device_bytes(qwen2_model *m, const engine_config *cfg);
+uint64_t engine_device_bytes(lm_model *m, const engine_config *cfg);
 
 /* What engine_stress runs through the model. */
 typedef enum engine_stress_kind {
@@ -164,7 +164,7 @@ const char *engine_stress_str(engine_stress_kind k);
 engine_stress_kind engine_stress_resolve(const vlmd_backend *b, engine_stress_kind k);
 
 /* A step run for real on an idle engine, with the worst-case expert routing
- * (qwen2_set_worst_case_routing; normal routing again after), then the
+ * (lm_set_worst_case_routing; normal routing again after), then the
  * sampler with every row asking for logprobs. FULL: a prefill of
  * max_batch_tokens tokens (capped at the KV slots; prompts of a few hundred
  * tokens each, at most max_running of them; a model that takes images gets

@@ -68,7 +68,7 @@ typedef struct deferred_msg {
 typedef struct llm_worker {
     vlmd_service svc;
     vlmd_backend *backend;
-    qwen2_model *model;
+    lm_model *model;
     engine *engine;
     vlmd_vocab *vocab;          /* the tokenizer's tokens, for grammars; NULL: none */
     uv_work_t step;             /* the step in flight on the pool */
@@ -577,7 +577,7 @@ static void start_profile(llm_worker *w, uint64_t peer_bytes)
 
 /* ---- the ranks of a tensor-parallel group ---------------------------------------- */
 
-static vlmd_status load_weights(llm_worker *w, const qwen2_parallel *par, vlmd_error *err);
+static vlmd_status load_weights(llm_worker *w, const lm_parallel *par, vlmd_error *err);
 
 /* Rank 0 tells the router its rendezvous (again after a router restart), and
  * that it is no longer needed once every rank joined; the others ask for it. */
@@ -603,23 +603,23 @@ static void on_join_work(uv_work_t *req)
     w->group_status = vlmd_comm_create(w->backend, &w->group_id, &o, &w->comm, &w->group_err);
     if (w->group_status != VLMD_OK)
         return;
-    qwen2_parallel par = {o.rank, o.world, w->comm};
+    lm_parallel par = {o.rank, o.world, w->comm};
     w->group_status = load_weights(w, &par, &w->group_err);
     if (w->group_status != VLMD_OK) {
         w->load_failed = true; /* the configuration's: exit 2 */
         return;
     }
     if (o.rank == 0)
-        w->group_status = qwen2_lead(w->model, &w->group_err);
+        w->group_status = lm_lead(w->model, &w->group_err);
 }
 
 static void on_follow_work(uv_work_t *req)
 {
     llm_worker *w = req->data;
-    w->group_status = qwen2_follow(w->model, &w->group_err);
+    w->group_status = lm_follow(w->model, &w->group_err);
 }
 
-/* qwen2_follow returned: rank 0 stopped the group, or it broke. Either way
+/* lm_follow returned: rank 0 stopped the group, or it broke. Either way
  * this rank's part is over; the launcher restarts the group as one. */
 static void on_follow_done(uv_work_t *req, int status)
 {
@@ -643,7 +643,7 @@ static void on_follower_report(uv_timer_t *t)
     llm_worker *w = t->data;
     int32_t slots = 0;
     uint64_t bytes = 0;
-    qwen2_follower_holds(w->model, &slots, &bytes);
+    lm_follower_holds(w->model, &slots, &bytes);
     if (w->stopping || (bytes == w->reported_bytes && slots == w->reported_slots))
         return;
     w->reported_bytes = bytes, w->reported_slots = slots;
@@ -660,7 +660,7 @@ static void on_ping(uv_timer_t *t)
     vlmd_error err = {0};
     if (w->stepping || w->profiling || w->stopping || !w->model)
         return;
-    if (qwen2_ping(w->model, &err) != VLMD_OK) {
+    if (lm_ping(w->model, &err) != VLMD_OK) {
         VLMD_ERROR("the group broke: %s", err.msg);
         exit(VLMD_EXIT_FATAL);
     }
@@ -797,7 +797,7 @@ static void free_engine(llm_worker *w)
 {
     engine_free(w->engine);
     vlmd_backend_free(w->backend, w->canary, w->canary_bytes);
-    qwen2_free(w->model); /* rank 0's stops the group's followers */
+    lm_free(w->model); /* rank 0's stops the group's followers */
     vlmd_comm_destroy(w->comm);
     w->comm = NULL;
     vlmd_vocab_free(w->vocab);
@@ -834,9 +834,9 @@ static void load_vocab(llm_worker *w)
         vlmd_vocab_from_tokenizer(tok, &w->vocab, &err) != VLMD_OK)
         VLMD_WARN("no vocabulary for constrained decoding (requests with a grammar are "
                   "refused): %s", err.msg);
-    else if (vlmd_vocab_size(w->vocab) > qwen2_vocab_size(w->model)) {
+    else if (vlmd_vocab_size(w->vocab) > lm_vocab_size(w->model)) {
         VLMD_WARN("no constrained decoding: %s has %u tokens, more than the model's %u", path,
-                  vlmd_vocab_size(w->vocab), qwen2_vocab_size(w->model));
+                  vlmd_vocab_size(w->vocab), lm_vocab_size(w->model));
         vlmd_vocab_free(w->vocab);
         w->vocab = NULL;
     }
@@ -853,7 +853,7 @@ static void open_backend(llm_worker *w)
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);
     }
-    if (qwen2_backend_check(w->backend, &w->svc.model, &err) != VLMD_OK) {
+    if (lm_backend_check(w->backend, &w->svc.model, &err) != VLMD_OK) {
         if (strcmp(w->svc.cfg.device, "auto") != 0) {
             VLMD_ERROR("--device %s: %s; use --device cpu or auto", w->svc.cfg.device, err.msg);
             exit(VLMD_EXIT_CONFIG);
@@ -873,24 +873,24 @@ static void open_backend(llm_worker *w)
  * process says it is ready, after checking that they and one request of
  * the model's length fit. A failure is a configuration error: restarting
  * cannot help. */
-static vlmd_status load_weights(llm_worker *w, const qwen2_parallel *par, vlmd_error *err)
+static vlmd_status load_weights(llm_worker *w, const lm_parallel *par, vlmd_error *err)
 {
     uint64_t t0 = vlmd_now_ms(), weight_bytes = 0;
     vlmd_safetensors *st = NULL;
-    qwen2_model *shapes = NULL;
+    lm_model *shapes = NULL;
     engine_config base = engine_base(w);
     profile_config pc = profile_base(w);
     vlmd_status s = vlmd_safetensors_open_dir(w->svc.cfg.model, &st, err);
     if (s == VLMD_OK)
-        s = qwen2_load_shapes(w->backend, &w->svc.model, st, par, &shapes, &weight_bytes, err);
+        s = lm_load_shapes(w->backend, &w->svc.model, st, par, &shapes, &weight_bytes, err);
     if (s == VLMD_OK)
         s = profile_check_weights(w->backend, weight_bytes, 0, err);
     /* a given length that cannot fit is refused before the seconds of loading */
     if (s == VLMD_OK)
         s = profile_check_length(shapes, w->backend, weight_bytes, &base, &pc, err);
-    qwen2_free(shapes);
+    lm_free(shapes);
     if (s == VLMD_OK)
-        s = qwen2_load_rank(w->backend, &w->svc.model, st, par, &w->model, err);
+        s = lm_load_rank(w->backend, &w->svc.model, st, par, &w->model, err);
     vlmd_safetensors_close(st);
     if (s != VLMD_OK)
         return s;

@@ -44,13 +44,13 @@ static int64_t length_step_down(int64_t len)
 /* The target's arithmetic with the non-KV peak estimated from the shapes:
  * the engine at `len` (a cache of len tokens, its workspace for sequences of
  * len) beside the weights, the peer and the canary. True when len tokens fit. */
-static bool fit_at(qwen2_model *m, const engine_config *base, const profile_config *pc,
+static bool fit_at(lm_model *m, const engine_config *base, const profile_config *pc,
                    uint64_t total, uint64_t weights, int64_t len, profile_fit *f)
 {
     engine_config cfg = *base;
     cfg.kv_slots = (int32_t)len;
     cfg.max_model_len = (int32_t)len;
-    uint64_t bpt = qwen2_kv_bytes_per_token(m);
+    uint64_t bpt = lm_kv_bytes_per_token(m);
     f->workspace_bytes = engine_device_bytes(m, &cfg) - (uint64_t)len * bpt;
     double left = (double)total - (double)weights - (double)f->workspace_bytes -
                   (double)pc->peer_bytes - (double)pc->canary_bytes;
@@ -59,7 +59,7 @@ static bool fit_at(qwen2_model *m, const engine_config *base, const profile_conf
     return f->tokens >= len;
 }
 
-static vlmd_status fit_length(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+static vlmd_status fit_length(lm_model *m, vlmd_backend *b, const engine_config *base,
                               const profile_config *pc, uint64_t weights, profile_fit *fit,
                               vlmd_error *err)
 {
@@ -104,7 +104,7 @@ static vlmd_status fit_length(qwen2_model *m, vlmd_backend *b, const engine_conf
     }
     *fit = at_wanted;
     const vlmd_device_info *dev = vlmd_backend_info(b);
-    uint64_t bpt = qwen2_kv_bytes_per_token(m);
+    uint64_t bpt = lm_kv_bytes_per_token(m);
     char lower[160] = "not one token fits: ";
     if (fits > 0)
         snprintf(lower, sizeof lower, "lower --max-model-len to %lld or less (or leave it out: "
@@ -126,13 +126,13 @@ static vlmd_status fit_length(qwen2_model *m, vlmd_backend *b, const engine_conf
         lower, dev->kind == VLMD_DEVICE_CPU ? "a larger --cpu-device-mb, " : "a larger device, ");
 }
 
-vlmd_status profile_fit_length(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+vlmd_status profile_fit_length(lm_model *m, vlmd_backend *b, const engine_config *base,
                                const profile_config *pc, profile_fit *fit, vlmd_error *err)
 {
     return fit_length(m, b, base, pc, vlmd_backend_allocated_bytes(b), fit, err);
 }
 
-vlmd_status profile_check_length(qwen2_model *shapes, vlmd_backend *b, uint64_t weight_bytes,
+vlmd_status profile_check_length(lm_model *shapes, vlmd_backend *b, uint64_t weight_bytes,
                                  const engine_config *base, const profile_config *pc,
                                  vlmd_error *err)
 {
@@ -148,7 +148,7 @@ vlmd_status profile_check_length(qwen2_model *shapes, vlmd_backend *b, uint64_t 
 
 /* Probe: a KV cache of probe tokens (at most what the fit found) and, where
  * ops take memory (FULL), the stress step; fills the peak numbers. */
-static vlmd_status probe(qwen2_model *m, vlmd_backend *b, engine_config cfg, engine_emit_fn emit,
+static vlmd_status probe(lm_model *m, vlmd_backend *b, engine_config cfg, engine_emit_fn emit,
                          void *ud, profile_report *rep, vlmd_error *err)
 {
     rep->probe_tokens = profile_probe_tokens(&cfg);
@@ -177,7 +177,7 @@ static vlmd_status probe(qwen2_model *m, vlmd_backend *b, engine_config cfg, eng
 }
 
 /* One attempt at `tokens`: the engine, the canary, the stress step. */
-static vlmd_status attempt(qwen2_model *m, vlmd_backend *b, engine_config cfg, engine_emit_fn emit,
+static vlmd_status attempt(lm_model *m, vlmd_backend *b, engine_config cfg, engine_emit_fn emit,
                            void *ud, int64_t tokens, uint64_t canary_bytes,
                            engine_stress_kind stress, engine **out, void **canary,
                            vlmd_error *err)
@@ -214,14 +214,14 @@ static void follow_tokens(engine_config *cfg, const profile_config *pc, int64_t 
     rep->max_model_len = len;
 }
 
-vlmd_status profile_run(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
                         engine_emit_fn emit, void *ud, const profile_config *pc,
                         profile_hook_fn hook, void *hook_ud, engine **out, void **canary,
                         profile_report *rep, vlmd_error *err)
 {
     *out = NULL;
     *canary = NULL;
-    *rep = (profile_report){.bytes_per_token = qwen2_kv_bytes_per_token(m),
+    *rep = (profile_report){.bytes_per_token = lm_kv_bytes_per_token(m),
                             .canary_bytes = pc->canary_bytes,
                             .stress = engine_stress_resolve(b, pc->stress)};
     uint64_t free_bytes = 0;

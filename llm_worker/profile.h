@@ -98,15 +98,15 @@ int64_t profile_probe_tokens(const engine_config *cfg);
  * and what to change, when a given length (or, lowering, even one token)
  * cannot fit. With max_total_token_num the cache is that size: the length
  * must fit it (or is lowered to it). Allocates nothing. */
-vlmd_status profile_fit_length(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+vlmd_status profile_fit_length(lm_model *m, vlmd_backend *b, const engine_config *base,
                                const profile_config *pc, profile_fit *fit, vlmd_error *err);
 
 /* Before loading, for a given --max-model-len (pc->lower_max_model_len
  * false; VLMD_OK otherwise): the fit on the model's shapes (from
- * qwen2_load_shapes) with weight_bytes to come and no peer footprint yet,
+ * lm_load_shapes) with weight_bytes to come and no peer footprint yet,
  * so a length that cannot fit is refused without loading (the fit after
  * loading, with the peer, stays the one that decides). */
-vlmd_status profile_check_length(qwen2_model *shapes, vlmd_backend *b, uint64_t weight_bytes,
+vlmd_status profile_check_length(lm_model *shapes, vlmd_backend *b, uint64_t weight_bytes,
                                  const engine_config *base, const profile_config *pc,
                                  vlmd_error *err);
 
@@ -120,7 +120,7 @@ vlmd_status profile_check_weights(vlmd_backend *b, uint64_t weight_bytes, uint64
  * rep->max_model_len), *canary the held canary
  * (free it with vlmd_backend_free(b, *canary, rep->canary_bytes)). On failure
  * nothing stays allocated and err gives the numbers and names every knob. */
-vlmd_status profile_run(qwen2_model *m, vlmd_backend *b, const engine_config *base,
+vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
                         engine_emit_fn emit, void *ud, const profile_config *pc,
                         profile_hook_fn hook, void *hook_ud, engine **out, void **canary,
                         profile_report *rep, vlmd_error *err);

@@ -202,9 +202,9 @@ int main(int argc, char **argv)
         printf("peak RSS %.2f GiB: %.2fx the weights (%.2f GiB) plus the KV cache (%.2f GiB)\n",
                (double)ru.ru_maxrss / (1 << 20),
                (double)ru.ru_maxrss * 1024 / ((double)t.weight_bytes +
-                                              (double)ec.kv_slots * qwen2_kv_bytes_per_token(t.model)),
+                                              (double)ec.kv_slots * lm_kv_bytes_per_token(t.model)),
                (double)t.weight_bytes / (1u << 30),
-               (double)ec.kv_slots * qwen2_kv_bytes_per_token(t.model) / (1u << 30));
+               (double)ec.kv_slots * lm_kv_bytes_per_token(t.model) / (1u << 30));
     engine_free(e);
     bench_text_model_free(&t);
     vlmd_vocab_free(vocab);

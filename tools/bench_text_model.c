@@ -16,7 +16,7 @@ vlmd_status bench_text_model_load(const char *dir, const vlmd_backend_options *o
     if (s == VLMD_OK)
         s = vlmd_safetensors_open_dir(dir, &st, err);
     if (s == VLMD_OK)
-        s = qwen2_load(out->backend, &out->mc, st, &out->model, err);
+        s = lm_load(out->backend, &out->mc, st, &out->model, err);
     vlmd_safetensors_close(st);
     if (s != VLMD_OK) {
         bench_text_model_free(out);
@@ -29,7 +29,7 @@ vlmd_status bench_text_model_load(const char *dir, const vlmd_backend_options *o
 
 void bench_text_model_free(bench_text_model *t)
 {
-    qwen2_free(t->model);
+    lm_free(t->model);
     vlmd_backend_destroy(t->backend);
     *t = (bench_text_model){0};
 }

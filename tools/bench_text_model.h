@@ -7,12 +7,12 @@
 
 #include "backend.h"
 #include "model_config.h"
-#include "qwen2.h"
+#include "lm.h"
 
 typedef struct bench_text_model {
     vlmd_model_config mc;
     vlmd_backend *backend;
-    qwen2_model *model;
+    lm_model *model;
     uint64_t weight_bytes;  /* on the backend after loading */
     double load_s;
 } bench_text_model;

@@ -24,7 +24,7 @@
 #include "buf.h"
 #include "demo_model.h"
 #include "model_config.h"
-#include "qwen2.h"
+#include "lm.h"
 #include "safetensors.h"
 #include "test_support.h"
 #include "tokenizer.h"
@@ -588,17 +588,17 @@ Test(demo_model, vlmd_forward_runs_on_the_text_weights)
     vlmd_backend *b = NULL;
     cr_assert_eq(vlmd_backend_create("cpu", &b, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors *st = open_weights(path_in(dir, "model.safetensors"));
-    qwen2_model *m = NULL;
-    cr_assert_eq(qwen2_load(b, &mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+    lm_model *m = NULL;
+    cr_assert_eq(lm_load(b, &mc, st, &m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
-    cr_assert_eq(qwen2_vocab_size(m), (uint32_t)mc.text.vocab_size);
+    cr_assert_eq(lm_vocab_size(m), (uint32_t)mc.text.vocab_size);
 
     enum { N = 6 };
-    const int V = (int)qwen2_vocab_size(m);
-    qwen2_kv *kv = NULL;
-    qwen2_workspace *ws = NULL;
-    cr_assert_eq(qwen2_kv_create(m, N, &kv, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(qwen2_workspace_create(m, N, N, N, &ws, &err), VLMD_OK, "%s", err.msg);
+    const int V = (int)lm_vocab_size(m);
+    lm_kv *kv = NULL;
+    lm_workspace *ws = NULL;
+    cr_assert_eq(lm_kv_create(m, N, &kv, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_workspace_create(m, N, N, N, &ws, &err), VLMD_OK, "%s", err.msg);
     int32_t ids[N] = {(int32_t)mc.text.bos_token_id, 260, 300, 12, 500, 700};
     int32_t pos[3 * N], slots[N], rows[N];
     for (int i = 0; i < N; i++) {
@@ -608,8 +608,8 @@ Test(demo_model, vlmd_forward_runs_on_the_text_weights)
     }
     float *logits = malloc((size_t)N * (size_t)V * sizeof *logits);
     vlmd_attn_seq seq = {0, N, N, slots};
-    qwen2_batch batch = {N, ids, pos, slots, &seq, 1, rows, N};
-    cr_assert_eq(qwen2_forward(m, kv, ws, &batch, logits, &err), VLMD_OK, "%s", err.msg);
+    lm_batch batch = {N, ids, pos, slots, &seq, 1, rows, N};
+    cr_assert_eq(lm_forward(m, kv, ws, &batch, logits, &err), VLMD_OK, "%s", err.msg);
     for (int r = 0; r < N; r++) {
         double sum = 0, sq = 0;
         bool finite = true;
@@ -626,9 +626,9 @@ Test(demo_model, vlmd_forward_runs_on_the_text_weights)
     cr_expect_neq(memcmp(logits, logits + (size_t)(N - 1) * V, (size_t)V * sizeof *logits), 0,
                   "different contexts, different logits");
     free(logits);
-    qwen2_workspace_free(m, ws);
-    qwen2_kv_free(m, kv);
-    qwen2_free(m);
+    lm_workspace_free(m, ws);
+    lm_kv_free(m, kv);
+    lm_free(m);
     vlmd_backend_destroy(b);
     remove_dir(dir);
 }

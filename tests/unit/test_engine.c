@@ -45,12 +45,12 @@ static void on_emit(const engine_output *eo, void *ud)
 
 typedef struct fixture {
     vlmd_backend *b;
-    qwen2_model *m;
+    lm_model *m;
     vlmd_model_config mc;
 } fixture;
 
 /* false when the device is not there (only "cuda" may be missing) or its
- * ops cannot run the model yet (qwen2_backend_check; never the CPU) */
+ * ops cannot run the model yet (lm_backend_check; never the CPU) */
 static bool open_named_on(fixture *f, const char *device, const char *model)
 {
     char dir[4096];
@@ -59,7 +59,7 @@ static bool open_named_on(fixture *f, const char *device, const char *model)
     cr_assert_eq(vlmd_model_config_load(dir, &f->mc, &err), VLMD_OK, "%s", err.msg);
     if (!test_backend_open(device, &f->b))
         return false;
-    if (qwen2_backend_check(f->b, &f->mc, &err) != VLMD_OK) {
+    if (lm_backend_check(f->b, &f->mc, &err) != VLMD_OK) {
         cr_assert_str_neq(device, "cpu", "%s", err.msg);
         /* said, not failed: a cr_log_warn makes the run exit 1 */
         fprintf(stderr, "%s on %s: %s\n", model, device, err.msg);
@@ -68,7 +68,7 @@ static bool open_named_on(fixture *f, const char *device, const char *model)
     }
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_dir(dir, &st, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(qwen2_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
     return true;
 }
@@ -85,7 +85,7 @@ static void open_model(fixture *f)
 
 static void close_model(fixture *f)
 {
-    qwen2_free(f->m);
+    lm_free(f->m);
     vlmd_backend_destroy(f->b);
 }
 
@@ -627,7 +627,7 @@ Test(engine, logit_bias_bans_and_forces_tokens)
     int32_t third, first;
     vlmd_msg_request_submit r = greedy_alone(&f, &probe, prompt, &third, &first);
     engine *e = make_engine(&f, &o, 256);
-    uint32_t V = qwen2_vocab_size(f.m);
+    uint32_t V = lm_vocab_size(f.m);
     vlmd_logit_bias bad[2] = {{7, 1}, {V, 1}};
     vlmd_msg_request_submit refused = r;
     refused.logit_bias = bad;
@@ -757,7 +757,7 @@ Test(engine, min_tokens_hold_off_eos_and_stop_tokens)
     held.req_id = 1, held.min_tokens = (uint32_t)first + 3;
     stopped.req_id = 2, stopped.stop_tokens = &stop, stopped.n_stop_tokens = 1;
     stopped.min_tokens = 2;
-    uint32_t outside = qwen2_vocab_size(f.m);
+    uint32_t outside = lm_vocab_size(f.m);
     bad.req_id = 3, bad.stop_tokens = &outside, bad.n_stop_tokens = 1;
     cr_expect_eq(engine_submit(e, &bad, &err), VLMD_ERR_INVALID_ARG,
                  "a stop id past the vocabulary");
@@ -957,7 +957,7 @@ static void bit_equal_on(const char *model, const char *weights)
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, weights), &st, &err), VLMD_OK,
                  "%s", err.msg);
-    cr_assert_eq(qwen2_load(f.b, &f.mc, st, &f.m, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_load(f.b, &f.mc, st, &f.m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
 
     static traced alone, together;

@@ -39,7 +39,7 @@ static void on_emit(const engine_output *eo, void *ud)
 
 typedef struct fixture {
     vlmd_backend *b;
-    qwen2_model *m;
+    lm_model *m;
     vlmd_model_config mc;
     vlmd_tokenizer *tok;
     vlmd_vocab *vocab;
@@ -57,7 +57,7 @@ static bool open_fixture(fixture *f, const char *device, const char *model)
         return false;
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_dir(dir, &st, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(qwen2_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
     cr_assert_eq(vlmd_tokenizer_load(test_model_file(model, "tokenizer.json"), &f->tok, &err),
                  VLMD_OK, "%s", err.msg);
@@ -71,7 +71,7 @@ static void close_fixture(fixture *f)
 {
     vlmd_vocab_free(f->vocab);
     vlmd_tokenizer_free(f->tok);
-    qwen2_free(f->m);
+    lm_free(f->m);
     vlmd_backend_destroy(f->b);
 }
 

@@ -48,7 +48,7 @@ typedef enum arena_fill {
 typedef struct fixture {
     vlmd_model_config mc;
     vlmd_backend *b;
-    qwen2_model *m;
+    lm_model *m;
     vlmd_safetensors *ref;
     json_t *json;
     char arena_path[64];
@@ -115,7 +115,7 @@ static bool open_fixture_on(fixture *f, const char *model, const char *device, a
     cr_assert_eq(vlmd_model_config_load(test_fixture(model), &f->mc, &err), VLMD_OK);
     if (!test_backend_open(device, &f->b))
         return false;
-    if (qwen2_backend_check(f->b, &f->mc, &err) != VLMD_OK) {
+    if (lm_backend_check(f->b, &f->mc, &err) != VLMD_OK) {
         cr_assert_str_neq(device, "cpu", "%s", err.msg);
         fprintf(stderr, "%s on %s: %s\n", model, device, err.msg);
         vlmd_backend_destroy(f->b);
@@ -124,7 +124,7 @@ static bool open_fixture_on(fixture *f, const char *model, const char *device, a
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, "model.safetensors"), &st,
                                             &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(qwen2_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_load(f->b, &f->mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
     /* the visual worker on the CPU, its largest image the fixture's (320 x 224) */
     vlmd_backend *vb = NULL;
     image_encoder *enc = NULL;
@@ -146,7 +146,7 @@ static bool open_fixture_on(fixture *f, const char *model, const char *device, a
     cr_assert_eq(vlmd_shm_arena_open(f->arena_path, true, &f->arena, &err), VLMD_OK, "%s",
                  err.msg);
     const uint64_t token_bytes = vlmd_image_token_bytes(&f->mc);
-    cr_assert_eq(token_bytes, qwen2_image_token_bytes(f->m));
+    cr_assert_eq(token_bytes, lm_image_token_bytes(f->m));
     uint64_t offset = 0;
     for (int c = 0; c < 4; c++) {
         json_t *cs = json_array_get(json_object_get(f->json, "cases"), (size_t)c);
@@ -214,7 +214,7 @@ static void close_fixture(fixture *f)
         free(f->ids[c]);
     json_decref(f->json);
     vlmd_safetensors_close(f->ref);
-    qwen2_free(f->m);
+    lm_free(f->m);
     vlmd_backend_destroy(f->b);
 }
 
@@ -423,7 +423,7 @@ Test(engine_images, requests_sharing_an_image_share_its_kv)
 /* Qwen3-VL on TEST_DEVICE, the arena holding what the encoder wrote. The
  * image cases' greedy continuations are the reference's on the CPU and,
  * with bf16 weights and arithmetic, on the emulated CUDA device too
- * (test_qwen2's cuda_bf16_qwen3_models finds no near tie in them). */
+ * (test_lm's cuda_bf16_qwen3_models finds no near tie in them). */
 static bool qwen3_vl_open(fixture *f)
 {
     return open_fixture_on(f, "qwen3_vl", TEST_DEVICE, FILL_ENCODER);
@@ -559,7 +559,7 @@ Test(engine_images, qwen3_vl_features_past_the_arena_are_refused)
     vlmd_msg_request_submit r = case_request(&f, 2, 1);
     vlmd_image_ref im = f.image[2][0];
     r.images = &im;
-    im.arena_offset = f.arena.size - (uint64_t)im.token_count * qwen2_hidden_size(f.m) * 4;
+    im.arena_offset = f.arena.size - (uint64_t)im.token_count * lm_hidden_size(f.m) * 4;
     cr_expect_eq(engine_submit(e, &r, &err), VLMD_ERR_INVALID_ARG);
     cr_expect(strstr(err.msg, "outside the arena"), "%s", err.msg);
     im.arena_offset = f.arena.size - (uint64_t)im.token_count * vlmd_image_token_bytes(&f.mc);
@@ -589,7 +589,7 @@ Test(engine_images, qwen3_vl_stress_runs_the_deepstack_addition)
         vlmd_model_config mc;
         vlmd_backend *b = NULL;
         vlmd_safetensors *st = NULL;
-        qwen2_model *m = NULL;
+        lm_model *m = NULL;
         vlmd_error err = {0};
         cr_assert_eq(vlmd_model_config_load(test_fixture(models[mi]), &mc, &err), VLMD_OK);
         cr_assert_eq(vlmd_backend_create("cpu", &b, &err), VLMD_OK);
@@ -598,7 +598,7 @@ Test(engine_images, qwen3_vl_stress_runs_the_deepstack_addition)
         table.add = counted_add;
         b->op_table = &table;
         cr_assert_eq(vlmd_safetensors_open_dir(test_fixture(models[mi]), &st, &err), VLMD_OK);
-        cr_assert_eq(qwen2_load(b, &mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(lm_load(b, &mc, st, &m, &err), VLMD_OK, "%s", err.msg);
         vlmd_safetensors_close(st);
         bool vl = mc.has_vision;
         engine_config cfg = {.kv_slots = 512, .max_batch_tokens = 256, .max_running = 4,
@@ -612,7 +612,7 @@ Test(engine_images, qwen3_vl_stress_runs_the_deepstack_addition)
         cr_expect_eq(counted_adds, vl ? mc.vision.n_deepstack : 0, "%s: %d additions",
                      models[mi], counted_adds);
         engine_free(e);
-        qwen2_free(m);
+        lm_free(m);
         vlmd_backend_destroy(b);
     }
 }

@@ -23,7 +23,7 @@
 
 typedef struct fixture {
     vlmd_backend *b;
-    qwen2_model *m;
+    lm_model *m;
     engine_config cfg;
     profile_config pc;
 } fixture;
@@ -40,7 +40,7 @@ static bool open_model(fixture *f, const char *model)
     vlmd_error err = {0};
     cr_assert_eq(vlmd_model_config_load(test_fixture(model), &mc, &err), VLMD_OK);
     cr_assert_eq(vlmd_backend_create(TEST_DEVICE, &f->b, &err), VLMD_OK);
-    if (qwen2_backend_check(f->b, &mc, &err) != VLMD_OK) {
+    if (lm_backend_check(f->b, &mc, &err) != VLMD_OK) {
         cr_assert_str_neq(TEST_DEVICE, "cpu", "%s", err.msg);
         /* said, not failed: a cr_log_warn makes the run exit 1 */
         fprintf(stderr, "%s on %s: %s\n", model, TEST_DEVICE, err.msg);
@@ -50,7 +50,7 @@ static bool open_model(fixture *f, const char *model)
     vlmd_backend_limit(f->b, DEVICE);
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_dir(test_fixture(model), &st, &err), VLMD_OK);
-    cr_assert_eq(qwen2_load(f->b, &mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_load(f->b, &mc, st, &f->m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
     f->cfg = (engine_config){.max_batch_tokens = 256, .max_running = 8, .eos_id = -1,
                              .max_model_len = 1024, .image_token_id = -1};
@@ -65,7 +65,7 @@ static void open_fixture(fixture *f)
 
 static void close_fixture(fixture *f)
 {
-    qwen2_free(f->m);
+    lm_free(f->m);
     vlmd_backend_destroy(f->b);
 }
 
@@ -521,7 +521,7 @@ Test(profile, a_given_length_that_cannot_fit_is_refused_before_loading)
     vlmd_model_config mc;
     vlmd_backend *b = NULL;
     vlmd_safetensors *st = NULL;
-    qwen2_model *shapes = NULL;
+    lm_model *shapes = NULL;
     uint64_t weight_bytes = 0;
     vlmd_error err = {0};
     cr_assert_eq(vlmd_model_config_load(test_fixture("qwen2"), &mc, &err), VLMD_OK);
@@ -529,7 +529,7 @@ Test(profile, a_given_length_that_cannot_fit_is_refused_before_loading)
     vlmd_backend_limit(b, DEVICE);
     uint64_t allocations = vlmd_backend_alloc_count(b);
     cr_assert_eq(vlmd_safetensors_open_dir(test_fixture("qwen2"), &st, &err), VLMD_OK);
-    cr_assert_eq(qwen2_load_shapes(b, &mc, st, NULL, &shapes, &weight_bytes, &err), VLMD_OK, "%s",
+    cr_assert_eq(lm_load_shapes(b, &mc, st, NULL, &shapes, &weight_bytes, &err), VLMD_OK, "%s",
                  err.msg);
     cr_expect_gt(weight_bytes, 0);
     engine_config cfg = {.max_batch_tokens = 256, .max_running = 8, .eos_id = -1,
@@ -548,17 +548,17 @@ Test(profile, a_given_length_that_cannot_fit_is_refused_before_loading)
     cfg.max_model_len = 1024;
     cr_expect_eq(profile_check_length(shapes, b, weight_bytes, &cfg, &pc, &err), VLMD_OK, "%s",
                  err.msg);
-    qwen2_free(shapes);
+    lm_free(shapes);
 
     /* loaded: the fit says the same */
-    qwen2_model *m = NULL;
-    cr_assert_eq(qwen2_load(b, &mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+    lm_model *m = NULL;
+    cr_assert_eq(lm_load(b, &mc, st, &m, &err), VLMD_OK, "%s", err.msg);
     cr_expect_eq(vlmd_backend_allocated_bytes(b), weight_bytes);
     cfg.max_model_len = 1 << 22;
     profile_fit fit;
     cr_expect_eq(profile_fit_length(m, b, &cfg, &pc, &fit, &err), VLMD_ERR_TOO_LARGE);
     cr_expect_str_eq(err.msg, before);
-    qwen2_free(m);
+    lm_free(m);
     vlmd_safetensors_close(st);
     vlmd_backend_destroy(b);
 }
@@ -627,13 +627,13 @@ Test(profile, moe_stress_routes_the_worst_case_and_serving_stays_under_its_peak)
     void *canary = NULL;
     profile_report rep;
     vlmd_error err = {0};
-    cr_expect_eq(qwen2_worst_case_steps(f.m), 0);
+    cr_expect_eq(lm_worst_case_steps(f.m), 0);
     cr_assert_eq(profile_run(f.m, f.b, &f.cfg, on_served, &sv, &f.pc, NULL, NULL, &e, &canary,
                              &rep, &err), VLMD_OK, "%s", err.msg);
     /* prefill and decode in the probe (FULL only: on the CPU its buffers are
      * its peak) and in the validation */
     uint64_t stress_steps = rep.stress == ENGINE_STRESS_FULL ? 4 : 2;
-    cr_expect_eq(qwen2_worst_case_steps(f.m), stress_steps);
+    cr_expect_eq(lm_worst_case_steps(f.m), stress_steps);
     cr_expect_eq(rep.probe_peak_bytes, rep.weights_bytes + rep.probe_kv_bytes +
                                            rep.workspace_bytes,
                  "the worst-case steps took nothing beyond the workspace");
@@ -644,7 +644,7 @@ Test(profile, moe_stress_routes_the_worst_case_and_serving_stays_under_its_peak)
     /* a step with every token on one expert, at the final size */
     vlmd_backend_reset_peak(f.b);
     cr_assert_eq(engine_stress(e, ENGINE_STRESS_FULL, &err), VLMD_OK, "%s", err.msg);
-    cr_expect_eq(qwen2_worst_case_steps(f.m), stress_steps + 2);
+    cr_expect_eq(lm_worst_case_steps(f.m), stress_steps + 2);
     cr_expect_eq(vlmd_backend_peak_bytes(f.b), reserved, "the reserved peak is the worst step's");
 
     /* serving: the model's own routing */
@@ -653,7 +653,7 @@ Test(profile, moe_stress_routes_the_worst_case_and_serving_stays_under_its_peak)
     json_t *ref = test_reference_json("qwen3_moe");
     static uint32_t prompts[4][128];
     serve_cases(e, ref, n_cases, n_tokens, prompts);
-    cr_expect_eq(qwen2_worst_case_steps(f.m), stress_steps + 2,
+    cr_expect_eq(lm_worst_case_steps(f.m), stress_steps + 2,
                  "serving never routes the worst case");
     cr_expect_leq(vlmd_backend_peak_bytes(f.b), reserved);
     engine_free(e);
@@ -666,7 +666,7 @@ Test(profile, moe_stress_routes_the_worst_case_and_serving_stays_under_its_peak)
                      err.msg);
         serve_cases(e, ref, n_cases, n_tokens, prompts);
         engine_free(e);
-        cr_expect_eq(qwen2_worst_case_steps(f.m), stress_steps + 2);
+        cr_expect_eq(lm_worst_case_steps(f.m), stress_steps + 2);
     }
     for (int ci = 0; ci < n_cases; ci++) {
         json_t *want = json_object_get(json_array_get(json_object_get(ref, "cases"), (size_t)ci),

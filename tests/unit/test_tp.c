@@ -1,5 +1,5 @@
 /* test_tp.c - tensor parallelism on the CPU backend (issue 22): a fixture
- * model loaded as rank r of N (qwen2_load_rank) in N forked processes,
+ * model loaded as rank r of N (lm_load_rank) in N forked processes,
  * joined by the CPU communicator, gives the whole model's logits and greedy
  * tokens. Each rank runs the same scenario (decode graphs captured, a
  * packed prefill of two prompts, then greedy decode steps of both, the
@@ -27,7 +27,7 @@
 
 #include "backend.h"
 #include "comm.h"
-#include "qwen2.h"
+#include "lm.h"
 #include "test_ranks.h"
 #include "test_support.h"
 
@@ -170,19 +170,19 @@ static int32_t argmax(const float *x, int n)
 
 /* Runs the scenario on m: logits [ROWS][vocab], tokens [ROWS] (the argmax
  * of each row). Returns the first failure. */
-static vlmd_status run_scenario(qwen2_model *m, float *logits, int32_t *tokens, vlmd_error *err)
+static vlmd_status run_scenario(lm_model *m, float *logits, int32_t *tokens, vlmd_error *err)
 {
     static const int32_t prompts[N_SEQS][7] = {{11, 250, 7, 901, 33, 4, 512},
                                                {600, 3, 77, 140, 9, 0, 0}};
     static const int32_t lens[N_SEQS] = {7, 5};
-    const int V = (int)qwen2_vocab_size(m), MAX_KV = 32;
-    qwen2_kv *kv = NULL;
-    qwen2_workspace *ws = NULL;
-    vlmd_status s = qwen2_kv_create(m, N_SEQS * MAX_KV, &kv, err);
+    const int V = (int)lm_vocab_size(m), MAX_KV = 32;
+    lm_kv *kv = NULL;
+    lm_workspace *ws = NULL;
+    vlmd_status s = lm_kv_create(m, N_SEQS * MAX_KV, &kv, err);
     if (s == VLMD_OK)
-        s = qwen2_workspace_create(m, 16, N_SEQS, MAX_KV, &ws, err);
+        s = lm_workspace_create(m, 16, N_SEQS, MAX_KV, &ws, err);
     if (s == VLMD_OK)
-        s = qwen2_capture_decode(m, kv, ws, err);
+        s = lm_capture_decode(m, kv, ws, err);
     int32_t slots[N_SEQS][32], len[N_SEQS] = {0};
     for (int q = 0; q < N_SEQS; q++)
         for (int i = 0; i < MAX_KV; i++)
@@ -208,8 +208,8 @@ static vlmd_status run_scenario(qwen2_model *m, float *logits, int32_t *tokens, 
         int32_t positions[3 * 16]; /* [3][n] */
         for (int r = 0; r < 3; r++)
             memcpy(positions + r * n, pos[r], (size_t)n * sizeof *positions);
-        qwen2_batch bt = {n, ids, positions, step_slots, seqs, N_SEQS, rows, N_SEQS, NULL, 0};
-        if ((s = qwen2_forward(m, kv, ws, &bt, out, err)) != VLMD_OK)
+        lm_batch bt = {n, ids, positions, step_slots, seqs, N_SEQS, rows, N_SEQS, NULL, 0};
+        if ((s = lm_forward(m, kv, ws, &bt, out, err)) != VLMD_OK)
             break;
         for (int q = 0; q < N_SEQS; q++) {
             int row = step * N_SEQS + q;
@@ -217,12 +217,12 @@ static vlmd_status run_scenario(qwen2_model *m, float *logits, int32_t *tokens, 
             tokens[row] = argmax(out + (size_t)q * V, V);
         }
     }
-    if (s == VLMD_OK && qwen2_decode_graph_steps(ws) != STEPS)
+    if (s == VLMD_OK && lm_decode_graph_steps(ws) != STEPS)
         s = vlmd_errorf(err, VLMD_ERR_INTERNAL, "%llu of %d decode steps ran through a graph",
-                        (unsigned long long)qwen2_decode_graph_steps(ws), STEPS);
+                        (unsigned long long)lm_decode_graph_steps(ws), STEPS);
     free(out);
-    qwen2_workspace_free(m, ws);
-    qwen2_kv_free(m, kv);
+    lm_workspace_free(m, ws);
+    lm_kv_free(m, kv);
     return s;
 }
 
@@ -235,7 +235,7 @@ static void rank_main(const char *model, const vlmd_comm_id *id, int world, int 
 {
     vlmd_backend *b = NULL;
     vlmd_comm *c = NULL;
-    qwen2_model *m = NULL;
+    lm_model *m = NULL;
     vlmd_safetensors *st = NULL;
     vlmd_model_config mc;
     vlmd_error err = {0};
@@ -249,7 +249,7 @@ static void rank_main(const char *model, const vlmd_comm_id *id, int world, int 
         code = 12;
     else if (open_model(model, &mc, &st, &err) != VLMD_OK)
         code = 13;
-    else if (qwen2_load_rank(b, &mc, st, &(qwen2_parallel){rank, world, c}, &m, &err) !=
+    else if (lm_load_rank(b, &mc, st, &(lm_parallel){rank, world, c}, &m, &err) !=
              VLMD_OK)
         code = 14;
     else if (run_scenario(m, &logits[0][0], tokens, &err) != VLMD_OK)
@@ -258,11 +258,11 @@ static void rank_main(const char *model, const vlmd_comm_id *id, int world, int 
         snprintf(sh->msg[rank], sizeof sh->msg[rank], "stage %d: %s", code, err.msg);
     else if (rank == 0) {
         memcpy(sh->tokens, tokens, sizeof tokens);
-        int V = (int)qwen2_vocab_size(m);
+        int V = (int)lm_vocab_size(m);
         for (int r = 0; r < ROWS; r++) /* the scenario packs rows V apart */
             memcpy(sh->logits[r], &logits[0][0] + (size_t)r * V, (size_t)V * sizeof(float));
     }
-    qwen2_free(m);
+    lm_free(m);
     vlmd_safetensors_close(st);
     vlmd_comm_destroy(c);
     vlmd_backend_destroy(b);
@@ -297,15 +297,15 @@ static void run_whole(const char *model, float *logits, int32_t *tokens, int *vo
     vlmd_backend *b = NULL;
     vlmd_safetensors *st = NULL;
     vlmd_model_config mc;
-    qwen2_model *m = NULL;
+    lm_model *m = NULL;
     vlmd_error err = {0};
     cr_assert_eq(vlmd_backend_create("cpu", &b, &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(open_model(model, &mc, &st, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(qwen2_load(b, &mc, st, &m, &err), VLMD_OK, "%s", err.msg);
-    *vocab = (int)qwen2_vocab_size(m);
+    cr_assert_eq(lm_load(b, &mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+    *vocab = (int)lm_vocab_size(m);
     cr_assert_leq(*vocab, MAX_VOCAB);
     cr_assert_eq(run_scenario(m, logits, tokens, &err), VLMD_OK, "%s", err.msg);
-    qwen2_free(m);
+    lm_free(m);
     vlmd_safetensors_close(st);
     vlmd_backend_destroy(b);
 }
@@ -403,7 +403,7 @@ Test(tp, synthetic_three_ranks_repeated_kv_heads, .timeout = 120)
 
 /* ---- refusals ------------------------------------------------------------------------ */
 
-/* qwen2_load_rank of `model` as rank 0 of `world` with communicator c:
+/* lm_load_rank of `model` as rank 0 of `world` with communicator c:
  * refused with `status`; the message is returned (static). */
 static const char *refusal(const char *model, int world, vlmd_comm *c, vlmd_status status)
 {
@@ -411,16 +411,16 @@ static const char *refusal(const char *model, int world, vlmd_comm *c, vlmd_stat
     vlmd_backend *b = NULL;
     vlmd_safetensors *st = NULL;
     vlmd_model_config mc;
-    qwen2_model *m = NULL;
+    lm_model *m = NULL;
     memset(&err, 0, sizeof err);
     cr_assert_eq(vlmd_backend_create("cpu", &b, &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(open_model(model, &mc, &st, &err), VLMD_OK, "%s", err.msg);
     uint64_t before = vlmd_backend_alloc_count(b);
-    vlmd_status s = qwen2_load_rank(b, &mc, st, &(qwen2_parallel){0, world, c}, &m, &err);
+    vlmd_status s = lm_load_rank(b, &mc, st, &(lm_parallel){0, world, c}, &m, &err);
     cr_expect_eq(s, status, "%s N=%d: %s (%s)", model, world, vlmd_status_str(s), err.msg);
     cr_expect_null(m);
     cr_expect_eq(vlmd_backend_alloc_count(b), before, "a refusal allocates nothing");
-    qwen2_free(m);
+    lm_free(m);
     vlmd_safetensors_close(st);
     vlmd_backend_destroy(b);
     return err.msg;
@@ -461,18 +461,18 @@ static void refuse_in_group(const char *model, int world, const char *want)
         vlmd_comm *c = NULL;
         vlmd_safetensors *st = NULL;
         vlmd_model_config mc;
-        qwen2_model *m = NULL;
+        lm_model *m = NULL;
         vlmd_comm_options o = {.rank = r, .world = world, .timeout_ms = 30000};
         int code = 1;
         if (vlmd_backend_create("cpu", &b, &err) == VLMD_OK &&
             vlmd_comm_create(b, &id, &o, &c, &err) == VLMD_OK &&
             open_model(model, &mc, &st, &err) == VLMD_OK) {
-            vlmd_status s = qwen2_load_rank(b, &mc, st, &(qwen2_parallel){r, world, c}, &m,
+            vlmd_status s = lm_load_rank(b, &mc, st, &(lm_parallel){r, world, c}, &m,
                                             &err);
             code = s == VLMD_ERR_INVALID_ARG && !m ? 0 : 2;
         }
         snprintf(sh->msg[r], sizeof sh->msg[r], "%s", err.msg);
-        qwen2_free(m);
+        lm_free(m);
         vlmd_safetensors_close(st);
         vlmd_comm_destroy(c);
         vlmd_backend_destroy(b);

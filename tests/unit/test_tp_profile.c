@@ -1,6 +1,6 @@
 /* test_tp_profile.c - the auto-profile of a tensor-parallel group of rank
  * processes (issue 22) on the CPU backend's simulated devices: rank 0 leads
- * (qwen2_lead) and runs the profile, rank 1 follows (qwen2_follow), each in a
+ * (lm_lead) and runs the profile, rank 1 follows (lm_follow), each in a
  * forked process joined by the CPU communicator. The KV target is the
  * smallest device's: a group of 96 and 64 MiB devices places the cache a
  * group of two 64 MiB devices does, and fewer tokens than two of 96 MiB. One
@@ -64,7 +64,7 @@ typedef struct helper {
     vlmd_backend *b;
 } helper;
 
-/* Rank 1, beside its qwen2_follow (idle then, waiting for rank 0's next word):
+/* Rank 1, beside its lm_follow (idle then, waiting for rank 0's next word):
  * takes all but 1 MiB of its free room when asked, gives it back when asked. */
 static void *take_room(void *arg)
 {
@@ -99,7 +99,7 @@ static void rank_main(const vlmd_comm_id *id, int rank, const uint64_t *device_m
     vlmd_comm *c = NULL;
     vlmd_safetensors *st = NULL;
     vlmd_model_config mc;
-    qwen2_model *m = NULL;
+    lm_model *m = NULL;
     vlmd_error err = {0};
     int code = 0;
     vlmd_comm_options o = {.rank = rank, .world = WORLD, .timeout_ms = 30000};
@@ -109,8 +109,8 @@ static void rank_main(const vlmd_comm_id *id, int rank, const uint64_t *device_m
         vlmd_safetensors_open_dir(test_fixture("qwen2"), &st, &err) != VLMD_OK)
         _exit(fail(sh, rank, &err));
     vlmd_backend_limit(b, device_mib[rank] << 20);
-    qwen2_parallel par = {rank, WORLD, c};
-    if (qwen2_load_rank(b, &mc, st, &par, &m, &err) != VLMD_OK)
+    lm_parallel par = {rank, WORLD, c};
+    if (lm_load_rank(b, &mc, st, &par, &m, &err) != VLMD_OK)
         _exit(fail(sh, rank, &err));
     if (rank == 0) {
         engine_config cfg = {.max_batch_tokens = 256, .max_running = 8, .eos_id = -1,
@@ -119,7 +119,7 @@ static void rank_main(const vlmd_comm_id *id, int rank, const uint64_t *device_m
         engine *e = NULL;
         void *canary = NULL;
         profile_report rep;
-        if (qwen2_lead(m, &err) != VLMD_OK ||
+        if (lm_lead(m, &err) != VLMD_OK ||
             profile_run(m, b, &cfg, on_emit, NULL, &pc, squeeze ? squeeze_rank1 : NULL, sh, &e,
                         &canary, &rep, &err) != VLMD_OK)
             code = fail(sh, rank, &err);
@@ -132,12 +132,12 @@ static void rank_main(const vlmd_comm_id *id, int rank, const uint64_t *device_m
         pthread_t t;
         if (squeeze)
             pthread_create(&t, NULL, take_room, &h);
-        if (qwen2_follow(m, &err) != VLMD_OK)
+        if (lm_follow(m, &err) != VLMD_OK)
             code = fail(sh, rank, &err);
         if (squeeze)
             pthread_join(t, NULL);
     }
-    qwen2_free(m); /* rank 0's ends rank 1's qwen2_follow */
+    lm_free(m); /* rank 0's ends rank 1's lm_follow */
     vlmd_safetensors_close(st);
     vlmd_comm_destroy(c);
     vlmd_backend_destroy(b);

@@ -28,7 +28,7 @@ run_alt() {
 }
 for alt in "--cuda-attention wmma" "--cuda-decode-linear gemv" "--cuda-pdl on"; do
   run_alt test_cuda_ops "$alt" 'cuda_ops/*'
-  run_alt test_qwen2 "$alt" '*/*cuda*' # the fixture models through the CUDA backend
+  run_alt test_lm "$alt" '*/*cuda*' # the fixture models through the CUDA backend
 done
 for alt in "--cuda-attention wmma" "--cuda-pdl on"; do # batched = alone, with decode graphs too
   run_alt test_engine "$alt" '*/*cuda*'

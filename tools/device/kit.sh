@@ -5,7 +5,7 @@
 # order of value:
 #   1 correctness  the tensor-core layouts against the PTX ISA's and CUTLASS's
 #                  tables (test_cuda_layouts), the CUDA op tests, the fixture models through CUDA
-#                  (test_qwen2, test_vision_tower, test_engine) with the
+#                  (test_lm, test_vision_tower, test_engine) with the
 #                  defaults and each --cuda-* way, then compute-sanitizer
 #                  (memcheck, synccheck, racecheck) with each attention path
 #   2 bench-7b     a random Qwen2.5-7B (make_random_qwen.py, seconds): decode at
@@ -81,7 +81,7 @@ case $part in
   step "layouts: ldmatrix, mma.m16n8k16 vs PTX/CUTLASS" 60 "$t/test_cuda_layouts" --jobs 1
   step "test_cuda_ops" 120 "$t/test_cuda_ops" --jobs 4
   for flags in "" "--cuda-attention wmma" "--cuda-decode-linear gemv" "--cuda-pdl on"; do
-    for test in test_qwen2 test_vision_tower test_engine; do
+    for test in test_lm test_vision_tower test_engine; do
       if [ "$test" = test_engine ] && [ "$flags" = "--cuda-decode-linear gemv" ]; then
         # its cases check that a batch decodes as each sequence alone: the GEMV way gives
         # that up (1-2 rows on the GEMV, more on cuBLAS; kernels/cuda/cuda_ops.cu)

@@ -1,5 +1,5 @@
 /* qwen2_impl.h - the model's, KV cache's and workspace's insides, shared by
- * qwen2.c (loading and the forward) and qwen2_ranks.c (what rank 0 tells the
+ * lm.c (loading and the forward) and lm_ranks.c (what rank 0 tells the
  * other ranks of a group, and what they do with it). Nothing else includes it. */
 #ifndef VLMD_QWEN2_IMPL_H
 #define VLMD_QWEN2_IMPL_H
@@ -8,11 +8,11 @@
 
 #include "comm.h"
 #include "ops.h"
-#include "qwen2.h"
+#include "lm.h"
 
-typedef struct qwen2_ranks qwen2_ranks;
+typedef struct lm_ranks lm_ranks;
 
-typedef struct qwen2_layer {
+typedef struct lm_layer {
     void *ln_in, *w_qkv, *wo;               /* attention: [Q + 2 KV, H], [H, Q] */
     void *b_qkv;                            /* [Q + 2 KV]; NULL without qkv bias (Qwen3) */
     void *q_norm, *k_norm;                  /* Qwen3: [hd] each; NULL without */
@@ -21,9 +21,9 @@ typedef struct qwen2_layer {
     /* a mixture-of-experts layer instead (the dense pair NULL): the router [E, H], each
      * expert's gate and up rows [E][2 Ie, H], its down projection [E][H, Ie] */
     void *router, *experts_gate_up, *experts_down;
-} qwen2_layer;
+} lm_layer;
 
-struct qwen2_model {
+struct lm_model {
     vlmd_backend *b;            /* borrowed */
     const vlmd_op_table *op;
     int H, I, L, nh, nkv, hd, V; /* I, nh, nkv: this rank's */
@@ -45,20 +45,20 @@ struct qwen2_model {
     void *embed;                /* [V, H]; a vocabulary split's rank: its [Vr, H] and a zero row */
     void *lm_head;              /* [Vr, H]; the embedding when tied */
     void *final_norm;           /* [H] */
-    qwen2_layer *layers;
+    lm_layer *layers;
     vlmd_backend_owned weights;
     bool holds;                 /* holds the backend's weight type (vlmd_backend_hold_weights) */
     bool dry;                   /* sizing only: tensors are checked and counted, not loaded */
     uint64_t dry_bytes;
-    qwen2_ranks *ranks;         /* leading or following the group's steps (qwen2_ranks.c); NULL:
+    lm_ranks *ranks;         /* leading or following the group's steps (lm_ranks.c); NULL:
                                  * every rank calls the model itself (or world 1) */
     /* a following rank's KV slots and backend bytes, for its own loop thread to report */
     _Atomic int32_t followed_slots;
     _Atomic uint64_t followed_bytes;
 };
 
-struct qwen2_kv {
-    uint32_t id;                /* the group's name for it (qwen2_ranks.c); 0 alone */
+struct lm_kv {
+    uint32_t id;                /* the group's name for it (lm_ranks.c); 0 alone */
     int32_t n_slots;            /* slots the engine hands out */
     void **k, **v;              /* per layer: [n_slots + 1, nkv * hd]; the last row is the
                                  * pad slot, written by a graph's padding rows, never read */
@@ -66,15 +66,15 @@ struct qwen2_kv {
 
 /* A decode step captured for `rows` sequences of one token each. */
 typedef struct decode_graph {
-    qwen2_model *m;
-    qwen2_kv *kv;
-    qwen2_workspace *ws;
+    lm_model *m;
+    lm_kv *kv;
+    lm_workspace *ws;
     int32_t rows;
     vlmd_graph *graph;
 } decode_graph;
 
-struct qwen2_workspace {
-    uint32_t id;                /* the group's name for it (qwen2_ranks.c); 0 alone */
+struct lm_workspace {
+    uint32_t id;                /* the group's name for it (lm_ranks.c); 0 alone */
     int32_t max_tokens, max_logits;
     void *x, *h, *residual;     /* [n, H] */
     void *qkv;                  /* [n, (nh + 2 nkv) * hd] */
@@ -86,7 +86,7 @@ struct qwen2_workspace {
     float *expert_weights;      /* [n, K] fp32 */
     void *moe_scratch;          /* moe_scratch_bytes(n, ...) */
     void *deepstack;            /* [n_deepstack][n, H]: the step's image rows of each feature */
-    bool worst_case;            /* route as the stress does (qwen2_set_worst_case_routing) */
+    bool worst_case;            /* route as the stress does (lm_set_worst_case_routing) */
     void *rows, *logits;        /* [n_logits, H], [n_logits, V] */
     /* a vocabulary split: every rank's [n_logits, Vr] slice, rank after rank (the all-gather's
      * layout), and each logits row's place in it ([n_logits x world]: row i, rank r) */
@@ -107,7 +107,7 @@ struct qwen2_workspace {
     decode_graph *graphs;
     int n_graphs;
     uint64_t graph_steps;       /* steps that ran through a graph */
-    const qwen2_kv *graph_kv;
+    const lm_kv *graph_kv;
     int32_t *pad_ids, *pad_positions, *pad_slots, *pad_rows, pad_slot;
     vlmd_attn_seq *pad_seqs;
     /* sampling: the rows' parameters and outputs, their seen tokens (backend), staging */
@@ -119,35 +119,35 @@ struct qwen2_workspace {
 };
 
 /* The calls rank 0 of a leading group mirrors, as they run on this rank
- * alone (qwen2.c). */
-vlmd_status qwen2_kv_create_here(qwen2_model *m, int32_t n_slots, qwen2_kv **out,
+ * alone (lm.c). */
+vlmd_status lm_kv_create_here(lm_model *m, int32_t n_slots, lm_kv **out,
                                  vlmd_error *err);
-void qwen2_kv_free_here(qwen2_model *m, qwen2_kv *kv);
-vlmd_status qwen2_workspace_create_here(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
-                                        int32_t max_kv_len, qwen2_workspace **out,
+void lm_kv_free_here(lm_model *m, lm_kv *kv);
+vlmd_status lm_workspace_create_here(lm_model *m, int32_t max_tokens, int32_t max_logits,
+                                        int32_t max_kv_len, lm_workspace **out,
                                         vlmd_error *err);
-void qwen2_workspace_free_here(qwen2_model *m, qwen2_workspace *ws);
-vlmd_status qwen2_check_batch(const qwen2_model *m, const qwen2_kv *kv, const qwen2_workspace *ws,
-                              const qwen2_batch *bt, vlmd_error *err);
-vlmd_status qwen2_forward_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
-                               const qwen2_batch *bt, float *logits, vlmd_error *err);
-vlmd_status qwen2_capture_decode_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+void lm_workspace_free_here(lm_model *m, lm_workspace *ws);
+vlmd_status lm_check_batch(const lm_model *m, const lm_kv *kv, const lm_workspace *ws,
+                              const lm_batch *bt, vlmd_error *err);
+vlmd_status lm_forward_here(lm_model *m, lm_kv *kv, lm_workspace *ws,
+                               const lm_batch *bt, float *logits, vlmd_error *err);
+vlmd_status lm_capture_decode_here(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                       vlmd_error *err);
 
 /* The leading rank's side (each a no-op returning VLMD_OK when m->ranks is
  * NULL or follows): before a mirrored call runs here, the others are told;
  * after it, they agree (the call succeeded only where it did on every rank). */
-vlmd_status qwen2_ranks_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out,
+vlmd_status lm_ranks_kv_create(lm_model *m, int32_t n_slots, lm_kv **out,
                                   vlmd_error *err);
-void qwen2_ranks_kv_free(qwen2_model *m, qwen2_kv *kv);
-vlmd_status qwen2_ranks_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
-                                         int32_t max_kv_len, qwen2_workspace **out,
+void lm_ranks_kv_free(lm_model *m, lm_kv *kv);
+vlmd_status lm_ranks_workspace_create(lm_model *m, int32_t max_tokens, int32_t max_logits,
+                                         int32_t max_kv_len, lm_workspace **out,
                                          vlmd_error *err);
-void qwen2_ranks_workspace_free(qwen2_model *m, qwen2_workspace *ws);
-vlmd_status qwen2_ranks_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
-                                const qwen2_batch *bt, vlmd_error *err);
-vlmd_status qwen2_ranks_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+void lm_ranks_workspace_free(lm_model *m, lm_workspace *ws);
+vlmd_status lm_ranks_forward(lm_model *m, lm_kv *kv, lm_workspace *ws,
+                                const lm_batch *bt, vlmd_error *err);
+vlmd_status lm_ranks_capture_decode(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                        vlmd_error *err);
-void qwen2_ranks_free(qwen2_model *m);
+void lm_ranks_free(lm_model *m);
 
 #endif

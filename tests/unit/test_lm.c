@@ -1,4 +1,4 @@
-/* test_qwen2.c - the Qwen2 and Qwen3 text forward on the CPU backend
+/* test_lm.c - the Qwen2 and Qwen3 text forward on the CPU backend
  * against the fixtures (Qwen2 family: computed by Hugging Face transformers;
  * Qwen3, Qwen3-MoE, Qwen3-VL: by the validated port, see their README):
  * logits at every prompt position within 1e-4 relative error with F32
@@ -23,7 +23,7 @@
 
 #include "backend_impl.h"
 #include "cpu_kernels.h"
-#include "qwen2.h"
+#include "lm.h"
 #include "test_support.h"
 
 /* ---- replaying one model's expert choices in another ------------------------------ */
@@ -117,22 +117,22 @@ static void tape_free(void)
 typedef struct fixture {
     vlmd_model_config mc;
     vlmd_backend *b;
-    qwen2_model *m;
+    lm_model *m;
     vlmd_backend *router_b;     /* a CPU backend for the router model */
-    qwen2_model *router;        /* whose expert choices m replays (NULL: its own) */
+    lm_model *router;        /* whose expert choices m replays (NULL: its own) */
     vlmd_safetensors *ref;
     json_t *json;
 } fixture;
 
-static qwen2_model *load_model(vlmd_backend *b, const vlmd_model_config *mc, const char *model,
+static lm_model *load_model(vlmd_backend *b, const vlmd_model_config *mc, const char *model,
                                const char *weights)
 {
     vlmd_safetensors *st = NULL;
     vlmd_error err = {0};
-    qwen2_model *m = NULL;
+    lm_model *m = NULL;
     cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, weights), &st, &err), VLMD_OK,
                  "%s", err.msg);
-    cr_assert_eq(qwen2_load(b, mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_load(b, mc, st, &m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st); /* the model holds its own copy */
     return m;
 }
@@ -149,13 +149,13 @@ static bool open_fixture_routed(fixture *f, const char *model, const char *weigh
     cr_assert_eq(vlmd_model_config_load(test_fixture(model), &f->mc, &err), VLMD_OK, "%s", err.msg);
     if (!test_backend_open(device, &f->b))
         return false;
-    if (qwen2_backend_check(f->b, &f->mc, &err) != VLMD_OK) {
+    if (lm_backend_check(f->b, &f->mc, &err) != VLMD_OK) {
         cr_assert_str_neq(device, "cpu", "%s", err.msg);
         vlmd_safetensors *st = NULL;
-        qwen2_model *m = NULL;
+        lm_model *m = NULL;
         cr_assert_eq(vlmd_safetensors_open_file(test_model_file(model, weights), &st, NULL),
                      VLMD_OK);
-        cr_expect_eq(qwen2_load(f->b, &f->mc, st, &m, &err), VLMD_ERR_UNAVAILABLE);
+        cr_expect_eq(lm_load(f->b, &f->mc, st, &m, &err), VLMD_ERR_UNAVAILABLE);
         cr_expect(strstr(err.msg, "(use --device cpu)") && strstr(err.msg, f->mc.architecture),
                   "%s", err.msg);
         /* said, not failed: a cr_log_warn makes the run exit 1 */
@@ -187,8 +187,8 @@ static void open_fixture(fixture *f, const char *model, const char *weights)
 
 static void close_fixture(fixture *f)
 {
-    qwen2_free(f->m);
-    qwen2_free(f->router);
+    lm_free(f->m);
+    lm_free(f->router);
     vlmd_safetensors_close(f->ref);
     vlmd_backend_destroy(f->b);
     vlmd_backend_destroy(f->router_b);
@@ -224,44 +224,44 @@ static bool near_tie(const float *row, int V, int a, int b)
  * router's own. */
 typedef struct runner {
     fixture *f;
-    qwen2_kv *kv, *router_kv;
-    qwen2_workspace *ws, *router_ws;
+    lm_kv *kv, *router_kv;
+    lm_workspace *ws, *router_ws;
 } runner;
 
 static void runner_open(runner *r, fixture *f, int max)
 {
     vlmd_error err = {0};
     *r = (runner){.f = f};
-    cr_assert_eq(qwen2_kv_create(f->m, max, &r->kv, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(qwen2_workspace_create(f->m, max, max, max, &r->ws, &err), VLMD_OK, "%s",
+    cr_assert_eq(lm_kv_create(f->m, max, &r->kv, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_workspace_create(f->m, max, max, max, &r->ws, &err), VLMD_OK, "%s",
                  err.msg);
     if (!f->router)
         return;
-    cr_assert_eq(qwen2_kv_create(f->router, max, &r->router_kv, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(qwen2_workspace_create(f->router, max, max, max, &r->router_ws, &err), VLMD_OK,
+    cr_assert_eq(lm_kv_create(f->router, max, &r->router_kv, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_workspace_create(f->router, max, max, max, &r->router_ws, &err), VLMD_OK,
                  "%s", err.msg);
 }
 
 static void runner_close(runner *r)
 {
-    qwen2_workspace_free(r->f->m, r->ws);
-    qwen2_kv_free(r->f->m, r->kv);
+    lm_workspace_free(r->f->m, r->ws);
+    lm_kv_free(r->f->m, r->kv);
     if (r->f->router) {
-        qwen2_workspace_free(r->f->router, r->router_ws);
-        qwen2_kv_free(r->f->router, r->router_kv);
+        lm_workspace_free(r->f->router, r->router_ws);
+        lm_kv_free(r->f->router, r->router_kv);
     }
 }
 
 /* One step of the model (the router model's first, its expert choices taped). */
-static void runner_forward(runner *r, const qwen2_batch *bt, float *logits)
+static void runner_forward(runner *r, const lm_batch *bt, float *logits)
 {
     vlmd_error err = {0};
     if (r->f->router) {
         tape.len = tape.at = 0;
-        cr_assert_eq(qwen2_forward(r->f->router, r->router_kv, r->router_ws, bt, NULL, &err),
+        cr_assert_eq(lm_forward(r->f->router, r->router_kv, r->router_ws, bt, NULL, &err),
                      VLMD_OK, "%s", err.msg);
     }
-    cr_assert_eq(qwen2_forward(r->f->m, r->kv, r->ws, bt, logits, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_forward(r->f->m, r->kv, r->ws, bt, logits, &err), VLMD_OK, "%s", err.msg);
     if (r->f->router)
         cr_assert_eq(tape.at, tape.len, "every recorded choice replayed");
 }
@@ -272,7 +272,7 @@ static void runner_forward(runner *r, const qwen2_batch *bt, float *logits)
  * (returned; the caller frees it, NULL for a text case) that runs[i] point
  * into. */
 static float *image_rows(const fixture *f, size_t ci, const int32_t *ids, int n,
-                         qwen2_embed_run *runs, int *n_runs)
+                         lm_embed_run *runs, int *n_runs)
 {
     char name[64];
     snprintf(name, sizeof name, "case%zu.vision_embeds", ci);
@@ -280,8 +280,8 @@ static float *image_rows(const fixture *f, size_t ci, const int32_t *ids, int n,
     *n_runs = 0;
     if (!ve)
         return NULL;
-    const size_t H = qwen2_hidden_size(f->m), T = (size_t)ve->shape[0];
-    const int features = qwen2_deepstack_features(f->m);
+    const size_t H = lm_hidden_size(f->m), T = (size_t)ve->shape[0];
+    const int features = lm_deepstack_features(f->m);
     cr_assert_eq(ve->shape[1], (int64_t)H);
     float *buf = malloc((1 + (size_t)features) * T * H * sizeof *buf);
     cr_assert_not_null(buf);
@@ -303,7 +303,7 @@ static float *image_rows(const fixture *f, size_t ci, const int32_t *ids, int n,
         while (i < n && ids[i] == pad)
             i++;
         cr_assert_lt(*n_runs, 4);
-        runs[(*n_runs)++] = (qwen2_embed_run){start, i - start, buf + used * H, T * H};
+        runs[(*n_runs)++] = (lm_embed_run){start, i - start, buf + used * H, T * H};
         used += (size_t)(i - start);
     }
     cr_assert_eq(used, T, "case %zu: the pads run for the images' tokens", ci);
@@ -341,7 +341,7 @@ static void check_model_with(const model_check *mk)
     if (!open_fixture_routed(&f, mk->model, mk->weights, mk->device, mk->routing_from))
         return;
     const char *device = mk->device, *model = mk->model, *weights = mk->weights;
-    const int V = (int)qwen2_vocab_size(f.m), max = 256;
+    const int V = (int)lm_vocab_size(f.m), max = 256;
     const double tol = cpu_bf16_activations(device, weights) && mk->tol < BF16_ACTIVATIONS_TOL
                            ? BF16_ACTIVATIONS_TOL
                            : mk->tol;
@@ -376,12 +376,12 @@ static void check_model_with(const model_check *mk)
                 pos[i] = (int32_t)p64[i];
         }
         /* an image case: its pad tokens take the reference vision embeddings */
-        qwen2_embed_run images[4];
+        lm_embed_run images[4];
         int n_images = 0;
         float *arena = image_rows(&f, ci, ids, n, images, &n_images);
         float *logits = malloc((size_t)n * V * sizeof *logits);
         vlmd_attn_seq seq = {0, n, n, slots};
-        qwen2_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, images, n_images};
+        lm_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, images, n_images};
         runner_forward(&run, &bt, logits);
         free(arena);
 
@@ -420,7 +420,7 @@ static void check_model_with(const model_check *mk)
                     p[r] = last_pos + 1 + (int32_t)k;
                 slots[slot] = slot;
                 vlmd_attn_seq one = {0, 1, slot + 1, slots};
-                qwen2_batch step = {1, &id, p, &slot, &one, 1, &row, 1, NULL, 0};
+                lm_batch step = {1, &id, p, &slot, &one, 1, &row, 1, NULL, 0};
                 runner_forward(&run, &step, logits);
                 last = logits;
                 next = argmax(last, V);
@@ -450,21 +450,21 @@ static void check_model(const char *model, const char *weights, double tol, gree
     check_model_on("cpu", model, weights, tol, greedy);
 }
 
-Test(qwen2, qwen2_f32) { check_model("qwen2", "model.safetensors", 1e-4, GREEDY_EXACT); }
-Test(qwen2, qwen2_bf16)
+Test(lm, qwen2_f32) { check_model("qwen2", "model.safetensors", 1e-4, GREEDY_EXACT); }
+Test(lm, qwen2_bf16)
 {
     check_model("qwen2", "model.bf16.safetensors", 2e-2, GREEDY_UNTIL_NEAR_TIE);
 }
-Test(qwen2, qwen2_vl_text_f32) { check_model("qwen2_vl", "model.safetensors", 1e-4, GREEDY_EXACT); }
-Test(qwen2, qwen2_vl_text_bf16)
+Test(lm, qwen2_vl_text_f32) { check_model("qwen2_vl", "model.safetensors", 1e-4, GREEDY_EXACT); }
+Test(lm, qwen2_vl_text_bf16)
 {
     check_model("qwen2_vl", "model.bf16.safetensors", 2e-2, GREEDY_UNTIL_NEAR_TIE);
 }
-Test(qwen2, qwen2_5_vl_text_f32)
+Test(lm, qwen2_5_vl_text_f32)
 {
     check_model("qwen2_5_vl", "model.safetensors", 1e-4, GREEDY_EXACT);
 }
-Test(qwen2, qwen2_5_vl_text_bf16)
+Test(lm, qwen2_5_vl_text_bf16)
 {
     check_model("qwen2_5_vl", "model.bf16.safetensors", 2e-2, GREEDY_UNTIL_NEAR_TIE);
 }
@@ -486,18 +486,18 @@ static const model_check qwen3_checks[] = {
     {"cpu", "qwen3_vl", F32, 1e-4, GREEDY_EXACT, false, NULL},
     {"cpu", "qwen3_vl", BF16, 1e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
 };
-Test(qwen2, qwen3_f32) { check_model_with(&qwen3_checks[0]); }
-Test(qwen2, qwen3_bf16) { check_model_with(&qwen3_checks[1]); }
-Test(qwen2, qwen3_moe_f32) { check_model_with(&qwen3_checks[2]); }
-Test(qwen2, qwen3_moe_bf16_with_f32_routing) { check_model_with(&qwen3_checks[3]); }
-Test(qwen2, qwen3_vl_f32) { check_model_with(&qwen3_checks[4]); }
-Test(qwen2, qwen3_vl_bf16) { check_model_with(&qwen3_checks[5]); }
+Test(lm, qwen3_f32) { check_model_with(&qwen3_checks[0]); }
+Test(lm, qwen3_bf16) { check_model_with(&qwen3_checks[1]); }
+Test(lm, qwen3_moe_f32) { check_model_with(&qwen3_checks[2]); }
+Test(lm, qwen3_moe_bf16_with_f32_routing) { check_model_with(&qwen3_checks[3]); }
+Test(lm, qwen3_vl_f32) { check_model_with(&qwen3_checks[4]); }
+Test(lm, qwen3_vl_bf16) { check_model_with(&qwen3_checks[5]); }
 
 /* Through the CUDA backend (bf16 weights and activations): where a GPU is
  * visible, the logits of every text case of every model against the
  * reference and the greedy continuation up to any near tie; elsewhere the
  * backend's clear refusal. */
-Test(qwen2, cuda_bf16_all_models)
+Test(lm, cuda_bf16_all_models)
 {
     const char *models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
@@ -505,14 +505,14 @@ Test(qwen2, cuda_bf16_all_models)
 }
 
 /* The Qwen3 generation the same way, once the CUDA table has what each
- * model needs (qwen2_backend_check); until then its load is refused, naming
+ * model needs (lm_backend_check); until then its load is refused, naming
  * what is missing (open_fixture_routed). The MoE model replays the CPU F32
  * model's expert choices; Qwen3-VL's image cases take their DeepStack
  * features. bf16 activations on top of the bf16 weights: on the emulator
  * (bf16 storage, fp32 arithmetic as on tensor cores) the logits moved by
  * 1.28e-2 to 1.42e-2 (qwen3), 1.26e-2 to 1.38e-2 (qwen3_moe with the F32
  * routing) and 0.73e-2 to 0.97e-2 (qwen3_vl), so the bound is 2e-2. */
-Test(qwen2, cuda_bf16_qwen3_models)
+Test(lm, cuda_bf16_qwen3_models)
 {
     static const model_check checks[] = {
         {"cuda", "qwen3", BF16, 2e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
@@ -534,14 +534,14 @@ static float *pdl_logits(int pdl, size_t *count)
     vlmd_model_config mc;
     vlmd_error err = {0};
     cr_assert_eq(vlmd_model_config_load(test_fixture("qwen2"), &mc, &err), VLMD_OK, "%s", err.msg);
-    qwen2_model *m = load_model(b, &mc, "qwen2", BF16);
+    lm_model *m = load_model(b, &mc, "qwen2", BF16);
     enum { SEQS = 3, LEN = 6, STEPS = 3, CTX = LEN + STEPS, SLOTS = SEQS * CTX };
-    const int V = (int)qwen2_vocab_size(m);
-    qwen2_kv *kv;
-    qwen2_workspace *ws;
-    cr_assert_eq(qwen2_kv_create(m, SLOTS, &kv, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(qwen2_workspace_create(m, SEQS * LEN, SEQS, CTX, &ws, &err), VLMD_OK, "%s", err.msg);
-    cr_assert_eq(qwen2_capture_decode(m, kv, ws, &err), VLMD_OK, "%s", err.msg);
+    const int V = (int)lm_vocab_size(m);
+    lm_kv *kv;
+    lm_workspace *ws;
+    cr_assert_eq(lm_kv_create(m, SLOTS, &kv, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_workspace_create(m, SEQS * LEN, SEQS, CTX, &ws, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_capture_decode(m, kv, ws, &err), VLMD_OK, "%s", err.msg);
     *count = (size_t)SEQS * V * (1 + STEPS);
     float *logits = malloc(*count * sizeof *logits);
     int32_t ids[SEQS * LEN], pos[3 * SEQS * LEN], slots[SLOTS], rows[SEQS];
@@ -561,8 +561,8 @@ static float *pdl_logits(int pdl, size_t *count)
     for (int s = 0; s < SEQS; s++)
         for (int i = 0; i < LEN; i++)
             prefill_slots[s * LEN + i] = slots[s * CTX + i];
-    qwen2_batch prefill = {SEQS * LEN, ids, pos, prefill_slots, seqs, SEQS, rows, SEQS, NULL, 0};
-    cr_assert_eq(qwen2_forward(m, kv, ws, &prefill, logits, &err), VLMD_OK, "%s", err.msg);
+    lm_batch prefill = {SEQS * LEN, ids, pos, prefill_slots, seqs, SEQS, rows, SEQS, NULL, 0};
+    cr_assert_eq(lm_forward(m, kv, ws, &prefill, logits, &err), VLMD_OK, "%s", err.msg);
     for (int k = 0; k < STEPS; k++) { /* each sequence's greedy next token */
         int32_t step_ids[SEQS], step_pos[3 * SEQS], step_slots[SEQS];
         const float *last = logits + (size_t)k * SEQS * V;
@@ -575,14 +575,14 @@ static float *pdl_logits(int pdl, size_t *count)
             rows[s] = s;
             seqs[s] = (vlmd_attn_seq){s, 1, len + 1, slots + s * CTX};
         }
-        qwen2_batch decode = {SEQS, step_ids, step_pos, step_slots, seqs, SEQS, rows, SEQS, NULL, 0};
-        cr_assert_eq(qwen2_forward(m, kv, ws, &decode, logits + (size_t)(k + 1) * SEQS * V, &err),
+        lm_batch decode = {SEQS, step_ids, step_pos, step_slots, seqs, SEQS, rows, SEQS, NULL, 0};
+        cr_assert_eq(lm_forward(m, kv, ws, &decode, logits + (size_t)(k + 1) * SEQS * V, &err),
                      VLMD_OK, "%s", err.msg);
     }
-    cr_expect_eq(qwen2_decode_graph_steps(ws), STEPS, "the decode steps replayed graphs");
-    qwen2_workspace_free(m, ws);
-    qwen2_kv_free(m, kv);
-    qwen2_free(m);
+    cr_expect_eq(lm_decode_graph_steps(ws), STEPS, "the decode steps replayed graphs");
+    lm_workspace_free(m, ws);
+    lm_kv_free(m, kv);
+    lm_free(m);
     vlmd_backend_destroy(b);
     return logits;
 }
@@ -592,7 +592,7 @@ static float *pdl_logits(int pdl, size_t *count)
  * wait would change the numbers on a GPU, so the logits must be the same
  * bits with it off and on (the emulator runs launches one after another:
  * there it checks the test; tools/device runs it on a GPU). */
-Test(qwen2, cuda_logits_are_the_same_bits_with_pdl_off_and_on)
+Test(lm, cuda_logits_are_the_same_bits_with_pdl_off_and_on)
 {
     size_t n_off = 0, n_on = 0;
     float *off = pdl_logits(0, &n_off);
@@ -609,7 +609,7 @@ Test(qwen2, cuda_logits_are_the_same_bits_with_pdl_off_and_on)
     free(on);
 }
 
-Test(qwen2, missing_and_misshaped_tensors_are_named)
+Test(lm, missing_and_misshaped_tensors_are_named)
 {
     fixture f;
     open_fixture(&f, "qwen2", "model.safetensors");
@@ -618,16 +618,16 @@ Test(qwen2, missing_and_misshaped_tensors_are_named)
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_file(test_model_file("qwen2", "model.safetensors"), &st,
                                             NULL), VLMD_OK);
-    qwen2_model *m = NULL;
+    lm_model *m = NULL;
     vlmd_error err = {0};
-    cr_expect_eq(qwen2_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect_eq(lm_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "mlp.gate_proj.weight has shape [256, 128], expected [257, 128]"),
               "%s", err.msg);
     cr_expect_null(m);
     cr_expect_eq(vlmd_backend_allocated_bytes(f.b) > 0, true, "the good model's weights");
     vlmd_model_config more = f.mc;
     more.text.num_layers += 1;
-    cr_expect_eq(qwen2_load(f.b, &more, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect_eq(lm_load(f.b, &more, st, &m, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "missing tensor model.layers.3."), "%s", err.msg);
     vlmd_safetensors_close(st);
     close_fixture(&f);
@@ -636,17 +636,17 @@ Test(qwen2, missing_and_misshaped_tensors_are_named)
 /* A prompt prefilled in chunks (each attending to the chunks before it in
  * the KV cache) gives the logits of the one-shot prefill: within 1e-4 of the
  * reference for chunks of 7, 64 and 4096 tokens (F32, CPU), dense and MoE. */
-Test(qwen2, chunked_prefill_matches_one_shot)
+Test(lm, chunked_prefill_matches_one_shot)
 {
     const char *models[] = {"qwen2", "qwen2_vl", "qwen3", "qwen3_moe"};
     for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
         fixture f;
         open_fixture(&f, models[mi], "model.safetensors");
-        const int V = (int)qwen2_vocab_size(f.m), max = 256;
-        qwen2_kv *kv = NULL;
-        qwen2_workspace *ws = NULL;
-        cr_assert_eq(qwen2_kv_create(f.m, max, &kv, NULL), VLMD_OK);
-        cr_assert_eq(qwen2_workspace_create(f.m, max, max, max, &ws, NULL), VLMD_OK);
+        const int V = (int)lm_vocab_size(f.m), max = 256;
+        lm_kv *kv = NULL;
+        lm_workspace *ws = NULL;
+        cr_assert_eq(lm_kv_create(f.m, max, &kv, NULL), VLMD_OK);
+        cr_assert_eq(lm_workspace_create(f.m, max, max, max, &ws, NULL), VLMD_OK);
         json_t *ids_j = json_object_get(json_array_get(json_object_get(f.json, "cases"), 1),
                                         "input_ids");
         int n = (int)json_array_size(ids_j);
@@ -669,10 +669,10 @@ Test(qwen2, chunked_prefill_matches_one_shot)
                         pos[r * len + i] = start + i;
                 }
                 vlmd_attn_seq seq = {0, len, start + len, slots};
-                qwen2_batch bt = {len, ids + start, pos, slots + start, &seq, 1, rows, len,
+                lm_batch bt = {len, ids + start, pos, slots + start, &seq, 1, rows, len,
                                   NULL, 0};
                 vlmd_error err = {0};
-                cr_assert_eq(qwen2_forward(f.m, kv, ws, &bt, logits + (size_t)start * V, &err),
+                cr_assert_eq(lm_forward(f.m, kv, ws, &bt, logits + (size_t)start * V, &err),
                              VLMD_OK, "%s", err.msg);
             }
             double rel = test_rel_error(logits, ref, (size_t)n * V);
@@ -680,8 +680,8 @@ Test(qwen2, chunked_prefill_matches_one_shot)
                          chunks[c], rel);
         }
         free(logits);
-        qwen2_workspace_free(f.m, ws);
-        qwen2_kv_free(f.m, kv);
+        lm_workspace_free(f.m, ws);
+        lm_kv_free(f.m, kv);
         close_fixture(&f);
     }
 }
@@ -690,27 +690,27 @@ Test(qwen2, chunked_prefill_matches_one_shot)
  * gives the eager logits: 11 sequences of different lengths padded to the
  * graph of 12 (sizes 1, 2, 4, 8 and the largest, 12), whose padding rows
  * write the pad slot and leave every real slot as eager left it. */
-Test(qwen2, decode_graphs_pad_a_batch_and_give_the_eager_logits)
+Test(lm, decode_graphs_pad_a_batch_and_give_the_eager_logits)
 {
     fixture f;
     open_fixture(&f, "qwen2", "model.safetensors");
     enum { SEQS = 11, MAX = 12, CTX = 9, SLOTS = SEQS * CTX };
-    const int V = (int)qwen2_vocab_size(f.m);
-    qwen2_kv *kv[2];
-    qwen2_workspace *ws[2];
+    const int V = (int)lm_vocab_size(f.m);
+    lm_kv *kv[2];
+    lm_workspace *ws[2];
     vlmd_error err = {0};
     int32_t ids[SLOTS], pos[3 * SLOTS], slots[SLOTS], rows[SLOTS];
     vlmd_attn_seq seqs[SEQS];
     float *logits[2] = {malloc((size_t)SEQS * V * sizeof(float)),
                         malloc((size_t)SEQS * V * sizeof(float))};
     for (int g = 0; g < 2; g++) {
-        cr_assert_eq(qwen2_kv_create(f.m, SLOTS, &kv[g], &err), VLMD_OK, "%s", err.msg);
-        cr_assert_eq(qwen2_workspace_create(f.m, SLOTS, MAX, CTX, &ws[g], &err), VLMD_OK, "%s",
+        cr_assert_eq(lm_kv_create(f.m, SLOTS, &kv[g], &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(lm_workspace_create(f.m, SLOTS, MAX, CTX, &ws[g], &err), VLMD_OK, "%s",
                      err.msg);
         if (g) {
-            cr_assert_eq(qwen2_capture_decode(f.m, kv[g], ws[g], &err), VLMD_OK, "%s", err.msg);
-            cr_expect_eq(qwen2_decode_graph_count(ws[g]), 5);
-            cr_expect_eq(qwen2_decode_graph_max(ws[g]), MAX);
+            cr_assert_eq(lm_capture_decode(f.m, kv[g], ws[g], &err), VLMD_OK, "%s", err.msg);
+            cr_expect_eq(lm_decode_graph_count(ws[g]), 5);
+            cr_expect_eq(lm_decode_graph_max(ws[g]), MAX);
         }
         /* prompts of 3..8 tokens (eager: a prefill is no decode step) */
         int n = 0;
@@ -733,8 +733,8 @@ Test(qwen2, decode_graphs_pad_a_batch_and_give_the_eager_logits)
                 for (int r = 0; r < 3; r++)
                     step_pos[r * n + i] = pos[r * SLOTS + i];
             }
-        qwen2_batch prefill = {n, step_ids, step_pos, step_slots, seqs, SEQS, rows, 0, NULL, 0};
-        cr_assert_eq(qwen2_forward(f.m, kv[g], ws[g], &prefill, NULL, &err), VLMD_OK, "%s",
+        lm_batch prefill = {n, step_ids, step_pos, step_slots, seqs, SEQS, rows, 0, NULL, 0};
+        cr_assert_eq(lm_forward(f.m, kv[g], ws[g], &prefill, NULL, &err), VLMD_OK, "%s",
                      err.msg);
         /* one decode step: each sequence's next token */
         for (int s = 0; s < SEQS; s++) {
@@ -746,18 +746,18 @@ Test(qwen2, decode_graphs_pad_a_batch_and_give_the_eager_logits)
             rows[s] = s;
             seqs[s] = (vlmd_attn_seq){s, 1, len + 1, slots + s * CTX};
         }
-        qwen2_batch decode = {SEQS, step_ids, step_pos, step_slots, seqs, SEQS, rows, SEQS,
+        lm_batch decode = {SEQS, step_ids, step_pos, step_slots, seqs, SEQS, rows, SEQS,
                               NULL, 0};
-        cr_assert_eq(qwen2_forward(f.m, kv[g], ws[g], &decode, logits[g], &err), VLMD_OK, "%s",
+        cr_assert_eq(lm_forward(f.m, kv[g], ws[g], &decode, logits[g], &err), VLMD_OK, "%s",
                      err.msg);
     }
-    cr_expect_eq(qwen2_decode_graph_steps(ws[0]), 0);
-    cr_expect_eq(qwen2_decode_graph_steps(ws[1]), 1, "the decode step replayed the graph of 12");
+    cr_expect_eq(lm_decode_graph_steps(ws[0]), 0);
+    cr_expect_eq(lm_decode_graph_steps(ws[1]), 1, "the decode step replayed the graph of 12");
     double rel = test_rel_error(logits[1], logits[0], (size_t)SEQS * V);
     cr_expect_lt(rel, 1e-6, "graph logits against eager: %g", rel);
     for (int g = 0; g < 2; g++) {
-        qwen2_workspace_free(f.m, ws[g]);
-        qwen2_kv_free(f.m, kv[g]);
+        lm_workspace_free(f.m, ws[g]);
+        lm_kv_free(f.m, kv[g]);
         free(logits[g]);
     }
     close_fixture(&f);
@@ -767,13 +767,13 @@ Test(qwen2, decode_graphs_pad_a_batch_and_give_the_eager_logits)
 /* Every case of a model in one step, packed (each its own sequence, all
  * rows' logits): each within 1e-4 of its reference, as alone. A MoE layer
  * routes each token on its own, whatever shares its step. */
-Test(qwen2, a_packed_batch_of_every_case_matches_each_alone)
+Test(lm, a_packed_batch_of_every_case_matches_each_alone)
 {
     const char *models[] = {"qwen3", "qwen3_moe"};
     for (size_t mi = 0; mi < sizeof models / sizeof *models; mi++) {
         fixture f;
         open_fixture(&f, models[mi], "model.safetensors");
-        const int V = (int)qwen2_vocab_size(f.m), max = 512;
+        const int V = (int)lm_vocab_size(f.m), max = 512;
         json_t *cases = json_object_get(f.json, "cases");
         int n_seqs = (int)json_array_size(cases), n = 0;
         int32_t ids[512], pos[3 * 512], slots[512], rows[512];
@@ -795,15 +795,15 @@ Test(qwen2, a_packed_batch_of_every_case_matches_each_alone)
             for (int k = 0; k < seqs[q].q_len; k++, i++)
                 for (int r = 0; r < 3; r++)
                     pos[r * n + i] = k;
-        qwen2_kv *kv = NULL;
-        qwen2_workspace *ws = NULL;
+        lm_kv *kv = NULL;
+        lm_workspace *ws = NULL;
         vlmd_error err = {0};
-        cr_assert_eq(qwen2_kv_create(f.m, max, &kv, &err), VLMD_OK, "%s", err.msg);
-        cr_assert_eq(qwen2_workspace_create(f.m, max, max, max, &ws, &err), VLMD_OK, "%s",
+        cr_assert_eq(lm_kv_create(f.m, max, &kv, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(lm_workspace_create(f.m, max, max, max, &ws, &err), VLMD_OK, "%s",
                      err.msg);
         float *logits = malloc((size_t)n * V * sizeof *logits);
-        qwen2_batch bt = {n, ids, pos, slots, seqs, n_seqs, rows, n, NULL, 0};
-        cr_assert_eq(qwen2_forward(f.m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
+        lm_batch bt = {n, ids, pos, slots, seqs, n_seqs, rows, n, NULL, 0};
+        cr_assert_eq(lm_forward(f.m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
         for (int q = 0; q < n_seqs; q++) {
             char name[64];
             snprintf(name, sizeof name, "case%d.logits", q);
@@ -815,8 +815,8 @@ Test(qwen2, a_packed_batch_of_every_case_matches_each_alone)
                          q, rel);
         }
         free(logits);
-        qwen2_workspace_free(f.m, ws);
-        qwen2_kv_free(f.m, kv);
+        lm_workspace_free(f.m, ws);
+        lm_kv_free(f.m, kv);
         close_fixture(&f);
     }
 }
@@ -825,9 +825,9 @@ Test(qwen2, a_packed_batch_of_every_case_matches_each_alone)
 
 /* The CPU's op table less one piece at a time: a model that needs it is
  * refused at load, naming the backend, the piece and the architecture
- * (qwen2_backend_check reads the table, not the architecture), and a
+ * (lm_backend_check reads the table, not the architecture), and a
  * model that does not need it still loads. */
-Test(qwen2, a_backend_without_the_ops_a_model_needs_refuses_it)
+Test(lm, a_backend_without_the_ops_a_model_needs_refuses_it)
 {
     static const struct {
         const char *lacks, *model, *needs, *fine;
@@ -855,14 +855,14 @@ Test(qwen2, a_backend_without_the_ops_a_model_needs_refuses_it)
             vlmd_model_config mc;
             vlmd_safetensors *st = NULL;
             vlmd_error err = {0};
-            qwen2_model *m = NULL;
+            lm_model *m = NULL;
             uint64_t bytes = 1;
             cr_assert_eq(vlmd_model_config_load(test_fixture(models[k]), &mc, NULL), VLMD_OK);
             cr_assert_eq(vlmd_safetensors_open_dir(test_fixture(models[k]), &st, NULL), VLMD_OK);
             vlmd_status want = k ? VLMD_OK : VLMD_ERR_UNAVAILABLE;
-            cr_expect_eq(qwen2_backend_check(b, &mc, &err), want, "%s: %s", models[k], err.msg);
-            cr_expect_eq(qwen2_weight_bytes(b, &mc, st, &bytes, &err), want, "%s", err.msg);
-            cr_expect_eq(qwen2_load(b, &mc, st, &m, &err), want, "%s", err.msg);
+            cr_expect_eq(lm_backend_check(b, &mc, &err), want, "%s: %s", models[k], err.msg);
+            cr_expect_eq(lm_weight_bytes(b, &mc, st, &bytes, &err), want, "%s", err.msg);
+            cr_expect_eq(lm_load(b, &mc, st, &m, &err), want, "%s", err.msg);
             if (!k) {
                 cr_expect(strstr(err.msg, cases[i].needs), "%s", err.msg);
                 cr_expect(strncmp(err.msg, "the cpu", 7) == 0, "the backend named: %s", err.msg);
@@ -870,7 +870,7 @@ Test(qwen2, a_backend_without_the_ops_a_model_needs_refuses_it)
                 cr_expect_null(m);
                 cr_expect_eq(vlmd_backend_allocated_bytes(b), 0, "nothing loaded");
             }
-            qwen2_free(m);
+            lm_free(m);
             vlmd_safetensors_close(st);
         }
         vlmd_backend_destroy(b);
@@ -1003,29 +1003,29 @@ static char *fused_moe_checkpoint(const vlmd_model_config *mc, const char *skip,
 /* Qwen3-VL-MoE's fused experts, transposed at load into the op's layout,
  * give the per-expert checkpoint's logits (the reference's, within 1e-4);
  * a missing or mis-shaped fused tensor is named. */
-Test(qwen2, fused_experts_as_qwen3_vl_moe_publishes_them)
+Test(lm, fused_experts_as_qwen3_vl_moe_publishes_them)
 {
     fixture f;
     open_fixture(&f, "qwen3_moe", "model.safetensors");
     vlmd_safetensors *st = NULL;
     char *image = fused_moe_checkpoint(&f.mc, NULL, NULL, &st);
-    qwen2_model *m = NULL;
+    lm_model *m = NULL;
     vlmd_error err = {0};
     uint64_t bytes = 0, per_expert = 0;
-    cr_assert_eq(qwen2_weight_bytes(f.b, &f.mc, st, &bytes, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_weight_bytes(f.b, &f.mc, st, &bytes, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors *orig = NULL;
     cr_assert_eq(vlmd_safetensors_open_file(test_model_file("qwen3_moe", "model.safetensors"),
                                             &orig, NULL), VLMD_OK);
-    cr_assert_eq(qwen2_weight_bytes(f.b, &f.mc, orig, &per_expert, &err), VLMD_OK);
+    cr_assert_eq(lm_weight_bytes(f.b, &f.mc, orig, &per_expert, &err), VLMD_OK);
     vlmd_safetensors_close(orig);
     cr_expect_eq(bytes, per_expert, "the same weights either way");
-    cr_assert_eq(qwen2_load(f.b, &f.mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_load(f.b, &f.mc, st, &m, &err), VLMD_OK, "%s", err.msg);
     vlmd_safetensors_close(st);
     free(image);
 
     json_t *ids_j = json_object_get(json_array_get(json_object_get(f.json, "cases"), 1),
                                     "input_ids");
-    int n = (int)json_array_size(ids_j), V = (int)qwen2_vocab_size(m);
+    int n = (int)json_array_size(ids_j), V = (int)lm_vocab_size(m);
     int32_t ids[256], pos[3 * 256], slots[256], rows[256];
     cr_assert_leq(n, 256);
     for (int i = 0; i < n; i++) {
@@ -1034,25 +1034,25 @@ Test(qwen2, fused_experts_as_qwen3_vl_moe_publishes_them)
         for (int r = 0; r < 3; r++)
             pos[r * n + i] = i;
     }
-    qwen2_kv *kv = NULL;
-    qwen2_workspace *ws = NULL;
-    cr_assert_eq(qwen2_kv_create(m, n, &kv, NULL), VLMD_OK);
-    cr_assert_eq(qwen2_workspace_create(m, n, n, n, &ws, NULL), VLMD_OK);
+    lm_kv *kv = NULL;
+    lm_workspace *ws = NULL;
+    cr_assert_eq(lm_kv_create(m, n, &kv, NULL), VLMD_OK);
+    cr_assert_eq(lm_workspace_create(m, n, n, n, &ws, NULL), VLMD_OK);
     float *logits = malloc((size_t)n * V * sizeof *logits);
     vlmd_attn_seq seq = {0, n, n, slots};
-    qwen2_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0};
-    cr_assert_eq(qwen2_forward(m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
+    lm_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0};
+    cr_assert_eq(lm_forward(m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
     const vlmd_tensor_view *lt = vlmd_safetensors_find(f.ref, "case1.logits");
     double rel = test_rel_error(logits, lt->data, (size_t)n * V);
     cr_expect_lt(rel, 1e-4, "fused experts: relative error %.3g", rel);
     free(logits);
-    qwen2_workspace_free(m, ws);
-    qwen2_kv_free(m, kv);
-    qwen2_free(m);
+    lm_workspace_free(m, ws);
+    lm_kv_free(m, kv);
+    lm_free(m);
 
     char *bad = fused_moe_checkpoint(&f.mc, "model.language_model.layers.2.mlp.experts.gate_up_proj",
                                      NULL, &st);
-    cr_expect_eq(qwen2_load(f.b, &f.mc, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect_eq(lm_load(f.b, &f.mc, st, &m, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "missing tensor model.language_model.layers.2.mlp.experts.0."
                               "gate_proj.weight (or the fused model.language_model.layers.2."
                               "mlp.experts.gate_up_proj)"), "%s", err.msg);
@@ -1060,10 +1060,10 @@ Test(qwen2, fused_experts_as_qwen3_vl_moe_publishes_them)
     free(bad);
     bad = fused_moe_checkpoint(&f.mc, NULL, "model.language_model.layers.1.mlp.experts.down_proj",
                                &st);
-    cr_expect_eq(qwen2_weight_bytes(f.b, &f.mc, st, &bytes, &err), VLMD_ERR_MODEL);
+    cr_expect_eq(lm_weight_bytes(f.b, &f.mc, st, &bytes, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "layers.1.mlp.experts.down_proj has shape [9, 64, 128], expected "
                               "[8, 64, 128]"), "%s", err.msg);
-    cr_expect_eq(qwen2_load(f.b, &f.mc, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect_eq(lm_load(f.b, &f.mc, st, &m, &err), VLMD_ERR_MODEL);
     cr_expect_null(m);
     vlmd_safetensors_close(st);
     free(bad);
@@ -1072,33 +1072,33 @@ Test(qwen2, fused_experts_as_qwen3_vl_moe_publishes_them)
 
 /* Qwen3's own tensors are checked as Qwen2's: a q/k norm, a router or an
  * expert missing or mis-shaped is named with its shapes. */
-Test(qwen2, missing_and_misshaped_qwen3_tensors_are_named)
+Test(lm, missing_and_misshaped_qwen3_tensors_are_named)
 {
     fixture f;
     open_fixture(&f, "qwen3_moe", "model.safetensors");
     vlmd_safetensors *st = NULL;
     cr_assert_eq(vlmd_safetensors_open_file(test_model_file("qwen3_moe", "model.safetensors"),
                                             &st, NULL), VLMD_OK);
-    qwen2_model *m = NULL;
+    lm_model *m = NULL;
     vlmd_error err = {0};
     vlmd_model_config wrong = f.mc;
     wrong.text.head_dim = 16, wrong.text.num_heads *= 2, wrong.text.num_kv_heads *= 2;
-    cr_expect_eq(qwen2_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect_eq(lm_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "model.layers.0.self_attn.q_norm.weight has shape [32], expected "
                               "[16]"), "%s", err.msg);
     wrong = f.mc;
     wrong.text.num_experts = 9;
-    cr_expect_eq(qwen2_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect_eq(lm_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "model.layers.1.mlp.gate.weight has shape [8, 128], expected "
                               "[9, 128]"), "%s", err.msg);
     wrong = f.mc;
     wrong.text.moe_intermediate_size = 32;
-    cr_expect_eq(qwen2_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect_eq(lm_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "model.layers.1.mlp.experts.0.gate_proj.weight has shape "
                               "[64, 128], expected [32, 128]"), "%s", err.msg);
     wrong = f.mc;
     wrong.text.mlp_only_layers[0] = 0; /* layer 0 a MoE layer: it has no experts */
-    cr_expect_eq(qwen2_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
+    cr_expect_eq(lm_load(f.b, &wrong, st, &m, &err), VLMD_ERR_MODEL);
     cr_expect(strstr(err.msg, "missing tensor model.layers.0.mlp.gate.weight"), "%s", err.msg);
     cr_expect_null(m);
     vlmd_safetensors_close(st);
@@ -1111,7 +1111,7 @@ Test(qwen2, missing_and_misshaped_qwen3_tensors_are_named)
  * experts 0..k-1 (its logits are not the model's) and is counted; off
  * again, the step is the model's own (the reference logits). Dense
  * models count nothing. */
-Test(qwen2, worst_case_routing_is_on_only_while_asked)
+Test(lm, worst_case_routing_is_on_only_while_asked)
 {
     const char *models[] = {"qwen3_moe", "qwen3"};
     for (int mi = 0; mi < 2; mi++) {
@@ -1119,7 +1119,7 @@ Test(qwen2, worst_case_routing_is_on_only_while_asked)
         open_fixture(&f, models[mi], "model.safetensors");
         json_t *ids_j = json_object_get(json_array_get(json_object_get(f.json, "cases"), 0),
                                         "input_ids");
-        int n = (int)json_array_size(ids_j), V = (int)qwen2_vocab_size(f.m);
+        int n = (int)json_array_size(ids_j), V = (int)lm_vocab_size(f.m);
         int32_t ids[256], pos[3 * 256], slots[256], rows[256];
         for (int i = 0; i < n; i++) {
             ids[i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
@@ -1127,20 +1127,20 @@ Test(qwen2, worst_case_routing_is_on_only_while_asked)
             for (int r = 0; r < 3; r++)
                 pos[r * n + i] = i;
         }
-        qwen2_kv *kv = NULL;
-        qwen2_workspace *ws = NULL;
-        cr_assert_eq(qwen2_kv_create(f.m, n, &kv, NULL), VLMD_OK);
-        cr_assert_eq(qwen2_workspace_create(f.m, n, n, n, &ws, NULL), VLMD_OK);
+        lm_kv *kv = NULL;
+        lm_workspace *ws = NULL;
+        cr_assert_eq(lm_kv_create(f.m, n, &kv, NULL), VLMD_OK);
+        cr_assert_eq(lm_workspace_create(f.m, n, n, n, &ws, NULL), VLMD_OK);
         float *logits = malloc((size_t)n * V * sizeof *logits);
         vlmd_attn_seq seq = {0, n, n, slots};
-        qwen2_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0};
+        lm_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0};
         const vlmd_tensor_view *lt = vlmd_safetensors_find(f.ref, "case0.logits");
         bool moe = mi == 0;
         for (int on = 1; on >= 0; on--) {
-            qwen2_set_worst_case_routing(ws, on);
-            uint64_t before = qwen2_worst_case_steps(f.m);
-            cr_assert_eq(qwen2_forward(f.m, kv, ws, &bt, logits, NULL), VLMD_OK);
-            cr_expect_eq(qwen2_worst_case_steps(f.m) - before, (uint64_t)(on && moe));
+            lm_set_worst_case_routing(ws, on);
+            uint64_t before = lm_worst_case_steps(f.m);
+            cr_assert_eq(lm_forward(f.m, kv, ws, &bt, logits, NULL), VLMD_OK);
+            cr_expect_eq(lm_worst_case_steps(f.m) - before, (uint64_t)(on && moe));
             double rel = test_rel_error(logits, lt->data, (size_t)n * V);
             if (on && moe)
                 cr_expect_gt(rel, 1e-2, "worst-case routing is not the model's: %.3g", rel);
@@ -1148,8 +1148,8 @@ Test(qwen2, worst_case_routing_is_on_only_while_asked)
                 cr_expect_lt(rel, 1e-4, "%s, worst case %d: %.3g", models[mi], on, rel);
         }
         free(logits);
-        qwen2_workspace_free(f.m, ws);
-        qwen2_kv_free(f.m, kv);
+        lm_workspace_free(f.m, ws);
+        lm_kv_free(f.m, kv);
         close_fixture(&f);
     }
 }

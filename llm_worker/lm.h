@@ -1,4 +1,4 @@
-/* qwen2.h - the Qwen2 and Qwen3 text model: Qwen2 / Qwen2.5, Qwen3 (q/k
+/* lm.h - the Qwen2 and Qwen3 text model: Qwen2 / Qwen2.5, Qwen3 (q/k
  * norm, no qkv bias), Qwen3-MoE (mixture-of-experts layers), and the text
  * tower of Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (M-RoPE with
  * mrope_section, block or interleaved, positions given per token; Qwen3-VL's
@@ -21,42 +21,42 @@
 #include "ops.h"
 #include "safetensors.h"
 
-typedef struct qwen2_model qwen2_model;
-typedef struct qwen2_kv qwen2_kv;
-typedef struct qwen2_workspace qwen2_workspace;
+typedef struct lm_model lm_model;
+typedef struct lm_kv lm_kv;
+typedef struct lm_workspace lm_workspace;
 
 /* Whether the backend's op table does what this model needs: the ops at
  * all, the MoE ops for experts, q/k norm and interleaved M-RoPE in its
  * rope_kv_write (the table's entries and flags, not the architecture).
  * VLMD_ERR_UNAVAILABLE naming the backend, the missing piece and the
  * architecture otherwise; --device auto then takes the CPU. */
-vlmd_status qwen2_backend_check(const vlmd_backend *b, const vlmd_model_config *mc,
+vlmd_status lm_backend_check(const vlmd_backend *b, const vlmd_model_config *mc,
                                 vlmd_error *err);
 
 /* Loads the text weights from st as published (F32, BF16 or F16, widened to
  * the backend's type): names under "model." or "model.language_model.";
  * experts one tensor each (Qwen3-MoE) or fused (Qwen3-VL-MoE), restacked.
  * A missing or mis-shaped tensor is VLMD_ERR_MODEL naming it with the
- * expected and found shapes; a backend qwen2_backend_check refuses is
+ * expected and found shapes; a backend lm_backend_check refuses is
  * VLMD_ERR_UNAVAILABLE. The backend and st are borrowed (st may be closed
  * after loading). */
-vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
-                       qwen2_model **out, vlmd_error *err);
-void qwen2_free(qwen2_model *m);
+vlmd_status lm_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
+                       lm_model **out, vlmd_error *err);
+void lm_free(lm_model *m);
 
 struct vlmd_comm;
 /* Which share of the model one rank holds (tensor parallelism, issue 22). A
- * zeroed struct, or world 1, is the whole model: qwen2_load's path, bit for
+ * zeroed struct, or world 1, is the whole model: lm_load's path, bit for
  * bit. */
-typedef struct qwen2_parallel {
+typedef struct lm_parallel {
     int rank, world;                /* 0 <= rank < world */
     struct vlmd_comm *comm;         /* the group's communicator (borrowed; its rank and world
                                      * are these); NULL when world <= 1 */
-} qwen2_parallel;
+} lm_parallel;
 
-/* qwen2_load as rank p->rank of p->world: attention heads and the MLP's
+/* lm_load as rank p->rank of p->world: attention heads and the MLP's
  * width split across the ranks, each rank reading only its slices from st,
- * and qwen2_forward joining the partial results over p->comm (every rank
+ * and lm_forward joining the partial results over p->comm (every rank
  * calls it with the same batches, in the same order). q/k/v are split by
  * heads (rows), o_proj by its input columns, then an all-reduce; gate/up by
  * rows, down by columns, then an all-reduce. KV heads are split when
@@ -74,83 +74,83 @@ typedef struct qwen2_parallel {
  * communicator of another rank or world. On CUDA the collectives (NCCL) are
  * queued on the backend's stream, so the decode graphs capture them. p may
  * be NULL (the whole model). */
-vlmd_status qwen2_load_rank(vlmd_backend *b, const vlmd_model_config *mc,
-                            const vlmd_safetensors *st, const qwen2_parallel *p,
-                            qwen2_model **out, vlmd_error *err);
+vlmd_status lm_load_rank(vlmd_backend *b, const vlmd_model_config *mc,
+                            const vlmd_safetensors *st, const lm_parallel *p,
+                            lm_model **out, vlmd_error *err);
 /* Rank processes (issue 22; docs/ARCHITECTURE.md, "Engine ranks"). Rank 0
- * runs the engine and leads: from qwen2_lead on, each KV cache and workspace
+ * runs the engine and leads: from lm_lead on, each KV cache and workspace
  * it creates or frees, each forward step and each decode capture is first
- * broadcast to the group, and the other ranks, inside qwen2_follow, do the
+ * broadcast to the group, and the other ranks, inside lm_follow, do the
  * same on their shard; a create succeeds only where it succeeded on every
  * rank (a failure names the rank). Sampling stays rank 0's: every rank holds
  * all the logits. Both first agree on the device: rank 0's is limited to the
  * least free memory any rank has after its weights, so the auto-profile
  * sizes every rank's cache by the smallest. The group's messages are host
  * memory, through a device buffer on CUDA. */
-vlmd_status qwen2_lead(qwen2_model *m, vlmd_error *err);
+vlmd_status lm_lead(lm_model *m, vlmd_error *err);
 /* Runs what rank 0 sends until it stops the group (VLMD_OK: rank 0 freed its
  * model) or the group breaks (the communicator's error, or a step that
  * failed here: the group must restart). */
-vlmd_status qwen2_follow(qwen2_model *m, vlmd_error *err);
-/* What a rank inside qwen2_follow holds now: its KV caches' slots and its
+vlmd_status lm_follow(lm_model *m, vlmd_error *err);
+/* What a rank inside lm_follow holds now: its KV caches' slots and its
  * backend's bytes (weights included). Any thread may ask. */
-void qwen2_follower_holds(qwen2_model *m, int32_t *kv_slots, uint64_t *bytes);
+void lm_follower_holds(lm_model *m, int32_t *kv_slots, uint64_t *bytes);
 /* Rank 0 while idle: the others wait for its next word within the
  * communicator's timeout, so it says it is there (at least every quarter of
  * the timeout). */
-vlmd_status qwen2_ping(qwen2_model *m, vlmd_error *err);
+vlmd_status lm_ping(lm_model *m, vlmd_error *err);
 
-/* The device bytes qwen2_load would take, found without allocating (every
+/* The device bytes lm_load would take, found without allocating (every
  * tensor is checked as loading would). */
-vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
+vlmd_status lm_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
                                const vlmd_safetensors *st, uint64_t *bytes, vlmd_error *err);
 
 /* The model's shapes without its weights (nothing allocated on b), for
  * sizing before loading: the workspace and KV functions below take it;
- * nothing runs on it. *weight_bytes: what qwen2_load would take (p: what
- * qwen2_load_rank would; NULL: the whole model). Free with qwen2_free. */
-vlmd_status qwen2_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
-                              const vlmd_safetensors *st, const qwen2_parallel *p,
-                              qwen2_model **out, uint64_t *weight_bytes, vlmd_error *err);
+ * nothing runs on it. *weight_bytes: what lm_load would take (p: what
+ * lm_load_rank would; NULL: the whole model). Free with lm_free. */
+vlmd_status lm_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
+                              const vlmd_safetensors *st, const lm_parallel *p,
+                              lm_model **out, uint64_t *weight_bytes, vlmd_error *err);
 
 /* The backend the model was loaded on (borrowed). */
-vlmd_backend *qwen2_backend(const qwen2_model *m);
+vlmd_backend *lm_backend(const lm_model *m);
 /* Bytes of KV cache one token takes across all layers. */
-uint64_t qwen2_kv_bytes_per_token(const qwen2_model *m);
-uint32_t qwen2_vocab_size(const qwen2_model *m);
-uint32_t qwen2_hidden_size(const qwen2_model *m);
+uint64_t lm_kv_bytes_per_token(const lm_model *m);
+uint32_t lm_vocab_size(const lm_model *m);
+uint32_t lm_hidden_size(const lm_model *m);
 /* True when positions have three rows (M-RoPE: the VL models' text tower). */
-bool qwen2_uses_mrope(const qwen2_model *m);
+bool lm_uses_mrope(const lm_model *m);
 /* DeepStack features an image token brings (Qwen3-VL: one per
  * deepstack_visual_indexes entry, feature k added after text layer k; 0
  * otherwise), and the arena bytes of one image token (vlmd_image_token_bytes:
  * its embedding and those features). */
-int32_t qwen2_deepstack_features(const qwen2_model *m);
-uint64_t qwen2_image_token_bytes(const qwen2_model *m);
+int32_t lm_deepstack_features(const lm_model *m);
+uint64_t lm_image_token_bytes(const lm_model *m);
 
 /* The auto-profile's stress: while on, every mixture-of-experts layer of a
  * step run with this workspace sends every token to experts 0..k-1 (ops.h's
  * moe_route worst_case: each of them given every token), and a MoE model's
  * decode steps run eagerly (its graphs hold the normal routing). Dense
  * models are unchanged. Never on while serving. */
-void qwen2_set_worst_case_routing(qwen2_workspace *ws, bool on);
+void lm_set_worst_case_routing(lm_workspace *ws, bool on);
 /* Steps of this model that ran with worst-case routing (MoE models only). */
-uint64_t qwen2_worst_case_steps(const qwen2_model *m);
+uint64_t lm_worst_case_steps(const lm_model *m);
 
-/* The backend bytes qwen2_kv_create takes for n_slots (the pad slot included). */
-uint64_t qwen2_kv_bytes(const qwen2_model *m, int32_t n_slots);
-vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err);
-void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv);
+/* The backend bytes lm_kv_create takes for n_slots (the pad slot included). */
+uint64_t lm_kv_bytes(const lm_model *m, int32_t n_slots);
+vlmd_status lm_kv_create(lm_model *m, int32_t n_slots, lm_kv **out, vlmd_error *err);
+void lm_kv_free(lm_model *m, lm_kv *kv);
 
 /* For steps of up to max_tokens tokens, max_logits sequences (and logit
  * rows) of up to max_kv_len cached tokens each. */
-vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
-                                   int32_t max_kv_len, qwen2_workspace **out, vlmd_error *err);
-/* The backend bytes qwen2_workspace_create takes for these sizes, found
+vlmd_status lm_workspace_create(lm_model *m, int32_t max_tokens, int32_t max_logits,
+                                   int32_t max_kv_len, lm_workspace **out, vlmd_error *err);
+/* The backend bytes lm_workspace_create takes for these sizes, found
  * without allocating (the same list of buffers). */
-uint64_t qwen2_workspace_bytes(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+uint64_t lm_workspace_bytes(lm_model *m, int32_t max_tokens, int32_t max_logits,
                                int32_t max_kv_len);
-void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws);
+void lm_workspace_free(lm_model *m, lm_workspace *ws);
 
 /* Consecutive rows of a batch whose input is given as embeddings (an
  * image's tokens, from the vision tower) instead of looked up by id. A
@@ -159,16 +159,16 @@ void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws);
  * image's embeddings, then each feature's block) and adds it to those rows'
  * residual stream after text layer k, as transformers' Qwen3VLTextModel
  * does; other rows get none. */
-typedef struct qwen2_embed_run {
+typedef struct lm_embed_run {
     int32_t row, n_rows;
     const float *data;              /* n_rows x hidden floats, host memory (borrowed) */
     size_t feature_stride;          /* floats from a block to the next: the image's tokens x
                                      * hidden (DeepStack models only; 0 otherwise) */
-} qwen2_embed_run;
+} lm_embed_run;
 
 /* One step over a batch of sequences, their new tokens packed together.
  * All arrays are host memory; the model copies what the backend needs. */
-typedef struct qwen2_batch {
+typedef struct lm_batch {
     int32_t n_tokens;
     const int32_t *ids;             /* [n_tokens] */
     const int32_t *positions;       /* [3][n_tokens]: t, h, w rows (equal for text) */
@@ -177,50 +177,50 @@ typedef struct qwen2_batch {
     int32_t n_seqs;
     const int32_t *logit_rows;      /* rows whose logits are wanted */
     int32_t n_logits;
-    const qwen2_embed_run *embeds;  /* rows taken from embeddings; may be NULL */
+    const lm_embed_run *embeds;  /* rows taken from embeddings; may be NULL */
     int32_t n_embeds;
-} qwen2_batch;
+} lm_batch;
 
 /* Runs the step; its n_logits rows of logits stay in the workspace for
- * qwen2_sample and, when logits is not NULL, are also written there
+ * lm_sample and, when logits is not NULL, are also written there
  * (n_logits x vocab floats, host). Fails (changing nothing) when the batch
- * exceeds the workspace. A rank of a group (qwen2_load_rank) runs the same
+ * exceeds the workspace. A rank of a group (lm_load_rank) runs the same
  * step as every other rank and gets the same logits; a failed collective is
  * the communicator's status and message (the group must restart). */
-vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
-                          const qwen2_batch *batch, float *logits, vlmd_error *err);
+vlmd_status lm_forward(lm_model *m, lm_kv *kv, lm_workspace *ws,
+                          const lm_batch *batch, float *logits, vlmd_error *err);
 
-/* Seen tokens (for penalties) the workspace holds for one qwen2_sample:
- * QWEN2_SEEN_PER_ROW per logit row on average, and at least one vocabulary. */
-#define QWEN2_SEEN_PER_ROW 2048
-int32_t qwen2_seen_capacity(const qwen2_workspace *ws);
+/* Seen tokens (for penalties) the workspace holds for one lm_sample:
+ * LM_SEEN_PER_ROW per logit row on average, and at least one vocabulary. */
+#define LM_SEEN_PER_ROW 2048
+int32_t lm_seen_capacity(const lm_workspace *ws);
 
 /* Words of one row's token mask: ceil(vocab / 32). */
-size_t qwen2_mask_words(const qwen2_model *m);
+size_t lm_mask_words(const lm_model *m);
 
 /* Picks a token for each of the logit rows [first, first + n) of the last
  * forward step, on the backend (ops.h's sample; the rows' logits are
- * changed). rows, their seen lists and their masks (qwen2_mask_words each,
+ * changed). rows, their seen lists and their masks (lm_mask_words each,
  * or NULL) are host memory, copied to the workspace (sized for one mask per
- * logit row); all seen lists together at most qwen2_seen_capacity. out: n
+ * logit row); all seen lists together at most lm_seen_capacity. out: n
  * results, host memory. */
-vlmd_status qwen2_sample(qwen2_model *m, qwen2_workspace *ws, int32_t first,
+vlmd_status lm_sample(lm_model *m, lm_workspace *ws, int32_t first,
                          const vlmd_sample_row *rows, int32_t n, vlmd_sample_out *out,
                          vlmd_error *err);
 
 /* Captures the decode step (one new text token per sequence) as graphs for
  * this cache, one per batch size up to the workspace's logits: 1, 2, 4, 8,
- * then every 8, and the largest itself. qwen2_forward then runs such a step
+ * then every 8, and the largest itself. lm_forward then runs such a step
  * through the smallest graph that holds it, padded with rows that write the
  * cache's pad slot. Each size runs once eagerly first (libraries choose and
  * load their kernels outside the capture). On failure the graphs made so far
  * stay until the workspace is freed. */
-vlmd_status qwen2_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+vlmd_status lm_capture_decode(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                  vlmd_error *err);
 /* Graphs captured, the largest batch they cover (0 when none), and the
  * steps that ran through one. */
-int32_t qwen2_decode_graph_count(const qwen2_workspace *ws);
-int32_t qwen2_decode_graph_max(const qwen2_workspace *ws);
-uint64_t qwen2_decode_graph_steps(const qwen2_workspace *ws);
+int32_t lm_decode_graph_count(const lm_workspace *ws);
+int32_t lm_decode_graph_max(const lm_workspace *ws);
+uint64_t lm_decode_graph_steps(const lm_workspace *ws);
 
 #endif

@@ -1,4 +1,4 @@
-/* qwen2_ranks.c - the rank processes of a tensor-parallel group (issue 22):
+/* lm_ranks.c - the rank processes of a tensor-parallel group (issue 22):
  * what rank 0 tells the other ranks, and what they do with it.
  *
  * Rank 0 runs the engine; the engine calls the model as it does alone. Every
@@ -7,7 +7,7 @@
  * for a step, the batch as one block of bytes (its ids, positions, slots,
  * logit rows, attention sequences with their slot lists, and the image rows'
  * embeddings copied out of the arena, so no other rank maps it). The other
- * ranks wait for the next header in qwen2_follow and run the same call on
+ * ranks wait for the next header in lm_follow and run the same call on
  * their shard, with their own KV caches and workspaces named by the ids rank
  * 0 gave them. A create is agreed: every rank's status all-gathered, and
  * where one failed, those that succeeded free theirs, so the group holds the
@@ -19,7 +19,7 @@
 
 #include "buf.h"
 #include "log.h"
-#include "qwen2_impl.h"
+#include "lm_impl.h"
 
 typedef enum ranks_op {
     OP_PING = 1,
@@ -45,7 +45,7 @@ typedef struct ranks_cmd {
 
 typedef struct handle {
     uint32_t id;
-    void *p;                    /* qwen2_kv or qwen2_workspace; NULL: free entry */
+    void *p;                    /* lm_kv or lm_workspace; NULL: free entry */
 } handle;
 
 /* The CUDA communicator moves device memory: there the group's messages, which
@@ -53,7 +53,7 @@ typedef struct handle {
  * CPU, backend memory is host memory and nothing is copied). */
 #define RANKS_STAGE_BYTES ((size_t)4 << 20)
 
-struct qwen2_ranks {
+struct lm_ranks {
     bool leads;                 /* rank 0 */
     void *stage;                /* RANKS_STAGE_BYTES of backend memory; NULL on the CPU */
     uint32_t next_id;           /* rank 0: the last id given */
@@ -66,9 +66,9 @@ struct qwen2_ranks {
 /* ---- both sides ------------------------------------------------------------- */
 
 /* Rank 0's bytes at buf (host memory) into every rank's buf. */
-static vlmd_status broadcast(qwen2_model *m, void *buf, size_t bytes, vlmd_error *err)
+static vlmd_status broadcast(lm_model *m, void *buf, size_t bytes, vlmd_error *err)
 {
-    qwen2_ranks *g = m->ranks;
+    lm_ranks *g = m->ranks;
     if (!g->stage)
         return vlmd_comm_broadcast(m->comm, buf, bytes, 0, err);
     vlmd_status s = VLMD_OK;
@@ -86,9 +86,9 @@ static vlmd_status broadcast(qwen2_model *m, void *buf, size_t bytes, vlmd_error
 
 /* Each rank's `bytes` at its slot of buf (host memory, [world][bytes]) into
  * every rank's buf. */
-static vlmd_status gather(qwen2_model *m, void *buf, size_t bytes, vlmd_error *err)
+static vlmd_status gather(lm_model *m, void *buf, size_t bytes, vlmd_error *err)
 {
-    qwen2_ranks *g = m->ranks;
+    lm_ranks *g = m->ranks;
     size_t count = bytes / sizeof(float), all = bytes * (size_t)m->world;
     if (!g->stage)
         return vlmd_comm_all_gather(m->comm, buf, count, VLMD_DTYPE_F32, err);
@@ -102,14 +102,14 @@ static vlmd_status gather(qwen2_model *m, void *buf, size_t bytes, vlmd_error *e
 
 /* The batch bytes a workspace's largest step takes: its ints, then the
  * embeddings of every row (each DeepStack feature's too). */
-static size_t batch_capacity(const qwen2_model *m, const qwen2_workspace *ws)
+static size_t batch_capacity(const lm_model *m, const lm_workspace *ws)
 {
     size_t n = (size_t)ws->max_tokens, r = (size_t)ws->max_logits;
     size_t ints = 5 * n + r + 3 * r + ws->table_len + 2 * n;
     return ints * sizeof(int32_t) + n * (size_t)m->H * (1 + (size_t)m->n_deepstack) * sizeof(float);
 }
 
-static vlmd_status reserve_buf(qwen2_ranks *g, size_t bytes, vlmd_error *err)
+static vlmd_status reserve_buf(lm_ranks *g, size_t bytes, vlmd_error *err)
 {
     if (bytes <= g->cap)
         return VLMD_OK;
@@ -127,10 +127,10 @@ static vlmd_status reserve_buf(qwen2_ranks *g, size_t bytes, vlmd_error *err)
  * rank's, named in err (a rank above 0's own message stays in its log).
  * *broken (when given): the all-gather itself failed (the group must
  * restart). */
-static vlmd_status agree(qwen2_model *m, vlmd_status mine, const char *what, bool *broken,
+static vlmd_status agree(lm_model *m, vlmd_status mine, const char *what, bool *broken,
                          vlmd_error *err)
 {
-    qwen2_ranks *g = m->ranks;
+    lm_ranks *g = m->ranks;
     vlmd_error mine_err = *err;
     g->statuses[m->rank] = (int32_t)mine;
     vlmd_status s = gather(m, g->statuses, sizeof *g->statuses, err);
@@ -155,7 +155,7 @@ static vlmd_status agree(qwen2_model *m, vlmd_status mine, const char *what, boo
 /* The device the group shares: the least memory any rank has free after its
  * weights. Rank 0, whose profile sizes every rank's cache, limits its own
  * device to that. */
-static vlmd_status agree_device(qwen2_model *m, vlmd_error *err)
+static vlmd_status agree_device(lm_model *m, vlmd_error *err)
 {
     uint64_t free_bytes = 0, total = 0;
     vlmd_status s = vlmd_backend_mem_info(m->b, &free_bytes, &total, err);
@@ -181,13 +181,13 @@ static vlmd_status agree_device(qwen2_model *m, vlmd_error *err)
     return VLMD_OK;
 }
 
-static vlmd_status start(qwen2_model *m, bool leads, vlmd_error *err)
+static vlmd_status start(lm_model *m, bool leads, vlmd_error *err)
 {
     if (m->world < 2 || !m->comm)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "a model of one rank has no group to %s",
                            leads ? "lead" : "follow");
     VLMD_ASSERT(!m->ranks);
-    qwen2_ranks *g = calloc(1, sizeof *g);
+    lm_ranks *g = calloc(1, sizeof *g);
     int32_t *statuses = calloc((size_t)m->world, sizeof *statuses);
     if (!g || !statuses) {
         free(g);
@@ -203,20 +203,20 @@ static vlmd_status start(qwen2_model *m, bool leads, vlmd_error *err)
     return s == VLMD_OK ? agree_device(m, err) : s;
 }
 
-void qwen2_ranks_free(qwen2_model *m)
+void lm_ranks_free(lm_model *m)
 {
-    qwen2_ranks *g = m->ranks;
+    lm_ranks *g = m->ranks;
     if (!g)
         return;
-    if (g->leads) { /* the others' qwen2_follow returns */
+    if (g->leads) { /* the others' lm_follow returns */
         ranks_cmd stop = {RANKS_MAGIC, OP_STOP, 0, 0, 0, 0, 0, 0, 0};
         vlmd_error ignored = {0};
         broadcast(m, &stop, sizeof stop, &ignored);
     }
     m->ranks = NULL;
     for (int i = 0; i < RANKS_MAX_HANDLES; i++) {
-        qwen2_kv_free_here(m, g->kvs[i].p);
-        qwen2_workspace_free_here(m, g->wss[i].p);
+        lm_kv_free_here(m, g->kvs[i].p);
+        lm_workspace_free_here(m, g->wss[i].p);
     }
     vlmd_backend_free(m->b, g->stage, RANKS_STAGE_BYTES);
     free(g->buf);
@@ -226,41 +226,41 @@ void qwen2_ranks_free(qwen2_model *m)
 
 /* ---- rank 0 ------------------------------------------------------------------- */
 
-static bool leads(const qwen2_model *m)
+static bool leads(const lm_model *m)
 {
     return m->ranks && m->ranks->leads;
 }
 
-static vlmd_status send_cmd(qwen2_model *m, ranks_cmd c, vlmd_error *err)
+static vlmd_status send_cmd(lm_model *m, ranks_cmd c, vlmd_error *err)
 {
     c.magic = RANKS_MAGIC;
     return broadcast(m, &c, sizeof c, err);
 }
 
-vlmd_status qwen2_lead(qwen2_model *m, vlmd_error *err)
+vlmd_status lm_lead(lm_model *m, vlmd_error *err)
 {
     return start(m, true, err);
 }
 
-vlmd_status qwen2_ping(qwen2_model *m, vlmd_error *err)
+vlmd_status lm_ping(lm_model *m, vlmd_error *err)
 {
     return leads(m) ? send_cmd(m, (ranks_cmd){.op = OP_PING}, err) : VLMD_OK;
 }
 
-vlmd_status qwen2_ranks_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out,
+vlmd_status lm_ranks_kv_create(lm_model *m, int32_t n_slots, lm_kv **out,
                                   vlmd_error *err)
 {
     *out = NULL;
     if (!leads(m))
-        return qwen2_kv_create_here(m, n_slots, out, err);
+        return lm_kv_create_here(m, n_slots, out, err);
     uint32_t id = ++m->ranks->next_id;
     vlmd_status s = send_cmd(m, (ranks_cmd){.op = OP_KV_CREATE, .kv = id, .a = n_slots}, err);
     if (s != VLMD_OK)
         return s;
-    qwen2_kv *kv = NULL;
-    s = agree(m, qwen2_kv_create_here(m, n_slots, &kv, err), "the KV cache", NULL, err);
+    lm_kv *kv = NULL;
+    s = agree(m, lm_kv_create_here(m, n_slots, &kv, err), "the KV cache", NULL, err);
     if (s != VLMD_OK) {
-        qwen2_kv_free_here(m, kv);
+        lm_kv_free_here(m, kv);
         return s;
     }
     kv->id = id;
@@ -268,33 +268,33 @@ vlmd_status qwen2_ranks_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **ou
     return VLMD_OK;
 }
 
-void qwen2_ranks_kv_free(qwen2_model *m, qwen2_kv *kv)
+void lm_ranks_kv_free(lm_model *m, lm_kv *kv)
 {
     vlmd_error ignored = {0}; /* a broken group is restarted whole */
     if (kv && leads(m))
         send_cmd(m, (ranks_cmd){.op = OP_KV_FREE, .kv = kv->id}, &ignored);
-    qwen2_kv_free_here(m, kv);
+    lm_kv_free_here(m, kv);
 }
 
-vlmd_status qwen2_ranks_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
-                                         int32_t max_kv_len, qwen2_workspace **out,
+vlmd_status lm_ranks_workspace_create(lm_model *m, int32_t max_tokens, int32_t max_logits,
+                                         int32_t max_kv_len, lm_workspace **out,
                                          vlmd_error *err)
 {
     *out = NULL;
     if (!leads(m))
-        return qwen2_workspace_create_here(m, max_tokens, max_logits, max_kv_len, out, err);
+        return lm_workspace_create_here(m, max_tokens, max_logits, max_kv_len, out, err);
     uint32_t id = ++m->ranks->next_id;
     vlmd_status s = send_cmd(m, (ranks_cmd){.op = OP_WS_CREATE, .ws = id, .a = max_tokens,
                                             .b = max_logits, .c = max_kv_len}, err);
     if (s != VLMD_OK)
         return s;
-    qwen2_workspace *ws = NULL;
-    s = qwen2_workspace_create_here(m, max_tokens, max_logits, max_kv_len, &ws, err);
+    lm_workspace *ws = NULL;
+    s = lm_workspace_create_here(m, max_tokens, max_logits, max_kv_len, &ws, err);
     if (s == VLMD_OK)
         s = reserve_buf(m->ranks, batch_capacity(m, ws), err);
     s = agree(m, s, "the workspace", NULL, err);
     if (s != VLMD_OK) {
-        qwen2_workspace_free_here(m, ws);
+        lm_workspace_free_here(m, ws);
         return s;
     }
     ws->id = id;
@@ -302,12 +302,12 @@ vlmd_status qwen2_ranks_workspace_create(qwen2_model *m, int32_t max_tokens, int
     return VLMD_OK;
 }
 
-void qwen2_ranks_workspace_free(qwen2_model *m, qwen2_workspace *ws)
+void lm_ranks_workspace_free(lm_model *m, lm_workspace *ws)
 {
     vlmd_error ignored = {0};
     if (ws && leads(m))
         send_cmd(m, (ranks_cmd){.op = OP_WS_FREE, .ws = ws->id}, &ignored);
-    qwen2_workspace_free_here(m, ws);
+    lm_workspace_free_here(m, ws);
 }
 
 /* Appends n bytes at *at in the group's buffer (sized for the workspace). */
@@ -318,16 +318,16 @@ static void put(unsigned char *buf, size_t *at, const void *src, size_t n)
     *at += n;
 }
 
-vlmd_status qwen2_ranks_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
-                                const qwen2_batch *bt, vlmd_error *err)
+vlmd_status lm_ranks_forward(lm_model *m, lm_kv *kv, lm_workspace *ws,
+                                const lm_batch *bt, vlmd_error *err)
 {
     if (!leads(m))
         return VLMD_OK;
     /* a batch this rank refuses is refused before the others hear of it */
-    vlmd_status s = qwen2_check_batch(m, kv, ws, bt, err);
+    vlmd_status s = lm_check_batch(m, kv, ws, bt, err);
     if (s != VLMD_OK)
         return s;
-    qwen2_ranks *g = m->ranks;
+    lm_ranks *g = m->ranks;
     size_t at = 0, i32 = sizeof(int32_t), n = (size_t)bt->n_tokens;
     put(g->buf, &at, bt->ids, n * i32);
     put(g->buf, &at, bt->positions, 3 * n * i32);
@@ -345,7 +345,7 @@ vlmd_status qwen2_ranks_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *w
         put(g->buf, &at, rows, sizeof rows);
     }
     for (int e = 0; e < bt->n_embeds; e++) { /* each run's rows, then each feature's */
-        const qwen2_embed_run *r = &bt->embeds[e];
+        const lm_embed_run *r = &bt->embeds[e];
         for (int k = 0; k <= m->n_deepstack; k++)
             put(g->buf, &at, r->data + (size_t)k * r->feature_stride,
                 (size_t)r->n_rows * m->H * sizeof(float));
@@ -357,15 +357,15 @@ vlmd_status qwen2_ranks_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *w
     return s == VLMD_OK ? broadcast(m, g->buf, at, err) : s;
 }
 
-vlmd_status qwen2_ranks_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+vlmd_status lm_ranks_capture_decode(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                        vlmd_error *err)
 {
     if (!leads(m))
-        return qwen2_capture_decode_here(m, kv, ws, err);
+        return lm_capture_decode_here(m, kv, ws, err);
     vlmd_status s = send_cmd(m, (ranks_cmd){.op = OP_CAPTURE, .kv = kv->id, .ws = ws->id}, err);
     if (s != VLMD_OK)
         return s;
-    return agree(m, qwen2_capture_decode_here(m, kv, ws, err), "capturing the decode graphs",
+    return agree(m, lm_capture_decode_here(m, kv, ws, err), "capturing the decode graphs",
                  NULL, err);
 }
 
@@ -386,14 +386,14 @@ static vlmd_status unknown(uint32_t id, const char *what, vlmd_error *err)
 }
 
 /* A step as rank 0 sent it: the batch rebuilt over the received bytes. */
-static vlmd_status follow_forward(qwen2_model *m, const ranks_cmd *c, vlmd_error *err)
+static vlmd_status follow_forward(lm_model *m, const ranks_cmd *c, vlmd_error *err)
 {
-    qwen2_ranks *g = m->ranks;
+    lm_ranks *g = m->ranks;
     handle *kv = find(g->kvs, c->kv), *ws = find(g->wss, c->ws);
     if (!kv || !ws)
         return unknown(kv ? c->ws : c->kv, kv ? "workspace" : "KV cache", err);
     if (c->payload > g->cap || c->a < 1 || c->b < 0 || c->c < 0 || c->d < 0 ||
-        c->b > ((qwen2_workspace *)ws->p)->max_logits || c->d > c->a)
+        c->b > ((lm_workspace *)ws->p)->max_logits || c->d > c->a)
         return vlmd_errorf(err, VLMD_ERR_PROTO, "a step of %d tokens, %d sequences and %llu "
                            "bytes does not fit this rank's workspace", c->a, c->b,
                            (unsigned long long)c->payload);
@@ -402,9 +402,9 @@ static vlmd_status follow_forward(qwen2_model *m, const ranks_cmd *c, vlmd_error
         return s;
     size_t n = (size_t)c->a, words = c->payload / sizeof(int32_t);
     int32_t *p = (int32_t *)g->buf;
-    vlmd_attn_seq seqs[((qwen2_workspace *)ws->p)->max_logits + 1];
-    qwen2_embed_run runs[c->d + 1];
-    qwen2_batch bt = {.n_tokens = c->a, .ids = p, .positions = p + n, .slots = p + 4 * n,
+    vlmd_attn_seq seqs[((lm_workspace *)ws->p)->max_logits + 1];
+    lm_embed_run runs[c->d + 1];
+    lm_batch bt = {.n_tokens = c->a, .ids = p, .positions = p + n, .slots = p + 4 * n,
                       .logit_rows = p + 5 * n, .n_logits = c->c, .seqs = seqs, .n_seqs = c->b,
                       .embeds = runs, .n_embeds = c->d};
     /* rank 0 checked the batch; what is checked here is that its bytes hold it */
@@ -423,19 +423,19 @@ static vlmd_status follow_forward(qwen2_model *m, const ranks_cmd *c, vlmd_error
     const float *data = (const float *)(slots + 2 * (size_t)c->d);
     for (int e = 0; e < c->d; e++) {
         size_t block = (size_t)slots[2 * e + 1] * m->H;
-        runs[e] = (qwen2_embed_run){slots[2 * e], slots[2 * e + 1], data, block};
+        runs[e] = (lm_embed_run){slots[2 * e], slots[2 * e + 1], data, block};
         data += block * (1 + (size_t)m->n_deepstack);
     }
     if ((const unsigned char *)data - g->buf != (ptrdiff_t)c->payload)
         return vlmd_errorf(err, VLMD_ERR_PROTO, "a step's %llu bytes do not hold its batch",
                            (unsigned long long)c->payload);
-    return qwen2_forward_here(m, kv->p, ws->p, &bt, NULL, err);
+    return lm_forward_here(m, kv->p, ws->p, &bt, NULL, err);
 }
 
 /* A create rank 0 asked for, agreed; the new one kept under its id. */
-static vlmd_status follow_create(qwen2_model *m, const ranks_cmd *c, vlmd_error *err)
+static vlmd_status follow_create(lm_model *m, const ranks_cmd *c, vlmd_error *err)
 {
-    qwen2_ranks *g = m->ranks;
+    lm_ranks *g = m->ranks;
     bool is_kv = c->op == OP_KV_CREATE;
     handle *table = is_kv ? g->kvs : g->wss, *slot = NULL;
     for (int i = 0; !slot && i < RANKS_MAX_HANDLES; i++)
@@ -446,9 +446,9 @@ static vlmd_status follow_create(qwen2_model *m, const ranks_cmd *c, vlmd_error 
                          : vlmd_errorf(&mine, VLMD_ERR_INVALID_ARG, "more than %d held at once",
                                        RANKS_MAX_HANDLES);
     if (s == VLMD_OK && is_kv)
-        s = qwen2_kv_create_here(m, c->a, (qwen2_kv **)&made, &mine);
+        s = lm_kv_create_here(m, c->a, (lm_kv **)&made, &mine);
     else if (s == VLMD_OK) {
-        s = qwen2_workspace_create_here(m, c->a, c->b, c->c, (qwen2_workspace **)&made, &mine);
+        s = lm_workspace_create_here(m, c->a, c->b, c->c, (lm_workspace **)&made, &mine);
         if (s == VLMD_OK)
             s = reserve_buf(g, batch_capacity(m, made), &mine);
     }
@@ -459,35 +459,35 @@ static vlmd_status follow_create(qwen2_model *m, const ranks_cmd *c, vlmd_error 
     s = agree(m, s, is_kv ? "the KV cache" : "the workspace", &broken, err);
     if (s != VLMD_OK) { /* failed somewhere: nobody keeps one, and rank 0 tries again or stops */
         if (is_kv)
-            qwen2_kv_free_here(m, made);
+            lm_kv_free_here(m, made);
         else
-            qwen2_workspace_free_here(m, made);
+            lm_workspace_free_here(m, made);
         return broken ? s : VLMD_OK;
     }
     *slot = (handle){is_kv ? c->kv : c->ws, made};
     return VLMD_OK;
 }
 
-void qwen2_follower_holds(qwen2_model *m, int32_t *kv_slots, uint64_t *bytes)
+void lm_follower_holds(lm_model *m, int32_t *kv_slots, uint64_t *bytes)
 {
     *kv_slots = atomic_load(&m->followed_slots);
     *bytes = atomic_load(&m->followed_bytes);
 }
 
-/* What qwen2_follower_holds reports, after a create or a free. */
-static void note_held(qwen2_model *m)
+/* What lm_follower_holds reports, after a create or a free. */
+static void note_held(lm_model *m)
 {
     int32_t slots = 0;
     for (int i = 0; i < RANKS_MAX_HANDLES; i++)
-        slots += m->ranks->kvs[i].p ? ((qwen2_kv *)m->ranks->kvs[i].p)->n_slots : 0;
+        slots += m->ranks->kvs[i].p ? ((lm_kv *)m->ranks->kvs[i].p)->n_slots : 0;
     atomic_store(&m->followed_slots, slots);
     atomic_store(&m->followed_bytes, vlmd_backend_allocated_bytes(m->b));
 }
 
-vlmd_status qwen2_follow(qwen2_model *m, vlmd_error *err)
+vlmd_status lm_follow(lm_model *m, vlmd_error *err)
 {
     vlmd_status s = start(m, false, err);
-    qwen2_ranks *g = m->ranks;
+    lm_ranks *g = m->ranks;
     if (s == VLMD_OK)
         note_held(m);
     while (s == VLMD_OK) {
@@ -519,9 +519,9 @@ vlmd_status qwen2_follow(qwen2_model *m, vlmd_error *err)
                 break;
             }
             if (c.op == OP_KV_FREE)
-                qwen2_kv_free_here(m, h->p);
+                lm_kv_free_here(m, h->p);
             else
-                qwen2_workspace_free_here(m, h->p);
+                lm_workspace_free_here(m, h->p);
             *h = (handle){0};
             note_held(m);
             break;
@@ -531,7 +531,7 @@ vlmd_status qwen2_follow(qwen2_model *m, vlmd_error *err)
         case OP_CAPTURE: {
             handle *kv = find(g->kvs, c.kv), *ws = find(g->wss, c.ws);
             vlmd_error mine = {0};
-            vlmd_status made = kv && ws ? qwen2_capture_decode_here(m, kv->p, ws->p, &mine)
+            vlmd_status made = kv && ws ? lm_capture_decode_here(m, kv->p, ws->p, &mine)
                                         : unknown(c.kv, "KV cache or workspace", &mine);
             *err = mine;
             bool broken;

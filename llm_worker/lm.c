@@ -1,4 +1,4 @@
-/* qwen2.c - the Qwen2 and Qwen3 text forward (dense and mixture of
+/* lm.c - the Qwen2 and Qwen3 text forward (dense and mixture of
  * experts): a straight line of small named ops.
  *
  *   residual = embed(ids)
@@ -16,7 +16,7 @@
  * The q, k and v projections are stacked into one weight at load, and so are
  * gate and up (every expert's too): one GEMM each instead of three and two.
  *
- * Tensor parallelism (qwen2_load_rank): a rank holds its heads' rows of
+ * Tensor parallelism (lm_load_rank): a rank holds its heads' rows of
  * Wqkv and their columns of Wo, its rows of Wgu and columns of Wd; x after
  * Wo and after Wd is a partial sum, all-reduced over the group before the
  * next rmsnorm adds it in; its lm_head rows give a vocabulary slice of the
@@ -26,7 +26,7 @@
  *
  * Owns every backend allocation it makes (weights, cache, workspace) and
  * frees them with their sizes. */
-#include "qwen2.h"
+#include "lm.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,7 +35,7 @@
 #include "buf.h"
 #include "comm.h"
 #include "log.h"
-#include "qwen2_impl.h"
+#include "lm_impl.h"
 
 /* ---- loading ---------------------------------------------------------------- */
 
@@ -97,7 +97,7 @@ static vlmd_status upload_zeros(vlmd_backend *b, void *dst, int64_t rows, int64_
  * shape, stacked along their rows into one backend allocation the model
  * owns, in the weight type; a dry model only checks them and counts their
  * bytes. */
-static vlmd_status load_parts(qwen2_model *m, const vlmd_safetensors *st, const part *parts,
+static vlmd_status load_parts(lm_model *m, const vlmd_safetensors *st, const part *parts,
                               int n, void **out, vlmd_error *err)
 {
     size_t es = vlmd_backend_weight_elem_size(m->b), bytes = 0;
@@ -147,7 +147,7 @@ static const char *text_prefix(const vlmd_safetensors *st)
 
 /* Puts t (checked against `shape`) at byte `at` of dst, transposed or not;
  * a dry model only checks it. */
-static vlmd_status load_part(qwen2_model *m, const vlmd_safetensors *st, const char *name,
+static vlmd_status load_part(lm_model *m, const vlmd_safetensors *st, const char *name,
                              int ndim, const int64_t *shape, bool transpose, void *dst,
                              size_t *at, vlmd_error *err)
 {
@@ -163,7 +163,7 @@ static vlmd_status load_part(qwen2_model *m, const vlmd_safetensors *st, const c
 
 /* This rank's experts of one fused tensor [E, rows, cols], transposed into
  * dst: [Er][cols, rows] (a dry model only checks it). */
-static vlmd_status load_fused_experts(qwen2_model *m, const vlmd_safetensors *st,
+static vlmd_status load_fused_experts(lm_model *m, const vlmd_safetensors *st,
                                       const char *name, int64_t rows, int64_t cols, void *dst,
                                       vlmd_error *err)
 {
@@ -188,8 +188,8 @@ static vlmd_status load_fused_experts(qwen2_model *m, const vlmd_safetensors *st
  * (Qwen3-VL-MoE: experts.gate_up_proj [E, H, 2 Ie], gate columns then up,
  * and experts.down_proj [E, Ie, H]), transposed here. Two allocations the
  * model owns; a dry model counts them. */
-static vlmd_status load_experts(qwen2_model *m, const vlmd_safetensors *st, const char *at,
-                                qwen2_layer *y, vlmd_error *err)
+static vlmd_status load_experts(lm_model *m, const vlmd_safetensors *st, const char *at,
+                                lm_layer *y, vlmd_error *err)
 {
     const int64_t E = m->Er, H = m->H, Ie = m->Ie;
     size_t es = vlmd_backend_weight_elem_size(m->b);
@@ -231,8 +231,8 @@ static vlmd_status load_experts(qwen2_model *m, const vlmd_safetensors *st, cons
     return s;
 }
 
-/* Whether the backend's ops do what this model needs (see qwen2.h). */
-vlmd_status qwen2_backend_check(const vlmd_backend *b, const vlmd_model_config *mc,
+/* Whether the backend's ops do what this model needs (see lm.h). */
+vlmd_status lm_backend_check(const vlmd_backend *b, const vlmd_model_config *mc,
                                 vlmd_error *err)
 {
     const vlmd_op_table *op = vlmd_backend_ops(b);
@@ -250,8 +250,8 @@ vlmd_status qwen2_backend_check(const vlmd_backend *b, const vlmd_model_config *
     return VLMD_OK;
 }
 
-/* Refuses a share of the model this code cannot run (see qwen2_load_rank). */
-static vlmd_status check_parallel(const vlmd_model_config *mc, const qwen2_parallel *p,
+/* Refuses a share of the model this code cannot run (see lm_load_rank). */
+static vlmd_status check_parallel(const vlmd_model_config *mc, const lm_parallel *p,
                                   vlmd_error *err)
 {
     const vlmd_text_config *t = &mc->text;
@@ -303,20 +303,20 @@ static int rank_kv_heads(int q0, int nq, int g, int *kv)
 }
 
 static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
-                        const qwen2_parallel *par, bool dry, qwen2_model **out, vlmd_error *err)
+                        const lm_parallel *par, bool dry, lm_model **out, vlmd_error *err)
 {
     *out = NULL;
     vlmd_error why = {0};
-    vlmd_status s = qwen2_backend_check(b, mc, &why);
+    vlmd_status s = lm_backend_check(b, mc, &why);
     if (s != VLMD_OK)
         return vlmd_errorf(err, s, "%s (use --device cpu)", why.msg);
-    qwen2_parallel whole = {0, 1, NULL};
+    lm_parallel whole = {0, 1, NULL};
     if (!par || par->world <= 1)
         par = &whole;
     else if ((s = check_parallel(mc, par, err)) != VLMD_OK)
         return s;
     const vlmd_op_table *op = vlmd_backend_ops(b);
-    qwen2_model *m = calloc(1, sizeof *m);
+    lm_model *m = calloc(1, sizeof *m);
     int *kv_heads = malloc(((size_t)mc->text.num_heads + 1) * sizeof *kv_heads);
     part *parts = malloc((2 * (size_t)mc->text.num_heads + 3) * sizeof *parts);
     if (!m || !kv_heads || !parts) {
@@ -325,7 +325,7 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
     }
     const vlmd_text_config *t = &mc->text;
     const int world = par->world, rank = par->rank;
-    *m = (qwen2_model){
+    *m = (lm_model){
         .b = b, .op = op, .H = (int)t->hidden_size, .I = (int)t->intermediate_size / world,
         .L = (int)t->num_layers, .nh = (int)t->num_heads / world, .nkv = (int)t->num_kv_heads,
         .hd = (int)t->head_dim, .V = (int)t->vocab_size, .eps = (float)t->rms_norm_eps,
@@ -406,7 +406,7 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         m->lm_head = m->embed;
     }
     for (int l = 0; l < m->L; l++) {
-        qwen2_layer *y = &m->layers[l];
+        lm_layer *y = &m->layers[l];
         snprintf(at, sizeof at, "%slayers.%d.", pre, l);
         WHOLE("input_layernorm.weight", H, 0);
         LOAD(y->ln_in)
@@ -458,47 +458,47 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
 fail:
     free(kv_heads);
     free(parts);
-    qwen2_free(m);
+    lm_free(m);
     return s;
 }
 
-vlmd_status qwen2_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
-                       qwen2_model **out, vlmd_error *err)
+vlmd_status lm_load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
+                       lm_model **out, vlmd_error *err)
 {
     return load(b, mc, st, NULL, false, out, err);
 }
 
-vlmd_status qwen2_load_rank(vlmd_backend *b, const vlmd_model_config *mc,
-                            const vlmd_safetensors *st, const qwen2_parallel *p,
-                            qwen2_model **out, vlmd_error *err)
+vlmd_status lm_load_rank(vlmd_backend *b, const vlmd_model_config *mc,
+                            const vlmd_safetensors *st, const lm_parallel *p,
+                            lm_model **out, vlmd_error *err)
 {
     return load(b, mc, st, p, false, out, err);
 }
 
-vlmd_status qwen2_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
+vlmd_status lm_weight_bytes(vlmd_backend *b, const vlmd_model_config *mc,
                                const vlmd_safetensors *st, uint64_t *bytes, vlmd_error *err)
 {
-    qwen2_model *m = NULL;
+    lm_model *m = NULL;
     vlmd_status s = load(b, mc, st, NULL, true, &m, err);
     *bytes = m ? m->dry_bytes : 0;
-    qwen2_free(m);
+    lm_free(m);
     return s;
 }
 
-vlmd_status qwen2_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
-                              const vlmd_safetensors *st, const qwen2_parallel *p,
-                              qwen2_model **out, uint64_t *weight_bytes, vlmd_error *err)
+vlmd_status lm_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
+                              const vlmd_safetensors *st, const lm_parallel *p,
+                              lm_model **out, uint64_t *weight_bytes, vlmd_error *err)
 {
     vlmd_status s = load(b, mc, st, p, true, out, err);
     *weight_bytes = *out ? (*out)->dry_bytes : 0;
     return s;
 }
 
-void qwen2_free(qwen2_model *m)
+void lm_free(lm_model *m)
 {
     if (!m)
         return;
-    qwen2_ranks_free(m);
+    lm_ranks_free(m);
     vlmd_backend_free_owned(m->b, &m->weights);
     if (m->holds)
         vlmd_backend_release_weights(m->b);
@@ -506,66 +506,66 @@ void qwen2_free(qwen2_model *m)
     free(m);
 }
 
-vlmd_backend *qwen2_backend(const qwen2_model *m)
+vlmd_backend *lm_backend(const lm_model *m)
 {
     return m->b;
 }
 
-uint64_t qwen2_kv_bytes_per_token(const qwen2_model *m)
+uint64_t lm_kv_bytes_per_token(const lm_model *m)
 {
     return (uint64_t)m->L * 2u * (uint64_t)m->nkv * (uint64_t)m->hd *
            vlmd_backend_kv_elem_size(m->b);
 }
 
-uint32_t qwen2_vocab_size(const qwen2_model *m)
+uint32_t lm_vocab_size(const lm_model *m)
 {
     return (uint32_t)m->V;
 }
 
-uint32_t qwen2_hidden_size(const qwen2_model *m)
+uint32_t lm_hidden_size(const lm_model *m)
 {
     return (uint32_t)m->H;
 }
 
-bool qwen2_uses_mrope(const qwen2_model *m)
+bool lm_uses_mrope(const lm_model *m)
 {
     return m->mrope;
 }
 
-int32_t qwen2_deepstack_features(const qwen2_model *m)
+int32_t lm_deepstack_features(const lm_model *m)
 {
     return m->n_deepstack;
 }
 
-uint64_t qwen2_image_token_bytes(const qwen2_model *m)
+uint64_t lm_image_token_bytes(const lm_model *m)
 {
     return m->image_token_bytes;
 }
 
-void qwen2_set_worst_case_routing(qwen2_workspace *ws, bool on)
+void lm_set_worst_case_routing(lm_workspace *ws, bool on)
 {
     ws->worst_case = on;
 }
 
-uint64_t qwen2_worst_case_steps(const qwen2_model *m)
+uint64_t lm_worst_case_steps(const lm_model *m)
 {
     return m->worst_case_steps;
 }
 
 /* ---- KV cache and workspace -------------------------------------------------- */
 
-uint64_t qwen2_kv_bytes(const qwen2_model *m, int32_t n_slots)
+uint64_t lm_kv_bytes(const lm_model *m, int32_t n_slots)
 {
     /* per layer a K and a V of n_slots + 1 rows: the last is the pad slot */
     return 2u * (uint64_t)m->L * ((uint64_t)n_slots + 1) * (uint64_t)m->nkv * (uint64_t)m->hd *
            vlmd_backend_kv_elem_size(m->b);
 }
 
-vlmd_status qwen2_kv_create_here(qwen2_model *m, int32_t n_slots, qwen2_kv **out,
+vlmd_status lm_kv_create_here(lm_model *m, int32_t n_slots, lm_kv **out,
                                  vlmd_error *err)
 {
     *out = NULL;
-    qwen2_kv *kv = calloc(1, sizeof *kv);
+    lm_kv *kv = calloc(1, sizeof *kv);
     if (kv) {
         kv->k = calloc((size_t)m->L, sizeof *kv->k);
         kv->v = calloc((size_t)m->L, sizeof *kv->v);
@@ -579,13 +579,13 @@ vlmd_status qwen2_kv_create_here(qwen2_model *m, int32_t n_slots, qwen2_kv **out
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
     kv->n_slots = n_slots;
-    size_t bytes = qwen2_kv_bytes(m, n_slots) / (2 * (size_t)m->L);
+    size_t bytes = lm_kv_bytes(m, n_slots) / (2 * (size_t)m->L);
     for (int l = 0; l < m->L; l++) {
         vlmd_status s = vlmd_backend_alloc(m->b, bytes, &kv->k[l], err);
         if (s == VLMD_OK)
             s = vlmd_backend_alloc(m->b, bytes, &kv->v[l], err);
         if (s != VLMD_OK) {
-            qwen2_kv_free_here(m, kv);
+            lm_kv_free_here(m, kv);
             return vlmd_error_prefix(err, "KV cache of %d slots", n_slots);
         }
     }
@@ -593,11 +593,11 @@ vlmd_status qwen2_kv_create_here(qwen2_model *m, int32_t n_slots, qwen2_kv **out
     return VLMD_OK;
 }
 
-void qwen2_kv_free_here(qwen2_model *m, qwen2_kv *kv)
+void lm_kv_free_here(lm_model *m, lm_kv *kv)
 {
     if (!kv)
         return;
-    size_t bytes = qwen2_kv_bytes(m, kv->n_slots) / (2 * (size_t)m->L);
+    size_t bytes = lm_kv_bytes(m, kv->n_slots) / (2 * (size_t)m->L);
     for (int l = 0; l < m->L; l++) {
         vlmd_backend_free(m->b, kv->k[l], bytes);
         vlmd_backend_free(m->b, kv->v[l], bytes);
@@ -610,7 +610,7 @@ void qwen2_kv_free_here(qwen2_model *m, qwen2_kv *kv)
 /* The workspace's backend buffers: allocated into ws, or with ws NULL only
  * counted into *bytes (as vlmd_backend_alloc_owned takes them), so the sizing
  * and the allocation are one list. */
-static vlmd_status workspace_buffers(qwen2_model *m, qwen2_workspace *ws, int32_t max_tokens,
+static vlmd_status workspace_buffers(lm_model *m, lm_workspace *ws, int32_t max_tokens,
                                      int32_t max_logits, int32_t max_kv_len, uint64_t *bytes,
                                      vlmd_error *err)
 {
@@ -619,7 +619,7 @@ static vlmd_status workspace_buffers(qwen2_model *m, qwen2_workspace *ws, int32_
     /* + max_logits: a padded decode batch's padding sequences list the pad slot */
     size_t table_len = r * (size_t)max_kv_len + r;
     /* seen tokens: a budget for the average row, and room for one row's whole vocabulary */
-    int32_t seen_capacity = max_logits * QWEN2_SEEN_PER_ROW + m->V;
+    int32_t seen_capacity = max_logits * LM_SEEN_PER_ROW + m->V;
     vlmd_status s = VLMD_OK;
     void *p;
     *bytes = 0;
@@ -668,12 +668,12 @@ static vlmd_status workspace_buffers(qwen2_model *m, qwen2_workspace *ws, int32_
     WS(seen, (size_t)seen_capacity * sizeof(vlmd_seen_token))
     WS(sample_rows, r * sizeof(vlmd_sample_row))
     WS(sample_out, r * sizeof(vlmd_sample_out))
-    WS(masks, r * qwen2_mask_words(m) * sizeof(uint32_t))
+    WS(masks, r * lm_mask_words(m) * sizeof(uint32_t))
 #undef WS
     return s;
 }
 
-uint64_t qwen2_workspace_bytes(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
+uint64_t lm_workspace_bytes(lm_model *m, int32_t max_tokens, int32_t max_logits,
                                int32_t max_kv_len)
 {
     uint64_t bytes = 0;
@@ -681,12 +681,12 @@ uint64_t qwen2_workspace_bytes(qwen2_model *m, int32_t max_tokens, int32_t max_l
     return bytes;
 }
 
-vlmd_status qwen2_workspace_create_here(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
-                                        int32_t max_kv_len, qwen2_workspace **out,
+vlmd_status lm_workspace_create_here(lm_model *m, int32_t max_tokens, int32_t max_logits,
+                                        int32_t max_kv_len, lm_workspace **out,
                                         vlmd_error *err)
 {
     *out = NULL;
-    qwen2_workspace *ws = calloc(1, sizeof *ws);
+    lm_workspace *ws = calloc(1, sizeof *ws);
     if (!ws)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     ws->max_tokens = max_tokens;
@@ -708,14 +708,14 @@ vlmd_status qwen2_workspace_create_here(qwen2_model *m, int32_t max_tokens, int3
                          !ws->sample_rows_host))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     if (s != VLMD_OK) {
-        qwen2_workspace_free_here(m, ws);
+        lm_workspace_free_here(m, ws);
         return vlmd_error_prefix(err, "workspace for %d tokens", max_tokens);
     }
     *out = ws;
     return VLMD_OK;
 }
 
-void qwen2_workspace_free_here(qwen2_model *m, qwen2_workspace *ws)
+void lm_workspace_free_here(lm_model *m, lm_workspace *ws)
 {
     if (!ws)
         return;
@@ -739,8 +739,8 @@ void qwen2_workspace_free_here(qwen2_model *m, qwen2_workspace *ws)
 /* ---- the forward step -------------------------------------------------------- */
 
 /* Checks a batch against the model, the cache and the workspace. */
-vlmd_status qwen2_check_batch(const qwen2_model *m, const qwen2_kv *kv, const qwen2_workspace *ws,
-                              const qwen2_batch *bt, vlmd_error *err)
+vlmd_status lm_check_batch(const lm_model *m, const lm_kv *kv, const lm_workspace *ws,
+                              const lm_batch *bt, vlmd_error *err)
 {
     int n = bt->n_tokens;
     if (n <= 0 || n > ws->max_tokens || bt->n_logits > ws->max_logits || bt->n_logits < 0 ||
@@ -754,7 +754,7 @@ vlmd_status qwen2_check_batch(const qwen2_model *m, const qwen2_kv *kv, const qw
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "token %d: id %d or slot %d out of "
                                "range", i, bt->ids[i], bt->slots[i]);
     for (int i = 0; i < bt->n_embeds; i++) {
-        const qwen2_embed_run *r = &bt->embeds[i];
+        const lm_embed_run *r = &bt->embeds[i];
         if (r->row < 0 || r->n_rows < 0 || r->row > n - r->n_rows || !r->data)
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "embedding run %d (rows %d + %d) is "
                                "outside the batch of %d", i, r->row, r->n_rows, n);
@@ -776,7 +776,7 @@ vlmd_status qwen2_check_batch(const qwen2_model *m, const qwen2_kv *kv, const qw
 
 /* Copies the batch's ids, positions, slots, logit rows and attention
  * sequences (their slots packed) to the workspace's backend buffers. */
-static vlmd_status upload_batch(qwen2_model *m, qwen2_workspace *ws, const qwen2_batch *bt,
+static vlmd_status upload_batch(lm_model *m, lm_workspace *ws, const lm_batch *bt,
                                 vlmd_error *err)
 {
     vlmd_backend *b = m->b;
@@ -821,25 +821,25 @@ static vlmd_status upload_batch(qwen2_model *m, qwen2_workspace *ws, const qwen2
 }
 
 /* Row r of a [rows, H] buffer in the backend's type. */
-static void *row_at(const qwen2_model *m, void *buf, int32_t r)
+static void *row_at(const lm_model *m, void *buf, int32_t r)
 {
     return (char *)buf + (size_t)r * m->H * vlmd_backend_elem_size(m->b);
 }
 
 /* DeepStack feature k's rows of the step: [max_tokens, H] in ws->deepstack. */
-static void *deepstack_rows(const qwen2_model *m, const qwen2_workspace *ws, int k)
+static void *deepstack_rows(const lm_model *m, const lm_workspace *ws, int k)
 {
     return row_at(m, ws->deepstack, k * ws->max_tokens);
 }
 
 /* The step's inputs that are not token ids: each embedding run's rows of
  * the residual stream, and of each DeepStack feature's buffer. */
-static vlmd_status upload_embeds(qwen2_model *m, qwen2_workspace *ws, const qwen2_batch *bt,
+static vlmd_status upload_embeds(lm_model *m, lm_workspace *ws, const lm_batch *bt,
                                  vlmd_error *err)
 {
     vlmd_status s = VLMD_OK;
     for (int i = 0; s == VLMD_OK && i < bt->n_embeds; i++) {
-        const qwen2_embed_run *r = &bt->embeds[i];
+        const lm_embed_run *r = &bt->embeds[i];
         size_t count = (size_t)r->n_rows * m->H;
         s = vlmd_backend_upload_f32(m->b, row_at(m, ws->residual, r->row), r->data, count, err);
         for (int k = 0; s == VLMD_OK && k < m->n_deepstack; k++)
@@ -852,17 +852,17 @@ static vlmd_status upload_embeds(qwen2_model *m, qwen2_workspace *ws, const qwen
 
 /* The collectives of a step (nothing in a model of one rank): x's partial
  * sums over the group, and the logits' vocabulary slices to every rank. The
- * first failure is kept in the workspace for qwen2_forward to return; the
+ * first failure is kept in the workspace for lm_forward to return; the
  * communicator is broken then, so every later collective fails at once and
  * the ops between them compute what nobody reads. */
-static void all_reduce(const qwen2_model *m, qwen2_workspace *ws, void *buf, size_t count)
+static void all_reduce(const lm_model *m, lm_workspace *ws, void *buf, size_t count)
 {
     if (m->world > 1 && ws->comm_status == VLMD_OK)
         ws->comm_status = vlmd_comm_all_reduce_sum(m->comm, buf, count,
                                                    vlmd_backend_act_dtype(m->b), &ws->comm_err);
 }
 
-static void all_gather(const qwen2_model *m, qwen2_workspace *ws, void *buf, size_t count)
+static void all_gather(const lm_model *m, lm_workspace *ws, void *buf, size_t count)
 {
     if (m->world > 1 && ws->comm_status == VLMD_OK)
         ws->comm_status = vlmd_comm_all_gather(m->comm, buf, count, vlmd_backend_act_dtype(m->b),
@@ -873,14 +873,14 @@ static void all_gather(const qwen2_model *m, qwen2_workspace *ws, void *buf, siz
  * stream's first rows (embedded before, by the caller) to the logits.
  * images: the batch's embedding runs, whose DeepStack features (in
  * ws->deepstack) are added after the first layers; none in a graph. */
-static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n, int n_seqs,
-                       int n_logits, const qwen2_embed_run *images, int n_images)
+static void run_layers(lm_model *m, lm_kv *kv, lm_workspace *ws, int n, int n_seqs,
+                       int n_logits, const lm_embed_run *images, int n_images)
 {
     vlmd_backend *b = m->b;
     const vlmd_op_table *op = m->op;
     const int H = m->H, Q = m->nh * m->hd, QKV = Q + 2 * m->nkv * m->hd;
     for (int l = 0; l < m->L; l++) {
-        const qwen2_layer *y = &m->layers[l];
+        const lm_layer *y = &m->layers[l];
         if (l == 0)
             op->rmsnorm(b, ws->h, ws->residual, NULL, y->ln_in, n, H, m->eps);
         else
@@ -938,7 +938,7 @@ static void run_layers(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws, int n,
 /* The residual stream's start: each id's embedding row. A rank of a
  * vocabulary split holds its slice's rows (the others read a zero row), so the
  * rows are summed over the group. */
-static void embed(qwen2_model *m, qwen2_workspace *ws, int n)
+static void embed(lm_model *m, lm_workspace *ws, int n)
 {
     m->op->embedding(m->b, ws->residual, m->embed, ws->ids, n, m->H);
     if (m->vocab_split)
@@ -955,8 +955,8 @@ static void decode_graph_run(void *ctx)
 
 /* The smallest captured batch that holds bt, when bt is a plain decode
  * step (one new text token per sequence, in order, each wanting logits). */
-static decode_graph *graph_for(const qwen2_model *m, qwen2_workspace *ws, const qwen2_kv *kv,
-                               const qwen2_batch *bt)
+static decode_graph *graph_for(const lm_model *m, lm_workspace *ws, const lm_kv *kv,
+                               const lm_batch *bt)
 {
     /* a graph holds the normal routing: the stress's worst case runs eagerly */
     if (!ws->n_graphs || ws->graph_kv != kv || bt->n_embeds || bt->n_seqs != bt->n_tokens ||
@@ -973,7 +973,7 @@ static decode_graph *graph_for(const qwen2_model *m, qwen2_workspace *ws, const 
 
 /* bt padded to `rows` rows in the workspace's host arrays: each padding row a
  * sequence of one token (id 0, position 0) in the pad slot. */
-static qwen2_batch pad_batch(qwen2_workspace *ws, const qwen2_batch *bt, int32_t rows)
+static lm_batch pad_batch(lm_workspace *ws, const lm_batch *bt, int32_t rows)
 {
     int32_t n = bt->n_tokens;
     for (int32_t i = 0; i < rows; i++) {
@@ -985,14 +985,14 @@ static qwen2_batch pad_batch(qwen2_workspace *ws, const qwen2_batch *bt, int32_t
             ws->pad_positions[r * rows + i] = real ? bt->positions[r * n + i] : 0;
         ws->pad_seqs[i] = real ? bt->seqs[i] : (vlmd_attn_seq){i, 1, 1, &ws->pad_slot};
     }
-    return (qwen2_batch){rows, ws->pad_ids, ws->pad_positions, ws->pad_slots, ws->pad_seqs,
+    return (lm_batch){rows, ws->pad_ids, ws->pad_positions, ws->pad_slots, ws->pad_seqs,
                          rows, ws->pad_rows, rows, NULL, 0};
 }
 
-vlmd_status qwen2_forward_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
-                               const qwen2_batch *bt, float *logits, vlmd_error *err)
+vlmd_status lm_forward_here(lm_model *m, lm_kv *kv, lm_workspace *ws,
+                               const lm_batch *bt, float *logits, vlmd_error *err)
 {
-    vlmd_status s = qwen2_check_batch(m, kv, ws, bt, err);
+    vlmd_status s = lm_check_batch(m, kv, ws, bt, err);
     if (s != VLMD_OK)
         return s;
     if (ws->comm_status != VLMD_OK) /* a broken group stays broken */
@@ -1000,7 +1000,7 @@ vlmd_status qwen2_forward_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws
     vlmd_backend *b = m->b;
     decode_graph *g = graph_for(m, ws, kv, bt);
     if (g) {
-        qwen2_batch padded = pad_batch(ws, bt, g->rows);
+        lm_batch padded = pad_batch(ws, bt, g->rows);
         if ((s = upload_batch(m, ws, &padded, err)) == VLMD_OK)
             s = vlmd_backend_graph_launch(b, g->graph, err);
         ws->graph_steps += s == VLMD_OK;
@@ -1026,17 +1026,17 @@ vlmd_status qwen2_forward_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws
 
 /* ---- sampling ------------------------------------------------------------------ */
 
-int32_t qwen2_seen_capacity(const qwen2_workspace *ws)
+int32_t lm_seen_capacity(const lm_workspace *ws)
 {
     return ws->seen_capacity;
 }
 
-size_t qwen2_mask_words(const qwen2_model *m)
+size_t lm_mask_words(const lm_model *m)
 {
     return ((size_t)m->V + 31) / 32;
 }
 
-vlmd_status qwen2_sample(qwen2_model *m, qwen2_workspace *ws, int32_t first,
+vlmd_status lm_sample(lm_model *m, lm_workspace *ws, int32_t first,
                          const vlmd_sample_row *rows, int32_t n, vlmd_sample_out *out,
                          vlmd_error *err)
 {
@@ -1056,7 +1056,7 @@ vlmd_status qwen2_sample(qwen2_model *m, qwen2_workspace *ws, int32_t first,
                                         (size_t)rows[i].n_seen * sizeof *rows[i].seen, err);
         packed += rows[i].n_seen;
         if (s == VLMD_OK && rows[i].mask) { /* row i's mask in its own slot */
-            size_t words = qwen2_mask_words(m);
+            size_t words = lm_mask_words(m);
             uint32_t *slot = ws->masks + (size_t)i * words;
             ws->sample_rows_host[i].mask = slot;
             s = vlmd_backend_copy_to_device(b, slot, rows[i].mask, words * sizeof *slot, err);
@@ -1079,7 +1079,7 @@ static int32_t next_graph_size(int32_t rows)
     return rows < 8 ? rows * 2 : rows + 8;
 }
 
-vlmd_status qwen2_capture_decode_here(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+vlmd_status lm_capture_decode_here(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                       vlmd_error *err)
 {
     VLMD_ASSERT(!ws->n_graphs);
@@ -1098,8 +1098,8 @@ vlmd_status qwen2_capture_decode_here(qwen2_model *m, qwen2_kv *kv, qwen2_worksp
         *g = (decode_graph){m, kv, ws, rows > max ? max : rows, NULL};
         /* one eager run first: libraries load their kernels and pick their
          * algorithms outside the capture */
-        qwen2_batch none = {0};
-        qwen2_batch warm = pad_batch(ws, &none, g->rows);
+        lm_batch none = {0};
+        lm_batch warm = pad_batch(ws, &none, g->rows);
         s = upload_batch(m, ws, &warm, err);
         if (s == VLMD_OK) {
             decode_graph_run(g);
@@ -1114,62 +1114,62 @@ vlmd_status qwen2_capture_decode_here(qwen2_model *m, qwen2_kv *kv, qwen2_worksp
     return VLMD_OK;
 }
 
-int32_t qwen2_decode_graph_count(const qwen2_workspace *ws)
+int32_t lm_decode_graph_count(const lm_workspace *ws)
 {
     return ws->n_graphs;
 }
 
-uint64_t qwen2_decode_graph_steps(const qwen2_workspace *ws)
+uint64_t lm_decode_graph_steps(const lm_workspace *ws)
 {
     return ws->graph_steps;
 }
 
-int32_t qwen2_decode_graph_max(const qwen2_workspace *ws)
+int32_t lm_decode_graph_max(const lm_workspace *ws)
 {
     return ws->n_graphs ? ws->graphs[ws->n_graphs - 1].rows : 0;
 }
 
-/* ---- the calls a leading rank mirrors to its group (qwen2_ranks.c) ------------- */
+/* ---- the calls a leading rank mirrors to its group (lm_ranks.c) ------------- */
 
-vlmd_status qwen2_kv_create(qwen2_model *m, int32_t n_slots, qwen2_kv **out, vlmd_error *err)
+vlmd_status lm_kv_create(lm_model *m, int32_t n_slots, lm_kv **out, vlmd_error *err)
 {
-    return m->ranks ? qwen2_ranks_kv_create(m, n_slots, out, err)
-                    : qwen2_kv_create_here(m, n_slots, out, err);
+    return m->ranks ? lm_ranks_kv_create(m, n_slots, out, err)
+                    : lm_kv_create_here(m, n_slots, out, err);
 }
 
-void qwen2_kv_free(qwen2_model *m, qwen2_kv *kv)
-{
-    if (m->ranks)
-        qwen2_ranks_kv_free(m, kv);
-    else
-        qwen2_kv_free_here(m, kv);
-}
-
-vlmd_status qwen2_workspace_create(qwen2_model *m, int32_t max_tokens, int32_t max_logits,
-                                   int32_t max_kv_len, qwen2_workspace **out, vlmd_error *err)
-{
-    return m->ranks ? qwen2_ranks_workspace_create(m, max_tokens, max_logits, max_kv_len, out, err)
-                    : qwen2_workspace_create_here(m, max_tokens, max_logits, max_kv_len, out, err);
-}
-
-void qwen2_workspace_free(qwen2_model *m, qwen2_workspace *ws)
+void lm_kv_free(lm_model *m, lm_kv *kv)
 {
     if (m->ranks)
-        qwen2_ranks_workspace_free(m, ws);
+        lm_ranks_kv_free(m, kv);
     else
-        qwen2_workspace_free_here(m, ws);
+        lm_kv_free_here(m, kv);
 }
 
-vlmd_status qwen2_forward(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
-                          const qwen2_batch *bt, float *logits, vlmd_error *err)
+vlmd_status lm_workspace_create(lm_model *m, int32_t max_tokens, int32_t max_logits,
+                                   int32_t max_kv_len, lm_workspace **out, vlmd_error *err)
 {
-    vlmd_status s = m->ranks ? qwen2_ranks_forward(m, kv, ws, bt, err) : VLMD_OK;
-    return s == VLMD_OK ? qwen2_forward_here(m, kv, ws, bt, logits, err) : s;
+    return m->ranks ? lm_ranks_workspace_create(m, max_tokens, max_logits, max_kv_len, out, err)
+                    : lm_workspace_create_here(m, max_tokens, max_logits, max_kv_len, out, err);
 }
 
-vlmd_status qwen2_capture_decode(qwen2_model *m, qwen2_kv *kv, qwen2_workspace *ws,
+void lm_workspace_free(lm_model *m, lm_workspace *ws)
+{
+    if (m->ranks)
+        lm_ranks_workspace_free(m, ws);
+    else
+        lm_workspace_free_here(m, ws);
+}
+
+vlmd_status lm_forward(lm_model *m, lm_kv *kv, lm_workspace *ws,
+                          const lm_batch *bt, float *logits, vlmd_error *err)
+{
+    vlmd_status s = m->ranks ? lm_ranks_forward(m, kv, ws, bt, err) : VLMD_OK;
+    return s == VLMD_OK ? lm_forward_here(m, kv, ws, bt, logits, err) : s;
+}
+
+vlmd_status lm_capture_decode(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                  vlmd_error *err)
 {
-    return m->ranks ? qwen2_ranks_capture_decode(m, kv, ws, err)
-                    : qwen2_capture_decode_here(m, kv, ws, err);
+    return m->ranks ? lm_ranks_capture_decode(m, kv, ws, err)
+                    : lm_capture_decode_here(m, kv, ws, err);
 }
