@@ -50,7 +50,26 @@ typedef struct vlmd_rope {
     const void *q_norm, *k_norm;/* Qwen3: [hd] weights of an RMSNorm of every q / k head
                                  * before its rotation (backend memory); NULL: none */
     float norm_eps;
+    int rotary_dim;             /* the first dims of a head that rotate, the rest passed as
+                                 * they are (GLM's partial rotary); its frequencies are
+                                 * theta^(-2i / rotary_dim); 0: every dim */
+    bool pairs_interleaved;     /* dims (2i, 2i + 1) rotate together (GPT-J's form); else i
+                                 * with i + rotary_dim / 2 (rotate-half, NeoX's) */
 } vlmd_rope;
+
+/* How moe_route turns a token's router logits into its experts and their weights. */
+typedef struct vlmd_moe_router {
+    bool sigmoid;               /* scores sigmoid(logit) (GLM-4.5, DeepSeek-V3); else softmax
+                                 * probabilities over every expert */
+    bool renormalize;           /* the chosen scores divided by their sum (sigmoid: + 1e-20) */
+    float scale;                /* then times this (routed_scaling_factor); 1 otherwise */
+    int n_group, topk_group;    /* sigmoid: the experts in n_group equal groups, the topk_group
+                                 * groups of largest score (the sum of its two largest
+                                 * choosing scores) kept, the others' choosing scores 0, as
+                                 * transformers does; 1 and 1: one group */
+    const float *bias;          /* sigmoid: [n_experts] fp32 added to the scores to choose only
+                                 * (e_score_correction_bias), backend memory; NULL: none */
+} vlmd_moe_router;
 
 /* The forms of gelu. */
 typedef enum vlmd_gelu_form {
@@ -164,15 +183,17 @@ typedef struct vlmd_op_table {
     void (*sample)(vlmd_backend *b, vlmd_sample_out *out, void *logits,
                    const vlmd_sample_row *rows, int n, int vocab);
     /* Mixture of experts, the router's choice: from logits[n, E] (the gate
-     * linear's rows), each token's k experts of largest probability (softmax
-     * over E in fp32; the lower id first among equals), largest first, into
-     * ids[n, k], and their probabilities (divided by their sum when
-     * renormalize) into weights[n, k] (fp32). worst_case sends every token to
-     * experts 0..k-1 with weights 1/k: the auto-profile's stress, one expert
-     * given every token. ids and weights in backend memory. (The CUDA kernels
-     * take up to 1024 experts and k up to 32; past them the process stops.) */
+     * linear's rows), each token's k experts of largest choosing score (the
+     * lower id first among equals), largest first, into ids[n, k], and their
+     * weights into weights[n, k] (fp32), as r says: softmax probabilities
+     * over E in fp32, or sigmoid scores chosen by score + bias within the best
+     * groups and weighted by the scores alone; renormalised, scaled.
+     * worst_case sends every token to experts 0..k-1 with weights 1/k: the
+     * auto-profile's stress, one expert given every token. ids and weights in
+     * backend memory. (The CUDA kernels take up to 1024 experts and k up to
+     * 32; past them the process stops.) */
     void (*moe_route)(vlmd_backend *b, int32_t *ids, float *weights, const void *logits, int n,
-                      int n_experts, int k, bool renormalize, bool worst_case);
+                      int n_experts, int k, const vlmd_moe_router *r, bool worst_case);
     /* Mixture of experts, the experts: out[n, H] = sum over j of weights[t, j]
      * down_e(silu(gate_e x_t) * up_e x_t), e = ids[t, j], the terms added in
      * expert order. gate_up[E][2I, H] holds each expert's gate rows, then its
@@ -188,9 +209,11 @@ typedef struct vlmd_op_table {
                         int first);
     size_t (*moe_scratch_bytes)(int n, int k, int n_experts, int hidden, int inter);
     /* The vlmd_rope forms rope_kv_write does beyond theta and block M-RoPE
-     * sections: a model that needs one the backend lacks does not load there
-     * (lm_backend_check), so no op is given what it cannot do. */
-    bool rope_qk_norm, rope_interleaved;
+     * sections (q/k norm, interleaved M-RoPE sections, partial rotary and
+     * interleaved pairs), and the sigmoid router of moe_route: a model that
+     * needs one the backend lacks does not load there (lm_backend_check), so
+     * no op is given what it cannot do. */
+    bool rope_qk_norm, rope_interleaved, rope_partial, moe_sigmoid;
 } vlmd_op_table;
 
 /* The backend's ops (never NULL; a backend may lack the optional ones a

@@ -1,28 +1,24 @@
-/* lm.c - the Qwen2 and Qwen3 text forward (dense and mixture of
- * experts): a straight line of small named ops.
+/* lm.c - the decoder: a text model of any family, run from its recipe
+ * (lm_recipe.h, read by its family: family.h) as a straight line of blocks
+ * (blocks.h) on the backend's op table.
  *
  *   residual = embed(ids)
  *   per layer:  h = rmsnorm(residual += x)           (fused add; layer 0: no x yet)
- *               qkv = h.Wqkv (+ bqkv: Qwen2);  (Qwen3: rmsnorm of each q, k head)
- *               rope(q, k), cache <- k, v         (one fused op)
- *               x = attention(q, cache).Wo
+ *               x = attention(h)                     (block_attention.c)
  *               h = rmsnorm(residual += x)
- *     dense:    gate_up = h.Wgu;  x = (silu(gate) * up).Wd
- *     experts:  ids, weights = top-k(softmax(h.Wrouter));
- *               x = sum_j weights_j expert_ids_j(h)   (each expert a SwiGLU)
+ *               x = swiglu(h) | experts(h)           (block_swiglu.c, block_experts.c)
  *     Qwen3-VL, layer l < DeepStack features: residual[image rows] += feature l
  *   logits = rmsnorm(x + residual)[rows] . lm_head
  *
- * The q, k and v projections are stacked into one weight at load, and so are
- * gate and up (every expert's too): one GEMM each instead of three and two.
- *
- * Tensor parallelism (lm_load_rank): a rank holds its heads' rows of
- * Wqkv and their columns of Wo, its rows of Wgu and columns of Wd; x after
- * Wo and after Wd is a partial sum, all-reduced over the group before the
- * next rmsnorm adds it in; its lm_head rows give a vocabulary slice of the
- * logits, all-gathered; its embedding rows (the same slice, and a zero row
- * for the ids of the others) are summed over the group. Every field named
- * "this rank's" is the whole model's in a model of one rank.
+ * The decoder owns what every family shares: the embedding, the layer loop,
+ * the final norm and the logits, the batch's upload, the KV cache, the
+ * workspace, the decode graphs, sampling, and tensor and expert
+ * parallelism (lm_load_rank): a block leaves its rank's share of x, summed
+ * over the group here before the next rmsnorm adds it in; lm_head's rows
+ * give a vocabulary slice of the logits, all-gathered; the embedding's rows
+ * (the same slice, and a zero row for the ids of the others) are summed
+ * over the group. Every field named "this rank's" is the whole model's in a
+ * model of one rank.
  *
  * Owns every backend allocation it makes (weights, cache, workspace) and
  * frees them with their sizes. */
@@ -32,208 +28,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "blocks.h"
 #include "buf.h"
 #include "comm.h"
-#include "log.h"
+#include "family.h"
 #include "lm_impl.h"
+#include "lm_weights.h"
+#include "log.h"
 
 /* ---- loading ---------------------------------------------------------------- */
 
-/* A block of one checkpoint tensor: rows [row0, row0 + n_rows) and columns
- * [col0, col0 + n_cols) of a [rows, cols] matrix (cols 0: a vector [rows]).
- * An empty name is n_rows x n_cols zeros. */
-typedef struct part {
-    char name[256];
-    int64_t rows, cols;
-    int64_t row0, n_rows, col0, n_cols;
-} part;
-
-/* Uploads p's block of t to dst: rows of a row-major matrix are one range of
- * the mapped file; a column block is copied row by row into host memory
- * first. */
-static vlmd_status upload_part(vlmd_backend *b, void *dst, const vlmd_tensor_view *t,
-                               const part *p, vlmd_error *err)
-{
-    int64_t cols = p->cols ? p->cols : 1, n_cols = p->cols ? p->n_cols : 1;
-    size_t ds = vlmd_dtype_size(t->dtype);
-    vlmd_tensor_view v = *t;
-    v.shape[0] = p->n_rows;
-    if (p->cols)
-        v.shape[1] = n_cols;
-    v.nbytes = (size_t)(p->n_rows * n_cols) * ds;
-    if (n_cols == cols) {
-        v.data = (const char *)t->data + (size_t)(p->row0 * cols) * ds;
-        return vlmd_backend_upload_tensor(b, dst, &v, false, err);
-    }
-    char *host = malloc(v.nbytes ? v.nbytes : 1);
-    if (!host)
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "no host memory for a slice of %s", t->name);
-    for (int64_t r = 0; r < p->n_rows; r++)
-        memcpy(host + (size_t)(r * n_cols) * ds,
-               (const char *)t->data + (size_t)((p->row0 + r) * cols + p->col0) * ds,
-               (size_t)n_cols * ds);
-    v.data = host;
-    vlmd_status s = vlmd_backend_upload_tensor(b, dst, &v, false, err);
-    free(host);
-    return s;
-}
-
-/* rows x cols zeros at dst, in the weight type. */
-static vlmd_status upload_zeros(vlmd_backend *b, void *dst, int64_t rows, int64_t cols,
-                                vlmd_error *err)
-{
-    vlmd_tensor_view v = {.name = "zeros", .dtype = VLMD_DTYPE_F32, .ndim = 2,
-                          .shape = {rows, cols}, .nbytes = (size_t)(rows * cols) * sizeof(float)};
-    void *zeros = calloc(1, v.nbytes ? v.nbytes : 1);
-    if (!zeros)
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
-    v.data = zeros;
-    vlmd_status s = vlmd_backend_upload_tensor(b, dst, &v, false, err);
-    free(zeros);
-    return s;
-}
-
-/* Loads the blocks parts[0..n), each checked against its tensor's whole
- * shape, stacked along their rows into one backend allocation the model
- * owns, in the weight type; a dry model only checks them and counts their
- * bytes. */
-static vlmd_status load_parts(lm_model *m, const vlmd_safetensors *st, const part *parts,
-                              int n, void **out, vlmd_error *err)
-{
-    size_t es = vlmd_backend_weight_elem_size(m->b), bytes = 0;
-    const vlmd_tensor_view *t;
-    vlmd_status s;
-    *out = NULL;
-    for (int i = 0; i < n; i++) {
-        const part *p = &parts[i];
-        if (p->name[0] && (s = vlmd_safetensors_get(st, p->name, p->cols ? 2 : 1,
-                                                    (int64_t[]){p->rows, p->cols}, &t, err)) !=
-                              VLMD_OK)
-            return s;
-        bytes += (size_t)(p->n_rows * (p->cols ? p->n_cols : 1)) * es;
-    }
-    if (m->dry) {
-        m->dry_bytes += bytes;
-        return VLMD_OK;
-    }
-    void *w;
-    if ((s = vlmd_backend_alloc_owned(m->b, &m->weights, bytes, &w, err)) != VLMD_OK)
-        return s;
-    char *dst = w;
-    for (int i = 0; s == VLMD_OK && i < n; i++) {
-        const part *p = &parts[i];
-        if (!p->name[0]) {
-            s = upload_zeros(m->b, dst, p->n_rows, p->n_cols, err);
-        } else {
-            t = vlmd_safetensors_find(st, p->name);
-            s = upload_part(m->b, dst, t, p, err);
-            vlmd_safetensors_release(st, t); /* copied: not resident twice */
-        }
-        dst += (size_t)(p->n_rows * (p->cols ? p->n_cols : 1)) * es;
-    }
-    if (s == VLMD_OK)
-        *out = w;
-    return s;
-}
-
-/* Text tensors live under "model." (Qwen2, Qwen3, older VL checkpoints) or
- * "model.language_model." (newer VL checkpoints, Qwen3-VL). */
-static const char *text_prefix(const vlmd_safetensors *st)
-{
-    return vlmd_safetensors_find(st, "model.language_model.embed_tokens.weight")
-               ? "model.language_model."
-               : "model.";
-}
-
-/* Puts t (checked against `shape`) at byte `at` of dst, transposed or not;
- * a dry model only checks it. */
-static vlmd_status load_part(lm_model *m, const vlmd_safetensors *st, const char *name,
-                             int ndim, const int64_t *shape, bool transpose, void *dst,
-                             size_t *at, vlmd_error *err)
-{
-    const vlmd_tensor_view *t;
-    vlmd_status s = vlmd_safetensors_get(st, name, ndim, shape, &t, err);
-    if (s != VLMD_OK || m->dry)
-        return s;
-    s = vlmd_backend_upload_tensor(m->b, (char *)dst + *at, t, transpose, err);
-    vlmd_safetensors_release(st, t); /* copied: not resident twice */
-    *at += (size_t)vlmd_tensor_numel(t) * vlmd_backend_weight_elem_size(m->b);
-    return s;
-}
-
-/* This rank's experts of one fused tensor [E, rows, cols], transposed into
- * dst: [Er][cols, rows] (a dry model only checks it). */
-static vlmd_status load_fused_experts(lm_model *m, const vlmd_safetensors *st,
-                                      const char *name, int64_t rows, int64_t cols, void *dst,
-                                      vlmd_error *err)
-{
-    const vlmd_tensor_view *t;
-    vlmd_status s = vlmd_safetensors_get(st, name, 3, (int64_t[]){m->E, rows, cols}, &t, err);
-    if (s != VLMD_OK || m->dry)
-        return s;
-    vlmd_tensor_view v = *t;
-    size_t per = (size_t)(rows * cols) * vlmd_dtype_size(t->dtype);
-    v.data = (const char *)t->data + (size_t)m->e0 * per;
-    v.shape[0] = m->Er;
-    v.nbytes = (size_t)m->Er * per;
-    s = vlmd_backend_upload_tensor(m->b, dst, &v, true, err);
-    vlmd_safetensors_release(st, t); /* copied: not resident twice */
-    return s;
-}
-
-/* A layer's experts in the op's layout, gate_up [E][2 Ie, H] and down
- * [E][H, Ie] (this rank's Er of them, from e0), from `at` ("...mlp."): one
- * tensor per expert and projection (Qwen3-MoE: experts.N.{gate,up,down}_
- * proj.weight), or all experts in two fused tensors stored for x . W
- * (Qwen3-VL-MoE: experts.gate_up_proj [E, H, 2 Ie], gate columns then up,
- * and experts.down_proj [E, Ie, H]), transposed here. Two allocations the
- * model owns; a dry model counts them. */
-static vlmd_status load_experts(lm_model *m, const vlmd_safetensors *st, const char *at,
-                                lm_layer *y, vlmd_error *err)
-{
-    const int64_t E = m->Er, H = m->H, Ie = m->Ie;
-    size_t es = vlmd_backend_weight_elem_size(m->b);
-    size_t gu_bytes = (size_t)(E * 2 * Ie * H) * es, down_bytes = (size_t)(E * H * Ie) * es;
-    char name[320];
-    snprintf(name, sizeof name, "%sexperts.gate_up_proj", at);
-    bool fused = vlmd_safetensors_find(st, name) != NULL;
-    vlmd_status s = VLMD_OK;
-    if (m->dry) {
-        m->dry_bytes += gu_bytes + down_bytes;
-    } else {
-        if ((s = vlmd_backend_alloc_owned(m->b, &m->weights, gu_bytes, &y->experts_gate_up,
-                                          err)) != VLMD_OK ||
-            (s = vlmd_backend_alloc_owned(m->b, &m->weights, down_bytes, &y->experts_down,
-                                          err)) != VLMD_OK)
-            return s;
-    }
-    size_t gu_at = 0, down_at = 0;
-    if (fused) {
-        s = load_fused_experts(m, st, name, H, 2 * Ie, y->experts_gate_up, err);
-        snprintf(name, sizeof name, "%sexperts.down_proj", at);
-        if (s == VLMD_OK)
-            s = load_fused_experts(m, st, name, Ie, H, y->experts_down, err);
-        return s;
-    }
-    snprintf(name, sizeof name, "%sexperts.0.gate_proj.weight", at);
-    if (!vlmd_safetensors_find(st, name)) /* neither form */
-        return vlmd_errorf(err, VLMD_ERR_MODEL, "missing tensor %s (or the fused "
-                           "%sexperts.gate_up_proj)", name, at);
-    static const char *const parts[] = {"gate_proj", "up_proj", "down_proj"};
-    for (int64_t e = m->e0; s == VLMD_OK && e < m->e0 + E; e++)
-        for (int p = 0; s == VLMD_OK && p < 3; p++) {
-            snprintf(name, sizeof name, "%sexperts.%lld.%s.weight", at, (long long)e, parts[p]);
-            s = p < 2 ? load_part(m, st, name, 2, (int64_t[]){Ie, H}, false, y->experts_gate_up,
-                                  &gu_at, err)
-                      : load_part(m, st, name, 2, (int64_t[]){H, Ie}, false, y->experts_down,
-                                  &down_at, err);
-        }
-    return s;
-}
-
 /* Whether the backend's ops do what this model needs (see lm.h). */
 vlmd_status lm_backend_check(const vlmd_backend *b, const vlmd_model_config *mc,
-                                vlmd_error *err)
+                             vlmd_error *err)
 {
     const vlmd_op_table *op = vlmd_backend_ops(b);
     const char *name = vlmd_backend_info(b)->name, *arch = mc->architecture;
@@ -241,20 +48,25 @@ vlmd_status lm_backend_check(const vlmd_backend *b, const vlmd_model_config *mc,
     if (t->num_experts && (!op->moe_route || !op->moe_experts || !op->moe_scratch_bytes))
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no mixture-of-experts "
                            "ops yet, which %s needs", name, arch);
+    if (t->num_experts && t->router == VLMD_ROUTER_SIGMOID && !op->moe_sigmoid)
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no sigmoid router "
+                           "with grouped top-k yet, which %s needs", name, arch);
     if (t->qk_norm && !op->rope_qk_norm)
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no q/k norm in its "
                            "rotary op yet, which %s needs", name, arch);
     if (t->mrope_interleaved && !op->rope_interleaved)
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no interleaved M-RoPE "
                            "yet, which %s needs", name, arch);
+    if (t->rotary_dim != t->head_dim && !op->rope_partial)
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no partial rotary "
+                           "embedding yet, which %s needs", name, arch);
     return VLMD_OK;
 }
 
 /* Refuses a share of the model this code cannot run (see lm_load_rank). */
-static vlmd_status check_parallel(const vlmd_model_config *mc, const lm_parallel *p,
-                                  vlmd_error *err)
+static vlmd_status check_parallel(const vlmd_model_config *mc, const lm_recipe *r,
+                                  const lm_parallel *p, vlmd_error *err)
 {
-    const vlmd_text_config *t = &mc->text;
     const char *arch = mc->architecture;
     int world = p->world;
     if (p->rank < 0 || p->rank >= world)
@@ -264,42 +76,22 @@ static vlmd_status check_parallel(const vlmd_model_config *mc, const lm_parallel
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: rank %d of %d needs the group's "
                            "communicator (given: %s)", arch, p->rank, world,
                            p->comm ? "one of another rank or world" : "none");
-    if (t->num_experts % world)
-        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: its %lld experts must be a multiple "
+    if (r->experts.n_experts % world)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: its %d experts must be a multiple "
                            "of the tensor-parallel size %d (each rank holds an equal share)",
-                           arch, (long long)t->num_experts, world);
-    if (t->num_heads % world || t->intermediate_size % world)
-        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: num_attention_heads %lld and "
-                           "intermediate_size %lld must both be multiples of the "
-                           "tensor-parallel size %d", arch, (long long)t->num_heads,
-                           (long long)t->intermediate_size, world);
-    if (t->num_heads % t->num_kv_heads)
-        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: num_attention_heads %lld is not a "
-                           "multiple of num_key_value_heads %lld", arch,
-                           (long long)t->num_heads, (long long)t->num_kv_heads);
+                           arch, r->experts.n_experts, world);
+    if (r->experts.shared_width % world)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: its shared expert's width %d must be "
+                           "a multiple of the tensor-parallel size %d", arch,
+                           r->experts.shared_width, world);
+    if (r->heads % world || r->dense_width % world)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: num_attention_heads %d and "
+                           "intermediate_size %d must both be multiples of the "
+                           "tensor-parallel size %d", arch, r->heads, r->dense_width, world);
+    if (r->heads % r->kv_heads)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: num_attention_heads %d is not a "
+                           "multiple of num_key_value_heads %d", arch, r->heads, r->kv_heads);
     return VLMD_OK;
-}
-
-/* The KV heads (indices into the checkpoint's) a rank keeps for its query
- * heads [q0, q0 + nq) of a model whose query heads share KV heads in groups
- * of g: into kv[], their count returned. The attention op gives local query
- * head i the KV head i / (nq / count): when the heads used fit that (a split
- * of the KV heads, or a whole group of query heads per KV head) each is kept
- * once, else one per query head (repeated). */
-static int rank_kv_heads(int q0, int nq, int g, int *kv)
-{
-    int lo = q0 / g, n = (q0 + nq - 1) / g - lo + 1;
-    bool even = nq % n == 0;
-    for (int i = 0; even && i < nq; i++)
-        even = (q0 + i) / g - lo == i / (nq / n);
-    if (!even) {
-        for (int i = 0; i < nq; i++)
-            kv[i] = (q0 + i) / g;
-        return nq;
-    }
-    for (int i = 0; i < n; i++)
-        kv[i] = lo + i;
-    return n;
 }
 
 static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd_safetensors *st,
@@ -310,154 +102,98 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
     vlmd_status s = lm_backend_check(b, mc, &why);
     if (s != VLMD_OK)
         return vlmd_errorf(err, s, "%s (use --device cpu)", why.msg);
+    lm_model *m = calloc(1, sizeof *m);
+    int *kv_heads = malloc(((size_t)mc->text.num_heads + 1) * sizeof *kv_heads);
+    if (!m || !kv_heads) {
+        free(m), free(kv_heads);
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+    }
     lm_parallel whole = {0, 1, NULL};
     if (!par || par->world <= 1)
         par = &whole;
-    else if ((s = check_parallel(mc, par, err)) != VLMD_OK)
+    if ((s = lm_recipe_read(mc, st, &m->r, err)) != VLMD_OK ||
+        (par->world > 1 && (s = check_parallel(mc, &m->r, par, err)) != VLMD_OK)) {
+        free(m), free(kv_heads);
         return s;
-    const vlmd_op_table *op = vlmd_backend_ops(b);
-    lm_model *m = calloc(1, sizeof *m);
-    int *kv_heads = malloc(((size_t)mc->text.num_heads + 1) * sizeof *kv_heads);
-    part *parts = malloc((2 * (size_t)mc->text.num_heads + 3) * sizeof *parts);
-    if (!m || !kv_heads || !parts) {
-        free(m), free(kv_heads), free(parts);
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
-    const vlmd_text_config *t = &mc->text;
+    const lm_recipe *r = &m->r;
     const int world = par->world, rank = par->rank;
-    *m = (lm_model){
-        .b = b, .op = op, .H = (int)t->hidden_size, .I = (int)t->intermediate_size / world,
-        .L = (int)t->num_layers, .nh = (int)t->num_heads / world, .nkv = (int)t->num_kv_heads,
-        .hd = (int)t->head_dim, .V = (int)t->vocab_size, .eps = (float)t->rms_norm_eps,
-        .rank = rank, .world = world, .comm = par->comm,
-        .vocab_split = world > 1 && t->vocab_size % world == 0,
-        .theta = (float)t->rope_theta, .mrope = t->n_mrope_section == 3,
-        .interleaved = t->n_mrope_section == 3 && t->mrope_interleaved,
-        .qkv_bias = t->qkv_bias, .qk_norm = t->qk_norm, .E = (int)t->num_experts,
-        .K = (int)t->num_experts_per_tok, .Ie = (int)t->moe_intermediate_size,
-        .renormalize = t->norm_topk_prob,
-        .n_deepstack = mc->has_vision ? mc->vision.n_deepstack : 0,
-        .image_token_bytes = vlmd_image_token_bytes(mc),
-    };
+    m->b = b, m->op = vlmd_backend_ops(b);
+    m->H = r->hidden, m->I = r->dense_width / world, m->L = r->layers, m->nh = r->heads / world;
+    m->nkv = r->kv_heads, m->hd = r->head_dim, m->V = r->vocab;
+    m->rank = rank, m->world = world, m->comm = par->comm;
+    m->vocab_split = world > 1 && r->vocab % world == 0;
     m->Vr = m->vocab_split ? m->V / world : m->V;
-    m->Er = m->E / world, m->e0 = rank * m->Er;
+    m->E = r->experts.n_experts, m->K = r->experts.k, m->Ie = r->experts.width;
+    m->Er = m->E / world, m->e0 = rank * m->Er, m->Is = r->experts.shared_width / world;
+    m->n_deepstack = r->n_deepstack, m->image_token_bytes = r->image_token_bytes;
     if (world > 1) /* the KV heads this rank's query heads read */
-        m->nkv = rank_kv_heads(rank * m->nh, m->nh, (int)(t->num_heads / t->num_kv_heads),
-                               kv_heads);
+        m->nkv = lm_rank_kv_heads(rank * m->nh, m->nh, r->heads / r->kv_heads, kv_heads);
     else
         for (int i = 0; i < m->nkv; i++)
             kv_heads[i] = i;
-    for (int i = 0; i < 3; i++)
-        m->sections[i] = (int)t->mrope_section[i];
     m->dry = dry;
     m->layers = calloc((size_t)m->L, sizeof *m->layers);
+    lm_loader ld;
+    loader_init(&ld, m, st, kv_heads);
     if (!m->layers) {
-        free(m), free(kv_heads), free(parts);
-        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+        s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
+        goto fail;
     }
     if ((s = vlmd_backend_hold_weights(b, st, err)) != VLMD_OK)
         goto fail;
     m->holds = true;
-    /* whole-model sizes (the checkpoint's) and this rank's */
-    const int64_t H = m->H, I = t->intermediate_size, Q = t->num_heads * m->hd,
-                  KV = t->num_kv_heads * m->hd, V = m->V, hd = m->hd, E = m->E;
-    const int64_t Ir = m->I, Qr = (int64_t)m->nh * hd, Vr = m->Vr;
-    const char *pre = text_prefix(st);
-    char at[200];
-    int np = 0;
-    /* PART(suffix, rows, cols, row0, n_rows, col0, n_cols) adds a block of "<at>suffix";
-     * WHOLE(suffix, rows, cols) all of it; KV_PARTS(suffix, cols) this rank's KV heads' rows
-     * (runs of consecutive heads as one block); LOAD(field) loads the blocks added since the
-     * last LOAD, stacked. */
-#define PART(suffix, r_, c_, r0_, nr_, c0_, nc_)                                              \
-    do {                                                                                      \
-        part *p_ = &parts[np++];                                                              \
-        snprintf(p_->name, sizeof p_->name, "%s%s", at, suffix);                              \
-        p_->rows = r_, p_->cols = c_, p_->row0 = r0_, p_->n_rows = nr_;                       \
-        p_->col0 = c0_, p_->n_cols = nc_;                                                     \
-    } while (0)
-#define WHOLE(suffix, r_, c_) PART(suffix, r_, c_, 0, r_, 0, c_)
-#define KV_PARTS(suffix, c_)                                                                  \
-    for (int i_ = 0, j_; i_ < m->nkv; i_ = j_) {                                              \
-        for (j_ = i_ + 1; j_ < m->nkv && kv_heads[j_] == kv_heads[j_ - 1] + 1; j_++)          \
-            ;                                                                                 \
-        PART(suffix, KV, c_, kv_heads[i_] * hd, (j_ - i_) * hd, 0, c_);                       \
-    }
-#define LOAD(field)                                                                           \
-    s = load_parts(m, st, parts, np, &field, err);                                            \
-    np = 0;                                                                                   \
-    if (s != VLMD_OK)                                                                         \
-        goto fail;
-    snprintf(at, sizeof at, "%s", pre);
+    const int64_t H = m->H, V = m->V, Vr = m->Vr;
+    const char *pre = r->names.prefix;
+    loader_at(&ld, "%s", pre);
     if (m->vocab_split) { /* this rank's rows, then a row of zeros for every other id */
-        PART("embed_tokens.weight", V, H, rank * Vr, Vr, 0, H);
-        parts[np++] = (part){.rows = 1, .cols = H, .n_rows = 1, .n_cols = H};
+        loader_part(&ld, "embed_tokens.weight", V, H, rank * Vr, Vr, 0, H);
+        loader_part(&ld, NULL, 1, H, 0, 1, 0, H);
     } else {
-        WHOLE("embed_tokens.weight", V, H);
+        loader_whole(&ld, "embed_tokens.weight", V, H);
     }
-    LOAD(m->embed)
-    WHOLE("norm.weight", H, 0);
-    LOAD(m->final_norm)
+    if ((s = loader_load(&ld, &m->embed, err)) != VLMD_OK)
+        goto fail;
+    loader_whole(&ld, "norm.weight", H, 0);
+    if ((s = loader_load(&ld, &m->final_norm, err)) != VLMD_OK)
+        goto fail;
     if (vlmd_safetensors_find(st, "lm_head.weight")) {
-        at[0] = '\0';
-        PART("lm_head.weight", V, H, rank * Vr, Vr, 0, H);
-        LOAD(m->lm_head)
+        loader_at(&ld, "%s", "");
+        loader_part(&ld, "lm_head.weight", V, H, rank * Vr, Vr, 0, H);
+        if ((s = loader_load(&ld, &m->lm_head, err)) != VLMD_OK)
+            goto fail;
     } else { /* tied: the embedding, which holds this rank's vocabulary slice when split */
         m->lm_head = m->embed;
     }
+    /* the layers the config counts: a checkpoint may store more after them (GLM's MTP) */
     for (int l = 0; l < m->L; l++) {
         lm_layer *y = &m->layers[l];
-        snprintf(at, sizeof at, "%slayers.%d.", pre, l);
-        WHOLE("input_layernorm.weight", H, 0);
-        LOAD(y->ln_in)
-        PART("self_attn.q_proj.weight", Q, H, rank * Qr, Qr, 0, H);
-        KV_PARTS("self_attn.k_proj.weight", H)
-        KV_PARTS("self_attn.v_proj.weight", H)
-        LOAD(y->w_qkv)
-        if (m->qkv_bias) {
-            PART("self_attn.q_proj.bias", Q, 0, rank * Qr, Qr, 0, 0);
-            KV_PARTS("self_attn.k_proj.bias", 0)
-            KV_PARTS("self_attn.v_proj.bias", 0)
-            LOAD(y->b_qkv)
-        }
-        if (m->qk_norm) { /* one [hd] weight for every head: every rank's */
-            WHOLE("self_attn.q_norm.weight", hd, 0);
-            LOAD(y->q_norm)
-            WHOLE("self_attn.k_norm.weight", hd, 0);
-            LOAD(y->k_norm)
-        }
-        PART("self_attn.o_proj.weight", H, Q, 0, H, rank * Qr, Qr);
-        LOAD(y->wo)
-        WHOLE("post_attention_layernorm.weight", H, 0);
-        LOAD(y->ln_post)
-        if (vlmd_text_layer_is_moe(t, l)) { /* this rank's share of the experts */
+        loader_at(&ld, "%slayers.%d.", pre, l);
+        loader_whole(&ld, "input_layernorm.weight", H, 0);
+        if ((s = loader_load(&ld, &y->ln_in, err)) != VLMD_OK ||
+            (s = attention_load(&ld, &y->attn, err)) != VLMD_OK)
+            goto fail;
+        loader_whole(&ld, "post_attention_layernorm.weight", H, 0);
+        if ((s = loader_load(&ld, &y->ln_post, err)) != VLMD_OK)
+            goto fail;
+        if (lm_recipe_has_experts(r, l)) {
             m->n_moe++;
-            WHOLE("mlp.gate.weight", E, H);
-            LOAD(y->router)
-            char mlp[256];
-            snprintf(mlp, sizeof mlp, "%smlp.", at);
-            if ((s = load_experts(m, st, mlp, y, err)) != VLMD_OK)
-                goto fail;
+            s = experts_load(&ld, &y->experts, err);
         } else {
             m->n_dense++;
-            PART("mlp.gate_proj.weight", I, H, rank * Ir, Ir, 0, H);
-            PART("mlp.up_proj.weight", I, H, rank * Ir, Ir, 0, H);
-            LOAD(y->w_gate_up)
-            PART("mlp.down_proj.weight", H, I, 0, H, rank * Ir, Ir);
-            LOAD(y->w_down)
+            loader_at(&ld, "%slayers.%d.mlp.", pre, l);
+            s = swiglu_load(&ld, r->dense_width, &y->mlp, err);
         }
+        if (s != VLMD_OK)
+            goto fail;
     }
-#undef PART
-#undef WHOLE
-#undef KV_PARTS
-#undef LOAD
+    loader_free(&ld);
     free(kv_heads);
-    free(parts);
     *out = m;
     return VLMD_OK;
 fail:
+    loader_free(&ld);
     free(kv_heads);
-    free(parts);
     lm_free(m);
     return s;
 }
@@ -529,7 +265,7 @@ uint32_t lm_hidden_size(const lm_model *m)
 
 bool lm_uses_mrope(const lm_model *m)
 {
-    return m->mrope;
+    return m->r.attention.mrope;
 }
 
 int32_t lm_deepstack_features(const lm_model *m)
@@ -639,9 +375,13 @@ static vlmd_status workspace_buffers(lm_model *m, lm_workspace *ws, int32_t max_
     WS(residual, n * m->H * f)
     WS(qkv, n * (Q + 2 * KV) * f)
     WS(attn, n * Q * f)
-    if (m->n_dense) {
-        WS(gate_up, n * 2 * m->I * f)
-        WS(act, n * m->I * f)
+    size_t swiglu = (size_t)(m->n_dense && m->I > m->Is ? m->I : m->Is); /* the widest */
+    if (swiglu) {
+        WS(gate_up, n * 2 * swiglu * f)
+        WS(act, n * swiglu * f)
+    }
+    if (m->Is) {
+        WS(shared_out, n * m->H * f)
     }
     if (m->n_moe) {
         WS(router_logits, n * (size_t)m->E * f)
@@ -878,39 +618,22 @@ static void run_layers(lm_model *m, lm_kv *kv, lm_workspace *ws, int n, int n_se
 {
     vlmd_backend *b = m->b;
     const vlmd_op_table *op = m->op;
-    const int H = m->H, Q = m->nh * m->hd, QKV = Q + 2 * m->nkv * m->hd;
+    const int H = m->H;
+    const float eps = m->r.norm_eps;
     for (int l = 0; l < m->L; l++) {
         const lm_layer *y = &m->layers[l];
         if (l == 0)
-            op->rmsnorm(b, ws->h, ws->residual, NULL, y->ln_in, n, H, m->eps);
+            op->rmsnorm(b, ws->h, ws->residual, NULL, y->ln_in, n, H, eps);
         else
-            op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_in, n, H, m->eps);
-        op->linear(b, ws->qkv, ws->h, y->w_qkv, NULL, n, H, QKV);
-        vlmd_rope rope = {.theta = m->theta, .sections = m->mrope ? m->sections : NULL,
-                          .interleaved = m->interleaved, .q_norm = y->q_norm,
-                          .k_norm = y->k_norm, .norm_eps = m->eps};
-        op->rope_kv_write(b, ws->qkv, y->b_qkv, kv->k[l], kv->v[l], ws->positions, ws->slots, n,
-                          m->nh, m->nkv, m->hd, &rope);
-        op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], vlmd_backend_kv_dtype(b),
-                      ws->seqs, n_seqs, n, m->nh, m->nkv, m->hd, true);
-        op->linear(b, ws->x, ws->attn, y->wo, NULL, n, Q, H);
+            op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_in, n, H, eps);
+        attention_forward(m, kv, ws, &y->attn, l, n, n_seqs);
         all_reduce(m, ws, ws->x, (size_t)n * H); /* each rank's heads' share of x */
-        /* MLP block: dense, or the experts the router picks */
-        op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, m->eps);
-        if (y->router) {
-            op->linear(b, ws->router_logits, ws->h, y->router, NULL, n, H, m->E);
-            op->moe_route(b, ws->expert_ids, ws->expert_weights, ws->router_logits, n, m->E,
-                          m->K, m->renormalize, ws->worst_case);
-            op->moe_experts(b, ws->x, ws->h, ws->expert_ids, ws->expert_weights,
-                            y->experts_gate_up, y->experts_down, ws->moe_scratch, n, m->K, m->Er,
-                            H, m->Ie, m->e0);
-            all_reduce(m, ws, ws->x, (size_t)n * H); /* each rank's experts' share */
-        } else {
-            op->linear(b, ws->gate_up, ws->h, y->w_gate_up, NULL, n, H, 2 * m->I);
-            op->silu_mul(b, ws->act, ws->gate_up, n, m->I);
-            op->linear(b, ws->x, ws->act, y->w_down, NULL, n, m->I, H);
-            all_reduce(m, ws, ws->x, (size_t)n * H); /* each rank's columns' share */
-        }
+        op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, eps);
+        if (y->experts.router)
+            experts_forward(m, ws, &y->experts, n);
+        else
+            swiglu_forward(m, ws, &y->mlp, ws->x, n);
+        all_reduce(m, ws, ws->x, (size_t)n * H); /* each rank's experts' or columns' share */
         /* the layer's output is residual + x: feature l goes into the residual */
         for (int i = 0; l < m->n_deepstack && i < n_images; i++)
             op->add(b, row_at(m, ws->residual, images[i].row),
@@ -919,7 +642,7 @@ static void run_layers(lm_model *m, lm_kv *kv, lm_workspace *ws, int n, int n_se
     }
     if (!n_logits)
         return;
-    op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, m->eps);
+    op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, eps);
     op->gather_rows(b, ws->rows, ws->h, ws->logit_rows, n_logits, H);
     if (!m->vocab_split) {
         op->linear(b, ws->logits, ws->rows, m->lm_head, NULL, n_logits, H, m->V);

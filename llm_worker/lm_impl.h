@@ -1,43 +1,63 @@
-/* qwen2_impl.h - the model's, KV cache's and workspace's insides, shared by
- * lm.c (loading and the forward) and lm_ranks.c (what rank 0 tells the
- * other ranks of a group, and what they do with it). Nothing else includes it. */
-#ifndef VLMD_QWEN2_IMPL_H
-#define VLMD_QWEN2_IMPL_H
+/* lm_impl.h - the model's, KV cache's and workspace's insides, shared by
+ * the decoder (lm.c: loading and the forward), its blocks (block_*.c), the
+ * weight loader (lm_weights.c) and lm_ranks.c (what rank 0 tells the other
+ * ranks of a group, and what they do with it). Nothing else includes it. */
+#ifndef VLMD_LM_IMPL_H
+#define VLMD_LM_IMPL_H
 
 #include <stdatomic.h>
 
 #include "comm.h"
-#include "ops.h"
 #include "lm.h"
+#include "lm_recipe.h"
+#include "ops.h"
 
 typedef struct lm_ranks lm_ranks;
 
+/* The attention block's weights (this rank's heads). */
+typedef struct attention_weights {
+    void *w_qkv;                /* [Q + 2 KV, H]: q rows, then k, then v */
+    void *b_qkv;                /* [Q + 2 KV]; NULL without qkv bias */
+    void *wo;                   /* [H, Q] */
+    void *bo;                   /* [H]; NULL without o bias (rank 0's alone: summed once) */
+    void *q_norm, *k_norm;      /* [hd] each; NULL without q/k norm */
+} attention_weights;
+
+/* A SwiGLU's weights: a dense layer's, or a shared expert's (this rank's width). */
+typedef struct swiglu_weights {
+    void *gate_up;              /* [2 I, H]: gate rows, then up rows */
+    void *down;                 /* [H, I] */
+    int width;                  /* I, this rank's */
+} swiglu_weights;
+
+/* The routed-experts block's weights. */
+typedef struct experts_weights {
+    void *router;               /* [E, H] */
+    float *router_bias;         /* [E] fp32 (the sigmoid router's correction); NULL: none */
+    void *gate_up;              /* [Er][2 Ie, H]: this rank's experts */
+    void *down;                 /* [Er][H, Ie] */
+    swiglu_weights shared;      /* the shared expert (gate_up NULL: none) */
+} experts_weights;
+
 typedef struct lm_layer {
-    void *ln_in, *w_qkv, *wo;               /* attention: [Q + 2 KV, H], [H, Q] */
-    void *b_qkv;                            /* [Q + 2 KV]; NULL without qkv bias (Qwen3) */
-    void *q_norm, *k_norm;                  /* Qwen3: [hd] each; NULL without */
-    void *ln_post;                          /* [H] */
-    void *w_gate_up, *w_down;               /* dense MLP: [2 I, H] (gate rows, then up), [H, I] */
-    /* a mixture-of-experts layer instead (the dense pair NULL): the router [E, H], each
-     * expert's gate and up rows [E][2 Ie, H], its down projection [E][H, Ie] */
-    void *router, *experts_gate_up, *experts_down;
+    void *ln_in, *ln_post;      /* [H] each: before attention, before the MLP */
+    attention_weights attn;
+    swiglu_weights mlp;         /* a dense layer's MLP (gate_up NULL in an experts layer) */
+    experts_weights experts;    /* an experts layer's (router NULL in a dense one) */
 } lm_layer;
 
 struct lm_model {
     vlmd_backend *b;            /* borrowed */
     const vlmd_op_table *op;
+    lm_recipe r;                /* the whole model's, as its family read it */
     int H, I, L, nh, nkv, hd, V; /* I, nh, nkv: this rank's */
     int rank, world;            /* tensor parallelism: this rank of world (1: the whole model) */
     vlmd_comm *comm;            /* borrowed; NULL when world is 1 */
     bool vocab_split;           /* lm_head holds this rank's Vr rows; the logits all-gathered */
     int Vr;                     /* lm_head's rows here: V / world when split, else V */
-    float eps, theta;
-    bool mrope, interleaved;    /* M-RoPE; its sections interleaved (Qwen3-VL) */
-    int sections[3];
-    bool qkv_bias, qk_norm;
     int E, K, Ie;               /* experts, chosen per token, their MLP width (E 0: dense) */
     int Er, e0;                 /* the experts this rank holds: e0 .. e0 + Er - 1 */
-    bool renormalize;           /* the chosen experts' weights sum to 1 */
+    int Is;                     /* the shared expert's width here (0: none) */
     int n_deepstack;            /* Qwen3-VL: features per image token (0: none) */
     uint64_t image_token_bytes; /* an image token in the arena (vlmd_image_token_bytes) */
     int n_dense, n_moe;         /* layers of each kind */
@@ -50,7 +70,7 @@ struct lm_model {
     bool holds;                 /* holds the backend's weight type (vlmd_backend_hold_weights) */
     bool dry;                   /* sizing only: tensors are checked and counted, not loaded */
     uint64_t dry_bytes;
-    lm_ranks *ranks;         /* leading or following the group's steps (lm_ranks.c); NULL:
+    lm_ranks *ranks;            /* leading or following the group's steps (lm_ranks.c); NULL:
                                  * every rank calls the model itself (or world 1) */
     /* a following rank's KV slots and backend bytes, for its own loop thread to report */
     _Atomic int32_t followed_slots;
@@ -79,8 +99,10 @@ struct lm_workspace {
     void *x, *h, *residual;     /* [n, H] */
     void *qkv;                  /* [n, (nh + 2 nkv) * hd] */
     void *attn;                 /* [n, nh * hd] */
-    void *gate_up;              /* [n, 2 I]; NULL without dense layers */
-    void *act;                  /* [n, I]; likewise */
+    void *gate_up;              /* [n, 2 w]: a SwiGLU's, w the widest of this rank's dense
+                                 * and shared-expert widths; NULL without either */
+    void *act;                  /* [n, w]; likewise */
+    void *shared_out;           /* [n, H]: the shared expert's output; NULL without one */
     void *router_logits;        /* [n, E]; MoE only, as the next three */
     int32_t *expert_ids;        /* [n, K] */
     float *expert_weights;      /* [n, K] fp32 */

@@ -318,7 +318,8 @@ typedef struct moe_ctx {
 static void run_moe_route(bench *k, void *c)
 {
     moe_ctx *m = c;
-    k->op->moe_route(k->b, m->route_ids, m->route_weights, m->logits, m->n, m->E, m->k, true,
+    vlmd_moe_router router = {.renormalize = true, .scale = 1.0f, .n_group = 1, .topk_group = 1};
+    k->op->moe_route(k->b, m->route_ids, m->route_weights, m->logits, m->n, m->E, m->k, &router,
                      false);
 }
 

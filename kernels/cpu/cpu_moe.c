@@ -1,5 +1,5 @@
 /* cpu_moe.c - the CPU reference of the mixture-of-experts ops (ops.h):
- * the router's softmax and top-k, and the experts grouped by expert, each
+ * the router (softmax and top-k, or sigmoid scores chosen in groups), and the experts grouped by expert, each
  * group through two of the backend's matmuls (weights in the backend's
  * weight type), added back in expert order as transformers'
  * Qwen3MoeSparseMoeBlock does. */
@@ -9,12 +9,80 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "log.h"
+
+/* The k largest of score[0..E) (the lower id first among equals), largest
+ * first, into id[0..k). */
+static void top_k(const float *score, int n_experts, int k, int32_t *id)
+{
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < n_experts; e++) {
+            bool taken = false;
+            for (int i = 0; i < j; i++)
+                taken = taken || id[i] == e;
+            if (!taken && (best < 0 || score[e] > score[best]))
+                best = e;
+        }
+        id[j] = best;
+    }
+}
+
+/* Softmax router (Qwen3-MoE, Mixtral): probabilities over every expert;
+ * the largest logit is the largest probability. */
+static void route_softmax(const float *row, int n_experts, int k, int32_t *id, float *w)
+{
+    float mx = -INFINITY;
+    for (int e = 0; e < n_experts; e++)
+        mx = row[e] > mx ? row[e] : mx;
+    double sum = 0;
+    for (int e = 0; e < n_experts; e++)
+        sum += exp((double)(row[e] - mx));
+    top_k(row, n_experts, k, id);
+    for (int j = 0; j < k; j++)
+        w[j] = (float)(exp((double)(row[id[j]] - mx)) / sum);
+}
+
+/* Sigmoid router (GLM-4.5, DeepSeek-V3's), as transformers'
+ * Glm4MoeTopkRouter: scores s = sigmoid(logits); c = s + bias chooses; a
+ * group's score is the sum of its two largest c; outside the topk_group best
+ * groups c is 0; the k largest c are the experts, weighted by their s.
+ * choose: E floats of scratch. */
+static void route_sigmoid(const float *row, int n_experts, int k, const vlmd_moe_router *r,
+                          float *choose, int32_t *id, float *w)
+{
+    int groups = r->n_group > 0 ? r->n_group : 1, per = n_experts / groups;
+    for (int e = 0; e < n_experts; e++)
+        choose[e] = 1.0f / (1.0f + expf(-row[e])) + (r->bias ? r->bias[e] : 0.0f);
+    if (groups > 1) {
+        float group_score[1024];
+        int32_t kept[1024];
+        for (int g = 0; g < groups; g++) {
+            int32_t two[2];
+            top_k(choose + (size_t)g * per, per, 2, two);
+            group_score[g] = choose[g * per + two[0]] + choose[g * per + two[1]];
+        }
+        top_k(group_score, groups, r->topk_group, kept);
+        for (int g = 0; g < groups; g++) {
+            bool keep = false;
+            for (int i = 0; i < r->topk_group; i++)
+                keep = keep || kept[i] == g;
+            for (int e = 0; !keep && e < per; e++)
+                choose[g * per + e] = 0.0f;
+        }
+    }
+    top_k(choose, n_experts, k, id);
+    for (int j = 0; j < k; j++)
+        w[j] = 1.0f / (1.0f + expf(-row[id[j]]));
+}
 
 void vlmd_cpu_moe_route(vlmd_backend *b, int32_t *ids, float *weights, const void *logits_,
-                        int n, int n_experts, int k, bool renormalize, bool worst_case)
+                        int n, int n_experts, int k, const vlmd_moe_router *r, bool worst_case)
 {
     (void)b;
+    VLMD_ASSERT(n_experts <= 1024);
     const float *logits = logits_;
+    float choose[1024];
     for (int t = 0; t < n; t++) {
         int32_t *id = ids + (size_t)t * k;
         float *w = weights + (size_t)t * k;
@@ -24,32 +92,21 @@ void vlmd_cpu_moe_route(vlmd_backend *b, int32_t *ids, float *weights, const voi
             continue;
         }
         const float *row = logits + (size_t)t * n_experts;
-        float mx = -INFINITY;
-        for (int e = 0; e < n_experts; e++)
-            mx = row[e] > mx ? row[e] : mx;
-        double sum = 0;
-        for (int e = 0; e < n_experts; e++)
-            sum += exp((double)(row[e] - mx));
-        /* top-k by selection: the largest logit is the largest probability */
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            for (int e = 0; e < n_experts; e++) {
-                bool taken = false;
-                for (int i = 0; i < j; i++)
-                    taken = taken || id[i] == e;
-                if (!taken && (best < 0 || row[e] > row[best]))
-                    best = e;
-            }
-            id[j] = best;
-            w[j] = (float)(exp((double)(row[best] - mx)) / sum);
-        }
-        if (renormalize) {
+        if (r->sigmoid)
+            route_sigmoid(row, n_experts, k, r, choose, id, w);
+        else
+            route_softmax(row, n_experts, k, id, w);
+        if (r->renormalize) {
             float total = 0;
             for (int j = 0; j < k; j++)
                 total += w[j];
+            if (r->sigmoid)
+                total += 1e-20f;
             for (int j = 0; j < k; j++)
                 w[j] /= total;
         }
+        for (int j = 0; r->scale != 1.0f && j < k; j++)
+            w[j] *= r->scale;
     }
 }
 

@@ -240,13 +240,16 @@ static void cpu_linear(vlmd_backend *b, void *out, const void *x, const void *w,
 
 /* ---- rotary embedding and the KV write ------------------------------------------------ */
 
-static void rotate(float *v, int hd, const float *cosv, const float *sinv)
+/* Rotates the first rd dims of a head: frequency i turns dims i and
+ * i + rd/2 (rotate-half), or 2i and 2i + 1 (interleaved pairs). */
+static void rotate(float *v, int rd, bool pairs, const float *cosv, const float *sinv)
 {
-    int half = hd / 2;
+    int half = rd / 2;
     for (int i = 0; i < half; i++) {
-        float x1 = v[i], x2 = v[i + half];
-        v[i] = x1 * cosv[i] - x2 * sinv[i];
-        v[i + half] = x2 * cosv[i] + x1 * sinv[i];
+        int a = pairs ? 2 * i : i, c = pairs ? 2 * i + 1 : i + half;
+        float x1 = v[a], x2 = v[c];
+        v[a] = x1 * cosv[i] - x2 * sinv[i];
+        v[c] = x2 * cosv[i] + x1 * sinv[i];
     }
 }
 
@@ -288,7 +291,8 @@ static void rope_part(void *ctx, int index, int count)
     vlmd_backend *b = j->b;
     const vlmd_cpu_kernels *k = cpu_of(b)->k;
     const vlmd_rope *rope = j->rope;
-    int hd = j->hd, half = hd / 2, kv_dim = j->nkv * hd, lo, hi;
+    int hd = j->hd, rd = rope->rotary_dim ? rope->rotary_dim : hd, half = rd / 2;
+    int kv_dim = j->nkv * hd, lo, hi;
     size_t stride = (size_t)(j->nh + 2 * j->nkv) * hd, kes = vlmd_dtype_size(b->kv_dtype);
     /* scratch: cos, sin [half]; the bias [stride] and norms [hd] widened */
     float *cosv = scratch(b, index), *sinv = cosv + half, *bias = sinv + half;
@@ -301,7 +305,7 @@ static void rope_part(void *ctx, int index, int count)
     for (int t = lo; t < hi; t++) {
         for (int i = 0; i < half; i++) {
             int row = mrope_row(rope, i);
-            double inv_freq = 1.0 / pow((double)rope->theta, (double)(2 * i) / hd);
+            double inv_freq = 1.0 / pow((double)rope->theta, (double)(2 * i) / rd);
             /* the angle in float32, as the reference computes it */
             float angle = (float)j->positions[(size_t)row * j->n + t] * (float)inv_freq;
             cosv[i] = cosf(angle);
@@ -314,7 +318,7 @@ static void rope_part(void *ctx, int index, int count)
             const float *w = h < j->nh ? qw : kw;
             if (w)
                 head_rmsnorm(q + (size_t)h * hd, hd, w, rope->norm_eps);
-            rotate(q + (size_t)h * hd, hd, cosv, sinv);
+            rotate(q + (size_t)h * hd, rd, rope->pairs_interleaved, cosv, sinv);
         }
         size_t at = (size_t)j->slots[t] * kv_dim * kes;
         k->narrow((char *)j->k_cache + at, b->kv_dtype, kr, (size_t)kv_dim);
@@ -565,8 +569,8 @@ static void vision_rope_part(void *ctx, int index, int count)
             sinv[i] = sinf(angle);
         }
         for (int h = 0; h < j->nh; h++) {
-            rotate(j->q + ((size_t)t * j->nh + h) * j->hd, j->hd, cosv, sinv);
-            rotate(j->k + ((size_t)t * j->nh + h) * j->hd, j->hd, cosv, sinv);
+            rotate(j->q + ((size_t)t * j->nh + h) * j->hd, j->hd, false, cosv, sinv);
+            rotate(j->k + ((size_t)t * j->nh + h) * j->hd, j->hd, false, cosv, sinv);
         }
     }
 }
@@ -597,7 +601,8 @@ static void cpu_vision_pos_embed(vlmd_backend *b, void *x_, const void *table,
 void vlmd_cpu_sample(vlmd_backend *b, vlmd_sample_out *out, void *logits,
                      const vlmd_sample_row *rows, int n, int vocab); /* cpu_sample.c */
 void vlmd_cpu_moe_route(vlmd_backend *b, int32_t *ids, float *weights, const void *logits, int n,
-                        int n_experts, int k, bool renormalize, bool worst_case); /* cpu_moe.c */
+                        int n_experts, int k, const vlmd_moe_router *r,
+                        bool worst_case); /* cpu_moe.c */
 void vlmd_cpu_moe_experts(vlmd_backend *b, void *out, const void *x, const int32_t *ids,
                           const float *weights, const void *gate_up, const void *down,
                           void *scratch, int n, int k, int n_experts, int hidden, int inter,
@@ -623,4 +628,6 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .moe_scratch_bytes = vlmd_cpu_moe_scratch_bytes,
     .rope_qk_norm = true,
     .rope_interleaved = true,
+    .rope_partial = true,
+    .moe_sigmoid = true,
 };

@@ -131,9 +131,11 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
 
 extern "C" void vlmd_cuda_moe_route(vlmd_backend *b, int32_t *ids, float *weights,
                                     const void *logits, int n, int n_experts, int k,
-                                    bool renormalize, bool worst_case)
+                                    const vlmd_moe_router *r, bool worst_case)
 {
     moe_check_shape(n_experts, k);
+    VLMD_ASSERT(!r->sigmoid && r->scale == 1.0f); /* moe_sigmoid is not in the table */
+    bool renormalize = r->renormalize;
     if (n <= 0)
         return;
     int blocks = (n + ROUTE_WARPS - 1) / ROUTE_WARPS;

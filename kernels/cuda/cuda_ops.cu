@@ -459,7 +459,7 @@ extern "C" void vlmd_cuda_sample(vlmd_backend *b, vlmd_sample_out *out, void *lo
 /* cuda_moe.cu */
 extern "C" void vlmd_cuda_moe_route(vlmd_backend *b, int32_t *ids, float *weights,
                                     const void *logits, int n, int n_experts, int k,
-                                    bool renormalize, bool worst_case);
+                                    const vlmd_moe_router *r, bool worst_case);
 extern "C" void vlmd_cuda_moe_experts(vlmd_backend *b, void *out, const void *x,
                                       const int32_t *ids, const float *weights,
                                       const void *gate_up, const void *down, void *scratch, int n,
@@ -485,4 +485,6 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .moe_scratch_bytes = vlmd_cuda_moe_scratch_bytes,
     .rope_qk_norm = true,
     .rope_interleaved = true,
+    .rope_partial = false,
+    .moe_sigmoid = false,
 };

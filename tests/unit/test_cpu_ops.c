@@ -68,7 +68,9 @@ static void check_route(int n, int E, int k, bool renormalize, bool worst_case, 
     }
     int32_t *ids = malloc((size_t)n * k * sizeof *ids);
     float *w = malloc((size_t)n * k * sizeof *w);
-    vlmd_backend_ops(b)->moe_route(b, ids, w, logits, n, E, k, renormalize, worst_case);
+    vlmd_moe_router router = {.renormalize = renormalize, .scale = 1.0f, .n_group = 1,
+                              .topk_group = 1};
+    vlmd_backend_ops(b)->moe_route(b, ids, w, logits, n, E, k, &router, worst_case);
     ranked *r = malloc((size_t)E * sizeof *r);
     int bad = 0;
     for (int t = 0; t < n; t++) {

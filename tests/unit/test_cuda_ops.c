@@ -638,8 +638,10 @@ static void check_moe_route(pair *p, int n, int E, int k, bool renormalize, bool
     for (int b = 0; b < 2; b++) {
         void *dids = bytes_on(bs[b], NULL, nk * sizeof(int32_t));
         void *dw = bytes_on(bs[b], NULL, nk * sizeof(float));
+        vlmd_moe_router router = {.renormalize = renormalize, .scale = 1.0f, .n_group = 1,
+                                  .topk_group = 1};
         vlmd_backend_ops(bs[b])->moe_route(bs[b], dids, dw, on(bs[b], logits, (size_t)n * E), n,
-                                           E, k, renormalize, worst_case);
+                                           E, k, &router, worst_case);
         ids[b] = bytes_back(bs[b], dids, nk * sizeof(int32_t));
         w[b] = bytes_back(bs[b], dw, nk * sizeof(float));
     }
@@ -847,7 +849,8 @@ static void moe_step_run(void *ctx)
 {
     moe_step *s = ctx;
     const vlmd_op_table *op = vlmd_backend_ops(s->b);
-    op->moe_route(s->b, s->ids, s->weights, s->logits, s->n, s->E, s->k, true, false);
+    vlmd_moe_router router = {.renormalize = true, .scale = 1.0f, .n_group = 1, .topk_group = 1};
+    op->moe_route(s->b, s->ids, s->weights, s->logits, s->n, s->E, s->k, &router, false);
     op->moe_experts(s->b, s->out, s->x, s->ids, s->weights, s->gate_up, s->down, s->scratch, s->n,
                     s->k, s->E, s->H, s->I, 0);
 }

@@ -45,11 +45,13 @@ static struct {
 } tape;
 
 static void taped_route(vlmd_backend *b, int32_t *ids, float *weights, const void *logits,
-                        int n, int n_experts, int k, bool renormalize, bool worst_case)
+                        int n, int n_experts, int k, const vlmd_moe_router *r, bool worst_case)
 {
     bool rec = b == tape.rec_b;
+    bool renormalize = r->renormalize;
+    cr_assert(!r->sigmoid, "the tape replays softmax routers");
     (rec ? tape.rec_base : tape.play_base)
-        ->moe_route(b, ids, weights, logits, n, n_experts, k, renormalize, worst_case);
+        ->moe_route(b, ids, weights, logits, n, n_experts, k, r, worst_case);
     size_t count = (size_t)n * k;
     if (rec) {
         if (tape.len + count > tape.cap) {
