@@ -113,6 +113,85 @@ Test(cpu_ops, moe_route_is_a_sorted_softmax)
     check_route(5, 64, 8, true, true, 0);
 }
 
+/* The sigmoid router read off transformers' Glm4MoeTopkRouter with sorts:
+ * every expert's choosing score c = sigmoid(logit) + bias; each group's
+ * score the sum of its two largest c; the groups sorted by it (the lower
+ * group first among equals), all but the first topk_group given c = 0; the
+ * experts sorted by c (the lower id first), the first k taken, weighted by
+ * sigmoid(logit) alone, / (sum + 1e-20) when renormalised, times scale. */
+typedef struct scored {
+    double c;
+    int id;
+} scored;
+
+static int by_score(const void *a_, const void *b_)
+{
+    const scored *a = a_, *b = b_;
+    if (a->c != b->c)
+        return a->c > b->c ? -1 : 1;
+    return a->id - b->id;
+}
+
+static void check_sigmoid_route(int n, int E, int k, int groups, int topk_groups, float scale,
+                                bool renormalize, bool biased)
+{
+    vlmd_backend *b = cpu_open();
+    float *logits = random_floats((size_t)n * E, 3), *bias = random_floats((size_t)E, 0.6f);
+    int32_t *ids = malloc((size_t)n * k * sizeof *ids);
+    float *w = malloc((size_t)n * k * sizeof *w);
+    vlmd_moe_router r = {.sigmoid = true, .renormalize = renormalize, .scale = scale,
+                         .n_group = groups, .topk_group = topk_groups,
+                         .bias = biased ? bias : NULL};
+    vlmd_backend_ops(b)->moe_route(b, ids, w, logits, n, E, k, &r, false);
+    scored *c = malloc((size_t)E * sizeof *c), *g = malloc((size_t)groups * sizeof *g);
+    int per = E / groups, bad = 0;
+    for (int t = 0; t < n; t++) {
+        const float *row = logits + (size_t)t * E;
+        for (int e = 0; e < E; e++)
+            c[e] = (scored){(float)(1.0f / (1.0f + expf(-row[e]))) + (biased ? bias[e] : 0.0f), e};
+        for (int q = 0; q < groups; q++) {
+            scored two[1024];
+            memcpy(two, c + (size_t)q * per, (size_t)per * sizeof *two);
+            qsort(two, (size_t)per, sizeof *two, by_score);
+            g[q] = (scored){two[0].c + two[1].c, q};
+        }
+        qsort(g, (size_t)groups, sizeof *g, by_score);
+        for (int i = topk_groups; i < groups; i++)
+            for (int e = 0; e < per; e++)
+                c[g[i].id * per + e].c = 0.0;
+        qsort(c, (size_t)E, sizeof *c, by_score);
+        double total = 0, want[64];
+        for (int j = 0; j < k; j++)
+            total += want[j] = 1.0 / (1.0 + exp(-(double)row[c[j].id]));
+        for (int j = 0; j < k; j++) {
+            double x = (renormalize ? want[j] / (total + 1e-20) : want[j]) * scale;
+            if (ids[t * k + j] != c[j].id || fabs(w[t * k + j] - x) > 1e-6 * (1 + fabs(x)))
+                bad++;
+        }
+    }
+    cr_expect_eq(bad, 0, "sigmoid route n=%d E=%d k=%d groups %d of %d scale %g renormalize %d "
+                 "bias %d: %d of %d choices differ", n, E, k, topk_groups, groups, scale,
+                 renormalize, biased, bad, n * k);
+    free(logits), free(bias), free(ids), free(w), free(c), free(g);
+    vlmd_backend_destroy(b);
+}
+
+/* GLM-4.5-Air (128 experts, 8 a token, one group, no scaling), GLM-4.5 /
+ * 4.6 (160, 8, scaled by 2.5), DeepSeek-V3's grouping (256 in 8 groups, the
+ * best 4 kept), small ones where the groups and a negative bias decide
+ * (the zeroed groups' experts then beat negative scores, as transformers'
+ * masked_fill(0) has it). */
+Test(cpu_ops, moe_route_sigmoid_chooses_with_the_bias_in_the_best_groups)
+{
+    check_sigmoid_route(40, 128, 8, 1, 1, 1.0f, true, true);
+    check_sigmoid_route(40, 160, 8, 1, 1, 2.5f, true, true);
+    check_sigmoid_route(30, 256, 8, 8, 4, 2.5f, true, true);
+    check_sigmoid_route(60, 16, 4, 4, 2, 1.0f, true, true);
+    check_sigmoid_route(60, 16, 4, 4, 2, 1.5f, false, true);
+    check_sigmoid_route(60, 8, 2, 1, 1, 1.0f, true, false);
+    check_sigmoid_route(200, 12, 3, 3, 1, 1.0f, true, true);
+}
+
 /* ---- the experts --------------------------------------------------------------------- */
 
 /* out[t] = sum over t's choices, in expert-id order, of
@@ -204,11 +283,13 @@ static void section_rows(int *row, int half, const int *s, bool interleaved)
     }
 }
 
-static void check_rope(int hd, const int *sections, bool interleaved, bool norm, bool with_bias)
+/* rd: the dims that rotate (hd: all); pairs: (2i, 2i + 1) instead of (i, i + rd/2) */
+static void check_rope(int hd, int rd, bool pairs, const int *sections, bool interleaved,
+                       bool norm, bool with_bias)
 {
     vlmd_backend *b = cpu_open();
     enum { N = 5, NH = 3, NKV = 2, SLOTS = 11 };
-    int stride = (NH + 2 * NKV) * hd, kv_dim = NKV * hd, half = hd / 2;
+    int stride = (NH + 2 * NKV) * hd, kv_dim = NKV * hd, half = rd / 2;
     float *qkv = random_floats((size_t)N * stride, 1), *bias = random_floats(stride, 0.5f);
     float *qn = random_floats(hd, 2), *kn = random_floats(hd, 2);
     float *kc = calloc((size_t)SLOTS * kv_dim, sizeof *kc);
@@ -221,7 +302,8 @@ static void check_rope(int hd, const int *sections, bool interleaved, bool norm,
     for (int t = 0; t < N; t++)
         slots[t] = (t * 4 + 3) % SLOTS;
     vlmd_rope rope = {.theta = 1e4f, .sections = sections, .interleaved = interleaved,
-                      .q_norm = norm ? qn : NULL, .k_norm = norm ? kn : NULL, .norm_eps = 1e-6f};
+                      .q_norm = norm ? qn : NULL, .k_norm = norm ? kn : NULL, .norm_eps = 1e-6f,
+                      .rotary_dim = rd == hd && !pairs ? 0 : rd, .pairs_interleaved = pairs};
     vlmd_backend_ops(b)->rope_kv_write(b, qkv, with_bias ? bias : NULL, kc, vc, pos, slots, N, NH,
                                        NKV, hd, &rope);
     int *row = malloc((size_t)half * sizeof *row);
@@ -245,18 +327,20 @@ static void check_rope(int hd, const int *sections, bool interleaved, bool norm,
                 }
                 for (int i = 0; i < half; i++) {
                     /* the angle in float32, as transformers computes it */
-                    float inv_freq = (float)(1.0 / pow(1e4, 2.0 * i / hd));
+                    float inv_freq = (float)(1.0 / pow(1e4, 2.0 * i / rd));
                     float angle = (float)pos[row[i] * N + t] * inv_freq;
-                    double c = cos(angle), s = sin(angle), x1 = v[i], x2 = v[i + half];
-                    v[i] = x1 * c - x2 * s;
-                    v[i + half] = x2 * c + x1 * s;
+                    int a = pairs ? 2 * i : i, z = pairs ? 2 * i + 1 : i + half;
+                    double c = cos(angle), s = sin(angle), x1 = v[a], x2 = v[z];
+                    v[a] = x1 * c - x2 * s;
+                    v[z] = x2 * c + x1 * s;
                 }
             }
             for (int j = 0; j < hd; j++)
                 worst = fmax(worst, fabs(got[j] - v[j]));
         }
-    cr_expect_lt(worst, 1e-5, "rope hd=%d sections=%s interleaved=%d norm=%d bias=%d: off by %g",
-                 hd, sections ? "yes" : "no", interleaved, norm, with_bias, worst);
+    cr_expect_lt(worst, 1e-5, "rope hd=%d rd=%d pairs=%d sections=%s interleaved=%d norm=%d "
+                 "bias=%d: off by %g", hd, rd, pairs, sections ? "yes" : "no", interleaved, norm,
+                 with_bias, worst);
     free(qkv), free(bias), free(qn), free(kn), free(kc), free(vc), free(in), free(row), free(v);
     vlmd_backend_destroy(b);
 }
@@ -264,11 +348,23 @@ static void check_rope(int hd, const int *sections, bool interleaved, bool norm,
 Test(cpu_ops, rope_kv_write_normalizes_each_head_then_rotates_by_its_sections)
 {
     static const int qwen2_vl[3] = {4, 6, 6}, qwen3_vl[3] = {6, 5, 5}, vl_128[3] = {24, 20, 20};
-    check_rope(32, NULL, false, false, true);   /* Qwen2 */
-    check_rope(32, qwen2_vl, false, false, true); /* Qwen2-VL */
-    check_rope(32, NULL, false, true, false);   /* Qwen3 */
-    check_rope(32, qwen3_vl, true, true, false); /* Qwen3-VL */
-    check_rope(128, vl_128, true, true, true);
+    check_rope(32, 32, false, NULL, false, false, true);   /* Qwen2 */
+    check_rope(32, 32, false, qwen2_vl, false, false, true); /* Qwen2-VL */
+    check_rope(32, 32, false, NULL, false, true, false);   /* Qwen3 */
+    check_rope(32, 32, false, qwen3_vl, true, true, false); /* Qwen3-VL */
+    check_rope(128, 128, false, vl_128, true, true, true);
+}
+
+/* Partial rotary: the first rd dims of each head turn, the others pass as
+ * they are, the frequencies over rd (GLM-4.5: half of each head, NeoX
+ * pairs; GLM-4.5 355B with q/k norm); and GPT-J's interleaved pairs. */
+Test(cpu_ops, rope_kv_write_turns_a_prefix_of_each_head)
+{
+    check_rope(32, 16, false, NULL, false, false, true);  /* GLM-4.5-Air's shape, scaled down */
+    check_rope(128, 64, false, NULL, false, true, true);  /* GLM-4.5 / 4.6 */
+    check_rope(64, 64, true, NULL, false, false, false);  /* interleaved pairs */
+    check_rope(64, 32, true, NULL, false, false, true);   /* a prefix in interleaved pairs */
+    check_rope(48, 16, false, NULL, false, true, false);
 }
 
 /* ---- 16-bit weights and KV cache ------------------------------------------------------- */
