@@ -198,7 +198,7 @@ static vlmd_status run_scenario(lm_model *m, float *logits, int32_t *tokens, vlm
             int k = step ? 1 : lens[q];
             seqs[q] = (vlmd_attn_seq){n, k, len[q] + k, slots[q]};
             for (int i = 0; i < k; i++, n++) {
-                ids[n] = step ? tokens[(step - 1) * N_SEQS + q] : prompts[q][i];
+                ids[n] = step ? tokens[(step - 1) * N_SEQS + q] : prompts[q][i] % V;
                 pos[0][n] = pos[1][n] = pos[2][n] = len[q] + i;
                 step_slots[n] = slots[q][len[q] + i];
             }
@@ -393,6 +393,23 @@ Test(tp, qwen3_moe_two_and_four_ranks, .timeout = 120)
 {
     expect_same_as_whole("qwen3_moe", 2);
     expect_same_as_whole("qwen3_moe", 4);
+}
+
+/* GLM-4.5: the dense first layer split by columns, the experts by rank,
+ * the router and its correction bias every rank's, the shared expert split
+ * like a dense MLP (its partial sum added to the experts' before the one
+ * all-reduce); partial rotary on each rank's heads. */
+Test(tp, glm4_moe_two_and_four_ranks, .timeout = 120)
+{
+    expect_same_as_whole("glm4_moe", 2);
+    expect_same_as_whole("glm4_moe", 4);
+}
+
+/* Mixtral: every layer's 8 experts split by rank, no dense layer. */
+Test(tp, mixtral_two_and_four_ranks, .timeout = 120)
+{
+    expect_same_as_whole("mixtral", 2);
+    expect_same_as_whole("mixtral", 4);
 }
 
 /* 12 heads over 4 KV heads in 3 ranks: KV heads repeated per query head. */
