@@ -15,6 +15,10 @@
 #                  requests through `vlmd serve` (bench-memory-vl7b.sh)
 #   4 rest         vlmd-bench-ops at the 7B and Qwen3-30B-A3B shapes, the
 #                  prefix cache, the vision tower
+#   5 glm          a random GLM-4.5-Air with 8 of its 46 layers (make_random_qwen.py):
+#                  decode at batch 1 and 32 as a share of the weight stream (with
+#                  ceilings.py's copy rate), then `vlmd serve` with 100 requests and
+#                  the auto-profile's four phases (memory_report.py)
 # Results are written as they come, so a part cut off keeps what it
 # measured: $OUT/PART.txt (a line a step: result, seconds) and $OUT/PART.log
 # (each step's last lines). OUT defaults to /tmp/vlmd-kit.
@@ -41,7 +45,7 @@ have_torch=false
 python3 -c 'import torch, transformers' 2>/dev/null && have_torch=true
 
 name=$(case $part in 1) echo correctness ;; 2) echo bench-7b ;; 3) echo memory-vl7b ;;
-  4) echo rest ;; *) echo "kit.sh: PART is 1, 2, 3 or 4" >&2; exit 2 ;; esac)
+  4) echo rest ;; 5) echo glm ;; *) echo "kit.sh: PART is 1 to 5" >&2; exit 2 ;; esac)
 sum=$out/$name.txt
 log=$out/$name.log
 deadline=$((SECONDS + ${KIT_BUDGET_S:-510}))
@@ -166,6 +170,20 @@ case $part in
     step "vlmd-bench-vision, fixture VL" 60 "$bundle/bin/vlmd-bench-vision" "$fixtures/qwen2_5_vl" \
       --device "$KIT_DEVICE" --width 224 --height 224 --iters 2
   fi
+  ;;
+5)
+  if $gpu; then shape=glm-4.5-air-8l model=/tmp/glm-air-8l; else shape=tiny-glm model=$work/tiny-glm; fi
+  [ -f "$model/config.json" ] || step "write a random $shape" 180 python3 "$here/make_random_qwen.py" \
+    "$model" --shape "$shape"
+  if $gpu && $have_torch; then
+    step "ceilings (copy, GEMM)" 60 python3 "$here/ceilings.py"
+  fi
+  for b in 1 32; do # the weights streamed a step: decode's share of the copy rate
+    step "vlmd decode batch $b, $shape" 120 "$bundle/bin/vlmd-bench-engine" "$model" \
+      --device "$KIT_DEVICE" --prompt 512 --gen "$($gpu && echo 128 || echo 8)" --batch "$b"
+  done
+  step "vlmd serve $shape: requests, the four phases" 300 "$here/serve-memory.sh" "$bundle/bin" \
+    "$model" "$KIT_DEVICE" "$($gpu && echo 100 || echo 10)" "$work/glm-serve"
   ;;
 esac
 echo "part $part done in $SECONDS s" | tee -a "$sum"

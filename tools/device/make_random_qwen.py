@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """make_random_qwen.py OUT_DIR [--shape NAME]: writes a random-weight checkpoint of a
 real model's shape (SHAPES: Qwen2.5-7B, Qwen3-30B-A3B's layers, Qwen3-VL-8B with its
-vision tower, and tiny ones of each family) in the published layout: config.json,
+vision tower, GLM-4.5-Air's layers, and tiny ones of each family) in the published
+layout: config.json,
 one bf16 model.safetensors with the published tensor names, and the tokenizer,
 generation and preprocessor files of the family's fixture, so `vlmd serve` takes
 it. In seconds: no model is
@@ -67,10 +68,25 @@ SHAPES = {
                                        deepstack_visual_indexes=[0, 1],
                                        hidden_act="gelu_pytorch_tanh")),
 }
+GLM_AIR = dict(architectures=["Glm4MoeForCausalLM"], model_type="glm4_moe", hidden_size=4096,
+               intermediate_size=10944, moe_intermediate_size=1408, num_attention_heads=96,
+               num_key_value_heads=8, head_dim=128, partial_rotary_factor=0.5,
+               attention_bias=True, use_qk_norm=False, n_routed_experts=128,
+               num_experts_per_tok=8, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+               topk_group=1, routed_scaling_factor=1.0, norm_topk_prob=True,
+               num_nextn_predict_layers=1, vocab_size=151552, rms_norm_eps=1e-5,
+               max_position_embeddings=131072, rope_theta=1000000.0, tie_word_embeddings=False)
+# GLM-4.5-Air's per-layer shapes: 8 of its 46 layers (the dense one and 7 of experts,
+# 36 GB, not 212) fit the GPU machine's memory and disk and keep every per-layer number
+SHAPES["glm-4.5-air-8l"] = dict(GLM_AIR, num_hidden_layers=8)
+SHAPES["tiny-glm"] = dict(GLM_AIR, hidden_size=256, intermediate_size=512,
+                          moe_intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+                          head_dim=64, n_routed_experts=8, num_experts_per_tok=2,
+                          num_hidden_layers=3, vocab_size=4096, max_position_embeddings=16384)
 # what a served Qwen3 model needs beside the weights, from the fixture of its family (its
 # small tokenizer's ids are valid for every shape's vocabulary); the Qwen2 shapes are for
 # the engine's benchmarks, which need no tokenizer
-FIXTURE = {"qwen3_moe": "qwen3_moe", "qwen3_vl": "qwen3_vl"}
+FIXTURE = {"qwen3_moe": "qwen3_moe", "qwen3_vl": "qwen3_vl", "glm4_moe": "glm4_moe"}
 BLOCK = 1 << 20  # bytes of random values, repeated
 
 
@@ -79,7 +95,9 @@ def text_tensors(c, p, head):
     h, v = c["hidden_size"], c["vocab_size"]
     hd = c.get("head_dim", h // c["num_attention_heads"])
     q, kv = c["num_attention_heads"] * hd, c["num_key_value_heads"] * hd
-    qwen3 = "head_dim" in c
+    glm = c.get("model_type") == "glm4_moe"
+    qwen3 = "head_dim" in c and not glm
+    n_experts = c.get("num_experts", c.get("n_routed_experts", 0))
     yield p + "embed_tokens.weight", [v, h]
     for i in range(c["num_hidden_layers"]):
         l = f"{p}layers.{i}."
@@ -87,19 +105,24 @@ def text_tensors(c, p, head):
         yield l + "post_attention_layernorm.weight", [h]
         for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
             yield l + f"self_attn.{name}.weight", [rows, h]
-            if not qwen3:
+            if not qwen3 or c.get("attention_bias"):
                 yield l + f"self_attn.{name}.bias", [rows]
         if qwen3:
             yield l + "self_attn.q_norm.weight", [hd]
             yield l + "self_attn.k_norm.weight", [hd]
         yield l + "self_attn.o_proj.weight", [h, q]
-        sparse = c.get("num_experts") and i not in c.get("mlp_only_layers", []) and \
-            (i + 1) % c.get("decoder_sparse_step", 1) == 0
-        experts = [f"mlp.experts.{e}." for e in range(c["num_experts"])] if sparse else ["mlp."]
-        inter = c["moe_intermediate_size"] if sparse else c["intermediate_size"]
+        sparse = n_experts and i not in c.get("mlp_only_layers", []) and \
+            (i + 1) % c.get("decoder_sparse_step", 1) == 0 and \
+            i >= c.get("first_k_dense_replace", 0)
+        experts = [(f"mlp.experts.{e}.", c["moe_intermediate_size"]) for e in range(n_experts)] \
+            if sparse else [("mlp.", c["intermediate_size"])]
         if sparse:
-            yield l + "mlp.gate.weight", [c["num_experts"], h]
-        for m in experts:
+            yield l + "mlp.gate.weight", [n_experts, h]
+            if glm:  # (F32 in the published files; any type loads)
+                yield l + "mlp.gate.e_score_correction_bias", [n_experts]
+                experts.append(("mlp.shared_experts.",
+                                c["moe_intermediate_size"] * c["n_shared_experts"]))
+        for m, inter in experts:
             yield l + m + "gate_proj.weight", [inter, h]
             yield l + m + "up_proj.weight", [inter, h]
             yield l + m + "down_proj.weight", [h, inter]
@@ -157,7 +180,7 @@ def main():
                            FIXTURE.get(c["model_type"], "none"))
     fixture_config = json.load(open(os.path.join(fixture, "config.json"))) \
         if os.path.isdir(fixture) else {}
-    for key in ("bos_token_id", "eos_token_id", "image_token_id", "video_token_id",
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id", "image_token_id", "video_token_id",
                 "vision_start_token_id", "vision_end_token_id"):
         if key in fixture_config:
             c[key] = fixture_config[key]
