@@ -1134,8 +1134,9 @@ Test(lm, missing_and_misshaped_qwen3_tensors_are_named)
  * models count nothing. */
 Test(lm, worst_case_routing_is_on_only_while_asked)
 {
-    const char *models[] = {"qwen3_moe", "qwen3"};
-    for (int mi = 0; mi < 2; mi++) {
+    /* the softmax router, the sigmoid one (GLM: its shared expert runs too), a dense model */
+    const char *models[] = {"qwen3_moe", "glm4_moe", "qwen3"};
+    for (int mi = 0; mi < 3; mi++) {
         fixture f;
         open_fixture(&f, models[mi], "model.safetensors");
         json_t *ids_j = json_object_get(json_array_get(json_object_get(f.json, "cases"), 0),
@@ -1156,7 +1157,7 @@ Test(lm, worst_case_routing_is_on_only_while_asked)
         vlmd_attn_seq seq = {0, n, n, slots};
         lm_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0};
         const vlmd_tensor_view *lt = vlmd_safetensors_find(f.ref, "case0.logits");
-        bool moe = mi == 0;
+        bool moe = mi < 2;
         for (int on = 1; on >= 0; on--) {
             lm_set_worst_case_routing(ws, on);
             uint64_t before = lm_worst_case_steps(f.m);
