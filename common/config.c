@@ -90,13 +90,18 @@ const vlmd_flag vlmd_flags[] = {
      "Size of the embedding arena, host shared memory reserved whole at start-up (no room for "
      "it: vlmd refuses to start); encoded images stay cached in it until room is needed"},
     {"image-wait-ms", VLMD_FLAG_INT, OFF(image_wait_ms), "30000", 10, 3600000, NULL,
-     R(LAUNCHER) | R(ROUTER),
+     R(LAUNCHER) | R(ROUTER) | R(VISUAL),
      "Longest a request may wait for room in the embedding arena and for its images to be "
-     "encoded before it fails with 503"},
+     "encoded before it fails with 503 (the visual worker drops, unencoded, a job that waited "
+     "this long in its queue)"},
     {"visual-batch-size", VLMD_FLAG_INT, OFF(visual_batch_size), "2", 1, 256, NULL,
      R(LAUNCHER) | R(VISUAL),
      "Images the vision tower encodes at once; the visual worker reserves memory for this many "
      "images of the largest size at start-up"},
+    {"visual-nice", VLMD_FLAG_INT, OFF(visual_nice), "10", 0, 19, NULL, R(LAUNCHER) | R(VISUAL),
+     "Scheduling niceness of the visual worker's decoding and encoding threads: above 0 they "
+     "yield the CPU to the engine's steps, so costly images slow text less (0: an equal "
+     "share)"},
     {"max-image-pixels", VLMD_FLAG_INT, OFF(max_image_pixels), "33554432", 1, 1LL << 32, NULL,
      R(LAUNCHER) | R(FRONTEND) | R(VISUAL),
      "Largest decoded image (width x height, read from its header before decoding); larger "

@@ -42,6 +42,7 @@ typedef struct vlmd_config {
     int64_t embed_arena_mb;         /* --embed-arena-mb: its size */
     int64_t image_wait_ms;          /* --image-wait-ms: longest wait for arena room + encoding */
     int64_t visual_batch_size;      /* --visual-batch-size: images per vision forward */
+    int64_t visual_nice;            /* --visual-nice: the visual worker's niceness */
     int64_t max_image_pixels;       /* --max-image-pixels: decoded width x height */
     int64_t vision_min_pixels;      /* --vision-min-pixels: resize floor; 0 = the model's */
     int64_t vision_max_pixels;      /* --vision-max-pixels: resize ceiling; 0 = the model's */

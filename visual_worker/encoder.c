@@ -156,6 +156,13 @@ uint32_t image_encoder_token_features(const image_encoder *enc)
     return enc->features;
 }
 
+/* The resized pixels of one image token: one merged unit of patches. */
+static uint64_t unit_pixels(const image_encoder *enc)
+{
+    uint64_t unit = (uint64_t)enc->params.patch_size * enc->params.merge_size;
+    return unit * unit;
+}
+
 uint32_t image_encoder_batch_images(const image_encoder *enc)
 {
     return enc->cfg.batch_images;
@@ -166,8 +173,8 @@ uint32_t image_encoder_batch_tokens(const image_encoder *enc)
     return enc->cfg.batch_images * enc->max_tokens;
 }
 
-vlmd_status image_encoder_plan(const image_encoder *enc, const void *data, size_t len,
-                               uint32_t *tokens, vlmd_error *err)
+vlmd_status image_encoder_plan_cost(const image_encoder *enc, const void *data, size_t len,
+                                    uint32_t *tokens, uint64_t *cost, vlmd_error *err)
 {
     vlmd_image_format fmt;
     uint32_t w = 0, h = 0;
@@ -178,7 +185,16 @@ vlmd_status image_encoder_plan(const image_encoder *enc, const void *data, size_
         return vlmd_errorf(err, VLMD_ERR_TOO_LARGE, "an image of %ux%u has more pixels than "
                            "--max-image-pixels %llu", w, h,
                            (unsigned long long)enc->cfg.max_image_pixels);
-    return vlmd_image_tokens(&enc->params, h, w, tokens, err);
+    st = vlmd_image_tokens(&enc->params, h, w, tokens, err);
+    if (st == VLMD_OK && cost)
+        *cost = (uint64_t)w * h + (uint64_t)*tokens * unit_pixels(enc);
+    return st;
+}
+
+vlmd_status image_encoder_plan(const image_encoder *enc, const void *data, size_t len,
+                               uint32_t *tokens, vlmd_error *err)
+{
+    return image_encoder_plan_cost(enc, data, len, tokens, NULL, err);
 }
 
 void image_encoder_run(image_encoder *enc, encode_item *items, int n)

@@ -66,6 +66,11 @@ uint32_t image_encoder_batch_tokens(const image_encoder *enc);
  * aspect ratio; VLMD_ERR_TOO_LARGE for too many pixels. */
 vlmd_status image_encoder_plan(const image_encoder *enc, const void *data, size_t len,
                                uint32_t *tokens, vlmd_error *err);
+/* As image_encoder_plan, with the image's cost (cost may be NULL): the pixels
+ * decoding and preprocessing it touch, its header's width x height plus its
+ * resized size. The visual worker charges its request this (fair_queue.h). */
+vlmd_status image_encoder_plan_cost(const image_encoder *enc, const void *data, size_t len,
+                                    uint32_t *tokens, uint64_t *cost, vlmd_error *err);
 
 typedef struct encode_item {
     const void *data;           /* the encoded image (borrowed) */

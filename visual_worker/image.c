@@ -189,21 +189,25 @@ static vlmd_status decode_png(const uint8_t *p, size_t len, uint32_t w, uint32_t
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "a PNG that libpng reads as %ux%u, not "
                            "the %ux%u of its header", img.width, img.height, w, h);
     }
-    img.format = PNG_FORMAT_RGBA; /* then drop alpha, as PIL's convert("RGB") does */
+    /* With alpha (a channel or tRNS): read RGBA, then drop alpha as PIL's
+     * convert("RGB") does (libpng's RGB would composite it instead). Without,
+     * RGB is read as it is, with no buffer of four channels to copy from. */
+    bool alpha = (img.format & PNG_FORMAT_FLAG_ALPHA) != 0;
+    img.format = alpha ? PNG_FORMAT_RGBA : PNG_FORMAT_RGB;
     size_t n = (size_t)w * h;
-    uint8_t *rgba = malloc(n * 4);
+    uint8_t *rgba = alpha ? malloc(n * 4) : NULL;
     out->rgb = malloc(n * 3);
-    if (!rgba || !out->rgb) {
+    if ((alpha && !rgba) || !out->rgb) {
         png_image_free(&img);
         free(rgba);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "no memory for a %ux%u image", w, h);
     }
-    if (!png_image_finish_read(&img, NULL, rgba, 0, NULL)) {
+    if (!png_image_finish_read(&img, NULL, alpha ? rgba : out->rgb, 0, NULL)) {
         free(rgba);
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "corrupt or truncated PNG: %s",
                            img.message);
     }
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; alpha && i < n; i++)
         memcpy(out->rgb + 3 * i, rgba + 4 * i, 3);
     free(rgba);
     return VLMD_OK;

@@ -12,12 +12,23 @@
  * a time and never larger than the stress-tested one. Each image's
  * embeddings (and Qwen3-VL's DeepStack features after them) go straight into
  * the shared arena at the offset the router gave; an IMAGE_RESULT says when
- * they are there (or why not). */
+ * they are there (or why not).
+ *
+ * Costly images (docs/SECURITY.md): requests share the queue in proportion
+ * to the pixels their images make this worker decode and resize
+ * (fair_queue.h), so one request's costly images do not hold back another's
+ * cheap ones; a job that waited past --image-wait-ms, whose request the router has
+ * failed by then, is dropped unencoded; and the threads that decode and
+ * encode run at --visual-nice, so they yield the CPU to the engine's steps. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 
 #include "backend.h"
 #include "buf.h"
+#include "clock.h"
+#include "fair_queue.h"
 #include "host_memory.h"
 #include "encoder.h"
 #include "log.h"
@@ -33,6 +44,8 @@ typedef struct job {
     uint32_t n_data;
     uint64_t arena_offset;
     uint32_t tokens;
+    uint64_t cost;              /* pixels decoded and resized (image_encoder_plan_cost) */
+    uint64_t arrived_ms;
 } job;
 
 typedef struct visual_worker {
@@ -40,8 +53,7 @@ typedef struct visual_worker {
     vlmd_backend *backend;
     image_encoder *enc;         /* NULL for a model without a vision tower */
     vlmd_shm_arena arena;       /* mapped at the first job */
-    job *queue;                 /* waiting, in arrival order */
-    size_t n_queue, cap_queue;
+    fair_queue queue;           /* waiting jobs (owned job *), requests taking turns */
     job *batch;                 /* the batch on the pool: [batch_images] */
     encode_item *items;
     int n_batch;
@@ -49,6 +61,7 @@ typedef struct visual_worker {
     bool busy, stopping;
     uint64_t allocs_at_ready;   /* the device allocator's count when READY was sent */
     uint64_t encoded, failed;   /* images */
+    uint64_t shed;              /* jobs dropped unencoded past --image-wait-ms */
 } visual_worker;
 
 static void send_result(visual_worker *w, const job *j, vlmd_status st, const char *message)
@@ -63,6 +76,17 @@ static void send_result(visual_worker *w, const job *j, vlmd_status st, const ch
         .embed_bytes = st == VLMD_OK ? j->tokens * vlmd_image_token_bytes(&w->svc.model) : 0};
     memcpy(m.u.image_result.image.hash, j->hash, 32);
     vlmd_peer_send(w->svc.peer, &m);
+}
+
+static void publish_counters(visual_worker *w)
+{
+    if (w->stopping)
+        return;
+    vlmd_peer_set_counter(w->svc.peer, "images_encoded", w->encoded);
+    vlmd_peer_set_counter(w->svc.peer, "images_failed", w->failed);
+    vlmd_peer_set_counter(w->svc.peer, "images_shed", w->shed);
+    vlmd_peer_set_counter(w->svc.peer, "device_allocations_since_ready",
+                          vlmd_backend_alloc_count(w->backend) - w->allocs_at_ready);
 }
 
 /* ---- batches on the pool ----------------------------------------------------------- */
@@ -91,34 +115,51 @@ static void on_batch_done(uv_work_t *req, int status)
         *(it->status == VLMD_OK ? &w->encoded : &w->failed) += 1;
     }
     w->n_batch = 0;
-    if (!w->stopping) {
-        vlmd_peer_set_counter(w->svc.peer, "images_encoded", w->encoded);
-        vlmd_peer_set_counter(w->svc.peer, "images_failed", w->failed);
-        vlmd_peer_set_counter(w->svc.peer, "device_allocations_since_ready",
-                              vlmd_backend_alloc_count(w->backend) - w->allocs_at_ready);
-    }
     start_batch(w);
+    publish_counters(w);
 }
 
-/* Takes queued jobs, in order, while they fit the stress-tested batch. */
+/* Drops the jobs that waited past --image-wait-ms: the router counts that
+ * wait from the request's arrival, before the job was sent, so their request
+ * has failed already. (A later request for the same image, if one waits for
+ * it, fails with them and may be sent again.) Oldest first: they are a prefix. */
+static void shed_stale(visual_worker *w, uint64_t now)
+{
+    uint64_t wait = (uint64_t)w->svc.cfg.image_wait_ms;
+    job *j;
+    while ((j = fair_queue_oldest(&w->queue)) && now - j->arrived_ms > wait) {
+        fair_queue_pop_oldest(&w->queue);
+        char why[200];
+        snprintf(why, sizeof why, "it waited %llu ms in the visual worker's queue behind other "
+                 "requests' images, past --image-wait-ms; try again",
+                 (unsigned long long)(now - j->arrived_ms));
+        send_result(w, j, VLMD_ERR_UNAVAILABLE, why);
+        w->shed++;
+        free(j->data);
+        free(j);
+    }
+}
+
+/* Takes the next jobs in fair order into a batch. Each image has at most the
+ * largest image's tokens, so a batch of the stress-tested count always fits
+ * the reserved tokens. */
 static void start_batch(visual_worker *w)
 {
-    if (w->busy || w->stopping || !w->n_queue)
+    if (w->busy || w->stopping || !fair_queue_len(&w->queue))
         return;
+    shed_stale(w, vlmd_now_ms());
     uint32_t max_images = image_encoder_batch_images(w->enc);
-    uint32_t budget = image_encoder_batch_tokens(w->enc);
     size_t n = 0;
-    uint32_t tokens = 0;
-    while (n < w->n_queue && n < max_images && tokens + w->queue[n].tokens <= budget)
-        tokens += w->queue[n++].tokens;
-    for (size_t i = 0; i < n; i++) {
-        job *j = &w->batch[i];
-        *j = w->queue[i];
-        w->items[i] = (encode_item){j->data, j->n_data, j->tokens,
-                                    (float *)((char *)w->arena.base + j->arena_offset)};
+    job *next;
+    while (n < max_images && (next = fair_queue_pop(&w->queue))) {
+        job *j = &w->batch[n];
+        *j = *next;
+        free(next);
+        w->items[n++] = (encode_item){j->data, j->n_data, j->tokens,
+                                      (float *)((char *)w->arena.base + j->arena_offset)};
     }
-    memmove(w->queue, w->queue + n, (w->n_queue - n) * sizeof *w->queue);
-    w->n_queue -= n;
+    if (!n)
+        return;
     w->n_batch = (int)n;
     w->busy = true;
     w->work.data = w;
@@ -134,14 +175,15 @@ static bool accept_job(visual_worker *w, const vlmd_msg_image_job *m, job *j)
     char why[600];
     vlmd_error err = {0};
     *j = (job){.req_id = m->req_id, .image_index = m->image_index, .n_data = m->n_data,
-               .arena_offset = m->arena_offset, .tokens = m->token_count};
+               .arena_offset = m->arena_offset, .tokens = m->token_count,
+               .arrived_ms = vlmd_now_ms()};
     memcpy(j->hash, m->hash, 32);
     if (!w->enc) {
         send_result(w, j, VLMD_ERR_INVALID_ARG, "this model has no vision tower");
         return false;
     }
     uint32_t tokens = 0;
-    vlmd_status st = image_encoder_plan(w->enc, m->data, m->n_data, &tokens, &err);
+    vlmd_status st = image_encoder_plan_cost(w->enc, m->data, m->n_data, &tokens, &j->cost, &err);
     if (st != VLMD_OK) {
         send_result(w, j, st, err.msg);
         return false;
@@ -179,14 +221,14 @@ static void on_job(visual_worker *w, const vlmd_msg_image_job *m)
     job j;
     if (!accept_job(w, m, &j))
         return;
-    job *grown = vlmd_grow(w->queue, w->n_queue, &w->cap_queue, sizeof *grown, 16);
-    if (!grown) {
+    job *queued = malloc(sizeof *queued);
+    if (!queued || fair_queue_push(&w->queue, j.req_id, j.cost, queued, NULL) != VLMD_OK) {
         send_result(w, &j, VLMD_ERR_NOMEM, "the visual worker is out of memory");
         free(j.data);
+        free(queued);
         return;
     }
-    w->queue = grown;
-    w->queue[w->n_queue++] = j;
+    *queued = j;
     start_batch(w);
 }
 
@@ -236,6 +278,7 @@ static void reserve(visual_worker *w)
         exit(VLMD_EXIT_CONFIG);
     }
     vlmd_safetensors_close(st);
+    fair_queue_init(&w->queue);
     w->batch = calloc(ec.batch_images, sizeof *w->batch);
     w->items = calloc(ec.batch_images, sizeof *w->items);
     if (!w->batch || !w->items)
@@ -248,10 +291,20 @@ static void reserve(visual_worker *w)
               vlmd_backend_info(w->backend)->name);
 }
 
+/* Lowers this thread's priority to --visual-nice before the backend's pool and
+ * libuv's are started, so that every thread that decodes or encodes inherits
+ * it (on Linux a nice value is per thread). */
+static void lower_priority(const vlmd_config *cfg)
+{
+    if (cfg->visual_nice && setpriority(PRIO_PROCESS, 0, (int)cfg->visual_nice) != 0)
+        VLMD_WARN("--visual-nice %lld: %s", (long long)cfg->visual_nice, strerror(errno));
+}
+
 int main(int argc, char **argv)
 {
     visual_worker w = {0};
     vlmd_service_init(&w.svc, VLMD_ROLE_VISUAL, argc, argv);
+    lower_priority(&w.svc.cfg);
     vlmd_error err = {0};
     vlmd_backend_options opts = vlmd_backend_options_of(&w.svc.cfg);
     if (vlmd_backend_open(&opts, &w.backend, &err) != VLMD_OK) {
@@ -281,9 +334,11 @@ int main(int argc, char **argv)
     vlmd_peer_set_counter(w.svc.peer, "device_allocations_since_ready", 0);
     vlmd_peer_set_ready(w.svc.peer, &ready);
     int rc = vlmd_service_run(&w.svc); /* returns after a batch in flight is done */
-    for (size_t i = 0; i < w.n_queue; i++)
-        free(w.queue[i].data);
-    free(w.queue);
+    for (job *j; (j = fair_queue_pop_oldest(&w.queue));) {
+        free(j->data);
+        free(j);
+    }
+    fair_queue_free(&w.queue);
     free(w.batch);
     free(w.items);
     image_encoder_free(w.enc);

@@ -200,25 +200,33 @@ static uint8_t clip8(int64_t v, int precision)
     return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
 }
 
-/* One pass along rows (horizontal) or columns of an 8-bit RGB image. */
+/* One pass along rows (horizontal) or columns of an 8-bit RGB image, the
+ * three channels of a pixel together. The sums are exact integers, so their
+ * order is free; they fit in 64 bits whatever the kernel. */
 static void resample_pass(const uint8_t *in, uint32_t in_w, uint8_t *out, uint32_t out_w,
                           uint32_t out_h, const coeffs *c, bool horizontal)
 {
-    for (uint32_t y = 0; y < out_h; y++)
+    const int64_t half = (int64_t)1 << (c->precision - 1);
+    const size_t step = horizontal ? 3 : (size_t)in_w * 3; /* from one tap to the next */
+    for (uint32_t y = 0; y < out_h; y++) {
+        uint8_t *dst = out + (size_t)y * out_w * 3;
         for (uint32_t x = 0; x < out_w; x++) {
             uint32_t o = horizontal ? x : y;
             int first = c->bounds[2 * o], n = c->bounds[2 * o + 1];
             const int *k = c->k + (size_t)o * c->ksize;
-            for (int ch = 0; ch < 3; ch++) {
-                int64_t acc = (int64_t)1 << (c->precision - 1);
-                for (int i = 0; i < n; i++) {
-                    size_t at = horizontal ? (size_t)y * in_w + (size_t)(first + i)
-                                           : (size_t)(first + i) * in_w + x;
-                    acc += (int64_t)in[at * 3 + ch] * k[i];
-                }
-                out[((size_t)y * out_w + x) * 3 + ch] = clip8(acc, c->precision);
+            const uint8_t *p = horizontal ? in + ((size_t)y * in_w + (size_t)first) * 3
+                                          : in + ((size_t)first * in_w + x) * 3;
+            int64_t r = half, g = half, b = half;
+            for (int i = 0; i < n; i++, p += step) {
+                r += (int64_t)p[0] * k[i];
+                g += (int64_t)p[1] * k[i];
+                b += (int64_t)p[2] * k[i];
             }
+            dst[3 * x] = clip8(r, c->precision);
+            dst[3 * x + 1] = clip8(g, c->precision);
+            dst[3 * x + 2] = clip8(b, c->precision);
         }
+    }
 }
 
 vlmd_status vlmd_resize_bicubic(const vlmd_image *in, uint32_t out_w, uint32_t out_h,

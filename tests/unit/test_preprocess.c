@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include <jpeglib.h>
+#include <png.h>
 #include <webp/encode.h>
 #include <webp/mux.h>
 
@@ -139,6 +140,43 @@ Test(preprocess, smart_resize_limits)
     vlmd_error err = {0};
     cr_expect_eq(vlmd_smart_resize(&p, 1, 1000, &h, &w, &err), VLMD_ERR_INVALID_ARG);
     cr_expect(strstr(err.msg, "aspect ratio"), "%s", err.msg);
+}
+
+/* pixels (w x h of fmt) as a PNG in memory; the caller frees it */
+static void *png_of(const void *pixels, uint32_t w, uint32_t h, uint32_t fmt, size_t *len)
+{
+    png_image img = {.version = PNG_IMAGE_VERSION, .width = w, .height = h, .format = fmt};
+    cr_assert(png_image_write_get_memory_size(img, *len, 0, pixels, 0, NULL), "%s", img.message);
+    void *out = malloc(*len);
+    cr_assert(png_image_write_to_memory(&img, out, len, 0, pixels, 0, NULL), "%s", img.message);
+    return out;
+}
+
+/* A PNG with alpha is read as RGBA and its alpha dropped (as PIL's
+ * convert("RGB") does), one without is read as RGB at once: the same pixels
+ * either way, for color and gray. */
+Test(preprocess, png_decodes_the_same_with_or_without_alpha)
+{
+    enum { W = 37, H = 23 };
+    uint8_t rgb[W * H * 3], rgba[W * H * 4], gray[W * H], gray_rgb[W * H * 3];
+    for (int i = 0; i < W * H; i++) {
+        for (int c = 0; c < 3; c++)
+            rgb[3 * i + c] = rgba[4 * i + c] = (uint8_t)(i * 7 + c * 91);
+        rgba[4 * i + 3] = (uint8_t)(i * 13); /* any alpha: dropped, not composited */
+        gray[i] = gray_rgb[3 * i] = gray_rgb[3 * i + 1] = gray_rgb[3 * i + 2] = (uint8_t)(i * 5);
+    }
+    struct { uint32_t fmt; const void *pixels; const uint8_t *want; } cases[] = {
+        {PNG_FORMAT_RGB, rgb, rgb}, {PNG_FORMAT_RGBA, rgba, rgb}, {PNG_FORMAT_GRAY, gray, gray_rgb}};
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        size_t len = 0;
+        void *png = png_of(cases[k].pixels, W, H, cases[k].fmt, &len);
+        vlmd_image img;
+        vlmd_error err = {0};
+        cr_assert_eq(vlmd_image_decode(png, len, 1 << 20, &img, &err), VLMD_OK, "%s", err.msg);
+        cr_expect_eq(memcmp(img.rgb, cases[k].want, sizeof rgb), 0, "case %zu", k);
+        vlmd_image_free(&img);
+        free(png);
+    }
 }
 
 Test(preprocess, webp_lossless_round_trip)
