@@ -211,6 +211,12 @@ const vlmd_flag vlmd_flags[] = {
      "Requests one HTTP/2 connection may cancel before their answer begins (each answered "
      "one earns one back, up to this many); one more and the connection gets GOAWAY and is "
      "closed (rapid reset)"},
+    {"http2-address-reset-budget", VLMD_FLAG_INT, OFF(http2_address_reset_budget), "1000", 0,
+     1 << 20, NULL, R(LAUNCHER) | R(FRONTEND),
+     "Requests the HTTP/2 connections of one client address (an IPv4 address, an IPv6 /64) "
+     "may cancel before their answer begins, together and across reconnects; it refills over "
+     "a minute and each answered one earns one back. Past it, that address's HTTP/2 "
+     "connections get GOAWAY and are closed until it refills (0: no such budget)"},
     {"request-timeout-s", VLMD_FLAG_INT, OFF(request_timeout_s), "600", 1, 86400, NULL,
      R(LAUNCHER) | R(FRONTEND),
      "Longest a request may take, queueing and generation together; then it ends with 504 "

@@ -75,6 +75,8 @@ typedef struct vlmd_config {
     int64_t responses_store_ttl_s;  /* --responses-store-ttl-s */
     int64_t max_connections;        /* --max-connections */
     int64_t http2_reset_budget;     /* --http2-reset-budget: early cancels per connection */
+    int64_t http2_address_reset_budget; /* --http2-address-reset-budget: early cancels per
+                                         * client address, across its connections */
     int64_t request_timeout_s;      /* --request-timeout-s: queue wait + generation */
     int64_t keepalive_timeout_s;    /* --keepalive-timeout-s */
     int64_t send_timeout_s;         /* --send-timeout-s: a client that stops reading */

@@ -19,7 +19,10 @@
  *     reset;
  *   - rapid reset (HTTP/2): each connection has --http2-reset-budget streams
  *     it may cancel before their answer begins (an answered stream earns one
- *     back); one more, and it gets GOAWAY (ENHANCE_YOUR_CALM) and is cut.
+ *     back); one more, and it gets GOAWAY (ENHANCE_YOUR_CALM) and is cut. Its
+ *     client address has --http2-address-reset-budget across its connections
+ *     (address_budget.h): past it, each of the address's HTTP/2 connections
+ *     is cut the same way at its next cancel or request, until it refills.
  *
  * A connection is found from an h2o request by its descriptor (by_fd). */
 #include "http_server.h"
@@ -33,7 +36,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "address_budget.h"
 #include "buf.h"
+#include "clock.h"
 #include "h2o_include.h"
 #include "http_framing.h"
 #include "log.h"
@@ -61,8 +66,10 @@ typedef struct http_conn {
     uv_timer_t linger_timer;
     uint64_t linger_bytes;      /* read and dropped */
     uint32_t reset_budget;      /* HTTP/2: early cancels left */
+    address_key peer;           /* whose --http2-address-reset-budget it spends */
     uint32_t last_stream_id;    /* HTTP/2: the highest stream handed to a route */
     bool reset_cut;             /* HTTP/2: past the budget, GOAWAY sent and cut */
+    bool address_cut;           /* ... its address's budget */
 } http_conn;
 
 /* One request's hook in its pool: its end tells whether it was answered. */
@@ -90,6 +97,8 @@ struct http_server {
     size_t by_fd_cap;
     bool closing;               /* no lingering once the server closes */
     http_server_stats stats;
+    address_budget *addresses;  /* NULL: no --http2-address-reset-budget */
+    uint64_t address_warned_ms; /* the last warning of an address's spent budget */
     uv_loop_t *loop;
     uv_tcp_t listener;
     h2o_globalconf_t config;
@@ -440,20 +449,16 @@ static uint32_t stream_id_of(h2o_req_t *req)
     return n < UINT32_MAX ? (uint32_t)n : 0;
 }
 
-/* Past the budget: GOAWAY, then the socket is shut down and h2o closes the
- * connection on its own (this runs inside h2o's stream close: nothing of
- * h2o's may be freed here). h2o 2.2's headers offer no GOAWAY for one
- * connection, so the frame (RFC 9113 §6.8) is written here, and only when
- * nothing of h2o's waits in libuv's queue, so it cannot land inside another
- * frame; with the socket's buffer full it may go out short, or not at all:
- * the connection is cut either way. */
-static void reset_budget_cut(http_server *s, http_conn *c)
+/* Past a budget: GOAWAY, then the socket is shut down and h2o closes the
+ * connection on its own (this runs inside h2o's stream close or request
+ * handler: nothing of h2o's may be freed here). h2o 2.2's headers offer no
+ * GOAWAY for one connection, so the frame (RFC 9113 §6.8) is written here,
+ * and only when nothing of h2o's waits in libuv's queue, so it cannot land
+ * inside another frame; with the socket's buffer full it may go out short,
+ * or not at all: the connection is cut either way. */
+static void reset_budget_cut(http_conn *c)
 {
     c->reset_cut = true;
-    s->stats.reset_budget_closes++;
-    VLMD_WARN("an HTTP/2 connection cancelled more than %u requests before their answer "
-              "(--http2-reset-budget): GOAWAY, closed",
-              s->cfg.http2_reset_budget);
     uint8_t goaway[17] = {0, 0, 8, 0x7}; /* length 8, type GOAWAY, no flags, stream 0 */
     uint32_t last = c->last_stream_id, code = H2_ENHANCE_YOUR_CALM;
     for (int i = 0; i < 4; i++) {
@@ -465,8 +470,26 @@ static void reset_budget_cut(http_server *s, http_conn *c)
     shutdown(c->fd, SHUT_RDWR);
 }
 
+/* Cuts c, whose address has no cancel left: counted, and said in the log at
+ * most once a refill period (an address cut again and again is counted). */
+static void address_cut(http_server *s, http_conn *c, uint64_t now)
+{
+    s->stats.address_budget_closes++;
+    if (!s->address_warned_ms || now - s->address_warned_ms >= ADDRESS_BUDGET_REFILL_MS) {
+        char who[64];
+        address_key_str(c->peer, who, sizeof who);
+        VLMD_WARN("HTTP/2 connections from %s cancelled more than %u requests before their "
+                  "answer (--http2-address-reset-budget): GOAWAY, closed; its connections are "
+                  "closed until the budget refills", who, s->cfg.http2_address_reset_budget);
+        s->address_warned_ms = now;
+    }
+    c->address_cut = true;
+    reset_budget_cut(c);
+}
+
 /* A request's end: counted when the client left before the answer began;
- * on HTTP/2 that spends the connection's budget, an answer earns it back. */
+ * on HTTP/2 that spends the connection's budget and its address's, an
+ * answer earns one back to both. */
 static void on_req_disposed(void *p)
 {
     req_watch *w = p;
@@ -478,13 +501,21 @@ static void on_req_disposed(void *p)
     http_conn *c = req->version >= 0x200 ? conn_of(s, req) : NULL;
     if (!c || c->reset_cut)
         return;
+    uint64_t now = vlmd_now_ms();
     if (answered) {
         if (c->reset_budget < s->cfg.http2_reset_budget)
             c->reset_budget++;
+        address_budget_earn(s->addresses, c->peer, now);
+    } else if (!address_budget_spend(s->addresses, c->peer, now)) {
+        address_cut(s, c, now);
     } else if (c->reset_budget > 0) {
         c->reset_budget--;
     } else {
-        reset_budget_cut(s, c);
+        s->stats.reset_budget_closes++;
+        VLMD_WARN("an HTTP/2 connection cancelled more than %u requests before their answer "
+                  "(--http2-reset-budget): GOAWAY, closed",
+                  s->cfg.http2_reset_budget);
+        reset_budget_cut(c);
     }
 }
 
@@ -503,11 +534,18 @@ static bool watch_request(http_server *s, h2o_req_t *req)
     uint32_t id = stream_id_of(req);
     if (id > c->last_stream_id)
         c->last_stream_id = id;
+    uint64_t now = vlmd_now_ms();
+    if (!c->reset_cut && address_budget_spent(s->addresses, c->peer, now))
+        address_cut(s, c, now);
     if (!c->reset_cut)
         return false;
     vlmd_send_refusal(req, VLMD_REFUSAL_RESETS,
-                      "this connection cancelled too many requests before their answer "
-                      "(--http2-reset-budget): open a new one",
+                      c->address_cut
+                          ? "HTTP/2 connections from this address cancelled too many requests "
+                            "before their answer (--http2-address-reset-budget): try again in "
+                            "a minute"
+                          : "this connection cancelled too many requests before their answer "
+                            "(--http2-reset-budget): open a new one",
                       NULL);
     return true;
 }
@@ -603,6 +641,10 @@ static void on_accept(uv_stream_t *listener, int status)
     uv_os_fd_t fd;
     if (uv_fileno((uv_handle_t *)&c->tcp, &fd) == 0)
         remember_fd(s, c, fd);
+    struct sockaddr_storage peer;
+    int len = sizeof peer;
+    if (uv_tcp_getpeername(&c->tcp, (struct sockaddr *)&peer, &len) == 0)
+        c->peer = address_key_of((const struct sockaddr *)&peer);
     h2o_socket_t *sock = h2o_uv_socket_create((uv_stream_t *)&c->tcp, on_conn_closed);
     h2o_accept(&s->accept_ctx, sock);
 }
@@ -703,11 +745,17 @@ http_server *http_server_create(uv_loop_t *loop, const http_server_config *cfg,
         return NULL;
     }
     s->cfg = *cfg;
+    if (cfg->http2_address_reset_budget &&
+        address_budget_create(cfg->http2_address_reset_budget, &s->addresses, err) != VLMD_OK) {
+        free(s);
+        return NULL;
+    }
     s->loop = loop;
     s->routes = routes;
     s->n_routes = n_routes;
     s->ud = ud;
     if (bind_listener(s, err) != VLMD_OK) {
+        address_budget_free(s->addresses);
         if (s->listener.loop)
             uv_close((uv_handle_t *)&s->listener, free_server_on_close);
         else
@@ -757,6 +805,7 @@ static void on_close_timer_closed(uv_handle_t *h)
     void *ud = s->done_ud;
     h2o_config_dispose(&s->config);
     free(s->by_fd);
+    address_budget_free(s->addresses);
     free(s);
     if (done)
         done(ud);

@@ -1,7 +1,8 @@
 /* http_server.h - h2o on the process's libuv loop: the TCP listener, the
  * route table, and a graceful close; the defences h2o 2.2 lacks (HTTP/1.1
- * framing checks, lingering close after a refusal, the HTTP/2 reset budget:
- * docs/SECURITY.md) and their counters.
+ * framing checks, lingering close after a refusal, the HTTP/2 reset budgets
+ * per connection and per client address: docs/SECURITY.md) and their
+ * counters.
  *
  * HTTP/1.1 and HTTP/2 over plain TCP: h2o 2.2 takes HTTP/2 with prior
  * knowledge (the client starts with the HTTP/2 preface) or by
@@ -46,6 +47,7 @@ typedef struct http_server_config {
     size_t max_connections;     /* more are closed at once (lingering ones count) */
     uint64_t keepalive_ms;      /* to send a request, to sit idle, to linger after a refusal */
     uint32_t http2_reset_budget; /* streams an HTTP/2 connection may cancel before their answer */
+    uint32_t http2_address_reset_budget; /* ... all of one address's connections (0: no limit) */
     const auth *auth;           /* NULL or no keys: open */
     bool metrics_need_key;
     const char *cors_origins;   /* "" off, "*", or "https://a,https://b" */
@@ -55,6 +57,7 @@ typedef struct http_server_config {
 typedef struct http_server_stats {
     uint64_t cancelled_before_response; /* requests whose client left before the answer began */
     uint64_t reset_budget_closes;       /* HTTP/2 connections past --http2-reset-budget */
+    uint64_t address_budget_closes;     /* ... past their address's --http2-address-reset-budget */
     uint64_t framing_refusals;          /* HTTP/1.1 heads refused by http_framing_check */
     uint64_t lingering_closes;          /* refusals whose unread body was read and dropped */
 } http_server_stats;

@@ -365,6 +365,7 @@ int main(int argc, char **argv)
         .max_header_bytes = (size_t)cfg->max_header_bytes,
         .max_connections = (size_t)cfg->max_connections,
         .http2_reset_budget = (uint32_t)cfg->http2_reset_budget,
+        .http2_address_reset_budget = (uint32_t)cfg->http2_address_reset_budget,
         .keepalive_ms = (uint64_t)cfg->keepalive_timeout_s * 1000, .auth = &fe.auth,
         .metrics_need_key = strcmp(cfg->metrics_need_key, "yes") == 0,
         .cors_origins = cfg->cors_origins};

@@ -146,6 +146,10 @@ static void http_counters(const http_server_stats *h, vlmd_buf *out)
         {"vlmd_http2_reset_budget_closes_total",
          "HTTP/2 connections closed with GOAWAY past --http2-reset-budget",
          h->reset_budget_closes},
+        {"vlmd_http2_address_reset_budget_closes_total",
+         "HTTP/2 connections closed with GOAWAY past their client address's "
+         "--http2-address-reset-budget",
+         h->address_budget_closes},
         {"vlmd_http_framing_refusals_total",
          "HTTP/1.1 requests refused (400) for their Content-Length / Transfer-Encoding",
          h->framing_refusals},

@@ -5,7 +5,8 @@
 // the JSON 413 even from clients that send them without Expect: 100-continue
 // (the rest is read and dropped, up to a bound in bytes and time); HTTP/2 streams
 // opened and reset at once (rapid reset) cost a connection its GOAWAY past
-// --http2-reset-budget, without a log line each.
+// --http2-reset-budget, without a log line each, and a client address that
+// reconnects to go on its GOAWAY past --http2-address-reset-budget.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import net from 'node:net';
@@ -257,11 +258,11 @@ function h2request(id, path, body, cancel) {
 
 // One HTTP/2 connection: send(bytes); frames (type, flags, stream, payload) as they
 // come; closed once the server closes it.
-function h2connect(url) {
+function h2connect(url, localAddress) {
   const { hostname, port } = new URL(url);
   const conn = { frames: [], closed: false };
   let buf = Buffer.alloc(0);
-  conn.sock = net.connect(Number(port), hostname);
+  conn.sock = net.connect({ port: Number(port), host: hostname, localAddress });
   conn.sock.on('data', (d) => {
     buf = Buffer.concat([buf, d]);
     while (buf.length >= 9 && buf.length >= 9 + buf.readUIntBE(0, 3)) {
@@ -324,6 +325,59 @@ test('HTTP/2 rapid reset: past --http2-reset-budget streams cancelled before the
       const m = await fetch(`${server.url}/metrics`).then((r) => r.text());
       return /vlmd_llm_running\{rank="0"\} 0/.test(m);
     }, 20000);
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+test('HTTP/2 rapid reset over reconnects: past --http2-address-reset-budget the address\'s connections get GOAWAY; other addresses are served', async () => {
+  const PER_CONN = 20, PER_ADDRESS = 100;
+  const server = await startServer(['--model', MODEL, '--port', '0', '--http2-reset-budget', String(PER_CONN),
+    '--http2-address-reset-budget', String(PER_ADDRESS), '--keepalive-timeout-s', '60']);
+  try {
+    const body = JSON.stringify({ prompt: 'a rapid reset', max_tokens: 200, temperature: 0 });
+    const cancelled = async () => Number((await fetch(`${server.url}/metrics`).then((x) => x.text()))
+      .match(/^vlmd_http_cancelled_before_response_total (\d+)$/m)?.[1]);
+    const before = await cancelled();
+    const t0 = Date.now();
+    // one address opens connection after connection, each resetting streams until it is closed
+    const CONNS = 15;
+    let goaways = 0;
+    for (let k = 0; k < CONNS; k++) {
+      const a = h2connect(server.url);
+      a.sock.write(Buffer.concat(Array.from({ length: 2 * PER_CONN }, (_, i) => h2request(2 * i + 1, '/v1/completions', body, true))));
+      await waitFor(`connection ${k} to be closed`, () => a.closed, 15000);
+      const g = a.goaway();
+      if (g && g.payload.readUInt32BE(4) === ENHANCE_YOUR_CALM) goaways++;
+    }
+    const seconds = (Date.now() - t0) / 1000;
+    assert.equal(goaways, CONNS, 'every connection got its GOAWAY');
+    // with a budget per connection only, each of the 15 would have had 21 streams through
+    const through = await cancelled() - before;
+    const refill = Math.ceil(PER_ADDRESS * seconds / 60);
+    assert.ok(through <= PER_ADDRESS + refill + 2 * PER_CONN,
+      `${through} streams reached the server in ${seconds} s (address budget ${PER_ADDRESS}, refill ${refill})`);
+
+    // a new connection from the spent address is closed at its first request, cancelled or not
+    const next = h2connect(server.url);
+    next.sock.write(h2request(1, '/tokenize', TOKENIZE, false));
+    await waitFor('the spent address\'s new connection to be closed', () => next.closed, 10000);
+    assert.equal(next.goaway()?.payload.readUInt32BE(4), ENHANCE_YOUR_CALM);
+    assert.ok(!next.answered(1), 'not served');
+
+    // another address is served over HTTP/2, and this one over HTTP/1.1
+    const other = h2connect(server.url, '127.0.0.2');
+    other.sock.write(h2request(1, '/tokenize', TOKENIZE, false));
+    await waitFor('the other address\'s answer', () => other.answered(1) || other.closed, 10000);
+    assert.ok(other.answered(1) && !other.goaway(), 'another address: served');
+    other.sock.destroy();
+    assert.equal((await postJson(`${server.url}/v1/completions`, { prompt: 'hi', max_tokens: 2 })).status, 200);
+
+    const metrics = await fetch(`${server.url}/metrics`).then((x) => x.text());
+    assert.ok(Number(metrics.match(/^vlmd_http2_address_reset_budget_closes_total (\d+)$/m)?.[1]) >= 1);
+    const warnings = server.stderr.split('\n').filter((l) => l.includes('--http2-address-reset-budget'));
+    assert.equal(warnings.length, 1, `one warning for the address:\n${warnings.join('\n')}`);
+    assert.match(warnings[0], /from 127\.0\.0\.1 /);
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   }
