@@ -144,11 +144,12 @@ const vlmd_flag vlmd_flags[] = {
      "Share of each request's max_tokens the admission estimate counts: 1 admits only what "
      "can finish without preemption; less admits more and lets preemption handle the rest",
      0.0, 1.0},
-    {"admission-policy", VLMD_FLAG_CHOICE, OFF(admission_policy), "fifo", 0, 0, "fifo|fair",
+    {"admission-policy", VLMD_FLAG_CHOICE, OFF(admission_policy), "fair", 0, 0, "fair|fifo",
      R(LAUNCHER) | R(ROUTER),
-     "Order in which waiting requests get KV room: fifo, first come first served (one that "
-     "does not fit holds back the rest); fair, X-Session-IDs take turns and a request that "
-     "fits may pass one that does not (at most 64 times)"},
+     "Order in which waiting requests get KV room: fair, in arrival order, but a request that "
+     "fits may pass one that does not (at most 64 times), and X-Session-IDs take turns "
+     "(requests without one are one session); fifo, first come first served (one that does "
+     "not fit holds back the rest)"},
     {"session-max-requests", VLMD_FLAG_INT, OFF(session_max_requests), "0", 0, 1 << 20, NULL,
      R(LAUNCHER) | R(ROUTER),
      "Requests one X-Session-ID may have in flight; more get 429 (0: no limit)"},

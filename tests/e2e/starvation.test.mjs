@@ -4,10 +4,13 @@
 // worker serves requests in proportion to what their images cost, so a small
 // image sent after them is answered before them; a job that waited past
 // --image-wait-ms (its request has failed) is dropped unencoded; the worker's
-// threads run at --visual-nice.
+// threads run at --visual-nice. Long requests that fill the KV cache's room: by
+// default (--admission-policy fair) a short request passes those still queued
+// (docs/MEMORY.md §3).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
+import http from 'node:http';
 import zlib from 'node:zlib';
 import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor } from './harness.mjs';
 
@@ -101,6 +104,42 @@ test('images whose requests gave up (--image-wait-ms) are dropped, not encoded',
     const small = readFileSync(`${MODEL}/image_84x56.png`);
     assert.equal((await postJson(`${server.url}/v1/chat/completions`, chat([small]))).status, 200);
   } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+});
+
+// A request whose answer is not awaited: { done, body, abort() }.
+function pending(url, body) {
+  const p = { done: false, status: 0 };
+  p.req = http.request(url, { method: 'POST', agent: false, headers: { 'content-type': 'application/json' } }, (res) => {
+    res.resume();
+    res.on('end', () => { p.done = true; p.status = res.statusCode; });
+  });
+  p.req.on('error', () => { p.done = true; });
+  p.req.end(JSON.stringify(body));
+  return p;
+}
+
+test('by default a short request passes long ones queued for KV room (one client cannot hold back another)', async () => {
+  // room for two of the long requests at a time: 2 x (prompt + 1000) of 2100 tokens
+  const server = await startServer(['--model', `${FIXTURES}/qwen2`, '--port', '0', '--max-total-token-num', '2100',
+    '--max-model-len', '1024', '--heartbeat-ms', '50']);
+  const long = [];
+  try {
+    for (let i = 0; i < 8; i++)
+      long.push(pending(`${server.url}/v1/completions`, { prompt: `a long answer ${i}`, max_tokens: 1000,
+        ignore_eos: true, temperature: 0 }));
+    await waitFor('long requests to queue for room', async () =>
+      (await counters(server.url, 'router')).requests_queued >= 4, 30000);
+    const t0 = Date.now();
+    const r = await postJson(`${server.url}/v1/completions`, { prompt: 'short', max_tokens: 1 }, { timeoutMs: 120000 });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    const answered = long.filter((p) => p.done).length;
+    // first come, first served it waits for the six long requests queued before it: four
+    // or more of the eight have ended by then
+    assert.ok(answered <= 1, `${answered} long requests ended before the short one (${Date.now() - t0} ms)`);
+  } finally {
+    for (const p of long) p.req.destroy();
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   }
 });

@@ -463,10 +463,17 @@ Test(router_images, a_repeated_image_counts_once_and_more_than_the_arena_is_refu
     teardown(&f);
 }
 
+static void fifo(vlmd_config *c)
+{
+    free(c->admission_policy);
+    c->admission_policy = strdup("fifo");
+}
+
+/* --admission-policy fifo: first come, first served. */
 Test(router_requests, requests_wait_for_kv_room_in_arrival_order)
 {
     fixture f;
-    setup_with(&f, "inproc://router-admit-1", 30000, 1000, NULL);
+    setup_with(&f, "inproc://router-admit-1", 30000, 1000, fifo);
     submit_text(&f, 1, 500, 300, "");
     submit_text(&f, 2, 300, 100, ""); /* peak 500+300 | 800+2x100: 1000 fits */
     cr_assert(wait_for(&f, &f.llm.n_submits, 2));
@@ -555,6 +562,30 @@ static void fair(vlmd_config *c)
 {
     free(c->admission_policy);
     c->admission_policy = strdup("fair");
+}
+
+/* The default admission (fair): requests without X-Session-ID are one
+ * session and go in arrival order, but one that fits passes a large one that
+ * does not, where fifo keeps it waiting (the test above): one client's long
+ * requests cannot hold back another's short one. */
+Test(router_requests, by_default_a_request_that_fits_passes_one_that_does_not)
+{
+    fixture f;
+    setup_with(&f, "inproc://router-admit-8", 30000, 1000, NULL);
+    submit_text(&f, 1, 500, 300, "");
+    submit_text(&f, 2, 300, 100, "");
+    cr_assert(wait_for(&f, &f.llm.n_submits, 2));
+    submit_text(&f, 3, 100, 200, ""); /* does not fit */
+    submit_text(&f, 4, 10, 1, "");    /* fits */
+    cr_assert(wait_for(&f, &f.llm.n_submits, 3));
+    cr_expect_eq(f.llm.submits[2].req_id, 4, "the one that fits passed");
+    pump(&f, 30);
+    cr_expect_eq(f.llm.n_submits, 3, "3 waits for room");
+    finish(&f, 2);
+    cr_assert(wait_for(&f, &f.llm.n_submits, 4));
+    cr_expect_eq(f.llm.submits[3].req_id, 3);
+    cr_expect_eq(f.fe.n_errors, 0);
+    teardown(&f);
 }
 
 /* --admission-policy fair: a request that fits passes queued ones that do
