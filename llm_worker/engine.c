@@ -164,8 +164,9 @@ static vlmd_status grammars_init(engine *e, const vlmd_vocab *v, vlmd_error *err
         if (vlmd_vocab_token(v, id, &bytes, &n) && n == 1)
             e->byte_token[bytes[0]] = (int32_t)id;
     }
-    return grammar_cache_create(v, ENGINE_GRAMMAR_CACHE_ENTRIES, ENGINE_GRAMMAR_CACHE_BYTES,
-                                &e->grammars, err);
+    size_t bound = e->cfg.grammar_cache_bytes ? e->cfg.grammar_cache_bytes
+                                              : ENGINE_GRAMMAR_CACHE_BYTES;
+    return grammar_cache_create(v, ENGINE_GRAMMAR_CACHE_ENTRIES, bound, &e->grammars, err);
 }
 
 /* A sequence is never longer than the model length or the cache. */

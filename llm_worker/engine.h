@@ -69,9 +69,14 @@ typedef struct engine_config {
      * (--check-invariants). false: only debug builds check, the books alone
      * (not who holds each slot), and a failure stops the process */
     bool check_invariants;
+    /* the grammar cache's bound in bytes (grammar_cache.h; 0:
+     * ENGINE_GRAMMAR_CACHE_BYTES): profile_grammar_cache_bytes sizes it */
+    size_t grammar_cache_bytes;
 } engine_config;
 
-/* Compiled grammars the engine keeps for reuse (grammar_cache.h). */
+/* Compiled grammars the engine keeps for reuse (grammar_cache.h): at most
+ * this many, and this many bytes (less on a small CPU device: the memory
+ * plan counts it there, profile_grammar_cache_bytes). */
 #define ENGINE_GRAMMAR_CACHE_ENTRIES 64
 #define ENGINE_GRAMMAR_CACHE_BYTES ((size_t)1 << 30)
 /* Constrained decoding near max_tokens: from the step where the tokens left

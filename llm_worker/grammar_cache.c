@@ -2,7 +2,9 @@
  *
  * Entries are a list in use order (most recent first); a lookup compares
  * kind, length and a 64-bit hash before the text. Eviction walks from the
- * least recent end and drops entries with no holder until both bounds hold. */
+ * least recent end and drops entries with no holder until both bounds hold.
+ * Every entry's masker draws its cached masks from one budget of max_bytes,
+ * so masks stay within the bound between evictions, held entries' too. */
 #include "grammar_cache.h"
 
 #include <stdlib.h>
@@ -30,6 +32,7 @@ struct grammar_cache {
     const vlmd_vocab *vocab;
     uint32_t max_entries;
     size_t max_bytes;
+    vlmd_mask_budget masks;     /* of every entry's masker: max_bytes */
     grammar_entry *head, *tail;
     uint32_t n;
     size_t bytes;
@@ -53,6 +56,7 @@ vlmd_status grammar_cache_create(const vlmd_vocab *v, uint32_t max_entries, size
     (*out)->vocab = v;
     (*out)->max_entries = max_entries ? max_entries : 1;
     (*out)->max_bytes = max_bytes;
+    (*out)->masks = (vlmd_mask_budget){.limit = max_bytes};
     return VLMD_OK;
 }
 
@@ -159,7 +163,7 @@ static vlmd_status add(grammar_cache *c, uint32_t kind, const char *text, size_t
     e->len = len;
     e->hash = fnv1a(kind, text, len);
     e->g = g;
-    vlmd_status st = vlmd_masker_create(e->g, c->vocab, &e->m, err);
+    vlmd_status st = vlmd_masker_create_bounded(e->g, c->vocab, &c->masks, &e->m, err);
     if (st != VLMD_OK) {
         c->failures++;
         entry_free(e);

@@ -6,8 +6,11 @@
  * that grammar (a state's first mask costs a trie walk; later ones are
  * cached). Bounded: at most max_entries grammars and max_bytes of texts,
  * automata and cached masks together; past either, the least recently used
- * entries no request holds are dropped (held ones stay, so the bound can be
- * passed while they run). One thread uses it: the engine's owner. */
+ * entries no request holds are dropped. Held ones stay, so their texts and
+ * automata can pass the bound while they run; their masks cannot: every
+ * masker's cached masks come from one budget of max_bytes (past it a state's
+ * mask is computed at each step instead of kept). One thread uses it: the
+ * engine's owner. */
 #ifndef VLMD_GRAMMAR_CACHE_H
 #define VLMD_GRAMMAR_CACHE_H
 

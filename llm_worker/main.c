@@ -421,6 +421,7 @@ static uint32_t memory_map(const profile_report *r, uint64_t peer, vlmd_kv *kv, 
         {"max_model_len", (uint64_t)r->max_model_len},
         {"fit_tokens", (uint64_t)r->fit.tokens},
         {"fit_workspace_bytes", r->fit.workspace_bytes},
+        {"grammar_cache_bytes", r->grammar_bytes},
     };
     uint32_t n = sizeof rows / sizeof rows[0];
     for (uint32_t i = 0; i < n; i++) {
@@ -438,6 +439,8 @@ static engine_config engine_base(llm_worker *w)
     int64_t max_len = cfg->max_model_len ? cfg->max_model_len : t->max_position_embeddings;
     char name[256];
     vlmd_served_model_name(cfg->served_model_name, cfg->model, name, sizeof name);
+    uint64_t counted; /* (profile_base's to keep out of the KV budget) */
+    size_t grammar_bound = profile_grammar_cache_bytes(w->backend, PROFILE_CANARY_BYTES, &counted);
     return (engine_config){
         .max_batch_tokens = (int32_t)cfg->batch_max_tokens,
         .max_running = (int32_t)cfg->max_num_seqs,
@@ -454,6 +457,7 @@ static engine_config engine_base(llm_worker *w)
         .event_hash_root = kv_events_hash_init(cfg->kv_events_hash_seed, name),
         .vocab = w->vocab,
         .check_invariants = cfg->check_invariants,
+        .grammar_cache_bytes = grammar_bound,
     };
 }
 
@@ -496,10 +500,13 @@ static void describe_length(llm_worker *w, char *out, size_t outsz)
 static profile_config profile_base(llm_worker *w)
 {
     const vlmd_config *cfg = &w->svc.cfg;
+    uint64_t grammar_bytes = 0;
+    profile_grammar_cache_bytes(w->backend, PROFILE_CANARY_BYTES, &grammar_bytes);
     return (profile_config){.max_total_token_num = cfg->max_total_token_num,
                             .mem_fraction = cfg->mem_fraction, .peer_bytes = w->peer_bytes,
                             .canary_bytes = PROFILE_CANARY_BYTES,
-                            .lower_max_model_len = cfg->max_model_len == 0};
+                            .lower_max_model_len = cfg->max_model_len == 0,
+                            .grammar_bytes = grammar_bytes};
 }
 
 /* The auto-profile, on libuv's pool: its stress steps may take seconds on a
@@ -540,8 +547,8 @@ static void on_profile_done(uv_work_t *req, int status)
               (unsigned long long)(rep->free_after_bytes >> 20));
     if (w->stopping)
         return;
-    vlmd_kv memory[24];
-    char values[24][24], graphs[96], length[24], why[512];
+    vlmd_kv memory[26];
+    char values[26][24], graphs[96], length[24], why[512];
     describe_graphs(w, graphs, sizeof graphs);
     snprintf(length, sizeof length, "%lld", (long long)rep->max_model_len);
     describe_length(w, why, sizeof why);

@@ -30,6 +30,18 @@ vlmd_status profile_check_weights(vlmd_backend *b, uint64_t weight_bytes, uint64
     return VLMD_OK;
 }
 
+uint64_t profile_grammar_cache_bytes(vlmd_backend *b, uint64_t canary_bytes, uint64_t *counted)
+{
+    uint64_t free_bytes = 0, total = 0;
+    *counted = 0;
+    if (vlmd_backend_info(b)->kind != VLMD_DEVICE_CPU ||
+        vlmd_backend_mem_info(b, &free_bytes, &total, NULL) != VLMD_OK)
+        return ENGINE_GRAMMAR_CACHE_BYTES;
+    uint64_t share = total > canary_bytes ? (total - canary_bytes) / 16 : 0;
+    *counted = share < ENGINE_GRAMMAR_CACHE_BYTES ? share : ENGINE_GRAMMAR_CACHE_BYTES;
+    return *counted;
+}
+
 int64_t profile_probe_tokens(const engine_config *cfg)
 {
     int64_t tokens = (int64_t)cfg->max_batch_tokens + cfg->max_running;
@@ -53,7 +65,7 @@ static bool fit_at(lm_model *m, const engine_config *base, const profile_config 
     uint64_t bpt = lm_kv_bytes_per_token(m);
     f->workspace_bytes = engine_device_bytes(m, &cfg) - (uint64_t)len * bpt;
     double left = (double)total - (double)weights - (double)f->workspace_bytes -
-                  (double)pc->peer_bytes - (double)pc->canary_bytes;
+                  (double)pc->peer_bytes - (double)pc->canary_bytes - (double)pc->grammar_bytes;
     f->room_bytes = left > 0 ? (uint64_t)left : 0;
     f->tokens = (int64_t)((uint64_t)((double)f->room_bytes * pc->mem_fraction) / bpt);
     return f->tokens >= len;
@@ -115,14 +127,16 @@ static vlmd_status fit_length(lm_model *m, vlmd_backend *b, const engine_config 
         "probe: one request of %lld tokens needs %llu MiB of KV cache (%llu bytes per token); "
         "the device (%s, %llu MiB) has %llu MiB left after the weights (%llu MiB), the "
         "engine's workspace at that length (%llu MiB, from the shapes), the visual worker "
-        "(%llu MiB) and the canary (%llu MiB), of which --mem-fraction %g may hold KV. To fit, "
+        "(%llu MiB), the canary (%llu MiB) and the grammar cache (%llu MiB), of which "
+        "--mem-fraction %g may hold KV. To fit, "
         "%sgive the cache more room: %sa higher --mem-fraction, a smaller --batch-max-tokens or "
         "--max-num-seqs (the workspace), or the visual worker's reservation "
         "(--visual-batch-size, --vision-max-pixels, --max-image-pixels)",
         pc->lower_max_model_len ? "the model's max_position_embeddings " : "--max-model-len ",
         (long long)wanted, (long long)wanted, MIB((uint64_t)wanted * bpt),
         (unsigned long long)bpt, dev->name, MIB(total), MIB(fit->room_bytes), MIB(weights),
-        MIB(fit->workspace_bytes), MIB(pc->peer_bytes), MIB(pc->canary_bytes), pc->mem_fraction,
+        MIB(fit->workspace_bytes), MIB(pc->peer_bytes), MIB(pc->canary_bytes),
+        MIB(pc->grammar_bytes), pc->mem_fraction,
         lower, dev->kind == VLMD_DEVICE_CPU ? "a larger --cpu-device-mb, " : "a larger device, ");
 }
 
@@ -223,6 +237,7 @@ vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
     *canary = NULL;
     *rep = (profile_report){.bytes_per_token = lm_kv_bytes_per_token(m),
                             .canary_bytes = pc->canary_bytes,
+                            .grammar_bytes = pc->grammar_bytes,
                             .stress = engine_stress_resolve(b, pc->stress)};
     uint64_t free_bytes = 0;
     vlmd_status st = vlmd_backend_mem_info(b, &free_bytes, &rep->total_bytes, err);
@@ -258,7 +273,8 @@ vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
         uint64_t peak = seen > rep->probe_peak_bytes ? seen : rep->probe_peak_bytes;
         rep->non_kv_bytes = peak > rep->probe_kv_bytes ? peak - rep->probe_kv_bytes : 0;
         double left = (double)rep->total_bytes - (double)rep->non_kv_bytes -
-                      (double)pc->peer_bytes - (double)pc->canary_bytes;
+                      (double)pc->peer_bytes - (double)pc->canary_bytes -
+                      (double)pc->grammar_bytes;
         rep->budget_bytes = left > 0 ? (uint64_t)(left * pc->mem_fraction) : 0;
         rep->target_tokens = (int64_t)(rep->budget_bytes / rep->bytes_per_token);
         tokens = rep->target_tokens;
@@ -279,15 +295,16 @@ vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
             return vlmd_errorf(err, VLMD_ERR_TOO_LARGE,
                                "--max-model-len %d does not fit a KV cache of %lld tokens (%s; "
                                "device %llu MiB: weights %llu MiB, activations %llu MiB, visual "
-                               "worker %llu MiB, canary %llu MiB, %llu bytes per token): lower "
-                               "--max-model-len, or give the cache more room (%s)",
+                               "worker %llu MiB, canary %llu MiB, grammar cache %llu MiB, %llu "
+                               "bytes per token): lower --max-model-len, or give the cache more "
+                               "room (%s)",
                                cfg.max_model_len, (long long)tokens,
                                pc->max_total_token_num ? "--max-total-token-num"
                                : a ? "after shrinking" : "what this device holds",
                                MIB(rep->total_bytes), MIB(rep->weights_bytes),
                                MIB(rep->non_kv_bytes), MIB(pc->peer_bytes),
-                               MIB(pc->canary_bytes), (unsigned long long)rep->bytes_per_token,
-                               knobs);
+                               MIB(pc->canary_bytes), MIB(pc->grammar_bytes),
+                               (unsigned long long)rep->bytes_per_token, knobs);
         if (hook)
             hook(a, hook_ud);
         rep->attempts = a + 1;
@@ -312,10 +329,11 @@ vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
                        "the KV cache could not be placed after %d attempt(s) from %lld tokens "
                        "(last: %s). Device %llu MiB (%llu MiB free now): weights %llu MiB, "
                        "activations and workspace %llu MiB, visual worker %llu MiB, canary %llu "
-                       "MiB, KV budget %llu MiB at --mem-fraction %g, %llu bytes per token. To "
-                       "fit, %s",
+                       "MiB, grammar cache %llu MiB, KV budget %llu MiB at --mem-fraction %g, "
+                       "%llu bytes per token. To fit, %s",
                        rep->attempts, (long long)first, last.msg, MIB(rep->total_bytes),
                        MIB(free_bytes), MIB(rep->weights_bytes), MIB(rep->non_kv_bytes),
-                       MIB(pc->peer_bytes), MIB(pc->canary_bytes), MIB(rep->budget_bytes),
+                       MIB(pc->peer_bytes), MIB(pc->canary_bytes), MIB(pc->grammar_bytes),
+                       MIB(rep->budget_bytes),
                        pc->mem_fraction, (unsigned long long)rep->bytes_per_token, knobs);
 }

@@ -13,7 +13,8 @@
  *             worst step (engine_stress); on the CPU no step: its buffers are
  *             its peak. The device's peak use measured both ways: the
  *             allocator's high-water mark and the driver's free bytes
- *   target    budget = (total - non-KV peak - peer footprint - canary) x mem_fraction;
+ *   target    budget = (total - non-KV peak - peer footprint - canary - grammar
+ *             cache where it is device memory) x mem_fraction;
  *             tokens = budget / KV bytes per token (a lowered length follows them)
  *   rebuild   the probe freed (the allocator must be back where it was); the engine
  *             created at the target; the canary allocated
@@ -47,6 +48,9 @@ typedef struct profile_config {
     bool lower_max_model_len;       /* the length is the model's own (no --max-model-len):
                                      * lowered to what fits instead of refused */
     engine_stress_kind stress;      /* AUTO: FULL where ops take memory (CUDA), else SHAPES */
+    uint64_t grammar_bytes;         /* the grammar cache's bound where it lives in the
+                                     * device's memory (the CPU backend), kept out of the
+                                     * KV budget like the peer's (profile_grammar_cache_bytes) */
 } profile_config;
 
 /* The fit: the longest request, up to the wanted length, whose KV cache fits
@@ -59,7 +63,8 @@ typedef struct profile_fit {
                                      * wanted when refused) */
     uint64_t workspace_bytes;       /* the engine's buffers besides the KV at that length,
                                      * from the shapes (engine_device_bytes) */
-    uint64_t room_bytes;            /* total - weights - workspace - peer - canary */
+    uint64_t room_bytes;            /* total - weights - workspace - peer - canary - grammar
+                                     * cache */
 } profile_fit;
 
 /* Called before each rebuild attempt (attempt 0..3), after the probe was freed:
@@ -85,9 +90,19 @@ typedef struct profile_report {
     uint64_t kv_bytes;
     uint64_t workspace_bytes;       /* the engine's non-KV device memory */
     uint64_t canary_bytes;
+    uint64_t grammar_bytes;         /* kept out of the KV budget for the grammar cache */
     uint64_t free_after_bytes;      /* the driver's free bytes once ready */
     uint64_t bytes_per_token;
 } profile_report;
+
+/* The engine's grammar cache bound on b (engine_config.grammar_cache_bytes),
+ * and in *counted what the plan keeps out of the KV budget for it
+ * (profile_config.grammar_bytes). Where the device is host memory (the CPU
+ * backend: --cpu-device-mb is the machine's memory) the cache lives in the
+ * device's memory: a sixteenth of what the device holds beyond the canary,
+ * at most ENGINE_GRAMMAR_CACHE_BYTES, counted. On a GPU it is host memory
+ * beside the device's plan: ENGINE_GRAMMAR_CACHE_BYTES, counted 0. */
+uint64_t profile_grammar_cache_bytes(vlmd_backend *b, uint64_t canary_bytes, uint64_t *counted);
 
 /* The probe's KV tokens: max(batch_max_tokens + max_num_seqs, 8192). */
 int64_t profile_probe_tokens(const engine_config *cfg);

@@ -100,6 +100,7 @@ struct vlmd_masker {
     uint8_t *run_need;          /* [states] the largest need along that run */
     pthread_mutex_t lock;       /* guards making entries and contexts, run[], cache_bytes */
     size_t cache_bytes;
+    vlmd_mask_budget *budget;   /* shared with other maskers (borrowed); NULL: none */
     vlmd_mask_scratch fill_scratch;     /* under the lock */
     uint64_t fills, computed, contexts, checks, deep_checks;   /* atomic counters */
 };
@@ -290,12 +291,20 @@ static bool make_deep_list(const vlmd_mask_scratch *s, deep_list *out)
 vlmd_status vlmd_masker_create(const vlmd_grammar *g, const vlmd_vocab *v, vlmd_masker **out,
                                vlmd_error *err)
 {
+    return vlmd_masker_create_bounded(g, v, NULL, out, err);
+}
+
+vlmd_status vlmd_masker_create_bounded(const vlmd_grammar *g, const vlmd_vocab *v,
+                                       vlmd_mask_budget *budget, vlmd_masker **out,
+                                       vlmd_error *err)
+{
     *out = NULL;
     vlmd_masker *m = calloc(1, sizeof *m);
     if (!m)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     m->g = g;
     m->v = v;
+    m->budget = budget;
     size_t n = g->dfa.n ? g->dfa.n : 1;
     m->entries = calloc(n, sizeof *m->entries);
     m->run = calloc(n, sizeof *m->run);
@@ -323,7 +332,29 @@ void vlmd_masker_free(vlmd_masker *m)
     free(m->run_need);
     scratch_release(&m->fill_scratch);
     pthread_mutex_destroy(&m->lock);
+    if (m->budget)
+        __atomic_fetch_sub(&m->budget->used, m->cache_bytes, __ATOMIC_RELAXED);
     free(m);
+}
+
+/* Whether a new cached entry of `bytes` may be kept: within this masker's
+ * bound and, taken from it at once, its shared budget's (called under the
+ * lock; the budget is shared with other maskers' locks, so it is taken by
+ * compare-and-swap). */
+static bool may_keep(vlmd_masker *m, size_t bytes)
+{
+    if (m->cache_bytes + bytes > VLMD_MASKER_MAX_CACHE_BYTES)
+        return false;
+    if (m->budget) {
+        size_t used = __atomic_load_n(&m->budget->used, __ATOMIC_RELAXED);
+        do {
+            if (used + bytes > m->budget->limit)
+                return false;
+        } while (!__atomic_compare_exchange_n(&m->budget->used, &used, used + bytes, true,
+                                              __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    }
+    m->cache_bytes += bytes;
+    return true;
 }
 
 void vlmd_masker_get_stats(vlmd_masker *m, vlmd_masker_stats *out)
@@ -551,8 +582,7 @@ static mask_entry *get_entry(vlmd_masker *m, uint32_t n, bool *temp)
         e = compute_entry(m, n, &m->fill_scratch);
         if (e) {
             __atomic_fetch_add(&m->computed, 1, __ATOMIC_RELAXED);
-            if (m->cache_bytes + e->bytes <= VLMD_MASKER_MAX_CACHE_BYTES) {
-                m->cache_bytes += e->bytes;
+            if (may_keep(m, e->bytes)) {
                 __atomic_store_n(&m->entries[n], e, __ATOMIC_RELEASE);
             } else
                 *temp = true;
@@ -656,8 +686,7 @@ static ctx_entry *get_ctx(vlmd_masker *m, mask_entry *e, uint32_t n, uint32_t r,
         c = compute_ctx(m, n, r, e, &m->fill_scratch);
         if (c) {
             __atomic_fetch_add(&m->contexts, 1, __ATOMIC_RELAXED);
-            if (m->cache_bytes + c->bytes <= VLMD_MASKER_MAX_CACHE_BYTES) {
-                m->cache_bytes += c->bytes;
+            if (may_keep(m, c->bytes)) {
                 c->next = e->ctx;
                 e->ctx = c;
             } else

@@ -199,13 +199,27 @@ bool vlmd_vocab_token(const vlmd_vocab *v, uint32_t id, const uint8_t **bytes, s
 
 /* A grammar's masks over a vocabulary; borrows both (they must outlive it).
  * Masks are computed per automaton state on first use and kept (up to
- * VLMD_MASKER_MAX_CACHE_BYTES); fill and accept may be called from several
+ * VLMD_MASKER_MAX_CACHE_BYTES, and a shared vlmd_mask_budget's); fill and accept may be called from several
  * threads at once, each with its own scratch. */
 typedef struct vlmd_masker vlmd_masker;
 typedef struct vlmd_mask_scratch vlmd_mask_scratch;
 
 vlmd_status vlmd_masker_create(const vlmd_grammar *g, const vlmd_vocab *v, vlmd_masker **out,
                                vlmd_error *err);
+/* A bound on the cached masks of several maskers together: a masker made
+ * with one keeps a new mask only while their sum stays within `limit` (past
+ * it the mask is computed at each step instead), and gives its bytes back
+ * when freed. `used` is updated atomically (fills may run on several
+ * threads); set it to 0 and `limit` before the first masker. */
+typedef struct vlmd_mask_budget {
+    size_t limit;
+    size_t used;
+} vlmd_mask_budget;
+/* As vlmd_masker_create, its cached masks also within budget (borrowed: it
+ * must outlive the masker; NULL: no shared bound). */
+vlmd_status vlmd_masker_create_bounded(const vlmd_grammar *g, const vlmd_vocab *v,
+                                       vlmd_mask_budget *budget, vlmd_masker **out,
+                                       vlmd_error *err);
 void vlmd_masker_free(vlmd_masker *m);  /* accepts NULL */
 /* A thread's working memory for fills: up to (longest token + 1) * 2 KiB,
  * grown on first use. A fill without one allocates and frees its own. */

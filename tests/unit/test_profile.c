@@ -124,6 +124,45 @@ Test(profile, probe_and_target_follow_the_formula)
     close_fixture(&f);
 }
 
+/* The engine's grammar cache is host memory, which on the CPU backend is the
+ * device (--cpu-device-mb): its bound, a sixteenth of the device beyond the
+ * canary and at most ENGINE_GRAMMAR_CACHE_BYTES, is kept out of the KV budget, so what the
+ * engine allocates and what its grammar cache may hold fit the device
+ * together. On a GPU the cache is beside the device's plan. */
+Test(profile, the_grammar_cache_is_in_the_plan_of_a_cpu_device)
+{
+    fixture f;
+    open_fixture(&f);
+    uint64_t counted = 1, bound = profile_grammar_cache_bytes(f.b, CANARY, &counted);
+    if (vlmd_backend_info(f.b)->kind != VLMD_DEVICE_CPU) {
+        cr_expect_eq(bound, ENGINE_GRAMMAR_CACHE_BYTES);
+        cr_expect_eq(counted, 0);
+        close_fixture(&f);
+        return;
+    }
+    cr_expect_eq(bound, (DEVICE - CANARY) / 16);
+    cr_expect_eq(counted, bound);
+    profile_report without, with;
+    vlmd_error err = {0};
+    cr_assert_eq(run(&f, NULL, NULL, &without, &err), VLMD_OK, "%s", err.msg);
+    f.pc.grammar_bytes = counted;
+    f.cfg.grammar_cache_bytes = bound;
+    cr_assert_eq(run(&f, NULL, NULL, &with, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(with.grammar_bytes, bound);
+    cr_expect_eq(with.budget_bytes,
+                 (uint64_t)((double)(DEVICE - with.non_kv_bytes - CANARY - bound) * 0.9));
+    cr_expect_lt(with.tokens, without.tokens);
+    cr_expect_eq(with.fit.room_bytes, DEVICE - with.weights_bytes - with.fit.workspace_bytes -
+                                          CANARY - bound, "the fit counts it too");
+    uint64_t held = with.weights_bytes + with.kv_bytes + with.workspace_bytes + with.canary_bytes;
+    cr_expect_leq(held + bound, DEVICE, "engine %llu MiB + grammar cache %llu MiB",
+                  (unsigned long long)(held >> 20), (unsigned long long)(bound >> 20));
+    vlmd_backend_limit(f.b, 64ull << 30); /* a large machine: the cap */
+    cr_expect_eq(profile_grammar_cache_bytes(f.b, CANARY, &counted), ENGINE_GRAMMAR_CACHE_BYTES);
+    vlmd_backend_limit(f.b, DEVICE);
+    close_fixture(&f);
+}
+
 Test(profile, peer_footprint_and_mem_fraction_shrink_the_budget)
 {
     fixture f;
