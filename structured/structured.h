@@ -199,8 +199,9 @@ bool vlmd_vocab_token(const vlmd_vocab *v, uint32_t id, const uint8_t **bytes, s
 
 /* A grammar's masks over a vocabulary; borrows both (they must outlive it).
  * Masks are computed per automaton state on first use and kept (up to
- * VLMD_MASKER_MAX_CACHE_BYTES, and a shared vlmd_mask_budget's); fill and accept may be called from several
- * threads at once, each with its own scratch. */
+ * VLMD_MASKER_MAX_CACHE_BYTES, and within a shared vlmd_mask_budget); fill
+ * and accept may be called from several threads at once, each with its own
+ * scratch. */
 typedef struct vlmd_masker vlmd_masker;
 typedef struct vlmd_mask_scratch vlmd_mask_scratch;
 

@@ -165,8 +165,13 @@ Test(preprocess, png_decodes_the_same_with_or_without_alpha)
         rgba[4 * i + 3] = (uint8_t)(i * 13); /* any alpha: dropped, not composited */
         gray[i] = gray_rgb[3 * i] = gray_rgb[3 * i + 1] = gray_rgb[3 * i + 2] = (uint8_t)(i * 5);
     }
-    struct { uint32_t fmt; const void *pixels; const uint8_t *want; } cases[] = {
-        {PNG_FORMAT_RGB, rgb, rgb}, {PNG_FORMAT_RGBA, rgba, rgb}, {PNG_FORMAT_GRAY, gray, gray_rgb}};
+    struct {
+        uint32_t fmt;
+        const void *pixels;
+        const uint8_t *want;
+    } cases[] = {{PNG_FORMAT_RGB, rgb, rgb},
+                 {PNG_FORMAT_RGBA, rgba, rgb},
+                 {PNG_FORMAT_GRAY, gray, gray_rgb}};
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
         size_t len = 0;
         void *png = png_of(cases[k].pixels, W, H, cases[k].fmt, &len);
