@@ -4,8 +4,10 @@
  * never learns a group's size, so a decode step is captured as a CUDA graph
  * like any other.
  *
- *   k_moe_route    a warp per token: fp32 softmax over the E bf16 logits,
- *                  then k rounds of a warp argmax (the lower id among equals)
+ *   k_moe_route    a warp per token: fp32 softmax over the E bf16 logits, or
+ *                  sigmoid scores with their correction bias (groups: a lane
+ *                  per group), then k rounds of a warp argmax (the lower id
+ *                  among equals)
  *   k_moe_align    one block: the assignments (token, choice) counted per
  *                  expert, each expert's count padded to the tile height,
  *                  a stable counting sort into that padded row space (token
@@ -63,14 +65,45 @@ static void moe_check_shape(int n_experts, int k)
 
 #define ROUTE_WARPS 4
 
+#define ROUTE_MAX_GROUPS 32 /* a lane per group */
+
+/* The warp's argmax over values lane l holds for experts l + 32 u (PER_LANE
+ * of them, those with taken bit u or past n_experts out): the largest, the
+ * lower id among equals (a total order); every lane gets it. */
+template <int PER_LANE>
+__device__ static void warp_best(const float *v, unsigned taken, int n_experts, int lane,
+                                 float *best_out, int *best_e_out)
+{
+    float best = 0;
+    int best_e = -1;
+    for (int u = 0; u < PER_LANE; u++) {
+        int e = lane + 32 * u;
+        if (e < n_experts && !(taken >> u & 1u) && (best_e < 0 || v[u] > best))
+            best = v[u], best_e = e;
+    }
+    for (int o = 16; o > 0; o /= 2) {
+        float ob = __shfl_xor_sync(0xffffffffu, best, o);
+        int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
+        if (oe >= 0 && (best_e < 0 || ob > best || (ob == best && oe < best_e)))
+            best = ob, best_e = oe;
+    }
+    *best_out = best, *best_e_out = best_e;
+}
+
 /* A warp per token; lane l holds the logits of experts l, l + 32, ...
- * (PER_LANE of them), and keeps choice l. */
+ * (PER_LANE of them), and keeps choice l. Softmax: the choosing value is
+ * the logit (the largest logit is the largest probability), the weight its
+ * probability. Sigmoid: the choosing value is the score plus the correction
+ * bias, zeroed outside the topk_group best groups (a group's score, the sum
+ * of its two largest, found by a lane per group from the warp's row in
+ * shared memory), the weight the score alone. */
 template <int PER_LANE>
 __global__ void __launch_bounds__(ROUTE_WARPS * 32)
     k_moe_route(int32_t *ids, float *weights, const bf16 *logits, int n, int n_experts, int k,
-                bool renormalize, bool worst_case)
+                vlmd_moe_router r, bool worst_case)
 {
     vlmd_kernel_start();
+    __shared__ float row_choose[ROUTE_WARPS][MOE_MAX_EXPERTS];
     const int t = blockIdx.x * ROUTE_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (t >= n)
         return; /* a whole warp: no block barrier below */
@@ -82,50 +115,94 @@ __global__ void __launch_bounds__(ROUTE_WARPS * 32)
         return;
     }
     const bf16 *row = logits + (size_t)t * n_experts;
-    float v[PER_LANE], mx = -INFINITY;
+    float v[PER_LANE], score[PER_LANE], mx = -INFINITY;
     for (int u = 0; u < PER_LANE; u++) {
         int e = lane + 32 * u;
+        score[u] = 0.0f;
         v[u] = e < n_experts ? __bfloat162float(row[e]) : -INFINITY;
         mx = fmaxf(mx, v[u]);
     }
     for (int o = 16; o > 0; o /= 2)
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float sum = 0;
-    for (int u = 0; u < PER_LANE; u++)
-        if (lane + 32 * u < n_experts)
-            sum += expf(v[u] - mx);
-    for (int o = 16; o > 0; o /= 2)
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    /* the largest logit is the largest probability: k rounds of an argmax over
-     * the experts not taken yet, (value, then the lower id) a total order */
+    if (!r.sigmoid) {
+        for (int u = 0; u < PER_LANE; u++)
+            if (lane + 32 * u < n_experts)
+                sum += expf(v[u] - mx);
+        for (int o = 16; o > 0; o /= 2)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    } else {
+        for (int u = 0; u < PER_LANE; u++) {
+            int e = lane + 32 * u;
+            score[u] = e < n_experts ? 1.0f / (1.0f + expf(-v[u])) : 0.0f;
+            v[u] = e < n_experts ? score[u] + (r.bias ? r.bias[e] : 0.0f) : -INFINITY;
+        }
+    }
+    if (r.sigmoid && r.n_group > 1) {
+        float *c = row_choose[threadIdx.x / 32];
+        const int per = n_experts / r.n_group;
+        for (int u = 0; u < PER_LANE; u++)
+            if (lane + 32 * u < n_experts)
+                c[lane + 32 * u] = v[u];
+        __syncwarp();
+        float group = -INFINITY; /* lane g: its group's two largest, summed */
+        if (lane < r.n_group) {
+            float a = -INFINITY, b = -INFINITY;
+            for (int e = lane * per; e < (lane + 1) * per; e++) {
+                float x = c[e];
+                if (x > a)
+                    b = a, a = x;
+                else if (x > b)
+                    b = x;
+            }
+            group = a + b;
+        }
+        unsigned kept = 0; /* bit g: group g is among the best */
+        for (int j = 0; j < r.topk_group; j++) {
+            float best = 0;
+            int best_g = -1;
+            if (lane < r.n_group && !(kept >> lane & 1u))
+                best = group, best_g = lane;
+            for (int o = 16; o > 0; o /= 2) {
+                float ob = __shfl_xor_sync(0xffffffffu, best, o);
+                int og = __shfl_xor_sync(0xffffffffu, best_g, o);
+                if (og >= 0 && (best_g < 0 || ob > best || (ob == best && og < best_g)))
+                    best = ob, best_g = og;
+            }
+            kept |= 1u << best_g;
+        }
+        for (int u = 0; u < PER_LANE; u++) {
+            int e = lane + 32 * u;
+            if (e < n_experts && !(kept >> (e / per) & 1u))
+                v[u] = 0.0f;
+        }
+    }
+    /* k rounds of an argmax over the experts not taken yet */
     unsigned taken = 0; /* bit u: expert lane + 32 u is chosen */
     float mine = 0;
     int mine_id = 0;
     for (int j = 0; j < k; j++) {
-        float best = 0;
-        int best_e = -1;
-        for (int u = 0; u < PER_LANE; u++) {
-            int e = lane + 32 * u;
-            if (e < n_experts && !(taken >> u & 1u) && (best_e < 0 || v[u] > best))
-                best = v[u], best_e = e;
-        }
-        for (int o = 16; o > 0; o /= 2) {
-            float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            int oe = __shfl_xor_sync(0xffffffffu, best_e, o);
-            if (oe >= 0 && (best_e < 0 || ob > best || (ob == best && oe < best_e)))
-                best = ob, best_e = oe;
-        }
+        float best;
+        int best_e;
+        warp_best<PER_LANE>(v, taken, n_experts, lane, &best, &best_e);
+        float chosen = 0; /* the chosen expert's score, from the lane that holds it */
+        for (int u = 0; u < PER_LANE; u++)
+            if (u == best_e / 32)
+                chosen = r.sigmoid ? score[u] : 0.0f;
+        chosen = __shfl_sync(0xffffffffu, chosen, best_e % 32);
         if (best_e % 32 == lane)
             taken |= 1u << (best_e / 32);
         if (lane == j)
-            mine = expf(best - mx) / sum, mine_id = best_e;
+            mine = r.sigmoid ? chosen : expf(best - mx) / sum, mine_id = best_e;
     }
     float total = lane < k ? mine : 0.0f;
     for (int o = 16; o > 0; o /= 2)
         total += __shfl_xor_sync(0xffffffffu, total, o);
+    if (r.sigmoid)
+        total += 1e-20f;
     if (lane < k) {
         id[lane] = mine_id;
-        w[lane] = renormalize ? mine / total : mine;
+        w[lane] = (r.renormalize ? mine / total : mine) * r.scale;
     }
 }
 
@@ -134,16 +211,20 @@ extern "C" void vlmd_cuda_moe_route(vlmd_backend *b, int32_t *ids, float *weight
                                     const vlmd_moe_router *r, bool worst_case)
 {
     moe_check_shape(n_experts, k);
-    VLMD_ASSERT(!r->sigmoid && r->scale == 1.0f); /* moe_sigmoid is not in the table */
-    bool renormalize = r->renormalize;
+    if (r->sigmoid && (r->n_group < 1 || r->n_group > ROUTE_MAX_GROUPS ||
+                       n_experts % r->n_group || n_experts / r->n_group < 2 ||
+                       r->topk_group < 1 || r->topk_group > r->n_group))
+        VLMD_FATAL("mixture of experts: %d experts in %d groups, the best %d kept; the CUDA "
+                   "router takes up to %d groups of at least 2", n_experts, r->n_group,
+                   r->topk_group, ROUTE_MAX_GROUPS);
     if (n <= 0)
         return;
     int blocks = (n + ROUTE_WARPS - 1) / ROUTE_WARPS;
-    void (*kernel)(int32_t *, float *, const bf16 *, int, int, int, bool, bool) =
+    void (*kernel)(int32_t *, float *, const bf16 *, int, int, int, vlmd_moe_router, bool) =
         n_experts <= 128 ? k_moe_route<4> : n_experts <= 512 ? k_moe_route<16>
                                                               : k_moe_route<32>;
     vlmd_cuda_launch(kernel, blocks, ROUTE_WARPS * 32, 0, vlmd_cuda_stream(b), ids, weights,
-                     (const bf16 *)logits, n, n_experts, k, renormalize, worst_case);
+                     (const bf16 *)logits, n, n_experts, k, *r, worst_case);
 }
 
 /* ---- the tiles and the scratch ---------------------------------------------------------------- */

@@ -224,26 +224,27 @@ __device__ static int rope_row(int mode, int s0, int s1, int s2, int i)
 }
 
 /* One block per token. The token's cos/sin table first (a frequency per
- * half-dimension, shared by its heads); then a warp per head, q heads then k
- * heads: the bias added, the head's RMSNorm when it has one (all in fp32,
- * kept in shared memory, since the rotation pairs dimension i with i + hd/2),
- * the rotation, q back in place and k into the cache; v is copied (with its
- * bias). */
+ * pair of the rd dims that rotate, shared by its heads); then a warp per
+ * head, q heads then k heads: the bias added, the head's RMSNorm when it has
+ * one (all in fp32, kept in shared memory, since the rotation pairs
+ * dimension i with i + rd/2, or 2i with 2i + 1), the rotation of the first
+ * rd dims (the others passed as they are), q back in place and k into the
+ * cache; v is copied (with its bias). */
 __global__ void __launch_bounds__(ROPE_WARPS * 32)
     k_rope_kv_write(bf16 *qkv, const bf16 *bias, bf16 *k_cache, bf16 *v_cache,
                     const int32_t *positions, const int32_t *slots, int n, int nh, int nkv, int hd,
                     float theta, int mode, int s0, int s1, int s2, const bf16 *q_norm,
-                    const bf16 *k_norm, float eps)
+                    const bf16 *k_norm, float eps, int rd, bool pairs)
 {
     vlmd_kernel_start();
     __shared__ float cos_t[ROPE_MAX_HD / 2], sin_t[ROPE_MAX_HD / 2];
     __shared__ float head[ROPE_WARPS][ROPE_MAX_HD];
-    const int t = blockIdx.x, half = hd / 2, kv_dim = nkv * hd;
+    const int t = blockIdx.x, half = rd / 2, kv_dim = nkv * hd;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     bf16 *row = qkv + (size_t)t * (nh + 2 * nkv) * hd;
     const size_t slot = (size_t)slots[t] * kv_dim;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        double inv_freq = 1.0 / pow((double)theta, (double)(2 * i) / hd);
+        double inv_freq = 1.0 / pow((double)theta, (double)(2 * i) / rd);
         int prow = rope_row(mode, s0, s1, s2, i);
         /* the angle in float32, as the reference computes it */
         float angle = (float)positions[(size_t)prow * n + t] * (float)inv_freq;
@@ -271,10 +272,13 @@ __global__ void __launch_bounds__(ROPE_WARPS * 32)
         __syncwarp();
         bf16 *dst = h < nh ? row + (size_t)h * hd : k_cache + slot + (size_t)(h - nh) * hd;
         for (int i = lane; i < half; i += 32) {
-            float x1 = v[i], x2 = v[i + half];
-            dst[i] = __float2bfloat16(x1 * cos_t[i] - x2 * sin_t[i]);
-            dst[i + half] = __float2bfloat16(x2 * cos_t[i] + x1 * sin_t[i]);
+            int a = pairs ? 2 * i : i, c = pairs ? 2 * i + 1 : i + half;
+            float x1 = v[a], x2 = v[c];
+            dst[a] = __float2bfloat16(x1 * cos_t[i] - x2 * sin_t[i]);
+            dst[c] = __float2bfloat16(x2 * cos_t[i] + x1 * sin_t[i]);
         }
+        for (int j = rd + lane; j < hd; j += 32) /* past the rotary dims */
+            dst[j] = __float2bfloat16(v[j]);
         __syncwarp(); /* the next head overwrites v */
     }
     const bf16 *vsrc = row + (size_t)(nh + nkv) * hd;
@@ -294,10 +298,15 @@ static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, const void *bias, voi
                    ROPE_MAX_HD);
     const int *s = rope->sections;
     int mode = !s ? ROPE_1D : rope->interleaved ? ROPE_MROPE_INTERLEAVED : ROPE_MROPE;
+    int rd = rope->rotary_dim ? rope->rotary_dim : hd;
+    if (rd > hd || rd % 2)
+        VLMD_FATAL("rotary dims %d of a head of %d: the rotary kernel takes an even prefix", rd,
+                   hd);
     vlmd_cuda_launch(k_rope_kv_write, n, ROPE_WARPS * 32, 0, vlmd_cuda_stream(b), (bf16 *)qkv,
                      (const bf16 *)bias, (bf16 *)k_cache, (bf16 *)v_cache, positions, slots, n, nh,
                      nkv, hd, rope->theta, mode, s ? s[0] : 0, s ? s[1] : 0, s ? s[2] : 0,
-                     (const bf16 *)rope->q_norm, (const bf16 *)rope->k_norm, rope->norm_eps);
+                     (const bf16 *)rope->q_norm, (const bf16 *)rope->k_norm, rope->norm_eps, rd,
+                     rope->pairs_interleaved);
 }
 
 /* ---- SiLU and multiply ------------------------------------------------------------ */
@@ -485,6 +494,6 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .moe_scratch_bytes = vlmd_cuda_moe_scratch_bytes,
     .rope_qk_norm = true,
     .rope_interleaved = true,
-    .rope_partial = false,
-    .moe_sigmoid = false,
+    .rope_partial = true,
+    .moe_sigmoid = true,
 };
