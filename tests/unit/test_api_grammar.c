@@ -29,7 +29,7 @@ static bool parse(const char *body, bool reasoning, api_grammar *g, api_error *e
     cr_assert(b, "test JSON: %s", body);
     memset(e, 0, sizeof *e);
     bool ok = api_grammar_parse(b, true, json_object_get(b, "response_format"), false,
-                                "response_format", tok, reasoning, g, e);
+                                "response_format", tok, &tool_format_hermes, reasoning, g, e);
     json_decref(b);
     return ok;
 }

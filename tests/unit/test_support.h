@@ -88,7 +88,7 @@ static inline const char *test_model_file(const char *model, const char *file)
 static inline json_t *test_reference_json(const char *model)
 {
     json_error_t je;
-    json_t *r = json_load_file(test_model_file(model, "reference.json"), 0, &je);
+    json_t *r = json_load_file(test_model_file(model, "reference.json"), JSON_ALLOW_NUL, &je);
     cr_assert_not_null(r, "%s/reference.json: %s", model, je.text);
     return r;
 }
