@@ -1,10 +1,12 @@
 /* test_chat_template.c - each family's template: the fixtures' prompts byte
- * for byte and id for id (Qwen2's ChatML; Qwen3's and Qwen3-VL's, whose
- * templates are the fixtures' tokenizer_config.json); which family a model
- * gets; Qwen3's thinking switch and think parts; which pieces of a prompt are
- * the template's (trusted) and which the request's. The expected prompts of
- * the conversations no fixture has were rendered by the fixture's own
- * chat_template (Jinja, as transformers renders it). */
+ * for byte and id for id (Qwen2's ChatML; Qwen3's, Qwen3-VL's and GLM-4.5's,
+ * whose templates are the fixtures' tokenizer_config.json; Mixtral's as text
+ * until its tokenizer loads); which family a model gets; Qwen3's and GLM's
+ * thinking switches and think parts; GLM's tools, calls and results;
+ * Mixtral's folding and refusals; which pieces of a prompt are the
+ * template's (trusted) and which the request's. The expected prompts of the
+ * conversations no fixture has were rendered by the family's own template
+ * (Jinja, as transformers renders it). */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdio.h>

@@ -1,10 +1,13 @@
-/* test_structured_tools.c - the hermes tool-call grammar: each start (the
+/* test_structured_tools.c - the tool-call grammars. hermes: each start (the
  * prompt's `{"name": "`, a named function's `"arguments": `, the model's own
  * <tool_call>) accepts exactly the calls Qwen's template writes, arguments
  * held to each function's schema (its $refs resolved in it), parallel calls
  * only when asked; the spec text form; errors naming the function. Random
  * walks over a real tokenizer's masks give text that frontend/tools.c reads
- * back as calls whose arguments validate (the independent validator). */
+ * back as calls whose arguments validate (the independent validator).
+ * glm45: GLM-4.5's pairs, each property held to its schema (a "string" one
+ * as its text), in the schema's order, no value holding its end marker; the
+ * walks over GLM's tokenizer, whose markers are special tokens. */
 #include "structured_support.h"
 #include "tools.h"
 

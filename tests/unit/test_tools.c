@@ -1,6 +1,8 @@
 /* test_tools.c - function calling: tools, calls and results in the prompt as
  * Qwen2.5's chat template writes them, and an answer's text split into
- * content and calls, whole and as it streams. */
+ * content and calls, whole and as it streams, in both formats: hermes and
+ * GLM-4.5's glm45 (its values typed by the tools' schemas as vLLM's parser
+ * types them, streamed as a growing JSON object equal to the whole). */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdlib.h>
