@@ -482,3 +482,51 @@ Test(structured_tools, glm_walks_read_back_as_valid_calls, .timeout = 100)
     vlmd_vocab_free(v);
     vlmd_tokenizer_free(tok);
 }
+
+/* The masks over GLM's vocabulary at one point of a call: after the city pair
+ * of get_weather (unit required next), <arg_key> may come, </tool_call> and the
+ * end token may not; once unit's pair is written, both may. */
+Test(structured_tools, glm_masks_allow_the_next_pair_and_refuse_a_premature_close)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/glm4_moe/tokenizer.json", VLMD_FIXTURES_DIR);
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(path, &tok, NULL), VLMD_OK);
+    vlmd_vocab *v = NULL;
+    cr_assert_eq(vlmd_vocab_from_tokenizer(tok, &v, NULL), VLMD_OK);
+    glm_fns x;
+    glm_fns_make(&x);
+    vlmd_grammar *g = glm_grammar(x.f, 3, VLMD_TOOL_CALL_AT_NAME, false);
+    vlmd_masker *m = NULL;
+    cr_assert_eq(vlmd_masker_create(g, v, &m, NULL), VLMD_OK);
+    uint32_t key = (uint32_t)vlmd_tokenizer_find(tok, "<arg_key>");
+    uint32_t close = (uint32_t)vlmd_tokenizer_find(tok, "</tool_call>");
+    uint32_t eos = (uint32_t)vlmd_tokenizer_find(tok, "<|observation|>");
+    size_t n_words = (vlmd_vocab_size(v) + 31) / 32;
+    uint32_t *mask = calloc(n_words, sizeof *mask);
+    vlmd_mask_scratch *s = vlmd_mask_scratch_create();
+    static const char *const steps[] = {"get_weather\n" PAIR("city", "Paris"),
+                                        PAIR("unit", "\"c\"")};
+    vlmd_grammar_state st;
+    vlmd_grammar_state_init(g, &st);
+    for (int k = 0; k < 2; k++) {
+        cr_assert(vlmd_grammar_accept_bytes(g, &st, (const uint8_t *)steps[k], strlen(steps[k])));
+        cr_assert_eq(vlmd_masker_fill(m, &st, &eos, 1, mask, n_words, s, NULL), VLMD_OK);
+        bool key_ok = mask[key / 32] >> (key % 32) & 1, close_ok = mask[close / 32] >> (close % 32) & 1;
+        bool eos_ok = mask[eos / 32] >> (eos % 32) & 1;
+        cr_expect(key_ok, "step %d: <arg_key> may come", k);
+        cr_expect_eq(close_ok, k == 1, "step %d: </tool_call> %s", k, k ? "may close it" : "refused");
+        cr_expect_not(eos_ok, "step %d: the call is not complete", k);
+    }
+    cr_assert(vlmd_grammar_accept_bytes(g, &st, (const uint8_t *)"</tool_call>", 12));
+    cr_assert_eq(vlmd_masker_fill(m, &st, &eos, 1, mask, n_words, s, NULL), VLMD_OK);
+    cr_expect(mask[eos / 32] >> (eos % 32) & 1, "complete: the end token");
+    cr_expect_not(mask[key / 32] >> (key % 32) & 1, "nothing after the call (one call)");
+    free(mask);
+    vlmd_mask_scratch_free(s);
+    vlmd_masker_free(m);
+    vlmd_grammar_free(g);
+    glm_fns_free(&x);
+    vlmd_vocab_free(v);
+    vlmd_tokenizer_free(tok);
+}
