@@ -363,8 +363,8 @@ bool api_chat_render(api_chat *c, const json_t *tools_body, bool thinking,
             ok = api_fail(e, VLMD_ERR_INVALID_ARG,
                           colon && strcmp(c->param, "messages") == 0 ? where : c->param,
                           "invalid_value", "%s", err.msg);
-        } else if (st != VLMD_OK ||
-                   api_tool_answer_prefix_add(tools_body, api_tool_format(c->lim), out) != VLMD_OK) {
+        } else if (st != VLMD_OK || api_tool_answer_prefix_add(tools_body, api_tool_format(c->lim),
+                                                               out) != VLMD_OK) {
             ok = api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of "
                           "memory"); /* (a forced call ends it) */
         }
@@ -750,9 +750,9 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
         ok = tokenize_prompts(body, tok, lim, API_MAX_N / r->n, &r->prompts, &r->n_prompts, e);
     }
     bool thinking = false; /* (the prompt's rendering checked it) */
-    if (ok && chat) {
-        ok = thinking_wanted(body, &thinking, e) && api_request_answer_of(r, body, lim, thinking, e);
-    }
+    if (ok && chat)
+        ok = thinking_wanted(body, &thinking, e) &&
+             api_request_answer_of(r, body, lim, thinking, e);
     if (ok)
         ok = api_grammar_parse(body, chat, chat ? opt(body, "response_format") : NULL, false,
                                "response_format", tok, r->tool_format, r->reasoning, &r->grammar,

@@ -542,7 +542,8 @@ static vlmd_status render_inst(const vlmd_chat_family *f, const vlmd_chat_messag
             continue;
         }
         st = marker(out, " [INST] ");
-        if (st == VLMD_OK && i == first && first && (st = render_parts(f, &msgs[0], out)) == VLMD_OK)
+        bool folded = i == first && first; /* the system text, before the first user's */
+        if (st == VLMD_OK && folded && (st = render_parts(f, &msgs[0], out)) == VLMD_OK)
             st = marker(out, "\n\n");
         if (st == VLMD_OK && (st = render_parts(f, m, out)) == VLMD_OK)
             st = marker(out, " [/INST]");

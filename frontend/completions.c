@@ -100,10 +100,11 @@ void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok
     c->limits = *limits;
     c->images = *images;
     const char *stops[] = {"<|im_end|>", "<|endoftext|>"};
+    const uint32_t cap = COMPLETIONS_MAX_END_IDS;
     for (int i = 0; i < 2; i++)
-        add_id(c->stop_ids, &c->n_stop, COMPLETIONS_MAX_END_IDS, vlmd_tokenizer_find(tok, stops[i]));
+        add_id(c->stop_ids, &c->n_stop, cap, vlmd_tokenizer_find(tok, stops[i]));
     for (uint32_t i = 0; i < limits->n_end_ids; i++)
-        add_id(c->stop_ids, &c->n_stop, COMPLETIONS_MAX_END_IDS, limits->end_ids[i]);
+        add_id(c->stop_ids, &c->n_stop, cap, limits->end_ids[i]);
     /* the markers its answers are read by stay in the text where they are special (GLM's) */
     const vlmd_chat_family *f = limits->chat_family;
     const tool_format *tf = api_tool_format(limits);
