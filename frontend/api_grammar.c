@@ -7,7 +7,6 @@
 #include "structured.h"
 #include "tools.h"
 
-#define TOOL_CALL_OPEN "<tool_call>"
 #define THINK_CLOSE "</think>"
 
 static const json_t *opt(const json_t *o, const char *key)
@@ -210,13 +209,13 @@ static bool choice_is(const json_t *choice, const char *what)
     return json_is_string(choice) && strcmp(json_string_value(choice), what) == 0;
 }
 
-bool api_grammar_tools(const json_t *body, const vlmd_tokenizer *tok, bool reasoning,
-                       api_grammar *out, api_error *e)
+bool api_grammar_tools(const json_t *body, const vlmd_tokenizer *tok, const tool_format *f,
+                       bool reasoning, api_grammar *out, api_error *e)
 {
     *out = API_GRAMMAR_NONE;
     const json_t *tools = opt(body, "tools"), *choice = opt(body, "tool_choice");
-    if (json_array_size(tools) == 0 || choice_is(choice, "none"))
-        return true;
+    if (json_array_size(tools) == 0 || choice_is(choice, "none") || !f)
+        return true; /* (a family without a format refused the tools) */
     const char *named = json_string_value(json_object_get(json_object_get(choice, "function"),
                                                           "name"));
     bool required = choice_is(choice, "required");
@@ -241,28 +240,29 @@ bool api_grammar_tools(const json_t *body, const vlmd_tokenizer *tok, bool reaso
         }
     const json_t *parallel = opt(body, "parallel_tool_calls");
     const char *start = named ? "arguments" : required ? "name" : "open";
-    json_t *spec = json_pack("{s:s, s:b, s:o}", "start", start, "parallel",
-                             !json_is_false(parallel), "functions", fns);
+    json_t *spec = json_pack("{s:s, s:s, s:b, s:o}", "format", f->grammar, "start", start,
+                             "parallel", !json_is_false(parallel), "functions", fns);
     char *text = spec ? json_dumps(spec, JSON_COMPACT) : NULL;
     json_decref(spec);
     if (!compile_check(VLMD_GRAMMAR_TOOL_CALLS, text, text ? strlen(text) : 0, "tools", out, e))
         return false;
     if (!named && !required) { /* strict tools under auto: from the model's own <tool_call> */
-        out->trigger = vlmd_tokenizer_find(tok, TOOL_CALL_OPEN);
+        out->trigger = vlmd_tokenizer_find(tok, f->call_open);
         out->trigger_after = reasoning ? vlmd_tokenizer_find(tok, THINK_CLOSE) : -1;
         if (out->trigger < 0 || (reasoning && out->trigger_after < 0)) {
             api_grammar_free(out);
             return api_fail(e, VLMD_ERR_INVALID_ARG, "tools", "invalid_value",
-                            "'strict' tools need the model's '" TOOL_CALL_OPEN "' token, which "
-                            "this tokenizer does not have");
+                            "'strict' tools need the model's '%s' token, which this tokenizer "
+                            "does not have", f->call_open);
         }
     }
     return true;
 }
 
 bool api_grammar_parse(const json_t *body, bool chat, const json_t *format_v, bool flat,
-                       const char *format_param, const vlmd_tokenizer *tok, bool reasoning,
-                       api_grammar *out, api_error *e)
+                       const char *format_param, const vlmd_tokenizer *tok,
+                       const tool_format *tools_format, bool reasoning, api_grammar *out,
+                       api_error *e)
 {
     api_grammar format = API_GRAMMAR_NONE, vllm = API_GRAMMAR_NONE, tools = API_GRAMMAR_NONE;
     *out = API_GRAMMAR_NONE;
@@ -274,7 +274,7 @@ bool api_grammar_parse(const json_t *body, bool chat, const json_t *format_v, bo
                       "structured_outputs / guided_* both constrain the output: give one",
                       format_param);
     if (ok && chat)
-        ok = api_grammar_tools(body, tok, reasoning, &tools, e);
+        ok = api_grammar_tools(body, tok, tools_format, reasoning, &tools, e);
     bool answer_format = format.kind != VLMD_GRAMMAR_NONE || vllm.kind != VLMD_GRAMMAR_NONE;
     if (ok && answer_format && tools.trigger >= 0)
         api_grammar_free(&tools); /* strict tools under auto: the answer's format wins */

@@ -22,6 +22,7 @@
 #include "api_error.h"
 #include "proto.h"
 #include "tokenizer.h"
+#include "tools.h"
 
 typedef struct api_grammar {
     vlmd_grammar_kind kind;         /* NONE: free text */
@@ -50,21 +51,24 @@ bool api_grammar_format(const json_t *v, bool flat, const char *param, api_gramm
  * them, and one key of structured_outputs; none: out NONE). */
 bool api_grammar_vllm(const json_t *body, api_grammar *out, api_error *e);
 
-/* Tool calls held to their schemas (none asked: out NONE). tools and
- * tool_choice were checked already (tools.h). A forced call starts where
- * tools.c's prompt prefix leaves it; strict tools under "auto" start at
- * the "<tool_call>" token, counted after "</think>" when reasoning. */
-bool api_grammar_tools(const json_t *body, const vlmd_tokenizer *tok, bool reasoning,
-                       api_grammar *out, api_error *e);
+/* Tool calls held to their schemas, in format f's shape (none asked: out
+ * NONE). tools and tool_choice were checked already (tools.h). A forced
+ * call starts where tools.c's prompt prefix leaves it; strict tools under
+ * "auto" start at the format's call_open token ("<tool_call>"), counted
+ * after "</think>" when reasoning. */
+bool api_grammar_tools(const json_t *body, const vlmd_tokenizer *tok, const tool_format *f,
+                       bool reasoning, api_grammar *out, api_error *e);
 
 /* All of a request's grammar fields: at most one source (the answer's format
  * format_v, read as api_grammar_format reads it with flat and format_param
  * (chat's response_format, the Responses API's text.format; NULL: none);
  * body's structured_outputs / guided_*; or, when chat, body's held tool
- * calls); a JSON answer of a thinking model starts after "</think>". */
+ * calls, in tools_format's shape); a JSON answer of a thinking model
+ * starts after "</think>". */
 bool api_grammar_parse(const json_t *body, bool chat, const json_t *format_v, bool flat,
-                       const char *format_param, const vlmd_tokenizer *tok, bool reasoning,
-                       api_grammar *out, api_error *e);
+                       const char *format_param, const vlmd_tokenizer *tok,
+                       const tool_format *tools_format, bool reasoning, api_grammar *out,
+                       api_error *e);
 
 void api_grammar_free(api_grammar *g);  /* leaves it NONE */
 

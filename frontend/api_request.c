@@ -321,11 +321,21 @@ bool api_chat_reasoning(api_chat *c, const char *text, size_t len, const char *p
     return text_fits(c->lim, c->text_bytes, c->param, e);
 }
 
+const tool_format *api_tool_format(const api_limits *lim)
+{
+    return lim->chat_family ? lim->chat_family->tools : &tool_format_hermes;
+}
+
+bool api_request_reasons(const vlmd_chat_family *f, bool thinking, bool call_forced)
+{
+    return f && !call_forced && (f->opens_think || (f->think_switch && thinking));
+}
+
 bool api_chat_render(api_chat *c, const json_t *tools_body, bool thinking,
                      vlmd_prompt_text *out, api_error *e)
 {
     vlmd_prompt_text tools = VLMD_PROMPT_TEXT_INIT;
-    bool ok = api_tools_parse(tools_body, &tools, e);
+    bool ok = api_tools_parse(tools_body, c->lim->chat_family, &tools, e);
     if (ok && tools.n_pieces)
         ok = text_fits(c->lim, c->text_bytes + tools.text.len, "tools", e);
     vlmd_chat_message *msgs = ok ? calloc(c->n_turns ? c->n_turns : 1, sizeof *msgs) : NULL;
@@ -353,7 +363,8 @@ bool api_chat_render(api_chat *c, const json_t *tools_body, bool thinking,
             ok = api_fail(e, VLMD_ERR_INVALID_ARG,
                           colon && strcmp(c->param, "messages") == 0 ? where : c->param,
                           "invalid_value", "%s", err.msg);
-        } else if (st != VLMD_OK || api_tool_answer_prefix_add(tools_body, out) != VLMD_OK) {
+        } else if (st != VLMD_OK || api_tool_answer_prefix_add(tools_body, api_tool_format(c->lim),
+                                                               out) != VLMD_OK) {
             ok = api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of "
                           "memory"); /* (a forced call ends it) */
         }
@@ -467,7 +478,7 @@ static bool chat_message(const json_t *m, size_t i, api_chat *c, api_error *e)
     return true;
 }
 
-/* messages -> the ChatML prompt's pieces (and the images, in order). */
+/* messages -> the prompt's pieces (and the images, in order). */
 static bool render_chat(const json_t *body, const api_limits *lim, vlmd_prompt_text *text,
                         api_image **images, uint32_t *n_images, api_error *e)
 {
@@ -546,6 +557,12 @@ static bool tokenize_prompts(const json_t *body, const vlmd_tokenizer *tok, cons
                         e))
             return false;
     return true;
+}
+
+bool api_chat_prompt(const json_t *body, const api_limits *lim, vlmd_prompt_text *out,
+                     api_error *e)
+{
+    return render_chat(body, lim, out, NULL, NULL, e);
 }
 
 bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
@@ -717,7 +734,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     }
     r->n = (uint32_t)n;
     r->tools = chat && api_tools_active(body);
-    r->answer_prefix = chat ? api_tool_answer_prefix(body) : NULL;
+    r->answer_prefix = chat ? api_tool_answer_prefix(body, api_tool_format(lim)) : NULL;
     r->min_tokens = (uint32_t)min_tokens;
     r->sampling.top_k = (int32_t)top_k;
     r->sampling.has_seed = seed_given;
@@ -733,13 +750,13 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
         ok = tokenize_prompts(body, tok, lim, API_MAX_N / r->n, &r->prompts, &r->n_prompts, e);
     }
     bool thinking = false; /* (the prompt's rendering checked it) */
-    const vlmd_chat_family *f = lim->chat_family;
-    r->reasoning = ok && chat && f && !r->answer_prefix &&
-                   (f->opens_think ||
-                    (f->think_switch && thinking_wanted(body, &thinking, e) && thinking));
+    if (ok && chat)
+        ok = thinking_wanted(body, &thinking, e) &&
+             api_request_answer_of(r, body, lim, thinking, e);
     if (ok)
         ok = api_grammar_parse(body, chat, chat ? opt(body, "response_format") : NULL, false,
-                               "response_format", tok, r->reasoning, &r->grammar, e);
+                               "response_format", tok, r->tool_format, r->reasoning, &r->grammar,
+                               e);
     if (ok && r->grammar.kind && r->ignore_eos)
         ok = api_fail(e, VLMD_ERR_INVALID_ARG, "ignore_eos", "invalid_value", "'ignore_eos' and "
                       "a constrained output together: the grammar decides where the output ends");
@@ -754,6 +771,19 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     if (!ok)
         api_request_free(r);
     return ok;
+}
+
+bool api_request_answer_of(api_request *r, const json_t *tools_body, const api_limits *lim,
+                           bool thinking, api_error *e)
+{
+    const vlmd_chat_family *f = lim->chat_family;
+    r->reasoning = api_request_reasons(f, thinking, r->answer_prefix != NULL);
+    r->reasoning_optional = r->reasoning && f->think_optional;
+    r->tool_format = api_tool_format(lim);
+    if (!r->tools || !r->tool_format)
+        return true;
+    r->tool_schemas = json_deep_copy(json_object_get(tools_body, "tools"));
+    return r->tool_schemas ? true : api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
 }
 
 bool api_model_check(const json_t *body, const api_limits *lim, api_error *e)
@@ -847,8 +877,39 @@ void api_request_free(api_request *r)
     r->logit_bias = NULL;
     free(r->answer_prefix);
     r->answer_prefix = NULL;
+    json_decref(r->tool_schemas);
+    r->tool_schemas = NULL;
     r->n_logit_bias = 0;
     api_grammar_free(&r->grammar);
+}
+
+static void add_end_id(api_limits *lim, int64_t id, uint32_t vocab)
+{
+    if (id < 0 || id >= vocab || lim->n_end_ids == VLMD_MAX_EOS)
+        return;
+    for (uint32_t i = 0; i < lim->n_end_ids; i++)
+        if (lim->end_ids[i] == (uint32_t)id)
+            return;
+    lim->end_ids[lim->n_end_ids++] = (uint32_t)id;
+}
+
+void api_end_tokens(const char *model_dir, const vlmd_model_config *mc, uint32_t vocab,
+                    api_limits *lim)
+{
+    lim->n_end_ids = 0;
+    for (int i = 0; mc && i < mc->text.n_eos; i++)
+        add_end_id(lim, mc->text.eos_ids[i], vocab);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", model_dir);
+    json_t *g = json_load_file(path, 0, NULL);
+    const json_t *eos = json_object_get(g, "eos_token_id"), *v;
+    size_t i;
+    if (json_is_integer(eos))
+        add_end_id(lim, json_integer_value(eos), vocab);
+    json_array_foreach(eos, i, v)
+        if (json_is_integer(v))
+            add_end_id(lim, json_integer_value(v), vocab);
+    json_decref(g);
 }
 
 void api_sampling_defaults(const char *model_dir, vlmd_sampling *out)

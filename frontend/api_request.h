@@ -15,8 +15,10 @@
 #include "api_grammar.h"
 #include "chat_template.h"
 #include "image_input.h"
+#include "model_config.h"
 #include "proto.h"
 #include "tokenizer.h"
+#include "tools.h"
 
 #define API_MAX_N 128          /* choices per request (OpenAI's limit) */
 #define API_MAX_STOPS 4
@@ -39,6 +41,8 @@ typedef struct api_limits {
     uint64_t max_prompt_bytes; /* --max-prompt-bytes: text before tokenizing (0: no limit) */
     uint32_t max_output_tokens; /* --max-output-tokens (0: the model's room) */
     const vlmd_chat_family *chat_family; /* the model's chat template; NULL: qwen2 */
+    uint32_t end_ids[VLMD_MAX_EOS]; /* the model's end tokens (api_end_tokens) */
+    uint32_t n_end_ids;
 } api_limits;
 
 typedef struct api_request {
@@ -48,8 +52,14 @@ typedef struct api_request {
     bool ignore_eos;                /* generate past end-of-sequence (benchmarks; vLLM's extension) */
     uint32_t n;                     /* choices per prompt, each its own engine request */
     bool tools;                     /* the model may call tools: its text is parsed (tools.h) */
+    const tool_format *tool_format; /* chat: how the model writes calls (its family's) */
+    json_t *tool_schemas;           /* owned (tools): a copy of the request's tools, whose
+                                     * schemas type the values of a glm45 call */
     bool reasoning;                 /* the answer starts with reasoning (the model thinks):
                                      * up to </think> it is reasoning_content */
+    bool reasoning_optional;        /* reasoning, but the model may answer without a think
+                                     * block (GLM): one that does not open with <think> is
+                                     * all content */
     char *answer_prefix;            /* owned: a forced call's start, which ends the prompt */
     vlmd_tokens *prompts;           /* owned: chat's one, or completions' (a list of several) */
     uint32_t n_prompts;
@@ -103,6 +113,11 @@ bool api_prompt_tokens(const json_t *body, bool chat, const vlmd_tokenizer *tok,
                        const api_limits *lim, vlmd_tokens *out, api_image **images,
                        uint32_t *n_images, api_error *e);
 
+/* The prompt of a chat body as text, before tokenizing: what api_prompt_tokens
+ * tokenizes for it (images refused). out (empty) is the caller's. */
+bool api_chat_prompt(const json_t *body, const api_limits *lim, vlmd_prompt_text *out,
+                     api_error *e);
+
 /* ---- parts shared with the Responses API (responses.h) ---------------------------- */
 
 /* The chat of a request being built turn by turn (from chat messages, or
@@ -147,6 +162,26 @@ bool api_chat_reasoning(api_chat *c, const char *text, size_t len, const char *p
  * "tool_choice"; tools.h) and thinking on or off. */
 bool api_chat_render(api_chat *c, const json_t *tools_body, bool thinking,
                      vlmd_prompt_text *out, api_error *e);
+
+/* The tool-call format of lim's family (qwen2's hermes when none; NULL: it
+ * has none). */
+const tool_format *api_tool_format(const api_limits *lim);
+/* Whether a request's answer is read for reasoning: a family that thinks
+ * (its generation prompt opens the block, or its switch is on), unless a
+ * call is forced (the prompt then closes the block). */
+bool api_request_reasons(const vlmd_chat_family *f, bool thinking, bool call_forced);
+/* How r's answer is read, once r->tools and r->answer_prefix are set:
+ * reasoning (api_request_reasons, thinking as the request says), the tool
+ * format, and (tools) a copy of tools_body's tools. False only when out
+ * of memory. */
+bool api_request_answer_of(api_request *r, const json_t *tools_body, const api_limits *lim,
+                           bool thinking, api_error *e);
+
+/* The model's end tokens: config.json's eos_token_id (every id it lists:
+ * mc's) and generation_config.json's in model_dir (an id or a list), each
+ * once, at most VLMD_MAX_EOS; ids outside the vocabulary are left out. */
+void api_end_tokens(const char *model_dir, const vlmd_model_config *mc, uint32_t vocab,
+                    api_limits *lim);
 
 /* Optional fields of a body: absent or null keeps *out (the default);
  * else type and range are checked, a failure naming key. */

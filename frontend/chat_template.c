@@ -1,9 +1,10 @@
-/* chat_template.c - the Qwen families' chat templates (see chat_template.h).
- * One renderer reads a family's table entry; what a family does differently
- * is a field there, not a branch on its name. What the template writes
- * itself (markers, roles, the default system prompt, the frame of a think
- * block, a call or a result) is a trusted piece of the prompt; every text a
- * request brought is an untrusted one, whose special tokens stay text. */
+/* chat_template.c - the families' chat templates (see chat_template.h).
+ * Three dialects write prompts (ChatML, GLM's, [INST]); each reads its
+ * family's table entry, so what a family of a dialect does differently is a
+ * field there, not a branch on its name. What the template writes itself
+ * (markers, roles, the default system prompt, the frame of a think block, a
+ * call or a result) is a trusted piece of the prompt; every text a request
+ * brought is an untrusted one, whose special tokens stay text. */
 #include "chat_template.h"
 
 #include <stdio.h>
@@ -12,37 +13,63 @@
 
 #include <jansson.h>
 
+#include "pyjson.h"
+#include "tools.h"
+
 #define ARCH(a) (1u << (a))
 #define QWEN25_SYSTEM_PROMPT "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+#define VISION_SLOT "<|vision_start|><|image_pad|><|vision_end|>"
+
+static vlmd_status render_chatml(const vlmd_chat_family *f, const vlmd_chat_message *msgs,
+                                 size_t n, const vlmd_chat_options *opt, vlmd_prompt_text *out,
+                                 vlmd_error *err);
+static vlmd_status render_glm(const vlmd_chat_family *f, const vlmd_chat_message *msgs, size_t n,
+                              const vlmd_chat_options *opt, vlmd_prompt_text *out,
+                              vlmd_error *err);
+static vlmd_status render_inst(const vlmd_chat_family *f, const vlmd_chat_message *msgs, size_t n,
+                               const vlmd_chat_options *opt, vlmd_prompt_text *out,
+                               vlmd_error *err);
 
 /* Checked in this order: a template is the first family whose signature it
  * holds (Qwen2's default system prompt is in no Qwen3 template, but in
  * Qwen2.5's longer one; the vision slot is in Qwen2-VL's too, which has that
- * prompt). */
+ * prompt). GLM's and Mixtral's signatures are in no other's. */
 #define OPENS_THINK "'<|im_start|>assistant\\n<think>\\n'" /* a Thinking model's template */
+#define CHATML .render = render_chatml, .tools = &tool_format_hermes, .image_slot = VISION_SLOT
 static const vlmd_chat_family families[] = {
-    {.name = "qwen3", .default_system = NULL, .part_separator = "\n", .thinking = true,
+    {.name = "qwen3", CHATML, .default_system = NULL, .part_separator = "\n", .thinking = true,
      .think_switch = true, .later_system = true,
      .signature = {"enable_thinking", "<think>\\n\\n</think>\\n\\n"},
      .arches = ARCH(VLMD_ARCH_QWEN3) | ARCH(VLMD_ARCH_QWEN3_MOE)},
-    {.name = "qwen3_vl_thinking", .default_system = NULL, .part_separator = "", .thinking = true,
-     .opens_think = true, .later_system = false,
-     .signature = {"<|vision_start|><|image_pad|><|vision_end|>", OPENS_THINK}, .arches = 0},
-    {.name = "qwen3_thinking", .default_system = NULL, .part_separator = "\n", .thinking = true,
-     .opens_think = true, .later_system = true, .signature = {OPENS_THINK}, .arches = 0},
+    {.name = "qwen3_vl_thinking", CHATML, .default_system = NULL, .part_separator = "",
+     .thinking = true, .opens_think = true, .later_system = false,
+     .signature = {VISION_SLOT, OPENS_THINK}, .arches = 0},
+    {.name = "qwen3_thinking", CHATML, .default_system = NULL, .part_separator = "\n",
+     .thinking = true, .opens_think = true, .later_system = true, .signature = {OPENS_THINK},
+     .arches = 0},
     /* Qwen3-2507 Instruct's: Qwen3's handling of earlier reasoning, no switch */
-    {.name = "qwen3_instruct", .default_system = NULL, .part_separator = "\n", .thinking = true,
-     .later_system = true, .signature = {"reasoning_content", "<|im_start|>"}, .arches = 0},
-    {.name = "qwen2_5", .default_system = QWEN25_SYSTEM_PROMPT, .part_separator = "\n",
+    {.name = "qwen3_instruct", CHATML, .default_system = NULL, .part_separator = "\n",
+     .thinking = true, .later_system = true, .signature = {"reasoning_content", "<|im_start|>"},
+     .arches = 0},
+    {.name = "qwen2_5", CHATML, .default_system = QWEN25_SYSTEM_PROMPT, .part_separator = "\n",
      .thinking = false, .later_system = true, .signature = {QWEN25_SYSTEM_PROMPT},
      .arches = 0}, /* Qwen2.5's text models: their architecture is Qwen2's */
-    {.name = "qwen2", .default_system = VLMD_DEFAULT_SYSTEM_PROMPT, .part_separator = "",
+    {.name = "qwen2", CHATML, .default_system = VLMD_DEFAULT_SYSTEM_PROMPT, .part_separator = "",
      .thinking = false, .later_system = true,
      .signature = {"<|im_start|>", VLMD_DEFAULT_SYSTEM_PROMPT},
      .arches = ARCH(VLMD_ARCH_QWEN2) | ARCH(VLMD_ARCH_QWEN2_VL) | ARCH(VLMD_ARCH_QWEN2_5_VL)},
-    {.name = "qwen3_vl", .default_system = NULL, .part_separator = "", .thinking = false,
-     .later_system = false, .signature = {"<|vision_start|><|image_pad|><|vision_end|>"},
+    {.name = "qwen3_vl", CHATML, .default_system = NULL, .part_separator = "", .thinking = false,
+     .later_system = false, .signature = {VISION_SLOT},
      .arches = ARCH(VLMD_ARCH_QWEN3_VL) | ARCH(VLMD_ARCH_QWEN3_VL_MOE)},
+    /* GLM-4.5-Air's and GLM-4.6's (visible_text joins a turn's parts as they are) */
+    {.name = "glm4_5", .render = render_glm, .tools = &tool_format_glm45, .image_slot = NULL,
+     .part_separator = "", .thinking = true, .think_switch = true, .think_optional = true,
+     .later_system = true, .signature = {"[gMASK]<sop>", "<arg_key>"},
+     .arches = ARCH(VLMD_ARCH_GLM4_MOE)},
+    /* Mixtral-8x7B-Instruct-v0.1's (message['content'] is one string: parts joined by "\n") */
+    {.name = "mixtral", .render = render_inst, .tools = NULL, .image_slot = NULL,
+     .part_separator = "\n", .signature = {"' [INST] '", "' [/INST]'"},
+     .arches = ARCH(VLMD_ARCH_MIXTRAL)},
 };
 #define N_FAMILIES (sizeof families / sizeof families[0])
 #define QWEN2 vlmd_chat_family_find("qwen2")
@@ -63,7 +90,8 @@ const vlmd_chat_family *vlmd_chat_family_find(const char *name)
  * named "default" of a list of {name, template}. Owned; NULL when none. */
 static char *json_template(const char *path)
 {
-    json_t *j = json_load_file(path, 0, NULL);
+    json_t *j = json_load_file(path, JSON_DECODE_INT_AS_REAL, NULL); /* (Mixtral's
+                                                   * model_max_length is 1e30: no int64) */
     const json_t *t = json_object_get(j, "chat_template");
     for (size_t i = 0; json_is_array(t) && i < json_array_size(t); i++) {
         const json_t *e = json_array_get(t, i);
@@ -125,7 +153,7 @@ const vlmd_chat_family *vlmd_chat_family_for_model(const char *dir, vlmd_arch ar
     return QWEN2;
 }
 
-/* ---- writing the prompt ------------------------------------------------------- */
+/* ---- writing the prompt: what every dialect uses ----------------------------------- */
 
 /* Written by the template: its special tokens are ids. */
 static vlmd_status marker(vlmd_prompt_text *out, const char *s)
@@ -150,12 +178,14 @@ static bool role_known(const vlmd_chat_message *m)
            role_is(m, "tool");
 }
 
-static vlmd_status image_misplaced(const vlmd_chat_message *m, size_t i, vlmd_error *err)
+static vlmd_status image_misplaced(const vlmd_chat_family *f, const vlmd_chat_message *m,
+                                   size_t i, vlmd_error *err)
 {
     for (size_t k = 0; k < m->n_parts; k++)
-        if (m->parts[k].kind == VLMD_CHAT_IMAGE && !role_is(m, "user"))
-            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages[%zu].content[%zu]: images "
-                               "are only allowed in user messages", i, k);
+        if (m->parts[k].kind == VLMD_CHAT_IMAGE && (!f->image_slot || !role_is(m, "user")))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages[%zu].content[%zu]: %s", i, k,
+                               f->image_slot ? "images are only allowed in user messages"
+                                             : "this model's template has no place for images");
     return VLMD_OK;
 }
 
@@ -169,7 +199,7 @@ static vlmd_status render_parts(const vlmd_chat_family *f, const vlmd_chat_messa
         if (st == VLMD_OK && m->parts[k].kind == VLMD_CHAT_TEXT)
             st = text(out, m->parts[k].text, m->parts[k].len);
         else if (st == VLMD_OK)
-            st = marker(out, "<|vision_start|><|image_pad|><|vision_end|>");
+            st = marker(out, f->image_slot);
     }
     return st;
 }
@@ -207,6 +237,16 @@ static slice rstrip_nl(slice x)
     return x;
 }
 
+/* Python's str.strip(): its whitespace at both ends. */
+static slice strip(slice x)
+{
+    size_t lead = py_space_prefix(x.s, x.len);
+    x.s += lead;
+    x.len -= lead;
+    x.len -= py_space_suffix(x.s, x.len);
+    return x;
+}
+
 static const char *find_last(slice x, const char *needle)
 {
     size_t n = strlen(needle);
@@ -216,8 +256,8 @@ static const char *find_last(slice x, const char *needle)
     return NULL;
 }
 
-/* Qwen3's template splits an assistant turn's text into reasoning and
- * content when it holds </think> and no reasoning_content came with it:
+/* Qwen3's and GLM's templates split an assistant turn's text into reasoning
+ * and content when it holds </think> and no reasoning_content came with it:
  * reasoning = text.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n'),
  * content = text.split('</think>')[-1].lstrip('\n'). */
 static void split_think(slice all, slice *reasoning, slice *content)
@@ -234,16 +274,28 @@ static void split_think(slice all, slice *reasoning, slice *content)
     *content = lstrip_nl((slice){last + 8, all.len - (size_t)(last + 8 - all.s)});
 }
 
-static vlmd_status render_call(const vlmd_chat_tool_call *c, vlmd_prompt_text *out)
+/* An assistant turn's reasoning (its reasoning_content, else its text's think
+ * part) and content; content's slice points into *all (the caller frees it). */
+static vlmd_status assistant_parts(const vlmd_chat_family *f, const vlmd_chat_message *m,
+                                   vlmd_buf *all, slice *reasoning, slice *content)
 {
-    vlmd_status st;
-    if ((st = marker(out, "<tool_call>\n{\"name\": \"")) == VLMD_OK &&
-        (st = text(out, c->name, strlen(c->name))) == VLMD_OK &&
-        (st = marker(out, "\", \"arguments\": ")) == VLMD_OK &&
-        (st = text(out, c->arguments, strlen(c->arguments))) == VLMD_OK)
-        st = marker(out, "}\n</tool_call>");
+    vlmd_status st = joined(f, m, all);
+    *content = (slice){all->data, all->len};
+    *reasoning = (slice){"", 0};
+    if (m->reasoning)
+        *reasoning = (slice){m->reasoning, m->reasoning_len};
+    else
+        split_think(*content, reasoning, content);
     return st;
 }
+
+static vlmd_status write_call(const vlmd_chat_family *f, const vlmd_chat_tool_call *c,
+                              vlmd_prompt_text *out)
+{
+    return f->tools->write_call(c, out);
+}
+
+/* ---- ChatML: the Qwen families ------------------------------------------------------- */
 
 /* An assistant turn: its text (a thinking family's think part kept only after
  * the last user query), then each call, separated by "\n". */
@@ -254,16 +306,13 @@ static vlmd_status render_assistant(const vlmd_chat_family *f, const vlmd_chat_m
     vlmd_buf all = VLMD_BUF_INIT;
     vlmd_status st = marker(out, "<|im_start|>assistant\n");
     bool has_content = false;
+    slice content, reasoning;
     if (st == VLMD_OK && !f->thinking) {
         for (size_t k = 0; k < m->n_parts; k++)
             has_content = has_content || m->parts[k].len > 0;
         st = render_parts(f, m, out);
-    } else if (st == VLMD_OK && (st = joined(f, m, &all)) == VLMD_OK) {
-        slice content = {all.data, all.len}, reasoning = {"", 0};
-        if (m->reasoning)
-            reasoning = (slice){m->reasoning, m->reasoning_len};
-        else
-            split_think(content, &reasoning, &content);
+    } else if (st == VLMD_OK &&
+               (st = assistant_parts(f, m, &all, &reasoning, &content)) == VLMD_OK) {
         has_content = content.len > 0;
         /* the last turn gets its think block even when empty, where the model thinks
          * (Qwen3-2507 Instruct's template writes one only for reasoning) */
@@ -281,7 +330,7 @@ static vlmd_status render_assistant(const vlmd_chat_family *f, const vlmd_chat_m
     vlmd_buf_free(&all);
     for (size_t k = 0; k < m->n_tool_calls && st == VLMD_OK; k++)
         if ((k == 0 && !has_content) || (st = marker(out, "\n")) == VLMD_OK)
-            st = render_call(&m->tool_calls[k], out);
+            st = write_call(f, &m->tool_calls[k], out);
     return st == VLMD_OK ? marker(out, "<|im_end|>\n") : st;
 }
 
@@ -329,19 +378,11 @@ static vlmd_status render_system(const vlmd_chat_family *f, const vlmd_chat_mess
     return st == VLMD_OK ? marker(out, "<|im_end|>\n") : st;
 }
 
-vlmd_status vlmd_chat_render_with(const vlmd_chat_message *msgs, size_t n,
-                                  const vlmd_chat_options *opt, vlmd_prompt_text *out,
-                                  vlmd_error *err)
+static vlmd_status render_chatml(const vlmd_chat_family *f, const vlmd_chat_message *msgs,
+                                 size_t n, const vlmd_chat_options *opt, vlmd_prompt_text *out,
+                                 vlmd_error *err)
 {
-    const vlmd_chat_family *f = opt->family ? opt->family : QWEN2;
-    for (size_t i = 0; i < n; i++) {
-        if (!role_known(&msgs[i]))
-            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages[%zu].role: '%s' is not "
-                               "system, user, assistant or tool", i, msgs[i].role);
-        vlmd_status st = image_misplaced(&msgs[i], i, err);
-        if (st != VLMD_OK)
-            return st;
-    }
+    (void)err;
     vlmd_status st = render_system(f, msgs, n, opt->tools, out);
     size_t last_query = f->thinking && st == VLMD_OK ? last_user_query(f, msgs, n, &st) : 0;
     for (size_t i = n > 0 && role_is(&msgs[0], "system") ? 1 : 0; i < n && st == VLMD_OK; i++) {
@@ -369,6 +410,165 @@ vlmd_status vlmd_chat_render_with(const vlmd_chat_message *msgs, size_t n,
         st = marker(out, "<think>\n\n</think>\n\n");
     if (st == VLMD_OK && opt->add_generation_prompt && f->opens_think)
         st = marker(out, opt->call_forced ? "<think>\n\n</think>\n\n" : "<think>\n");
+    return st;
+}
+
+/* ---- GLM's: GLM-4.5, 4.6 ----------------------------------------------------------- */
+
+#define NOTHINK "/nothink"
+
+/* A user turn: its text, then /nothink when thinking is off and the text
+ * does not end with it already. A /nothink the text ends with is written as
+ * the template's token (GLM's own per-turn switch; it can end no turn). */
+static vlmd_status glm_user(const vlmd_chat_family *f, const vlmd_chat_message *m, bool thinking,
+                            vlmd_prompt_text *out)
+{
+    vlmd_buf all = VLMD_BUF_INIT;
+    vlmd_status st = joined(f, m, &all);
+    const size_t k = strlen(NOTHINK);
+    bool ends = all.len >= k && memcmp(all.data + all.len - k, NOTHINK, k) == 0;
+    if (st == VLMD_OK && (st = marker(out, "<|user|>\n")) == VLMD_OK)
+        st = text(out, all.data, ends ? all.len - k : all.len);
+    if (st == VLMD_OK && (ends || !thinking))
+        st = marker(out, NOTHINK);
+    vlmd_buf_free(&all);
+    return st;
+}
+
+/* An assistant turn: \n<think>R</think> with its reasoning kept only after
+ * the last user turn (else empty), \nCONTENT when it has some, then each
+ * call as \n<tool_call>...; reasoning and content stripped. */
+static vlmd_status glm_assistant(const vlmd_chat_family *f, const vlmd_chat_message *m,
+                                 bool keep_reasoning, vlmd_prompt_text *out)
+{
+    vlmd_buf all = VLMD_BUF_INIT;
+    slice reasoning, content;
+    vlmd_status st = assistant_parts(f, m, &all, &reasoning, &content);
+    if (st == VLMD_OK)
+        st = marker(out, "<|assistant|>");
+    if (st == VLMD_OK && keep_reasoning && reasoning.len > 0) {
+        slice r = strip(reasoning);
+        if ((st = marker(out, "\n<think>")) == VLMD_OK && (st = text(out, r.s, r.len)) == VLMD_OK)
+            st = marker(out, "</think>");
+    } else if (st == VLMD_OK) {
+        st = marker(out, "\n<think></think>");
+    }
+    content = strip(content);
+    if (st == VLMD_OK && content.len > 0 && (st = marker(out, "\n")) == VLMD_OK)
+        st = text(out, content.s, content.len);
+    for (size_t k = 0; k < m->n_tool_calls && st == VLMD_OK; k++)
+        if ((st = marker(out, "\n")) == VLMD_OK)
+            st = write_call(f, &m->tool_calls[k], out);
+    vlmd_buf_free(&all);
+    return st;
+}
+
+/* [gMASK]<sop>, the tools as a system turn, then each message as its role's
+ * marker, "\n" and its text (no end token); consecutive tool results share
+ * one <|observation|>, each a <tool_response> block; the generation prompt
+ * is <|assistant|>, closing an empty think block when thinking is off or a
+ * call is forced (the call then starts on the next line). */
+static vlmd_status render_glm(const vlmd_chat_family *f, const vlmd_chat_message *msgs, size_t n,
+                              const vlmd_chat_options *opt, vlmd_prompt_text *out,
+                              vlmd_error *err)
+{
+    (void)err;
+    vlmd_status st = marker(out, "[gMASK]<sop>");
+    if (st == VLMD_OK && opt->tools && (st = marker(out, "<|system|>\n")) == VLMD_OK)
+        st = vlmd_prompt_append(out, opt->tools);
+    size_t last_user = SIZE_MAX; /* none: every assistant turn is after it */
+    for (size_t i = 0; i < n; i++)
+        if (role_is(&msgs[i], "user"))
+            last_user = i;
+    for (size_t i = 0; i < n && st == VLMD_OK; i++) {
+        const vlmd_chat_message *m = &msgs[i];
+        if (role_is(m, "user")) {
+            st = glm_user(f, m, opt->enable_thinking, out);
+        } else if (role_is(m, "assistant")) {
+            st = glm_assistant(f, m, last_user == SIZE_MAX || i > last_user, out);
+        } else if (role_is(m, "tool")) {
+            if (i == 0 || !role_is(&msgs[i - 1], "tool"))
+                st = marker(out, "<|observation|>");
+            if (st == VLMD_OK && (st = marker(out, "\n<tool_response>\n")) == VLMD_OK &&
+                (st = render_parts(f, m, out)) == VLMD_OK)
+                st = marker(out, "\n</tool_response>");
+        } else if ((st = marker(out, "<|system|>\n")) == VLMD_OK) {
+            st = render_parts(f, m, out);
+        }
+    }
+    if (st == VLMD_OK && opt->add_generation_prompt)
+        st = marker(out, "<|assistant|>");
+    if (st == VLMD_OK && opt->add_generation_prompt && (!opt->enable_thinking || opt->call_forced))
+        st = marker(out, "\n<think></think>");
+    if (st == VLMD_OK && opt->add_generation_prompt && opt->call_forced)
+        st = marker(out, "\n");
+    return st;
+}
+
+/* ---- [INST]: Mixtral-8x7B-Instruct -------------------------------------------------- */
+
+/* <s>, then the turns after an optional first system message, which must
+ * alternate user, assistant, user, ... (the template raises otherwise):
+ * " [INST] TEXT [/INST]" (the first with the system text and "\n\n" before
+ * its own) and " TEXT</s>"; nothing for the generation prompt. */
+static vlmd_status render_inst(const vlmd_chat_family *f, const vlmd_chat_message *msgs, size_t n,
+                               const vlmd_chat_options *opt, vlmd_prompt_text *out,
+                               vlmd_error *err)
+{
+    (void)opt;
+    size_t first = n > 0 && role_is(&msgs[0], "system") ? 1 : 0;
+    for (size_t i = first; i < n; i++) {
+        const vlmd_chat_message *m = &msgs[i];
+        bool user = role_is(m, "user"), turn_of_user = (i - first) % 2 == 0;
+        if (user != turn_of_user)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages: after an optional first "
+                               "system message, roles must alternate user, assistant, user, ... "
+                               "(this model's template raises otherwise); messages[%zu] is %s "
+                               "where %s is due", i, m->role, turn_of_user ? "user" : "assistant");
+        if (!user && !role_is(m, "assistant"))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages[%zu].role: this model's "
+                               "template has only user and assistant turns (and a first system "
+                               "message), not '%s'", i, m->role);
+        if (m->n_tool_calls)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages[%zu].tool_calls: this "
+                               "model's template writes no calls", i);
+    }
+    vlmd_status st = marker(out, "<s>");
+    for (size_t i = first; i < n && st == VLMD_OK; i++) {
+        const vlmd_chat_message *m = &msgs[i];
+        if (role_is(m, "assistant")) {
+            if ((st = marker(out, " ")) == VLMD_OK && (st = render_parts(f, m, out)) == VLMD_OK)
+                st = marker(out, "</s>");
+            continue;
+        }
+        st = marker(out, " [INST] ");
+        bool folded = i == first && first; /* the system text, before the first user's */
+        if (st == VLMD_OK && folded && (st = render_parts(f, &msgs[0], out)) == VLMD_OK)
+            st = marker(out, "\n\n");
+        if (st == VLMD_OK && (st = render_parts(f, m, out)) == VLMD_OK)
+            st = marker(out, " [/INST]");
+    }
+    return st;
+}
+
+/* ---- the entry points ------------------------------------------------------------------ */
+
+vlmd_status vlmd_chat_render_with(const vlmd_chat_message *msgs, size_t n,
+                                  const vlmd_chat_options *opt, vlmd_prompt_text *out,
+                                  vlmd_error *err)
+{
+    const vlmd_chat_family *f = opt->family ? opt->family : QWEN2;
+    for (size_t i = 0; i < n; i++) {
+        if (!role_known(&msgs[i]))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages[%zu].role: '%s' is not "
+                               "system, user, assistant or tool", i, msgs[i].role);
+        vlmd_status st = image_misplaced(f, &msgs[i], i, err);
+        if (st != VLMD_OK)
+            return st;
+    }
+    vlmd_status st = f->render(f, msgs, n, opt, out, err);
+    if (st == VLMD_ERR_INVALID_ARG)
+        return st; /* (err says which message) */
     return st == VLMD_OK ? VLMD_OK : vlmd_errorf(err, st, "out of memory rendering the prompt");
 }
 

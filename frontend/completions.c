@@ -72,6 +72,24 @@ static void client_gone(const inflight_entry *e, void *ud)
     cancel_choices(c, e);
 }
 
+/* Adds id (a vocabulary's; -1: none) to ids[*n] once, at most cap. */
+static void add_id(uint32_t *ids, uint32_t *n, uint32_t cap, int64_t id)
+{
+    if (id < 0 || *n == cap)
+        return;
+    for (uint32_t i = 0; i < *n; i++)
+        if (ids[i] == (uint32_t)id)
+            return;
+    ids[(*n)++] = (uint32_t)id;
+}
+
+static void add_kept(completions *c, const vlmd_tokenizer *tok, const char *token)
+{
+    int64_t id = vlmd_tokenizer_find(tok, token);
+    if (id >= 0 && vlmd_tokenizer_is_special(tok, (uint32_t)id))
+        add_id(c->kept_ids, &c->n_kept, sizeof c->kept_ids / sizeof c->kept_ids[0], id);
+}
+
 void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok,
                       const api_limits *limits, const image_limits *images)
 {
@@ -82,10 +100,19 @@ void completions_init(completions *c, uv_loop_t *loop, const vlmd_tokenizer *tok
     c->limits = *limits;
     c->images = *images;
     const char *stops[] = {"<|im_end|>", "<|endoftext|>"};
-    for (int i = 0; i < 2; i++) {
-        int64_t id = vlmd_tokenizer_find(tok, stops[i]);
-        if (id >= 0)
-            c->stop_ids[c->n_stop++] = (uint32_t)id;
+    const uint32_t cap = COMPLETIONS_MAX_END_IDS;
+    for (int i = 0; i < 2; i++)
+        add_id(c->stop_ids, &c->n_stop, cap, vlmd_tokenizer_find(tok, stops[i]));
+    for (uint32_t i = 0; i < limits->n_end_ids; i++)
+        add_id(c->stop_ids, &c->n_stop, cap, limits->end_ids[i]);
+    /* the markers its answers are read by stay in the text where they are special (GLM's) */
+    const vlmd_chat_family *f = limits->chat_family;
+    const tool_format *tf = api_tool_format(limits);
+    for (size_t i = 0; tf && tf->markers[i]; i++)
+        add_kept(c, tok, tf->markers[i]);
+    if (f && f->thinking) {
+        add_kept(c, tok, REASONING_OPEN);
+        add_kept(c, tok, REASONING_CLOSE);
     }
     inflight_init(&c->table, client_gone, c);
     preparer_init(&c->prep, loop);
@@ -352,17 +379,26 @@ static bool trailing_fragment(const tool_call *call, size_t n_calls)
     return !call->name && call->cut && n_calls > 0;
 }
 
+/* The choice's answer is read for reasoning: the request thinks, and (where
+ * the model may answer without thinking) the answer opened a think block. */
+static bool choice_reasons(const inflight_entry *e, const inflight_choice *ch)
+{
+    return e->api.reasoning && !ch->out.unthought;
+}
+
 void completions_answer_of(const inflight_entry *e, uint32_t index, completions_answer *a)
 {
     const inflight_choice *ch = &e->choices[index];
     const char *text = ch->text.data ? ch->text.data : "";
+    const tool_format *f = e->api.tool_format;
     *a = (completions_answer){.finish = ch->out.finish};
     bool begun = false;
-    size_t content_end = e->api.tools ? tool_content_end(text, ch->out.sent, true, &begun) : 0;
+    size_t content_end = e->api.tools ? tool_content_end(f, text, ch->out.sent, true, &begun) : 0;
     bool all_calls = begun;
     size_t pos = content_end;
     tool_call call;
-    while (all_calls && tool_call_next(text, ch->out.sent, true, &pos, &call)) {
+    while (all_calls &&
+           tool_call_next(f, e->api.tool_schemas, text, ch->out.sent, true, &pos, &call)) {
         if (trailing_fragment(&call, a->n_calls)) {
             tool_call_free(&call);
             break;
@@ -377,18 +413,19 @@ void completions_answer_of(const inflight_entry *e, uint32_t index, completions_
             tool_call_free(&call);
         }
     }
+    bool reasoned = choice_reasons(e, ch);
     if (!all_calls || a->n_calls == 0) {
         completions_answer_free(a);
         a->finish = ch->out.finish;
         /* a thinking model's answer may be all reasoning: no content */
-        a->content = ch->out.sent || !e->api.reasoning ? text : NULL;
+        a->content = ch->out.sent || !reasoned ? text : NULL;
         a->content_len = ch->out.sent;
     } else {
         a->finish = finish_reason(ch->out.finish, true);
         a->content = content_end ? text : NULL;
         a->content_len = content_end;
     }
-    if (e->api.reasoning) {
+    if (reasoned) {
         size_t start, end;
         const char *r = ch->reasoning.data ? ch->reasoning.data : "";
         reasoning_shown(r, ch->reasoning.len, true, &start, &end);
@@ -610,7 +647,8 @@ static void submit(completions *c, inflight_entry *e)
         memcpy(refs[i].hash, im->hash, 32);
     }
     /* the end-of-turn tokens (unless it ignores them), then its own stop_token_ids */
-    uint32_t stops[2 + API_MAX_STOP_IDS], n_stops = r->ignore_eos ? 0 : c->n_stop;
+    uint32_t stops[COMPLETIONS_MAX_END_IDS + API_MAX_STOP_IDS];
+    uint32_t n_stops = r->ignore_eos ? 0 : c->n_stop;
     memcpy(stops, c->stop_ids, n_stops * sizeof *stops);
     memcpy(stops + n_stops, r->stop_token_ids, r->n_stop_token_ids * sizeof *stops);
     n_stops += r->n_stop_token_ids;
@@ -819,11 +857,13 @@ static void request_end(completions *c, inflight_entry *e)
 
 /* A choice's state changes here only, along these edges:
  *
- *   THINKING --</think>--> CONTENT --<tool_call> (tools, stream)--> CALL_HEAD <----------+
- *                                                                      | a call's name  |
- *                                                                      v and its '{'    |
- *                       CALL_TAIL <--their closing brace (or the end)-- CALL_ARGUMENTS  |
- *                           +---------its </tool_call> (or the end)---------------------+
+ *   THINKING --</think> (or, reasoning_optional, no think block opened)--> CONTENT
+ *
+ *   CONTENT --<tool_call> (tools, stream)--> CALL_HEAD <------------------------+
+ *                                                  | a call's head: its name   |
+ *                                                  v (and where its args are)  |
+ *        CALL_TAIL <--its arguments' end (or the end)-- CALL_ARGUMENTS          |
+ *            +---------its </tool_call> (or the end)----------------------------+
  *
  *   any state --the engine's finish, a stop string, an error--> ENDED (finish says why)
  *
@@ -858,12 +898,30 @@ static bool choice_calling(const inflight_choice *ch)
            ch->out.state == CHOICE_CALL_TAIL;
 }
 
-/* reasoning: once </think> has come, what follows it is content. */
-static void end_reasoning(inflight_choice *ch)
+/* reasoning: once </think> has come, what follows it is content; where the
+ * model may answer without thinking (reasoning_optional), an answer that
+ * does not open with <think> is content from its start. final: nothing
+ * more will come. */
+static void end_reasoning(const inflight_entry *e, inflight_choice *ch, bool final)
 {
     size_t at;
     if (ch->out.state != CHOICE_THINKING)
         return;
+    if (e->api.reasoning_optional) {
+        reasoning_open o = reasoning_opens(ch->reasoning.data ? ch->reasoning.data : "",
+                                           ch->reasoning.len, final);
+        if (o == REASONING_UNDECIDED)
+            return;
+        if (o == REASONING_NOT) {
+            vlmd_buf_append(&ch->text, ch->reasoning.data ? ch->reasoning.data : "",
+                            ch->reasoning.len);
+            vlmd_buf_clear(&ch->reasoning);
+            ch->reasoning_tokens = 0;
+            ch->out.unthought = true;
+            choice_move(ch, CHOICE_CONTENT);
+            return;
+        }
+    }
     if (!reasoning_end(ch->reasoning.data, ch->reasoning.len, ch->reasoning_checked, &at)) {
         ch->reasoning_checked = ch->reasoning.len;
         return;
@@ -877,12 +935,14 @@ static void end_reasoning(inflight_choice *ch)
 
 /* tools, streamed: content ends where the first <tool_call> begins (from
  * then on the choice is calling). */
-static size_t streamed_content_end(inflight_choice *ch, size_t end, bool final)
+static size_t streamed_content_end(const tool_format *f, inflight_choice *ch, size_t end,
+                                   bool final)
 {
     if (choice_calling(ch))
         return ch->out.sent;
     bool begun;
-    size_t content_end = tool_content_end(ch->text.data ? ch->text.data : "", end, final, &begun);
+    size_t content_end = tool_content_end(f, ch->text.data ? ch->text.data : "", end, final,
+                                          &begun);
     if (begun) {
         choice_move(ch, CHOICE_CALL_HEAD);
         ch->out.call_pos = content_end;
@@ -892,42 +952,45 @@ static size_t streamed_content_end(inflight_choice *ch, size_t end, bool final)
 
 /* tools, streamed: the calls of text[call_pos..end) as they come. A block
  * that starts as a call (tools.h) begins with its name, then its arguments
- * go out as they are generated, up to the brace that closes them; any other
- * block goes out once it closes, as a whole call or as the text it is. */
+ * go out as the format reads them, up to their end; any other block goes
+ * out once it closes, as a whole call or as the text it is. */
 static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size_t end,
                          bool final)
 {
     inflight_choice *ch = &e->choices[index];
     choice_output *o = &ch->out;
     const answer_writer *w = e->writer;
+    const tool_format *f = e->api.tool_format;
+    const json_t *tools = e->api.tool_schemas;
     const char *text = ch->text.data ? ch->text.data : "";
     for (;;) {
         if (o->state == CHOICE_CALL_ARGUMENTS) {
-            size_t from = o->args.end;
-            tool_args_scan(&o->args, text, end);
+            vlmd_buf piece = VLMD_BUF_INIT;
+            tool_args_read(f, &o->args, text, end, final, &piece);
             completions_stream_begin(c, e);
-            if (o->args.end > from)
-                w->call_arguments(c, e, index, o->n_calls - 1, text + from, o->args.end - from);
+            if (piece.len)
+                w->call_arguments(c, e, index, o->n_calls - 1, piece.data, piece.len);
+            vlmd_buf_free(&piece);
             if (!o->args.closed && !final)
                 return;
             w->call_end(c, e, index, o->n_calls - 1, o->args.closed);
             choice_move(ch, CHOICE_CALL_TAIL);
             o->call_pos = o->args.end;
         }
-        if (o->state == CHOICE_CALL_TAIL) { /* the rest of the block, up to its </tool_call> */
+        if (o->state == CHOICE_CALL_TAIL) { /* the rest of the block, up to its close */
             bool found;
-            size_t after = tool_call_close(text, end, o->call_pos, &found);
+            size_t after = tool_call_close(f, text, end, o->call_pos, &found);
             if (!found && !final)
                 return;
             choice_move(ch, CHOICE_CALL_HEAD);
             o->call_pos = after;
         }
-        size_t open = tool_call_find(text, end, o->call_pos);
+        size_t open = tool_call_find(f, text, end, o->call_pos);
         if (open == end)
             return;
         char *name;
         tool_args args;
-        tool_head head = tool_call_head(text, end, open, &name, &args);
+        tool_head head = tool_call_head(f, tools, text, end, open, &name, &args);
         if (head == TOOL_HEAD_WAIT && !final)
             return;
         bool first = !o->spoke;
@@ -942,7 +1005,7 @@ static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size
         }
         tool_call call;
         size_t pos = o->call_pos;
-        if (!tool_call_next(text, end, final, &pos, &call))
+        if (!tool_call_next(f, tools, text, end, final, &pos, &call))
             return;
         o->call_pos = pos;
         if (trailing_fragment(&call, o->n_calls)) {
@@ -961,6 +1024,15 @@ static void stream_calls(completions *c, inflight_entry *e, uint32_t index, size
     }
 }
 
+/* reasoning_optional: the answer has not shown yet whether it opens a think
+ * block (a token held then goes out as empty content, not reasoning). */
+static bool undecided(const inflight_entry *e, const inflight_choice *ch)
+{
+    return e->api.reasoning_optional && ch->out.state == CHOICE_THINKING &&
+           reasoning_opens(ch->reasoning.data ? ch->reasoning.data : "", ch->reasoning.len,
+                           false) == REASONING_UNDECIDED;
+}
+
 /* Gives the client what of choice `index`'s text may go out, content up to
  * end (less a <tool_call> and what follows, which stream_calls sends as
  * calls) and the reasoning reasoning_shown allows. A stream sends one chunk
@@ -974,7 +1046,7 @@ static void choice_write(completions *c, inflight_entry *e, uint32_t index, size
     choice_output *o = &ch->out;
     size_t show = end; /* what may go out as content */
     if (e->api.tools && e->api.stream)
-        show = streamed_content_end(ch, end, final);
+        show = streamed_content_end(e->api.tool_format, ch, end, final);
     bool thinking = o->state == CHOICE_THINKING;
     /* what may go out as reasoning: [reasoning_sent, shown) */
     const char *reasoning = ch->reasoning.data ? ch->reasoning.data : "";
@@ -988,7 +1060,7 @@ static void choice_write(completions *c, inflight_entry *e, uint32_t index, size
         bool first = !o->spoke;
         o->spoke = true;
         completions_stream_begin(c, e);
-        bool with_reasoning = reasoned || (thinking && show <= o->sent);
+        bool with_reasoning = reasoned || (thinking && show <= o->sent && !undecided(e, ch));
         e->writer->text(c, e, index, with_reasoning ? reasoning + o->reasoning_sent : NULL,
                         reasoned ? shown - o->reasoning_sent : 0,
                         ch->text.data ? ch->text.data + o->sent : "", show - o->sent, first, lp);
@@ -1065,18 +1137,29 @@ static void chunk_metrics(completions *c, inflight_entry *e, inflight_choice *ch
         ch->reasoning_tokens += m->n_tokens;
 }
 
+/* A special token the answer is read by (its text is kept). */
+static bool kept(const completions *c, uint32_t id)
+{
+    for (uint32_t i = 0; i < c->n_kept; i++)
+        if (c->kept_ids[i] == id)
+            return true;
+    return false;
+}
+
 /* The chunk's tokens as text, whole characters only (its last chunk flushes
  * the rest): reasoning until </think> (end_reasoning moves what follows it
  * into the text), then text. */
-static void chunk_take_tokens(const completions *c, inflight_choice *ch,
+static void chunk_take_tokens(const completions *c, const inflight_entry *e, inflight_choice *ch,
                               const vlmd_msg_token_chunk *m)
 {
     vlmd_buf *into = ch->out.state == CHOICE_THINKING ? &ch->reasoning : &ch->text;
-    for (uint32_t i = 0; i < m->n_tokens; i++)
+    for (uint32_t i = 0; i < m->n_tokens; i++) {
+        ch->detok.skip_special = !kept(c, m->tokens[i]);
         vlmd_detok_push(&ch->detok, c->tok, m->tokens[i], into, NULL);
+    }
     if (m->finish != VLMD_FINISH_NONE)
         vlmd_detok_flush(&ch->detok, into);
-    end_reasoning(ch);
+    end_reasoning(e, ch, m->finish != VLMD_FINISH_NONE);
 }
 
 static bool grow_lps(inflight_choice *ch)
@@ -1147,7 +1230,7 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
     }
     chunk_metrics(c, e, ch, m);
     size_t text_before = ch->text.len;
-    chunk_take_tokens(c, ch, m);
+    chunk_take_tokens(c, e, ch, m);
     token_logprobs lps[8];
     answer_logprobs lp = {lps, chunk_logprobs(e, ch, m, lps, sizeof lps / sizeof lps[0]),
                           text_before};

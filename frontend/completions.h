@@ -30,14 +30,23 @@
 
 typedef struct st_h2o_req_t h2o_req_t;
 
+/* End tokens a request stops on besides its own stop_token_ids (REQUEST_SUBMIT's
+ * stop_tokens hold both). */
+#define COMPLETIONS_MAX_END_IDS (VLMD_PROTO_MAX_STOPS - API_MAX_STOP_IDS)
+
 typedef struct completions {
     const vlmd_tokenizer *tok;  /* borrowed */
     vlmd_peer *peer;            /* borrowed; NULL while stopping */
     uv_loop_t *loop;            /* borrowed: image URLs are fetched on its thread pool */
     api_limits limits;          /* model_name borrowed */
     image_limits images;        /* params and allowed_domains borrowed */
-    uint32_t stop_ids[2];       /* <|im_end|>, <|endoftext|> when the vocabulary has them */
+    uint32_t stop_ids[COMPLETIONS_MAX_END_IDS]; /* the end tokens every request stops on:
+                                 * <|im_end|> and <|endoftext|> when the vocabulary has them,
+                                 * and the model's own (limits.end_ids: GLM's three, ...) */
     uint32_t n_stop;
+    uint32_t kept_ids[16];      /* special tokens the answer is read by (<think>, <tool_call>,
+                                 * GLM's <arg_key>, ...): written into its text, not skipped */
+    uint32_t n_kept;
     inflight table;
     preparer prep;              /* requests parsed and tokenized off the loop */
     frontend_metrics metrics;

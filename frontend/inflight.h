@@ -30,7 +30,8 @@ typedef struct token_logprobs {
 } token_logprobs;
 
 /* Where a choice's output stands: the text is reasoning until </think>, then
- * content; a streamed answer with tools reads its text as calls from the
+ * content (where the model may answer without thinking, an answer that opens
+ * no think block is content at once); a streamed answer with tools reads its text as calls from the
  * first <tool_call> on (the head of the next block, a call's arguments as
  * they come, the rest of its block); a choice ends once. completions.c moves
  * it, in choice_move, where the transitions are drawn. */
@@ -51,6 +52,8 @@ typedef struct choice_output {
     size_t sent;                /* bytes of text given to the client (or kept for the answer) */
     size_t reasoning_sent;      /* reasoning: bytes of it streamed (past a leading <think>) */
     size_t call_pos;            /* CALL_*: text before this is split into content and calls */
+    bool unthought;             /* reasoning_optional: the answer opened no think block,
+                                 * so it is all content (reasoning_content absent) */
     uint32_t n_calls;           /* tools, stream: calls begun */
     tool_args args;             /* CALL_ARGUMENTS: where call n_calls - 1's arguments are */
 } choice_output;

@@ -324,6 +324,7 @@ int main(int argc, char **argv)
                          .max_prompt_bytes = (uint64_t)cfg->max_prompt_bytes,
                          .max_output_tokens = (uint32_t)cfg->max_output_tokens};
     api_sampling_defaults(cfg->model, &limits.defaults);
+    api_end_tokens(cfg->model, &fe.svc.model, vlmd_tokenizer_size(fe.tok), &limits);
     const char *template_source = NULL;
     limits.chat_family = vlmd_chat_family_for_model(cfg->model, fe.svc.model.arch,
                                                     &template_source);

@@ -689,12 +689,11 @@ bool responses_request_parse(const json_t *body, const api_limits *lim,
         chat.images = NULL;
         chat.n_images = 0;
         r->tools = api_tools_active(chat_body);
-        r->answer_prefix = api_tool_answer_prefix(chat_body);
-        r->reasoning = lim->chat_family && lim->chat_family->thinking && !r->answer_prefix &&
-                       thinking;
+        r->answer_prefix = api_tool_answer_prefix(chat_body, api_tool_format(lim));
         r->asked_max_tokens = max_given ? max_out : 0;
-        ok = api_grammar_parse(chat_body, true, format, true, "text.format", tok, r->reasoning,
-                               &r->grammar, e) &&
+        ok = api_request_answer_of(r, chat_body, lim, thinking, e) &&
+             api_grammar_parse(chat_body, true, format, true, "text.format", tok, r->tool_format,
+                               r->reasoning, &r->grammar, e) &&
              api_request_finish(r, lim, "max_output_tokens", e);
     }
     if (ok) {

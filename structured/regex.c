@@ -18,7 +18,7 @@ typedef struct rx {
     sg_build *b;
     const unsigned char *p;
     size_t n, i;
-    int text;                   /* SG_TEXT_RAW or SG_TEXT_JSON */
+    int text;                   /* SG_TEXT_RAW, SG_TEXT_JSON or SG_TEXT_RAW_SEARCH */
     int depth;
 } rx;
 
@@ -228,7 +228,7 @@ static int32_t escape_cp(rx *r, bool in_class)
 
 static sg_frag set_frag(rx *r, sg_cpset *s)
 {
-    sg_frag f = sg_chars(r->b, s, r->text);
+    sg_frag f = sg_chars(r->b, s, r->text == SG_TEXT_JSON ? SG_TEXT_JSON : SG_TEXT_RAW);
     sg_cpset_free(s);
     return f;
 }
@@ -495,7 +495,7 @@ static sg_frag parse_alt(rx *r, bool top)
         }
         if (r->b->failed)
             return branch;
-        if (top && r->text == SG_TEXT_JSON) {
+        if (top && r->text != SG_TEXT_RAW) { /* a search */
             if (!start_anchor)
                 branch = sg_cat(r->b, any_text(r), branch);
             if (!end_anchor)

@@ -58,6 +58,7 @@ typedef struct rule_def {
 
 /* A tool-call grammar's functions and shape (vlmd_grammar_compile_tool_calls). */
 typedef struct tool_calls {
+    vlmd_tool_call_format format;
     const vlmd_tool_function *fns;
     size_t n;
     vlmd_tool_call_start start;
@@ -620,9 +621,26 @@ static bool get_count(sc *c, const json_t *s, const char *kw, uint32_t *out, boo
     return true;
 }
 
-static sg_frag string_schema(sc *c, const json_t *s)
+/* Any one character (a Unicode scalar value) as it is. */
+static sg_frag raw_char(sc *c)
+{
+    sg_cpset set = {0};
+    if (!sg_cpset_add(&set, 0, 0xd7ff) || !sg_cpset_add(&set, 0xe000, 0x10ffff)) {
+        sg_cpset_free(&set);
+        sg_fail(c->b, VLMD_ERR_NOMEM, "out of memory");
+        return sg_nothing(c->b);
+    }
+    sg_frag f = sg_chars(c->b, &set, SG_TEXT_RAW);
+    sg_cpset_free(&set);
+    return f;
+}
+
+/* A string's characters under s's lengths, pattern and format: in JSON's
+ * spelling (inside its quotes), or (raw) as they are. */
+static sg_frag string_text(sc *c, const json_t *s, bool raw)
 {
     sg_build *b = c->b;
+    int mode = raw ? SG_TEXT_RAW_SEARCH : SG_TEXT_JSON;
     uint32_t min = 0, max = SG_NONE;
     bool has_min, has_max;
     if (!get_count(c, s, "minLength", &min, &has_min) || !get_count(c, s, "maxLength", &max, &has_max))
@@ -654,7 +672,7 @@ static sg_frag string_schema(sc *c, const json_t *s)
         }
         if (f->name) {
             size_t old = path_push(b, "format");
-            content = sg_regex(b, f->regex, strlen(f->regex), SG_TEXT_JSON);
+            content = sg_regex(b, f->regex, strlen(f->regex), mode);
             path_pop(b, old);
             have = true;
         }
@@ -666,18 +684,27 @@ static sg_frag string_schema(sc *c, const json_t *s)
             return sg_nothing(b);
         }
         size_t old = path_push(b, "pattern");
-        sg_frag p = sg_regex(b, json_string_value(pat), json_string_length(pat), SG_TEXT_JSON);
+        sg_frag p = sg_regex(b, json_string_value(pat), json_string_length(pat), mode);
         path_pop(b, old);
         content = have ? sg_intersect(b, content, p) : p;
         have = true;
     }
     if (min > 0 || max != SG_NONE) {
-        sg_frag len = sg_repeat(b, sg_json_char(b), min, max);
+        sg_frag len = sg_repeat(b, raw ? raw_char(c) : sg_json_char(b), min, max);
         content = have ? sg_intersect(b, content, len) : len;
         have = true;
     }
     if (!have)
-        content = sg_star(b, sg_json_char(b));
+        content = sg_star(b, raw ? raw_char(c) : sg_json_char(b));
+    return content;
+}
+
+static sg_frag string_schema(sc *c, const json_t *s)
+{
+    sg_build *b = c->b;
+    sg_frag content = string_text(c, s, false);
+    if (b->failed)
+        return sg_nothing(b);
     return sg_cat(b, lit(c, "\""), sg_cat(b, content, lit(c, "\"")));
 }
 
@@ -1482,6 +1509,12 @@ static sg_frag schema(sc *c, const json_t *s)
 
 /* ---- tool calls ------------------------------------------------------------------------- */
 
+const char *const vlmd_grammar_marker_tokens[] = {"<tool_call>", "</tool_call>", "<arg_key>",
+                                                  "</arg_key>", "<arg_value>", "</arg_value>",
+                                                  NULL};
+
+/* ---- hermes: {"name": "NAME", "arguments": ARGS}\n</tool_call> --------------------------- */
+
 #define CALL_NEXT "\n<tool_call>\n{\"name\": \""   /* between two calls */
 #define CALL_END "}\n</tool_call>"                  /* after a call's arguments */
 
@@ -1538,12 +1571,16 @@ static sg_frag call_entry(sc *c, bool args_only)
     return f;
 }
 
+static sg_frag glm_calls_body(sc *c);
+
 /* Rule 0 of a tool-call grammar: the first call from where the prompt (or
  * the model's <tool_call>) left it, then, when parallel, more calls. */
 static sg_frag tool_calls_body(sc *c)
 {
     sg_build *b = c->b;
     const tool_calls *t = c->tools;
+    if (t->format == VLMD_TOOL_CALLS_GLM45)
+        return glm_calls_body(c);
     sg_frag first;
     if (t->start == VLMD_TOOL_CALL_AT_ARGUMENTS)
         first = call_entry(c, true);
@@ -1556,6 +1593,257 @@ static sg_frag tool_calls_body(sc *c)
     /* later calls take any function (their schemas compiled again: fragments are used once) */
     sg_frag next = sg_cat(b, lit(c, CALL_NEXT), call_entry(c, false));
     return sg_cat(b, first, sg_star(b, next));
+}
+
+/* ---- glm45: NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call> ------------ */
+
+#define GLM_NEXT "\n<tool_call>"      /* between two calls */
+#define GLM_KEY_END "</arg_key>"
+#define GLM_VALUE_END "</arg_value>"
+
+/* The text f accepts that does not hold marker (f without calls). */
+static sg_frag without_marker(sc *c, sg_frag f, const char *marker)
+{
+    sg_build *b = c->b;
+    sg_frag any = sg_star(b, raw_char(c)), any2 = sg_star(b, raw_char(c));
+    return sg_minus(b, f, sg_cat(b, any, sg_cat(b, lit(c, marker), any2)));
+}
+
+/* Some rule call in f (a recursive value: sg_minus cannot take it). */
+static bool frag_calls(const sg_build *b, sg_frag f)
+{
+    for (uint32_t st = f.lo; st < f.hi; st++)
+        for (uint32_t e = b->first[st]; e != SG_NONE; e = b->edges[e].next)
+            if (b->edges[e].kind == SG_EDGE_CALL)
+                return true;
+    return false;
+}
+
+/* A schema that holds nothing: any value (its text is read as one). */
+static bool any_schema(const json_t *s)
+{
+    if (!s || json_is_true(s))
+        return true;
+    if (!json_is_object(s))
+        return false;
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)s, k, v)
+        if (in_list(constraint_keywords, k) || in_list(refused_keywords, k))
+            return false;
+    return true;
+}
+
+/* A "string"-typed property's value: the string's text as it is, its enum,
+ * const, lengths, pattern and format held over it. */
+static sg_frag raw_string(sc *c, const json_t *s)
+{
+    sg_build *b = c->b;
+    static const char *const composed[] = {"anyOf", "oneOf", "allOf", "$ref", NULL};
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)s, k, v)
+    {
+        if (in_list(refused_keywords, k)) {
+            fail_kw(c, k, VLMD_ERR_INVALID_ARG, "is not supported");
+            return sg_nothing(b);
+        }
+        if (in_list(composed, k)) {
+            fail_kw(c, k, VLMD_ERR_INVALID_ARG, "beside \"type\": \"string\" is not supported "
+                    "in a glm45 call (the value is the string's text)");
+            return sg_nothing(b);
+        }
+    }
+    const json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+    if (!en && !cn)
+        return string_text(c, s, true);
+    sg_frag f = sg_nothing(b);
+    bool have = false;
+    size_t i;
+    json_array_foreach(en, i, v)
+        if (json_is_string(v) && (!cn || json_equal(v, cn)))
+            f = alt_or(c, f, &have, sg_literal(b, json_string_value(v), json_string_length(v)));
+    if (!en && json_is_string(cn))
+        f = alt_or(c, f, &have, sg_literal(b, json_string_value(cn), json_string_length(cn)));
+    if (!have)
+        fail_kw(c, en ? "enum" : "const", VLMD_ERR_INVALID_ARG, "allows no string");
+    return f;
+}
+
+/* A property's value: a "string"-typed one's text (vLLM keeps it a
+ * string), any text for a schema that holds nothing (vLLM reads it as JSON,
+ * a literal or text), else its JSON; none holds </arg_value>. */
+static sg_frag glm_value(sc *c, const json_t *s)
+{
+    sg_build *b = c->b;
+    const json_t *t = json_object_get(s, "type");
+    sg_frag f;
+    if (json_is_string(t) && !strcmp(json_string_value(t), "string"))
+        f = raw_string(c, s);
+    else if (any_schema(s))
+        f = sg_star(b, raw_char(c));
+    else
+        f = schema(c, s);
+    if (b->failed || frag_calls(b, f))
+        return f;
+    return without_marker(c, f, GLM_VALUE_END);
+}
+
+/* <arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n */
+static sg_frag glm_pair(sc *c, sg_frag key, sg_frag value)
+{
+    sg_build *b = c->b;
+    sg_frag f = sg_cat(b, lit(c, "<arg_key>"), key);
+    f = sg_cat(b, f, lit(c, GLM_KEY_END "\n<arg_value>"));
+    return sg_cat(b, sg_cat(b, f, value), lit(c, GLM_VALUE_END "\n"));
+}
+
+/* A key no declared property has (nor the key's end marker). */
+static sg_frag glm_extra_key(sc *c, const prop *p, size_t n)
+{
+    sg_build *b = c->b;
+    sg_frag key = without_marker(c, sg_cat(b, raw_char(c), sg_star(b, raw_char(c))), GLM_KEY_END);
+    if (!n)
+        return key;
+    sg_frag names = lit(c, p[0].name);
+    for (size_t i = 1; i < n; i++)
+        names = sg_alt(b, names, lit(c, p[i].name));
+    return sg_minus(b, key, names);
+}
+
+/* A function's pairs: its parameters' properties in order (required ones
+ * always, optional ones or not), then others where allowed; any pairs when
+ * it has no parameters. */
+static sg_frag glm_arguments(sc *c, const json_t *params)
+{
+    sg_build *b = c->b;
+    if (json_is_false(params))
+        return sg_nothing(b);
+    if (!params || json_is_true(params))
+        return sg_star(b, glm_pair(c, glm_extra_key(c, NULL, 0), glm_value(c, NULL)));
+    if (!json_is_object(params)) {
+        sg_fail(b, VLMD_ERR_INVALID_ARG, "a schema must be an object or a boolean");
+        return sg_nothing(b);
+    }
+    static const char *const own[] = {"type", "properties", "required", "additionalProperties",
+                                      NULL};
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)params, k, v)
+    {
+        if ((in_list(constraint_keywords, k) || in_list(refused_keywords, k)) && !in_list(own, k)) {
+            fail_kw(c, k, VLMD_ERR_INVALID_ARG, "at the top of a function's parameters is not "
+                    "supported in glm45 calls (they write an object's properties as pairs)");
+            return sg_nothing(b);
+        }
+    }
+    const json_t *t = json_object_get(params, "type");
+    if (t && !(type_bits(t) > 0 && (type_bits(t) & T_OBJECT))) {
+        fail_kw(c, "type", VLMD_ERR_INVALID_ARG, "must be \"object\" for glm45 calls");
+        return sg_nothing(b);
+    }
+    const json_t *props = json_object_get(params, "properties");
+    const json_t *req = json_object_get(params, "required");
+    const json_t *addl = json_object_get(params, "additionalProperties");
+    if ((props && !json_is_object(props)) || (req && !json_is_array(req)) ||
+        (addl && !json_is_boolean(addl) && !json_is_object(addl))) {
+        fail_kw(c, props && !json_is_object(props) ? "properties"
+                   : req && !json_is_array(req)    ? "required"
+                                                   : "additionalProperties",
+                VLMD_ERR_INVALID_ARG, "is malformed");
+        return sg_nothing(b);
+    }
+    size_t n_props = json_object_size(props), n_req = json_array_size(req), n = 0;
+    prop *p = calloc(n_props + n_req + 1, sizeof *p);
+    if (!p) {
+        sg_fail(b, VLMD_ERR_NOMEM, "out of memory");
+        return sg_nothing(b);
+    }
+    if (props)
+        json_object_foreach((json_t *)props, k, v) p[n++] = (prop){k, v, false};
+    bool extra = addl ? !json_is_false(addl) : n_props == 0;
+    const json_t *extra_schema = json_is_object(addl) ? addl : NULL;
+    size_t i;
+    json_array_foreach(req, i, v)
+    {
+        size_t j = 0;
+        while (json_is_string(v) && j < n && strcmp(p[j].name, json_string_value(v)))
+            j++;
+        if (json_is_string(v) && j < n) {
+            p[j].required = true;
+        } else if (json_is_string(v) && extra) {
+            p[n++] = (prop){json_string_value(v), extra_schema, true};
+        } else {
+            fail_kw(c, "required", VLMD_ERR_INVALID_ARG, "must name declared properties (or "
+                    "additional ones where they are allowed)");
+            free(p);
+            return sg_nothing(b);
+        }
+    }
+    sg_frag f = sg_empty(b);
+    for (size_t j = 0; j < n && !b->failed; j++) {
+        size_t old = path_push(b, "properties");
+        path_push(b, p[j].name);
+        sg_frag value = glm_value(c, p[j].schema);
+        path_pop(b, old);
+        sg_frag pair = glm_pair(c, lit(c, p[j].name), value);
+        f = sg_cat(b, f, p[j].required ? pair : sg_opt(b, pair));
+    }
+    if (extra && !b->failed) {
+        size_t old = path_push(b, "additionalProperties");
+        sg_frag value = glm_value(c, extra_schema);
+        path_pop(b, old);
+        f = sg_cat(b, f, sg_star(b, glm_pair(c, glm_extra_key(c, p, n), value)));
+    }
+    free(p);
+    return f;
+}
+
+/* Function i's pairs, its $refs resolving in its parameters. */
+static sg_frag glm_call_arguments(sc *c, size_t i)
+{
+    const json_t *params = c->tools->fns[i].parameters, *saved = c->root;
+    c->fn = (int)i;
+    c->root = params;
+    vlmd_strlcpy(c->b->path, "#", sizeof c->b->path);
+    c->b->path_len = 1;
+    c->n_active = 0;
+    if (params)
+        c->active[c->n_active++] = params;
+    sg_frag f = glm_arguments(c, params);
+    c->n_active = 0;
+    c->root = saved;
+    if (c->b->failed && c->failed_fn < 0)
+        c->failed_fn = (int)i;
+    c->fn = -1;
+    return f;
+}
+
+/* One call from its name on (args_only: function 0's, its name written). */
+static sg_frag glm_call(sc *c, bool args_only)
+{
+    sg_build *b = c->b;
+    sg_frag f = sg_nothing(b);
+    for (size_t i = 0; i < (args_only ? 1 : c->tools->n) && !b->failed; i++) {
+        const vlmd_tool_function *fn = &c->tools->fns[i];
+        sg_frag one = sg_cat(b, glm_call_arguments(c, i), lit(c, "</tool_call>"));
+        if (!args_only)
+            one = sg_cat(b, sg_cat(b, sg_literal(b, fn->name, fn->name_len), lit(c, "\n")), one);
+        f = i ? sg_alt(b, f, one) : one;
+    }
+    return f;
+}
+
+/* The first call (its name next, unless a named call's head was written),
+ * then, when parallel, "\n<tool_call>" and more. */
+static sg_frag glm_calls_body(sc *c)
+{
+    sg_build *b = c->b;
+    const tool_calls *t = c->tools;
+    sg_frag first = glm_call(c, t->start == VLMD_TOOL_CALL_AT_ARGUMENTS);
+    if (!t->parallel || b->failed)
+        return first;
+    return sg_cat(b, first, sg_star(b, sg_cat(b, lit(c, GLM_NEXT), glm_call(c, false))));
 }
 
 /* ---- entry points ----------------------------------------------------------------------------- */
@@ -1702,12 +1990,15 @@ vlmd_status vlmd_grammar_compile_regex(const char *pattern, size_t len, vlmd_gra
     return finish_one(&b, f, out, err);
 }
 
-vlmd_status vlmd_grammar_compile_tool_calls(const vlmd_tool_function *fns, size_t n,
+vlmd_status vlmd_grammar_compile_tool_calls(vlmd_tool_call_format format,
+                                            const vlmd_tool_function *fns, size_t n,
                                             vlmd_tool_call_start start, bool parallel,
                                             const vlmd_grammar_options *opt, vlmd_grammar **out,
                                             vlmd_error *err)
 {
     *out = NULL;
+    if ((unsigned)format > VLMD_TOOL_CALLS_GLM45)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "format: %d is not a format", (int)format);
     if (n == 0 || n > VLMD_GRAMMAR_MAX_FUNCTIONS)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "functions: %zu; 1 to %d", n,
                            VLMD_GRAMMAR_MAX_FUNCTIONS);
@@ -1717,12 +2008,14 @@ vlmd_status vlmd_grammar_compile_tool_calls(const vlmd_tool_function *fns, size_
         if (fns[i].name_len == 0 || fns[i].name_len > VLMD_GRAMMAR_MAX_FUNCTION_NAME)
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "functions[%zu].name: %zu bytes; 1 to "
                                "%d", i, fns[i].name_len, VLMD_GRAMMAR_MAX_FUNCTION_NAME);
-    tool_calls t = {fns, n, start, parallel};
+    tool_calls t = {format, fns, n, start, parallel};
     return compile(NULL, &t, opt && opt->compact, out, err);
 }
 
-/* The spec's start names, in vlmd_tool_call_start order. */
+/* The spec's start and format names, in vlmd_tool_call_start and
+ * vlmd_tool_call_format order. */
 static const char *const call_starts[] = {"name", "arguments", "open"};
+static const char *const call_formats[] = {"hermes", "glm45"};
 
 vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
                                                  const vlmd_grammar_options *opt,
@@ -1739,16 +2032,21 @@ vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
                            je.text);
     const json_t *start = json_object_get(spec, "start"), *fl = json_object_get(spec, "functions");
     const json_t *parallel = json_object_get(spec, "parallel");
-    int st_i = -1;
+    const json_t *format = json_object_get(spec, "format");
+    int st_i = -1, fmt_i = format ? -1 : VLMD_TOOL_CALLS_HERMES;
     for (int i = 0; i < 3 && json_is_string(start); i++)
         if (!strcmp(json_string_value(start), call_starts[i]))
             st_i = i;
+    for (int i = 0; i < 2 && json_is_string(format); i++)
+        if (!strcmp(json_string_value(format), call_formats[i]))
+            fmt_i = i;
     size_t n = json_array_size(fl);
     vlmd_tool_function *fns = n <= VLMD_GRAMMAR_MAX_FUNCTIONS ? calloc(n ? n : 1, sizeof *fns)
                                                               : NULL;
     vlmd_status st = VLMD_OK;
-    if (st_i < 0 || !json_is_boolean(parallel) || !json_is_array(fl))
-        st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "tool calls: the spec must be {\"start\": "
+    if (st_i < 0 || fmt_i < 0 || !json_is_boolean(parallel) || !json_is_array(fl))
+        st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "tool calls: the spec must be {\"format\": "
+                         "\"hermes\"|\"glm45\" (optional), \"start\": "
                          "\"name\"|\"arguments\"|\"open\", \"parallel\": bool, \"functions\": "
                          "[{\"name\", \"parameters\"}]}");
     else if (!fns)
@@ -1767,7 +2065,8 @@ vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
                                       json_is_null(params) ? NULL : params};
     }
     if (st == VLMD_OK)
-        st = vlmd_grammar_compile_tool_calls(fns, n, (vlmd_tool_call_start)st_i,
+        st = vlmd_grammar_compile_tool_calls((vlmd_tool_call_format)fmt_i, fns, n,
+                                             (vlmd_tool_call_start)st_i,
                                              json_is_true(parallel), opt, out, err);
     free(fns);
     json_decref(spec);

@@ -96,8 +96,10 @@ bool sg_cpset_negate(sg_cpset *s);      /* complement within the scalar values *
 void sg_cpset_free(sg_cpset *s);
 
 /* How characters are written: as they are (a regex over the whole output),
- * or inside a JSON string (quote, backslash and controls escaped). */
-enum { SG_TEXT_RAW, SG_TEXT_JSON };
+ * or inside a JSON string (quote, backslash and controls escaped). A regex
+ * also takes SG_TEXT_RAW_SEARCH: characters as they are, matched as a JSON
+ * Schema pattern (a glm45 call's string value is the string's text). */
+enum { SG_TEXT_RAW, SG_TEXT_JSON, SG_TEXT_RAW_SEARCH };
 
 /* One character of the set, each written in one way (SG_TEXT_JSON: the
  * characters JSON must escape as their short escape or \u00XX in either
@@ -144,7 +146,8 @@ sg_frag sg_minus(sg_build *b, sg_frag x, sg_frag y);
 
 /* The language of pattern. SG_TEXT_JSON: a JSON Schema pattern, matched
  * anywhere in the string unless anchored by ^ and $ (ECMA-262 search);
- * SG_TEXT_RAW: the whole text matches. Errors name the offset. */
+ * SG_TEXT_RAW_SEARCH: the same over text written as it is; SG_TEXT_RAW: the
+ * whole text matches. Errors name the offset. */
 sg_frag sg_regex(sg_build *b, const char *pattern, size_t len, int text);
 
 /* ---- the grammar ---------------------------------------------------------- */

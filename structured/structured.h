@@ -105,23 +105,46 @@ vlmd_status vlmd_grammar_compile_choice(const char *const *choices, const size_t
 vlmd_status vlmd_grammar_compile_regex(const char *pattern, size_t len, vlmd_grammar **out,
                                        vlmd_error *err);
 
-/* Tool calls as Qwen's hermes template writes them: each call is
- *     {"name": "NAME", "arguments": ARGS}\n</tool_call>
- * with NAME one of the functions' names and ARGS a JSON value of that
- * function's parameters schema (any JSON object when it has none); parallel
- * calls follow as "\n<tool_call>\n{..." again; then the output ends. The
- * output starts where the prompt or the model left it (start):
- *   AT_NAME       after `<tool_call>\n{"name": "` (the prompt forced a call);
- *   AT_ARGUMENTS  after `<tool_call>\n{"name": "NAME", "arguments": ` with
- *                 NAME fns[0]'s (a named function forced; later parallel
- *                 calls may be any function);
- *   AFTER_OPEN    after the `<tool_call>` the model wrote itself: "\n{..."
- * The strings match frontend/tools.c's prompt and the template's calls
+/* Tool calls in one of two formats (frontend/tools.h names them):
+ *   HERMES  Qwen's template: each call is
+ *               {"name": "NAME", "arguments": ARGS}\n</tool_call>
+ *           with ARGS a JSON value of that function's parameters schema (any
+ *           JSON object when it has none); parallel calls follow as
+ *           "\n<tool_call>\n{..." again;
+ *   GLM45   GLM-4.5's template: each call is
+ *               NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n ... </tool_call>
+ *           one pair per property of the parameters' object schema, in its
+ *           order (each required one, each optional one or not, then
+ *           additional ones where allowed, any key that is no declared
+ *           name), V the value's text where the property's schema says
+ *           "type": "string" (its enum, const, pattern, format and lengths
+ *           hold over that text), else the value's JSON; no V holds
+ *           "</arg_value>" (where it has no recursion: a recursive value's
+ *           strings are not checked for it); parallel calls follow as
+ *           "\n<tool_call>NAME..."; a function without parameters takes any
+ *           pairs. Only an object schema's keywords are read at the top of a
+ *           function's parameters (type, properties, required,
+ *           additionalProperties, and annotations); others are refused there.
+ * Then the output ends. It starts where the prompt or the model left it
+ * (start):
+ *   AT_NAME       after the call's open marker (hermes: `<tool_call>\n{"name": "`;
+ *                 glm45: `<tool_call>`): the prompt forced a call;
+ *   AT_ARGUMENTS  after the named function's head (hermes: `<tool_call>\n{"name":
+ *                 "NAME", "arguments": `; glm45: `<tool_call>NAME\n`), NAME
+ *                 fns[0]'s (a named function forced; later parallel calls
+ *                 may be any function);
+ *   AFTER_OPEN    after the `<tool_call>` the model wrote itself (hermes:
+ *                 "\n{..."; glm45: as AT_NAME)
+ * The strings match frontend/tools.c's prompt and the templates' calls
  * byte for byte. 1 to VLMD_GRAMMAR_MAX_FUNCTIONS functions, names of 1 to
  * VLMD_GRAMMAR_MAX_FUNCTION_NAME bytes (JSON-escaped where needed). A
  * failure in a function's schema names it: "functions[2].parameters: #/...". */
 #define VLMD_GRAMMAR_MAX_FUNCTIONS 128
 #define VLMD_GRAMMAR_MAX_FUNCTION_NAME 256
+typedef enum vlmd_tool_call_format {
+    VLMD_TOOL_CALLS_HERMES,
+    VLMD_TOOL_CALLS_GLM45,
+} vlmd_tool_call_format;
 typedef enum vlmd_tool_call_start {
     VLMD_TOOL_CALL_AT_NAME,
     VLMD_TOOL_CALL_AT_ARGUMENTS,
@@ -132,17 +155,25 @@ typedef struct vlmd_tool_function {
     size_t name_len;
     const json_t *parameters;       /* a JSON Schema, borrowed as for _schema_json; NULL: any object */
 } vlmd_tool_function;
-vlmd_status vlmd_grammar_compile_tool_calls(const vlmd_tool_function *fns, size_t n,
+vlmd_status vlmd_grammar_compile_tool_calls(vlmd_tool_call_format format,
+                                            const vlmd_tool_function *fns, size_t n,
                                             vlmd_tool_call_start start, bool parallel,
                                             const vlmd_grammar_options *opt, vlmd_grammar **out,
                                             vlmd_error *err);
 /* The same from its spec as REQUEST_SUBMIT carries it (at most
  * VLMD_GRAMMAR_MAX_SCHEMA_BYTES of JSON):
- *   {"start": "name" | "arguments" | "open", "parallel": true | false,
+ *   {"format": "hermes" | "glm45" (absent: hermes),
+ *    "start": "name" | "arguments" | "open", "parallel": true | false,
  *    "functions": [{"name": "...", "parameters": SCHEMA or null}, ...]} */
 vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
                                                  const vlmd_grammar_options *opt,
                                                  vlmd_grammar **out, vlmd_error *err);
+/* The added tokens a tool-call grammar writes ("<tool_call>", "<arg_key>",
+ * ...; NULL-ended): a vocabulary made from a tokenizer (vlmd_vocab_from_
+ * tokenizer) keeps them even where the tokenizer calls them special, as
+ * GLM's does, so that a mask can allow them; other special tokens are never
+ * text. */
+extern const char *const vlmd_grammar_marker_tokens[];
 /* One entry point for a grammar as a request carries it (proto.h's
  * vlmd_grammar_kind by its name, vlmd_grammar_kind_str): "json_schema" (the
  * schema's text), "json_object" (text ignored), "regex" (the pattern),
@@ -188,8 +219,8 @@ typedef struct vlmd_vocab vlmd_vocab;
  * vlmd_masker_fill's eos argument only). Copies what it needs. */
 vlmd_status vlmd_vocab_create(uint32_t n, const uint8_t *const *bytes, const size_t *lens,
                               vlmd_vocab **out, vlmd_error *err);
-/* The tokenizer's vocabulary: special tokens ("special": true) are not text;
- * other added tokens are their text. */
+/* The tokenizer's vocabulary: special tokens ("special": true) are not text,
+ * but for vlmd_grammar_marker_tokens; other added tokens are their text. */
 vlmd_status vlmd_vocab_from_tokenizer(const vlmd_tokenizer *tok, vlmd_vocab **out,
                                       vlmd_error *err);
 void vlmd_vocab_free(vlmd_vocab *v);    /* accepts NULL */

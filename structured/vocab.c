@@ -198,6 +198,15 @@ vlmd_status vlmd_vocab_create(uint32_t n, const uint8_t *const *bytes, const siz
     return VLMD_OK;
 }
 
+/* A special token a tool-call grammar writes (GLM's markers are special). */
+static bool grammar_marker(const uint8_t *bytes, size_t len)
+{
+    for (const char *const *m = vlmd_grammar_marker_tokens; *m; m++)
+        if (strlen(*m) == len && memcmp(*m, bytes, len) == 0)
+            return true;
+    return false;
+}
+
 vlmd_status vlmd_vocab_from_tokenizer(const vlmd_tokenizer *tok, vlmd_vocab **out,
                                       vlmd_error *err)
 {
@@ -210,8 +219,8 @@ vlmd_status vlmd_vocab_from_tokenizer(const vlmd_tokenizer *tok, vlmd_vocab **ou
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
     for (uint32_t i = 0; i < n; i++)
-        if (vlmd_tokenizer_is_special(tok, i) ||
-            !vlmd_tokenizer_token_bytes(tok, i, &bytes[i], &lens[i]))
+        if (!vlmd_tokenizer_token_bytes(tok, i, &bytes[i], &lens[i]) ||
+            (vlmd_tokenizer_is_special(tok, i) && !grammar_marker(bytes[i], lens[i])))
             bytes[i] = NULL;
     vlmd_status st = vlmd_vocab_create(n, bytes, lens, out, err);
     free(bytes);

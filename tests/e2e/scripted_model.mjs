@@ -35,11 +35,12 @@ export const chainEdges = (chains) => chains.flatMap((c) => c.slice(0, -1).map((
 
 // Writes the model into dir. tokenizer: the fixture whose tokenizer and chat template it takes
 // (the body is always Qwen2's); pieces: the texts added as tokens; edges: [from, to, weight],
-// token `from` (an id, {piece: i} or 'end' for <|im_end|>) votes for `to`; vocab: the
-// embedding's rows (room for the pieces); positions: max_position_embeddings (the fixture's
-// when absent). Returns the first piece's id.
+// token `from` (an id, {piece: i} or 'end' for the end token) votes for `to`; end: the added
+// token 'end' is (<|im_end|>); config: fields that replace config.json's (eos_token_id, ...);
+// vocab: the embedding's rows (room for the pieces); positions: max_position_embeddings (the
+// fixture's when absent). Returns the first piece's id.
 export function writeScriptedModel(dir, { tokenizer: family = 'qwen2', pieces, edges, vocab = 1040, hidden = 64,
-  positions }) {
+  positions, end = '<|im_end|>', config: fields = {} }) {
   const H = hidden, V = vocab;
   const tokenizer = JSON.parse(readFileSync(`${FIXTURES}/${family}/tokenizer.json`, 'utf8'));
   const firstNew = Math.max(...tokenizer.added_tokens.map((t) => t.id)) + 1;
@@ -52,8 +53,9 @@ export function writeScriptedModel(dir, { tokenizer: family = 'qwen2', pieces, e
   Object.assign(config, { hidden_size: H, intermediate_size: H, num_hidden_layers: 1, layer_types: ['full_attention'],
     num_attention_heads: 1, num_key_value_heads: 1, vocab_size: V, tie_word_embeddings: false });
   if (positions) config.max_position_embeddings = positions;
+  Object.assign(config, fields);
   writeFileSync(`${dir}/config.json`, JSON.stringify(config));
-  const imEnd = tokenizer.added_tokens.find((t) => t.content === '<|im_end|>').id;
+  const imEnd = tokenizer.added_tokens.find((t) => t.content === end).id;
   const id = (t) => (t === 'end' ? imEnd : typeof t === 'object' ? firstNew + t.piece : t);
   const embed = new Float32Array(V * H), lmHead = new Float32Array(V * H);
   const slots = new Map();

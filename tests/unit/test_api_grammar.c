@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "api_grammar.h"
+#include "structured.h"
 #include "test_support.h"
 
 static vlmd_tokenizer *tok;
@@ -29,7 +30,7 @@ static bool parse(const char *body, bool reasoning, api_grammar *g, api_error *e
     cr_assert(b, "test JSON: %s", body);
     memset(e, 0, sizeof *e);
     bool ok = api_grammar_parse(b, true, json_object_get(b, "response_format"), false,
-                                "response_format", tok, reasoning, g, e);
+                                "response_format", tok, &tool_format_hermes, reasoning, g, e);
     json_decref(b);
     return ok;
 }
@@ -170,4 +171,41 @@ Test(api_grammar, tool_calls_are_held_where_tools_c_starts_them)
     snprintf(body, sizeof body, "{%s, \"tool_choice\": \"none\"}", tools);
     cr_assert(parse(body, false, &g, &e));
     cr_expect_eq(g.kind, VLMD_GRAMMAR_NONE);
+}
+
+/* GLM's calls: the spec names the glm45 format (the engine compiles its
+ * shape), and strict tools wait for GLM's <tool_call> token (a special one,
+ * which the engine's vocabulary keeps as the grammar's marker), after its
+ * </think> when it thinks. */
+Test(api_grammar, glm_tool_calls_are_held_in_glms_format)
+{
+    vlmd_tokenizer *glm = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("glm4_moe/tokenizer.json"), &glm, NULL),
+                 VLMD_OK);
+    static const char *const bodies[] = {
+        "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a\"}}], "
+        "\"tool_choice\": \"required\"}",
+        "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a\", \"strict\": "
+        "true}}]}",
+    };
+    for (int i = 0; i < 2; i++) {
+        json_t *b = json_loads(bodies[i], 0, NULL);
+        api_grammar g;
+        api_error e;
+        cr_assert(api_grammar_parse(b, true, NULL, false, "response_format", glm,
+                                    &tool_format_glm45, i == 1, &g, &e), "%s", e.message);
+        cr_expect_eq(g.kind, VLMD_GRAMMAR_TOOL_CALLS);
+        cr_expect(strstr(g.text, "\"format\":\"glm45\""), "%s", g.text);
+        vlmd_grammar *compiled = NULL;
+        cr_expect_eq(vlmd_grammar_compile_text("tool_calls", g.text, g.n_text, &compiled, NULL),
+                     VLMD_OK);
+        vlmd_grammar_free(compiled);
+        if (i == 1) {
+            cr_expect_eq(g.trigger, vlmd_tokenizer_find(glm, "<tool_call>"));
+            cr_expect_eq(g.trigger_after, vlmd_tokenizer_find(glm, "</think>"));
+        }
+        api_grammar_free(&g);
+        json_decref(b);
+    }
+    vlmd_tokenizer_free(glm);
 }

@@ -537,3 +537,34 @@ Test(api_request, response_format_shape_is_checked_field_by_field)
     cr_expect_str_eq(e.param, "text.format.strict");
     json_decref(v);
 }
+
+/* The model's end tokens: GLM lists three (config.json and generation_config.json
+ * alike), Mixtral one; each once; ids past the vocabulary left out. */
+Test(api_request, the_models_end_tokens_come_from_its_configs, .fini = cleanup)
+{
+    static const struct {
+        const char *model;
+        uint32_t ids[3];
+        uint32_t n;
+    } cases[] = {{"glm4_moe", {724, 731, 733}, 3}, {"mixtral", {2}, 1}};
+    for (size_t i = 0; i < 2; i++) {
+        char d[4096];
+        snprintf(d, sizeof d, "%s", test_fixture(cases[i].model));
+        vlmd_model_config mc;
+        vlmd_error err = {0};
+        cr_assert_eq(vlmd_model_config_load(d, &mc, &err), VLMD_OK, "%s", err.msg);
+        api_limits lim = {0};
+        api_end_tokens(d, &mc, 768, &lim);
+        cr_expect_eq(lim.n_end_ids, cases[i].n, "%s", cases[i].model);
+        cr_expect_arr_eq(lim.end_ids, cases[i].ids, cases[i].n * sizeof *lim.end_ids, "%s",
+                         cases[i].model);
+    }
+    /* generation_config.json alone (a list or one id), in its order after config.json's */
+    write_generation_config("{\"eos_token_id\": [7, 5, 900]}");
+    vlmd_model_config mc = {.text = {.eos_ids = {5}, .n_eos = 1}};
+    api_limits lim = {0};
+    api_end_tokens(dir, &mc, 768, &lim);
+    cr_expect_eq(lim.n_end_ids, 2);
+    cr_expect_eq(lim.end_ids[0], 5);
+    cr_expect_eq(lim.end_ids[1], 7);
+}

@@ -39,3 +39,22 @@ Test(reasoning, a_leading_think_is_not_shown_nor_a_tail_that_may_close_it)
     expect_shown("abc<", false, 0, 3);          /* the prompt opened it: all of it is reasoning */
     expect_shown("a<think>b", false, 0, 9);     /* only a leading one is the opening */
 }
+
+/* GLM writes its own <think>, after a newline; where the model may answer without
+ * one, an answer that opens none is content. */
+Test(reasoning, whitespace_before_the_opening_and_answers_that_open_none)
+{
+    expect_shown("\n", false, 0, 0);            /* may still open one */
+    expect_shown("\n<th", false, 0, 0);
+    expect_shown("\n<think>abc", false, 8, 11);
+    expect_shown(" \n<think>abc</", false, 9, 12);
+    expect_shown("\nabc", false, 0, 4);         /* (a model that thinks: all of it) */
+    cr_expect_eq(reasoning_opens(S("\n<think>"), false), REASONING_OPENS);
+    cr_expect_eq(reasoning_opens(S("<think>x"), true), REASONING_OPENS);
+    cr_expect_eq(reasoning_opens(S("\n"), false), REASONING_UNDECIDED);
+    cr_expect_eq(reasoning_opens(S("\n<thi"), false), REASONING_UNDECIDED);
+    cr_expect_eq(reasoning_opens(S("\n<thi"), true), REASONING_NOT);
+    cr_expect_eq(reasoning_opens(S(""), true), REASONING_NOT);
+    cr_expect_eq(reasoning_opens(S("\nHello"), false), REASONING_NOT);
+    cr_expect_eq(reasoning_opens(S("Hi <think>"), false), REASONING_NOT);
+}

@@ -1,14 +1,19 @@
 /* test_tools.c - function calling: tools, calls and results in the prompt as
  * Qwen2.5's chat template writes them, and an answer's text split into
- * content and calls, whole and as it streams. */
+ * content and calls, whole and as it streams, in both formats: hermes and
+ * GLM-4.5's glm45 (its values typed by the tools' schemas as vLLM's parser
+ * types them, streamed as a growing JSON object equal to the whole). */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "api_request.h"
+#include "pyjson.h"
 #include "test_support.h"
 #include "tools.h"
+
+#define H (&tool_format_hermes)
 
 static vlmd_tokenizer *tok;
 
@@ -147,7 +152,7 @@ Test(tools, a_forced_call_ends_the_prompt_and_starts_the_answer, .init = load_to
     for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
         json_t *body = json_loads(bodies[i][0], 0, NULL);
         cr_assert_not_null(body, "%s", bodies[i][0]);
-        char *prefix = api_tool_answer_prefix(body);
+        char *prefix = api_tool_answer_prefix(body, H);
         if (bodies[i][1])
             cr_expect_str_eq(prefix, bodies[i][1], "%s", bodies[i][0]);
         else
@@ -203,13 +208,13 @@ Test(tools, content_ends_where_a_call_begins_or_may_begin)
 {
     bool begun;
     const char *t = "Sure.<tool_call>\n{}";
-    cr_expect_eq(tool_content_end(t, strlen(t), false, &begun), 5);
+    cr_expect_eq(tool_content_end(H, t, strlen(t), false, &begun), 5);
     cr_expect(begun);
-    cr_expect_eq(tool_content_end("Sure.<tool", 10, false, &begun), 5, "a tail that may be one");
+    cr_expect_eq(tool_content_end(H, "Sure.<tool", 10, false, &begun), 5, "a tail that may be one");
     cr_expect_not(begun);
-    cr_expect_eq(tool_content_end("Sure.<tool", 10, true, &begun), 10, "the end: it was not");
-    cr_expect_eq(tool_content_end("a < b", 5, false, &begun), 5);
-    cr_expect_eq(tool_content_end("a <", 3, false, &begun), 2);
+    cr_expect_eq(tool_content_end(H, "Sure.<tool", 10, true, &begun), 10, "the end: it was not");
+    cr_expect_eq(tool_content_end(H, "a < b", 5, false, &begun), 5);
+    cr_expect_eq(tool_content_end(H, "a <", 3, false, &begun), 2);
 }
 
 Test(tools, blocks_become_calls_as_they_complete)
@@ -219,25 +224,25 @@ Test(tools, blocks_become_calls_as_they_complete)
                     "</tool_call><tool_call>\n{\"name\": \"h\"";
     size_t len = strlen(t), pos = 0;
     tool_call c;
-    cr_assert(tool_call_next(t, len, false, &pos, &c));
+    cr_assert(tool_call_next(H, NULL, t, len, false, &pos, &c));
     cr_expect_str_eq(c.name, "f");
     cr_expect_str_eq(c.arguments, "{\"a\": 1}", "the arguments as the model wrote them");
     cr_expect_eq(c.start, 0);
     tool_call_free(&c);
-    cr_assert(tool_call_next(t, len, false, &pos, &c));
+    cr_assert(tool_call_next(H, NULL, t, len, false, &pos, &c));
     cr_expect_str_eq(c.name, "g");
     cr_expect_str_eq(c.arguments, "{\"b\":[true]}", "arguments given as a string of an object");
     tool_call_free(&c);
     size_t before = pos;
-    cr_expect_not(tool_call_next(t, len, false, &pos, &c), "the third is not complete yet");
+    cr_expect_not(tool_call_next(H, NULL, t, len, false, &pos, &c), "the third is not complete yet");
     cr_expect_eq(pos, before);
-    cr_assert(tool_call_next(t, len, true, &pos, &c), "at the end it is taken as it is");
+    cr_assert(tool_call_next(H, NULL, t, len, true, &pos, &c), "at the end it is taken as it is");
     cr_expect_null(c.name, "its JSON is cut short: not a call");
     cr_expect_eq(c.end, len);
-    cr_expect_not(tool_call_next(t, len, true, &pos, &c), "nothing is left");
+    cr_expect_not(tool_call_next(H, NULL, t, len, true, &pos, &c), "nothing is left");
     const char *no_args = "<tool_call>{\"name\": \"f\"}</tool_call>";
     pos = 0;
-    cr_assert(tool_call_next(no_args, strlen(no_args), false, &pos, &c));
+    cr_assert(tool_call_next(H, NULL, no_args, strlen(no_args), false, &pos, &c));
     cr_expect_null(c.name, "a call has arguments");
 }
 
@@ -254,37 +259,41 @@ Test(tools, a_call_streams_its_name_then_its_arguments)
     tool_args a;
     /* every prefix that stops before the arguments' '{' is still a possible start */
     for (size_t n = strlen("<tool_call>"); n <= args_at; n++)
-        cr_expect_eq(tool_call_head(t, n, 0, &name, &a), TOOL_HEAD_WAIT, "at %zu", n);
-    cr_assert_eq(tool_call_head(t, args_at + 1, 0, &name, &a), TOOL_HEAD_CALL);
+        cr_expect_eq(tool_call_head(H, NULL, t, n, 0, &name, &a), TOOL_HEAD_WAIT, "at %zu", n);
+    cr_assert_eq(tool_call_head(H, NULL, t, args_at + 1, 0, &name, &a), TOOL_HEAD_CALL);
     cr_expect_str_eq(name, "get_weather");
     cr_expect_eq(a.start, args_at);
     free(name);
     /* fed one byte at a time, the scan ends just past the closing brace */
     size_t close = strstr(t, "}}\n</tool_call>") - t + 1;
+    vlmd_buf read = VLMD_BUF_INIT;
     for (size_t n = args_at; n <= len; n++) {
-        tool_args_scan(&a, t, n);
+        cr_assert_eq(tool_args_read(H, &a, t, n, false, &read), VLMD_OK);
         cr_expect_eq(a.closed, n >= close, "closed at %zu", n);
         cr_expect_eq(a.end, n >= close ? close : n);
     }
+    cr_expect_eq(read.len, close - args_at, "the object's bytes, each once");
+    cr_expect_eq(strncmp(read.data, t + args_at, close - args_at), 0);
+    vlmd_buf_free(&read);
     bool found;
-    cr_expect_eq(tool_call_close(t, len, a.end, &found), len);
+    cr_expect_eq(tool_call_close(H, t, len, a.end, &found), len);
     cr_expect(found);
-    cr_expect_eq(tool_call_close(t, len - 1, a.end, &found), len - 1);
+    cr_expect_eq(tool_call_close(H, t, len - 1, a.end, &found), len - 1);
     cr_expect_not(found, "its </tool_call> has not come yet");
 
     /* the whole answer reads the same call, arguments as generated */
     size_t pos = 0;
     tool_call c;
-    cr_assert(tool_call_next(t, len, false, &pos, &c));
+    cr_assert(tool_call_next(H, NULL, t, len, false, &pos, &c));
     cr_expect_str_eq(c.name, "get_weather");
     cr_expect_eq(strlen(c.arguments), close - args_at);
     cr_expect_eq(strncmp(c.arguments, t + args_at, close - args_at), 0);
     cr_expect_eq(pos, len);
     tool_call_free(&c);
     pos = 0;
-    cr_expect_not(tool_call_next(t, len - 1, false, &pos, &c), "not complete before its close");
+    cr_expect_not(tool_call_next(H, NULL, t, len - 1, false, &pos, &c), "not complete before its close");
     /* cut short inside its arguments: a call with the arguments generated */
-    cr_assert(tool_call_next(t, close - 3, true, &pos, &c));
+    cr_assert(tool_call_next(H, NULL, t, close - 3, true, &pos, &c));
     cr_expect_str_eq(c.name, "get_weather");
     cr_expect_eq(strlen(c.arguments), close - 3 - args_at);
     tool_call_free(&c);
@@ -302,23 +311,23 @@ Test(tools, other_blocks_are_read_whole)
         "<tool_call>\nSure: {\"name\": \"f\"}</tool_call>",
     };
     for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
-        cr_expect_eq(tool_call_head(other[i], strlen(other[i]), 0, &name, &a), TOOL_HEAD_OTHER,
+        cr_expect_eq(tool_call_head(H, NULL, other[i], strlen(other[i]), 0, &name, &a), TOOL_HEAD_OTHER,
                      "%s", other[i]);
     cr_expect_null(name);
     /* whitespace between the tokens is JSON's */
     const char *spaced = "<tool_call>{ \"name\" :\"f\" ,\n\t\"arguments\":{}}</tool_call>";
-    cr_assert_eq(tool_call_head(spaced, strlen(spaced), 0, &name, &a), TOOL_HEAD_CALL);
+    cr_assert_eq(tool_call_head(H, NULL, spaced, strlen(spaced), 0, &name, &a), TOOL_HEAD_CALL);
     cr_expect_str_eq(name, "f");
     free(name);
     /* a quoted object is read once the block closes, written compact */
     size_t pos = 0;
     tool_call c;
-    cr_assert(tool_call_next(other[1], strlen(other[1]), false, &pos, &c));
+    cr_assert(tool_call_next(H, NULL, other[1], strlen(other[1]), false, &pos, &c));
     cr_expect_str_eq(c.name, "f");
     cr_expect_str_eq(c.arguments, "{}");
     tool_call_free(&c);
-    cr_expect_eq(tool_call_find("ab<tool_call>", 13, 0), 2);
-    cr_expect_eq(tool_call_find("ab<tool_call>", 13, 3), 13);
+    cr_expect_eq(tool_call_find(H, "ab<tool_call>", 13, 0), 2);
+    cr_expect_eq(tool_call_find(H, "ab<tool_call>", 13, 3), 13);
 }
 
 /* Special tokens written in a tool's description, a call's arguments and a
@@ -361,4 +370,297 @@ Test(tools, special_tokens_in_tools_calls_and_results_are_text, .init = load_tok
                      "<|im_end|>\n<|im_start|>assistant\n");
     vlmd_buf_free(&text);
     vlmd_tokens_free(&got);
+}
+
+/* ---- glm45: GLM-4.5's calls ----------------------------------------------------- */
+
+#define G (&tool_format_glm45)
+
+/* A value as vLLM's GLM-4.5 parser reads it (json.loads, ast.literal_eval, the
+ * text), written as json.dumps does; the expected JSON is what Python gives. */
+Test(tools, glm_values_are_json_else_python_literals_else_text)
+{
+    static const char *const cases[][2] = {
+        {"2", "2"}, {"\"x\"", "\"x\""}, {"'x'", "\"x\""}, {"True", "true"}, {"None", "null"},
+        {"true", "true"}, {"[1, 'a',]", "[1, \"a\"]"}, {"(1,)", "[1]"}, {"(1)", "1"},
+        {"()", "[]"}, {"1_000", "1000"}, {"-0.5e-7", "-5e-08"}, {"1e16", "1e+16"},
+        {"100000.0", "100000.0"}, {"0.1", "0.1"}, {".5", "0.5"}, {"5.", "5.0"}, {"+3", "3"},
+        {"- 3", "-3"}, {"abc", "\"abc\""}, {"007", "\"007\""},
+        {"12345678901234567890123", "12345678901234567890123"},
+        {"{1: 'a', None: 2}", "{\"1\": \"a\", \"null\": 2}"},
+        {"'a\\x41\\u00e9\\n'", "\"aA\u00e9\\n\""}, {"\"\\/\"", "\"/\""},
+        {"\"a\" \"b\"", "\"ab\""}, {"[true, 'a']", "\"[true, 'a']\""},
+        {"{\"a\": 1.50, \"b\": \"x\\ty\"}", "{\"a\": 1.5, \"b\": \"x\\ty\"}"},
+        {"{'k': [1, {'n': (2, 3.0)}]}", "{\"k\": [1, {\"n\": [2, 3.0]}]}"},
+        /* where Python would give what is not JSON, or fail: the text */
+        {"NaN", "\"NaN\""}, {"1e400", "\"1e400\""}, {"{1, 2}", "\"{1, 2}\""},
+        {"0x10", "\"0x10\""}, {"'unclosed", "\"'unclosed\""}, {"", "\"\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        vlmd_buf out = VLMD_BUF_INIT;
+        cr_assert_eq(pyjson_value(cases[i][0], strlen(cases[i][0]), &out), VLMD_OK);
+        cr_expect_str_eq(out.data, cases[i][1], "%s", cases[i][0]);
+        vlmd_buf_free(&out);
+    }
+    /* json.dumps of what a request sent: Python's float repr and escapes */
+    json_t *v = json_loads("{\"f\": [0.1, 2.0, 1e-05, 1e16, -0.0, 123.456], \"s\": \"\\u0001\\u007f"
+                           "\\u2028\"}", 0, NULL);
+    vlmd_buf out = VLMD_BUF_INIT;
+    cr_assert_eq(pyjson_dumps(v, &out), VLMD_OK);
+    cr_expect_str_eq(out.data, "{\"f\": [0.1, 2.0, 1e-05, 1e+16, -0.0, 123.456], \"s\": "
+                               "\"\\u0001\x7f\u2028\"}");
+    vlmd_buf_free(&out);
+    json_decref(v);
+}
+
+static const char glm_tools[] =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": "
+    "{\"type\": \"integer\"}, \"zip\": {\"type\": \"string\"}, \"opts\": {\"type\": \"object\"}, "
+    "\"when\": {\"type\": [\"string\", \"null\"]}}}}}, {\"type\": \"function\", \"function\": "
+    "{\"name\": \"get_time\"}}]";
+
+/* An answer with content, then two calls, values of every kind; the
+ * expected arguments are what vLLM's glm45 parser makes of it (checked with
+ * its code), but for non-ASCII written as itself (json.dumps' ensure_ascii
+ * escapes it; JSON reads both the same). */
+static const char glm_answer[] =
+    "Let me check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value> \n S\u00e3o "
+    "\"Paulo\"\n</arg_value>\n<arg_key> days </arg_key>\n<arg_value>2</arg_value>\n<arg_key>zip"
+    "</arg_key>\n<arg_value>01310</arg_value>\n<arg_key>opts</arg_key>\n<arg_value>{'unit': 'c', "
+    "'alerts': [True, None], 'n': (1, 2.0)}</arg_value>\n<arg_key>when</arg_key>\n<arg_value>"
+    "tomorrow</arg_value>\n<arg_key>note</arg_key>\n<arg_value>{\"a\": 1.50, \"b\": \"x\\ty\"}"
+    "</arg_value>\n</tool_call>\n<tool_call>get_time\n</tool_call>";
+static const char glm_weather_args[] =
+    "{\"city\": \"S\u00e3o \\\"Paulo\\\"\", \"days\": 2, \"zip\": \"01310\", \"opts\": {\"unit\": "
+    "\"c\", \"alerts\": [true, null], \"n\": [1, 2.0]}, \"when\": \"tomorrow\", \"note\": "
+    "{\"a\": 1.5, \"b\": \"x\\ty\"}}";
+
+Test(tools, glm_calls_read_whole_with_values_typed_by_the_schema)
+{
+    json_t *tools = json_loads(glm_tools, 0, NULL);
+    cr_assert_not_null(tools);
+    const char *t = glm_answer;
+    size_t len = strlen(t);
+    bool begun;
+    size_t pos = tool_content_end(G, t, len, true, &begun);
+    cr_expect(begun);
+    cr_expect_eq(pos, strlen("Let me check.\n"), "the text before the first call is content");
+    tool_call c;
+    cr_assert(tool_call_next(G, tools, t, len, false, &pos, &c));
+    cr_expect_str_eq(c.name, "get_weather");
+    cr_expect_str_eq(c.arguments, glm_weather_args);
+    cr_expect_not(c.cut);
+    tool_call_free(&c);
+    cr_assert(tool_call_next(G, tools, t, len, false, &pos, &c));
+    cr_expect_str_eq(c.name, "get_time");
+    cr_expect_str_eq(c.arguments, "{}");
+    cr_expect_eq(c.end, len);
+    tool_call_free(&c);
+    cr_expect_not(tool_call_next(G, tools, t, len, true, &pos, &c), "nothing is left");
+    /* without the schema nothing is typed "string": 01310 reads as the text it is not JSON
+     * for, 2 as a number */
+    pos = 0;
+    cr_assert(tool_call_next(G, NULL, t, len, true, &pos, &c));
+    cr_expect(strstr(c.arguments, "\"zip\": \"01310\""), "%s", c.arguments);
+    cr_expect(strstr(c.arguments, "\"days\": 2"), "%s", c.arguments);
+    tool_call_free(&c);
+    /* GLM-4.7 writes no newline after the name, nor between the pairs */
+    const char *compact = "<tool_call>get_weather<arg_key>days</arg_key><arg_value>3</arg_value>"
+                          "<arg_key>city</arg_key><arg_value>Oslo</arg_value></tool_call>";
+    pos = 0;
+    cr_assert(tool_call_next(G, tools, compact, strlen(compact), false, &pos, &c));
+    cr_expect_str_eq(c.name, "get_weather");
+    cr_expect_str_eq(c.arguments, "{\"days\": 3, \"city\": \"Oslo\"}");
+    tool_call_free(&c);
+    json_decref(tools);
+}
+
+/* What a stream of the answer, fed `step` bytes at a time, makes of each call
+ * (as completions.c's stream_calls reads it): the name once its head is
+ * complete, then the arguments' pieces. */
+typedef struct glm_stream {
+    char *names[4];
+    vlmd_buf args[4];
+    int pieces[4];              /* non-empty pieces of each call's arguments */
+    size_t name_at[4];          /* bytes of the answer read when the name was known */
+    int n;
+    bool other;                 /* a block that is no call */
+} glm_stream;
+
+static void glm_stream_read(const json_t *tools, const char *t, size_t len, size_t step,
+                            glm_stream *s)
+{
+    memset(s, 0, sizeof *s);
+    enum { HEAD, ARGS, TAIL } st = HEAD;
+    size_t pos = 0;
+    tool_args a;
+    for (size_t n = step < len ? step : len;; n = n + step < len ? n + step : len) {
+        bool final = n == len;
+        for (;;) {
+            if (st == ARGS) {
+                vlmd_buf piece = VLMD_BUF_INIT;
+                cr_assert_eq(tool_args_read(G, &a, t, n, final, &piece), VLMD_OK);
+                if (piece.len) {
+                    vlmd_buf_append(&s->args[s->n - 1], piece.data, piece.len);
+                    s->pieces[s->n - 1]++;
+                }
+                vlmd_buf_free(&piece);
+                if (!a.closed && !final)
+                    break;
+                st = TAIL;
+                pos = a.end;
+            }
+            if (st == TAIL) {
+                bool found;
+                size_t after = tool_call_close(G, t, n, pos, &found);
+                if (!found && !final)
+                    break;
+                st = HEAD;
+                pos = after;
+            }
+            size_t open = tool_call_find(G, t, n, pos);
+            if (open == n)
+                break;
+            char *name;
+            tool_head h = tool_call_head(G, tools, t, n, open, &name, &a);
+            if (h == TOOL_HEAD_WAIT && !final)
+                break;
+            if (h != TOOL_HEAD_CALL) {
+                s->other = true;
+                return;
+            }
+            cr_assert_lt(s->n, 4);
+            s->names[s->n] = name;
+            s->name_at[s->n] = n;
+            vlmd_buf_puts(&s->args[s->n++], "");
+            st = ARGS;
+        }
+        if (final)
+            return;
+    }
+}
+
+static void glm_stream_free(glm_stream *s)
+{
+    for (int i = 0; i < s->n; i++) {
+        free(s->names[i]);
+        vlmd_buf_free(&s->args[i]);
+    }
+}
+
+Test(tools, glm_calls_stream_their_name_then_their_arguments_as_a_growing_object)
+{
+    json_t *tools = json_loads(glm_tools, 0, NULL);
+    const char *t = glm_answer;
+    size_t len = strlen(t);
+    /* every step, down to a byte at a time, streams the arguments the whole answer has */
+    for (size_t step = 1; step <= len; step += step < 16 ? 1 : 37) {
+        glm_stream s;
+        glm_stream_read(tools, t, len, step, &s);
+        cr_assert_eq(s.n, 2, "step %zu", step);
+        cr_expect_not(s.other);
+        cr_expect_str_eq(s.names[0], "get_weather", "step %zu", step);
+        cr_expect_str_eq(s.args[0].data, glm_weather_args, "step %zu", step);
+        cr_expect_str_eq(s.names[1], "get_time", "step %zu", step);
+        cr_expect_str_eq(s.args[1].data, "{}", "step %zu", step);
+        if (step == 1) {
+            /* the name goes out as soon as its line ends, long before the call closes;
+             * the arguments in many pieces: a string value's text as it comes */
+            cr_expect_eq(s.name_at[0], (size_t)(strstr(t, "get_weather\n") - t) + 12);
+            cr_expect_gt(s.pieces[0], 12, "%d pieces", s.pieces[0]);
+        }
+        glm_stream_free(&s);
+    }
+    /* a string value's text goes out before its end marker, its ends stripped */
+    const char *open = "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>  New York ";
+    tool_args a;
+    char *name;
+    size_t n = strlen(open);
+    cr_assert_eq(tool_call_head(G, tools, open, n, 0, &name, &a), TOOL_HEAD_CALL);
+    free(name);
+    vlmd_buf piece = VLMD_BUF_INIT;
+    cr_assert_eq(tool_args_read(G, &a, open, n, false, &piece), VLMD_OK);
+    cr_expect_str_eq(piece.data, "{\"city\": \"New York", "the trailing space is held back");
+    json_decref(tools);
+    vlmd_buf_free(&piece);
+}
+
+/* Cut by max_tokens: the stream and the whole answer read the same cut call. */
+Test(tools, glm_a_cut_call_reads_the_same_streamed_or_whole)
+{
+    json_t *tools = json_loads(glm_tools, 0, NULL);
+    const char *t = glm_answer;
+    size_t full = strlen(t);
+    for (size_t len = strlen("Let me check.\n<tool_call>get_weather\n"); len < full; len += 3) {
+        size_t pos = strlen("Let me check.\n");
+        tool_call c;
+        cr_assert(tool_call_next(G, tools, t, len, true, &pos, &c), "at %zu", len);
+        glm_stream s;
+        glm_stream_read(tools, t, len, 5, &s);
+        cr_assert_geq(s.n, 1, "at %zu", len);
+        cr_expect_str_eq(s.args[0].data, c.arguments, "cut at %zu", len);
+        tool_call_free(&c);
+        glm_stream_free(&s);
+    }
+    json_decref(tools);
+}
+
+/* Blocks that are no GLM call stay text: hermes JSON, no name, a name that is
+ * no function name; vLLM's parser skips text between pairs, as here. */
+Test(tools, glm_malformed_blocks_are_not_calls)
+{
+    static const char *const other[] = {
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+        "<tool_call>{\"name\": \"f\"}</tool_call>",
+        "<tool_call>get weather\n</tool_call>",
+        "<tool_call><arg_key>a</arg_key><arg_value>1</arg_value></tool_call>",
+        "<tool_call>f<tool_response>\n</tool_call>",
+    };
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+        size_t pos = 0;
+        tool_call c;
+        cr_assert(tool_call_next(G, NULL, other[i], strlen(other[i]), true, &pos, &c), "%s",
+                  other[i]);
+        cr_expect_null(c.name, "%s", other[i]);
+        cr_expect_eq(c.end, strlen(other[i]));
+        tool_call_free(&c);
+        char *name = NULL;
+        tool_args a;
+        cr_expect_eq(tool_call_head(G, NULL, other[i], strlen(other[i]), 0, &name, &a),
+                     TOOL_HEAD_OTHER, "%s", other[i]);
+    }
+    /* a head not complete yet: waiting, not refused */
+    const char *waits[] = {"<tool_call>", "<tool_call>get_wea", "<tool_call>f <arg_k"};
+    for (size_t i = 0; i < 3; i++) {
+        char *name = NULL;
+        tool_args a;
+        cr_expect_eq(tool_call_head(G, NULL, waits[i], strlen(waits[i]), 0, &name, &a),
+                     TOOL_HEAD_WAIT, "%s", waits[i]);
+    }
+    /* junk between pairs is skipped, a key without a value dropped */
+    const char *junk = "<tool_call>f\nokay: <arg_key>a</arg_key>\n<arg_value>1</arg_value> and "
+                       "<arg_key>b</arg_key> oops <arg_key>c</arg_key><arg_value>x</arg_value>"
+                       "</tool_call>";
+    size_t pos = 0;
+    tool_call c;
+    cr_assert(tool_call_next(G, NULL, junk, strlen(junk), false, &pos, &c));
+    cr_expect_str_eq(c.arguments, "{\"a\": 1, \"c\": \"x\"}");
+    tool_call_free(&c);
+}
+
+/* The prompt side of glm45: the forced starts. */
+Test(tools, glm_forced_calls_start_with_the_formats_head)
+{
+    json_t *body = json_loads("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+                              "\"get_time\"}}], \"tool_choice\": \"required\"}", 0, NULL);
+    char *prefix = api_tool_answer_prefix(body, G);
+    cr_expect_str_eq(prefix, "<tool_call>");
+    free(prefix);
+    json_object_set_new(body, "tool_choice", json_pack("{s:s, s:{s:s}}", "type", "function",
+                                                       "function", "name", "get_time"));
+    prefix = api_tool_answer_prefix(body, G);
+    cr_expect_str_eq(prefix, "<tool_call>get_time\n");
+    free(prefix);
+    json_decref(body);
 }
