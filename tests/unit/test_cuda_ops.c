@@ -196,13 +196,19 @@ Test(cuda_ops, rope_kv_write)
         int hd, sections[3];
         bool mrope, interleaved, norm, bias;
         float theta;
+        int rotary_dim; /* 0: every dim */
+        bool pairs;
     } cases[] = {
-        {32, {4, 6, 6}, false, false, false, false, 1e6f}, /* Qwen2 */
-        {32, {4, 6, 6}, true, false, false, true, 1e6f},   /* Qwen2-VL */
-        {32, {6, 5, 5}, true, true, true, false, 1e4f},    /* Qwen3-VL */
-        {128, {0}, false, false, true, false, 1e6f},       /* Qwen3 */
-        {128, {24, 20, 20}, true, true, true, true, 1e4f}, /* Qwen3-VL's sections, and a bias */
-        {80, {16, 12, 12}, true, false, true, true, 1e4f}, /* a head dim not a multiple of 32 */
+        {32, {4, 6, 6}, false, false, false, false, 1e6f, 0, false}, /* Qwen2 */
+        {32, {4, 6, 6}, true, false, false, true, 1e6f, 0, false},   /* Qwen2-VL */
+        {32, {6, 5, 5}, true, true, true, false, 1e4f, 0, false},    /* Qwen3-VL */
+        {128, {0}, false, false, true, false, 1e6f, 0, false},       /* Qwen3 */
+        {128, {24, 20, 20}, true, true, true, true, 1e4f, 0, false}, /* Qwen3-VL's, a bias */
+        {80, {16, 12, 12}, true, false, true, true, 1e4f, 0, false}, /* hd not a multiple of 32 */
+        {128, {0}, false, false, false, true, 1e6f, 64, false},      /* GLM-4.5-Air: half */
+        {128, {0}, false, false, true, true, 1e6f, 64, false},       /* GLM-4.5 / 4.6: q/k norm */
+        {64, {0}, false, false, false, false, 1e4f, 64, true},       /* GPT-J's pairs */
+        {96, {0}, false, false, true, true, 1e4f, 32, true},         /* a prefix in pairs */
     };
     int n = 9, nh = 4, nkv = 2, n_slots = 40;
     int32_t pos[27], slots[9];
@@ -224,7 +230,9 @@ Test(cuda_ops, rope_kv_write)
             dv[b] = on(bs[b], vc, (size_t)n_slots * kv_dim);
             vlmd_rope rope = {.theta = cases[c].theta,
                               .sections = cases[c].mrope ? cases[c].sections : NULL,
-                              .interleaved = cases[c].interleaved, .norm_eps = 1e-6f};
+                              .interleaved = cases[c].interleaved, .norm_eps = 1e-6f,
+                              .rotary_dim = cases[c].rotary_dim,
+                              .pairs_interleaved = cases[c].pairs};
             if (cases[c].norm) {
                 rope.q_norm = on(bs[b], qn, hd);
                 rope.k_norm = on(bs[b], kn, hd);
@@ -233,10 +241,11 @@ Test(cuda_ops, rope_kv_write)
                 bs[b], dqkv[b], cases[c].bias ? on(bs[b], bias, stride) : NULL, dk[b], dv[b],
                 ints_on(bs[b], pos, 27), ints_on(bs[b], slots, n), n, nh, nkv, hd, &rope);
         }
-        char what[96];
-        snprintf(what, sizeof what, "case %zu hd=%d%s%s%s%s: ", c, hd,
-                 cases[c].mrope ? " mrope" : "", cases[c].interleaved ? " interleaved" : "",
-                 cases[c].norm ? " q/k norm" : "", cases[c].bias ? " bias" : "");
+        char what[128];
+        snprintf(what, sizeof what, "case %zu hd=%d rd=%d%s%s%s%s%s: ", c, hd,
+                 cases[c].rotary_dim, cases[c].mrope ? " mrope" : "",
+                 cases[c].interleaved ? " interleaved" : "", cases[c].norm ? " q/k norm" : "",
+                 cases[c].bias ? " bias" : "", cases[c].pairs ? " pairs" : "");
         size_t at = strlen(what);
         snprintf(what + at, sizeof what - at, "rope q");
         expect_close_cols(what, p.cpu, dqkv[0], p.gpu, dqkv[1], n, (size_t)nh * hd, stride, 1e-2);
@@ -658,6 +667,68 @@ static void check_moe_route(pair *p, int n, int E, int k, bool renormalize, bool
     free(logits);
     for (int b = 0; b < 2; b++)
         free(ids[b]), free(w[b]);
+}
+
+/* The sigmoid router on both backends, given the same bf16-rounded logits
+ * (the CUDA backend's activations), so that their choices must agree: the
+ * same experts in the same order, weights within 1e-5. */
+static void check_sigmoid_route(pair *p, int n, int E, int k, int groups, int topk_groups,
+                                float scale, bool renormalize, bool biased, int levels)
+{
+    float *logits = random_floats((size_t)n * E, 3), *bias = random_floats((size_t)E, 0.6f);
+    for (size_t i = 0; i < (size_t)n * E; i++) { /* bf16 values, as the GPU holds them */
+        if (levels)
+            logits[i] = (float)(random_u32() % (unsigned)levels) - 1.5f;
+        union { float f; uint32_t u; } v = {logits[i]};
+        v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
+        logits[i] = v.f;
+    }
+    size_t nk = (size_t)n * k;
+    int32_t *ids[2];
+    float *w[2];
+    vlmd_backend *bs[2] = {p->cpu, p->gpu};
+    for (int b = 0; b < 2; b++) {
+        void *dids = bytes_on(bs[b], NULL, nk * sizeof(int32_t));
+        void *dw = bytes_on(bs[b], NULL, nk * sizeof(float));
+        vlmd_moe_router r = {.sigmoid = true, .renormalize = renormalize, .scale = scale,
+                             .n_group = groups, .topk_group = topk_groups,
+                             .bias = biased ? bytes_on(bs[b], bias, (size_t)E * sizeof(float))
+                                            : NULL};
+        vlmd_backend_ops(bs[b])->moe_route(bs[b], dids, dw, on(bs[b], logits, (size_t)n * E), n,
+                                           E, k, &r, false);
+        ids[b] = bytes_back(bs[b], dids, nk * sizeof(int32_t));
+        w[b] = bytes_back(bs[b], dw, nk * sizeof(float));
+    }
+    int bad = 0;
+    for (size_t i = 0; i < nk; i++)
+        if (ids[1][i] != ids[0][i] || fabsf(w[1][i] - w[0][i]) > 1e-5f * (1 + fabsf(w[0][i]))) {
+            if (bad++ < 5)
+                cr_log_info("sigmoid route E=%d k=%d: token %zu choice %zu: cpu %d %g gpu %d %g",
+                            E, k, i / k, i % k, ids[0][i], w[0][i], ids[1][i], w[1][i]);
+        }
+    cr_expect_eq(bad, 0, "sigmoid route n=%d E=%d k=%d groups %d of %d scale %g: %d of %zu "
+                 "choices differ", n, E, k, topk_groups, groups, scale, bad, nk);
+    free(logits), free(bias);
+    for (int b = 0; b < 2; b++)
+        free(ids[b]), free(w[b]);
+}
+
+/* GLM-4.5-Air (128 experts, 8 a token), GLM-4.5 (160, scaled by 2.5),
+ * DeepSeek-V3's grouping (256 in 8 groups, 4 kept), small groups with a
+ * negative bias (the zeroed groups then matter), ties everywhere. */
+Test(cuda_ops, moe_route_sigmoid_against_the_reference)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    check_sigmoid_route(&p, 33, 128, 8, 1, 1, 1.0f, true, true, 0);
+    check_sigmoid_route(&p, 20, 160, 8, 1, 1, 2.5f, true, true, 0);
+    check_sigmoid_route(&p, 17, 256, 8, 8, 4, 2.5f, true, true, 0);
+    check_sigmoid_route(&p, 64, 16, 4, 4, 2, 1.0f, true, true, 0);
+    check_sigmoid_route(&p, 40, 12, 3, 3, 1, 1.5f, false, true, 0);
+    check_sigmoid_route(&p, 64, 64, 8, 1, 1, 1.0f, true, false, 3); /* ties */
+    check_sigmoid_route(&p, 9, 1024, 32, 32, 8, 1.0f, true, true, 0);
+    close_pair(&p);
 }
 
 /* The router's softmax and top-k at the shapes models have (8 to 512
