@@ -1,6 +1,11 @@
 /* detok.c - token ids back to text (see tokenizer.h): each id's raw bytes,
  * emitted only at UTF-8 boundaries, so a stream never shows half a
- * character. */
+ * character. Byte-level: invalid UTF-8 is one U+FFFD per maximal invalid
+ * subpart (Python's errors="replace"). SentencePiece-style: a run of <0xXX>
+ * tokens is held until it ends, then it is its UTF-8 text, or one U+FFFD
+ * per byte when the run is not valid UTF-8 (Hugging Face's ByteFallback);
+ * the decoder's Strip takes leading spaces of the whole text; a Metaspace
+ * decoder drops the first token's markers. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -81,6 +86,60 @@ static size_t emit_utf8(const uint8_t *p, size_t n, vlmd_buf *out, vlmd_status *
     return 0;
 }
 
+/* ---- SentencePiece-style ------------------------------------------------------------- */
+
+/* Text of the whole decode's: up to strip_left leading spaces are dropped. */
+static vlmd_status sp_emit(vlmd_detok *d, const uint8_t *p, size_t n, vlmd_buf *out)
+{
+    while (n && !d->started && d->strip_left > 0 && p[0] == ' ')
+        p++, n--, d->strip_left--;
+    if (n)
+        d->started = true;
+    return vlmd_buf_append(out, p, n);
+}
+
+/* The held run of <0xXX> bytes: its text, or U+FFFD per byte. */
+static vlmd_status sp_flush_run(vlmd_detok *d, vlmd_buf *out)
+{
+    size_t n = (size_t)d->n_pending;
+    bool valid = true;
+    for (size_t i = 0; valid && i < n;) {
+        int k = utf8_char(d->pending + i, n - i);
+        valid = k > 0;
+        i += k > 0 ? (size_t)k : 0;
+    }
+    vlmd_status st = valid ? sp_emit(d, d->pending, n, out) : VLMD_OK;
+    for (size_t i = 0; !valid && st == VLMD_OK && i < n; i++)
+        st = sp_emit(d, (const uint8_t *)replacement, 3, out);
+    d->n_pending = 0;
+    return st;
+}
+
+static vlmd_status sp_push(vlmd_detok *d, const vlmd_tokenizer *tok, const token_entry *e,
+                           vlmd_buf *out)
+{
+    if (!d->started && d->n_tokens == 0)
+        d->strip_left = tok->strip_start;
+    vlmd_status st = VLMD_OK;
+    bool first = d->n_tokens++ == 0;
+    if (e->raw_byte) {
+        if (d->n_pending == VLMD_DETOK_RUN)
+            st = sp_flush_run(d, out);
+        d->pending[d->n_pending++] = e->bytes[0];
+        return st;
+    }
+    if (d->n_pending)
+        st = sp_flush_run(d, out);
+    if (st != VLMD_OK || !first || !tok->metaspace_decoder || e->added)
+        return st != VLMD_OK ? st : sp_emit(d, e->bytes, e->len, out);
+    for (uint32_t i = 0; st == VLMD_OK && i < e->len; i++) /* the first token's markers go */
+        if (e->bytes[i] != ' ')
+            st = sp_emit(d, e->bytes + i, 1, out);
+    return st;
+}
+
+/* ---- both kinds ------------------------------------------------------------------------ */
+
 vlmd_status vlmd_detok_push(vlmd_detok *d, const vlmd_tokenizer *tok, uint32_t id, vlmd_buf *out,
                             vlmd_error *err)
 {
@@ -90,6 +149,8 @@ vlmd_status vlmd_detok_push(vlmd_detok *d, const vlmd_tokenizer *tok, uint32_t i
     const token_entry *e = &tok->tokens[id];
     if (e->special && d->skip_special)
         return VLMD_OK;
+    if (tok->kind == TOK_SENTENCEPIECE)
+        return sp_push(d, tok, e, out);
     uint8_t stackbuf[256];
     size_t n = (size_t)d->n_pending + e->len;
     uint8_t *p = n <= sizeof stackbuf ? stackbuf : malloc(n);
@@ -106,8 +167,10 @@ vlmd_status vlmd_detok_push(vlmd_detok *d, const vlmd_tokenizer *tok, uint32_t i
     return st;
 }
 
-vlmd_status vlmd_detok_flush(vlmd_detok *d, vlmd_buf *out)
+vlmd_status vlmd_detok_flush(vlmd_detok *d, const vlmd_tokenizer *tok, vlmd_buf *out)
 {
+    if (tok->kind == TOK_SENTENCEPIECE)
+        return sp_flush_run(d, out);
     vlmd_status st = VLMD_OK;
     if (d->n_pending)
         st = vlmd_buf_append(out, replacement, 3);
@@ -124,5 +187,5 @@ vlmd_status vlmd_tokenizer_decode(const vlmd_tokenizer *tok, const uint32_t *ids
         if (st != VLMD_OK)
             return st;
     }
-    return vlmd_detok_flush(&d, out);
+    return vlmd_detok_flush(&d, tok, out);
 }

@@ -1,4 +1,6 @@
-/* tokenizer.c - byte-level BPE from tokenizer.json (see tokenizer.h).
+/* tokenizer.c - BPE from tokenizer.json (see tokenizer.h): loading, the
+ * byte-level kind's encoding (the SentencePiece-style kind's is
+ * tokenizer_sp.c), added tokens, the post-processor's special ids.
  * Owns the vocabulary (each id's raw bytes), two hash tables (symbol text ->
  * id, merge pair -> rank and result), the added tokens and the compiled
  * pre-tokenizer regex. Also the prompt text of trusted and untrusted pieces
@@ -57,7 +59,7 @@ static size_t table_size(size_t n)
     return cap;
 }
 
-static int64_t sym_find(const vlmd_tokenizer *tok, const char *key, size_t len)
+int64_t tok_sym_find(const vlmd_tokenizer *tok, const char *key, size_t len)
 {
     if (!tok->sym_cap)
         return -1;
@@ -169,7 +171,10 @@ static vlmd_status load_vocab(vlmd_tokenizer *tok, json_t *vocab, const char *pa
     json_object_foreach(vocab, key, v)
     {
         uint32_t id = (uint32_t)json_integer_value(v), len;
-        if (strlen(key) >= sizeof bytes || !symbol_to_bytes(key, cp_to_byte, bytes, &len))
+        bool raw_byte = false;
+        if (tok->kind == TOK_SENTENCEPIECE
+                ? strlen(key) >= sizeof bytes || !sp_piece_bytes(tok, key, bytes, &len, &raw_byte)
+                : strlen(key) >= sizeof bytes || !symbol_to_bytes(key, cp_to_byte, bytes, &len))
             return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: vocab entry '%.40s' is not in the "
                                "byte-level alphabet", path, key);
         if (tok->symbols[id])
@@ -180,8 +185,15 @@ static vlmd_status load_vocab(vlmd_tokenizer *tok, json_t *vocab, const char *pa
             return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
         memcpy(tok->tokens[id].bytes, bytes, len);
         tok->tokens[id].len = len;
+        tok->tokens[id].raw_byte = raw_byte;
+        if (raw_byte) {
+            tok->byte_token[bytes[0]] = id;
+            tok->has_byte[bytes[0]] = true;
+        }
         sym_insert(tok, tok->symbols[id], id);
     }
+    if (tok->kind == TOK_SENTENCEPIECE)
+        return VLMD_OK;
     for (int b = 0; b < 256; b++) {
         char sym[4] = {0};
         unsigned cp = byte_code_point(b);
@@ -191,7 +203,7 @@ static vlmd_status load_vocab(vlmd_tokenizer *tok, json_t *vocab, const char *pa
             sym[0] = (char)(0xc0 | (cp >> 6));
             sym[1] = (char)(0x80 | (cp & 0x3f));
         }
-        int64_t id = sym_find(tok, sym, strlen(sym));
+        int64_t id = tok_sym_find(tok, sym, strlen(sym));
         if (id < 0)
             return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: the vocab lacks the byte-level symbol of "
                                "byte 0x%02x", path, b);
@@ -228,10 +240,10 @@ static vlmd_status load_merges(vlmd_tokenizer *tok, json_t *merges, const char *
         }
         if (!a || !b)
             return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: merge %zu is not a pair", path, i);
-        int64_t ia = sym_find(tok, a, strlen(a)), ib = sym_find(tok, b, strlen(b));
+        int64_t ia = tok_sym_find(tok, a, strlen(a)), ib = tok_sym_find(tok, b, strlen(b));
         char joined[4096];
         snprintf(joined, sizeof joined, "%s%s", a, b);
-        int64_t ir = sym_find(tok, joined, strlen(joined));
+        int64_t ir = tok_sym_find(tok, joined, strlen(joined));
         if (ia < 0 || ib < 0 || ir < 0)
             return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: merge %zu ('%.40s' '%.40s') uses or makes "
                                "a token outside the vocab", path, i, a, b);
@@ -330,6 +342,57 @@ static const char *find_regex(json_t *pre, const char *path, vlmd_error *err)
     return NULL;
 }
 
+/* The special ids a TemplateProcessing post-processor (alone or in a
+ * Sequence) puts before and after a single sequence: what
+ * add_special_tokens=True adds (Mixtral's <s>, Qwen3-Embedding's final
+ * <|endoftext|>). Others add none. */
+static vlmd_status read_post_processor(vlmd_tokenizer *tok, json_t *pp, const char *path,
+                                       vlmd_error *err)
+{
+    const char *type = json_string_value(json_object_get(pp, "type"));
+    if (type && strcmp(type, "Sequence") == 0) {
+        size_t i;
+        json_t *p;
+        json_array_foreach(json_object_get(pp, "processors"), i, p)
+        {
+            vlmd_status st = read_post_processor(tok, p, path, err);
+            if (st != VLMD_OK)
+                return st;
+        }
+        return VLMD_OK;
+    }
+    if (!type || strcmp(type, "TemplateProcessing") != 0)
+        return VLMD_OK; /* ByteLevel and the like: offsets only */
+    json_t *specials = json_object_get(pp, "special_tokens"), *item;
+    bool after = false;
+    size_t i;
+    json_array_foreach(json_object_get(pp, "single"), i, item)
+    {
+        if (json_object_get(item, "Sequence")) {
+            after = true;
+            continue;
+        }
+        const char *name = json_string_value(
+            json_object_get(json_object_get(item, "SpecialToken"), "id"));
+        json_t *ids = json_object_get(json_object_get(specials, name ? name : ""), "ids");
+        size_t k;
+        json_t *id;
+        json_array_foreach(ids, k, id)
+        {
+            int *n = after ? &tok->n_suffix : &tok->n_prefix;
+            if (!json_is_integer(id) || *n == TOK_MAX_FRAME)
+                return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: the post-processor's special "
+                                   "token '%s' is not up to %d ids", path, name ? name : "?",
+                                   TOK_MAX_FRAME);
+            (after ? tok->suffix : tok->prefix)[(*n)++] = (uint32_t)json_integer_value(id);
+        }
+        if (!name || !ids)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: the post-processor names a special "
+                               "token it does not list", path);
+    }
+    return VLMD_OK;
+}
+
 /* null or NFC; anything else would tokenize differently from the reference. */
 static vlmd_status read_normalizer(vlmd_tokenizer *tok, json_t *norm, const char *path,
                                    vlmd_error *err)
@@ -362,6 +425,34 @@ static vlmd_status compile_regex(vlmd_tokenizer *tok, const char *re, const char
     return VLMD_OK;
 }
 
+/* A byte-level tokenizer.json: its decoder is ByteLevel, or (none given)
+ * its pre-tokenizer is or holds one. */
+static bool is_byte_level(json_t *j)
+{
+    const char *dec = json_string_value(json_object_get(json_object_get(j, "decoder"), "type"));
+    if (dec)
+        return strcmp(dec, "ByteLevel") == 0;
+    json_t *pre = json_object_get(j, "pre_tokenizer"), *p;
+    const char *type = json_string_value(json_object_get(pre, "type"));
+    if (type && strcmp(type, "ByteLevel") == 0)
+        return true;
+    size_t i;
+    json_array_foreach(json_object_get(pre, "pretokenizers"), i, p)
+    {
+        type = json_string_value(json_object_get(p, "type"));
+        if (type && strcmp(type, "ByteLevel") == 0)
+            return true;
+    }
+    return false;
+}
+
+/* The id of the model's unk_token (-1: none). */
+static int64_t unk_id(const vlmd_tokenizer *tok, json_t *unk)
+{
+    const char *name = json_string_value(unk);
+    return name ? vlmd_tokenizer_find(tok, name) : -1;
+}
+
 vlmd_status vlmd_tokenizer_load(const char *path, vlmd_tokenizer **out, vlmd_error *err)
 {
     *out = NULL;
@@ -376,11 +467,15 @@ vlmd_status vlmd_tokenizer_load(const char *path, vlmd_tokenizer **out, vlmd_err
         return vlmd_errorf(err, VLMD_ERR_MODEL, "%s:%d: invalid JSON: %s", path, jerr.line,
                            jerr.text);
     vlmd_tokenizer *tok = calloc(1, sizeof *tok);
-    if (tok)
+    if (tok) {
         tok->long_piece = VLMD_TOKENIZER_LONG_PIECE;
+        tok->unk = -1;
+    }
     json_t *model = json_object_get(j, "model");
     const char *type = json_string_value(json_object_get(model, "type"));
     const char *re = NULL;
+    if (tok) /* byte-level unless its decoder says SentencePiece-style (Replace, Metaspace) */
+        tok->kind = is_byte_level(j) ? TOK_BYTE_LEVEL : TOK_SENTENCEPIECE;
     if (!tok)
         st = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     else if (!type || strcmp(type, "BPE") != 0)
@@ -389,17 +484,23 @@ vlmd_status vlmd_tokenizer_load(const char *path, vlmd_tokenizer **out, vlmd_err
     else if (!json_is_object(json_object_get(model, "vocab")) ||
              !json_is_array(json_object_get(model, "merges")))
         st = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: model lacks vocab or merges", path);
+    else if (tok->kind == TOK_SENTENCEPIECE)
+        st = sp_configure(tok, j, path, err);
     else if (!(re = find_regex(json_object_get(j, "pre_tokenizer"), path, err)))
         st = VLMD_ERR_MODEL;
     else
         st = read_normalizer(tok, json_object_get(j, "normalizer"), path, err);
+    if (st == VLMD_OK)
+        st = read_post_processor(tok, json_object_get(j, "post_processor"), path, err);
     if (st == VLMD_OK)
         st = load_vocab(tok, json_object_get(model, "vocab"), path, err);
     if (st == VLMD_OK)
         st = load_merges(tok, json_object_get(model, "merges"), path, err);
     if (st == VLMD_OK)
         st = load_added(tok, json_object_get(j, "added_tokens"), path, err);
-    if (st == VLMD_OK)
+    if (st == VLMD_OK && tok->kind == TOK_SENTENCEPIECE && tok->unk < 0)
+        tok->unk = unk_id(tok, json_object_get(model, "unk_token"));
+    if (st == VLMD_OK && re)
         st = compile_regex(tok, re, path, err);
     json_decref(j);
     if (st != VLMD_OK) {
@@ -425,6 +526,7 @@ void vlmd_tokenizer_free(vlmd_tokenizer *tok)
     free(tok->merges);
     free(tok->added);
     pcre2_code_free(tok->re);
+    sp_free(tok);
     free(tok);
 }
 
@@ -451,8 +553,10 @@ static vlmd_status encode_pieces(const vlmd_tokenizer *tok, bpe_scratch *s,
  * Hugging Face normalizes before pre-tokenizing), then split and BPE'd.
  * Invalid UTF-8 cannot be normalized and is used as it is. */
 static vlmd_status encode_plain(const vlmd_tokenizer *tok, bpe_scratch *s, pcre2_match_data *md,
-                                const char *text, size_t len, vlmd_tokens *out)
+                                const char *text, size_t len, bool first, vlmd_tokens *out)
 {
+    if (tok->kind == TOK_SENTENCEPIECE)
+        return sp_encode(tok, s, text, len, first, out);
     if (!tok->nfc)
         return encode_pieces(tok, s, md, text, len, out);
     size_t n = 0;
@@ -518,8 +622,8 @@ static vlmd_status encode_pieces_of(const vlmd_tokenizer *tok, const char *text,
                                     const vlmd_prompt_piece *pieces, size_t n, vlmd_tokens *out)
 {
     bpe_scratch s = {0};
-    pcre2_match_data *md = pcre2_match_data_create_from_pattern(tok->re, NULL);
-    if (!md)
+    pcre2_match_data *md = tok->re ? pcre2_match_data_create_from_pattern(tok->re, NULL) : NULL;
+    if (tok->re && !md)
         return VLMD_ERR_NOMEM;
     vlmd_status st = VLMD_OK;
     size_t seg = 0, i = 0; /* the run not encoded yet starts at seg */
@@ -537,7 +641,7 @@ static vlmd_status encode_pieces_of(const vlmd_tokenizer *tok, const char *text,
                 continue;
             }
             if (i > seg)
-                st = encode_plain(tok, &s, md, text + seg, i - seg, out);
+                st = encode_plain(tok, &s, md, text + seg, i - seg, seg == 0, out);
             if (st == VLMD_OK)
                 st = vlmd_tokens_push(out, a->id);
             i += a->len;
@@ -545,8 +649,9 @@ static vlmd_status encode_pieces_of(const vlmd_tokenizer *tok, const char *text,
         }
     }
     if (st == VLMD_OK && len > seg)
-        st = encode_plain(tok, &s, md, text + seg, len - seg, out);
-    pcre2_match_data_free(md);
+        st = encode_plain(tok, &s, md, text + seg, len - seg, seg == 0, out);
+    if (md)
+        pcre2_match_data_free(md);
     bpe_scratch_free(&s);
     return st;
 }
@@ -623,5 +728,14 @@ int64_t vlmd_tokenizer_find(const vlmd_tokenizer *tok, const char *token)
     for (size_t i = 0; i < tok->n_added; i++)
         if (tok->added[i].len == len && memcmp(tok->added[i].text, token, len) == 0)
             return tok->added[i].id;
-    return sym_find(tok, token, len);
+    return tok_sym_find(tok, token, len);
+}
+
+void vlmd_tokenizer_frame(const vlmd_tokenizer *tok, const uint32_t **prefix, size_t *n_prefix,
+                          const uint32_t **suffix, size_t *n_suffix)
+{
+    *prefix = tok->prefix;
+    *n_prefix = (size_t)tok->n_prefix;
+    *suffix = tok->suffix;
+    *n_suffix = (size_t)tok->n_suffix;
 }

@@ -1,4 +1,6 @@
-/* tokenizer.h - Hugging Face tokenizer.json byte-level BPE (the Qwen family).
+/* tokenizer.h - Hugging Face tokenizer.json BPE: byte-level (Qwen, GLM) and
+ * SentencePiece-style with byte fallback (Mixtral, Llama 2, Mistral; see
+ * tokenizer_sp.c).
  *
  * Encoding: added tokens are split out first (longest match; special ones
  * only where the text is trusted, see vlmd_special); the rest goes through
@@ -104,21 +106,36 @@ int64_t vlmd_tokenizer_find(const vlmd_tokenizer *tok, const char *token);
  * an id outside the vocabulary. */
 bool vlmd_tokenizer_token_bytes(const vlmd_tokenizer *tok, uint32_t id, const uint8_t **bytes,
                                 size_t *len);
+/* The special ids the tokenizer's post-processor puts around one sequence
+ * when asked to add special tokens (Hugging Face's add_special_tokens=True:
+ * Mixtral's <s> before, Qwen3-Embedding's <|endoftext|> after; none for
+ * Qwen's chat models). vlmd_tokenizer_encode never adds them: a chat
+ * template writes its own. */
+void vlmd_tokenizer_frame(const vlmd_tokenizer *tok, const uint32_t **prefix, size_t *n_prefix,
+                          const uint32_t **suffix, size_t *n_suffix);
 /* One past the largest id. */
 uint32_t vlmd_tokenizer_size(const vlmd_tokenizer *tok);
 bool vlmd_tokenizer_is_special(const vlmd_tokenizer *tok, uint32_t id);
 
-/* Streaming detokenization for one sequence. */
+/* Streaming detokenization for one sequence (zeroed, then skip_special set):
+ * the stream's text is, piece after piece, the whole decode's. */
+#define VLMD_DETOK_RUN 64
 typedef struct vlmd_detok {
-    uint8_t pending[4];     /* bytes of an incomplete UTF-8 character */
+    uint8_t pending[VLMD_DETOK_RUN]; /* bytes of an incomplete UTF-8 character; a
+                             * SentencePiece-style vocabulary's run of <0xXX> tokens (past
+                             * VLMD_DETOK_RUN bytes a run is decided in parts) */
     int n_pending;
     bool skip_special;
+    bool started;           /* text went out (the decoder's leading-space strip is over) */
+    int strip_left;         /* leading spaces still to strip */
+    uint32_t n_tokens;      /* tokens decoded (not skipped) */
 } vlmd_detok;
 
 /* Appends to out the text that token id completes (possibly none). */
 vlmd_status vlmd_detok_push(vlmd_detok *d, const vlmd_tokenizer *tok, uint32_t id, vlmd_buf *out,
                             vlmd_error *err);
-/* Ends the sequence: an incomplete character left over becomes U+FFFD. */
-vlmd_status vlmd_detok_flush(vlmd_detok *d, vlmd_buf *out);
+/* Ends the sequence: an incomplete character left over becomes U+FFFD (a
+ * held byte run, its text or U+FFFD per byte). */
+vlmd_status vlmd_detok_flush(vlmd_detok *d, const vlmd_tokenizer *tok, vlmd_buf *out);
 
 #endif

@@ -510,15 +510,34 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_prompt_t
 
 /* One completions prompt: a string or a list of token ids (*text_bytes
  * counts the text of every prompt against --max-prompt-bytes). */
+/* A text prompt's ids: the special ids the tokenizer's post-processor puts
+ * around a sequence when special (vLLM's add_special_tokens, on by default
+ * for completions: Mixtral's <s>; Qwen's add none), and the text's own. */
+static vlmd_status encode_text_prompt(const vlmd_tokenizer *tok, const json_t *p, bool special,
+                                      vlmd_tokens *prompt)
+{
+    const uint32_t *pre, *post;
+    size_t n_pre, n_post;
+    vlmd_tokenizer_frame(tok, &pre, &n_pre, &post, &n_post);
+    vlmd_status st = VLMD_OK;
+    for (size_t i = 0; special && st == VLMD_OK && i < n_pre; i++)
+        st = vlmd_tokens_push(prompt, pre[i]);
+    if (st == VLMD_OK)
+        st = vlmd_tokenizer_encode(tok, json_string_value(p), json_string_length(p),
+                                   VLMD_SPECIAL_SPLIT, prompt);
+    for (size_t i = 0; special && st == VLMD_OK && i < n_post; i++)
+        st = vlmd_tokens_push(prompt, post[i]);
+    return st;
+}
+
 static bool one_prompt(const json_t *p, const vlmd_tokenizer *tok, const api_limits *lim,
-                       size_t *text_bytes, vlmd_tokens *prompt, api_error *e)
+                       bool special, size_t *text_bytes, vlmd_tokens *prompt, api_error *e)
 {
     const uint32_t vocab = vlmd_tokenizer_size(tok);
     if (json_is_string(p) && !text_fits(lim, *text_bytes += json_string_length(p), "prompt", e))
         return false;
     if (json_is_string(p)) { /* text: its special tokens too (token ids carry those) */
-        if (vlmd_tokenizer_encode(tok, json_string_value(p), json_string_length(p),
-                                  VLMD_SPECIAL_SPLIT, prompt) != VLMD_OK)
+        if (encode_text_prompt(tok, p, special, prompt) != VLMD_OK)
             return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
         return true;
     }
@@ -543,8 +562,10 @@ static bool tokenize_prompts(const json_t *body, const vlmd_tokenizer *tok, cons
                              uint32_t most, vlmd_tokens **prompts, uint32_t *n, api_error *e)
 {
     const json_t *p = json_object_get(body, "prompt"), *first = json_array_get(p, 0);
-    bool listed = json_is_string(first) || json_is_array(first);
+    bool listed = json_is_string(first) || json_is_array(first), special = true;
     size_t count = listed ? json_array_size(p) : 1, text_bytes = 0;
+    if (!api_field_bool(body, "add_special_tokens", &special, e))
+        return false;
     if (count > most)
         return api_fail(e, VLMD_ERR_INVALID_ARG, "prompt", "invalid_value", "%zu prompts; at most "
                         "%u (%s)", count, most, most == 1 ? "one here" : "n x prompts <= 128");
@@ -553,8 +574,8 @@ static bool tokenize_prompts(const json_t *body, const vlmd_tokenizer *tok, cons
         return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
     *n = (uint32_t)count;
     for (size_t i = 0; i < count; i++)
-        if (!one_prompt(listed ? json_array_get(p, i) : p, tok, lim, &text_bytes, &(*prompts)[i],
-                        e))
+        if (!one_prompt(listed ? json_array_get(p, i) : p, tok, lim, special, &text_bytes,
+                        &(*prompts)[i], e))
             return false;
     return true;
 }

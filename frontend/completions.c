@@ -1158,7 +1158,7 @@ static void chunk_take_tokens(const completions *c, const inflight_entry *e, inf
         vlmd_detok_push(&ch->detok, c->tok, m->tokens[i], into, NULL);
     }
     if (m->finish != VLMD_FINISH_NONE)
-        vlmd_detok_flush(&ch->detok, into);
+        vlmd_detok_flush(&ch->detok, c->tok, into);
     end_reasoning(e, ch, m->finish != VLMD_FINISH_NONE);
 }
 

@@ -66,7 +66,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         vlmd_detok_push(&d, tok, ids.ids[i], &text, NULL);
     if (!utf8_valid((const uint8_t *)text.data, text.len))
         abort(); /* whole characters only, until the flush */
-    vlmd_detok_flush(&d, &text);
+    vlmd_detok_flush(&d, tok, &text);
     vlmd_buf_free(&text);
     vlmd_tokens_free(&ids);
     return 0;

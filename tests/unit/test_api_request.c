@@ -568,3 +568,43 @@ Test(api_request, the_models_end_tokens_come_from_its_configs, .fini = cleanup)
     cr_expect_eq(lim.end_ids[0], 5);
     cr_expect_eq(lim.end_ids[1], 7);
 }
+
+/* A completions text prompt gets the special ids the tokenizer's
+ * post-processor adds (vLLM's add_special_tokens, on by default): Mixtral's
+ * <s> first, Qwen's none; "add_special_tokens": false leaves them out, and a
+ * prompt of token ids is taken as it is. */
+Test(api_request, a_completions_prompt_gets_the_tokenizers_special_frame)
+{
+    static const struct {
+        const char *model, *body;
+        int first;      /* the first id wanted (-1: the text's own first id) */
+    } cases[] = {
+        {"mixtral", "{\"prompt\": \"Hello\"}", 1},
+        {"mixtral", "{\"prompt\": \"Hello\", \"add_special_tokens\": false}", -1},
+        {"mixtral", "{\"prompt\": [654, 433]}", 654},
+        {"qwen2", "{\"prompt\": \"Hello\"}", -1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        vlmd_tokenizer *tok = NULL;
+        char path[4200];
+        snprintf(path, sizeof path, "%s/tokenizer.json", test_fixture(cases[i].model));
+        cr_assert_eq(vlmd_tokenizer_load(path, &tok, NULL), VLMD_OK);
+        api_limits lim = {.model_name = "m", .max_model_len = 64};
+        api_request r;
+        api_error e;
+        json_t *body = json_loads(cases[i].body, 0, NULL);
+        cr_assert(api_request_parse(body, false, &lim, tok, &r, &e), "%s", e.message);
+        vlmd_tokens text = {0};
+        vlmd_tokenizer_encode(tok, "Hello", 5, VLMD_SPECIAL_SPLIT, &text);
+        int want = cases[i].first >= 0 ? cases[i].first : (int)text.ids[0];
+        cr_expect_eq(r.prompts[0].ids[0], (uint32_t)want, "%s %s: first id", cases[i].model,
+                     cases[i].body);
+        cr_expect_eq(r.prompts[0].n, cases[i].first == 1 ? text.n + 1
+                                     : cases[i].first == 654 ? 2
+                                                             : text.n, "%s", cases[i].body);
+        vlmd_tokens_free(&text);
+        api_request_free(&r);
+        json_decref(body);
+        vlmd_tokenizer_free(tok);
+    }
+}

@@ -11,7 +11,11 @@
 #include "test_support.h"
 #include "tokenizer.h"
 
-static const char *models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl"};
+/* every fixture whose tokenizer cases come from Hugging Face's tokenizers
+ * library: the byte-level ones (Qwen2's, GLM-4.5's) and a SentencePiece-style
+ * one with byte fallback (Mixtral's) */
+static const char *all_models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl", "glm4_moe", "mixtral"};
+#define N_ALL (sizeof all_models / sizeof *all_models)
 
 static vlmd_tokenizer *load(const char *model)
 {
@@ -54,44 +58,65 @@ static bool valid_utf8(const char *s, size_t n)
     return true;
 }
 
+/* ids decoded whole, and token by token: never a broken character, the same
+ * text in the end; want: the whole decode expected (NULL: not checked). */
+static void expect_decodes(vlmd_tokenizer *tok, const vlmd_tokens *ids, const json_t *want,
+                           const char *what)
+{
+    vlmd_buf out = VLMD_BUF_INIT;
+    cr_assert_eq(vlmd_tokenizer_decode(tok, ids->ids, ids->n, false, &out, NULL), VLMD_OK);
+    if (want) /* (texts may hold NUL) */
+        cr_expect(out.len == json_string_length(want) &&
+                      memcmp(out.data ? out.data : "", json_string_value(want), out.len) == 0,
+                  "%s decodes back: got '%.*s', want '%s'", what, (int)out.len,
+                  out.data ? out.data : "", json_string_value(want));
+    vlmd_detok d = {0};
+    vlmd_buf streamed = VLMD_BUF_INIT, chunk = VLMD_BUF_INIT;
+    for (size_t k = 0; k < ids->n; k++) {
+        vlmd_buf_clear(&chunk);
+        cr_assert_eq(vlmd_detok_push(&d, tok, ids->ids[k], &chunk, NULL), VLMD_OK);
+        cr_expect(valid_utf8(chunk.data ? chunk.data : "", chunk.len),
+                  "%s: chunk %zu is whole UTF-8", what, k);
+        vlmd_buf_append(&streamed, chunk.data ? chunk.data : "", chunk.len);
+    }
+    vlmd_detok_flush(&d, tok, &streamed);
+    cr_expect(streamed.len == out.len && memcmp(streamed.data, out.data, out.len) == 0,
+              "%s: streamed = decoded", what);
+    vlmd_buf_free(&streamed);
+    vlmd_buf_free(&chunk);
+    vlmd_buf_free(&out);
+}
+
 Test(tokenizer, every_fixture_case_encodes_and_decodes_exactly)
 {
-    for (int m = 0; m < 3; m++) {
-        vlmd_tokenizer *tok = load(models[m]);
-        json_t *ref = test_reference_json(models[m]);
+    for (size_t m = 0; m < N_ALL; m++) {
+        vlmd_tokenizer *tok = load(all_models[m]);
+        json_t *ref = test_reference_json(all_models[m]);
         size_t i;
         json_t *c;
         json_array_foreach(json_object_get(ref, "tokenizer_cases"), i, c)
         {
             const char *text = json_string_value(json_object_get(c, "text"));
             vlmd_tokens ids = {0};
-            cr_assert_eq(vlmd_tokenizer_encode(tok, text, strlen(text), VLMD_SPECIAL_MATCH, &ids),
-                         VLMD_OK);
+            cr_assert_eq(vlmd_tokenizer_encode(tok, text, json_string_length(json_object_get(c,
+                                               "text")), VLMD_SPECIAL_MATCH, &ids), VLMD_OK);
             char what[128];
-            snprintf(what, sizeof what, "%s case %zu '%.40s'", models[m], i, text);
+            snprintf(what, sizeof what, "%s case %zu '%.40s'", all_models[m], i, text);
             expect_ids(&ids, json_object_get(c, "ids"), what);
-
-            vlmd_buf out = VLMD_BUF_INIT;
-            cr_assert_eq(vlmd_tokenizer_decode(tok, ids.ids, ids.n, false, &out, NULL), VLMD_OK);
-            cr_expect_str_eq(out.data ? out.data : "", json_string_value(json_object_get(c, "decoded")),
-                             "%s decodes back", what);
-
-            /* token by token: never a broken character, same text in the end */
-            vlmd_detok d = {0};
-            vlmd_buf streamed = VLMD_BUF_INIT, chunk = VLMD_BUF_INIT;
-            for (size_t k = 0; k < ids.n; k++) {
-                vlmd_buf_clear(&chunk);
-                cr_assert_eq(vlmd_detok_push(&d, tok, ids.ids[k], &chunk, NULL), VLMD_OK);
-                cr_expect(valid_utf8(chunk.data ? chunk.data : "", chunk.len),
-                          "%s: chunk %zu is whole UTF-8", what, k);
-                vlmd_buf_append(&streamed, chunk.data ? chunk.data : "", chunk.len);
-            }
-            vlmd_detok_flush(&d, &streamed);
-            cr_expect_str_eq(streamed.data ? streamed.data : "", out.data ? out.data : "",
-                             "%s: streamed = decoded", what);
-            vlmd_buf_free(&streamed);
-            vlmd_buf_free(&chunk);
-            vlmd_buf_free(&out);
+            expect_decodes(tok, &ids, json_object_get(c, "decoded"), what);
+            vlmd_tokens_free(&ids);
+        }
+        /* ids to text: partial UTF-8 byte runs, leading spaces */
+        json_array_foreach(json_object_get(ref, "decode_cases"), i, c)
+        {
+            vlmd_tokens ids = {0};
+            size_t k;
+            json_t *id;
+            json_array_foreach(json_object_get(c, "ids"), k, id)
+                vlmd_tokens_push(&ids, (uint32_t)json_integer_value(id));
+            char what[64];
+            snprintf(what, sizeof what, "%s decode case %zu", all_models[m], i);
+            expect_decodes(tok, &ids, json_object_get(c, "decoded"), what);
             vlmd_tokens_free(&ids);
         }
         json_decref(ref);
@@ -101,9 +126,9 @@ Test(tokenizer, every_fixture_case_encodes_and_decodes_exactly)
 
 Test(tokenizer, text_case_prompts_give_the_reference_input_ids)
 {
-    for (int m = 0; m < 3; m++) {
-        vlmd_tokenizer *tok = load(models[m]);
-        json_t *ref = test_reference_json(models[m]);
+    for (size_t m = 0; m < N_ALL; m++) {
+        vlmd_tokenizer *tok = load(all_models[m]);
+        json_t *ref = test_reference_json(all_models[m]);
         size_t i;
         json_t *c;
         json_array_foreach(json_object_get(ref, "cases"), i, c)
@@ -115,8 +140,9 @@ Test(tokenizer, text_case_prompts_give_the_reference_input_ids)
             cr_assert_eq(vlmd_tokenizer_encode(tok, prompt, strlen(prompt), VLMD_SPECIAL_MATCH,
                                                &ids), VLMD_OK);
             char what[64];
-            snprintf(what, sizeof what, "%s prompt %zu", models[m], i);
+            snprintf(what, sizeof what, "%s prompt %zu", all_models[m], i);
             expect_ids(&ids, json_object_get(c, "input_ids"), what);
+            expect_decodes(tok, &ids, NULL, what);
             vlmd_tokens_free(&ids);
         }
         json_decref(ref);
@@ -202,8 +228,8 @@ Test(tokenizer, rank_buckets_merge_as_the_heap_does)
 {
     const char *runs[] = {" ", "a", "=", "\n", "ab", " \n", "0", "\xe4\xb8\xad", "-="};
     unsigned seed = 7;
-    for (int m = 0; m < 3; m++) {
-        vlmd_tokenizer *tok = load(models[m]);
+    for (size_t m = 0; m < N_ALL; m++) {
+        vlmd_tokenizer *tok = load(all_models[m]);
         char text[4096];
         for (size_t r = 0; r < sizeof runs / sizeof *runs; r++)
             for (size_t n = 1; n < sizeof text; n = n * 3 / 2 + 1) {
@@ -212,7 +238,7 @@ Test(tokenizer, rank_buckets_merge_as_the_heap_does)
                     text[i] = runs[r][i % k];
                 vlmd_tokens heap = {0}, buckets = {0};
                 encode_both(tok, text, n, &heap, &buckets);
-                cr_expect(same_ids(&heap, &buckets), "%s: %zu bytes of '%s'", models[m], n,
+                cr_expect(same_ids(&heap, &buckets), "%s: %zu bytes of '%s'", all_models[m], n,
                           runs[r]);
                 vlmd_tokens_free(&heap);
                 vlmd_tokens_free(&buckets);
@@ -224,7 +250,7 @@ Test(tokenizer, rank_buckets_merge_as_the_heap_does)
                 text[i] = alphabet[rand_r(&seed) % (sizeof alphabet - 1)];
             vlmd_tokens heap = {0}, buckets = {0};
             encode_both(tok, text, n, &heap, &buckets);
-            cr_expect(same_ids(&heap, &buckets), "%s: random text %d", models[m], t);
+            cr_expect(same_ids(&heap, &buckets), "%s: random text %d", all_models[m], t);
             vlmd_tokens_free(&heap);
             vlmd_tokens_free(&buckets);
         }
