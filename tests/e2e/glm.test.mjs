@@ -210,3 +210,20 @@ test('the Responses API: a reasoning item, the message, and a function_call per 
   assert.equal(r.output[0].content[0].text, 'I should look it up.');
   assert.deepEqual(r.output.slice(2).map((o) => [o.name, JSON.parse(o.arguments)]), wantCalls);
 });
+
+// ---- the fixture model itself ---------------------------------------------------------------
+
+test('the GLM-4.5 fixture model served: each case\'s greedy continuation', async () => {
+  const s = await startServer(['--model', `${FIXTURES}/glm4_moe`, '--port', '0', '--device', 'cpu']);
+  try {
+    for (const [i, c] of REF.cases.entries()) {
+      const r = await postJson(`${s.url}/v1/completions`, { prompt: c.input_ids, max_tokens: 12,
+        temperature: 0, ignore_eos: true }, { timeoutMs: 60000 });
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+      assert.equal(r.body.usage.completion_tokens, 12);
+      assert.equal(r.body.choices[0].text, c.greedy_continuation_decoded, `case ${i}: the continuation`);
+    }
+  } finally {
+    assert.deepEqual(await stopServer(s), { code: 0, signal: null }, s.stderr.slice(-3000));
+  }
+});

@@ -43,7 +43,8 @@ export function writeScriptedModel(dir, { tokenizer: family = 'qwen2', pieces, e
   positions, end = '<|im_end|>', config: fields = {} }) {
   const H = hidden, V = vocab;
   const tokenizer = JSON.parse(readFileSync(`${FIXTURES}/${family}/tokenizer.json`, 'utf8'));
-  const firstNew = Math.max(...tokenizer.added_tokens.map((t) => t.id)) + 1;
+  const firstNew = Math.max(...tokenizer.added_tokens.map((t) => t.id),
+    ...Object.values(tokenizer.model.vocab)) + 1; // (Mixtral's added tokens come first)
   pieces.forEach((content, i) => tokenizer.added_tokens.push({ id: firstNew + i, content, single_word: false,
     lstrip: false, rstrip: false, normalized: false, special: false }));
   assert.ok(firstNew + pieces.length <= V, 'room for the pieces');
