@@ -14,7 +14,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { closeSync, openSync, writeSync } from 'node:fs';
-import { FIXTURES, startServer, stopServer, postJson, getJson, runToExit } from './harness.mjs';
+import { FIXTURES, SCALE, startServer, stopServer, postJson, getJson, runToExit } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2_vl`; // 512 arena bytes an image token
 
@@ -70,12 +70,12 @@ test('no room for the embedding arena: vlmd serve refuses at once, naming the si
   if (tmpfsWrap) {
     t.diagnostic('small filesystems: tmpfs mounts in a mount namespace of its own');
     // Docker's 64 MiB /dev/shm, and a /tmp as small: the default 256 MiB arena fits neither
-    const none = await runToExit(serve, 15000, { env: NO_XDG, wrap: tmpfsWrap([['/dev/shm', 64], ['/tmp', 64]]) });
+    const none = await runToExit(serve, 15000 * SCALE, { env: NO_XDG, wrap: tmpfsWrap([['/dev/shm', 64], ['/tmp', 64]]) });
     assert.equal(none.code, 2, `refused as a configuration error: ${JSON.stringify(none)}`);
     for (const re of [/needs 256 MiB/, /\/dev\/shm: 64 MiB free/, /\/tmp: 64 MiB free/, ...FLAGS])
       assert.match(none.stderr, re);
     // a --runtime-dir on a small filesystem: its reservation finds no room
-    const given = await runToExit([...serve, '--runtime-dir', '/dev/shm/vlmd-given'], 15000,
+    const given = await runToExit([...serve, '--runtime-dir', '/dev/shm/vlmd-given'], 15000 * SCALE,
       { wrap: tmpfsWrap([['/dev/shm', 64]]) });
     assert.equal(given.code, 2, JSON.stringify(given));
     for (const re of [/embedding arena \/dev\/shm\/vlmd-given\/embeddings.arena needs 256 MiB/,
@@ -83,7 +83,7 @@ test('no room for the embedding arena: vlmd serve refuses at once, naming the si
       assert.match(given.stderr, re);
   } else {
     t.diagnostic(`small filesystems: the file-size limit stands in for them (${NO_TMPFS})`);
-    const limited = await runToExit(serve, 15000, { env: NO_XDG, wrap: ['prlimit', `--fsize=${64 << 20}`] });
+    const limited = await runToExit(serve, 15000 * SCALE, { env: NO_XDG, wrap: ['prlimit', `--fsize=${64 << 20}`] });
     assert.equal(limited.code, 2, JSON.stringify(limited));
     for (const re of [/needs 256 MiB/, /\/tmp: 64 MiB under the file-size limit/, ...FLAGS])
       assert.match(limited.stderr, re);
@@ -98,7 +98,7 @@ test("Docker's 64 MiB /dev/shm: the runtime directory goes under /tmp, said in t
     try {
       assert.match(server.stderr, /\/dev\/shm: 64 MiB free: less than the embedding arena's 256 MiB \(--embed-arena-mb\); the runtime directory goes under \/tmp/);
       assert.match(await runtimeDirOf(server), /^\/tmp\/vlmd-/);
-      const r = await postJson(`${server.url}/v1/chat/completions`, imagesChat(0, 1), { timeoutMs: 30000 });
+      const r = await postJson(`${server.url}/v1/chat/completions`, imagesChat(0, 1), { timeoutMs: 30000 * SCALE });
       assert.equal(r.status, 200, JSON.stringify(r.body));
     } finally {
       assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
@@ -129,7 +129,7 @@ test('the arena keeps its reserved room: a tmpfs filled by someone else after st
       // 36 images of 128 KiB: the 4 MiB arena's every page written, some twice
       for (let round = 0; round < 3; round++) {
         const answers = await Promise.all(Array.from({ length: 4 }, (_, i) => postJson(`${server.url}/v1/chat/completions`,
-          imagesChat(100 + (round * 4 + i) * 3, 3), { timeoutMs: 60000 })));
+          imagesChat(100 + (round * 4 + i) * 3, 3), { timeoutMs: 60000 * SCALE })));
         answers.forEach((r, i) => assert.equal(r.status, 200, `round ${round}, request ${i}: ${JSON.stringify(r.body)}`));
       }
       assert.equal((await processOf(server, 'visual')).pid, visual.pid, 'the visual worker was never killed');
@@ -147,7 +147,7 @@ test('requests that each need most of the arena take it in turn, all answered, a
     '--max-images-per-request', '9', '--image-wait-ms', '120000']);
   try {
     const answers = await Promise.all(Array.from({ length: 8 }, (_, i) => postJson(`${server.url}/v1/chat/completions`,
-      imagesChat(1000 + i * 5, 5), { timeoutMs: 150000 })));
+      imagesChat(1000 + i * 5, 5), { timeoutMs: 150000 * SCALE })));
     answers.forEach((r, i) => assert.equal(r.status, 200, `request ${i}: ${JSON.stringify(r.body)}`));
     assert.match(server.stderr, /\d+ request\(s\) wait for room in the embedding arena: [\d.]+ of its 1\.0 MiB are held .* --embed-arena-mb/);
     const metrics = await fetch(`${server.url}/metrics`).then((r) => r.text());
@@ -155,7 +155,7 @@ test('requests that each need most of the arena take it in turn, all answered, a
     assert.ok(waits >= 1, `requests counted as waiting for arena room: ${waits}`);
     // nine images need 1.1 MiB: refused at once, naming the flag
     const started = Date.now();
-    const nine = await postJson(`${server.url}/v1/chat/completions`, imagesChat(2000, 9), { timeoutMs: 30000 });
+    const nine = await postJson(`${server.url}/v1/chat/completions`, imagesChat(2000, 9), { timeoutMs: 30000 * SCALE });
     assert.equal(nine.status, 400, JSON.stringify(nine.body));
     assert.match(nine.body.error.message, /--embed-arena-mb/);
     assert.ok(Date.now() - started < 10000, 'at once, not after --image-wait-ms');

@@ -10,11 +10,9 @@ import { mkdtempSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import * as zmq from 'zeromq';
 import { decode } from '@msgpack/msgpack';
-import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor, pidAlive, runToExit } from './harness.mjs';
+import { FIXTURES, SCALE, startServer, stopServer, postJson, getJson, waitFor, pidAlive, runToExit } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
-// the sanitizers' builds run several times slower (ctest sets it)
-const SCALE = Number(process.env.VLMD_E2E_TIME_SCALE || 1);
 const FAST = ['--heartbeat-ms', '100', '--heartbeat-timeout-ms', '1000', '--restart-backoff-ms', '100'];
 const engines = (health) => health.processes.filter((p) => p.role === 'llm');
 

@@ -11,11 +11,10 @@ import { mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'n
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { fileURLToPath } from 'node:url';
-import { BIN, FIXTURES, getJson, postJson, waitFor, pidAlive, makeDecoder } from './harness.mjs';
+import { BIN, FIXTURES, SCALE, getJson, postJson, waitFor, pidAlive, makeDecoder } from './harness.mjs';
 
 const DEPLOY = fileURLToPath(new URL('../../deploy/', import.meta.url));
 const MODEL = `${FIXTURES}/qwen2`;
-const SCALE = Number(process.env.VLMD_E2E_TIME_SCALE || 1);
 
 function freePort() {
   return new Promise((resolve) => {

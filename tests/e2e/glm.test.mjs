@@ -21,7 +21,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI from 'openai';
-import { BIN, FIXTURES, startServer, stopServer, postJson, waitFor } from './harness.mjs';
+import { BIN, FIXTURES, SCALE, startServer, stopServer, postJson, waitFor } from './harness.mjs';
 import { writeScriptedModel, vocabId } from './scripted_model.mjs';
 
 const REF = JSON.parse(readFileSync(`${FIXTURES}/glm4_moe/reference.json`, 'utf8'));
@@ -218,7 +218,7 @@ test('the GLM-4.5 fixture model served: each case\'s greedy continuation', async
   try {
     for (const [i, c] of REF.cases.entries()) {
       const r = await postJson(`${s.url}/v1/completions`, { prompt: c.input_ids, max_tokens: 12,
-        temperature: 0, ignore_eos: true }, { timeoutMs: 60000 });
+        temperature: 0, ignore_eos: true }, { timeoutMs: 60000 * SCALE });
       assert.equal(r.status, 200, JSON.stringify(r.body));
       assert.equal(r.body.usage.completion_tokens, 12);
       assert.equal(r.body.choices[0].text, c.greedy_continuation_decoded, `case ${i}: the continuation`);

@@ -11,10 +11,9 @@ import http from 'node:http';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import OpenAI from 'openai';
-import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor, sleep, pidAlive } from './harness.mjs';
+import { FIXTURES, SCALE, startServer, stopServer, postJson, getJson, waitFor, sleep, pidAlive } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
-const SCALE = Number(process.env.VLMD_E2E_TIME_SCALE || 1); // the sanitizers' builds are slower
 const chat = (content, extra = {}) => ({ messages: [{ role: 'user', content }], max_tokens: 2, ...extra });
 
 // Sends text on a raw connection; resolves with what came back and how long until the server closed it.

@@ -12,7 +12,7 @@ export const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
 // The default bounds on a start-up and on a request grow with the build's speed: ctest sets
 // VLMD_E2E_TIME_SCALE under the sanitizers, whose processes run several times slower.
-const SCALE = Number(process.env.VLMD_E2E_TIME_SCALE || 1);
+export const SCALE = Number(process.env.VLMD_E2E_TIME_SCALE || 1);
 
 // Polls fn() until it returns a truthy value or timeoutMs passes.
 export async function waitFor(what, fn, timeoutMs = 20000, everyMs = 50) {

@@ -14,7 +14,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import OpenAI from 'openai';
-import { FIXTURES, startServer, stopServer, postJson } from './harness.mjs';
+import { FIXTURES, SCALE, startServer, stopServer, postJson } from './harness.mjs';
 import { writeScriptedModel, vocabId } from './scripted_model.mjs';
 
 const REF = JSON.parse(readFileSync(`${FIXTURES}/mixtral/reference.json`, 'utf8'));
@@ -28,7 +28,7 @@ test('the fixture model: /tokenize, greedy continuations, the template\'s refusa
       assert.equal(t.status, 200, JSON.stringify(t.body));
       assert.deepEqual(t.body.tokens, c.input_ids, `case ${i}: the prompt's ids`);
       const r = await postJson(`${server.url}/v1/completions`, { prompt: c.input_ids, max_tokens: 12,
-        temperature: 0, ignore_eos: true, logprobs: 0 }, { timeoutMs: 60000 });
+        temperature: 0, ignore_eos: true, logprobs: 0 }, { timeoutMs: 60000 * SCALE });
       assert.equal(r.status, 200, JSON.stringify(r.body));
       assert.equal(r.body.choices[0].text, c.greedy_continuation_decoded, `case ${i}: the continuation`);
     }

@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { execFileSync } from 'node:child_process';
 import { tmpdir } from 'node:os';
-import { BIN, FIXTURES, startServer, stopServer, postJson, getJson, waitFor, sleep } from './harness.mjs';
+import { BIN, FIXTURES, SCALE, startServer, stopServer, postJson, getJson, waitFor, sleep } from './harness.mjs';
 
 const byRole = (health, role) => health.processes.find((p) => p.role === role);
 
@@ -16,7 +16,7 @@ test('eight 4 MiB prompts of spaces at once: the frontend keeps answering and is
   // BPE that once took seconds a prompt on the frontend's loop.
   const model = mkdtempSync(`${tmpdir()}/vlmd-demo-`);
   execFileSync(`${BIN}/vlmd-make-demo-model`, [model]);
-  const server = await startServer(['--model', model, '--port', '0'], { readyTimeoutMs: 120000 });
+  const server = await startServer(['--model', model, '--port', '0'], { readyTimeoutMs: 120000 * SCALE });
   try {
     const url = `${server.url}/v1/chat/completions`;
     const before = byRole((await getJson(`${server.url}/health`)).body, 'frontend');
@@ -25,18 +25,18 @@ test('eight 4 MiB prompts of spaces at once: the frontend keeps answering and is
     const poll = (async () => {
       while (!done) {
         const t0 = Date.now();
-        const h = await getJson(`${server.url}/health`, { timeoutMs: 30000 }).catch(() => null);
+        const h = await getJson(`${server.url}/health`, { timeoutMs: 30000 * SCALE }).catch(() => null);
         worstHealthMs = Math.max(worstHealthMs, Date.now() - t0);
         if (!h || h.status !== 200) healthFailures++;
         await sleep(100);
       }
     })();
     const heavy = Array.from({ length: 8 }, () =>
-      postJson(url, { messages: [{ role: 'user', content: spaces }], max_tokens: 1 }, { timeoutMs: 120000 }));
+      postJson(url, { messages: [{ role: 'user', content: spaces }], max_tokens: 1 }, { timeoutMs: 120000 * SCALE }));
     await sleep(200);
     const t0 = Date.now();
     const small = await postJson(url, { messages: [{ role: 'user', content: 'hi' }], max_tokens: 2 },
-      { timeoutMs: 60000 });
+      { timeoutMs: 60000 * SCALE });
     const smallMs = Date.now() - t0;
     const answers = await Promise.all(heavy);
     done = true;
@@ -61,7 +61,7 @@ test('a body of a million JSON objects is refused before it is parsed; the serve
   const server = await startServer(['--model', `${FIXTURES}/qwen2`, '--port', '0']);
   try {
     const raw = `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "x": [${'{},'.repeat(1000000)}{}]}`;
-    const r = await getJson(`${server.url}/v1/chat/completions`, { method: 'POST', raw, timeoutMs: 60000 });
+    const r = await getJson(`${server.url}/v1/chat/completions`, { method: 'POST', raw, timeoutMs: 60000 * SCALE });
     assert.equal(r.status, 400);
     assert.equal(r.body.error.code, 'invalid_json');
     assert.match(r.body.error.message, /65536 JSON objects and arrays/);
@@ -86,7 +86,7 @@ test('a process killed again and again is restarted every time; the server never
         const h = await getJson(`${server.url}/health`).catch(() => null);
         const f = h && h.status === 200 && byRole(h.body, 'frontend');
         return f && f.pid !== pid && f.state === 'ready' && f.pid;
-      }, 30000);
+      }, 30000 * SCALE);
     }
     const f = byRole((await getJson(`${server.url}/health`)).body, 'frontend');
     assert.equal(f.restarts, 5);
