@@ -450,7 +450,8 @@ vlmd_status vlmd_model_config_parse(const char *json_text, const char *path,
     vlmd_strlcpy(out->architecture, name, sizeof out->architecture);
     const char *mt = json_string_value(json_object_get(root, "model_type"));
     vlmd_strlcpy(out->model_type, mt ? mt : "", sizeof out->model_type);
-    if ((st = parse_text(root, out->arch, path, &out->text, err)) != VLMD_OK)
+    if ((st = parse_text(root, out->arch, path, &out->text, err)) != VLMD_OK ||
+        (st = vlmd_quant_config_parse(root, path, &out->quant, err)) != VLMD_OK)
         goto done;
     out->image_token_id = get_token_id(root, "image_token_id");
     out->vision_start_token_id = get_token_id(root, "vision_start_token_id");

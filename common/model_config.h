@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "quant_config.h"
 #include "status.h"
 
 typedef enum vlmd_arch {
@@ -114,6 +115,7 @@ typedef struct vlmd_model_config {
     bool has_vision;
     vlmd_vision_config vision;
     int64_t image_token_id, vision_start_token_id, vision_end_token_id; /* -1 when absent */
+    vlmd_quant_config quant;        /* quantization_config (method NONE: 16/32-bit weights) */
 } vlmd_model_config;
 
 /* Whether text layer `layer` is a mixture of experts (else a dense MLP). */

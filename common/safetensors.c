@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "buf.h"
+#include "fp8.h"
 
 typedef struct mapped_file {
     void *base;
@@ -36,6 +37,7 @@ static const struct {
 } dtypes[] = {
     {"F32", VLMD_DTYPE_F32, 4}, {"F16", VLMD_DTYPE_F16, 2}, {"BF16", VLMD_DTYPE_BF16, 2},
     {"I64", VLMD_DTYPE_I64, 8}, {"I32", VLMD_DTYPE_I32, 4}, {"U8", VLMD_DTYPE_U8, 1},
+    {"F8_E4M3", VLMD_DTYPE_F8_E4M3, 1},
 };
 
 const char *vlmd_dtype_str(vlmd_dtype d)
@@ -113,6 +115,10 @@ vlmd_status vlmd_tensor_to_f32(const vlmd_tensor_view *t, float *dst, vlmd_error
             memcpy(&v, h + i, sizeof v);
             dst[i] = vlmd_f16_to_f32(v);
         }
+        return VLMD_OK;
+    case VLMD_DTYPE_F8_E4M3:
+        for (int64_t i = 0; i < n; i++)
+            dst[i] = vlmd_e4m3_to_f32(((const uint8_t *)t->data)[i]);
         return VLMD_OK;
     default:
         return vlmd_errorf(err, VLMD_ERR_MODEL, "tensor %s is %s, not a float type", t->name,

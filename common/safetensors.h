@@ -28,6 +28,7 @@ typedef enum vlmd_dtype {
     VLMD_DTYPE_I64,
     VLMD_DTYPE_I32,
     VLMD_DTYPE_U8,
+    VLMD_DTYPE_F8_E4M3,         /* float8_e4m3fn (fp8.h) */
 } vlmd_dtype;
 
 const char *vlmd_dtype_str(vlmd_dtype d);  /* "F32", "BF16", ... */

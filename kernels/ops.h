@@ -17,6 +17,7 @@
 
 #include "api_limits.h"
 #include "backend.h"
+#include "qweight.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -120,6 +121,10 @@ typedef struct vlmd_op_table {
     /* out[n,o] = x[n,i] . W[o,i]^T (+ bias[o]) */
     void (*linear)(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
                    int n, int in, int out_dim);
+    /* linear of a quantized weight (vlmd_qweight, FP8 or INT4); the bias in the
+     * weight type. Each row's result the same whatever n (as linear). */
+    void (*qlinear)(vlmd_backend *b, void *out, const void *x, const vlmd_qweight *w,
+                    const void *bias, int n, int in, int out_dim);
     /* One layer's attention input, fused: qkv[n, (nh + 2 nkv) hd] holds each
      * token's q heads, then k heads, then v heads (one GEMM made them). The
      * bias (a row of that width; NULL: none) is added to each row, then each q
@@ -207,6 +212,12 @@ typedef struct vlmd_op_table {
                         const float *weights, const void *gate_up, const void *down,
                         void *scratch, int n, int k, int n_experts, int hidden, int inter,
                         int first);
+    /* moe_experts of quantized experts: gate_up [E * 2I, H] and down [E * H, I],
+     * each expert's rows stacked (2I and H rows a multiple of their row_block). */
+    void (*moe_experts_q)(vlmd_backend *b, void *out, const void *x, const int32_t *ids,
+                          const float *weights, const vlmd_qweight *gate_up,
+                          const vlmd_qweight *down, void *scratch, int n, int k, int n_experts,
+                          int hidden, int inter, int first);
     size_t (*moe_scratch_bytes)(int n, int k, int n_experts, int hidden, int inter);
     /* The vlmd_rope forms rope_kv_write does beyond theta and block M-RoPE
      * sections (q/k norm, interleaved M-RoPE sections, partial rotary and
@@ -214,6 +225,8 @@ typedef struct vlmd_op_table {
      * needs one the backend lacks does not load there (lm_backend_check), so
      * no op is given what it cannot do. */
     bool rope_qk_norm, rope_interleaved, rope_partial, moe_sigmoid;
+    /* qlinear and moe_experts_q (quantized weights: FP8, INT4) */
+    bool qweights;
 } vlmd_op_table;
 
 /* The backend's ops (never NULL; a backend may lack the optional ones a

@@ -60,6 +60,11 @@ vlmd_status lm_backend_check(const vlmd_backend *b, const vlmd_model_config *mc,
     if (t->rotary_dim != t->head_dim && !op->rope_partial)
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no partial rotary "
                            "embedding yet, which %s needs", name, arch);
+    char q[64];
+    if (mc->quant.method != VLMD_QUANT_NONE && !op->qweights)
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no quantized linears "
+                           "yet, which this checkpoint's weights (%s) need", name,
+                           vlmd_quant_name(&mc->quant, q, sizeof q));
     return VLMD_OK;
 }
 

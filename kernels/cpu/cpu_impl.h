@@ -7,6 +7,7 @@
 #include "backend_impl.h"
 #include "cpu_kernels.h"
 #include "cpu_pool.h"
+#include "ops.h"
 
 typedef struct cpu_state {
     vlmd_cpu_pool *pool;            /* owned; --threads threads */
@@ -23,5 +24,9 @@ static inline cpu_state *cpu_of(vlmd_backend *b)
  * row's result the same bits whatever n, split over the pool (cpu_ops.c). */
 void vlmd_cpu_matmul(vlmd_backend *b, float *out, int ldo, const float *x, const void *w,
                      const void *bias, int n, int in, int out_dim);
+/* The same for a quantized W (ops.h): each tile of W's rows dequantized to
+ * fp32 in the thread's scratch (the kernels' dequant), then the GEMV on it. */
+void vlmd_cpu_qmatmul(vlmd_backend *b, float *out, int ldo, const float *x, const vlmd_qweight *w,
+                      const void *bias, int n, int in, int out_dim);
 
 #endif

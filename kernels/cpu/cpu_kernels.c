@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cpu_pool.h"
+#include "qweight.h"
 
 static void c_gemv(float *y, int ldy, const float *x, int ldx, const void *w, vlmd_dtype wt,
                    int in, int o0, int o1, int n, void *scratch)
@@ -79,6 +80,34 @@ static float c_exp_sum(float *p, const float *s, int n, float m)
     return sum;
 }
 
+/* code c's value as a constant expression: (8 + m) 2^(e - 10), or m 2^-9 */
+#define E4M3_MAG(c)                                                                            \
+    (((c) & 0x7f) == 0x7f ? NAN                                                                \
+     : ((c) >> 3 & 15)    ? (float)(8 + ((c) & 7)) * (float)(1 << ((c) >> 3 & 15)) / 1024.0f  \
+                          : (float)((c) & 7) / 512.0f)
+#define E4M3(c) ((c) & 0x80 ? -E4M3_MAG(c) : E4M3_MAG(c))
+#define E4M3_4(c) E4M3(c), E4M3(c + 1), E4M3(c + 2), E4M3(c + 3)
+#define E4M3_16(c) E4M3_4(c), E4M3_4(c + 4), E4M3_4(c + 8), E4M3_4(c + 12)
+#define E4M3_64(c) E4M3_16(c), E4M3_16(c + 16), E4M3_16(c + 32), E4M3_16(c + 48)
+const float vlmd_e4m3_table[256] = {E4M3_64(0), E4M3_64(64), E4M3_64(128), E4M3_64(192)};
+
+static void c_dequant(float *dst, const vlmd_qweight *w, int row, int in)
+{
+    int group = w->group ? w->group : in, groups = vlmd_qweight_groups(w, in);
+    size_t srow = (size_t)(row / w->row_block) * (size_t)groups;
+    const float *s = w->scales + srow;
+    const uint8_t *z = w->zeros ? w->zeros + srow : NULL;
+    const uint8_t *c = (const uint8_t *)w->codes + (size_t)row * vlmd_qweight_row_bytes(w->format, in);
+    for (int i = 0; i < in; i++) {
+        if (w->format == VLMD_QFORMAT_FP8) {
+            dst[i] = vlmd_e4m3_table[c[i]] * s[i / group];
+        } else {
+            int q = c[i / 2] >> (4 * (i & 1)) & 15, zero = z ? z[i / group] : 8;
+            dst[i] = (float)(q - zero) * s[i / group];
+        }
+    }
+}
+
 static void c_silu_mul(float *out, const float *gate, const float *up, size_t n)
 {
     for (size_t i = 0; i < n; i++)
@@ -88,6 +117,7 @@ static void c_silu_mul(float *out, const float *gate, const float *up, size_t n)
 const vlmd_cpu_kernels vlmd_cpu_kernels_c = {
     .isa = VLMD_CPU_ISA_C, .name = "c", .gemv = c_gemv, .widen = c_widen, .narrow = c_narrow,
     .qk = c_qk, .pv = c_pv, .exp_sum = c_exp_sum, .silu_mul = c_silu_mul,
+    .dequant = c_dequant,
 };
 
 /* ---- the choice ----------------------------------------------------------------- */

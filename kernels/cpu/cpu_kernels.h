@@ -18,6 +18,8 @@
 
 #include "safetensors.h"
 
+struct vlmd_qweight;
+
 typedef enum vlmd_cpu_isa {
     VLMD_CPU_ISA_C = 0,         /* portable C: the reference */
     VLMD_CPU_ISA_AVX2,          /* AVX2 + FMA + F16C */
@@ -57,6 +59,10 @@ typedef struct vlmd_cpu_kernels {
     float (*exp_sum)(float *p, const float *s, int n, float m);
     /* out[i] = silu(gate[i]) * up[i], n elements */
     void (*silu_mul)(float *out, const float *gate, const float *up, size_t n);
+    /* dst[0, in) = row `row` of w (ops.h: FP8 or INT4) dequantized to fp32, each
+     * weight its code's value times its scale, one rounding: the same bits in
+     * every set (test_cpu_kernels) */
+    void (*dequant)(float *dst, const struct vlmd_qweight *w, int row, int in);
 } vlmd_cpu_kernels;
 
 /* The table of `isa`, or NULL when this CPU lacks it (or, for a set above C,
@@ -73,6 +79,9 @@ extern const vlmd_cpu_kernels vlmd_cpu_kernels_avx2;
 extern const vlmd_cpu_kernels vlmd_cpu_kernels_avx512;
 extern const vlmd_cpu_kernels vlmd_cpu_kernels_avx512bf16;
 #endif
+
+/* Every e4m3 code's value (fp8.h), NaN for 0x7f and 0xff. */
+extern const float vlmd_e4m3_table[256];
 
 /* One value of type t (F32, BF16, F16) at element i, as fp32. */
 static inline float vlmd_cpu_load(const void *p, vlmd_dtype t, size_t i)

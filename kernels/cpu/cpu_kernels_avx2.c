@@ -15,6 +15,7 @@
 
 #include "cpu_kernels.h"
 #include "cpu_kernels_isa.h"
+#include "qweight.h"
 
 #define INLINE static inline __attribute__((always_inline))
 #define GEMV_KBLK 2048
@@ -323,8 +324,50 @@ void vlmd_avx2_silu_mul(float *out, const float *gate, const float *up, size_t n
     vlmd_cpu_kernels_c.silu_mul(out + i, gate + i, up + i, n - i);
 }
 
+/* A row's codes in runs of 8 columns inside one group: FP8 by a gather from
+ * the code table, INT4 by each byte's two nibbles; (q - z) and the code's
+ * value are exact in fp32, so the one product rounds as the C kernel's. */
+void vlmd_avx2_dequant(float *dst, const vlmd_qweight *w, int row, int in)
+{
+    int group = w->group ? w->group : in, groups = vlmd_qweight_groups(w, in);
+    size_t srow = (size_t)(row / w->row_block) * (size_t)groups;
+    const uint8_t *c = (const uint8_t *)w->codes + (size_t)row * vlmd_qweight_row_bytes(w->format, in);
+    const __m256i pairs = _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3),
+                  shifts = _mm256_setr_epi32(0, 4, 0, 4, 0, 4, 0, 4), low4 = _mm256_set1_epi32(15);
+    int i = 0;
+    for (int g = 0; g < groups; g++) {
+        int end = (g + 1) * group < in ? (g + 1) * group : in;
+        __m256 s = _mm256_set1_ps(w->scales[srow + g]);
+        if (w->format == VLMD_QFORMAT_FP8) {
+            for (; i + 8 <= end; i += 8) {
+                __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i)));
+                _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_i32gather_ps(vlmd_e4m3_table, idx, 4), s));
+            }
+        } else if ((i & 1) == 0) {
+            __m256 z = _mm256_set1_ps(w->zeros ? (float)w->zeros[srow + g] : 8.0f);
+            for (; i + 8 <= end; i += 8) {
+                int32_t four;
+                memcpy(&four, c + i / 2, sizeof four);
+                __m256i b = _mm256_cvtepu8_epi32(_mm_cvtsi32_si128(four));
+                __m256i q = _mm256_and_si256(
+                    _mm256_srlv_epi32(_mm256_permutevar8x32_epi32(b, pairs), shifts), low4);
+                _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_sub_ps(_mm256_cvtepi32_ps(q), z), s));
+            }
+        }
+        for (; i < end; i++) { /* a group's tail (or an odd start): as the reference */
+            float scale = w->scales[srow + g];
+            if (w->format == VLMD_QFORMAT_FP8) {
+                dst[i] = vlmd_e4m3_table[c[i]] * scale;
+            } else {
+                int q = c[i / 2] >> (4 * (i & 1)) & 15, zero = w->zeros ? w->zeros[srow + g] : 8;
+                dst[i] = (float)(q - zero) * scale;
+            }
+        }
+    }
+}
+
 const vlmd_cpu_kernels vlmd_cpu_kernels_avx2 = {
     .isa = VLMD_CPU_ISA_AVX2, .name = "avx2", .gemv = vlmd_avx2_gemv, .widen = vlmd_avx2_widen,
     .narrow = vlmd_avx2_narrow, .qk = vlmd_avx2_qk, .pv = vlmd_avx2_pv,
-    .exp_sum = vlmd_avx2_exp_sum, .silu_mul = vlmd_avx2_silu_mul,
+    .exp_sum = vlmd_avx2_exp_sum, .silu_mul = vlmd_avx2_silu_mul, .dequant = vlmd_avx2_dequant,
 };

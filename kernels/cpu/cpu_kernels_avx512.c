@@ -105,4 +105,5 @@ const vlmd_cpu_kernels vlmd_cpu_kernels_avx512 = {
     .isa = VLMD_CPU_ISA_AVX512, .name = "avx512", .gemv = vlmd_avx512_gemv,
     .widen = vlmd_avx2_widen, .narrow = vlmd_avx2_narrow, .qk = vlmd_avx2_qk, .pv = vlmd_avx2_pv,
     .exp_sum = vlmd_avx2_exp_sum, .silu_mul = vlmd_avx2_silu_mul,
+    .dequant = vlmd_avx2_dequant,
 };

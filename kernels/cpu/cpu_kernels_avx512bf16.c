@@ -118,4 +118,5 @@ const vlmd_cpu_kernels vlmd_cpu_kernels_avx512bf16 = {
     .isa = VLMD_CPU_ISA_AVX512_BF16, .name = "avx512bf16", .gemv = bf16_gemv,
     .widen = vlmd_avx2_widen, .narrow = vlmd_avx2_narrow, .qk = vlmd_avx2_qk, .pv = vlmd_avx2_pv,
     .exp_sum = vlmd_avx2_exp_sum, .silu_mul = vlmd_avx2_silu_mul,
+    .dequant = vlmd_avx2_dequant,
 };

@@ -1,7 +1,7 @@
 /* cpu_moe.c - the CPU reference of the mixture-of-experts ops (ops.h):
  * the router (softmax and top-k, or sigmoid scores chosen in groups), and the experts grouped by expert, each
  * group through two of the backend's matmuls (weights in the backend's
- * weight type), added back in expert order as transformers'
+ * weight type, or quantized), added back in expert order as transformers'
  * Qwen3MoeSparseMoeBlock does. */
 #include <math.h>
 #include <stdbool.h>
@@ -119,15 +119,28 @@ size_t vlmd_cpu_moe_scratch_bytes(int n, int k, int n_experts, int hidden, int i
            (rows + (size_t)n_experts + 1) * sizeof(int32_t);
 }
 
-void vlmd_cpu_moe_experts(vlmd_backend *b, void *out_, const void *x_, const int32_t *ids,
-                          const float *weights, const void *gate_up_, const void *down_,
-                          void *scratch, int n, int k, int n_experts, int hidden, int inter,
-                          int first)
+/* Expert e's rows [row0, row0 + rows) of a stacked weight of `in` columns through a matmul. */
+static void expert_matmul(vlmd_backend *b, float *out, const float *x, const vlmd_qweight *w,
+                          int e, int m, int in, int rows)
+{
+    if (w->format == VLMD_QFORMAT_NONE) {
+        size_t es = vlmd_backend_weight_elem_size(b);
+        vlmd_cpu_matmul(b, out, rows, x, (const char *)w->codes + (size_t)e * rows * in * es,
+                        NULL, m, in, rows);
+    } else {
+        vlmd_qweight ew = vlmd_qweight_rows(w, e * rows, in);
+        vlmd_cpu_qmatmul(b, out, rows, x, &ew, NULL, m, in, rows);
+    }
+}
+
+void vlmd_cpu_moe_experts_q(vlmd_backend *b, void *out_, const void *x_, const int32_t *ids,
+                            const float *weights, const vlmd_qweight *gate_up,
+                            const vlmd_qweight *down, void *scratch, int n, int k, int n_experts,
+                            int hidden, int inter, int first)
 {
     float *out = out_;
     const float *x = x_;
-    const char *gate_up = gate_up_, *down = down_;
-    const size_t es = vlmd_backend_weight_elem_size(b), rows = (size_t)n * k;
+    const size_t rows = (size_t)n * k;
     float *xg = scratch, *gu = xg + rows * hidden, *act = gu + rows * 2 * inter,
           *y = act + rows * inter;
     int32_t *order = (int32_t *)(y + rows * hidden), *start = order + rows;
@@ -154,14 +167,12 @@ void vlmd_cpu_moe_experts(vlmd_backend *b, void *out_, const void *x_, const int
         for (int r = 0; r < m; r++)
             memcpy(xg + (size_t)r * hidden, x + (size_t)(group[r] / k) * hidden,
                    (size_t)hidden * sizeof *xg);
-        vlmd_cpu_matmul(b, gu, 2 * inter, xg, gate_up + (size_t)e * 2 * inter * hidden * es,
-                        NULL, m, hidden, 2 * inter);
+        expert_matmul(b, gu, xg, gate_up, e, m, hidden, 2 * inter);
         for (int r = 0; r < m; r++) {
             const float *g = gu + (size_t)r * 2 * inter;
             cpu_of(b)->k->silu_mul(act + (size_t)r * inter, g, g + inter, (size_t)inter);
         }
-        vlmd_cpu_matmul(b, y, hidden, act, down + (size_t)e * hidden * inter * es, NULL, m, inter,
-                        hidden);
+        expert_matmul(b, y, act, down, e, m, inter, hidden);
         for (int r = 0; r < m; r++) {
             float w = weights[group[r]];
             float *o = out + (size_t)(group[r] / k) * hidden;
@@ -169,4 +180,14 @@ void vlmd_cpu_moe_experts(vlmd_backend *b, void *out_, const void *x_, const int
                 o[j] += w * y[(size_t)r * hidden + j];
         }
     }
+}
+
+void vlmd_cpu_moe_experts(vlmd_backend *b, void *out, const void *x, const int32_t *ids,
+                          const float *weights, const void *gate_up, const void *down,
+                          void *scratch, int n, int k, int n_experts, int hidden, int inter,
+                          int first)
+{
+    vlmd_qweight gu = {.codes = gate_up}, dn = {.codes = down};
+    vlmd_cpu_moe_experts_q(b, out, x, ids, weights, &gu, &dn, scratch, n, k, n_experts, hidden,
+                           inter, first);
 }

@@ -168,6 +168,7 @@ typedef struct matmul_job {
     int ldo;
     const float *x;
     const void *w, *bias;
+    const vlmd_qweight *q;  /* a quantized W instead of w; NULL: w */
     int n, in, out_dim;
     int chunk;              /* output rows per take */
     int tile;               /* output rows whose weights stay cached while all rows pass */
@@ -201,10 +202,21 @@ static void matmul_part(void *ctx, int index, int count)
         int o1 = o0 + j->chunk < j->out_dim ? o0 + j->chunk : j->out_dim;
         for (int t0 = o0; t0 < o1; t0 += j->tile) {
             int t1 = t0 + j->tile < o1 ? t0 + j->tile : o1;
+            /* a quantized tile: its rows in fp32 in the scratch, as rows 0.. of a matrix */
+            const void *w = j->w;
+            vlmd_dtype wt = j->b->weight_dtype;
+            float *y = j->out;
+            int w0 = t0, w1 = t1;
+            if (j->q) {
+                float *rows = scratch(j->b, index);
+                for (int o = t0; o < t1; o++)
+                    k->dequant(rows + (size_t)(o - t0) * j->in, j->q, o, j->in);
+                w = rows, wt = VLMD_DTYPE_F32, y += t0, w0 = 0, w1 = t1 - t0;
+            }
             for (int r = 0; r < j->n; r += VLMD_CPU_GEMV_MAX_ROWS) {
                 int rows = j->n - r < VLMD_CPU_GEMV_MAX_ROWS ? j->n - r : VLMD_CPU_GEMV_MAX_ROWS;
-                k->gemv(j->out + (size_t)r * j->ldo, j->ldo, j->x + (size_t)r * j->in, j->in,
-                        j->w, j->b->weight_dtype, j->in, t0, t1, rows, scratch(j->b, index));
+                k->gemv(y + (size_t)r * j->ldo, j->ldo, j->x + (size_t)r * j->in, j->in, w, wt,
+                        j->in, w0, w1, rows, j->q ? NULL : scratch(j->b, index));
             }
         }
         if (j->bias)
@@ -215,10 +227,10 @@ static void matmul_part(void *ctx, int index, int count)
 /* Every row through the same kernel, whatever the row count (a decode's one
  * or a prefill's thousands): its result does not depend on what shares the
  * call (see the file comment). */
-void vlmd_cpu_matmul(vlmd_backend *b, float *out, int ldo, const float *x, const void *w,
-                     const void *bias, int n, int in, int out_dim)
+static void matmul(vlmd_backend *b, float *out, int ldo, const float *x, const void *w,
+                   const vlmd_qweight *q, const void *bias, int n, int in, int out_dim)
 {
-    matmul_job j = {b, out, ldo, x, w, bias, n, in, out_dim, 0, 0, 0};
+    matmul_job j = {b, out, ldo, x, w, bias, q, n, in, out_dim, 0, 0, 0};
     /* 8 chunks a thread, of whole 48s (the kernels' 3- and 4-row tiles) */
     int parts = 8 * vlmd_cpu_pool_size(cpu_of(b)->pool);
     j.chunk = (out_dim + parts - 1) / parts;
@@ -228,14 +240,37 @@ void vlmd_cpu_matmul(vlmd_backend *b, float *out, int ldo, const float *x, const
     j.tile = j.tile < 48 ? 48 : j.tile / 48 * 48;
     if (n <= VLMD_CPU_GEMV_MAX_ROWS)
         j.tile = j.chunk;
+    if (q) { /* the dequantized tile fits the scratch */
+        int fit = (int)(VLMD_CPU_SCRATCH_BYTES / ((size_t)in * sizeof(float)));
+        VLMD_ASSERT(fit >= 1);
+        j.tile = j.tile < fit ? j.tile : fit > 4 ? fit / 4 * 4 : fit;
+    }
     int passes = (n + VLMD_CPU_GEMV_MAX_ROWS - 1) / VLMD_CPU_GEMV_MAX_ROWS;
     run(b, matmul_part, &j, (size_t)out_dim * in * (size_t)passes);
+}
+
+void vlmd_cpu_matmul(vlmd_backend *b, float *out, int ldo, const float *x, const void *w,
+                     const void *bias, int n, int in, int out_dim)
+{
+    matmul(b, out, ldo, x, w, NULL, bias, n, in, out_dim);
+}
+
+void vlmd_cpu_qmatmul(vlmd_backend *b, float *out, int ldo, const float *x, const vlmd_qweight *w,
+                      const void *bias, int n, int in, int out_dim)
+{
+    matmul(b, out, ldo, x, NULL, w, bias, n, in, out_dim);
 }
 
 static void cpu_linear(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
                        int n, int in, int out_dim)
 {
     vlmd_cpu_matmul(b, out, out_dim, x, w, bias, n, in, out_dim);
+}
+
+static void cpu_qlinear(vlmd_backend *b, void *out, const void *x, const vlmd_qweight *w,
+                        const void *bias, int n, int in, int out_dim)
+{
+    vlmd_cpu_qmatmul(b, out, out_dim, x, w, bias, n, in, out_dim);
 }
 
 /* ---- rotary embedding and the KV write ------------------------------------------------ */
@@ -603,6 +638,10 @@ void vlmd_cpu_sample(vlmd_backend *b, vlmd_sample_out *out, void *logits,
 void vlmd_cpu_moe_route(vlmd_backend *b, int32_t *ids, float *weights, const void *logits, int n,
                         int n_experts, int k, const vlmd_moe_router *r,
                         bool worst_case); /* cpu_moe.c */
+void vlmd_cpu_moe_experts_q(vlmd_backend *b, void *out, const void *x, const int32_t *ids,
+                            const float *weights, const vlmd_qweight *gate_up,
+                            const vlmd_qweight *down, void *scratch, int n, int k, int n_experts,
+                            int hidden, int inter, int first); /* cpu_moe.c */
 void vlmd_cpu_moe_experts(vlmd_backend *b, void *out, const void *x, const int32_t *ids,
                           const float *weights, const void *gate_up, const void *down,
                           void *scratch, int n, int k, int n_experts, int hidden, int inter,
@@ -614,6 +653,7 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .gather_rows = cpu_gather_rows,
     .rmsnorm = cpu_rmsnorm,
     .linear = cpu_linear,
+    .qlinear = cpu_qlinear,
     .rope_kv_write = cpu_rope_kv_write,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
@@ -625,9 +665,11 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .sample = vlmd_cpu_sample,
     .moe_route = vlmd_cpu_moe_route,
     .moe_experts = vlmd_cpu_moe_experts,
+    .moe_experts_q = vlmd_cpu_moe_experts_q,
     .moe_scratch_bytes = vlmd_cpu_moe_scratch_bytes,
     .rope_qk_norm = true,
     .rope_interleaved = true,
     .rope_partial = true,
     .moe_sigmoid = true,
+    .qweights = true,
 };
