@@ -24,7 +24,7 @@ vlmd_status attention_load(lm_loader *ld, attention_weights *w, vlmd_error *err)
     loader_part(ld, "q_proj.weight", Q, H, q0, Qr, 0, H);
     loader_kv_rows(ld, "k_proj.weight", H);
     loader_kv_rows(ld, "v_proj.weight", H);
-    if ((s = loader_load(ld, &w->w_qkv, err)) != VLMD_OK)
+    if ((s = loader_load_matrix(ld, &w->w_qkv, err)) != VLMD_OK)
         return s;
     if (a->qkv_bias) {
         loader_part(ld, "q_proj.bias", Q, 0, q0, Qr, 0, 0);
@@ -42,7 +42,7 @@ vlmd_status attention_load(lm_loader *ld, attention_weights *w, vlmd_error *err)
             return s;
     }
     loader_part(ld, "o_proj.weight", H, Q, 0, H, q0, Qr);
-    if ((s = loader_load(ld, &w->wo, err)) != VLMD_OK)
+    if ((s = loader_load_matrix(ld, &w->wo, err)) != VLMD_OK)
         return s;
     if (a->o_bias && m->rank == 0) {
         loader_whole(ld, "o_proj.bias", H, 0);
@@ -60,7 +60,7 @@ void attention_forward(lm_model *m, lm_kv *kv, lm_workspace *ws, const attention
     const vlmd_op_table *op = m->op;
     const lm_attention_recipe *a = &m->r.attention;
     const int H = m->H, Q = m->nh * m->hd, QKV = Q + 2 * m->nkv * m->hd;
-    op->linear(b, ws->qkv, ws->h, w->w_qkv, NULL, n, H, QKV);
+    lm_linear(m, ws->qkv, ws->h, &w->w_qkv, NULL, n, H, QKV);
     vlmd_rope rope = {.theta = a->theta, .sections = a->mrope ? a->sections : NULL,
                       .interleaved = a->mrope_interleaved, .q_norm = w->q_norm,
                       .k_norm = w->k_norm, .norm_eps = m->r.norm_eps,
@@ -69,5 +69,5 @@ void attention_forward(lm_model *m, lm_kv *kv, lm_workspace *ws, const attention
                       m->nh, m->nkv, m->hd, &rope);
     op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], vlmd_backend_kv_dtype(b),
                   ws->seqs, n_seqs, n, m->nh, m->nkv, m->hd, true);
-    op->linear(b, ws->x, ws->attn, w->wo, w->bo, n, Q, H);
+    lm_linear(m, ws->x, ws->attn, &w->wo, w->bo, n, Q, H);
 }

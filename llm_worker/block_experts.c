@@ -16,9 +16,10 @@
 #include "blocks.h"
 
 /* This rank's experts, gate_up [Er][2 Ie, H] and down [Er][H, Ie]: one tensor
- * per expert and projection, or all experts in two fused tensors stored for
- * x . W (Qwen3-VL-MoE: experts.gate_up_proj [E, H, 2 Ie], gate columns then
- * up, and experts.down_proj [E, Ie, H]), transposed here. */
+ * per expert and projection (16-bit or quantized, stacked as one matrix
+ * each), or all experts in two fused tensors stored for x . W
+ * (Qwen3-VL-MoE: experts.gate_up_proj [E, H, 2 Ie], gate columns then up,
+ * and experts.down_proj [E, Ie, H]), transposed here. */
 static vlmd_status load_experts(lm_loader *ld, experts_weights *w, vlmd_error *err)
 {
     const lm_model *m = ld->m;
@@ -26,32 +27,40 @@ static vlmd_status load_experts(lm_loader *ld, experts_weights *w, vlmd_error *e
     const int64_t E = m->Er, H = m->H, Ie = m->Ie;
     size_t es = vlmd_backend_weight_elem_size(m->b);
     vlmd_status s;
-    if ((s = loader_alloc(ld, (size_t)(E * 2 * Ie * H) * es, &w->gate_up, err)) != VLMD_OK ||
-        (s = loader_alloc(ld, (size_t)(E * H * Ie) * es, &w->down, err)) != VLMD_OK)
-        return s;
     char name[sizeof ld->at + 64], fused[sizeof ld->at + 64];
     snprintf(fused, sizeof fused, "%sexperts.gate_up_proj", ld->at);
     if (names->fused_experts && vlmd_safetensors_find(ld->st, fused)) {
-        s = loader_fused_experts(ld, fused, m->E, H, 2 * Ie, m->e0, E, w->gate_up, err);
+        void *gu, *dn;
+        w->gate_up = w->down = (vlmd_qweight){.row_block = 1};
+        if ((s = loader_alloc(ld, (size_t)(E * 2 * Ie * H) * es, &gu, err)) != VLMD_OK ||
+            (s = loader_alloc(ld, (size_t)(E * H * Ie) * es, &dn, err)) != VLMD_OK)
+            return s;
+        w->gate_up.codes = gu, w->down.codes = dn;
+        s = loader_fused_experts(ld, fused, m->E, H, 2 * Ie, m->e0, E, gu, err);
         snprintf(name, sizeof name, "%sexperts.down_proj", ld->at);
-        return s != VLMD_OK ? s : loader_fused_experts(ld, name, m->E, Ie, H, m->e0, E, w->down,
-                                                      err);
+        return s != VLMD_OK ? s : loader_fused_experts(ld, name, m->E, Ie, H, m->e0, E, dn, err);
     }
-    snprintf(name, sizeof name, "%sexperts.%d.%s.weight", ld->at, m->e0, names->expert[0]);
-    if (names->fused_experts && !vlmd_safetensors_find(ld->st, name)) /* neither form */
-        return vlmd_errorf(err, VLMD_ERR_MODEL, "missing tensor %s (or the fused %s)", name,
-                           fused);
-    size_t gu_at = 0, down_at = 0;
-    for (int64_t e = m->e0; s == VLMD_OK && e < m->e0 + E; e++)
-        for (int p = 0; s == VLMD_OK && p < 3; p++) {
-            snprintf(name, sizeof name, "%sexperts.%lld.%s.weight", ld->at, (long long)e,
-                     names->expert[p]);
-            s = p < 2 ? loader_tensor(ld, name, 2, (int64_t[]){Ie, H}, false, w->gate_up, &gu_at,
-                                      err)
-                      : loader_tensor(ld, name, 2, (int64_t[]){H, Ie}, false, w->down, &down_at,
-                                      err);
+    char layer[sizeof ld->at];
+    memcpy(layer, ld->at, sizeof layer);
+    for (int p = 0; p < 3; p += 2) { /* gate and up stacked, then down */
+        for (int64_t e = m->e0; e < m->e0 + E; e++)
+            for (int q = p; q < (p ? 3 : 2); q++) {
+                loader_at(ld, "%sexperts.%lld.%s.", layer, (long long)e, names->expert[q]);
+                if (q < 2)
+                    loader_whole(ld, "weight", Ie, H);
+                else
+                    loader_whole(ld, "weight", H, Ie);
+            }
+        memcpy(ld->at, layer, sizeof layer);
+        if ((s = loader_load_matrix(ld, p ? &w->down : &w->gate_up, err)) != VLMD_OK) {
+            if (names->fused_experts && p == 0) { /* neither form */
+                vlmd_error first = *err;
+                vlmd_errorf(err, s, "%s (or the fused %s)", first.msg, fused);
+            }
+            return s;
         }
-    return s;
+    }
+    return VLMD_OK;
 }
 
 vlmd_status experts_load(lm_loader *ld, experts_weights *w, vlmd_error *err)
@@ -88,9 +97,13 @@ void experts_forward(lm_model *m, lm_workspace *ws, const experts_weights *w, in
     op->linear(b, ws->router_logits, ws->h, w->router, NULL, n, m->H, m->E);
     op->moe_route(b, ws->expert_ids, ws->expert_weights, ws->router_logits, n, m->E, m->K,
                   &router, ws->worst_case);
-    op->moe_experts(b, ws->x, ws->h, ws->expert_ids, ws->expert_weights, w->gate_up, w->down,
-                    ws->moe_scratch, n, m->K, m->Er, m->H, m->Ie, m->e0);
-    if (w->shared.gate_up) {
+    if (w->gate_up.format == VLMD_QFORMAT_NONE)
+        op->moe_experts(b, ws->x, ws->h, ws->expert_ids, ws->expert_weights, w->gate_up.codes,
+                        w->down.codes, ws->moe_scratch, n, m->K, m->Er, m->H, m->Ie, m->e0);
+    else
+        op->moe_experts_q(b, ws->x, ws->h, ws->expert_ids, ws->expert_weights, &w->gate_up,
+                          &w->down, ws->moe_scratch, n, m->K, m->Er, m->H, m->Ie, m->e0);
+    if (w->shared.width) {
         swiglu_forward(m, ws, &w->shared, ws->shared_out, n);
         op->add(b, ws->x, ws->shared_out, (size_t)n * m->H);
     }

@@ -17,18 +17,18 @@ vlmd_status swiglu_load(lm_loader *ld, int width, swiglu_weights *w, vlmd_error 
     vlmd_status s;
     loader_part(ld, "gate_proj.weight", I, H, i0, Ir, 0, H);
     loader_part(ld, "up_proj.weight", I, H, i0, Ir, 0, H);
-    if ((s = loader_load(ld, &w->gate_up, err)) != VLMD_OK)
+    if ((s = loader_load_matrix(ld, &w->gate_up, err)) != VLMD_OK)
         return s;
     loader_part(ld, "down_proj.weight", H, I, 0, H, i0, Ir);
     w->width = (int)Ir;
-    return loader_load(ld, &w->down, err);
+    return loader_load_matrix(ld, &w->down, err);
 }
 
 void swiglu_forward(lm_model *m, lm_workspace *ws, const swiglu_weights *w, void *out, int n)
 {
     vlmd_backend *b = m->b;
     const vlmd_op_table *op = m->op;
-    op->linear(b, ws->gate_up, ws->h, w->gate_up, NULL, n, m->H, 2 * w->width);
+    lm_linear(m, ws->gate_up, ws->h, &w->gate_up, NULL, n, m->H, 2 * w->width);
     op->silu_mul(b, ws->act, ws->gate_up, n, w->width);
-    op->linear(b, out, ws->act, w->down, NULL, n, w->width, m->H);
+    lm_linear(m, out, ws->act, &w->down, NULL, n, w->width, m->H);
 }

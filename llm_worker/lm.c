@@ -138,6 +138,7 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
         for (int i = 0; i < m->nkv; i++)
             kv_heads[i] = i;
     m->dry = dry;
+    m->quant = mc->quant;
     m->layers = calloc((size_t)m->L, sizeof *m->layers);
     lm_loader ld;
     loader_init(&ld, m, st, kv_heads);
@@ -162,6 +163,13 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
     loader_whole(&ld, "norm.weight", H, 0);
     if ((s = loader_load(&ld, &m->final_norm, err)) != VLMD_OK)
         goto fail;
+    for (const char *const *q = (const char *const[]){"lm_head.qweight", "lm_head.weight_packed",
+                                                      NULL}; *q; q++)
+        if (vlmd_safetensors_find(st, *q)) {
+            s = vlmd_errorf(err, VLMD_ERR_MODEL, "%s: a quantized lm_head is not supported (it "
+                            "stays 16-bit in the formats vlmd serves)", *q);
+            goto fail;
+        }
     if (vlmd_safetensors_find(st, "lm_head.weight")) {
         loader_at(&ld, "%s", "");
         loader_part(&ld, "lm_head.weight", V, H, rank * Vr, Vr, 0, H);

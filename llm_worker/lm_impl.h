@@ -15,34 +15,36 @@
 typedef struct lm_ranks lm_ranks;
 
 /* The attention block's weights (this rank's heads). */
+/* A linear's weight matrix is a vlmd_qweight: quantized (FP8, INT4) or, with
+ * format NONE, codes the [out, in] matrix in the backend's weight type. */
 typedef struct attention_weights {
-    void *w_qkv;                /* [Q + 2 KV, H]: q rows, then k, then v */
+    vlmd_qweight w_qkv;         /* [Q + 2 KV, H]: q rows, then k, then v */
     void *b_qkv;                /* [Q + 2 KV]; NULL without qkv bias */
-    void *wo;                   /* [H, Q] */
+    vlmd_qweight wo;            /* [H, Q] */
     void *bo;                   /* [H]; NULL without o bias (rank 0's alone: summed once) */
     void *q_norm, *k_norm;      /* [hd] each; NULL without q/k norm */
 } attention_weights;
 
 /* A SwiGLU's weights: a dense layer's, or a shared expert's (this rank's width). */
 typedef struct swiglu_weights {
-    void *gate_up;              /* [2 I, H]: gate rows, then up rows */
-    void *down;                 /* [H, I] */
-    int width;                  /* I, this rank's */
+    vlmd_qweight gate_up;       /* [2 I, H]: gate rows, then up rows */
+    vlmd_qweight down;          /* [H, I] */
+    int width;                  /* I, this rank's (0: none) */
 } swiglu_weights;
 
 /* The routed-experts block's weights. */
 typedef struct experts_weights {
     void *router;               /* [E, H] */
     float *router_bias;         /* [E] fp32 (the sigmoid router's correction); NULL: none */
-    void *gate_up;              /* [Er][2 Ie, H]: this rank's experts */
-    void *down;                 /* [Er][H, Ie] */
-    swiglu_weights shared;      /* the shared expert (gate_up NULL: none) */
+    vlmd_qweight gate_up;       /* [Er][2 Ie, H]: this rank's experts */
+    vlmd_qweight down;          /* [Er][H, Ie] */
+    swiglu_weights shared;      /* the shared expert (width 0: none) */
 } experts_weights;
 
 typedef struct lm_layer {
     void *ln_in, *ln_post;      /* [H] each: before attention, before the MLP */
     attention_weights attn;
-    swiglu_weights mlp;         /* a dense layer's MLP (gate_up NULL in an experts layer) */
+    swiglu_weights mlp;         /* a dense layer's MLP (width 0 in an experts layer) */
     experts_weights experts;    /* an experts layer's (router NULL in a dense one) */
 } lm_layer;
 
@@ -50,6 +52,7 @@ struct lm_model {
     vlmd_backend *b;            /* borrowed */
     const vlmd_op_table *op;
     lm_recipe r;                /* the whole model's, as its family read it */
+    vlmd_quant_config quant;    /* the checkpoint's quantization_config */
     int H, I, L, nh, nkv, hd, V; /* I, nh, nkv: this rank's */
     int rank, world;            /* tensor parallelism: this rank of world (1: the whole model) */
     vlmd_comm *comm;            /* borrowed; NULL when world is 1 */
@@ -171,5 +174,16 @@ vlmd_status lm_ranks_forward(lm_model *m, lm_kv *kv, lm_workspace *ws,
 vlmd_status lm_ranks_capture_decode(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                        vlmd_error *err);
 void lm_ranks_free(lm_model *m);
+
+/* out[n, out_dim] = x[n, in] . W^T (+ bias): the backend's linear, or its
+ * qlinear for a quantized W. */
+static inline void lm_linear(const lm_model *m, void *out, const void *x, const vlmd_qweight *w,
+                             const void *bias, int n, int in, int out_dim)
+{
+    if (w->format == VLMD_QFORMAT_NONE)
+        m->op->linear(m->b, out, x, w->codes, bias, n, in, out_dim);
+    else
+        m->op->qlinear(m->b, out, x, w, bias, n, in, out_dim);
+}
 
 #endif

@@ -137,6 +137,12 @@ vlmd_status loader_load(lm_loader *ld, void **out, vlmd_error *err)
                                                     (int64_t[]){p->rows, p->cols}, &t, err)) !=
                               VLMD_OK)
             return s;
+        if (p->name[0] && t->dtype != VLMD_DTYPE_F32 && t->dtype != VLMD_DTYPE_BF16 &&
+            t->dtype != VLMD_DTYPE_F16) /* an fp8 norm or embedding: not a format vlmd knows */
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "tensor %s is %s where vlmd reads a 16- or "
+                               "32-bit float (an %s tensor needs its scale beside it, and only "
+                               "linears are quantized)", p->name, vlmd_dtype_str(t->dtype),
+                               vlmd_dtype_str(t->dtype));
         bytes += (size_t)(p->n_rows * (p->cols ? p->n_cols : 1)) * es;
     }
     void *w;

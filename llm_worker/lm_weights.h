@@ -56,6 +56,14 @@ void loader_kv_rows(lm_loader *ld, const char *suffix, int64_t cols);
 /* Loads the parts collected since the last call, stacked along their rows
  * into one allocation the model owns (*out NULL for a dry model). */
 vlmd_status loader_load(lm_loader *ld, void **out, vlmd_error *err);
+/* Loads the parts collected since the last call as one linear's weight: as
+ * loader_load when the checkpoint's tensors are 16- or 32-bit (format NONE,
+ * codes the stacked weight), else repacked into the quantized layout of
+ * kernels/qweight.h from whichever published format each part is stored in
+ * (lm_quant.c). Parts are named "<linear>.weight" either way. A part that
+ * is missing, mis-shaped, stored otherwise than the others, or split by
+ * tensor parallelism inside a group is VLMD_ERR_MODEL naming it. */
+vlmd_status loader_load_matrix(lm_loader *ld, vlmd_qweight *out, vlmd_error *err);
 /* "<at>suffix" [rows] as fp32 in backend memory the model owns, whatever the
  * checkpoint's type (a router's correction bias: it only chooses, and bf16
  * would move its choices). */

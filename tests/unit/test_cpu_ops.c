@@ -15,6 +15,7 @@
 
 #include "backend.h"
 #include "cpu_kernels.h"
+#include "fp8.h"
 #include "ops.h"
 
 static uint64_t rng = 0x9e3779b9;
@@ -565,4 +566,153 @@ Test(cpu_ops, attention_decode_rows_are_a_prefills_bits)
         }
     free(q), free(k), free(v), free(kw), free(vw), free(kh), free(vh), free(prefill), free(decode);
     vlmd_backend_destroy(b);
+}
+
+/* ---- quantized weights ----------------------------------------------------------------- */
+
+/* A random quantized W [out, in] in host memory (the CPU backend's own):
+ * codes (FP8 without the NaN codes, or INT4), scales in [0.01, 0.1), zero
+ * points 0..15 when zeros, groups of `group` (0: a row) and scale rows of
+ * row_block. The caller frees w->codes, scales and zeros. */
+static vlmd_qweight random_qweight(vlmd_qformat f, int out, int in, int group, int row_block,
+                                   bool zeros)
+{
+    vlmd_qweight w = {.format = f, .group = group, .row_block = row_block};
+    size_t nc = (size_t)out * vlmd_qweight_row_bytes(f, in);
+    size_t ns = (size_t)vlmd_qweight_scale_rows(&w, out) * vlmd_qweight_groups(&w, in);
+    uint8_t *c = malloc(nc), *z = zeros ? malloc(ns) : NULL;
+    float *s = malloc(ns * sizeof *s);
+    for (size_t i = 0; i < nc; i++) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        c[i] = (uint8_t)(rng >> 56);
+        if (f == VLMD_QFORMAT_FP8 && (c[i] & 0x7f) == 0x7f)
+            c[i] ^= 1;
+    }
+    for (size_t i = 0; i < ns; i++) {
+        s[i] = 0.055f + uniform(0.045f);
+        if (z)
+            z[i] = (uint8_t)((size_t)(s[i] * 1e6f) % 16);
+    }
+    w.codes = c, w.scales = s, w.zeros = z;
+    return w;
+}
+
+static void free_qweight(vlmd_qweight *w)
+{
+    free((void *)w->codes), free((void *)w->scales), free((void *)w->zeros);
+}
+
+/* W[o][i] from the layout's definition (kernels/qweight.h), in double. */
+static double qweight_at(const vlmd_qweight *w, int in, int o, int i)
+{
+    int g = w->group ? i / w->group : 0, groups = vlmd_qweight_groups(w, in);
+    size_t at = (size_t)(o / w->row_block) * groups + g;
+    const uint8_t *c = w->codes;
+    if (w->format == VLMD_QFORMAT_FP8)
+        return (double)vlmd_e4m3_to_f32(c[(size_t)o * in + i]) * w->scales[at];
+    int q = c[(size_t)o * ((in + 1) / 2) + i / 2] >> (4 * (i % 2)) & 15;
+    return (double)(q - (w->zeros ? w->zeros[at] : 8)) * w->scales[at];
+}
+
+typedef struct qcase {
+    vlmd_qformat f;
+    int out, in, group, row_block;
+    bool zeros;
+} qcase;
+
+static const qcase qcases[] = {
+    {VLMD_QFORMAT_FP8, 300, 200, 128, 128, false}, /* partial row and column blocks */
+    {VLMD_QFORMAT_FP8, 150, 77, 0, 1, false},      /* per channel, an odd width */
+    {VLMD_QFORMAT_INT4, 130, 256, 128, 1, true},   /* AWQ-like */
+    {VLMD_QFORMAT_INT4, 96, 200, 32, 1, false},    /* symmetric, a partial last group */
+    {VLMD_QFORMAT_INT4, 64, 45, 0, 1, true},       /* a row a group, an odd width */
+};
+
+/* qlinear against the definition in double, and each row the same bits in
+ * any batch, on one thread and two. */
+Test(cpu_ops, qlinear_is_the_product_with_the_dequantized_weights)
+{
+    static const int batches[] = {1, 3, 16, 17, 40};
+    enum { N = 64 };
+    for (size_t ci = 0; ci < sizeof qcases / sizeof *qcases; ci++)
+        for (int threads = 1; threads <= 2; threads++) {
+            const qcase *qc = &qcases[ci];
+            vlmd_backend *b = cpu_open();
+            vlmd_error err = {0};
+            cr_assert_eq(vlmd_backend_hold_weight_dtype(b, VLMD_DTYPE_BF16, &err), VLMD_OK);
+            cr_assert_eq(vlmd_backend_set_threads(b, threads, &err), VLMD_OK, "%s", err.msg);
+            vlmd_qweight w = random_qweight(qc->f, qc->out, qc->in, qc->group, qc->row_block,
+                                            qc->zeros);
+            float *x = random_floats((size_t)N * qc->in, 1.0f);
+            float *all = malloc((size_t)N * qc->out * sizeof *all),
+                  *some = malloc((size_t)N * qc->out * sizeof *some);
+            uint16_t *bias = malloc((size_t)qc->out * sizeof *bias);
+            for (int o = 0; o < qc->out; o++)
+                bias[o] = vlmd_cpu_to_bf16(uniform(1.0f));
+            const vlmd_op_table *op = vlmd_backend_ops(b);
+            op->qlinear(b, all, x, &w, bias, N, qc->in, qc->out);
+            double diff = 0, norm = 0;
+            for (int r = 0; r < N; r++)
+                for (int o = 0; o < qc->out; o++) {
+                    double want = vlmd_cpu_load(bias, VLMD_DTYPE_BF16, (size_t)o);
+                    for (int i = 0; i < qc->in; i++)
+                        want += qweight_at(&w, qc->in, o, i) * x[(size_t)r * qc->in + i];
+                    double d = all[(size_t)r * qc->out + o] - want;
+                    diff += d * d, norm += want * want;
+                }
+            cr_expect_lt(sqrt(diff / norm), 1e-6, "qlinear case %zu: relative error %g", ci,
+                         sqrt(diff / norm));
+            for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
+                int n = batches[bi], r0 = N - n - 3 * (int)bi;
+                op->qlinear(b, some, x + (size_t)r0 * qc->in, &w, bias, n, qc->in, qc->out);
+                int bad = 0;
+                for (int r = 0; r < n; r++)
+                    bad += memcmp(some + (size_t)r * qc->out, all + (size_t)(r0 + r) * qc->out,
+                                  (size_t)qc->out * sizeof *some) != 0;
+                cr_expect_eq(bad, 0, "qlinear case %zu, %d threads: %d of %d rows differ", ci,
+                             threads, bad, n);
+            }
+            free_qweight(&w);
+            free(x), free(all), free(some), free(bias);
+            vlmd_backend_release_weights(b);
+            vlmd_backend_destroy(b);
+        }
+}
+
+/* Quantized experts give the bits the dense op gives on their dequantized
+ * fp32 weights (the same GEMV on the same floats), for a share of the
+ * experts and every expert's rows on whole scale blocks. */
+Test(cpu_ops, moe_experts_q_are_the_dense_experts_of_the_dequantized_weights)
+{
+    enum { n = 13, k = 2, E = 4, H = 64, I = 48, first = 1, held = 3 };
+    for (int f = 0; f < 2; f++) {
+        vlmd_qformat fmt = f ? VLMD_QFORMAT_INT4 : VLMD_QFORMAT_FP8;
+        vlmd_backend *b = cpu_open();
+        cr_assert_eq(vlmd_backend_hold_weight_dtype(b, VLMD_DTYPE_F32, NULL), VLMD_OK);
+        vlmd_qweight gu = random_qweight(fmt, held * 2 * I, H, 32, f ? 1 : 16, f),
+                     dn = random_qweight(fmt, held * H, I, 32, f ? 1 : 16, f);
+        float *gu_f = malloc((size_t)held * 2 * I * H * sizeof *gu_f),
+              *dn_f = malloc((size_t)held * H * I * sizeof *dn_f);
+        for (int r = 0; r < held * 2 * I; r++)
+            vlmd_cpu_kernels_c.dequant(gu_f + (size_t)r * H, &gu, r, H);
+        for (int r = 0; r < held * H; r++)
+            vlmd_cpu_kernels_c.dequant(dn_f + (size_t)r * I, &dn, r, I);
+        float *x = random_floats((size_t)n * H, 1), *w = malloc((size_t)n * k * sizeof *w);
+        int32_t *ids = malloc((size_t)n * k * sizeof *ids);
+        for (int t = 0; t < n; t++)
+            for (int j = 0; j < k; j++)
+                ids[t * k + j] = (t + j * 3) % E, w[t * k + j] = 0.25f + 0.5f * (float)j;
+        const vlmd_op_table *op = vlmd_backend_ops(b);
+        float *q_out = malloc((size_t)n * H * sizeof *q_out),
+              *d_out = malloc((size_t)n * H * sizeof *d_out);
+        void *scratch = malloc(op->moe_scratch_bytes(n, k, held, H, I));
+        op->moe_experts_q(b, q_out, x, ids, w, &gu, &dn, scratch, n, k, held, H, I, first);
+        op->moe_experts(b, d_out, x, ids, w, gu_f, dn_f, scratch, n, k, held, H, I, first);
+        cr_expect(memcmp(q_out, d_out, (size_t)n * H * sizeof *q_out) == 0,
+                  "%s experts: the dense op's bits", f ? "INT4" : "FP8");
+        free_qweight(&gu), free_qweight(&dn);
+        free(gu_f), free(dn_f), free(x), free(w), free(ids), free(q_out), free(d_out), free(scratch);
+        vlmd_backend_release_weights(b);
+        vlmd_backend_destroy(b);
+    }
 }
