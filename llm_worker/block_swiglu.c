@@ -5,7 +5,9 @@
  *   out = (silu(gate) * up) . Wd
  *
  * Tensor parallelism: a rank holds its rows of gate and up and the same
- * columns of down, so out is its share of the sum. */
+ * columns of down, so out is its share of the sum; a quantized down's
+ * column groups are never cut (lm_width_share: the shares may then differ
+ * by a group). */
 #include <string.h>
 
 #include "blocks.h"
@@ -13,7 +15,9 @@
 vlmd_status swiglu_load(lm_loader *ld, int width, swiglu_weights *w, vlmd_error *err)
 {
     const lm_model *m = ld->m;
-    const int64_t H = m->H, I = width, Ir = width / m->world, i0 = m->rank * Ir;
+    int share0, share;
+    lm_width_share(width, lm_column_unit(&m->quant), m->rank, m->world, &share0, &share);
+    const int64_t H = m->H, I = width, Ir = share, i0 = share0;
     vlmd_status s;
     loader_part(ld, "gate_proj.weight", I, H, i0, Ir, 0, H);
     loader_part(ld, "up_proj.weight", I, H, i0, Ir, 0, H);

@@ -85,14 +85,24 @@ static vlmd_status check_parallel(const vlmd_model_config *mc, const lm_recipe *
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: its %d experts must be a multiple "
                            "of the tensor-parallel size %d (each rank holds an equal share)",
                            arch, r->experts.n_experts, world);
-    if (r->experts.shared_width % world)
+    /* a SwiGLU's width is split evenly, or on whole scale groups of a quantized
+     * checkpoint (lm_width_share) */
+    const int unit = lm_column_unit(&mc->quant);
+    if (unit == 1 && r->experts.shared_width % world)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: its shared expert's width %d must be "
                            "a multiple of the tensor-parallel size %d", arch,
                            r->experts.shared_width, world);
-    if (r->heads % world || r->dense_width % world)
+    if (r->heads % world || (unit == 1 && r->dense_width % world))
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: num_attention_heads %d and "
                            "intermediate_size %d must both be multiples of the "
                            "tensor-parallel size %d", arch, r->heads, r->dense_width, world);
+    const int widths[] = {r->dense_width, r->experts.shared_width};
+    for (int i = 0; unit > 1 && i < 2; i++)
+        if (widths[i] && (widths[i] + unit - 1) / unit < world)
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: a SwiGLU width of %d is %d "
+                               "groups of %d quantized columns, too few for a share on each of "
+                               "%d ranks", arch, widths[i], (widths[i] + unit - 1) / unit, unit,
+                               world);
     if (r->heads % r->kv_heads)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: num_attention_heads %d is not a "
                            "multiple of num_key_value_heads %d", arch, r->heads, r->kv_heads);
@@ -124,13 +134,16 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
     const lm_recipe *r = &m->r;
     const int world = par->world, rank = par->rank;
     m->b = b, m->op = vlmd_backend_ops(b);
-    m->H = r->hidden, m->I = r->dense_width / world, m->L = r->layers, m->nh = r->heads / world;
+    int i0;
+    m->H = r->hidden, m->L = r->layers, m->nh = r->heads / world;
+    lm_width_share(r->dense_width, lm_column_unit(&mc->quant), rank, world, &i0, &m->I);
+    lm_width_share(r->experts.shared_width, lm_column_unit(&mc->quant), rank, world, &i0, &m->Is);
     m->nkv = r->kv_heads, m->hd = r->head_dim, m->V = r->vocab;
     m->rank = rank, m->world = world, m->comm = par->comm;
     m->vocab_split = world > 1 && r->vocab % world == 0;
     m->Vr = m->vocab_split ? m->V / world : m->V;
     m->E = r->experts.n_experts, m->K = r->experts.k, m->Ie = r->experts.width;
-    m->Er = m->E / world, m->e0 = rank * m->Er, m->Is = r->experts.shared_width / world;
+    m->Er = m->E / world, m->e0 = rank * m->Er;
     m->n_deepstack = r->n_deepstack, m->image_token_bytes = r->image_token_bytes;
     if (world > 1) /* the KV heads this rank's query heads read */
         m->nkv = lm_rank_kv_heads(rank * m->nh, m->nh, r->heads / r->kv_heads, kv_heads);

@@ -222,6 +222,30 @@ vlmd_status loader_fused_experts(lm_loader *ld, const char *name, int64_t n_expe
     return s;
 }
 
+int lm_column_unit(const vlmd_quant_config *q)
+{
+    switch (q->method) {
+    case VLMD_QUANT_FP8:
+    case VLMD_QUANT_CT_FP8:
+        return q->block[1] > 0 ? q->block[1] : 1;
+    case VLMD_QUANT_AWQ:
+    case VLMD_QUANT_GPTQ:
+    case VLMD_QUANT_CT_INT4:
+        return q->group_size > 0 ? q->group_size : 1;
+    default:
+        return 1;
+    }
+}
+
+void lm_width_share(int width, int unit, int rank, int world, int *i0, int *n)
+{
+    int units = (width + unit - 1) / unit, per = units / world, extra = units % world;
+    int u0 = rank * per + (rank < extra ? rank : extra), un = per + (rank < extra);
+    int c0 = u0 * unit, c1 = (u0 + un) * unit < width ? (u0 + un) * unit : width;
+    *i0 = c0 < width ? c0 : width;
+    *n = c1 - *i0 > 0 ? c1 - *i0 : 0;
+}
+
 /* The attention op gives local query head i the KV head i / (nq / count):
  * when the heads used fit that (a split of the KV heads, or a whole group of
  * query heads per KV head) each is kept once, else one per query head

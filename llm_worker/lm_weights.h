@@ -81,6 +81,15 @@ vlmd_status loader_fused_experts(lm_loader *ld, const char *name, int64_t n_expe
 /* bytes of backend memory the model owns (a dry model counts them; *out NULL). */
 vlmd_status loader_alloc(lm_loader *ld, size_t bytes, void **out, vlmd_error *err);
 
+/* The columns a tensor-parallel split of a linear's input dimension must
+ * keep together: the checkpoint's scale group along it (FP8 blocks: their
+ * columns; 4-bit: group_size), 1 when any split will do. */
+int lm_column_unit(const vlmd_quant_config *q);
+/* Rank's share [*i0, *i0 + *n) of `width` columns split over world ranks on
+ * whole units (the last unit may be partial): equal when width is a
+ * multiple of world units, else the first ranks take a unit more. */
+void lm_width_share(int width, int unit, int rank, int world, int *i0, int *n);
+
 /* The KV heads (indices into the checkpoint's) a rank keeps for its query
  * heads [q0, q0 + nq) of a model whose query heads share KV heads in groups
  * of g: into kv[], their count returned (see lm.c). */

@@ -148,6 +148,38 @@ Test(quant, the_weights_take_the_quantized_bytes)
     shell_close(&s);
 }
 
+/* A tensor-parallel share whose columns start inside a scale group cannot
+ * be held (its first columns would need the group's scale from another
+ * rank's view): refused naming the tensor, the column and the group. */
+Test(quant, a_column_share_inside_a_group_is_refused)
+{
+    shell s;
+    shell_open(&s, test_fixture("quant/qwen3_awq"), "model.safetensors");
+    lm_loader ld;
+    loader_init(&ld, &s.m, s.st, NULL);
+    loader_at(&ld, "%s", "model.layers.0.mlp.");
+    loader_part(&ld, "down_proj.weight", 256, 384, 0, 256, 192, 192);
+    vlmd_qweight w;
+    vlmd_error err = {0};
+    cr_expect_eq(loader_load_matrix(&ld, &w, &err), VLMD_ERR_MODEL);
+    cr_expect(strstr(err.msg, "model.layers.0.mlp.down_proj.weight") &&
+                  strstr(err.msg, "column 192 cuts a group of 128 columns"), "%s", err.msg);
+    /* on a group boundary it loads, and is the whole tensor's columns */
+    loader_part(&ld, "down_proj.weight", 256, 384, 0, 256, 128, 256);
+    cr_assert_eq(loader_load_matrix(&ld, &w, &err), VLMD_OK, "%s", err.msg);
+    vlmd_qweight whole;
+    loader_whole(&ld, "down_proj.weight", 256, 384);
+    cr_assert_eq(loader_load_matrix(&ld, &whole, &err), VLMD_OK, "%s", err.msg);
+    float a[384], b[384];
+    for (int r = 0; r < 256; r += 51) {
+        vlmd_cpu_kernels_c.dequant(a, &w, r, 256);
+        vlmd_cpu_kernels_c.dequant(b, &whole, r, 384);
+        cr_expect(memcmp(a, b + 128, 256 * sizeof *a) == 0, "row %d's columns 128..383", r);
+    }
+    loader_free(&ld);
+    shell_close(&s);
+}
+
 /* ---- refusals ------------------------------------------------------------- */
 
 /* A copy of fixture dir in a temporary directory with config.json's
