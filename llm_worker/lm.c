@@ -256,6 +256,25 @@ vlmd_status lm_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
     return s;
 }
 
+/* The elements of this rank's linears (attention, dense MLPs, experts, shared
+ * experts): what a quantized checkpoint stores in fewer bytes. */
+static uint64_t linear_elements(const lm_model *m)
+{
+    const uint64_t H = (uint64_t)m->H, Q = (uint64_t)m->nh * m->hd,
+                   KV = (uint64_t)m->nkv * m->hd;
+    uint64_t attn = (Q + 2 * KV) * H + H * Q, dense = 3 * (uint64_t)m->I * H,
+             experts = (uint64_t)m->Er * 3 * m->Ie * H + 3 * (uint64_t)m->Is * H;
+    return (uint64_t)m->L * attn + (uint64_t)m->n_dense * dense + (uint64_t)m->n_moe * experts;
+}
+
+void lm_quantized_bytes(const lm_model *m, uint64_t weight_bytes, uint64_t *fp8, uint64_t *int4)
+{
+    uint64_t lin = linear_elements(m), es = vlmd_backend_weight_elem_size(m->b);
+    uint64_t rest = weight_bytes > lin * es ? weight_bytes - lin * es : 0;
+    *fp8 = rest + lin + lin / 4096; /* a byte a weight, an fp32 scale a 128x128 block */
+    *int4 = rest + lin / 2 + lin / 32; /* half a byte, an fp32 scale a group of 128 */
+}
+
 void lm_free(lm_model *m)
 {
     if (!m)

@@ -114,6 +114,10 @@ vlmd_status lm_load_shapes(vlmd_backend *b, const vlmd_model_config *mc,
                               lm_model **out, uint64_t *weight_bytes, vlmd_error *err);
 
 /* The backend the model was loaded on (borrowed). */
+/* What the weights of a model of m's shapes (weight_bytes in its own types)
+ * would take in an FP8 and in a 4-bit checkpoint of group 128: its linears
+ * quantized, the rest as it is. For the refusal of a model too large. */
+void lm_quantized_bytes(const lm_model *m, uint64_t weight_bytes, uint64_t *fp8, uint64_t *int4);
 vlmd_backend *lm_backend(const lm_model *m);
 /* Bytes of KV cache one token takes across all layers. */
 uint64_t lm_kv_bytes_per_token(const lm_model *m);

@@ -402,9 +402,25 @@ static void on_grammar_compiled(vlmd_msg *submit, vlmd_grammar *g, const vlmd_er
 
 /* ---- start-up ----------------------------------------------------------------- */
 
-/* The profile's numbers, for /memory_stats (strings borrowed from buf). */
-static uint32_t memory_map(const profile_report *r, uint64_t peer, vlmd_kv *kv, char (*buf)[24])
+/* "bf16", or the quantized format with the 16-bit type of the rest: logs and /memory_stats. */
+static const char *weights_format(llm_worker *w, char *buf, size_t len)
 {
+    const vlmd_quant_config *q = &w->svc.model.quant;
+    const char *rest = vlmd_dtype_str(vlmd_backend_weight_dtype(w->backend));
+    if (q->method == VLMD_QUANT_NONE) {
+        snprintf(buf, len, "%s", rest);
+    } else {
+        char name[64];
+        snprintf(buf, len, "%s, the rest %s", vlmd_quant_name(q, name, sizeof name), rest);
+    }
+    return buf;
+}
+
+/* The profile's numbers, for /memory_stats (strings borrowed from buf and format). */
+static uint32_t memory_map(llm_worker *w, const profile_report *r, vlmd_kv *kv, char (*buf)[24],
+                           char *format, size_t format_len)
+{
+    uint64_t peer = w->peer_bytes;
     const struct {
         const char *name;
         uint64_t value;
@@ -429,6 +445,8 @@ static uint32_t memory_map(const profile_report *r, uint64_t peer, vlmd_kv *kv, 
         kv[i] = (vlmd_kv){(char *)rows[i].name, buf[i]};
     }
     kv[n++] = (vlmd_kv){"stress", (char *)engine_stress_str(r->stress)};
+    kv[n++] = (vlmd_kv){"weights_format", (char *)weights_format(w, format, format_len)};
+    kv[n++] = (vlmd_kv){"kv_dtype", (char *)vlmd_dtype_str(vlmd_backend_kv_dtype(w->backend))};
     return n;
 }
 
@@ -548,7 +566,7 @@ static void on_profile_done(uv_work_t *req, int status)
     if (w->stopping)
         return;
     vlmd_kv memory[26];
-    char values[26][24], graphs[96], length[24], why[512];
+    char values[26][24], graphs[96], length[24], why[512], format[96];
     describe_graphs(w, graphs, sizeof graphs);
     snprintf(length, sizeof length, "%lld", (long long)rep->max_model_len);
     describe_length(w, why, sizeof why);
@@ -562,7 +580,7 @@ static void on_profile_done(uv_work_t *req, int status)
                             .reserved_bytes = vlmd_backend_allocated_bytes(w->backend),
                             .device = (char *)vlmd_backend_info(w->backend)->name,
                             .memory = memory,
-                            .n_memory = memory_map(rep, w->peer_bytes, memory, values),
+                            .n_memory = memory_map(w, rep, memory, values, format, sizeof format),
                             .settings = settings,
                             .n_settings = sizeof settings / sizeof settings[0]};
     w->allocs_at_ready = vlmd_backend_alloc_count(w->backend);
@@ -890,8 +908,9 @@ static vlmd_status load_weights(llm_worker *w, const lm_parallel *par, vlmd_erro
     vlmd_status s = vlmd_safetensors_open_dir(w->svc.cfg.model, &st, err);
     if (s == VLMD_OK)
         s = lm_load_shapes(w->backend, &w->svc.model, st, par, &shapes, &weight_bytes, err);
-    if (s == VLMD_OK)
-        s = profile_check_weights(w->backend, weight_bytes, 0, err);
+    if (s == VLMD_OK && (s = profile_check_weights(w->backend, weight_bytes, 0, err)) ==
+                            VLMD_ERR_TOO_LARGE)
+        profile_suggest_quantized(w->backend, shapes, weight_bytes, &w->svc.model.quant, err);
     /* a given length that cannot fit is refused before the seconds of loading */
     if (s == VLMD_OK)
         s = profile_check_length(shapes, w->backend, weight_bytes, &base, &pc, err);
@@ -904,13 +923,15 @@ static vlmd_status load_weights(llm_worker *w, const lm_parallel *par, vlmd_erro
     if (w->svc.cfg.rank == 0)
         load_vocab(w);
     const vlmd_text_config *t = &w->svc.model.text;
+    char format[64];
     VLMD_INFO("%s loaded in %llu ms: %lld layers, hidden %lld, %lld heads (%lld KV), vocab %lld, "
-              "%llu MiB of weights on %s%s",
+              "%llu MiB of weights (%s) on %s%s",
               w->svc.model.architecture, (unsigned long long)(vlmd_now_ms() - t0),
               (long long)t->num_layers, (long long)t->hidden_size, (long long)t->num_heads,
               (long long)t->num_kv_heads, (long long)t->vocab_size,
               (unsigned long long)(vlmd_backend_allocated_bytes(w->backend) >> 20),
-              vlmd_backend_info(w->backend)->name, par ? " (this rank's share)" : "");
+              weights_format(w, format, sizeof format), vlmd_backend_info(w->backend)->name,
+              par ? " (this rank's share)" : "");
     if (vlmd_backend_info(w->backend)->kind == VLMD_DEVICE_CPU)
         VLMD_INFO("CPU backend: %s weights, %s KV cache, %d threads, %s kernels",
                   vlmd_dtype_str(vlmd_backend_weight_dtype(w->backend)),

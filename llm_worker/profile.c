@@ -2,6 +2,7 @@
 #include "profile.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "log.h"
 
@@ -28,6 +29,23 @@ vlmd_status profile_check_weights(vlmd_backend *b, uint64_t weight_bytes, uint64
                            MIB(weight_bytes), MIB(total), MIB(peer_bytes), MIB(free_bytes),
                            MIB(PROFILE_CANARY_BYTES));
     return VLMD_OK;
+}
+
+void profile_suggest_quantized(vlmd_backend *b, const lm_model *shapes, uint64_t weight_bytes,
+                               const vlmd_quant_config *q, vlmd_error *err)
+{
+    uint64_t free_bytes = 0, total = 0, fp8, int4;
+    if (!shapes || q->method != VLMD_QUANT_NONE ||
+        vlmd_backend_mem_info(b, &free_bytes, &total, NULL) != VLMD_OK)
+        return;
+    lm_quantized_bytes(shapes, weight_bytes, &fp8, &int4);
+    uint64_t room = free_bytes > PROFILE_CANARY_BYTES ? free_bytes - PROFILE_CANARY_BYTES : 0;
+    size_t len = strlen(err->msg);
+    if (fp8 <= room || int4 <= room)
+        snprintf(err->msg + len, sizeof err->msg - len, "; %s checkpoint of this model (about "
+                 "%llu MiB of weights) would fit: vlmd serves them as published",
+                 fp8 <= room ? "an FP8" : "a 4-bit (AWQ, GPTQ or compressed-tensors int4)",
+                 MIB(fp8 <= room ? fp8 : int4));
 }
 
 uint64_t profile_grammar_cache_bytes(vlmd_backend *b, uint64_t canary_bytes, uint64_t *counted)

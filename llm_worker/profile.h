@@ -129,6 +129,11 @@ vlmd_status profile_check_length(lm_model *shapes, vlmd_backend *b, uint64_t wei
  * weight_bytes cannot fit beside the peer's reservation and the canary. */
 vlmd_status profile_check_weights(vlmd_backend *b, uint64_t weight_bytes, uint64_t peer_bytes,
                                   vlmd_error *err);
+/* After profile_check_weights refused a 16-bit model (shapes: its dry
+ * model, weight_bytes its weights, q its quantization_config): appends to
+ * err which quantized checkpoint of it would fit, when one would. */
+void profile_suggest_quantized(vlmd_backend *b, const lm_model *shapes, uint64_t weight_bytes,
+                               const vlmd_quant_config *q, vlmd_error *err);
 
 /* Runs the protocol for a loaded model. On success *out is the engine at the
  * final size (engine_config's kv_slots replaced, its max_model_len

@@ -125,6 +125,9 @@ export function makeDecoder(tokenizerJson) {
   const byteOf = new Map(cs.map((c, i) => [String.fromCodePoint(c), bs[i]]));
   const symbol = new Map(Object.entries(tokenizerJson.model.vocab).map(([k, v]) => [v, k]));
   const special = new Set(tokenizerJson.added_tokens.filter((t) => t.special).map((t) => t.id));
+  // added tokens that are not special (Qwen3's <think>) are their text as it is
+  const added = new Map(tokenizerJson.added_tokens.filter((t) => !t.special).map((t) => [t.id, t.content]));
   return (ids) => Buffer.from(ids.filter((id) => !special.has(id))
-    .flatMap((id) => [...symbol.get(id)].map((ch) => byteOf.get(ch)))).toString('utf8');
+    .flatMap((id) => (added.has(id) ? [...Buffer.from(added.get(id), 'utf8')]
+      : [...(symbol.get(id) ?? '')].map((ch) => byteOf.get(ch))))).toString('utf8'); // a padded id: nothing
 }

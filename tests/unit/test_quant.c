@@ -15,6 +15,7 @@
 #include "fp8.h"
 #include "lm_impl.h"
 #include "lm_weights.h"
+#include "profile.h"
 #include "test_support.h"
 
 static const char *const quant_fixtures[] = {
@@ -463,4 +464,134 @@ Test(quant, e4m3_both_ways)
     cr_expect_eq(vlmd_f32_to_e4m3(1.5f / 512), 0x02, "a subnormal tie to even");
     float nan = __builtin_nanf("");
     cr_expect_eq(vlmd_f32_to_e4m3(nan) & 0x7f, 0x7f);
+}
+
+/* ---- the memory plan ----------------------------------------------------------- */
+
+/* The fp8 fixture as a 16-bit checkpoint: each quantized linear dequantized
+ * (the loader's reading, tested above) and rounded to BF16, every other
+ * tensor as it is, no quantization_config. Returns its directory. */
+static char *bf16_twin(const char *fixture)
+{
+    shell s;
+    shell_open(&s, test_fixture(fixture), "model.safetensors");
+    char *dir = strdup("/tmp/vlmd-twin-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    json_t *header = json_object();
+    size_t cap = 0, used = 0;
+    char *data = NULL;
+    for (size_t i = 0; i < vlmd_safetensors_count(s.st); i++) {
+        const vlmd_tensor_view *t = vlmd_safetensors_at(s.st, i);
+        if (strstr(t->name, "weight_scale_inv"))
+            continue;
+        size_t bytes = t->nbytes;
+        uint16_t *wide = NULL;
+        if (t->dtype == VLMD_DTYPE_F8_E4M3) {
+            vlmd_qweight w;
+            cr_assert_eq(load_linear(&s, t->name, t->shape[0], t->shape[1], &w, NULL), VLMD_OK);
+            float *row = malloc((size_t)t->shape[1] * sizeof *row);
+            bytes = (size_t)(t->shape[0] * t->shape[1]) * 2;
+            wide = malloc(bytes);
+            for (int64_t r = 0; r < t->shape[0]; r++) {
+                vlmd_cpu_kernels_c.dequant(row, &w, (int)r, (int)t->shape[1]);
+                for (int64_t c = 0; c < t->shape[1]; c++)
+                    wide[r * t->shape[1] + c] = vlmd_cpu_to_bf16(row[c]);
+            }
+            free(row);
+        }
+        json_t *shape = json_array();
+        for (int d = 0; d < t->ndim; d++)
+            json_array_append_new(shape, json_integer(t->shape[d]));
+        json_object_set_new(header, t->name,
+                            json_pack("{s:s, s:o, s:[I, I]}", "dtype",
+                                      wide ? "BF16" : vlmd_dtype_str(t->dtype), "shape", shape,
+                                      "data_offsets", (json_int_t)used,
+                                      (json_int_t)(used + bytes)));
+        if (used + bytes > cap) {
+            cap = 2 * (used + bytes);
+            data = realloc(data, cap);
+        }
+        memcpy(data + used, wide ? (const void *)wide : t->data, bytes);
+        used += bytes;
+        free(wide);
+    }
+    char path[4096], *text = json_dumps(header, JSON_COMPACT);
+    size_t len = strlen(text);
+    uint64_t n = (len + 7) / 8 * 8;
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    FILE *f = fopen(path, "wb");
+    fwrite(&n, 8, 1, f);
+    fwrite(text, 1, len, f);
+    for (size_t i = len; i < n; i++)
+        fputc(' ', f);
+    fwrite(data, 1, used, f);
+    fclose(f);
+    free(text), free(data);
+    json_decref(header);
+    char src[4200];
+    snprintf(src, sizeof src, "%.4000s/config.json", test_fixture(fixture));
+    json_t *config = json_load_file(src, 0, NULL);
+    json_object_del(config, "quantization_config");
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    cr_assert_eq(json_dump_file(config, path, 0), 0);
+    json_decref(config);
+    shell_close(&s);
+    return dir;
+}
+
+/* On a (simulated) device with room for the FP8 checkpoint's weights but
+ * not for the same model in 16 bits, the FP8 one is admitted and the 16-bit
+ * one refused before anything loads, saying that an FP8 checkpoint of it
+ * would fit. */
+Test(quant, a_model_that_fits_only_quantized_is_admitted_quantized)
+{
+    const char *fixture = "quant/qwen3_fp8_block";
+    char *twin = bf16_twin(fixture);
+    uint64_t bytes[2];
+    lm_model *shapes[2];
+    vlmd_backend *b[2];
+    const char *dirs[2] = {test_fixture(fixture), twin};
+    char dir0[4096];
+    snprintf(dir0, sizeof dir0, "%s", dirs[0]);
+    dirs[0] = dir0;
+    vlmd_model_config mc[2];
+    for (int i = 0; i < 2; i++) {
+        char path[4200];
+        vlmd_safetensors *st = NULL;
+        vlmd_error err = {0};
+        cr_assert_eq(vlmd_model_config_load(dirs[i], &mc[i], &err), VLMD_OK, "%s", err.msg);
+        snprintf(path, sizeof path, "%s/model.safetensors", dirs[i]);
+        cr_assert_eq(vlmd_safetensors_open_file(path, &st, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(vlmd_backend_create("cpu", &b[i], NULL), VLMD_OK);
+        cr_assert_eq(lm_load_shapes(b[i], &mc[i], st, NULL, &shapes[i], &bytes[i], &err),
+                     VLMD_OK, "%s", err.msg);
+        vlmd_safetensors_close(st);
+    }
+    cr_expect_lt(bytes[0] * 10, bytes[1] * 7, "FP8 %llu bytes, BF16 %llu",
+                 (unsigned long long)bytes[0], (unsigned long long)bytes[1]);
+    for (int i = 0; i < 2; i++) /* room for the FP8 weights and a third of the difference */
+        vlmd_backend_limit(b[i], PROFILE_CANARY_BYTES + bytes[0] + (bytes[1] - bytes[0]) / 3);
+    vlmd_error err = {0};
+    cr_expect_eq(profile_check_weights(b[0], bytes[0], 0, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(profile_check_weights(b[1], bytes[1], 0, &err), VLMD_ERR_TOO_LARGE);
+    profile_suggest_quantized(b[1], shapes[1], bytes[1], &mc[1].quant, &err);
+    cr_expect(strstr(err.msg, "nothing was loaded") &&
+                  strstr(err.msg, "an FP8 checkpoint of this model (about 1 MiB of weights) "
+                                  "would fit"), "%s", err.msg);
+    uint64_t fp8, int4;
+    lm_quantized_bytes(shapes[1], bytes[1], &fp8, &int4);
+    cr_expect(fp8 >= bytes[0] * 9 / 10 && fp8 <= bytes[0] * 11 / 10,
+              "the estimate %llu is the FP8 checkpoint's %llu within 10%%",
+              (unsigned long long)fp8, (unsigned long long)bytes[0]);
+    for (int i = 0; i < 2; i++) {
+        lm_free(shapes[i]);
+        vlmd_backend_destroy(b[i]);
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", twin);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", twin);
+    unlink(path);
+    rmdir(twin);
+    free(twin);
 }

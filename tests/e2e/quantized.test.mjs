@@ -1,0 +1,61 @@
+// quantized.test.mjs - quantized checkpoints served as published (the CPU): an FP8
+// (128x128 blocks) and an AWQ fixture model give each case's greedy continuation through
+// /v1/completions, /memory_stats and the start-up log say the weights' format, and a
+// checkpoint in a format vlmd does not serve is refused at start (exit 2) naming it and
+// what is served.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { copyFileSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { FIXTURES, SCALE, startServer, stopServer, postJson, getJson, runToExit, makeDecoder }
+  from './harness.mjs';
+
+const served = [
+  { name: 'qwen3_fp8_block', format: /^fp8 e4m3, 128x128 block scales, the rest BF16$/ },
+  { name: 'qwen3_awq', format: /^awq int4, groups of 128, the rest F16$/ },
+];
+
+for (const { name, format } of served) {
+  test(`${name}: greedy continuations as the reference, the format said`, async () => {
+    const dir = `${FIXTURES}/quant/${name}`;
+    const ref = JSON.parse(readFileSync(`${dir}/reference.json`, 'utf8'));
+    const decode = makeDecoder(JSON.parse(readFileSync(`${dir}/tokenizer.json`, 'utf8')));
+    const server = await startServer(['--model', dir, '--port', '0', '--device', 'cpu']);
+    try {
+      for (const [i, c] of ref.cases.entries()) {
+        const t = await postJson(`${server.url}/tokenize`, { messages: c.messages,
+          chat_template_kwargs: { enable_thinking: false } }); // Qwen3-8B's rendering here
+        assert.equal(t.status, 200, JSON.stringify(t.body));
+        assert.deepEqual(t.body.tokens, c.input_ids, `case ${i}: the prompt's ids`);
+        const r = await postJson(`${server.url}/v1/completions`, { prompt: c.input_ids,
+          max_tokens: c.greedy_continuation.length, temperature: 0, ignore_eos: true },
+        { timeoutMs: 60000 * SCALE });
+        assert.equal(r.status, 200, JSON.stringify(r.body));
+        assert.equal(r.body.choices[0].text, decode(c.greedy_continuation), `case ${i}`);
+      }
+      const stats = await getJson(`${server.url}/memory_stats`);
+      assert.match(stats.body.llm.memory.weights_format, format);
+      assert.ok(stats.body.llm.memory.weights_bytes > 0);
+      assert.match(server.stderr, /MiB of weights \((fp8|awq)/);
+    } finally {
+      assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+    }
+  });
+}
+
+test('a format vlmd does not serve is refused at start, naming it', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'vlmd-quant-'));
+  try {
+    const src = `${FIXTURES}/quant/qwen3_awq`;
+    for (const f of readdirSync(src)) copyFileSync(`${src}/${f}`, `${dir}/${f}`);
+    const config = JSON.parse(readFileSync(`${src}/config.json`, 'utf8'));
+    config.quantization_config = { quant_method: 'bitsandbytes', load_in_4bit: true };
+    writeFileSync(`${dir}/config.json`, JSON.stringify(config));
+    const r = await runToExit(['serve', '--model', dir, '--port', '0', '--device', 'cpu'], 30000 * SCALE);
+    assert.equal(r.code, 2, r.stderr.slice(-2000));
+    assert.match(r.stderr, /quant_method 'bitsandbytes'; vlmd serves fp8/);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
