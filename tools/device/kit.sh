@@ -19,6 +19,10 @@
 #                  decode at batch 1 and 32 as a share of the weight stream (with
 #                  ceilings.py's copy rate), then `vlmd serve` with 100 requests and
 #                  the auto-profile's four phases (memory_report.py)
+#   6 quant        a random Qwen3-8B in BF16, in block FP8 and in AWQ
+#                  (make_random_qwen.py --quant): decode at batch 1 and 32 as a
+#                  share of the weight stream each streams (ceilings.py's copy
+#                  rate), and the 8192-token prefill, the three in one run
 # Results are written as they come, so a part cut off keeps what it
 # measured: $OUT/PART.txt (a line a step: result, seconds) and $OUT/PART.log
 # (each step's last lines). OUT defaults to /tmp/vlmd-kit.
@@ -45,7 +49,8 @@ have_torch=false
 python3 -c 'import torch, transformers' 2>/dev/null && have_torch=true
 
 name=$(case $part in 1) echo correctness ;; 2) echo bench-7b ;; 3) echo memory-vl7b ;;
-  4) echo rest ;; 5) echo glm ;; *) echo "kit.sh: PART is 1 to 5" >&2; exit 2 ;; esac)
+  4) echo rest ;; 5) echo glm ;; 6) echo quant ;; *) echo "kit.sh: PART is 1 to 6" >&2; exit 2 ;;
+  esac)
 sum=$out/$name.txt
 log=$out/$name.log
 deadline=$((SECONDS + ${KIT_BUDGET_S:-510}))
@@ -184,6 +189,26 @@ case $part in
   done
   step "vlmd serve $shape: requests, the four phases" 300 "$here/serve-memory.sh" "$bundle/bin" \
     "$model" "$KIT_DEVICE" "$($gpu && echo 100 || echo 10)" "$work/glm-serve"
+  ;;
+6)
+  if $gpu; then
+    shape=qwen3-8b dir=/tmp/q8b prefill=8192 gen=128
+    rm -rf /tmp/glm-air-8l /tmp/qvl7b-full # the earlier parts' models: room on the disk
+    bw=$(python3 "$here/ceilings.py" 2>/dev/null | awk '/BANDWIDTH_GBS/ {print $2}')
+  else
+    shape=tiny-qwen3 dir=$work/tiny-q3 prefill=512 gen=8 bw=
+  fi
+  for q in bf16 fp8-block awq; do
+    model=$dir-$q
+    [ -f "$model/config.json" ] || step "write a random $shape, $q" 150 python3 \
+      "$here/make_random_qwen.py" "$model" --shape "$shape" $([ $q = bf16 ] || echo --quant $q)
+    for b in 1 32; do
+      step "vlmd decode batch $b, $shape $q" 90 "$bundle/bin/vlmd-bench-engine" "$model" \
+        --device "$KIT_DEVICE" --prompt 512 --gen "$gen" --batch "$b" ${bw:+--bandwidth-gbs "$bw"}
+    done
+    step "vlmd prefill $prefill, $shape $q" 90 "$bundle/bin/vlmd-bench-engine" "$model" \
+      --device "$KIT_DEVICE" --prompt "$prefill" --gen 1 --batch 1
+  done
   ;;
 esac
 echo "part $part done in $SECONDS s" | tee -a "$sum"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""make_random_qwen.py OUT_DIR [--shape NAME]: writes a random-weight checkpoint of a
-real model's shape (SHAPES: Qwen2.5-7B, Qwen3-30B-A3B's layers, Qwen3-VL-8B with its
-vision tower, GLM-4.5-Air's layers, and tiny ones of each family) in the published
-layout: config.json,
+"""make_random_qwen.py OUT_DIR [--shape NAME] [--quant fp8-block|awq]: writes a
+random-weight checkpoint of a real model's shape (SHAPES: Qwen2.5-7B, Qwen3-8B,
+Qwen3-30B-A3B's layers, Qwen3-VL-8B with its vision tower, GLM-4.5-Air's layers, and
+tiny ones of each family) in the published layout: config.json,
 one bf16 model.safetensors with the published tensor names, and the tokenizer,
 generation and preprocessor files of the family's fixture, so `vlmd serve` takes
 it. In seconds: no model is
@@ -10,7 +10,12 @@ built, one block of random bf16 values in [-0.03, 0.03] is written over and
 over into every weight (the norms are ones), so writing 15 GB is the disk's
 time. Plain Python: the same on a GPU machine and on one without torch (the
 kit's CPU runs use --shape tiny). Performance does not depend on the values;
-the weights only have to be finite and small."""
+the weights only have to be finite and small. --quant writes the text model's
+linears as a published quantized checkpoint does (fp8-block: Qwen's FP8
+releases, e4m3 codes and F32 weight_scale_inv per 128x128 block; awq: AutoAWQ
+gemm, I32 qweight/qzeros and F16 scales per group of 128), with its
+quantization_config; the router, embeddings, norms, lm_head and the vision
+tower stay BF16."""
 import json, os, random, shutil, struct, sys, time
 
 QWEN3_TEXT = dict(vocab_size=151936, rms_norm_eps=1e-6, head_dim=128, attention_bias=False,
@@ -19,6 +24,14 @@ SHAPES = {
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064,
                        max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6),
+    "qwen3-8b": dict(QWEN3_TEXT, architectures=["Qwen3ForCausalLM"], model_type="qwen3",
+                     hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=40960,
+                     rope_theta=1000000.0),
+    "tiny-qwen3": dict(QWEN3_TEXT, architectures=["Qwen3ForCausalLM"], model_type="qwen3",
+                       hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                       vocab_size=4096, max_position_embeddings=16384, rope_theta=1000000.0),
     "tiny": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, vocab_size=4096,
                  max_position_embeddings=16384, rope_theta=1000000.0, rms_norm_eps=1e-6),
@@ -86,7 +99,8 @@ SHAPES["tiny-glm"] = dict(GLM_AIR, hidden_size=256, intermediate_size=512,
 # what a served Qwen3 model needs beside the weights, from the fixture of its family (its
 # small tokenizer's ids are valid for every shape's vocabulary); the Qwen2 shapes are for
 # the engine's benchmarks, which need no tokenizer
-FIXTURE = {"qwen3_moe": "qwen3_moe", "qwen3_vl": "qwen3_vl", "glm4_moe": "glm4_moe"}
+FIXTURE = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen3_vl": "qwen3_vl",
+           "glm4_moe": "glm4_moe"}
 BLOCK = 1 << 20  # bytes of random values, repeated
 
 
@@ -168,12 +182,59 @@ def bf16(x):
     return struct.unpack("<I", struct.pack("<f", x))[0] >> 16
 
 
+QUANT_CONFIG = {
+    "fp8-block": dict(quant_method="fp8", fmt="e4m3", activation_scheme="dynamic",
+                      weight_block_size=[128, 128]),
+    "awq": dict(quant_method="awq", bits=4, group_size=128, version="gemm", zero_point=True),
+}
+LINEARS = ("_proj.weight",)  # q, k, v, o, gate, up, down: the text model's linears
+
+
+def quantized(name, dims, quant):
+    """(name, dtype, shape, fill) of what stands for linear `name` in the format."""
+    if not quant or not name.endswith(LINEARS) or ".visual." in name:
+        yield name, "BF16", dims, "ones" if "norm" in name.rsplit(".", 2)[-2] else "bf16"
+        return
+    o, i = dims
+    base = name[:-len("weight")]
+    if quant == "fp8-block":
+        yield name, "F8_E4M3", dims, "fp8"
+        yield base + "weight_scale_inv", "F32", [-(-o // 128), -(-i // 128)], "f32"
+    else:
+        yield base + "qweight", "I32", [i, o // 8], "i32"
+        yield base + "qzeros", "I32", [i // 128, o // 8], "zeros"
+        yield base + "scales", "F16", [i // 128, o], "f16"
+
+
+def fills(rng):
+    """A block of random bytes for each fill: bf16 in [-0.03, 0.03]; e4m3 codes below 1 in
+    magnitude with an F32 scale of 0.03; 4-bit words with zero points 8 and an F16 scale of
+    0.004 (|(q - 8) 0.004| <= 0.032)."""
+    def e4m3_small():
+        return rng.randrange(2) << 7 | rng.randrange(7) << 3 | rng.randrange(8)
+    return {
+        "bf16": struct.pack(f"<{BLOCK // 2}H", *(bf16(rng.uniform(-0.03, 0.03)) for _ in range(BLOCK // 2))),
+        "ones": struct.pack("<H", bf16(1.0)) * (BLOCK // 2),
+        "fp8": bytes(e4m3_small() for _ in range(BLOCK)),
+        "f32": struct.pack("<f", 0.03) * (BLOCK // 4),
+        "i32": rng.randbytes(BLOCK),
+        "zeros": struct.pack("<I", 0x88888888) * (BLOCK // 4),
+        "f16": struct.pack("<e", 0.004) * (BLOCK // 2),
+    }
+
+
+SIZES = {"BF16": 2, "F8_E4M3": 1, "F32": 4, "I32": 4, "F16": 2}
+
+
 def main():
     out = sys.argv[1]
-    shape = sys.argv[3] if len(sys.argv) > 3 and sys.argv[2] == "--shape" else "qwen2.5-7b"
+    args = dict(zip(sys.argv[2::2], sys.argv[3::2]))
+    shape, quant = args.get("--shape", "qwen2.5-7b"), args.get("--quant")
     c = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", tie_word_embeddings=False,
              hidden_act="silu", bos_token_id=0, eos_token_id=1, use_sliding_window=False)
     c.update(SHAPES[shape], torch_dtype="bfloat16")
+    if quant:
+        c["quantization_config"] = QUANT_CONFIG[quant]
     t0 = time.time()
     os.makedirs(out, exist_ok=True)
     fixture = os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/fixtures",
@@ -190,29 +251,25 @@ def main():
                  "preprocessor_config.json"):
         if os.path.exists(os.path.join(fixture, name)):
             shutil.copy(os.path.join(fixture, name), out)
-    rng = random.Random(0)
-    block = struct.pack(f"<{BLOCK // 2}H", *(bf16(rng.uniform(-0.03, 0.03)) for _ in range(BLOCK // 2)))
-    one = struct.pack("<H", bf16(1.0))
-    header, at, order = {}, 0, list(tensors(c))
-    for name, dims in order:
-        n = 2
+    block = fills(random.Random(0))
+    header, at, order = {}, 0, [t for name, dims in tensors(c) for t in quantized(name, dims, quant)]
+    for name, dtype, dims, fill in order:
+        n = SIZES[dtype]
         for d in dims:
             n *= d
-        header[name] = dict(dtype="BF16", shape=dims, data_offsets=[at, at + n])
+        header[name] = dict(dtype=dtype, shape=dims, data_offsets=[at, at + n])
         at += n
     head = json.dumps(header).encode()
     head += b" " * (-len(head) % 8)
     with open(os.path.join(out, "model.safetensors"), "wb") as f:
         f.write(struct.pack("<Q", len(head)) + head)
-        for name, dims in order:
+        for name, dtype, dims, fill in order:
             n = header[name]["data_offsets"][1] - header[name]["data_offsets"][0]
-            if name.endswith("norm.weight") or name.endswith("norm1.weight") or name.endswith("norm2.weight"):
-                f.write(one * (n // 2))
-                continue
             while n > 0:
-                f.write(block[:min(n, BLOCK)])
+                f.write(block[fill][:min(n, BLOCK)])
                 n -= BLOCK
-    print(f"wrote {shape} ({at / 1e9:.2f} GB) to {out} in {time.time() - t0:.1f} s", flush=True)
+    print(f"wrote {shape}{' ' + quant if quant else ''} ({at / 1e9:.2f} GB) to {out} in "
+          f"{time.time() - t0:.1f} s", flush=True)
 
 
 main()

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run-all.sh BUNDLE.tar.xz: the GPU kit's five parts (kit.sh 1..5) one after
+# run-all.sh BUNDLE.tar.xz: the GPU kit's six parts (kit.sh 1..6) one after
 # the other, each in under 9 minutes, results under $OUT (default
 # /tmp/vlmd-kit) as they come. On the device tool each part is one `run`
 # instead (a command may take 10 minutes): see docs/PERFORMANCE.md, "The GPU
@@ -7,7 +7,7 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 rc=0
-for part in 1 2 3 4 5; do
+for part in 1 2 3 4 5 6; do
   "$here/kit.sh" "$part" "$1" || rc=1
 done
 exit $rc
