@@ -195,8 +195,9 @@ typedef struct vlmd_op_table {
      * groups and weighted by the scores alone; renormalised, scaled.
      * worst_case sends every token to experts 0..k-1 with weights 1/k: the
      * auto-profile's stress, one expert given every token. ids and weights in
-     * backend memory. (The CUDA kernels take up to 1024 experts and k up to
-     * 32; past them the process stops.) */
+     * backend memory. (The CUDA kernels take up to 1024 experts, k up to 32
+     * and, for the sigmoid router, up to 32 groups of at least 2; past them
+     * the process stops.) */
     void (*moe_route)(vlmd_backend *b, int32_t *ids, float *weights, const void *logits, int n,
                       int n_experts, int k, const vlmd_moe_router *r, bool worst_case);
     /* Mixture of experts, the experts: out[n, H] = sum over j of weights[t, j]

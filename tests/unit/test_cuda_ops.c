@@ -209,6 +209,9 @@ Test(cuda_ops, rope_kv_write)
         {128, {0}, false, false, true, true, 1e6f, 64, false},       /* GLM-4.5 / 4.6: q/k norm */
         {64, {0}, false, false, false, false, 1e4f, 64, true},       /* GPT-J's pairs */
         {96, {0}, false, false, true, true, 1e4f, 32, true},         /* a prefix in pairs */
+        {128, {8, 12, 12}, true, false, false, true, 1e4f, 64, false}, /* partial, M-RoPE */
+        {64, {4, 6, 6}, true, true, true, false, 1e4f, 32, true},    /* and interleaved, pairs */
+        {256, {0}, false, false, true, true, 1e4f, 128, false},      /* the kernel's largest hd */
     };
     int n = 9, nh = 4, nkv = 2, n_slots = 40;
     int32_t pos[27], slots[9];
@@ -635,7 +638,7 @@ static void *bytes_back(vlmd_backend *b, const void *d, size_t bytes)
  * one of that many values, so that equal probabilities are common): the same
  * experts in the same order, weights within 1e-5. */
 static void check_moe_route(pair *p, int n, int E, int k, bool renormalize, bool worst_case,
-                            int levels)
+                            int levels, float scale)
 {
     float *logits = random_floats((size_t)n * E, 4);
     for (size_t i = 0; levels && i < (size_t)n * E; i++)
@@ -647,7 +650,7 @@ static void check_moe_route(pair *p, int n, int E, int k, bool renormalize, bool
     for (int b = 0; b < 2; b++) {
         void *dids = bytes_on(bs[b], NULL, nk * sizeof(int32_t));
         void *dw = bytes_on(bs[b], NULL, nk * sizeof(float));
-        vlmd_moe_router router = {.renormalize = renormalize, .scale = 1.0f, .n_group = 1,
+        vlmd_moe_router router = {.renormalize = renormalize, .scale = scale, .n_group = 1,
                                   .topk_group = 1};
         vlmd_backend_ops(bs[b])->moe_route(bs[b], dids, dw, on(bs[b], logits, (size_t)n * E), n,
                                            E, k, &router, worst_case);
@@ -662,27 +665,55 @@ static void check_moe_route(pair *p, int n, int E, int k, bool renormalize, bool
                             E, k, i / k, i % k, ids[0][i], w[0][i], ids[1][i], w[1][i]);
             bad++;
         }
-    cr_expect_eq(bad, 0, "route n=%d E=%d k=%d renormalize=%d worst_case=%d levels=%d: %d of "
-                 "%zu choices differ", n, E, k, renormalize, worst_case, levels, bad, nk);
+    cr_expect_eq(bad, 0, "route n=%d E=%d k=%d renormalize=%d worst_case=%d levels=%d scale=%g: "
+                 "%d of %zu choices differ", n, E, k, renormalize, worst_case, levels, scale, bad,
+                 nk);
     free(logits);
     for (int b = 0; b < 2; b++)
         free(ids[b]), free(w[b]);
 }
 
+/* A sigmoid router's case: n tokens of E logits (levels > 0: each logit one
+ * of that many values, so that equal scores and equal group scores are
+ * common), the correction bias bias_at + [-bias_spread, bias_spread) (or
+ * none), the router's groups and scale. */
+typedef struct sigmoid_case {
+    const char *what;
+    int n, E, k, groups, topk_groups;
+    float scale;
+    bool renormalize, biased;
+    float bias_at, bias_spread;
+    int levels;
+    bool worst_case;
+} sigmoid_case;
+
+/* The k largest of c[0..E) (the lower id first among equals) as a set:
+ * chosen[e]. Without the groups, to show that they change a choice. */
+static void top_k_set(const float *c, int E, int k, bool *chosen)
+{
+    memset(chosen, 0, (size_t)E * sizeof *chosen);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!chosen[e] && (best < 0 || c[e] > c[best]))
+                best = e;
+        chosen[best] = true;
+    }
+}
+
 /* The sigmoid router on both backends, given the same bf16-rounded logits
  * (the CUDA backend's activations), so that their choices must agree: the
- * same experts in the same order, weights within 1e-5. */
-static void check_sigmoid_route(pair *p, int n, int E, int k, int groups, int topk_groups,
-                                float scale, bool renormalize, bool biased, int levels)
+ * same experts in the same order, weights within 1e-5 relative. Returns
+ * the tokens whose experts (as a set) differ from the plain top-k of
+ * score + bias: those the groups changed. */
+static int check_sigmoid_route(pair *p, const sigmoid_case *sc)
 {
-    float *logits = random_floats((size_t)n * E, 3), *bias = random_floats((size_t)E, 0.6f);
-    for (size_t i = 0; i < (size_t)n * E; i++) { /* bf16 values, as the GPU holds them */
-        if (levels)
-            logits[i] = (float)(random_u32() % (unsigned)levels) - 1.5f;
-        union { float f; uint32_t u; } v = {logits[i]};
-        v.u = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) & 0xffff0000u;
-        logits[i] = v.f;
-    }
+    const int n = sc->n, E = sc->E, k = sc->k;
+    float *logits = random_floats((size_t)n * E, 3), *bias = random_floats((size_t)E, 1);
+    for (size_t i = 0; sc->levels && i < (size_t)n * E; i++) /* small integers: exact in bf16 */
+        logits[i] = (float)(random_u32() % (unsigned)sc->levels) - 1.5f;
+    for (int e = 0; e < E; e++)
+        bias[e] = sc->bias_at + sc->bias_spread * bias[e];
     size_t nk = (size_t)n * k;
     int32_t *ids[2];
     float *w[2];
@@ -690,12 +721,12 @@ static void check_sigmoid_route(pair *p, int n, int E, int k, int groups, int to
     for (int b = 0; b < 2; b++) {
         void *dids = bytes_on(bs[b], NULL, nk * sizeof(int32_t));
         void *dw = bytes_on(bs[b], NULL, nk * sizeof(float));
-        vlmd_moe_router r = {.sigmoid = true, .renormalize = renormalize, .scale = scale,
-                             .n_group = groups, .topk_group = topk_groups,
-                             .bias = biased ? bytes_on(bs[b], bias, (size_t)E * sizeof(float))
-                                            : NULL};
+        vlmd_moe_router r = {.sigmoid = true, .renormalize = sc->renormalize, .scale = sc->scale,
+                             .n_group = sc->groups, .topk_group = sc->topk_groups,
+                             .bias = sc->biased ? bytes_on(bs[b], bias, (size_t)E * sizeof(float))
+                                                : NULL};
         vlmd_backend_ops(bs[b])->moe_route(bs[b], dids, dw, on(bs[b], logits, (size_t)n * E), n,
-                                           E, k, &r, false);
+                                           E, k, &r, sc->worst_case);
         ids[b] = bytes_back(bs[b], dids, nk * sizeof(int32_t));
         w[b] = bytes_back(bs[b], dw, nk * sizeof(float));
     }
@@ -703,52 +734,130 @@ static void check_sigmoid_route(pair *p, int n, int E, int k, int groups, int to
     for (size_t i = 0; i < nk; i++)
         if (ids[1][i] != ids[0][i] || fabsf(w[1][i] - w[0][i]) > 1e-5f * (1 + fabsf(w[0][i]))) {
             if (bad++ < 5)
-                cr_log_info("sigmoid route E=%d k=%d: token %zu choice %zu: cpu %d %g gpu %d %g",
-                            E, k, i / k, i % k, ids[0][i], w[0][i], ids[1][i], w[1][i]);
+                cr_log_info("sigmoid route %s: token %zu choice %zu: cpu %d %g gpu %d %g",
+                            sc->what, i / k, i % k, ids[0][i], w[0][i], ids[1][i], w[1][i]);
         }
-    cr_expect_eq(bad, 0, "sigmoid route n=%d E=%d k=%d groups %d of %d scale %g: %d of %zu "
-                 "choices differ", n, E, k, topk_groups, groups, scale, bad, nk);
-    free(logits), free(bias);
+    cr_expect_eq(bad, 0, "sigmoid route %s (n=%d E=%d k=%d, groups %d of %d, scale %g): %d of "
+                 "%zu choices differ", sc->what, n, E, k, sc->topk_groups, sc->groups,
+                 sc->scale, bad, nk);
+    int regrouped = 0;
+    float *c = malloc((size_t)E * sizeof *c);
+    bool *plain = malloc((size_t)E * sizeof *plain);
+    for (int t = 0; !sc->worst_case && t < n; t++) {
+        for (int e = 0; e < E; e++)
+            c[e] = 1.0f / (1.0f + expf(-logits[(size_t)t * E + e])) + (sc->biased ? bias[e] : 0);
+        top_k_set(c, E, k, plain);
+        bool differs = false;
+        for (int j = 0; j < k; j++)
+            differs = differs || !plain[ids[0][(size_t)t * k + j]];
+        regrouped += differs;
+    }
+    free(c), free(plain), free(logits), free(bias);
     for (int b = 0; b < 2; b++)
         free(ids[b]), free(w[b]);
+    return regrouped;
 }
 
 /* GLM-4.5-Air (128 experts, 8 a token), GLM-4.5 (160, scaled by 2.5),
- * DeepSeek-V3's grouping (256 in 8 groups, 4 kept), small groups with a
- * negative bias (the zeroed groups then matter), ties everywhere. */
+ * DeepSeek-V3's grouping (256 in 8 groups, 4 kept), small groups with
+ * negative biases, ties everywhere (scores and group scores), the kernel's
+ * limits (1024 experts, 32 a token, 32 groups), worst_case. Every grouped
+ * case must change some token's choice (else it tests no grouping). */
 Test(cuda_ops, moe_route_sigmoid_against_the_reference)
 {
     pair p;
     if (!open_pair(&p))
         return;
-    check_sigmoid_route(&p, 33, 128, 8, 1, 1, 1.0f, true, true, 0);
-    check_sigmoid_route(&p, 20, 160, 8, 1, 1, 2.5f, true, true, 0);
-    check_sigmoid_route(&p, 17, 256, 8, 8, 4, 2.5f, true, true, 0);
-    check_sigmoid_route(&p, 64, 16, 4, 4, 2, 1.0f, true, true, 0);
-    check_sigmoid_route(&p, 40, 12, 3, 3, 1, 1.5f, false, true, 0);
-    check_sigmoid_route(&p, 64, 64, 8, 1, 1, 1.0f, true, false, 3); /* ties */
-    check_sigmoid_route(&p, 9, 1024, 32, 32, 8, 1.0f, true, true, 0);
+    static const sigmoid_case cases[] = {
+        {"GLM-4.5-Air", 33, 128, 8, 1, 1, 1.0f, true, true, 0, 0.6f, 0, false},
+        {"GLM-4.5", 20, 160, 8, 1, 1, 2.5f, true, true, 0, 0.6f, 0, false},
+        {"DeepSeek-V3", 17, 256, 8, 8, 4, 2.5f, true, true, 0, 0.6f, 0, false},
+        {"small groups", 64, 16, 4, 4, 2, 1.0f, true, true, 0, 0.6f, 0, false},
+        {"one group kept", 40, 12, 3, 3, 1, 1.5f, false, true, 0, 0.6f, 0, false},
+        {"negative biases", 48, 32, 6, 4, 2, 1.0f, true, true, -0.4f, 0.4f, 0, false},
+        {"ties", 64, 64, 8, 1, 1, 1.0f, true, false, 0, 0, 3, false},
+        {"ties in groups", 64, 64, 8, 8, 3, 1.0f, true, false, 0, 0, 3, false},
+        {"1024 in 32 groups", 9, 1024, 32, 32, 8, 1.0f, true, true, 0, 0.6f, 0, false},
+        {"32 groups of 2, 16 kept", 16, 64, 32, 32, 16, 1.0f, true, true, 0, 0.6f, 0, false},
+        {"32 groups, all kept", 16, 64, 8, 32, 32, 1.0f, true, true, 0, 0.6f, 0, false},
+        {"worst case", 7, 256, 8, 8, 4, 2.5f, true, true, 0, 0.6f, 0, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int regrouped = check_sigmoid_route(&p, &cases[i]);
+        if (cases[i].groups > 1 && cases[i].topk_groups < cases[i].groups &&
+            !cases[i].worst_case)
+            cr_expect_gt(regrouped, 0, "%s: the groups changed no token's choice",
+                         cases[i].what);
+    }
+    close_pair(&p);
+}
+
+/* Every score + bias below 0: the experts of the groups left out (their
+ * choosing scores 0, as transformers' masked_fill(0) makes them) beat every
+ * kept one, so each token takes the k lowest ids outside its kept groups,
+ * in id order (equal scores: the lower id first). */
+Test(cuda_ops, moe_route_sigmoid_zeroed_groups_win_over_negative_scores)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    enum { n = 24, E = 32, k = 6, groups = 8, kept = 3, per = E / groups };
+    float *logits = random_floats((size_t)n * E, 3), bias[E];
+    for (int e = 0; e < E; e++)
+        bias[e] = -1.25f - 0.5f * (float)(e % 5) / 5.0f; /* sigmoid < 1: every sum < 0 */
+    vlmd_backend *bs[2] = {p.cpu, p.gpu};
+    int32_t *ids[2];
+    for (int b = 0; b < 2; b++) {
+        void *dids = bytes_on(bs[b], NULL, (size_t)n * k * sizeof(int32_t));
+        void *dw = bytes_on(bs[b], NULL, (size_t)n * k * sizeof(float));
+        vlmd_moe_router r = {.sigmoid = true, .renormalize = true, .scale = 1.0f,
+                             .n_group = groups, .topk_group = kept,
+                             .bias = bytes_on(bs[b], bias, sizeof bias)};
+        vlmd_backend_ops(bs[b])->moe_route(bs[b], dids, dw, on(bs[b], logits, (size_t)n * E), n,
+                                           E, k, &r, false);
+        ids[b] = bytes_back(bs[b], dids, (size_t)n * k * sizeof(int32_t));
+    }
+    for (int t = 0; t < n; t++) {
+        const int32_t *cpu = ids[0] + (size_t)t * k, *gpu = ids[1] + (size_t)t * k;
+        cr_expect_arr_eq(gpu, cpu, k * sizeof *cpu, "token %d: the same experts", t);
+        bool group_hit[groups] = {false};
+        for (int j = 0; j < k; j++) {
+            group_hit[gpu[j] / per] = true;
+            if (j)
+                cr_expect_gt(gpu[j], gpu[j - 1], "token %d: zeroed experts in id order", t);
+        }
+        /* k = 6 of 20 zeroed experts: the first two of the five groups left out */
+        int hit = 0;
+        for (int g = 0; g < groups; g++)
+            hit += group_hit[g];
+        cr_expect_eq(hit, 2, "token %d: the experts of two groups left out", t);
+    }
+    free(logits);
+    for (int b = 0; b < 2; b++)
+        free(ids[b]);
     close_pair(&p);
 }
 
 /* The router's softmax and top-k at the shapes models have (8 to 512
  * experts, 1 to 16 a token, up to the 1024 and 32 the kernel takes), with
- * many equal logits (the lower id first), without renormalization, and the
- * stress's worst case. */
+ * many equal logits (the lower id first), without renormalization, the
+ * stress's worst case, and a routed scale. */
 Test(cuda_ops, moe_route_against_the_reference)
 {
     pair p;
     if (!open_pair(&p))
         return;
-    check_moe_route(&p, 1, 8, 1, true, false, 0);
-    check_moe_route(&p, 7, 8, 2, true, false, 0);
-    check_moe_route(&p, 300, 128, 8, true, false, 0);
-    check_moe_route(&p, 33, 64, 8, false, false, 0);
-    check_moe_route(&p, 5, 512, 16, true, false, 0);
-    check_moe_route(&p, 3, 1024, 32, true, false, 0);
-    check_moe_route(&p, 64, 128, 8, true, false, 3); /* ties everywhere */
-    check_moe_route(&p, 9, 100, 10, false, false, 2);
-    check_moe_route(&p, 7, 64, 8, true, true, 0);
+    check_moe_route(&p, 1, 8, 1, true, false, 0, 1.0f);
+    check_moe_route(&p, 7, 8, 2, true, false, 0, 1.0f);
+    check_moe_route(&p, 300, 128, 8, true, false, 0, 1.0f);
+    check_moe_route(&p, 33, 64, 8, false, false, 0, 1.0f);
+    check_moe_route(&p, 5, 512, 16, true, false, 0, 1.0f);
+    check_moe_route(&p, 3, 1024, 32, true, false, 0, 1.0f);
+    check_moe_route(&p, 64, 128, 8, true, false, 3, 1.0f); /* ties everywhere */
+    check_moe_route(&p, 9, 100, 10, false, false, 2, 1.0f);
+    check_moe_route(&p, 7, 64, 8, true, true, 0, 1.0f);
+    check_moe_route(&p, 20, 128, 8, true, false, 0, 2.5f); /* a scale (1 in today's models) */
+    check_moe_route(&p, 20, 64, 4, false, false, 0, 0.5f);
     close_pair(&p);
 }
 
@@ -906,27 +1015,30 @@ Test(cuda_ops, moe_experts_are_deterministic_and_batch_invariant)
 
 /* A step of the MoE ops captured as a graph (recorded and replayed on the
  * emulator) routes the inputs present when it is replayed: the host never
- * learns the groups' sizes, so new logits that send the tokens elsewhere
- * still give the reference's output. */
+ * learns the groups' sizes, so new logits (and a new correction bias) that
+ * send the tokens elsewhere still give the reference's output; for the
+ * softmax router and the grouped sigmoid one. */
 typedef struct moe_step {
     vlmd_backend *b;
     void *out, *x, *logits, *gate_up, *down, *scratch;
     int32_t *ids;
     float *weights;
     int n, k, E, H, I;
+    vlmd_moe_router router; /* its bias in b's memory */
 } moe_step;
 
 static void moe_step_run(void *ctx)
 {
     moe_step *s = ctx;
     const vlmd_op_table *op = vlmd_backend_ops(s->b);
-    vlmd_moe_router router = {.renormalize = true, .scale = 1.0f, .n_group = 1, .topk_group = 1};
-    op->moe_route(s->b, s->ids, s->weights, s->logits, s->n, s->E, s->k, &router, false);
+    op->moe_route(s->b, s->ids, s->weights, s->logits, s->n, s->E, s->k, &s->router, false);
     op->moe_experts(s->b, s->out, s->x, s->ids, s->weights, s->gate_up, s->down, s->scratch, s->n,
                     s->k, s->E, s->H, s->I, 0);
 }
 
-static moe_step moe_step_make(vlmd_backend *b, const moe_case *c, const float *logits)
+/* router: its bias (when it has one) host memory, E floats */
+static moe_step moe_step_make(vlmd_backend *b, const moe_case *c, const float *logits,
+                              const vlmd_moe_router *router)
 {
     moe_step s = {b, on(b, NULL, (size_t)c->n * c->H), on(b, c->x, (size_t)c->n * c->H),
                   on(b, logits, (size_t)c->n * c->E),
@@ -936,7 +1048,9 @@ static moe_step moe_step_make(vlmd_backend *b, const moe_case *c, const float *l
                                                                            c->I)),
                   bytes_on(b, NULL, (size_t)c->n * c->k * sizeof(int32_t)),
                   bytes_on(b, NULL, (size_t)c->n * c->k * sizeof(float)), c->n, c->k, c->E, c->H,
-                  c->I};
+                  c->I, *router};
+    if (router->bias)
+        s.router.bias = bytes_on(b, router->bias, (size_t)c->E * sizeof(float));
     return s;
 }
 
@@ -946,40 +1060,64 @@ Test(cuda_ops, a_captured_moe_step_routes_what_it_is_given)
     if (!open_pair(&p))
         return;
     moe_case c = moe_case_make(12, 4, 16, 64, 40, -1);
-    float *first = random_floats((size_t)c.n * c.E, 3), *second = random_floats((size_t)c.n * c.E, 3);
-    for (int e = 0; e < c.E; e++) /* the second logits send everyone to experts 12..15 */
-        for (int t = 0; t < c.n; t++)
-            second[(size_t)t * c.E + e] = bf16_round(second[(size_t)t * c.E + e] + (e >= 12 ? 8 : 0));
-    float *x2 = random_floats((size_t)c.n * c.H, 1);
-    moe_step gpu = moe_step_make(p.gpu, &c, first);
-    vlmd_graph *g = NULL;
-    vlmd_error err = {0};
-    cr_assert_eq(vlmd_backend_graph_capture(p.gpu, moe_step_run, &gpu, &g, &err), VLMD_OK, "%s",
-                 err.msg);
-    for (int round = 0; round < 2; round++) { /* the first inputs, then the second */
-        const float *logits = round ? second : first;
-        if (round) {
-            memcpy(c.x, x2, (size_t)c.n * c.H * sizeof(float));
-            cr_assert_eq(vlmd_backend_upload_f32(p.gpu, gpu.x, c.x, (size_t)c.n * c.H, NULL),
-                         VLMD_OK);
-            cr_assert_eq(vlmd_backend_upload_f32(p.gpu, gpu.logits, logits, (size_t)c.n * c.E,
-                                                 NULL), VLMD_OK);
+    /* the second bias (the sigmoid router's) small: the +8 below decides */
+    float bias[2][16];
+    for (int e = 0; e < c.E; e++)
+        bias[0][e] = 0.6f * ((float)(random_u32() % 1000) / 500.0f - 1.0f),
+        bias[1][e] = 0.01f * ((float)(random_u32() % 1000) / 500.0f - 1.0f);
+    const vlmd_moe_router routers[] = {
+        {.renormalize = true, .scale = 1.0f, .n_group = 1, .topk_group = 1},
+        {.sigmoid = true, .renormalize = true, .scale = 2.5f, .n_group = 4, .topk_group = 2,
+         .bias = bias[0]},
+    };
+    for (int ri = 0; ri < 2; ri++) {
+        const vlmd_moe_router *router = &routers[ri];
+        float *first = random_floats((size_t)c.n * c.E, 3);
+        float *second = random_floats((size_t)c.n * c.E, 3);
+        for (int e = 0; e < c.E; e++) /* the second logits send everyone to experts 12..15 */
+            for (int t = 0; t < c.n; t++)
+                second[(size_t)t * c.E + e] =
+                    bf16_round(second[(size_t)t * c.E + e] + (e >= 12 ? 8 : 0));
+        float *x2 = random_floats((size_t)c.n * c.H, 1);
+        moe_step gpu = moe_step_make(p.gpu, &c, first, router);
+        vlmd_graph *g = NULL;
+        vlmd_error err = {0};
+        cr_assert_eq(vlmd_backend_graph_capture(p.gpu, moe_step_run, &gpu, &g, &err), VLMD_OK,
+                     "%s", err.msg);
+        for (int round = 0; round < 2; round++) { /* the first inputs, then the second */
+            const float *logits = round ? second : first;
+            vlmd_moe_router now = *router;
+            if (round) {
+                memcpy(c.x, x2, (size_t)c.n * c.H * sizeof(float));
+                cr_assert_eq(vlmd_backend_upload_f32(p.gpu, gpu.x, c.x, (size_t)c.n * c.H, NULL),
+                             VLMD_OK);
+                cr_assert_eq(vlmd_backend_upload_f32(p.gpu, gpu.logits, logits,
+                                                     (size_t)c.n * c.E, NULL), VLMD_OK);
+                if (router->bias) {
+                    now.bias = bias[1];
+                    cr_assert_eq(vlmd_backend_copy_to_device(p.gpu, (void *)gpu.router.bias,
+                                                             bias[1], sizeof bias[1], NULL),
+                                 VLMD_OK);
+                }
+            }
+            cr_assert_eq(vlmd_backend_graph_launch(p.gpu, g, &err), VLMD_OK, "%s", err.msg);
+            moe_step cpu = moe_step_make(p.cpu, &c, logits, &now);
+            moe_step_run(&cpu);
+            size_t nk = (size_t)c.n * c.k;
+            int32_t *ids[2] = {bytes_back(p.cpu, cpu.ids, nk * 4),
+                               bytes_back(p.gpu, gpu.ids, nk * 4)};
+            cr_expect_arr_eq(ids[1], ids[0], nk * 4, "router %d round %d: the replayed routing",
+                             ri, round);
+            for (size_t i = 0; round && i < nk; i++)
+                cr_expect_geq(ids[1][i], 12, "router %d round 1 routes to experts 12..15", ri);
+            char what[64];
+            snprintf(what, sizeof what, "captured moe step, router %d round %d", ri, round);
+            expect_close(what, p.cpu, cpu.out, p.gpu, gpu.out, (size_t)c.n * c.H, 1e-2);
+            free(ids[0]), free(ids[1]);
         }
-        cr_assert_eq(vlmd_backend_graph_launch(p.gpu, g, &err), VLMD_OK, "%s", err.msg);
-        moe_step cpu = moe_step_make(p.cpu, &c, logits);
-        moe_step_run(&cpu);
-        size_t nk = (size_t)c.n * c.k;
-        int32_t *ids[2] = {bytes_back(p.cpu, cpu.ids, nk * 4), bytes_back(p.gpu, gpu.ids, nk * 4)};
-        cr_expect_arr_eq(ids[1], ids[0], nk * 4, "round %d: the replayed routing", round);
-        for (size_t i = 0; round && i < nk; i++)
-            cr_expect_geq(ids[1][i], 12, "round 1 routes to experts 12..15");
-        char what[48];
-        snprintf(what, sizeof what, "captured moe step, round %d", round);
-        expect_close(what, p.cpu, cpu.out, p.gpu, gpu.out, (size_t)c.n * c.H, 1e-2);
-        free(ids[0]), free(ids[1]);
+        vlmd_backend_graph_free(p.gpu, g);
+        free(first), free(second), free(x2); /* (the next router starts from this x) */
     }
-    vlmd_backend_graph_free(p.gpu, g);
-    free(first), free(second), free(x2);
     moe_case_free(&c);
     close_pair(&p);
 }
