@@ -308,6 +308,11 @@ const vlmd_flag vlmd_flags[] = {
      "cublas|gemv", R(LAUNCHER) | R(VISUAL) | R(LLM),
      "CUDA linears of 1 or 2 rows (decode steps): cuBLAS, or vlmd's GEMV kernel (faster there "
      "on an H200, but a batch then decodes differently from its sequences alone)"},
+    {"fp8-activations", VLMD_FLAG_CHOICE, OFF(fp8_activations), "off", 0, 0, "off|on",
+     R(LAUNCHER) | R(LLM),
+     "an FP8 checkpoint's linears W8A8: their inputs quantized to e4m3 per token and block of "
+     "128 columns, as the published FP8 models were calibrated for (vLLM's way); off: weights "
+     "only (W8A16), the closer to the 16-bit model"},
     {"cuda-pdl", VLMD_FLAG_CHOICE, OFF(cuda_pdl), "off", 0, 0, "off|on",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
      "CUDA kernel launches allow programmatic dependent launch (Hopper): a kernel's launch "

@@ -35,6 +35,8 @@ typedef struct vlmd_quant_config {
     bool gptq_v2;               /* GPTQ's qzeros hold z (GPTQModel's gptq_v2); else z - 1 */
     bool kv_fp8;                /* kv_cache_scheme: an 8-bit float KV cache, per-tensor scales
                                  * (k_scale, v_scale) beside each layer's attention */
+    bool fp8_activations;       /* not config.json's: --fp8-activations on, FP8 linears W8A8
+                                 * (their inputs quantized per token and block of columns) */
 } vlmd_quant_config;
 
 /* Reads root's "quantization_config" (a jansson object; none: VLMD_QUANT_NONE).

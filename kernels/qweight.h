@@ -24,7 +24,8 @@ extern "C" {
  * weight row) or the checkpoint's block rows (FP8's 128x128 blocks, kept as
  * published when every stacked part starts on a block). The product is
  * dequantize-then-multiply: each weight in fp32 (one rounding), then as a
- * linear of fp32 weights. */
+ * linear of fp32 weights (of the activations rounded through e4m3 first,
+ * when act_group says so). */
 typedef enum vlmd_qformat {
     VLMD_QFORMAT_NONE = 0,      /* not quantized: codes are the weight in the weight type */
     VLMD_QFORMAT_FP8,
@@ -38,6 +39,11 @@ typedef struct vlmd_qweight {
     const uint8_t *zeros;       /* INT4 only; NULL: every zero point 8 */
     int group;                  /* columns per scale; 0: the whole row */
     int row_block;              /* rows per scale row (>= 1) */
+    int act_group;              /* FP8 only, W8A8: each activation row quantized to e4m3 too,
+                                 * per group of this many columns (-1: the whole row) with the
+                                 * scale max(amax, 1e-10) / 448 in fp32, as the FP8 checkpoints
+                                 * were calibrated for (vLLM's per_token_group_quant_fp8,
+                                 * DeepSeek's act_quant); 0: weights only (W8A16) */
 } vlmd_qweight;
 
 /* Scale rows and groups of a w of `out` x `in`. */

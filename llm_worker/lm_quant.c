@@ -442,6 +442,8 @@ vlmd_status loader_load_matrix(lm_loader *ld, vlmd_qweight *out, vlmd_error *err
         goto done;
     *out = (vlmd_qweight){.format = L.format, .codes = dc, .scales = ds, .zeros = dz,
                           .group = L.group, .row_block = L.row_block};
+    if (L.format == VLMD_QFORMAT_FP8 && ld->m->quant.fp8_activations) /* W8A8: the weight's blocks */
+        out->act_group = qs[0].block_cols ? (int)qs[0].block_cols : -1;
 done:
     for (int i = 0; i < n; i++) /* copied: not resident twice */
         if (qs[i].codes)

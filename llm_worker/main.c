@@ -411,7 +411,9 @@ static const char *weights_format(llm_worker *w, char *buf, size_t len)
         snprintf(buf, len, "%s", rest);
     } else {
         char name[64];
-        snprintf(buf, len, "%s, the rest %s", vlmd_quant_name(q, name, sizeof name), rest);
+        bool w8a8 = q->fp8_activations && q->bits == 8;
+        snprintf(buf, len, "%s%s, the rest %s", vlmd_quant_name(q, name, sizeof name),
+                 w8a8 ? ", activations fp8 (W8A8)" : "", rest);
     }
     return buf;
 }
@@ -946,6 +948,7 @@ int main(int argc, char **argv)
     vlmd_service_init(&w.svc, VLMD_ROLE_LLM, argc, argv);
     const vlmd_config *cfg = &w.svc.cfg;
     vlmd_error err = {0};
+    w.svc.model.quant.fp8_activations = strcmp(cfg->fp8_activations, "on") == 0;
     /* an engine's rank 0 publishes (the others hold no prefix cache), each engine on its own
      * endpoint: vLLM's offset by data_parallel_rank */
     char endpoint[1024];

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "cpu_impl.h"
+#include "fp8.h"
 #include "log.h"
 
 /* Below this many elements an op runs on the calling thread alone. */
@@ -186,6 +187,26 @@ static void add_bias(const matmul_job *j, int o0, int o1)
     }
 }
 
+/* W8A8's activations (qweight.h act_group): n rows of x rounded through
+ * e4m3 per group of `group` columns (-1: the row), the scale max(amax,
+ * 1e-10) / 448 in fp32, into xq: x / s saturated to an e4m3 code, times s. */
+static void act_quant(float *xq, const float *x, int n, int in, int group)
+{
+    int g = group > 0 ? group : in;
+    for (int r = 0; r < n; r++)
+        for (int c0 = 0; c0 < in; c0 += g) {
+            const float *xr = x + (size_t)r * in + c0;
+            float *qr = xq + (size_t)r * in + c0;
+            int len = in - c0 < g ? in - c0 : g;
+            float amax = 0;
+            for (int i = 0; i < len; i++)
+                amax = fabsf(xr[i]) > amax ? fabsf(xr[i]) : amax;
+            float s = (amax > 1e-10f ? amax : 1e-10f) / VLMD_E4M3_MAX;
+            for (int i = 0; i < len; i++)
+                qr[i] = vlmd_e4m3_table[vlmd_f32_to_e4m3(xr[i] / s)] * s;
+        }
+}
+
 /* Output rows in chunks from a shared counter, several a thread: a thread
  * descheduled on a loaded machine holds up one chunk, not a share. A chunk
  * goes in tiles of weight rows that stay in the cache while every block of
@@ -215,8 +236,14 @@ static void matmul_part(void *ctx, int index, int count)
             }
             for (int r = 0; r < j->n; r += VLMD_CPU_GEMV_MAX_ROWS) {
                 int rows = j->n - r < VLMD_CPU_GEMV_MAX_ROWS ? j->n - r : VLMD_CPU_GEMV_MAX_ROWS;
-                k->gemv(y + (size_t)r * j->ldo, j->ldo, j->x + (size_t)r * j->in, j->in, w, wt,
-                        j->in, w0, w1, rows, j->q ? NULL : scratch(j->b, index));
+                const float *x = j->x + (size_t)r * j->in;
+                if (j->q && j->q->act_group) { /* W8A8: the block's rows after the tile */
+                    float *xq = (float *)scratch(j->b, index) + (size_t)j->tile * j->in;
+                    act_quant(xq, x, rows, j->in, j->q->act_group);
+                    x = xq;
+                }
+                k->gemv(y + (size_t)r * j->ldo, j->ldo, x, j->in, w, wt, j->in, w0, w1, rows,
+                        j->q ? NULL : scratch(j->b, index));
             }
         }
         if (j->bias)
@@ -240,8 +267,9 @@ static void matmul(vlmd_backend *b, float *out, int ldo, const float *x, const v
     j.tile = j.tile < 48 ? 48 : j.tile / 48 * 48;
     if (n <= VLMD_CPU_GEMV_MAX_ROWS)
         j.tile = j.chunk;
-    if (q) { /* the dequantized tile fits the scratch */
-        int fit = (int)(VLMD_CPU_SCRATCH_BYTES / ((size_t)in * sizeof(float)));
+    if (q) { /* the dequantized tile fits the scratch (W8A8: and a block of quantized rows) */
+        int fit = (int)(VLMD_CPU_SCRATCH_BYTES / ((size_t)in * sizeof(float))) -
+                  (q->act_group ? VLMD_CPU_GEMV_MAX_ROWS : 0);
         VLMD_ASSERT(fit >= 1);
         j.tile = j.tile < fit ? j.tile : fit > 4 ? fit / 4 * 4 : fit;
     }

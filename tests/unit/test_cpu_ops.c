@@ -618,15 +618,33 @@ typedef struct qcase {
     vlmd_qformat f;
     int out, in, group, row_block;
     bool zeros;
+    int act_group;
 } qcase;
 
 static const qcase qcases[] = {
-    {VLMD_QFORMAT_FP8, 300, 200, 128, 128, false}, /* partial row and column blocks */
-    {VLMD_QFORMAT_FP8, 150, 77, 0, 1, false},      /* per channel, an odd width */
-    {VLMD_QFORMAT_INT4, 130, 256, 128, 1, true},   /* AWQ-like */
-    {VLMD_QFORMAT_INT4, 96, 200, 32, 1, false},    /* symmetric, a partial last group */
-    {VLMD_QFORMAT_INT4, 64, 45, 0, 1, true},       /* a row a group, an odd width */
+    {VLMD_QFORMAT_FP8, 300, 200, 128, 128, false, 0}, /* partial row and column blocks */
+    {VLMD_QFORMAT_FP8, 150, 77, 0, 1, false, 0},      /* per channel, an odd width */
+    {VLMD_QFORMAT_INT4, 130, 256, 128, 1, true, 0},   /* AWQ-like */
+    {VLMD_QFORMAT_INT4, 96, 200, 32, 1, false, 0},    /* symmetric, a partial last group */
+    {VLMD_QFORMAT_INT4, 64, 45, 0, 1, true, 0},       /* a row a group, an odd width */
+    {VLMD_QFORMAT_FP8, 300, 200, 128, 128, false, 128}, /* W8A8, a partial last group */
+    {VLMD_QFORMAT_FP8, 150, 77, 0, 1, false, -1},     /* W8A8 per row */
 };
+
+/* Row r of x as W8A8 quantizes it (qweight.h act_group), by the definition. */
+static void act_quantized_row(double *xq, const float *x, int in, int group)
+{
+    int g = group > 0 ? group : in;
+    for (int c0 = 0; c0 < in; c0 += g) {
+        int len = in - c0 < g ? in - c0 : g;
+        float amax = 0;
+        for (int i = 0; i < len; i++)
+            amax = fmaxf(amax, fabsf(x[c0 + i]));
+        float s = fmaxf(amax, 1e-10f) / 448.0f;
+        for (int i = 0; i < len; i++)
+            xq[c0 + i] = (double)vlmd_e4m3_to_f32(vlmd_f32_to_e4m3(x[c0 + i] / s)) * s;
+    }
+}
 
 /* qlinear against the definition in double, and each row the same bits in
  * any batch, on one thread and two. */
@@ -643,6 +661,8 @@ Test(cpu_ops, qlinear_is_the_product_with_the_dequantized_weights)
             cr_assert_eq(vlmd_backend_set_threads(b, threads, &err), VLMD_OK, "%s", err.msg);
             vlmd_qweight w = random_qweight(qc->f, qc->out, qc->in, qc->group, qc->row_block,
                                             qc->zeros);
+            w.act_group = qc->act_group;
+            double *xq = malloc((size_t)qc->in * sizeof *xq);
             float *x = random_floats((size_t)N * qc->in, 1.0f);
             float *all = malloc((size_t)N * qc->out * sizeof *all),
                   *some = malloc((size_t)N * qc->out * sizeof *some);
@@ -652,14 +672,19 @@ Test(cpu_ops, qlinear_is_the_product_with_the_dequantized_weights)
             const vlmd_op_table *op = vlmd_backend_ops(b);
             op->qlinear(b, all, x, &w, bias, N, qc->in, qc->out);
             double diff = 0, norm = 0;
-            for (int r = 0; r < N; r++)
+            for (int r = 0; r < N; r++) {
+                for (int i = 0; i < qc->in; i++)
+                    xq[i] = x[(size_t)r * qc->in + i];
+                if (qc->act_group)
+                    act_quantized_row(xq, x + (size_t)r * qc->in, qc->in, qc->act_group);
                 for (int o = 0; o < qc->out; o++) {
                     double want = vlmd_cpu_load(bias, VLMD_DTYPE_BF16, (size_t)o);
                     for (int i = 0; i < qc->in; i++)
-                        want += qweight_at(&w, qc->in, o, i) * x[(size_t)r * qc->in + i];
+                        want += qweight_at(&w, qc->in, o, i) * xq[i];
                     double d = all[(size_t)r * qc->out + o] - want;
                     diff += d * d, norm += want * want;
                 }
+            }
             cr_expect_lt(sqrt(diff / norm), 1e-6, "qlinear case %zu: relative error %g", ci,
                          sqrt(diff / norm));
             for (size_t bi = 0; bi < sizeof batches / sizeof *batches; bi++) {
@@ -673,7 +698,7 @@ Test(cpu_ops, qlinear_is_the_product_with_the_dequantized_weights)
                              threads, bad, n);
             }
             free_qweight(&w);
-            free(x), free(all), free(some), free(bias);
+            free(x), free(all), free(some), free(bias), free(xq);
             vlmd_backend_release_weights(b);
             vlmd_backend_destroy(b);
         }

@@ -144,12 +144,13 @@ static lm_model *load_model(vlmd_backend *b, const vlmd_model_config *mc, const 
  * its ops cannot run the model yet: then its load must be refused, naming
  * what is missing. routing_from: the weights (on the CPU) whose expert
  * choices the model replays, or NULL. */
-static bool open_fixture_routed(fixture *f, const char *model, const char *weights,
-                                const char *device, const char *routing_from)
+static bool open_fixture_with(fixture *f, const char *model, const char *weights,
+                              const char *device, const char *routing_from, bool w8a8)
 {
     memset(f, 0, sizeof *f);
     vlmd_error err = {0};
     cr_assert_eq(vlmd_model_config_load(test_fixture(model), &f->mc, &err), VLMD_OK, "%s", err.msg);
+    f->mc.quant.fp8_activations = w8a8;
     if (!test_backend_open(device, &f->b))
         return false;
     if (lm_backend_check(f->b, &f->mc, &err) != VLMD_OK) {
@@ -176,6 +177,12 @@ static bool open_fixture_routed(fixture *f, const char *model, const char *weigh
     f->ref = test_reference_tensors(model);
     f->json = test_reference_json(model);
     return true;
+}
+
+static bool open_fixture_routed(fixture *f, const char *model, const char *weights,
+                                const char *device, const char *routing_from)
+{
+    return open_fixture_with(f, model, weights, device, routing_from, false);
 }
 
 static bool open_fixture_on(fixture *f, const char *model, const char *weights, const char *device)
@@ -320,6 +327,9 @@ typedef struct model_check {
     greedy_check greedy;
     bool text_only;             /* only the cases without images */
     const char *routing_from;   /* MoE: the weights whose expert choices are replayed */
+    bool w8a8;                  /* FP8 checkpoints with --fp8-activations on: against the
+                                 * reference's logits_w8a8 and greedy_continuation_w8a8 (the
+                                 * cases that have them) */
 } model_check;
 
 /* Logits of bf16 weights and bf16 activations (each linear's input rounded)
@@ -341,7 +351,7 @@ static bool cpu_bf16_activations(const char *device, const char *weights)
 static void check_model_with(const model_check *mk)
 {
     fixture f;
-    if (!open_fixture_routed(&f, mk->model, mk->weights, mk->device, mk->routing_from))
+    if (!open_fixture_with(&f, mk->model, mk->weights, mk->device, mk->routing_from, mk->w8a8))
         return;
     const char *device = mk->device, *model = mk->model, *weights = mk->weights;
     const int V = (int)lm_vocab_size(f.m), max = 512;
@@ -357,6 +367,11 @@ static void check_model_with(const model_check *mk)
     {
         if (mk->text_only && (json_object_get(c, "image") || json_object_get(c, "images")))
             continue;
+        const char *suffix = mk->w8a8 ? "_w8a8" : "";
+        char key[64];
+        snprintf(key, sizeof key, "case%zu.logits%s", ci, suffix);
+        if (mk->w8a8 && !vlmd_safetensors_find(f.ref, key))
+            continue; /* (the MoE fixture's W8A8 reference has case 0 alone) */
         json_t *ids_j = json_object_get(c, "input_ids");
         int n = (int)json_array_size(ids_j);
         cr_assert_lt(n + 12, max);
@@ -388,7 +403,7 @@ static void check_model_with(const model_check *mk)
         runner_forward(&run, &bt, logits);
         free(arena);
 
-        snprintf(name, sizeof name, "case%zu.logits", ci);
+        snprintf(name, sizeof name, "case%zu.logits%s", ci, suffix);
         const vlmd_tensor_view *lt = vlmd_safetensors_find(f.ref, name);
         cr_assert_not_null(lt);
         cr_assert_eq(vlmd_tensor_numel(lt), (int64_t)n * V);
@@ -398,9 +413,21 @@ static void check_model_with(const model_check *mk)
             fprintf(stderr, "%s %s %s case %zu: logits relative error %.4g\n", device, model,
                     weights, ci, rel);
         cr_expect_lt(rel, tol, "%s %s case %zu: relative error %.3g", model, weights, ci, rel);
+        if (mk->w8a8) { /* nearer the W8A8 reference than the weight-only one; greedy tokens
+                         * are not held (see w8a8_checks) */
+            snprintf(name, sizeof name, "case%zu.logits", ci);
+            double w16 = test_rel_error(logits, vlmd_safetensors_find(f.ref, name)->data,
+                                        (size_t)n * V);
+            cr_expect_lt(rel, w16, "%s case %zu: %.3g from W8A8, %.3g from W8A16", model, ci,
+                         rel, w16);
+            checked++;
+            free(ids), free(pos), free(slots), free(rows), free(logits);
+            continue;
+        }
 
         {
-            json_t *want = json_object_get(c, "greedy_continuation");
+            snprintf(key, sizeof key, "greedy_continuation%s", suffix);
+            json_t *want = json_object_get(c, key);
             const float *last = logits + (size_t)(n - 1) * V;
             int next = argmax(last, V);
             int32_t last_pos = 0;
@@ -436,8 +463,8 @@ static void check_model_with(const model_check *mk)
         free(rows);
         free(logits);
     }
-    cr_expect_geq(checked, f.mc.has_vision && !mk->text_only ? 4 : 2, "%s: every case ran",
-                  model);
+    cr_expect_geq(checked, mk->w8a8 ? 1 : f.mc.has_vision && !mk->text_only ? 4 : 2,
+                  "%s: every case ran", model);
     runner_close(&run);
     close_fixture(&f);
 }
@@ -536,6 +563,29 @@ static const model_check quant_checks[] = {
     {"cpu", "quant/qwen3_moe_gptq", F32, QUANT_TOL, GREEDY_UNTIL_NEAR_TIE, false, NULL},
     {"cpu", "quant/qwen3_w4a16_ct", F32, QUANT_TOL, GREEDY_UNTIL_NEAR_TIE, false, NULL},
 };
+/* W8A8 (--fp8-activations on): each FP8 linear's input rounded through e4m3
+ * per token and 128 columns (the block format) or per row (channel), against
+ * the reference's own W8A8 forward (F32 emulation, the same group bounds).
+ * Rounding activations to 3 mantissa bits makes the forward chaotic: an
+ * fp32 sum in another order moves a value across a rounding midpoint and
+ * the change grows layer after layer. Measured here: with the C kernels and
+ * an fp32 KV cache, 2 of 3 cases within 1e-5 and one 9e-4; the AVX2 GEMV's
+ * other order alone, 2.7e-2; with the 16-bit KV cache 6.3e-2 to 1.2e-1
+ * (README: a BF16 path is ~1e-1 from it), while W8A8 and W8A16 are 8.8e-2
+ * to 1.4e-1 apart. So the model is held to 1.5e-1 and to being nearer the
+ * W8A8 reference than the weight-only one, and the greedy tokens are not
+ * compared; the product itself is held to 1e-6 (test_quant's probe,
+ * test_cpu_ops' definition). */
+#define W8A8_TOL 1.5e-1
+static const model_check w8a8_checks[] = {
+    {"cpu", "quant/qwen3_fp8_block", F32, W8A8_TOL, GREEDY_UNTIL_NEAR_TIE, false, NULL, true},
+    {"cpu", "quant/qwen3_fp8_channel_ct", F32, W8A8_TOL, GREEDY_UNTIL_NEAR_TIE, false, NULL, true},
+    {"cpu", "quant/qwen3_moe_fp8_block_bf16scale", F32, W8A8_TOL, GREEDY_UNTIL_NEAR_TIE, false,
+     NULL, true},
+};
+Test(lm, quant_fp8_block_w8a8) { check_model_with(&w8a8_checks[0]); }
+Test(lm, quant_fp8_channel_w8a8) { check_model_with(&w8a8_checks[1]); }
+Test(lm, quant_moe_fp8_block_w8a8) { check_model_with(&w8a8_checks[2]); }
 Test(lm, quant_fp8_block) { check_model_with(&quant_checks[0]); }
 Test(lm, quant_fp8_channel_compressed_tensors) { check_model_with(&quant_checks[1]); }
 Test(lm, quant_moe_fp8_block_bf16_scales) { check_model_with(&quant_checks[2]); }

@@ -595,3 +595,46 @@ Test(quant, a_model_that_fits_only_quantized_is_admitted_quantized)
     rmdir(twin);
     free(twin);
 }
+
+/* ---- W8A8 ----------------------------------------------------------------------- */
+
+/* The FP8 fixtures' probe: layer 0's mlp.down_proj alone (a partial last
+ * block of columns, 320 = 128 + 128 + 64) on the first 6 tokens' inputs
+ * (BF16-exact): weights only it is y, with its inputs quantized per token
+ * and group of 128 (or per row) it is y_w8a8, 2.2e-2 away from y. */
+Test(quant, w8a8_probe_is_the_references_product)
+{
+    const char *fixtures[] = {"quant/qwen3_fp8_block", "quant/qwen3_moe_fp8_block_bf16scale",
+                              "quant/qwen3_fp8_channel_ct"};
+    const char *linear = "model.layers.0.mlp.down_proj.weight";
+    for (size_t f = 0; f < 3; f++)
+        for (int w8a8 = 0; w8a8 < 2; w8a8++) {
+            shell s;
+            shell_open(&s, test_fixture(fixtures[f]), "model.safetensors");
+            s.m.quant.fp8_activations = w8a8;
+            vlmd_safetensors *ref = test_reference_tensors(fixtures[f]);
+            char name[256];
+            snprintf(name, sizeof name, "probe.%s.x", linear);
+            const vlmd_tensor_view *x = vlmd_safetensors_find(ref, name);
+            snprintf(name, sizeof name, "probe.%s.y%s", linear, w8a8 ? "_w8a8" : "");
+            const vlmd_tensor_view *y = vlmd_safetensors_find(ref, name);
+            snprintf(name, sizeof name, "probe.%s.y%s", linear, w8a8 ? "" : "_w8a8");
+            const vlmd_tensor_view *other = vlmd_safetensors_find(ref, name);
+            cr_assert(x && y && other);
+            const int n = (int)x->shape[0], in = (int)x->shape[1], out = (int)y->shape[1];
+            vlmd_qweight w;
+            vlmd_error err = {0};
+            cr_assert_eq(load_linear(&s, linear, out, in, &w, &err), VLMD_OK, "%s", err.msg);
+            cr_expect_eq(w.act_group, w8a8 ? (f < 2 ? 128 : -1) : 0);
+            float *got = malloc((size_t)n * out * sizeof *got);
+            s.m.op->qlinear(s.b, got, x->data, &w, NULL, n, in, out);
+            double rel = test_rel_error(got, y->data, (size_t)n * out),
+                   apart = test_rel_error(got, other->data, (size_t)n * out);
+            cr_expect_lt(rel, 1e-6, "%s %s: relative error %g", fixtures[f],
+                         w8a8 ? "W8A8" : "W8A16", rel);
+            cr_expect_gt(apart, 1e-2, "%s: %g from the other meaning", fixtures[f], apart);
+            free(got);
+            vlmd_safetensors_close(ref);
+            shell_close(&s);
+        }
+}
