@@ -31,6 +31,20 @@ typedef struct vlmd_attn_seq {
     const int32_t *slots;   /* kv_len cache slots in position order (backend memory) */
 } vlmd_attn_seq;
 
+/* One sequence of a batched Gated DeltaNet call (Qwen3.5's linear
+ * attention): its rows of the step and its state slot. */
+typedef struct vlmd_gdn_seq {
+    int32_t start, len;         /* rows [start, start + len) of the step, in position order */
+    int32_t slot;               /* its conv and recurrent state's slot in the layer's pool */
+} vlmd_gdn_seq;
+
+/* A Gated DeltaNet layer's heads: q and k heads of dk dims, v heads of dv,
+ * value head h reading key head h / (hv / hk); the causal conv's kernel. Its
+ * conv runs over C = 2 hk dk + hv dv channels (q, then k, then v). */
+typedef struct vlmd_gdn_shape {
+    int hk, hv, dk, dv, kernel;
+} vlmd_gdn_shape;
+
 /* A token whose logit one request's sampling changes, each distinct id
  * once: one it has seen (the penalties), one it biases (logit_bias), or both. */
 typedef struct vlmd_seen_token {
@@ -51,6 +65,8 @@ typedef struct vlmd_rope {
     const void *q_norm, *k_norm;/* Qwen3: [hd] weights of an RMSNorm of every q / k head
                                  * before its rotation (backend memory); NULL: none */
     float norm_eps;
+    float norm_offset;          /* added to each norm weight: 1 for Qwen3.5's (1 + w) norms,
+                                 * whose weights are stored around 0; 0 otherwise */
     int rotary_dim;             /* the first dims of a head that rotate, the rest passed as
                                  * they are (GLM's partial rotary); its frequencies are
                                  * theta^(-2i / rotary_dim); 0: every dim */
@@ -114,10 +130,11 @@ typedef struct vlmd_op_table {
      * activations' type, as on CUDA, the embedding is this gather) */
     void (*gather_rows)(vlmd_backend *b, void *out, const void *x, const int32_t *ids, int n,
                         int dim);
-    /* residual == NULL: out = rmsnorm(x) * w.
-     * otherwise: residual += x; out = rmsnorm(residual) * w (out may be x). */
+    /* residual == NULL: out = rmsnorm(x) * (w + offset).
+     * otherwise: residual += x; out = rmsnorm(residual) * (w + offset) (out may be x).
+     * offset 1: Qwen3.5's (1 + w) norms (in fp32, as transformers computes them); 0 else. */
     void (*rmsnorm)(vlmd_backend *b, void *out, const void *x, void *residual, const void *w,
-                    int n, int hidden, float eps);
+                    int n, int hidden, float eps, float offset);
     /* out[n,o] = x[n,i] . W[o,i]^T (+ bias[o]) */
     void (*linear)(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
                    int n, int in, int out_dim);
@@ -153,6 +170,35 @@ typedef struct vlmd_op_table {
     /* out[n,d] = silu(gate) * up, from gate_up[n, 2d]: each row's gate, then its up
      * (one GEMM made both; out must not overlap it) */
     void (*silu_mul)(vlmd_backend *b, void *out, const void *gate_up, int n, int d);
+    /* out[r, i] = x[r, i] * sigmoid(gate[r * gate_stride + (per_row ? 0 : i)]), n rows of dim
+     * (out may be x): Qwen3.5's gated attention output (per element) and its shared expert's
+     * gate (one scalar a row). */
+    void (*sigmoid_gate)(vlmd_backend *b, void *out, const void *x, const void *gate,
+                         int gate_stride, bool per_row, int n, int dim);
+    /* Gated DeltaNet, the causal depthwise conv over its C channels, then SiLU: each
+     * sequence's rows of x (row stride x_stride; channels 0..C-1) continue the K - 1 inputs
+     * its slot holds (conv_state: [slots][C][K - 1], the activation type, oldest first; zeros
+     * for a new sequence); out[r][c] = silu(sum_j w[c][j] in[r - K + 1 + j][c]) with w [C][K]
+     * (a weight); afterwards the slot holds the sequence's last K - 1 inputs. out [n, C]. */
+    void (*gdn_conv)(vlmd_backend *b, void *out, const void *x, int x_stride, const void *w,
+                     void *conv_state, const vlmd_gdn_seq *seqs, int n_seqs, int n,
+                     const vlmd_gdn_shape *shape);
+    /* Gated DeltaNet, the gated delta rule, per token in order: q, k, v from qkv's row (the
+     * conv's output: q hk dk, k hk dk, v hv dv), b and a from ba's (b hv, then a hv; row
+     * stride ba_stride). q and k L2-normalised per head (x / sqrt(sum x^2 + 1e-6)), q times
+     * dk^-1/2; beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias) (fp32, [hv] each);
+     * value head h reads key head h / (hv / hk); S <- e^g S; v' = beta (v - S^T k);
+     * S <- S + k v'^T; out = S^T q (the token's own included). S fp32 [slots][hv][dk][dv]
+     * (transformers' layout), continued from each sequence's slot and left there (zeros for
+     * a new one). out [n, hv dv]. Chunked or recurrent as the backend likes: one function. */
+    void (*gdn_rule)(vlmd_backend *b, void *out, const void *qkv, const void *ba, int ba_stride,
+                     const float *A_log, const float *dt_bias, float *state,
+                     const vlmd_gdn_seq *seqs, int n_seqs, int n, const vlmd_gdn_shape *shape);
+    /* Gated DeltaNet's output norm: per head of dim dv, out = w * rmsnorm(x) * silu(z)
+     * (the norm before the gate, w [dv] stored around 1), n rows of heads x dim; z's row
+     * stride z_stride. out may be x. */
+    void (*gated_rmsnorm)(vlmd_backend *b, void *out, const void *x, const void *z, int z_stride,
+                          const void *w, int n, int heads, int dim, float eps);
     /* out[n,dim] = layernorm(x) * w + bias (out may be x) */
     void (*layernorm)(vlmd_backend *b, void *out, const void *x, const void *w, const void *bias,
                       int n, int dim, float eps);
@@ -228,6 +274,8 @@ typedef struct vlmd_op_table {
     bool rope_qk_norm, rope_interleaved, rope_partial, moe_sigmoid;
     /* qlinear and moe_experts_q (quantized weights: FP8, INT4) */
     bool qweights;
+    /* sigmoid_gate, gdn_conv, gdn_rule, gated_rmsnorm and the norms' offset (Qwen3.5) */
+    bool gdn;
 } vlmd_op_table;
 
 /* The backend's ops (never NULL; a backend may lack the optional ones a

@@ -668,12 +668,12 @@ static void run_layers(lm_model *m, lm_kv *kv, lm_workspace *ws, int n, int n_se
     for (int l = 0; l < m->L; l++) {
         const lm_layer *y = &m->layers[l];
         if (l == 0)
-            op->rmsnorm(b, ws->h, ws->residual, NULL, y->ln_in, n, H, eps);
+            op->rmsnorm(b, ws->h, ws->residual, NULL, y->ln_in, n, H, eps, 0.0f);
         else
-            op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_in, n, H, eps);
+            op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_in, n, H, eps, 0.0f);
         attention_forward(m, kv, ws, &y->attn, l, n, n_seqs);
         all_reduce(m, ws, ws->x, (size_t)n * H); /* each rank's heads' share of x */
-        op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, eps);
+        op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, eps, 0.0f);
         if (y->experts.router)
             experts_forward(m, ws, &y->experts, n);
         else
@@ -687,7 +687,7 @@ static void run_layers(lm_model *m, lm_kv *kv, lm_workspace *ws, int n, int n_se
     }
     if (!n_logits)
         return;
-    op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, eps);
+    op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, eps, 0.0f);
     op->gather_rows(b, ws->rows, ws->h, ws->logit_rows, n_logits, H);
     if (!m->vocab_split) {
         op->linear(b, ws->logits, ws->rows, m->lm_head, NULL, n_logits, H, m->V);

@@ -210,6 +210,10 @@ vlmd_status loader_fused_experts(lm_loader *ld, const char *name, int64_t n_expe
     const vlmd_tensor_view *t;
     vlmd_status s = vlmd_safetensors_get(ld->st, name, 3, (int64_t[]){n_experts, rows, cols}, &t,
                                          err);
+    if (s == VLMD_OK && t->dtype != VLMD_DTYPE_F32 && t->dtype != VLMD_DTYPE_BF16 &&
+        t->dtype != VLMD_DTYPE_F16)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "tensor %s is %s: quantized experts load from "
+                           "one tensor per expert, not fused", name, vlmd_dtype_str(t->dtype));
     if (s != VLMD_OK || ld->m->dry)
         return s;
     vlmd_tensor_view v = *t;

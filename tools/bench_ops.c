@@ -175,7 +175,7 @@ typedef struct rows_ctx {
 static void run_rmsnorm(bench *k, void *c)
 {
     rows_ctx *r = c;
-    k->op->rmsnorm(k->b, r->out, r->x, r->res, r->w, r->n, r->H, 1e-6f);
+    k->op->rmsnorm(k->b, r->out, r->x, r->res, r->w, r->n, r->H, 1e-6f, 0.0f);
 }
 
 static void run_silu_mul(bench *k, void *c)

@@ -538,7 +538,7 @@ static void merge(vision_tower *vt, const vt_merger *m, void *out, const void *x
     /* a norm over E of N rows or over G of U rows: the same memory either way */
     const int rows = m->postshuffle ? Ug : (int)N, width = m->postshuffle ? G : vt->E;
     if (vt->kind == VT_QWEN2_5_VL)
-        op->rmsnorm(b, w->h, x, NULL, m->norm_w, rows, width, 1e-6f);
+        op->rmsnorm(b, w->h, x, NULL, m->norm_w, rows, width, 1e-6f, 0.0f);
     else
         op->layernorm(b, w->h, x, m->norm_w, m->norm_b, rows, width, 1e-6f);
     op->linear(b, w->f, w->h, m->fc1_w, m->fc1_b, Ug, G, G);
@@ -582,7 +582,7 @@ vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *image
         const vt_block *bl = &vt->blocks[l];
         bool windowed = qwen25 && !bl->full;
         if (qwen25)
-            op->rmsnorm(b, h, x, NULL, bl->n1w, Ni, Ei, 1e-6f);
+            op->rmsnorm(b, h, x, NULL, bl->n1w, Ni, Ei, 1e-6f, 0.0f);
         else
             op->layernorm(b, h, x, bl->n1w, bl->n1b, Ni, Ei, 1e-6f);
         op->linear(b, q, h, bl->qkv_w, bl->qkv_b, Ni, Ei, Ei);
@@ -597,7 +597,7 @@ vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *image
         op->add(b, x, h, N * E);
         if (qwen25) {
             void *act = rows(vt, f, 2 * N * M);
-            op->rmsnorm(b, h, x, NULL, bl->n2w, Ni, Ei, 1e-6f);
+            op->rmsnorm(b, h, x, NULL, bl->n2w, Ni, Ei, 1e-6f, 0.0f);
             op->linear(b, f, h, bl->gate_up_w, bl->gate_up_b, Ni, Ei, 2 * Mi);
             op->silu_mul(b, act, f, Ni, Mi);
             op->linear(b, h, act, bl->down_w, bl->down_b, Ni, Mi, Ei);

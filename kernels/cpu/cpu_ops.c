@@ -55,7 +55,7 @@ typedef struct rows_job {
     const void *table, *w, *bias;
     const int32_t *ids;
     int n, dim;
-    float eps;
+    float eps, offset;
 } rows_job;
 
 static void embedding_part(void *ctx, int index, int count)
@@ -117,15 +117,15 @@ static void rmsnorm_part(void *ctx, int index, int count)
         float inv = 1.0f / sqrtf((float)(ss / dim) + j->eps);
         float *dst = j->out + (size_t)i * dim;
         for (int d = 0; d < dim; d++)
-            dst[d] = w[d] * (src[d] * inv);
+            dst[d] = (w[d] + j->offset) * (src[d] * inv);
     }
 }
 
 static void cpu_rmsnorm(vlmd_backend *b, void *out, const void *x, void *residual, const void *w,
-                        int n, int hidden, float eps)
+                        int n, int hidden, float eps, float offset)
 {
     rows_job j = {.b = b, .out = out, .x = x, .residual = residual, .w = w, .n = n,
-                  .dim = hidden, .eps = eps};
+                  .dim = hidden, .eps = eps, .offset = offset};
     run(b, rmsnorm_part, &j, (size_t)n * hidden);
 }
 
@@ -327,15 +327,15 @@ static int mrope_row(const vlmd_rope *rope, int i)
     return i < s[0] ? 0 : i < s[0] + s[1] ? 1 : 2;
 }
 
-/* v = rmsnorm(v) * w over one head */
-static void head_rmsnorm(float *v, int hd, const float *w, float eps)
+/* v = rmsnorm(v) * (w + offset) over one head */
+static void head_rmsnorm(float *v, int hd, const float *w, float eps, float offset)
 {
     double ss = 0;
     for (int j = 0; j < hd; j++)
         ss += (double)v[j] * v[j];
     float inv = 1.0f / sqrtf((float)(ss / hd) + eps);
     for (int j = 0; j < hd; j++)
-        v[j] = w[j] * (v[j] * inv);
+        v[j] = (w[j] + offset) * (v[j] * inv);
 }
 
 typedef struct rope_job {
@@ -380,7 +380,7 @@ static void rope_part(void *ctx, int index, int count)
         for (int h = 0; h < j->nh + j->nkv; h++) { /* the k heads follow the q heads */
             const float *w = h < j->nh ? qw : kw;
             if (w)
-                head_rmsnorm(q + (size_t)h * hd, hd, w, rope->norm_eps);
+                head_rmsnorm(q + (size_t)h * hd, hd, w, rope->norm_eps, rope->norm_offset);
             rotate(q + (size_t)h * hd, rd, rope->pairs_interleaved, cosv, sinv);
         }
         size_t at = (size_t)j->slots[t] * kv_dim * kes;

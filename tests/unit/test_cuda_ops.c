@@ -143,7 +143,7 @@ Test(cuda_ops, embedding_rmsnorm_silu)
         picked[k] = on(bs[k], NULL, (size_t)5 * H);
         op->embedding(bs[k], out[k], dt, di, n, H);
         op->gather_rows(bs[k], picked[k], dx, ints_on(bs[k], rows, 5), 5, H);
-        op->rmsnorm(bs[k], dx, dx, res[k], dw, n, H, 1e-6f); /* fused add, in place */
+        op->rmsnorm(bs[k], dx, dx, res[k], dw, n, H, 1e-6f, 0.0f); /* fused add, in place */
         op->silu_mul(bs[k], gate[k], on(bs[k], gu, (size_t)n * 2 * H), n, H);
     }
     expect_close("embedding", p.cpu, out[0], p.gpu, out[1], (size_t)n * H, 1e-6);
