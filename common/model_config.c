@@ -27,6 +27,8 @@ static const struct {
     {"Qwen3VLMoeForConditionalGeneration", VLMD_ARCH_QWEN3_VL_MOE},
     {"Glm4MoeForCausalLM", VLMD_ARCH_GLM4_MOE},
     {"MixtralForCausalLM", VLMD_ARCH_MIXTRAL},
+    {"Qwen3_5ForConditionalGeneration", VLMD_ARCH_QWEN3_5},
+    {"Qwen3_5MoeForConditionalGeneration", VLMD_ARCH_QWEN3_5_MOE},
 };
 
 static bool arch_is_qwen3(vlmd_arch a)
@@ -35,10 +37,15 @@ static bool arch_is_qwen3(vlmd_arch a)
            a == VLMD_ARCH_QWEN3_VL_MOE;
 }
 
+static bool arch_is_qwen3_5(vlmd_arch a)
+{
+    return a == VLMD_ARCH_QWEN3_5 || a == VLMD_ARCH_QWEN3_5_MOE;
+}
+
 static bool arch_has_vision(vlmd_arch a)
 {
     return a == VLMD_ARCH_QWEN2_VL || a == VLMD_ARCH_QWEN2_5_VL || a == VLMD_ARCH_QWEN3_VL ||
-           a == VLMD_ARCH_QWEN3_VL_MOE;
+           a == VLMD_ARCH_QWEN3_VL_MOE || arch_is_qwen3_5(a);
 }
 
 bool vlmd_text_layer_is_moe(const vlmd_text_config *t, int64_t layer)
@@ -48,6 +55,11 @@ bool vlmd_text_layer_is_moe(const vlmd_text_config *t, int64_t layer)
     if (t->mlp_only_layers[layer / 64] >> (layer % 64) & 1)
         return false;
     return (layer + 1) % t->decoder_sparse_step == 0;
+}
+
+bool vlmd_text_layer_is_linear(const vlmd_text_config *t, int64_t layer)
+{
+    return layer >= 0 && layer < VLMD_MAX_LAYERS && (t->linear_layers[layer / 64] >> (layer % 64) & 1);
 }
 
 const char *vlmd_arch_str(vlmd_arch arch)
@@ -237,6 +249,70 @@ static vlmd_status parse_moe(const json_t *text, vlmd_arch arch, const char *pat
     return arch == VLMD_ARCH_GLM4_MOE ? parse_glm_moe(text, path, t, err) : VLMD_OK;
 }
 
+/* Qwen3.5's hybrid layers: which are Gated DeltaNet (layer_types, or all but every
+ * full_attention_interval-th), their heads, the gated attention, the (1 + w) norms and,
+ * for the MoE, the gated shared expert and the always-renormalised router. */
+static vlmd_status parse_hybrid(const json_t *text, vlmd_arch arch, const char *path,
+                                vlmd_text_config *t, vlmd_error *err)
+{
+    vlmd_status st;
+    const json_t *types = json_object_get(text, "layer_types");
+    int64_t interval = 0;
+    if (json_is_array(types)) {
+        if ((int64_t)json_array_size(types) != t->num_layers)
+            return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: layer_types lists %zu layers, "
+                               "num_hidden_layers is %lld", path, json_array_size(types),
+                               (long long)t->num_layers);
+        for (int64_t l = 0; l < t->num_layers; l++) {
+            const char *kind = json_string_value(json_array_get(types, (size_t)l));
+            bool linear = kind && strcmp(kind, "linear_attention") == 0;
+            if (!linear && (!kind || strcmp(kind, "full_attention") != 0))
+                return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: layer_types[%lld] is '%s' "
+                                   "(linear_attention or full_attention)", path, (long long)l,
+                                   kind ? kind : "?");
+            t->linear_layers[l / 64] |= (uint64_t)linear << (l % 64);
+        }
+    } else {
+        if ((st = get_int(text, "full_attention_interval", false, 4, 1, &interval, path, err)) !=
+            VLMD_OK)
+            return st;
+        for (int64_t l = 0; l < t->num_layers; l++)
+            t->linear_layers[l / 64] |= (uint64_t)((l + 1) % interval != 0) << (l % 64);
+    }
+    if ((st = get_int(text, "linear_num_key_heads", true, 0, 1, &t->linear_key_heads, path,
+                      err)) != VLMD_OK ||
+        (st = get_int(text, "linear_num_value_heads", true, 0, 1, &t->linear_value_heads, path,
+                      err)) != VLMD_OK ||
+        (st = get_int(text, "linear_key_head_dim", true, 0, 1, &t->linear_key_dim, path, err)) !=
+            VLMD_OK ||
+        (st = get_int(text, "linear_value_head_dim", true, 0, 1, &t->linear_value_dim, path,
+                      err)) != VLMD_OK ||
+        (st = get_int(text, "linear_conv_kernel_dim", false, 4, 1, &t->linear_conv_kernel, path,
+                      err)) != VLMD_OK)
+        return st;
+    if (t->linear_value_heads % t->linear_key_heads)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: linear_num_value_heads %lld is not a "
+                           "multiple of linear_num_key_heads %lld", path,
+                           (long long)t->linear_value_heads, (long long)t->linear_key_heads);
+    const char *ssm = json_string_value(json_object_get(text, "mamba_ssm_dtype"));
+    if (ssm && strcmp(ssm, "float32") != 0)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: mamba_ssm_dtype '%s' (the recurrent state "
+                           "is kept in float32 only)", path, ssm);
+    const json_t *gate = json_object_get(text, "attn_output_gate");
+    t->attn_output_gate = !gate || json_is_true(gate);
+    t->norm_unit_offset = true;
+    if (arch == VLMD_ARCH_QWEN3_5_MOE) { /* every layer's experts, always renormalised */
+        int64_t shared = 0;
+        if ((st = get_int(text, "shared_expert_intermediate_size", false, 0, 0, &shared, path,
+                          err)) != VLMD_OK)
+            return st;
+        t->shared_expert_size = shared;
+        t->shared_expert_gate = shared > 0;
+        t->norm_topk_prob = true;
+    }
+    return VLMD_OK;
+}
+
 static vlmd_status parse_text(const json_t *root, vlmd_arch arch, const char *path,
                               vlmd_text_config *t, vlmd_error *err)
 {
@@ -248,7 +324,8 @@ static vlmd_status parse_text(const json_t *root, vlmd_arch arch, const char *pa
     if ((st = get_int(text, key, req, def, min, &t->field, path, err)) != VLMD_OK)             \
         return st;
     INT_FIELD("hidden_size", hidden_size, true, 0, 1)
-    INT_FIELD("intermediate_size", intermediate_size, true, 0, 1)
+    /* a Qwen3.5 MoE has no dense MLP, so no intermediate_size */
+    INT_FIELD("intermediate_size", intermediate_size, arch != VLMD_ARCH_QWEN3_5_MOE, 0, 0)
     INT_FIELD("num_hidden_layers", num_layers, true, 0, 1)
     INT_FIELD("num_attention_heads", num_heads, true, 0, 1)
     INT_FIELD("num_key_value_heads", num_kv_heads, false, t->num_heads, 1)
@@ -272,15 +349,19 @@ static vlmd_status parse_text(const json_t *root, vlmd_arch arch, const char *pa
     t->bos_token_id = get_token_id(text, "bos_token_id");
     t->eos_token_id = get_token_id(text, "eos_token_id");
     t->n_eos = get_token_ids(text, "eos_token_id", t->eos_ids);
-    /* Qwen2's q, k and v always have biases; Qwen3's and GLM's say so in attention_bias;
-     * Mixtral's have none. Qwen3 has q/k norm always, GLM when use_qk_norm. */
-    bool glm = arch == VLMD_ARCH_GLM4_MOE;
+    /* Qwen2's q, k and v always have biases; Qwen3's, Qwen3.5's and GLM's say so in
+     * attention_bias; Mixtral's have none. Qwen3 and Qwen3.5 have q/k norm always, GLM when
+     * use_qk_norm. */
+    bool glm = arch == VLMD_ARCH_GLM4_MOE, q35 = arch_is_qwen3_5(arch);
     t->qkv_bias = arch != VLMD_ARCH_MIXTRAL &&
-                  ((!arch_is_qwen3(arch) && !glm) ||
+                  ((!arch_is_qwen3(arch) && !glm && !q35) ||
                    json_is_true(json_object_get(text, "attention_bias")));
-    t->qk_norm = arch_is_qwen3(arch) || (glm && json_is_true(json_object_get(text, "use_qk_norm")));
+    t->qk_norm = arch_is_qwen3(arch) || q35 ||
+                 (glm && json_is_true(json_object_get(text, "use_qk_norm")));
     double partial = 1.0;
-    if ((st = get_num(text, "partial_rotary_factor", false, 1.0, &partial, path, err)) != VLMD_OK)
+    const json_t *rope_params = json_object_get(text, "rope_parameters");
+    if ((st = get_num(json_object_get(rope_params, "partial_rotary_factor") ? rope_params : text,
+                      "partial_rotary_factor", false, 1.0, &partial, path, err)) != VLMD_OK)
         return st;
     t->rotary_dim = (int64_t)((double)t->head_dim * partial);
     if (partial <= 0 || partial > 1 || t->rotary_dim % 2)
@@ -295,9 +376,11 @@ static vlmd_status parse_text(const json_t *root, vlmd_arch arch, const char *pa
                                "supported", path, (long long)json_integer_value(sw),
                                (long long)t->max_position_embeddings);
     }
-    if ((st = parse_moe(text, arch, path, t, err)) != VLMD_OK)
+    if ((st = parse_moe(text, arch, path, t, err)) != VLMD_OK ||
+        (q35 && (st = parse_hybrid(text, arch, path, t, err)) != VLMD_OK))
         return st;
-    if ((arch == VLMD_ARCH_QWEN3_MOE || arch == VLMD_ARCH_QWEN3_VL_MOE) && !t->num_experts)
+    if ((arch == VLMD_ARCH_QWEN3_MOE || arch == VLMD_ARCH_QWEN3_VL_MOE ||
+         arch == VLMD_ARCH_QWEN3_5_MOE) && !t->num_experts)
         return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: a mixture-of-experts model needs "
                            "'num_experts'", path);
     /* transformers' Qwen3VLMoeTextRouter renormalises whatever the config says */
@@ -325,14 +408,15 @@ static vlmd_status parse_text(const json_t *root, vlmd_arch arch, const char *pa
             t->mrope_section[i] = json_integer_value(x);
             sum += t->mrope_section[i];
         }
-        if (sum * 2 != t->head_dim)
+        if (sum * 2 != t->rotary_dim) /* the rotary dims' frequencies (all: head_dim / 2) */
             return vlmd_errorf(err, VLMD_ERR_MODEL,
-                               "%s: mrope_section sums to %lld, but head_dim/2 is %lld", path,
-                               (long long)sum, (long long)(t->head_dim / 2));
+                               "%s: mrope_section sums to %lld, but the rotary dims have %lld "
+                               "frequencies", path, (long long)sum,
+                               (long long)(t->rotary_dim / 2));
         t->n_mrope_section = 3;
-        /* Qwen3-VL always interleaves (its config may say so, or not) */
+        /* Qwen3-VL and Qwen3.5 always interleave (their configs may say so, or not) */
         t->mrope_interleaved = arch == VLMD_ARCH_QWEN3_VL || arch == VLMD_ARCH_QWEN3_VL_MOE ||
-                               json_is_true(json_object_get(rope, "mrope_interleaved"));
+                               q35 || json_is_true(json_object_get(rope, "mrope_interleaved"));
     }
     return VLMD_OK;
 }
@@ -370,7 +454,7 @@ static vlmd_status parse_vision(const json_t *v, vlmd_arch arch, const char *pat
         vc->hidden_size = vc->out_hidden_size;
         vc->act = arch == VLMD_ARCH_QWEN2_5_VL ? VLMD_ACT_SILU : VLMD_ACT_GELU_TANH;
     }
-    if (arch == VLMD_ARCH_QWEN3_VL || arch == VLMD_ARCH_QWEN3_VL_MOE) {
+    if (arch == VLMD_ARCH_QWEN3_VL || arch == VLMD_ARCH_QWEN3_VL_MOE || arch_is_qwen3_5(arch)) {
         INT_FIELD("num_position_embeddings", num_position_embeddings, true, 0, 1)
         int64_t side = 1;
         while (side * side < vc->num_position_embeddings)
@@ -444,7 +528,8 @@ vlmd_status vlmd_model_config_parse(const char *json_text, const char *path,
                          "Qwen2VLForConditionalGeneration, Qwen2_5_VLForConditionalGeneration, "
                          "Qwen3ForCausalLM, Qwen3MoeForCausalLM, Qwen3VLForConditionalGeneration, "
                          "Qwen3VLMoeForConditionalGeneration, Glm4MoeForCausalLM, "
-                         "MixtralForCausalLM)", path, name);
+                         "MixtralForCausalLM, Qwen3_5ForConditionalGeneration, "
+                         "Qwen3_5MoeForConditionalGeneration)", path, name);
         goto done;
     }
     vlmd_strlcpy(out->architecture, name, sizeof out->architecture);

@@ -23,6 +23,8 @@ typedef enum vlmd_arch {
     VLMD_ARCH_QWEN3_VL_MOE,     /* Qwen3VLMoeForConditionalGeneration */
     VLMD_ARCH_GLM4_MOE,         /* Glm4MoeForCausalLM: GLM-4.5, 4.5-Air, 4.6, 4.7 */
     VLMD_ARCH_MIXTRAL,          /* MixtralForCausalLM */
+    VLMD_ARCH_QWEN3_5,          /* Qwen3_5ForConditionalGeneration: hybrid, dense */
+    VLMD_ARCH_QWEN3_5_MOE,      /* Qwen3_5MoeForConditionalGeneration: hybrid, MoE */
 } vlmd_arch;
 
 /* How a mixture-of-experts layer's router turns its logits into weights. */
@@ -81,6 +83,15 @@ typedef struct vlmd_text_config {
                                      * unweighted (GLM: moe_intermediate x n_shared_experts);
                                      * 0: none */
     int64_t num_nextn_predict_layers; /* GLM: MTP layers stored after the others, never run */
+    /* hybrid models (Qwen3.5): layers of Gated DeltaNet linear attention in place of
+     * attention (layer_types, or every full_attention_interval-th layer full) */
+    uint64_t linear_layers[VLMD_MAX_LAYERS / 64];
+    int64_t linear_key_heads, linear_value_heads; /* Hk, Hv: value head h reads key h / (Hv/Hk) */
+    int64_t linear_key_dim, linear_value_dim;     /* dk, dv */
+    int64_t linear_conv_kernel;                   /* the causal conv's width (4) */
+    bool attn_output_gate;          /* q_proj holds [q | gate] per head; out x sigmoid(gate) */
+    bool norm_unit_offset;          /* RMSNorm weights stored around 0, applied as (1 + w) */
+    bool shared_expert_gate;        /* the shared expert scaled by sigmoid(shared_expert_gate x) */
     int64_t bos_token_id, eos_token_id; /* -1 when absent; eos_token_id: the first of eos_ids */
     int64_t eos_ids[VLMD_MAX_EOS];  /* every end token config.json lists (GLM lists three) */
     int n_eos;
@@ -120,6 +131,8 @@ typedef struct vlmd_model_config {
 
 /* Whether text layer `layer` is a mixture of experts (else a dense MLP). */
 bool vlmd_text_layer_is_moe(const vlmd_text_config *t, int64_t layer);
+/* Whether text layer `layer` is Gated DeltaNet linear attention (else attention). */
+bool vlmd_text_layer_is_linear(const vlmd_text_config *t, int64_t layer);
 
 /* Reads DIR/config.json into *out. */
 vlmd_status vlmd_model_config_load(const char *dir, vlmd_model_config *out, vlmd_error *err);

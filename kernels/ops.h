@@ -36,6 +36,8 @@ typedef struct vlmd_attn_seq {
 typedef struct vlmd_gdn_seq {
     int32_t start, len;         /* rows [start, start + len) of the step, in position order */
     int32_t slot;               /* its conv and recurrent state's slot in the layer's pool */
+    int32_t fresh;              /* 1: the sequence starts here, from zero state (the slot's
+                                 * content is not read, only written); 0: it continues */
 } vlmd_gdn_seq;
 
 /* A Gated DeltaNet layer's heads: q and k heads of dk dims, v heads of dv,
@@ -178,7 +180,7 @@ typedef struct vlmd_op_table {
     /* Gated DeltaNet, the causal depthwise conv over its C channels, then SiLU: each
      * sequence's rows of x (row stride x_stride; channels 0..C-1) continue the K - 1 inputs
      * its slot holds (conv_state: [slots][C][K - 1], the activation type, oldest first; zeros
-     * for a new sequence); out[r][c] = silu(sum_j w[c][j] in[r - K + 1 + j][c]) with w [C][K]
+     * for a fresh sequence); out[r][c] = silu(sum_j w[c][j] in[r - K + 1 + j][c]) with w [C][K]
      * (a weight); afterwards the slot holds the sequence's last K - 1 inputs. out [n, C]. */
     void (*gdn_conv)(vlmd_backend *b, void *out, const void *x, int x_stride, const void *w,
                      void *conv_state, const vlmd_gdn_seq *seqs, int n_seqs, int n,
@@ -190,7 +192,7 @@ typedef struct vlmd_op_table {
      * value head h reads key head h / (hv / hk); S <- e^g S; v' = beta (v - S^T k);
      * S <- S + k v'^T; out = S^T q (the token's own included). S fp32 [slots][hv][dk][dv]
      * (transformers' layout), continued from each sequence's slot and left there (zeros for
-     * a new one). out [n, hv dv]. Chunked or recurrent as the backend likes: one function. */
+     * a fresh one). out [n, hv dv]. Chunked or recurrent as the backend likes: one function. */
     void (*gdn_rule)(vlmd_backend *b, void *out, const void *qkv, const void *ba, int ba_stride,
                      const float *A_log, const float *dt_bias, float *state,
                      const vlmd_gdn_seq *seqs, int n_seqs, int n, const vlmd_gdn_shape *shape);

@@ -2,7 +2,7 @@
  *
  *   qkv = h . Wqkv                          (q, k and v stacked at load: one GEMM)
  *   (+ bqkv), (q/k norm per head), rotary on q and k, cache <- k, v   (one fused op)
- *   x = attention(q, cache) . Wo (+ bo)
+ *   x = attention(q, cache) (x sigmoid(h . Wgate): Qwen3.5's output gate) . Wo (+ bo)
  *
  * Tensor parallelism: a rank holds its query heads' rows of Wqkv (and the KV
  * heads they read: lm_rank_kv_heads) and their columns of Wo, so x is its
@@ -21,11 +21,22 @@ vlmd_status attention_load(lm_loader *ld, attention_weights *w, vlmd_error *err)
     memcpy(layer, ld->at, sizeof layer);
     loader_at(ld, "%sself_attn.", layer);
     vlmd_status s;
-    loader_part(ld, "q_proj.weight", Q, H, q0, Qr, 0, H);
+    if (a->output_gate) { /* q_proj [2 Q, H] holds [q | gate] per head */
+        for (int64_t h = q0 / hd; h < (q0 + Qr) / hd; h++)
+            loader_part(ld, "q_proj.weight", 2 * Q, H, 2 * h * hd, hd, 0, H);
+    } else {
+        loader_part(ld, "q_proj.weight", Q, H, q0, Qr, 0, H);
+    }
     loader_kv_rows(ld, "k_proj.weight", H);
     loader_kv_rows(ld, "v_proj.weight", H);
     if ((s = loader_load_matrix(ld, &w->w_qkv, err)) != VLMD_OK)
         return s;
+    if (a->output_gate) {
+        for (int64_t h = q0 / hd; h < (q0 + Qr) / hd; h++)
+            loader_part(ld, "q_proj.weight", 2 * Q, H, 2 * h * hd + hd, hd, 0, H);
+        if ((s = loader_load_matrix(ld, &w->gate, err)) != VLMD_OK)
+            return s;
+    }
     if (a->qkv_bias) {
         loader_part(ld, "q_proj.bias", Q, 0, q0, Qr, 0, 0);
         loader_kv_rows(ld, "k_proj.bias", 0);
@@ -61,13 +72,18 @@ void attention_forward(lm_model *m, lm_kv *kv, lm_workspace *ws, const attention
     const lm_attention_recipe *a = &m->r.attention;
     const int H = m->H, Q = m->nh * m->hd, QKV = Q + 2 * m->nkv * m->hd;
     lm_linear(m, ws->qkv, ws->h, &w->w_qkv, NULL, n, H, QKV);
+    if (w->gate.codes)
+        lm_linear(m, ws->attn_gate, ws->h, &w->gate, NULL, n, H, Q);
     vlmd_rope rope = {.theta = a->theta, .sections = a->mrope ? a->sections : NULL,
                       .interleaved = a->mrope_interleaved, .q_norm = w->q_norm,
                       .k_norm = w->k_norm, .norm_eps = m->r.norm_eps,
-                      .rotary_dim = a->rotary_dim, .pairs_interleaved = a->rotary_pairs_interleaved};
+                      .norm_offset = m->r.norm_offset, .rotary_dim = a->rotary_dim,
+                      .pairs_interleaved = a->rotary_pairs_interleaved};
     op->rope_kv_write(b, ws->qkv, w->b_qkv, kv->k[l], kv->v[l], ws->positions, ws->slots, n,
                       m->nh, m->nkv, m->hd, &rope);
     op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], vlmd_backend_kv_dtype(b),
                   ws->seqs, n_seqs, n, m->nh, m->nkv, m->hd, true);
+    if (w->gate.codes)
+        op->sigmoid_gate(b, ws->attn, ws->attn, ws->attn_gate, Q, false, n, Q);
     lm_linear(m, ws->x, ws->attn, &w->wo, w->bo, n, Q, H);
 }

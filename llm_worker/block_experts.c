@@ -5,7 +5,8 @@
  *                                   scores chosen with a correction bias among the best
  *                                   groups, weighted by the scores alone (ops.h)
  *   x = sum_j weights_j expert_ids_j(h)             (each expert a SwiGLU)
- *   x += shared(h)                  (a shared expert, unweighted: GLM)
+ *   x += shared(h)                  (a shared expert, unweighted: GLM; or times
+ *                                    sigmoid(h . Wsg): Qwen3.5)
  *
  * Tensor parallelism: the router is every rank's; a rank holds experts
  * e0 .. e0 + Er - 1 and sums its share of each token's choices, and its
@@ -17,9 +18,10 @@
 
 /* This rank's experts, gate_up [Er][2 Ie, H] and down [Er][H, Ie]: one tensor
  * per expert and projection (16-bit or quantized, stacked as one matrix
- * each), or all experts in two fused tensors stored for x . W
- * (Qwen3-VL-MoE: experts.gate_up_proj [E, H, 2 Ie], gate columns then up,
- * and experts.down_proj [E, Ie, H]), transposed here. */
+ * each), or all experts in two fused tensors: stored for x . W (Qwen3-VL-MoE:
+ * experts.gate_up_proj [E, H, 2 Ie], gate columns then up, and
+ * experts.down_proj [E, Ie, H]), transposed here, or each expert as a
+ * linear's [out, in] (Qwen3.5-MoE: [E, 2 Ie, H] and [E, H, Ie]). */
 static vlmd_status load_experts(lm_loader *ld, experts_weights *w, vlmd_error *err)
 {
     const lm_model *m = ld->m;
@@ -36,9 +38,15 @@ static vlmd_status load_experts(lm_loader *ld, experts_weights *w, vlmd_error *e
             (s = loader_alloc(ld, (size_t)(E * H * Ie) * es, &dn, err)) != VLMD_OK)
             return s;
         w->gate_up.codes = gu, w->down.codes = dn;
-        s = loader_fused_experts(ld, fused, m->E, H, 2 * Ie, m->e0, E, gu, err);
         snprintf(name, sizeof name, "%sexperts.down_proj", ld->at);
-        return s != VLMD_OK ? s : loader_fused_experts(ld, name, m->E, Ie, H, m->e0, E, dn, err);
+        if (names->fused_experts_out_in) /* each expert [out, in] already (Qwen3.5) */
+            return (s = loader_fused_experts(ld, fused, m->E, 2 * Ie, H, m->e0, E, false, gu,
+                                             err)) != VLMD_OK
+                       ? s
+                       : loader_fused_experts(ld, name, m->E, H, Ie, m->e0, E, false, dn, err);
+        s = loader_fused_experts(ld, fused, m->E, H, 2 * Ie, m->e0, E, true, gu, err);
+        return s != VLMD_OK ? s : loader_fused_experts(ld, name, m->E, Ie, H, m->e0, E, true, dn,
+                                                      err);
     }
     char layer[sizeof ld->at];
     memcpy(layer, ld->at, sizeof layer);
@@ -84,6 +92,12 @@ vlmd_status experts_load(lm_loader *ld, experts_weights *w, vlmd_error *err)
         if ((s = swiglu_load(ld, m->r.experts.shared_width, &w->shared, err)) != VLMD_OK)
             return s;
     }
+    if (m->r.experts.shared_gate) { /* "<moe>shared_expert_gate.weight" [1, H] */
+        loader_at(ld, "%s%s", layer, names->moe);
+        loader_whole(ld, "shared_expert_gate.weight", 1, m->H);
+        if ((s = loader_load(ld, &w->shared_gate, err)) != VLMD_OK)
+            return s;
+    }
     memcpy(ld->at, layer, sizeof layer);
     return VLMD_OK;
 }
@@ -105,6 +119,10 @@ void experts_forward(lm_model *m, lm_workspace *ws, const experts_weights *w, in
                           &w->down, ws->moe_scratch, n, m->K, m->Er, m->H, m->Ie, m->e0);
     if (w->shared.width) {
         swiglu_forward(m, ws, &w->shared, ws->shared_out, n);
+        if (w->shared_gate) { /* times sigmoid(shared_expert_gate . h), one scalar a token */
+            op->linear(b, ws->shared_gate, ws->h, w->shared_gate, NULL, n, m->H, 1);
+            op->sigmoid_gate(b, ws->shared_out, ws->shared_out, ws->shared_gate, 1, true, n, m->H);
+        }
         op->add(b, ws->x, ws->shared_out, (size_t)n * m->H);
     }
 }

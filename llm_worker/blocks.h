@@ -8,7 +8,10 @@
  *   SwiGLU (block_swiglu.c)        a dense layer's MLP, and a shared expert
  *   experts (block_experts.c)      a router (softmax top-k, or sigmoid scores
  *       chosen in groups with a correction bias), the routed experts, a
- *       shared expert added unweighted
+ *       shared expert added unweighted or through its sigmoid gate
+ *   linear attention (block_deltanet.c)  Gated DeltaNet: in projections, the
+ *       causal conv and the gated delta rule on each sequence's state slot,
+ *       the gated norm, out_proj
  *
  * A block reads the RMSNorm's output ws->h and writes its rank's share of
  * the layer's output (a partial sum the decoder all-reduces over the
@@ -32,6 +35,13 @@ void attention_forward(lm_model *m, lm_kv *kv, lm_workspace *ws, const attention
 vlmd_status swiglu_load(lm_loader *ld, int width, swiglu_weights *w, vlmd_error *err);
 /* h [n, H] -> out [n, H] */
 void swiglu_forward(lm_model *m, lm_workspace *ws, const swiglu_weights *w, void *out, int n);
+
+/* The Gated DeltaNet block of the layer at the loader's prefix: this rank's heads. */
+vlmd_status linear_load(lm_loader *ld, linear_weights *w, vlmd_error *err);
+/* h [n, H] -> x [n, H]; each sequence's conv and recurrent state in its slot of the
+ * cache's pool (layer l's; ws->gdn_seqs holds the step's slots) */
+void linear_forward(lm_model *m, lm_kv *kv, lm_workspace *ws, const linear_weights *w, int l,
+                    int n, int n_seqs);
 
 /* The experts block of the layer at the loader's prefix: the router, this
  * rank's experts, the shared expert's share. */

@@ -21,11 +21,20 @@ void lm_recipe_common(const vlmd_model_config *mc, lm_recipe *out)
     };
     for (int i = 0; i < 3; i++)
         out->attention.sections[i] = (int)t->mrope_section[i];
+    for (int w = 0; w < VLMD_MAX_LAYERS / 64; w++)
+        out->linear_layers[w] = t->linear_layers[w];
+    out->linear.shape = (vlmd_gdn_shape){
+        .hk = (int)t->linear_key_heads, .hv = (int)t->linear_value_heads,
+        .dk = (int)t->linear_key_dim, .dv = (int)t->linear_value_dim,
+        .kernel = (int)t->linear_conv_kernel};
+    out->attention.output_gate = t->attn_output_gate;
+    out->norm_offset = t->norm_unit_offset ? 1.0f : 0.0f;
     if (!t->num_experts)
         return;
     out->experts = (lm_experts_recipe){
         .n_experts = (int)t->num_experts, .k = (int)t->num_experts_per_tok,
         .width = (int)t->moe_intermediate_size, .shared_width = (int)t->shared_expert_size,
+        .shared_gate = t->shared_expert_gate,
         .router = {.sigmoid = t->router == VLMD_ROUTER_SIGMOID, .renormalize = t->norm_topk_prob,
                    .scale = (float)t->routed_scaling_factor, .n_group = (int)t->n_group,
                    .topk_group = (int)t->topk_group}};
@@ -42,6 +51,9 @@ vlmd_status lm_recipe_read(const vlmd_model_config *mc, const vlmd_safetensors *
         return family_glm4_moe(mc, st, out, err);
     case VLMD_ARCH_MIXTRAL:
         return family_mixtral(mc, st, out, err);
+    case VLMD_ARCH_QWEN3_5:
+    case VLMD_ARCH_QWEN3_5_MOE:
+        return family_qwen3_5(mc, st, out, err);
     default:
         return family_qwen(mc, st, out, err);
     }

@@ -6,6 +6,7 @@
  *                      Qwen3-VL, Qwen3-VL-MoE
  *   family_glm4_moe.c  GLM-4.5, GLM-4.5-Air, GLM-4.6, GLM-4.7
  *   family_mixtral.c   Mixtral
+ *   family_qwen3_5.c   Qwen3.5, Qwen3.6 (hybrid: Gated DeltaNet and gated attention)
  *
  * A family that recombines known blocks is one more such file and a line in
  * lm_recipe_read. */
@@ -31,6 +32,8 @@ vlmd_status family_qwen(const vlmd_model_config *mc, const vlmd_safetensors *st,
 vlmd_status family_glm4_moe(const vlmd_model_config *mc, const vlmd_safetensors *st,
                             lm_recipe *out, vlmd_error *err);
 vlmd_status family_mixtral(const vlmd_model_config *mc, const vlmd_safetensors *st,
+                           lm_recipe *out, vlmd_error *err);
+vlmd_status family_qwen3_5(const vlmd_model_config *mc, const vlmd_safetensors *st,
                            lm_recipe *out, vlmd_error *err);
 
 #endif

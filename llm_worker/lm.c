@@ -60,6 +60,13 @@ vlmd_status lm_backend_check(const vlmd_backend *b, const vlmd_model_config *mc,
     if (t->rotary_dim != t->head_dim && !op->rope_partial)
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no partial rotary "
                            "embedding yet, which %s needs", name, arch);
+    bool hybrid = false;
+    for (int w = 0; w < VLMD_MAX_LAYERS / 64; w++)
+        hybrid = hybrid || t->linear_layers[w];
+    if ((hybrid || t->norm_unit_offset || t->attn_output_gate || t->shared_expert_gate) &&
+        !op->gdn)
+        return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no Gated DeltaNet "
+                           "ops yet, which %s needs", name, arch);
     char q[64];
     if (mc->quant.method != VLMD_QUANT_NONE && !op->qweights)
         return vlmd_errorf(err, VLMD_ERR_UNAVAILABLE, "the %s backend has no quantized linears "
@@ -106,6 +113,14 @@ static vlmd_status check_parallel(const vlmd_model_config *mc, const lm_recipe *
     if (r->heads % r->kv_heads)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: num_attention_heads %d is not a "
                            "multiple of num_key_value_heads %d", arch, r->heads, r->kv_heads);
+    const vlmd_gdn_shape *g = &r->linear.shape;
+    bool hybrid = false;
+    for (int w = 0; w < VLMD_MAX_LAYERS / 64; w++)
+        hybrid = hybrid || r->linear_layers[w];
+    if (hybrid && (g->hk % world || g->hv % world))
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "%s: its linear attention's %d key and %d "
+                           "value heads must both be multiples of the tensor-parallel size %d",
+                           arch, g->hk, g->hv, world);
     return VLMD_OK;
 }
 
@@ -145,6 +160,8 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
     m->E = r->experts.n_experts, m->K = r->experts.k, m->Ie = r->experts.width;
     m->Er = m->E / world, m->e0 = rank * m->Er;
     m->n_deepstack = r->n_deepstack, m->image_token_bytes = r->image_token_bytes;
+    m->gdn = r->linear.shape;
+    m->gdn.hk /= world, m->gdn.hv /= world;
     if (world > 1) /* the KV heads this rank's query heads read */
         m->nkv = lm_rank_kv_heads(rank * m->nh, m->nh, r->heads / r->kv_heads, kv_heads);
     else
@@ -194,10 +211,13 @@ static vlmd_status load(vlmd_backend *b, const vlmd_model_config *mc, const vlmd
     /* the layers the config counts: a checkpoint may store more after them (GLM's MTP) */
     for (int l = 0; l < m->L; l++) {
         lm_layer *y = &m->layers[l];
+        bool linear = lm_recipe_is_linear(r, l);
+        y->state_layer = linear ? m->n_linear++ : -1;
         loader_at(&ld, "%slayers.%d.", pre, l);
         loader_whole(&ld, "input_layernorm.weight", H, 0);
         if ((s = loader_load(&ld, &y->ln_in, err)) != VLMD_OK ||
-            (s = attention_load(&ld, &y->attn, err)) != VLMD_OK)
+            (s = linear ? linear_load(&ld, &y->linear, err) : attention_load(&ld, &y->attn, err)) !=
+                VLMD_OK)
             goto fail;
         loader_whole(&ld, "post_attention_layernorm.weight", H, 0);
         if ((s = loader_load(&ld, &y->ln_post, err)) != VLMD_OK)
@@ -292,10 +312,40 @@ vlmd_backend *lm_backend(const lm_model *m)
     return m->b;
 }
 
+/* Layers with a KV cache: the attention ones (a hybrid model's linear layers keep a state). */
+static int kv_layers(const lm_model *m)
+{
+    return m->L - m->n_linear;
+}
+
 uint64_t lm_kv_bytes_per_token(const lm_model *m)
 {
-    return (uint64_t)m->L * 2u * (uint64_t)m->nkv * (uint64_t)m->hd *
+    return (uint64_t)kv_layers(m) * 2u * (uint64_t)m->nkv * (uint64_t)m->hd *
            vlmd_backend_kv_elem_size(m->b);
+}
+
+/* One state slot of one linear layer: its conv's last K - 1 inputs and its fp32 state. */
+static uint64_t conv_state_bytes(const lm_model *m)
+{
+    const vlmd_gdn_shape *g = &m->gdn;
+    return (uint64_t)(2 * g->hk * g->dk + g->hv * g->dv) * (uint64_t)(g->kernel - 1) *
+           vlmd_backend_elem_size(m->b);
+}
+
+static uint64_t rec_state_bytes(const lm_model *m)
+{
+    const vlmd_gdn_shape *g = &m->gdn;
+    return (uint64_t)g->hv * (uint64_t)g->dk * (uint64_t)g->dv * sizeof(float);
+}
+
+uint64_t lm_state_bytes_per_slot(const lm_model *m)
+{
+    return (uint64_t)m->n_linear * (conv_state_bytes(m) + rec_state_bytes(m));
+}
+
+bool lm_is_hybrid(const lm_model *m)
+{
+    return m->n_linear > 0;
 }
 
 uint32_t lm_vocab_size(const lm_model *m)
@@ -335,40 +385,62 @@ uint64_t lm_worst_case_steps(const lm_model *m)
 
 /* ---- KV cache and workspace -------------------------------------------------- */
 
-uint64_t lm_kv_bytes(const lm_model *m, int32_t n_slots)
+/* One attention layer's K (or V) of n_slots + 1 rows: the last is the pad slot. */
+static uint64_t kv_layer_bytes(const lm_model *m, int32_t n_slots)
 {
-    /* per layer a K and a V of n_slots + 1 rows: the last is the pad slot */
-    return 2u * (uint64_t)m->L * ((uint64_t)n_slots + 1) * (uint64_t)m->nkv * (uint64_t)m->hd *
+    return ((uint64_t)n_slots + 1) * (uint64_t)m->nkv * (uint64_t)m->hd *
            vlmd_backend_kv_elem_size(m->b);
 }
 
-vlmd_status lm_kv_create_here(lm_model *m, int32_t n_slots, lm_kv **out,
-                                 vlmd_error *err)
+uint64_t lm_kv_bytes(const lm_model *m, int32_t n_slots)
+{
+    return 2u * (uint64_t)kv_layers(m) * kv_layer_bytes(m, n_slots);
+}
+
+uint64_t lm_state_bytes(const lm_model *m, int32_t n_state_slots)
+{
+    /* n_state_slots + 1: the last is the pad slot, as the KV's */
+    return m->n_linear ? lm_state_bytes_per_slot(m) * ((uint64_t)n_state_slots + 1) : 0;
+}
+
+vlmd_status lm_kv_create_here(lm_model *m, int32_t n_slots, int32_t n_state_slots,
+                              lm_kv **out, vlmd_error *err)
 {
     *out = NULL;
     lm_kv *kv = calloc(1, sizeof *kv);
+    size_t nl = m->n_linear ? (size_t)m->n_linear : 1;
     if (kv) {
         kv->k = calloc((size_t)m->L, sizeof *kv->k);
         kv->v = calloc((size_t)m->L, sizeof *kv->v);
+        kv->conv_state = calloc(nl, sizeof *kv->conv_state);
+        kv->rec_state = calloc(nl, sizeof *kv->rec_state);
     }
-    if (!kv || !kv->k || !kv->v) {
-        if (kv) {
-            free(kv->k);
-            free(kv->v);
-        }
-        free(kv);
+    if (!kv || !kv->k || !kv->v || !kv->conv_state || !kv->rec_state) {
+        lm_kv_free_here(m, kv);
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     }
     kv->n_slots = n_slots;
-    size_t bytes = lm_kv_bytes(m, n_slots) / (2 * (size_t)m->L);
-    for (int l = 0; l < m->L; l++) {
-        vlmd_status s = vlmd_backend_alloc(m->b, bytes, &kv->k[l], err);
-        if (s == VLMD_OK)
+    kv->n_state_slots = m->n_linear ? n_state_slots : 0;
+    size_t bytes = kv_layer_bytes(m, n_slots);
+    vlmd_status s = VLMD_OK;
+    for (int l = 0; s == VLMD_OK && l < m->L; l++)
+        if (m->layers[l].state_layer < 0 &&
+            (s = vlmd_backend_alloc(m->b, bytes, &kv->k[l], err)) == VLMD_OK)
             s = vlmd_backend_alloc(m->b, bytes, &kv->v[l], err);
-        if (s != VLMD_OK) {
-            lm_kv_free_here(m, kv);
-            return vlmd_error_prefix(err, "KV cache of %d slots", n_slots);
-        }
+    if (s != VLMD_OK) {
+        lm_kv_free_here(m, kv);
+        return vlmd_error_prefix(err, "KV cache of %d slots", n_slots);
+    }
+    uint64_t slots = (uint64_t)kv->n_state_slots + 1;
+    for (int i = 0; s == VLMD_OK && i < m->n_linear; i++)
+        if ((s = vlmd_backend_alloc(m->b, slots * conv_state_bytes(m), &kv->conv_state[i],
+                                    err)) == VLMD_OK)
+            s = vlmd_backend_alloc(m->b, slots * rec_state_bytes(m), (void **)&kv->rec_state[i],
+                                   err);
+    if (s != VLMD_OK) {
+        lm_kv_free_here(m, kv);
+        return vlmd_error_prefix(err, "the linear attention's state pool of %d slots",
+                                 n_state_slots);
     }
     *out = kv;
     return VLMD_OK;
@@ -378,13 +450,20 @@ void lm_kv_free_here(lm_model *m, lm_kv *kv)
 {
     if (!kv)
         return;
-    size_t bytes = lm_kv_bytes(m, kv->n_slots) / (2 * (size_t)m->L);
-    for (int l = 0; l < m->L; l++) {
+    size_t bytes = kv_layer_bytes(m, kv->n_slots);
+    uint64_t slots = (uint64_t)kv->n_state_slots + 1;
+    for (int l = 0; kv->k && kv->v && l < m->L; l++) {
         vlmd_backend_free(m->b, kv->k[l], bytes);
         vlmd_backend_free(m->b, kv->v[l], bytes);
     }
+    for (int i = 0; kv->conv_state && kv->rec_state && i < m->n_linear; i++) {
+        vlmd_backend_free(m->b, kv->conv_state[i], slots * conv_state_bytes(m));
+        vlmd_backend_free(m->b, kv->rec_state[i], slots * rec_state_bytes(m));
+    }
     free(kv->k);
     free(kv->v);
+    free(kv->conv_state);
+    free(kv->rec_state);
     free(kv);
 }
 
@@ -420,6 +499,17 @@ static vlmd_status workspace_buffers(lm_model *m, lm_workspace *ws, int32_t max_
     WS(residual, n * m->H * f)
     WS(qkv, n * (Q + 2 * KV) * f)
     WS(attn, n * Q * f)
+    if (m->r.attention.output_gate) {
+        WS(attn_gate, n * Q * f)
+    }
+    if (m->n_linear) {
+        const vlmd_gdn_shape *g = &m->gdn;
+        size_t C = 2 * (size_t)g->hk * g->dk + (size_t)g->hv * g->dv, Z = (size_t)g->hv * g->dv;
+        WS(gdn_in, n * (C + Z + 2 * (size_t)g->hv) * f)
+        WS(gdn_conv, n * C * f)
+        WS(gdn_out, n * Z * f)
+        WS(gdn_seqs, r * sizeof(vlmd_gdn_seq))
+    }
     size_t swiglu = (size_t)(m->n_dense && m->I > m->Is ? m->I : m->Is); /* the widest */
     if (swiglu) {
         WS(gate_up, n * 2 * swiglu * f)
@@ -427,6 +517,9 @@ static vlmd_status workspace_buffers(lm_model *m, lm_workspace *ws, int32_t max_
     }
     if (m->Is) {
         WS(shared_out, n * m->H * f)
+    }
+    if (m->r.experts.shared_gate) {
+        WS(shared_gate, n * f)
     }
     if (m->n_moe) {
         WS(router_logits, n * (size_t)m->E * f)
@@ -488,7 +581,9 @@ vlmd_status lm_workspace_create_here(lm_model *m, int32_t max_tokens, int32_t ma
     ws->sample_rows_host = malloc(r * sizeof *ws->sample_rows_host);
     ws->vocab_order_host = malloc(r * (size_t)m->world * i32);
     ws->ids_host = malloc((size_t)max_tokens * i32);
-    if (s == VLMD_OK && (!ws->vocab_order_host || !ws->ids_host || !ws->seqs_host || !ws->slot_table_host || !ws->pad_ids ||
+    ws->gdn_seqs_host = malloc(r * sizeof *ws->gdn_seqs_host);
+    if (s == VLMD_OK && (!ws->vocab_order_host || !ws->ids_host || !ws->gdn_seqs_host ||
+                         !ws->seqs_host || !ws->slot_table_host || !ws->pad_ids ||
                          !ws->pad_positions || !ws->pad_slots || !ws->pad_rows || !ws->pad_seqs ||
                          !ws->sample_rows_host))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
@@ -518,6 +613,8 @@ void lm_workspace_free_here(lm_model *m, lm_workspace *ws)
     free(ws->sample_rows_host);
     free(ws->vocab_order_host);
     free(ws->ids_host);
+    free(ws->gdn_seqs_host);
+    free(ws->pad_state_slots);
     free(ws);
 }
 
@@ -548,9 +645,15 @@ vlmd_status lm_check_batch(const lm_model *m, const lm_kv *kv, const lm_workspac
                                "features are %zu floats apart, less than its %d rows", i,
                                m->n_deepstack, r->feature_stride, r->n_rows);
     }
+    if (m->n_linear && !bt->state_slots)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "a hybrid model's step needs each "
+                           "sequence's state slot");
     size_t packed = 0;
     for (int q = 0; q < bt->n_seqs; q++) {
         const vlmd_attn_seq *sq = &bt->seqs[q];
+        if (m->n_linear && (bt->state_slots[q] < 0 || bt->state_slots[q] > kv->n_state_slots))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "sequence %d: state slot %d of %d", q,
+                               bt->state_slots[q], kv->n_state_slots);
         packed += (size_t)sq->kv_len;
         if (sq->kv_len < sq->q_len || sq->kv_len > kv->n_slots || packed > ws->table_len)
             return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "sequence %d: %d cached tokens do not "
@@ -594,6 +697,15 @@ static vlmd_status upload_batch(lm_model *m, lm_workspace *ws, const lm_batch *b
     if (s == VLMD_OK)
         s = vlmd_backend_copy_to_device(b, ws->seqs, ws->seqs_host,
                                         (size_t)bt->n_seqs * sizeof *ws->seqs, err);
+    if (s == VLMD_OK && m->n_linear) { /* each sequence's state slot; fresh where it starts */
+        for (int q = 0; q < bt->n_seqs; q++) {
+            const vlmd_attn_seq *sq = &bt->seqs[q];
+            ws->gdn_seqs_host[q] = (vlmd_gdn_seq){sq->q_start, sq->q_len, bt->state_slots[q],
+                                                  sq->kv_len == sq->q_len};
+        }
+        s = vlmd_backend_copy_to_device(b, ws->gdn_seqs, ws->gdn_seqs_host,
+                                        (size_t)bt->n_seqs * sizeof *ws->gdn_seqs, err);
+    }
     if (s == VLMD_OK && m->vocab_split && bt->n_logits) {
         /* logits row i, vocabulary slice r: row r x n_logits + i of the gathered slices */
         for (int32_t i = 0; i < bt->n_logits; i++)
@@ -664,16 +776,19 @@ static void run_layers(lm_model *m, lm_kv *kv, lm_workspace *ws, int n, int n_se
     vlmd_backend *b = m->b;
     const vlmd_op_table *op = m->op;
     const int H = m->H;
-    const float eps = m->r.norm_eps;
+    const float eps = m->r.norm_eps, off = m->r.norm_offset;
     for (int l = 0; l < m->L; l++) {
         const lm_layer *y = &m->layers[l];
         if (l == 0)
-            op->rmsnorm(b, ws->h, ws->residual, NULL, y->ln_in, n, H, eps, 0.0f);
+            op->rmsnorm(b, ws->h, ws->residual, NULL, y->ln_in, n, H, eps, off);
         else
-            op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_in, n, H, eps, 0.0f);
-        attention_forward(m, kv, ws, &y->attn, l, n, n_seqs);
+            op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_in, n, H, eps, off);
+        if (y->state_layer >= 0)
+            linear_forward(m, kv, ws, &y->linear, l, n, n_seqs);
+        else
+            attention_forward(m, kv, ws, &y->attn, l, n, n_seqs);
         all_reduce(m, ws, ws->x, (size_t)n * H); /* each rank's heads' share of x */
-        op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, eps, 0.0f);
+        op->rmsnorm(b, ws->h, ws->x, ws->residual, y->ln_post, n, H, eps, off);
         if (y->experts.router)
             experts_forward(m, ws, &y->experts, n);
         else
@@ -687,7 +802,7 @@ static void run_layers(lm_model *m, lm_kv *kv, lm_workspace *ws, int n, int n_se
     }
     if (!n_logits)
         return;
-    op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, eps, 0.0f);
+    op->rmsnorm(b, ws->h, ws->x, ws->residual, m->final_norm, n, H, eps, off);
     op->gather_rows(b, ws->rows, ws->h, ws->logit_rows, n_logits, H);
     if (!m->vocab_split) {
         op->linear(b, ws->logits, ws->rows, m->lm_head, NULL, n_logits, H, m->V);
@@ -752,9 +867,13 @@ static lm_batch pad_batch(lm_workspace *ws, const lm_batch *bt, int32_t rows)
         for (int r = 0; r < 3; r++)
             ws->pad_positions[r * rows + i] = real ? bt->positions[r * n + i] : 0;
         ws->pad_seqs[i] = real ? bt->seqs[i] : (vlmd_attn_seq){i, 1, 1, &ws->pad_slot};
+        /* a padding row's state is the pad slot's, never a sequence's */
+        if (ws->pad_state_slots)
+            ws->pad_state_slots[i] = real && bt->state_slots ? bt->state_slots[i]
+                                                             : ws->pad_state_slot;
     }
     return (lm_batch){rows, ws->pad_ids, ws->pad_positions, ws->pad_slots, ws->pad_seqs,
-                         rows, ws->pad_rows, rows, NULL, 0};
+                      rows, ws->pad_rows, rows, NULL, 0, ws->pad_state_slots};
 }
 
 vlmd_status lm_forward_here(lm_model *m, lm_kv *kv, lm_workspace *ws,
@@ -859,6 +978,10 @@ vlmd_status lm_capture_decode_here(lm_model *m, lm_kv *kv, lm_workspace *ws,
     if (!ws->graphs)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the decode graphs");
     ws->pad_slot = kv->n_slots;
+    ws->pad_state_slot = kv->n_state_slots;
+    if (m->n_linear && !ws->pad_state_slots &&
+        !(ws->pad_state_slots = malloc((size_t)ws->max_logits * sizeof *ws->pad_state_slots)))
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the decode graphs");
     ws->graph_kv = kv;
     vlmd_status s = VLMD_OK;
     for (int32_t rows = 1, i = 0; s == VLMD_OK && i < n; rows = next_graph_size(rows), i++) {
@@ -899,10 +1022,16 @@ int32_t lm_decode_graph_max(const lm_workspace *ws)
 
 /* ---- the calls a leading rank mirrors to its group (lm_ranks.c) ------------- */
 
+vlmd_status lm_kv_create_hybrid(lm_model *m, int32_t n_slots, int32_t n_state_slots,
+                                lm_kv **out, vlmd_error *err)
+{
+    return m->ranks ? lm_ranks_kv_create(m, n_slots, n_state_slots, out, err)
+                    : lm_kv_create_here(m, n_slots, n_state_slots, out, err);
+}
+
 vlmd_status lm_kv_create(lm_model *m, int32_t n_slots, lm_kv **out, vlmd_error *err)
 {
-    return m->ranks ? lm_ranks_kv_create(m, n_slots, out, err)
-                    : lm_kv_create_here(m, n_slots, out, err);
+    return lm_kv_create_hybrid(m, n_slots, 0, out, err);
 }
 
 void lm_kv_free(lm_model *m, lm_kv *kv)

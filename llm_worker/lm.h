@@ -144,6 +144,16 @@ uint64_t lm_worst_case_steps(const lm_model *m);
 /* The backend bytes lm_kv_create takes for n_slots (the pad slot included). */
 uint64_t lm_kv_bytes(const lm_model *m, int32_t n_slots);
 vlmd_status lm_kv_create(lm_model *m, int32_t n_slots, lm_kv **out, vlmd_error *err);
+/* A hybrid model's (lm_is_hybrid): the KV cache of its attention layers and its linear
+ * layers' state pool of n_state_slots slots, a running sequence's conv and recurrent state
+ * each (lm_batch.state_slots); lm_state_bytes(m, n) backend bytes beside lm_kv_bytes. */
+vlmd_status lm_kv_create_hybrid(lm_model *m, int32_t n_slots, int32_t n_state_slots,
+                                lm_kv **out, vlmd_error *err);
+uint64_t lm_state_bytes(const lm_model *m, int32_t n_state_slots);
+/* One slot's bytes: every linear layer's conv inputs and fp32 recurrent state (0: none). */
+uint64_t lm_state_bytes_per_slot(const lm_model *m);
+/* Whether the model has Gated DeltaNet layers, whose state a sequence keeps in a slot. */
+bool lm_is_hybrid(const lm_model *m);
 void lm_kv_free(lm_model *m, lm_kv *kv);
 
 /* For steps of up to max_tokens tokens, max_logits sequences (and logit
@@ -183,6 +193,10 @@ typedef struct lm_batch {
     int32_t n_logits;
     const lm_embed_run *embeds;  /* rows taken from embeddings; may be NULL */
     int32_t n_embeds;
+    const int32_t *state_slots;     /* [n_seqs] a hybrid model's: each sequence's state slot
+                                     * (lm_kv_create_hybrid); a sequence whose kv_len is its
+                                     * q_len starts from zero state there, another continues
+                                     * the slot's. NULL for other models */
 } lm_batch;
 
 /* Runs the step; its n_logits rows of logits stay in the workspace for

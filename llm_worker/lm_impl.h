@@ -23,7 +23,19 @@ typedef struct attention_weights {
     vlmd_qweight wo;            /* [H, Q] */
     void *bo;                   /* [H]; NULL without o bias (rank 0's alone: summed once) */
     void *q_norm, *k_norm;      /* [hd] each; NULL without q/k norm */
+    vlmd_qweight gate;          /* [Q, H]: the output gate's rows of q_proj (codes NULL: none) */
 } attention_weights;
+
+/* A Gated DeltaNet layer's weights (this rank's heads). */
+typedef struct linear_weights {
+    vlmd_qweight in_proj;       /* [C + Hv dv + 2 Hv, H]: in_proj_qkv's rows (q, k, v), then
+                                 * in_proj_z's, in_proj_b's, in_proj_a's */
+    void *conv;                 /* [C, K]: the depthwise conv's taps */
+    float *A_log, *dt_bias;     /* [Hv] fp32 each */
+    void *norm;                 /* [dv]: the gated RMSNorm's weight */
+    vlmd_qweight out_proj;      /* [H, Hv dv] */
+    vlmd_gdn_shape shape;       /* this rank's heads */
+} linear_weights;
 
 /* A SwiGLU's weights: a dense layer's, or a shared expert's (this rank's width). */
 typedef struct swiglu_weights {
@@ -39,11 +51,14 @@ typedef struct experts_weights {
     vlmd_qweight gate_up;       /* [Er][2 Ie, H]: this rank's experts */
     vlmd_qweight down;          /* [Er][H, Ie] */
     swiglu_weights shared;      /* the shared expert (width 0: none) */
+    void *shared_gate;          /* [1, H]: the shared expert's sigmoid gate; NULL: none */
 } experts_weights;
 
 typedef struct lm_layer {
     void *ln_in, *ln_post;      /* [H] each: before attention, before the MLP */
-    attention_weights attn;
+    attention_weights attn;     /* an attention layer's (w_qkv.codes NULL in a linear one) */
+    linear_weights linear;      /* a Gated DeltaNet layer's (in_proj.codes NULL otherwise) */
+    int state_layer;            /* a linear layer's index among the linear layers; -1 */
     swiglu_weights mlp;         /* a dense layer's MLP (width 0 in an experts layer) */
     experts_weights experts;    /* an experts layer's (router NULL in a dense one) */
 } lm_layer;
@@ -64,6 +79,8 @@ struct lm_model {
     int n_deepstack;            /* Qwen3-VL: features per image token (0: none) */
     uint64_t image_token_bytes; /* an image token in the arena (vlmd_image_token_bytes) */
     int n_dense, n_moe;         /* layers of each kind */
+    int n_linear;               /* Gated DeltaNet layers (hybrid models; 0 otherwise) */
+    vlmd_gdn_shape gdn;         /* their heads on this rank */
     uint64_t worst_case_steps;  /* steps that routed the stress's worst case */
     void *embed;                /* [V, H]; a vocabulary split's rank: its [Vr, H] and a zero row */
     void *lm_head;              /* [Vr, H]; the embedding when tied */
@@ -84,7 +101,13 @@ struct lm_kv {
     uint32_t id;                /* the group's name for it (lm_ranks.c); 0 alone */
     int32_t n_slots;            /* slots the engine hands out */
     void **k, **v;              /* per layer: [n_slots + 1, nkv * hd]; the last row is the
-                                 * pad slot, written by a graph's padding rows, never read */
+                                 * pad slot, written by a graph's padding rows, never read;
+                                 * NULL for a linear layer */
+    /* a hybrid model's state pool: per linear layer, a slot per running sequence (and the
+     * pad slot last, as the KV's) */
+    int32_t n_state_slots;
+    void **conv_state;          /* [n_linear][n_state_slots + 1][C][K - 1], activation type */
+    float **rec_state;          /* [n_linear][n_state_slots + 1][Hv][dk][dv] fp32 */
 };
 
 /* A decode step captured for `rows` sequences of one token each. */
@@ -106,6 +129,12 @@ struct lm_workspace {
                                  * and shared-expert widths; NULL without either */
     void *act;                  /* [n, w]; likewise */
     void *shared_out;           /* [n, H]: the shared expert's output; NULL without one */
+    void *shared_gate;          /* [n, 1]: its gate's logits; NULL without a gated one */
+    void *attn_gate;            /* [n, Q]: the attention output gate's logits; NULL: none */
+    void *gdn_in;               /* [n, C + Hv dv + 2 Hv]: a linear layer's projections */
+    void *gdn_conv;             /* [n, C]: its conv's output */
+    void *gdn_out;              /* [n, Hv dv]: its rule's output, normed in place */
+    vlmd_gdn_seq *gdn_seqs, *gdn_seqs_host; /* [max_logits]: the step's state slots */
     void *router_logits;        /* [n, E]; MoE only, as the next three */
     int32_t *expert_ids;        /* [n, K] */
     float *expert_weights;      /* [n, K] fp32 */
@@ -134,6 +163,7 @@ struct lm_workspace {
     uint64_t graph_steps;       /* steps that ran through a graph */
     const lm_kv *graph_kv;
     int32_t *pad_ids, *pad_positions, *pad_slots, *pad_rows, pad_slot;
+    int32_t *pad_state_slots, pad_state_slot; /* a hybrid model's: padding rows on the pad slot */
     vlmd_attn_seq *pad_seqs;
     /* sampling: the rows' parameters and outputs, their seen tokens (backend), staging */
     vlmd_sample_row *sample_rows, *sample_rows_host;
@@ -145,8 +175,8 @@ struct lm_workspace {
 
 /* The calls rank 0 of a leading group mirrors, as they run on this rank
  * alone (lm.c). */
-vlmd_status lm_kv_create_here(lm_model *m, int32_t n_slots, lm_kv **out,
-                                 vlmd_error *err);
+vlmd_status lm_kv_create_here(lm_model *m, int32_t n_slots, int32_t n_state_slots,
+                              lm_kv **out, vlmd_error *err);
 void lm_kv_free_here(lm_model *m, lm_kv *kv);
 vlmd_status lm_workspace_create_here(lm_model *m, int32_t max_tokens, int32_t max_logits,
                                         int32_t max_kv_len, lm_workspace **out,
@@ -162,8 +192,8 @@ vlmd_status lm_capture_decode_here(lm_model *m, lm_kv *kv, lm_workspace *ws,
 /* The leading rank's side (each a no-op returning VLMD_OK when m->ranks is
  * NULL or follows): before a mirrored call runs here, the others are told;
  * after it, they agree (the call succeeded only where it did on every rank). */
-vlmd_status lm_ranks_kv_create(lm_model *m, int32_t n_slots, lm_kv **out,
-                                  vlmd_error *err);
+vlmd_status lm_ranks_kv_create(lm_model *m, int32_t n_slots, int32_t n_state_slots, lm_kv **out,
+                               vlmd_error *err);
 void lm_ranks_kv_free(lm_model *m, lm_kv *kv);
 vlmd_status lm_ranks_workspace_create(lm_model *m, int32_t max_tokens, int32_t max_logits,
                                          int32_t max_kv_len, lm_workspace **out,

@@ -24,7 +24,7 @@
 typedef enum ranks_op {
     OP_PING = 1,
     OP_STOP,
-    OP_KV_CREATE,       /* a: slots */
+    OP_KV_CREATE,       /* a: slots, b: state slots */
     OP_KV_FREE,
     OP_WS_CREATE,       /* a: max tokens, b: max logits, c: max KV length */
     OP_WS_FREE,
@@ -105,7 +105,7 @@ static vlmd_status gather(lm_model *m, void *buf, size_t bytes, vlmd_error *err)
 static size_t batch_capacity(const lm_model *m, const lm_workspace *ws)
 {
     size_t n = (size_t)ws->max_tokens, r = (size_t)ws->max_logits;
-    size_t ints = 5 * n + r + 3 * r + ws->table_len + 2 * n;
+    size_t ints = 5 * n + r + 3 * r + r + ws->table_len + 2 * n; /* (+ r: state slots) */
     return ints * sizeof(int32_t) + n * (size_t)m->H * (1 + (size_t)m->n_deepstack) * sizeof(float);
 }
 
@@ -247,18 +247,20 @@ vlmd_status lm_ping(lm_model *m, vlmd_error *err)
     return leads(m) ? send_cmd(m, (ranks_cmd){.op = OP_PING}, err) : VLMD_OK;
 }
 
-vlmd_status lm_ranks_kv_create(lm_model *m, int32_t n_slots, lm_kv **out,
-                                  vlmd_error *err)
+vlmd_status lm_ranks_kv_create(lm_model *m, int32_t n_slots, int32_t n_state_slots, lm_kv **out,
+                               vlmd_error *err)
 {
     *out = NULL;
     if (!leads(m))
-        return lm_kv_create_here(m, n_slots, out, err);
+        return lm_kv_create_here(m, n_slots, n_state_slots, out, err);
     uint32_t id = ++m->ranks->next_id;
-    vlmd_status s = send_cmd(m, (ranks_cmd){.op = OP_KV_CREATE, .kv = id, .a = n_slots}, err);
+    vlmd_status s = send_cmd(m, (ranks_cmd){.op = OP_KV_CREATE, .kv = id, .a = n_slots,
+                                            .b = n_state_slots}, err);
     if (s != VLMD_OK)
         return s;
     lm_kv *kv = NULL;
-    s = agree(m, lm_kv_create_here(m, n_slots, &kv, err), "the KV cache", NULL, err);
+    s = agree(m, lm_kv_create_here(m, n_slots, n_state_slots, &kv, err), "the KV cache", NULL,
+              err);
     if (s != VLMD_OK) {
         lm_kv_free_here(m, kv);
         return s;
@@ -338,6 +340,8 @@ vlmd_status lm_ranks_forward(lm_model *m, lm_kv *kv, lm_workspace *ws,
         int32_t shape[3] = {sq->q_start, sq->q_len, sq->kv_len};
         put(g->buf, &at, shape, sizeof shape);
     }
+    if (m->n_linear) /* a hybrid model's state slots */
+        put(g->buf, &at, bt->state_slots, (size_t)bt->n_seqs * i32);
     for (int q = 0; q < bt->n_seqs; q++)
         put(g->buf, &at, bt->seqs[q].slots, (size_t)bt->seqs[q].kv_len * i32);
     for (int e = 0; e < bt->n_embeds; e++) {
@@ -408,8 +412,10 @@ static vlmd_status follow_forward(lm_model *m, const ranks_cmd *c, vlmd_error *e
                       .logit_rows = p + 5 * n, .n_logits = c->c, .seqs = seqs, .n_seqs = c->b,
                       .embeds = runs, .n_embeds = c->d};
     /* rank 0 checked the batch; what is checked here is that its bytes hold it */
-    size_t used = 5 * n + (size_t)c->c + 3 * (size_t)c->b;
-    int32_t *shape = p + 5 * n + c->c, *slots = shape + 3 * (size_t)c->b;
+    size_t states = m->n_linear ? (size_t)c->b : 0;
+    size_t used = 5 * n + (size_t)c->c + 3 * (size_t)c->b + states;
+    int32_t *shape = p + 5 * n + c->c, *slots = shape + 3 * (size_t)c->b + states;
+    bt.state_slots = states ? shape + 3 * (size_t)c->b : NULL;
     for (int q = 0; q < c->b && used <= words; q++) {
         seqs[q] = (vlmd_attn_seq){shape[3 * q], shape[3 * q + 1], shape[3 * q + 2], slots};
         size_t len = shape[3 * q + 2] > 0 ? (size_t)shape[3 * q + 2] : 0;
@@ -446,7 +452,7 @@ static vlmd_status follow_create(lm_model *m, const ranks_cmd *c, vlmd_error *er
                          : vlmd_errorf(&mine, VLMD_ERR_INVALID_ARG, "more than %d held at once",
                                        RANKS_MAX_HANDLES);
     if (s == VLMD_OK && is_kv)
-        s = lm_kv_create_here(m, c->a, (lm_kv **)&made, &mine);
+        s = lm_kv_create_here(m, c->a, c->b, (lm_kv **)&made, &mine);
     else if (s == VLMD_OK) {
         s = lm_workspace_create_here(m, c->a, c->b, c->c, (lm_workspace **)&made, &mine);
         if (s == VLMD_OK)

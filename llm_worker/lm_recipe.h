@@ -4,9 +4,10 @@
  * config.json (vlmd_model_config) and the checkpoint's tensor names; nothing
  * past this struct knows which family it serves.
  *
- * Every layer is: attention, then a dense SwiGLU or routed experts (with an
- * optional shared expert), each after its RMSNorm, each added to the
- * residual stream. What differs between families is said here once. */
+ * Every layer is: attention (or, in a hybrid model, Gated DeltaNet linear
+ * attention), then a dense SwiGLU or routed experts (with an optional
+ * shared expert), each after its RMSNorm, each added to the residual
+ * stream. What differs between families is said here once. */
 #ifndef VLMD_LM_RECIPE_H
 #define VLMD_LM_RECIPE_H
 
@@ -29,13 +30,21 @@ typedef struct lm_attention_recipe {
     int sections[3];            /* M-RoPE: frequencies of each row */
     bool mrope_interleaved;     /* the rows take turns over the frequencies (Qwen3-VL) */
     float theta;
+    bool output_gate;           /* q_proj holds [q | gate] per head; the output is times
+                                 * sigmoid(gate) before o_proj (Qwen3.5) */
 } lm_attention_recipe;
+
+/* The Gated DeltaNet block of a hybrid model's linear layers (Qwen3.5). */
+typedef struct lm_linear_recipe {
+    vlmd_gdn_shape shape;       /* the whole model's heads */
+} lm_linear_recipe;
 
 /* The routed-experts block of the layers that have one. */
 typedef struct lm_experts_recipe {
     int n_experts, k;           /* experts, chosen per token */
     int width;                  /* each expert's SwiGLU width */
     int shared_width;           /* the shared expert's width, added unweighted; 0: none */
+    bool shared_gate;           /* the shared expert times sigmoid(shared_expert_gate . x) */
     vlmd_moe_router router;     /* how logits become choices and weights (the layer's
                                  * correction bias is given at each call) */
 } lm_experts_recipe;
@@ -58,6 +67,8 @@ typedef struct lm_names {
     bool fused_experts;         /* a layer's experts may instead be all in
                                  * "experts.gate_up_proj" [E, H, 2 I] and "experts.down_proj"
                                  * [E, I, H], stored for x . W (Qwen3-VL-MoE) */
+    bool fused_experts_out_in;  /* ... or as [E, 2 I, H] and [E, H, I], each expert [out, in]
+                                 * as a linear's weight (Qwen3.5-MoE) */
     const char *shared;         /* the shared expert under the experts block:
                                  * "shared_experts."; NULL: none */
 } lm_names;
@@ -67,7 +78,11 @@ typedef struct lm_recipe {
     int hidden, layers, heads, kv_heads, head_dim, vocab;
     int dense_width;            /* the dense layers' SwiGLU width */
     float norm_eps;
+    float norm_offset;          /* added to every RMSNorm weight but the linear layers' gated
+                                 * norm: 1 where they are stored around 0 (Qwen3.5), else 0 */
     lm_attention_recipe attention;
+    lm_linear_recipe linear;
+    uint64_t linear_layers[VLMD_MAX_LAYERS / 64]; /* bit l: layer l is Gated DeltaNet */
     lm_experts_recipe experts;  /* n_experts 0: every layer dense */
     uint64_t experts_layers[VLMD_MAX_LAYERS / 64]; /* bit l: layer l has the experts block */
     int n_deepstack;            /* Qwen3-VL: features an image token brings, one added after
@@ -79,6 +94,11 @@ typedef struct lm_recipe {
 static inline bool lm_recipe_has_experts(const lm_recipe *r, int layer)
 {
     return r->experts_layers[layer / 64] >> (layer % 64) & 1;
+}
+
+static inline bool lm_recipe_is_linear(const lm_recipe *r, int layer)
+{
+    return r->linear_layers[layer / 64] >> (layer % 64) & 1;
 }
 
 #endif

@@ -51,6 +51,14 @@ void loader_part(lm_loader *ld, const char *suffix, int64_t rows, int64_t cols, 
         snprintf(p->name, sizeof p->name, "%s%s", ld->at, suffix);
 }
 
+void loader_part3(lm_loader *ld, const char *suffix, int64_t rows, int64_t cols, int64_t row0,
+                  int64_t n_rows)
+{
+    loader_part(ld, suffix, rows, cols, row0, n_rows, 0, cols);
+    if (!ld->failed)
+        ld->parts[ld->np - 1].unit_middle = true;
+}
+
 void loader_whole(lm_loader *ld, const char *suffix, int64_t rows, int64_t cols)
 {
     loader_part(ld, suffix, rows, cols, 0, rows, 0, cols);
@@ -74,6 +82,7 @@ static vlmd_status upload_part(vlmd_backend *b, void *dst, const vlmd_tensor_vie
     int64_t cols = p->cols ? p->cols : 1, n_cols = p->cols ? p->n_cols : 1;
     size_t ds = vlmd_dtype_size(t->dtype);
     vlmd_tensor_view v = *t;
+    v.ndim = p->cols ? 2 : 1; /* ([rows, 1, cols] as [rows, cols]) */
     v.shape[0] = p->n_rows;
     if (p->cols)
         v.shape[1] = n_cols;
@@ -133,9 +142,12 @@ vlmd_status loader_load(lm_loader *ld, void **out, vlmd_error *err)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
         const lm_part *p = &ld->parts[i];
-        if (p->name[0] && (s = vlmd_safetensors_get(ld->st, p->name, p->cols ? 2 : 1,
-                                                    (int64_t[]){p->rows, p->cols}, &t, err)) !=
-                              VLMD_OK)
+        if (p->name[0] &&
+            (s = p->unit_middle
+                     ? vlmd_safetensors_get(ld->st, p->name, 3, (int64_t[]){p->rows, 1, p->cols},
+                                            &t, err)
+                     : vlmd_safetensors_get(ld->st, p->name, p->cols ? 2 : 1,
+                                            (int64_t[]){p->rows, p->cols}, &t, err)) != VLMD_OK)
             return s;
         if (p->name[0] && t->dtype != VLMD_DTYPE_F32 && t->dtype != VLMD_DTYPE_BF16 &&
             t->dtype != VLMD_DTYPE_F16) /* an fp8 norm or embedding: not a format vlmd knows */
@@ -165,8 +177,8 @@ vlmd_status loader_load(lm_loader *ld, void **out, vlmd_error *err)
     return s;
 }
 
-vlmd_status loader_load_f32(lm_loader *ld, const char *suffix, int64_t rows, float **out,
-                            vlmd_error *err)
+vlmd_status loader_load_f32_rows(lm_loader *ld, const char *suffix, int64_t rows, int64_t row0,
+                                 int64_t n, float **out, vlmd_error *err)
 {
     char name[320];
     snprintf(name, sizeof name, "%s%s", ld->at, suffix);
@@ -174,7 +186,7 @@ vlmd_status loader_load_f32(lm_loader *ld, const char *suffix, int64_t rows, flo
     *out = NULL;
     vlmd_status s = vlmd_safetensors_get(ld->st, name, 1, (int64_t[]){rows}, &t, err);
     void *dst = NULL;
-    if (s != VLMD_OK || (s = loader_alloc(ld, (size_t)rows * sizeof(float), &dst, err)) != VLMD_OK ||
+    if (s != VLMD_OK || (s = loader_alloc(ld, (size_t)n * sizeof(float), &dst, err)) != VLMD_OK ||
         ld->m->dry)
         return s;
     float *host = malloc((size_t)rows * sizeof *host);
@@ -182,12 +194,18 @@ vlmd_status loader_load_f32(lm_loader *ld, const char *suffix, int64_t rows, flo
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory");
     s = vlmd_tensor_to_f32(t, host, err);
     if (s == VLMD_OK)
-        s = vlmd_backend_copy_to_device(ld->m->b, dst, host, (size_t)rows * sizeof *host, err);
+        s = vlmd_backend_copy_to_device(ld->m->b, dst, host + row0, (size_t)n * sizeof *host, err);
     vlmd_safetensors_release(ld->st, t);
     free(host);
     if (s == VLMD_OK)
         *out = dst;
     return s;
+}
+
+vlmd_status loader_load_f32(lm_loader *ld, const char *suffix, int64_t rows, float **out,
+                            vlmd_error *err)
+{
+    return loader_load_f32_rows(ld, suffix, rows, 0, rows, out, err);
 }
 
 vlmd_status loader_tensor(lm_loader *ld, const char *name, int ndim, const int64_t *shape,
@@ -205,7 +223,7 @@ vlmd_status loader_tensor(lm_loader *ld, const char *name, int ndim, const int64
 
 vlmd_status loader_fused_experts(lm_loader *ld, const char *name, int64_t n_experts,
                                  int64_t rows, int64_t cols, int64_t first, int64_t count,
-                                 void *dst, vlmd_error *err)
+                                 bool transpose, void *dst, vlmd_error *err)
 {
     const vlmd_tensor_view *t;
     vlmd_status s = vlmd_safetensors_get(ld->st, name, 3, (int64_t[]){n_experts, rows, cols}, &t,
@@ -221,7 +239,7 @@ vlmd_status loader_fused_experts(lm_loader *ld, const char *name, int64_t n_expe
     v.data = (const char *)t->data + (size_t)first * per;
     v.shape[0] = count;
     v.nbytes = (size_t)count * per;
-    s = vlmd_backend_upload_tensor(ld->m->b, dst, &v, true, err);
+    s = vlmd_backend_upload_tensor(ld->m->b, dst, &v, transpose, err);
     vlmd_safetensors_release(ld->st, t); /* copied: not resident twice */
     return s;
 }

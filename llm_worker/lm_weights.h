@@ -29,6 +29,7 @@ typedef struct lm_part {
     char name[320];
     int64_t rows, cols;
     int64_t row0, n_rows, col0, n_cols;
+    bool unit_middle;           /* the tensor is [rows, 1, cols] (a depthwise conv's taps) */
 } lm_part;
 
 typedef struct lm_loader {
@@ -48,6 +49,10 @@ void loader_at(lm_loader *ld, const char *fmt, ...) __attribute__((format(printf
 /* Adds the block of "<at>suffix" (see lm_part; suffix NULL: zeros). */
 void loader_part(lm_loader *ld, const char *suffix, int64_t rows, int64_t cols, int64_t row0,
                  int64_t n_rows, int64_t col0, int64_t n_cols);
+/* Rows [row0, row0 + n_rows) of "<at>suffix" stored [rows, 1, cols] (a depthwise conv's
+ * weight), as a [n_rows, cols] block. */
+void loader_part3(lm_loader *ld, const char *suffix, int64_t rows, int64_t cols, int64_t row0,
+                  int64_t n_rows);
 /* All of "<at>suffix" (cols 0: a vector). */
 void loader_whole(lm_loader *ld, const char *suffix, int64_t rows, int64_t cols);
 /* The rows of this rank's KV heads of a k or v projection (or its bias: cols
@@ -69,15 +74,19 @@ vlmd_status loader_load_matrix(lm_loader *ld, vlmd_qweight *out, vlmd_error *err
  * would move its choices). */
 vlmd_status loader_load_f32(lm_loader *ld, const char *suffix, int64_t rows, float **out,
                             vlmd_error *err);
+/* Elements [row0, row0 + n) of "<at>suffix" [rows] as fp32 (a rank's heads' share). */
+vlmd_status loader_load_f32_rows(lm_loader *ld, const char *suffix, int64_t rows, int64_t row0,
+                                 int64_t n, float **out, vlmd_error *err);
 /* One tensor (checked against shape) into dst at byte *at, transposed or not
  * (vlmd_backend_upload_tensor); *at moves past it. A dry model checks it. */
 vlmd_status loader_tensor(lm_loader *ld, const char *name, int ndim, const int64_t *shape,
                           bool transpose, void *dst, size_t *at, vlmd_error *err);
-/* Experts [first, first + count) of a fused tensor [E, rows, cols] stored
- * for x . W, transposed into dst as [count][cols, rows]. */
+/* Experts [first, first + count) of a fused tensor [E, rows, cols] into dst:
+ * transposed as [count][cols, rows] (a tensor stored for x . W), or as they
+ * are. */
 vlmd_status loader_fused_experts(lm_loader *ld, const char *name, int64_t n_experts,
                                  int64_t rows, int64_t cols, int64_t first, int64_t count,
-                                 void *dst, vlmd_error *err);
+                                 bool transpose, void *dst, vlmd_error *err);
 /* bytes of backend memory the model owns (a dry model counts them; *out NULL). */
 vlmd_status loader_alloc(lm_loader *ld, size_t bytes, void **out, vlmd_error *err);
 

@@ -101,8 +101,9 @@ vlmd_status vision_tower_load(vlmd_backend *b, const vlmd_model_config *mc,
         kind = VT_QWEN2_VL;
     else if (mc->arch == VLMD_ARCH_QWEN2_5_VL)
         kind = VT_QWEN2_5_VL;
-    else if (mc->arch == VLMD_ARCH_QWEN3_VL || mc->arch == VLMD_ARCH_QWEN3_VL_MOE)
-        kind = VT_QWEN3_VL;
+    else if (mc->arch == VLMD_ARCH_QWEN3_VL || mc->arch == VLMD_ARCH_QWEN3_VL_MOE ||
+             mc->arch == VLMD_ARCH_QWEN3_5 || mc->arch == VLMD_ARCH_QWEN3_5_MOE)
+        kind = VT_QWEN3_VL; /* Qwen3.5's: the same tower without DeepStack mergers */
     else
         return vlmd_errorf(err, VLMD_ERR_MODEL, "%s has no vision tower vlmd knows",
                            mc->architecture);

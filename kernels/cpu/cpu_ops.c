@@ -40,6 +40,11 @@ static void run(vlmd_backend *b, vlmd_cpu_task fn, void *ctx, size_t elems)
     vlmd_cpu_pool_run(cpu_of(b)->pool, fn, ctx, elems < PAR_MIN_ELEMS);
 }
 
+void vlmd_cpu_run(vlmd_backend *b, vlmd_cpu_task fn, void *ctx, size_t elems)
+{
+    run(b, fn, ctx, elems);
+}
+
 /* part index's scratch (a part run alone is index 0) */
 static void *scratch(vlmd_backend *b, int index)
 {
@@ -685,6 +690,10 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .rope_kv_write = cpu_rope_kv_write,
     .attention = cpu_attention,
     .silu_mul = cpu_silu_mul,
+    .sigmoid_gate = vlmd_cpu_sigmoid_gate,
+    .gdn_conv = vlmd_cpu_gdn_conv,
+    .gdn_rule = vlmd_cpu_gdn_rule,
+    .gated_rmsnorm = vlmd_cpu_gated_rmsnorm,
     .layernorm = cpu_layernorm,
     .gelu = cpu_gelu,
     .add = cpu_add,
@@ -700,4 +709,5 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .rope_partial = true,
     .moe_sigmoid = true,
     .qweights = true,
+    .gdn = true,
 };

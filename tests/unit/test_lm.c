@@ -230,6 +230,10 @@ static bool near_tie(const float *row, int V, int a, int b)
     return fabsf(row[a] - row[b]) <= 0.02f * big;
 }
 
+/* Every sequence of a test's step in state slot 0 (one at a time: a hybrid
+ * model's state; ignored by the others). */
+static const int32_t STATE_SLOTS[64] = {0};
+
 /* A model and its cache and workspace; with a router model beside it, the
  * router's own. */
 typedef struct runner {
@@ -242,7 +246,8 @@ static void runner_open(runner *r, fixture *f, int max)
 {
     vlmd_error err = {0};
     *r = (runner){.f = f};
-    cr_assert_eq(lm_kv_create(f->m, max, &r->kv, &err), VLMD_OK, "%s", err.msg);
+    /* (a hybrid model's sequences take state slot 0: STATE_SLOTS) */
+    cr_assert_eq(lm_kv_create_hybrid(f->m, max, 1, &r->kv, &err), VLMD_OK, "%s", err.msg);
     cr_assert_eq(lm_workspace_create(f->m, max, max, max, &r->ws, &err), VLMD_OK, "%s",
                  err.msg);
     if (!f->router)
@@ -399,7 +404,7 @@ static void check_model_with(const model_check *mk)
         float *arena = image_rows(&f, ci, ids, n, images, &n_images);
         float *logits = malloc((size_t)n * V * sizeof *logits);
         vlmd_attn_seq seq = {0, n, n, slots};
-        lm_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, images, n_images};
+        lm_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, images, n_images, STATE_SLOTS};
         runner_forward(&run, &bt, logits);
         free(arena);
 
@@ -450,7 +455,7 @@ static void check_model_with(const model_check *mk)
                     p[r] = last_pos + 1 + (int32_t)k;
                 slots[slot] = slot;
                 vlmd_attn_seq one = {0, 1, slot + 1, slots};
-                lm_batch step = {1, &id, p, &slot, &one, 1, &row, 1, NULL, 0};
+                lm_batch step = {1, &id, p, &slot, &one, 1, &row, 1, NULL, 0, STATE_SLOTS};
                 runner_forward(&run, &step, logits);
                 last = logits;
                 next = argmax(last, V);
@@ -540,6 +545,23 @@ Test(lm, glm4_moe_f32) { check_model_with(&glm_mixtral_checks[0]); }
 Test(lm, glm4_moe_bf16_with_f32_routing) { check_model_with(&glm_mixtral_checks[1]); }
 Test(lm, mixtral_f32) { check_model_with(&glm_mixtral_checks[2]); }
 Test(lm, mixtral_bf16_with_f32_routing) { check_model_with(&glm_mixtral_checks[3]); }
+
+/* Qwen3.5 (hybrid: Gated DeltaNet and gated attention, (1 + w) norms,
+ * partial interleaved M-RoPE; an image case of two images) and Qwen3.5-MoE
+ * (fused experts, the gated shared expert, Hv = 2 Hk, dk != dv), made by the
+ * reference port (their README section): F32 within 1e-4, greedy exact; BF16
+ * weights move the logits 1.5e-2 to 2.4e-2 (dense) and 2.5e-2 to 5.4e-2
+ * (MoE) in the README's measurement, so 3e-2 and 6e-2 up to a near tie. */
+static const model_check qwen3_5_checks[] = {
+    {"cpu", "qwen3_5", F32, 1e-4, GREEDY_EXACT, false, NULL},
+    {"cpu", "qwen3_5_moe", F32, 1e-4, GREEDY_EXACT, false, NULL},
+    {"cpu", "qwen3_5", BF16, 3e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
+    {"cpu", "qwen3_5_moe", BF16, 6e-2, GREEDY_UNTIL_NEAR_TIE, false, F32},
+};
+Test(lm, qwen3_5_f32) { check_model_with(&qwen3_5_checks[0]); }
+Test(lm, qwen3_5_moe_f32) { check_model_with(&qwen3_5_checks[1]); }
+Test(lm, qwen3_5_bf16) { check_model_with(&qwen3_5_checks[2]); }
+Test(lm, qwen3_5_moe_bf16_with_f32_routing) { check_model_with(&qwen3_5_checks[3]); }
 
 /* Quantized checkpoints as published (tests/fixtures/quant, their README
  * section): FP8 with 128x128 block scales (F32 and BF16 scales, partial
@@ -963,6 +985,164 @@ Test(lm, a_packed_batch_of_every_case_matches_each_alone)
             cr_expect_lt(rel, 1e-4, "%s case %d in the batch: relative error %.3g", models[mi],
                          q, rel);
         }
+        free(logits);
+        lm_workspace_free(f.m, ws);
+        lm_kv_free(f.m, kv);
+        close_fixture(&f);
+    }
+}
+
+/* Case ci's ids and positions (pos [3][n]: the reference's M-RoPE rows where
+ * it has them); returns n. */
+static int case_inputs(const fixture *f, size_t ci, int max, int32_t *ids, int32_t *pos)
+{
+    json_t *ids_j = json_object_get(json_array_get(json_object_get(f->json, "cases"), ci),
+                                    "input_ids");
+    int n = (int)json_array_size(ids_j);
+    cr_assert_leq(n, max);
+    for (int i = 0; i < n; i++) {
+        ids[i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
+        for (int r = 0; r < 3; r++)
+            pos[r * n + i] = i;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "case%zu.position_ids", ci);
+    const vlmd_tensor_view *pt = vlmd_safetensors_find(f->ref, name);
+    if (pt) {
+        cr_assert_eq(pt->shape[1], n);
+        for (int i = 0; i < 3 * n; i++)
+            pos[i] = (int32_t)((const int64_t *)pt->data)[i];
+    }
+    return n;
+}
+
+/* The image runs of a prompt's rows [a, b), as rows of that part */
+static int slice_runs(const lm_embed_run *runs, int n_runs, int a, int b, size_t H,
+                      lm_embed_run *out)
+{
+    int k = 0;
+    for (int i = 0; i < n_runs; i++) {
+        int lo = runs[i].row > a ? runs[i].row : a;
+        int hi = runs[i].row + runs[i].n_rows < b ? runs[i].row + runs[i].n_rows : b;
+        if (lo < hi)
+            out[k++] = (lm_embed_run){lo - a, hi - lo,
+                                      runs[i].data + (size_t)(lo - runs[i].row) * H,
+                                      runs[i].feature_stride};
+    }
+    return k;
+}
+
+/* Qwen3.5's state (conv and recurrent, per DeltaNet layer) carried across
+ * calls and kept apart in a batch, F32 within 1e-4:
+ * - the fixture's chunked case (tokens 0..36, then the rest continuing from
+ *   the state slot; the MoE one cut inside an image's tokens) gives the
+ *   reference's chunked_logits, on a slot that held another sequence before
+ *   (a fresh sequence reads none of it);
+ * - every case packed in one step, each on its own state slot, gives each
+ *   one's logits, and again in a second step over the same slots. */
+Test(lm, qwen3_5_state_is_carried_across_calls_and_kept_apart_in_a_batch)
+{
+    const char *models[] = {"qwen3_5", "qwen3_5_moe"};
+    for (size_t mi = 0; mi < 2; mi++) {
+        fixture f;
+        open_fixture(&f, models[mi], "model.safetensors");
+        enum { MAX = 512, CASES = 8 };
+        const int V = (int)lm_vocab_size(f.m);
+        const size_t H = lm_hidden_size(f.m);
+        json_t *cases = json_object_get(f.json, "cases");
+        const int n_cases = (int)json_array_size(cases);
+        cr_assert_leq(n_cases, CASES);
+        lm_kv *kv = NULL;
+        lm_workspace *ws = NULL;
+        vlmd_error err = {0};
+        cr_assert_eq(lm_kv_create_hybrid(f.m, MAX, CASES, &kv, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(lm_workspace_create(f.m, MAX, MAX, MAX, &ws, &err), VLMD_OK, "%s",
+                     err.msg);
+        static int32_t ids[MAX], pos[3 * MAX], cpos[3 * MAX], slots[MAX], rows[MAX];
+        for (int i = 0; i < MAX; i++)
+            slots[i] = MAX - 1 - i, rows[i] = i;
+        float *logits = malloc((size_t)MAX * V * sizeof *logits);
+
+        /* packed: case q on state slot q; then once more over the same slots */
+        int32_t packed_ids[MAX], packed_pos[3 * MAX], state_slots[CASES];
+        vlmd_attn_seq seqs[CASES];
+        lm_embed_run runs[CASES * 4], case_runs[4];
+        float *arenas[CASES];
+        int n = 0, n_runs = 0;
+        int lens[CASES];
+        for (int q = 0; q < n_cases; q++) {
+            int len = lens[q] = case_inputs(&f, (size_t)q, MAX, ids, pos);
+            cr_assert_leq(n + len, MAX);
+            int nr = 0;
+            arenas[q] = image_rows(&f, (size_t)q, ids, len, case_runs, &nr);
+            for (int i = 0; i < nr; i++, n_runs++) {
+                runs[n_runs] = case_runs[i];
+                runs[n_runs].row += n;
+            }
+            memcpy(packed_ids + n, ids, (size_t)len * sizeof *ids);
+            memcpy(cpos, pos, 3 * (size_t)len * sizeof *pos);
+            for (int r = 0; r < 3; r++) /* (laid out below, once n is known) */
+                memcpy(packed_pos + r * MAX + n, cpos + r * len, (size_t)len * sizeof *pos);
+            seqs[q] = (vlmd_attn_seq){n, len, len, slots + n};
+            state_slots[q] = q;
+            n += len;
+        }
+        for (int r = 0; r < 3; r++)
+            memmove(cpos + r * n, packed_pos + r * MAX, (size_t)n * sizeof *cpos);
+        for (int pass = 0; pass < 2; pass++) {
+            lm_batch bt = {n, packed_ids, cpos, slots, seqs, n_cases, rows, n, runs, n_runs,
+                           state_slots};
+            cr_assert_eq(lm_forward(f.m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
+            for (int q = 0; q < n_cases; q++) {
+                char name[64];
+                snprintf(name, sizeof name, "case%d.logits", q);
+                double rel = test_rel_error(logits + (size_t)seqs[q].q_start * V,
+                                            vlmd_safetensors_find(f.ref, name)->data,
+                                            (size_t)lens[q] * V);
+                cr_expect_lt(rel, 1e-4, "%s case %d packed, pass %d: relative error %.3g",
+                             models[mi], q, pass, rel);
+            }
+        }
+
+        /* chunked, on a slot that holds case 0's state */
+        size_t ci;
+        json_t *c;
+        int chunked = 0;
+        json_array_foreach(cases, ci, c)
+        {
+            json_t *cp = json_object_get(c, "chunked_prefill");
+            if (!cp)
+                continue;
+            int len = case_inputs(&f, ci, MAX, ids, pos), nr = 0;
+            int cut = (int)json_integer_value(json_array_get(json_object_get(cp, "splits"), 0));
+            cr_assert(cut > 0 && cut < len);
+            float *arena = image_rows(&f, ci, ids, len, case_runs, &nr);
+            int32_t state_slot = 0;
+            for (int part = 0; part < 2; part++) {
+                int a = part ? cut : 0, b = part ? len : cut;
+                lm_embed_run part_runs[4];
+                int np = slice_runs(case_runs, nr, a, b, H, part_runs);
+                for (int r = 0; r < 3; r++)
+                    memcpy(cpos + r * (b - a), pos + r * len + a, (size_t)(b - a) * sizeof *pos);
+                vlmd_attn_seq seq = {0, b - a, b, slots};
+                lm_batch bt = {b - a, ids + a, cpos, slots + a, &seq, 1, rows, b - a,
+                               part_runs, np, &state_slot};
+                cr_assert_eq(lm_forward(f.m, kv, ws, &bt, logits + (size_t)a * V, &err),
+                             VLMD_OK, "%s", err.msg);
+            }
+            char name[64];
+            snprintf(name, sizeof name, "case%zu.chunked_logits", ci);
+            const vlmd_tensor_view *lt = vlmd_safetensors_find(f.ref, name);
+            cr_assert_not_null(lt, "%s", name);
+            double rel = test_rel_error(logits, lt->data, (size_t)len * V);
+            cr_expect_lt(rel, 1e-4, "%s case %zu cut at %d: relative error %.3g", models[mi], ci,
+                         cut, rel);
+            free(arena);
+            chunked++;
+        }
+        cr_expect_eq(chunked, 1, "%s: the chunked case ran", models[mi]);
+        for (int q = 0; q < n_cases; q++)
+            free(arenas[q]);
         free(logits);
         lm_workspace_free(f.m, ws);
         lm_kv_free(f.m, kv);

@@ -178,7 +178,8 @@ static vlmd_status run_scenario(lm_model *m, float *logits, int32_t *tokens, vlm
     const int V = (int)lm_vocab_size(m), MAX_KV = 32;
     lm_kv *kv = NULL;
     lm_workspace *ws = NULL;
-    vlmd_status s = lm_kv_create(m, N_SEQS * MAX_KV, &kv, err);
+    static const int32_t state_slots[N_SEQS] = {0, 1}; /* a hybrid model's, a sequence each */
+    vlmd_status s = lm_kv_create_hybrid(m, N_SEQS * MAX_KV, N_SEQS, &kv, err);
     if (s == VLMD_OK)
         s = lm_workspace_create(m, 16, N_SEQS, MAX_KV, &ws, err);
     if (s == VLMD_OK)
@@ -208,7 +209,8 @@ static vlmd_status run_scenario(lm_model *m, float *logits, int32_t *tokens, vlm
         int32_t positions[3 * 16]; /* [3][n] */
         for (int r = 0; r < 3; r++)
             memcpy(positions + r * n, pos[r], (size_t)n * sizeof *positions);
-        lm_batch bt = {n, ids, positions, step_slots, seqs, N_SEQS, rows, N_SEQS, NULL, 0};
+        lm_batch bt = {n,    ids,    positions, step_slots, seqs, N_SEQS, rows, N_SEQS,
+                       NULL, 0,      state_slots};
         if ((s = lm_forward(m, kv, ws, &bt, out, err)) != VLMD_OK)
             break;
         for (int q = 0; q < N_SEQS; q++) {
@@ -436,6 +438,16 @@ Test(tp, quantized_checkpoints_two_ranks, .timeout = 120)
     };
     for (size_t i = 0; i < sizeof models / sizeof *models; i++)
         expect_same_as_whole_within(models[i], 2, QUANT_TP_TOLERANCE);
+}
+
+/* Qwen3.5: each rank its share of the linear attention's key and value heads
+ * (the MoE's 2 key heads over 4 value heads: a key head and its two value
+ * heads a rank), their rows of every projection and of the conv, their
+ * columns of out_proj, their slots' states; the gated attention by heads. */
+Test(tp, qwen3_5_two_ranks, .timeout = 120)
+{
+    expect_same_as_whole("qwen3_5", 2);
+    expect_same_as_whole("qwen3_5_moe", 2);
 }
 
 /* 12 heads over 4 KV heads in 3 ranks: KV heads repeated per query head. */
