@@ -56,6 +56,7 @@ typedef struct request {
     uint32_t *keys;             /* the prefix cache's key of each token (ids; images: pseudo ids) */
     int32_t n_shared;           /* slots[0..n_shared) belong to the prefix cache (locked) */
     pc_node *lock;              /* the cached prefix it locked, or NULL */
+    int32_t state_slot;         /* a hybrid model's: its state slot while RUNNING (-1: none) */
     uint32_t cached_tokens;     /* prompt tokens the cache gave at its first admission */
     bool admitted;              /* admitted at least once (preemption re-admits) */
     int32_t max_tokens;
@@ -98,6 +99,11 @@ struct engine {
     lm_kv *kv;
     lm_workspace *ws;
     kv_slots slots;
+    /* a hybrid model's state pool: one slot per running request (max_running of
+     * them, so admission never waits for one), the free ones a stack */
+    bool hybrid;
+    int32_t *state_free, n_state_free;
+    int32_t *seq_state;         /* the state slot of each attention sequence of the step */
     prefix_cache *cache;        /* NULL when disabled */
     request *head, *tail;       /* every request, in arrival order; the only list that owns
                                  * them (request_end takes one off and frees it) */
@@ -177,7 +183,7 @@ static int32_t max_kv_len(const engine_config *cfg)
 
 uint64_t engine_device_bytes(lm_model *m, const engine_config *cfg)
 {
-    return lm_kv_bytes(m, cfg->kv_slots) +
+    return lm_kv_bytes(m, cfg->kv_slots) + lm_state_bytes(m, cfg->max_running) +
            lm_workspace_bytes(m, cfg->max_batch_tokens, cfg->max_running, max_kv_len(cfg));
 }
 
@@ -195,8 +201,13 @@ vlmd_status engine_create(lm_model *m, const engine_config *cfg, engine_emit_fn 
     e->emit = emit;
     e->ud = ud;
     int32_t n = cfg->max_batch_tokens, r = cfg->max_running, V = (int32_t)lm_vocab_size(m);
+    /* A hybrid model's cached prefix has no recurrent state to resume from:
+     * its prefixes are recomputed (the caller says so where it asked) */
+    e->hybrid = lm_is_hybrid(m);
+    if (e->hybrid)
+        e->cfg.prefix_cache = false;
     vlmd_status s = kv_slots_init(&e->slots, cfg->kv_slots, err);
-    if (s == VLMD_OK && cfg->prefix_cache)
+    if (s == VLMD_OK && e->cfg.prefix_cache)
         s = prefix_cache_create(&e->slots, &e->cache, err);
     if (s == VLMD_OK && e->cache && cfg->event_block_size > 0) {
         e->events_on = true;
@@ -204,7 +215,7 @@ vlmd_status engine_create(lm_model *m, const engine_config *cfg, engine_emit_fn 
         prefix_cache_track_blocks(e->cache, cfg->event_block_size, blocks_removed, e);
     }
     if (s == VLMD_OK)
-        s = lm_kv_create(m, cfg->kv_slots, &e->kv, err);
+        s = lm_kv_create_hybrid(m, cfg->kv_slots, e->hybrid ? r : 0, &e->kv, err);
     if (s == VLMD_OK)
         s = lm_workspace_create(m, n, r, max_kv_len(cfg), &e->ws, err);
     if (s == VLMD_OK && cfg->decode_graphs)
@@ -218,6 +229,10 @@ vlmd_status engine_create(lm_model *m, const engine_config *cfg, engine_emit_fn 
     e->in_step = malloc((size_t)r * sizeof *e->in_step);
     e->running = malloc((size_t)r * sizeof *e->running);
     e->seq_req = malloc((size_t)r * sizeof *e->seq_req);
+    e->seq_state = malloc((size_t)r * sizeof *e->seq_state);
+    e->state_free = malloc((size_t)r * sizeof *e->state_free);
+    for (int32_t i = 0; e->state_free && e->hybrid && i < r; i++)
+        e->state_free[e->n_state_free++] = r - 1 - i; /* slot 0 on top */
     e->sample_rows = malloc((size_t)r * sizeof *e->sample_rows);
     e->sample_out = malloc((size_t)r * sizeof *e->sample_out);
     e->seen = s == VLMD_OK ? malloc((size_t)lm_seen_capacity(e->ws) * sizeof *e->seen) : NULL;
@@ -227,6 +242,7 @@ vlmd_status engine_create(lm_model *m, const engine_config *cfg, engine_emit_fn 
     e->slot_owner = malloc(cfg->kv_slots > 0 ? (size_t)cfg->kv_slots : 1);
     if (s == VLMD_OK && (!e->ids || !e->positions || !e->step_slots || !e->logit_rows ||
                          !e->seqs || !e->embeds || !e->in_step || !e->running || !e->seq_req ||
+                         !e->seq_state || !e->state_free ||
                          !e->sample_rows || !e->sample_out || !e->seen || !e->seen_at ||
                          !e->row_masks || !e->slot_owner))
         s = vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the engine's batch");
@@ -285,6 +301,8 @@ void engine_free(engine *e)
     free(e->in_step);
     free(e->running);
     free(e->seq_req);
+    free(e->seq_state);
+    free(e->state_free);
     free(e->sample_rows);
     free(e->sample_out);
     free(e->seen);
@@ -438,6 +456,9 @@ static vlmd_status check_request(const engine *e, const request *q, int64_t *hel
     *held = 0;
     if (!q->listed)
         return vlmd_errorf(err, VLMD_ERR_INTERNAL, "request %llu is on the list unmarked", id);
+    if ((q->state == REQ_RUNNING) != (q->state_slot >= 0) && e->hybrid)
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "request %llu (%s) holds state slot %d", id,
+                           q->state == REQ_RUNNING ? "running" : "waiting", q->state_slot);
     if (q->state == REQ_WAITING) {
         if (q->n_cached || q->n_shared || q->lock)
             return vlmd_errorf(err, VLMD_ERR_INTERNAL, "waiting request %llu holds KV "
@@ -493,6 +514,9 @@ static vlmd_status check_books(const engine *e, vlmd_error *err)
                            "(counted %d and %d, at most %d running; tail %s)", active, running,
                            e->n_active, e->n_running, e->cfg.max_running,
                            last == e->tail ? "right" : "wrong");
+    if (e->hybrid && running + e->n_state_free != e->cfg.max_running)
+        return vlmd_errorf(err, VLMD_ERR_INTERNAL, "the state pool: %d running + %d free != "
+                           "its %d slots", running, e->n_state_free, e->cfg.max_running);
     if (e->cache && prefix_cache_locks(e->cache) != locks)
         return vlmd_errorf(err, VLMD_ERR_INTERNAL, "the prefix cache has %d locked paths; "
                            "requests hold %d", prefix_cache_locks(e->cache), locks);
@@ -577,6 +601,7 @@ vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err)
     for (int32_t at = 0; at < n; at += len, n_seq++) {
         int32_t q = n - at < len ? n - at : len;
         e->seqs[n_seq] = (vlmd_attn_seq){at, q, q, e->step_slots + at};
+        e->seq_state[n_seq] = n_seq; /* (at most max_running sequences) */
         e->logit_rows[n_seq] = at + q - 1;
     }
     /* a model that takes images: the prefill starts with an image's rows (zeros, and
@@ -590,8 +615,9 @@ vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err)
     if (image_rows && !image)
         return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for the stress's image rows");
     lm_embed_run run = {0, image_rows, image, (size_t)image_rows * H};
+    const int32_t *states = e->hybrid ? e->seq_state : NULL;
     lm_batch prefill = {n, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
-                           n_seq, &run, image_rows ? 1 : 0};
+                           n_seq, &run, image_rows ? 1 : 0, states};
     /* experts see the worst routing there is: every token on the same ones */
     lm_set_worst_case_routing(e->ws, true);
     vlmd_status s = lm_forward(e->m, e->kv, e->ws, &prefill, NULL, err);
@@ -603,10 +629,11 @@ vlmd_status engine_stress(engine *e, engine_stress_kind kind, vlmd_error *err)
         for (int k = 0; k < 3; k++)
             e->positions[k * r + i] = 0;
         e->seqs[i] = (vlmd_attn_seq){i, 1, 1, e->step_slots + i};
+        e->seq_state[i] = i;
         e->logit_rows[i] = i;
     }
     lm_batch decode = {r, e->ids, e->positions, e->step_slots, e->seqs, r, e->logit_rows, r,
-                          NULL, 0};
+                          NULL, 0, states};
     if (s == VLMD_OK)
         s = lm_forward(e->m, e->kv, e->ws, &decode, NULL, err);
     lm_set_worst_case_routing(e->ws, false);
@@ -836,6 +863,7 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     }
     q->id = r->req_id;
     q->state = REQ_WAITING;
+    q->state_slot = -1;
     if (r->n_logit_bias) {
         q->bias = malloc(r->n_logit_bias * sizeof *q->bias);
         if (!q->bias) {
@@ -930,6 +958,28 @@ static void release_kv(engine *e, request *q)
     q->lock = NULL;
 }
 
+/* A request starts or stops running: the count, and a hybrid model's state
+ * slot (taken from the pool, or given back: a paused request recomputes its
+ * state from its tokens, as its KV). */
+static void start_running(engine *e, request *q)
+{
+    q->state = REQ_RUNNING;
+    e->n_running++;
+    if (e->hybrid) {
+        VLMD_ASSERT(e->n_state_free > 0); /* one slot per running request */
+        q->state_slot = e->state_free[--e->n_state_free];
+    }
+}
+
+static void stop_running(engine *e, request *q)
+{
+    q->state = REQ_WAITING;
+    e->n_running--;
+    if (q->state_slot >= 0)
+        e->state_free[e->n_state_free++] = q->state_slot;
+    q->state_slot = -1;
+}
+
 /* Ends a request on the list: its KV goes back (a running one's), it leaves
  * the list, and it is freed - the one way a listed request is freed. */
 static void request_end(engine *e, request *q)
@@ -938,7 +988,7 @@ static void request_end(engine *e, request *q)
     VLMD_ASSERT(q->listed && find(e, q->id, &prev) == q);
     if (q->state == REQ_RUNNING) {
         release_kv(e, q);
-        e->n_running--;
+        stop_running(e, q);
     }
     if (prev)
         prev->next = q->next;
@@ -978,8 +1028,7 @@ int32_t engine_cancel_all(engine *e)
 static void preempt(engine *e, request *q)
 {
     release_kv(e, q); /* the prefix cache keeps what it can: the recomputation may reuse it */
-    q->state = REQ_WAITING;
-    e->n_running--;
+    stop_running(e, q);
     e->preemptions++;
     VLMD_REQ_DEBUG(q->id, "preempted at %d tokens (%d free slots)", q->n_tokens,
                    e->slots.n_free);
@@ -1004,6 +1053,7 @@ static void add_chunk(engine *e, request *q, int32_t count, step_plan *p)
         e->step_slots[p->n_tok + i] = q->slots[first + i];
     }
     e->seq_req[p->n_seq] = q;
+    e->seq_state[p->n_seq] = q->state_slot;
     e->seqs[p->n_seq++] = (vlmd_attn_seq){p->n_tok, count, first + count, q->slots};
     /* the image tokens among these rows take their embeddings (and DeepStack
      * features) from the arena, whenever they are computed */
@@ -1079,8 +1129,7 @@ static void share_prompt(engine *e, request *q)
     q->lock = NULL;
     if (cache_insert(e, q) != VLMD_OK) {
         q->n_cached = q->n_shared = 0; /* its slots went back: recomputed, as if preempted */
-        q->state = REQ_WAITING;
-        e->n_running--;
+        stop_running(e, q);
         return;
     }
     /* the same tokens: their slots are the cache's now (a duplicate may have moved) */
@@ -1187,8 +1236,7 @@ static void schedule(engine *e, step_plan *p)
             e->prompt_tokens += (uint64_t)q->n_prompt;
             e->cached_tokens += (uint64_t)q->n_cached;
         }
-        q->state = REQ_RUNNING;
-        e->n_running++;
+        start_running(e, q);
         int32_t chunk = chunk_of(e, q, p);
         VLMD_ASSERT(make_room(e, chunk)); /* room >= need >= chunk */
         add_chunk(e, q, chunk, p);
@@ -1433,9 +1481,9 @@ static void reset_books(engine *e, const char *why)
     for (request *q = e->head; q; q = q->next) {
         q->lock = NULL; /* void once the cache is forgotten */
         q->n_cached = q->n_shared = 0;
-        q->state = REQ_WAITING;
+        if (q->state == REQ_RUNNING)
+            stop_running(e, q);
     }
-    e->n_running = 0;
     if (e->cache) {
         prefix_cache_forget(e->cache);
         if (e->events_on)
@@ -1502,7 +1550,7 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
         }
     }
     lm_batch bt = {n_tok, e->ids, e->positions, e->step_slots, e->seqs, n_seq, e->logit_rows,
-                      plan.n_logits, e->embeds, e->n_embeds};
+                      plan.n_logits, e->embeds, e->n_embeds, e->hybrid ? e->seq_state : NULL};
     vlmd_status s = lm_forward(e->m, e->kv, e->ws, &bt, NULL, err);
     if (s == VLMD_OK)
         fill_masks(e, plan.n_logits);

@@ -440,6 +440,10 @@ static uint32_t memory_map(llm_worker *w, const profile_report *r, vlmd_kv *kv, 
         {"fit_tokens", (uint64_t)r->fit.tokens},
         {"fit_workspace_bytes", r->fit.workspace_bytes},
         {"grammar_cache_bytes", r->grammar_bytes},
+        {"max_running", (uint64_t)r->max_running},
+        {"state_slots", r->state_bytes_per_slot ? (uint64_t)r->max_running : 0},
+        {"state_bytes_per_slot", r->state_bytes_per_slot},
+        {"state_pool_bytes", r->state_pool_bytes},
     };
     uint32_t n = sizeof rows / sizeof rows[0];
     for (uint32_t i = 0; i < n; i++) {
@@ -558,7 +562,7 @@ static void on_profile_done(uv_work_t *req, int status)
               "max length %lld; device %s: %llu MiB, weights %llu MiB, workspace %llu MiB, peers "
               "%llu MiB, canary %llu MiB, %llu MiB free",
               (long long)rep->tokens, (unsigned long long)(rep->kv_bytes >> 20), rep->attempts,
-              base.max_batch_tokens, base.max_running, (long long)rep->max_model_len,
+              base.max_batch_tokens, rep->max_running, (long long)rep->max_model_len,
               vlmd_backend_info(w->backend)->name, (unsigned long long)(rep->total_bytes >> 20),
               (unsigned long long)(rep->weights_bytes >> 20),
               (unsigned long long)(rep->workspace_bytes >> 20),
@@ -567,8 +571,8 @@ static void on_profile_done(uv_work_t *req, int status)
               (unsigned long long)(rep->free_after_bytes >> 20));
     if (w->stopping)
         return;
-    vlmd_kv memory[26];
-    char values[26][24], graphs[96], length[24], why[512], format[96];
+    vlmd_kv memory[32];
+    char values[32][24], graphs[96], length[24], why[512], format[96];
     describe_graphs(w, graphs, sizeof graphs);
     snprintf(length, sizeof length, "%lld", (long long)rep->max_model_len);
     describe_length(w, why, sizeof why);
@@ -924,6 +928,10 @@ static vlmd_status load_weights(llm_worker *w, const lm_parallel *par, vlmd_erro
         return s;
     if (w->svc.cfg.rank == 0)
         load_vocab(w);
+    if (lm_is_hybrid(w->model) && !w->svc.cfg.disable_prefix_cache)
+        VLMD_WARN("prefix cache: off for %s (its linear-attention layers keep a recurrent "
+                  "state that a cached prefix's KV cannot resume; prompts are recomputed)",
+                  w->svc.model.architecture);
     const vlmd_text_config *t = &w->svc.model.text;
     char format[64];
     VLMD_INFO("%s loaded in %llu ms: %lld layers, hidden %lld, %lld heads (%lld KV), vocab %lld, "

@@ -158,6 +158,9 @@ static vlmd_status fit_length(lm_model *m, vlmd_backend *b, const engine_config 
         lower, dev->kind == VLMD_DEVICE_CPU ? "a larger --cpu-device-mb, " : "a larger device, ");
 }
 
+static int32_t state_slots(lm_model *m, vlmd_backend *b, const profile_config *pc,
+                           uint64_t weights, int32_t wanted);
+
 vlmd_status profile_fit_length(lm_model *m, vlmd_backend *b, const engine_config *base,
                                const profile_config *pc, profile_fit *fit, vlmd_error *err)
 {
@@ -174,8 +177,10 @@ vlmd_status profile_check_length(lm_model *shapes, vlmd_backend *b, uint64_t wei
     given.peer_bytes = 0; /* not known yet: 0 can only make the length fit */
     if (pc->lower_max_model_len)
         return VLMD_OK;
-    return fit_length(shapes, b, base, &given, vlmd_backend_allocated_bytes(b) + weight_bytes,
-                      &fit, err);
+    uint64_t weights = vlmd_backend_allocated_bytes(b) + weight_bytes;
+    engine_config cfg = *base; /* (a hybrid model's slots, as profile_run will lower them) */
+    cfg.max_running = state_slots(shapes, b, &given, weights, base->max_running);
+    return fit_length(shapes, b, &cfg, &given, weights, &fit, err);
 }
 
 /* Probe: a KV cache of probe tokens (at most what the fit found) and, where
@@ -232,6 +237,27 @@ static vlmd_status attempt(lm_model *m, vlmd_backend *b, engine_config cfg, engi
     return VLMD_OK;
 }
 
+/* profile_state_slots with the weights' bytes given (before loading, those to come) */
+static int32_t state_slots(lm_model *m, vlmd_backend *b, const profile_config *pc,
+                           uint64_t weights, int32_t wanted)
+{
+    uint64_t per_slot = lm_is_hybrid(m) ? lm_state_bytes_per_slot(m) : 0, free_bytes = 0,
+             total = 0;
+    if (!per_slot || vlmd_backend_mem_info(b, &free_bytes, &total, NULL) != VLMD_OK)
+        return wanted;
+    double room = (double)total - (double)weights -
+                  (double)pc->peer_bytes - (double)pc->canary_bytes - (double)pc->grammar_bytes;
+    /* (lm_state_bytes counts a pad slot beside the pool's) */
+    double fits = room * PROFILE_STATE_SHARE / (double)per_slot - 1;
+    return fits >= wanted ? wanted : fits >= 1 ? (int32_t)fits : 1;
+}
+
+int32_t profile_state_slots(lm_model *m, vlmd_backend *b, const profile_config *pc,
+                            int32_t wanted)
+{
+    return state_slots(m, b, pc, vlmd_backend_allocated_bytes(b), wanted);
+}
+
 /* A lowered length follows a cache that holds fewer tokens than it (what
  * the probe measured, or a shrunk attempt); a given one cannot. */
 static void follow_tokens(engine_config *cfg, const profile_config *pc, int64_t tokens,
@@ -262,11 +288,23 @@ vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
     if (st != VLMD_OK)
         return st;
     rep->weights_bytes = vlmd_backend_allocated_bytes(b);
+    engine_config hybrid = *base; /* the fit sees the state pool the engine will have */
+    hybrid.max_running = profile_state_slots(m, b, pc, base->max_running);
+    if (hybrid.max_running < base->max_running)
+        VLMD_WARN("profile: --max-num-seqs lowered from %d to %d: each running request holds "
+                  "a state slot of %llu MiB (the linear-attention layers' conv and recurrent "
+                  "state), and the pool takes at most %g of the device beyond the weights",
+                  base->max_running, hybrid.max_running,
+                  MIB(lm_state_bytes_per_slot(m)), PROFILE_STATE_SHARE);
+    base = &hybrid;
+    rep->state_bytes_per_slot = lm_is_hybrid(m) ? lm_state_bytes_per_slot(m) : 0;
+    rep->state_pool_bytes = lm_state_bytes(m, hybrid.max_running);
     if ((st = profile_fit_length(m, b, base, pc, &rep->fit, err)) != VLMD_OK)
         return st;
     engine_config cfg = *base;
     cfg.max_model_len = (int32_t)rep->fit.max_model_len;
     rep->max_model_len = rep->fit.max_model_len;
+    rep->max_running = cfg.max_running;
     if (rep->fit.lowered)
         VLMD_WARN("profile: max model length lowered from the model's %lld to %lld, what fits "
                   "(estimated before the probe: %lld KV tokens in %llu MiB beside %llu MiB of "
@@ -312,7 +350,8 @@ vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
         if (tokens < cfg.max_model_len || tokens < 1)
             return vlmd_errorf(err, VLMD_ERR_TOO_LARGE,
                                "--max-model-len %d does not fit a KV cache of %lld tokens (%s; "
-                               "device %llu MiB: weights %llu MiB, activations %llu MiB, visual "
+                               "device %llu MiB: weights %llu MiB, activations %llu MiB (the "
+                               "state pool's %llu MiB for %d sequences included), visual "
                                "worker %llu MiB, canary %llu MiB, grammar cache %llu MiB, %llu "
                                "bytes per token): lower --max-model-len, or give the cache more "
                                "room (%s)",
@@ -320,7 +359,8 @@ vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
                                pc->max_total_token_num ? "--max-total-token-num"
                                : a ? "after shrinking" : "what this device holds",
                                MIB(rep->total_bytes), MIB(rep->weights_bytes),
-                               MIB(rep->non_kv_bytes), MIB(pc->peer_bytes),
+                               MIB(rep->non_kv_bytes), MIB(rep->state_pool_bytes),
+                               cfg.max_running, MIB(pc->peer_bytes),
                                MIB(pc->canary_bytes), MIB(pc->grammar_bytes),
                                (unsigned long long)rep->bytes_per_token, knobs);
         if (hook)
@@ -346,11 +386,13 @@ vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
     return vlmd_errorf(err, VLMD_ERR_TOO_LARGE,
                        "the KV cache could not be placed after %d attempt(s) from %lld tokens "
                        "(last: %s). Device %llu MiB (%llu MiB free now): weights %llu MiB, "
-                       "activations and workspace %llu MiB, visual worker %llu MiB, canary %llu "
+                       "activations and workspace %llu MiB (the state pool's %llu MiB for %d "
+                       "sequences included), visual worker %llu MiB, canary %llu "
                        "MiB, grammar cache %llu MiB, KV budget %llu MiB at --mem-fraction %g, "
                        "%llu bytes per token. To fit, %s",
                        rep->attempts, (long long)first, last.msg, MIB(rep->total_bytes),
                        MIB(free_bytes), MIB(rep->weights_bytes), MIB(rep->non_kv_bytes),
+                       MIB(rep->state_pool_bytes), cfg.max_running,
                        MIB(pc->peer_bytes), MIB(pc->canary_bytes), MIB(pc->grammar_bytes),
                        MIB(rep->budget_bytes),
                        pc->mem_fraction, (unsigned long long)rep->bytes_per_token, knobs);

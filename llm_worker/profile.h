@@ -93,6 +93,12 @@ typedef struct profile_report {
     uint64_t grammar_bytes;         /* kept out of the KV budget for the grammar cache */
     uint64_t free_after_bytes;      /* the driver's free bytes once ready */
     uint64_t bytes_per_token;
+    /* a hybrid model's state pool (0 otherwise): one slot per running request, counted
+     * with the workspace (engine_device_bytes) */
+    int32_t max_running;            /* the engine's: --max-num-seqs, or lowered to the slots
+                                     * that fit (profile_state_slots) */
+    uint64_t state_bytes_per_slot;
+    uint64_t state_pool_bytes;
 } profile_report;
 
 /* The engine's grammar cache bound on b (engine_config.grammar_cache_bytes),
@@ -134,6 +140,15 @@ vlmd_status profile_check_weights(vlmd_backend *b, uint64_t weight_bytes, uint64
  * err which quantized checkpoint of it would fit, when one would. */
 void profile_suggest_quantized(vlmd_backend *b, const lm_model *shapes, uint64_t weight_bytes,
                                const vlmd_quant_config *q, vlmd_error *err);
+
+/* A hybrid model's state slots (one per running request) take at most half
+ * of what the device holds beyond the weights, the peer, the canary and the
+ * grammar cache, so that the KV cache keeps the rest: the most requests that
+ * can run at once, wanted (--max-num-seqs) or fewer, at least 1. Other
+ * models: wanted. profile_run lowers --max-num-seqs to it, with a warning. */
+#define PROFILE_STATE_SHARE 0.5
+int32_t profile_state_slots(lm_model *m, vlmd_backend *b, const profile_config *pc,
+                            int32_t wanted);
 
 /* Runs the protocol for a loaded model. On success *out is the engine at the
  * final size (engine_config's kv_slots replaced, its max_model_len

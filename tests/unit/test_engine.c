@@ -452,10 +452,11 @@ Test(engine, kv_events_replayed_hold_the_caches_blocks)
 #endif
 
 /* A prompt longer than a step takes is prefilled in chunks: the same tokens. */
-Test(engine, long_prompts_are_prefilled_in_chunks)
+static void long_prompts_in_chunks(const char *device, const char *model)
 {
     fixture f;
-    open_model(&f);
+    if (!open_named_on(&f, device, model))
+        return;
     static outputs whole, chunked;
     uint32_t prompt[64];
     vlmd_error err = {0};
@@ -471,6 +472,89 @@ Test(engine, long_prompts_are_prefilled_in_chunks)
     run_until_idle(e, 200);
     cr_expect_eq(chunked.n[5], whole.n[5]);
     cr_expect_arr_eq(chunked.tokens[5], whole.tokens[5], (size_t)whole.n[5] * 4);
+    engine_free(e);
+    close_model(&f);
+}
+
+Test(engine, long_prompts_are_prefilled_in_chunks)
+{
+    long_prompts_in_chunks(TEST_DEVICE, "qwen2");
+}
+
+/* ---- a hybrid model (Qwen3.5): its state slots ------------------------------------ */
+
+/* Each running request holds one state slot of the pool, carried across
+ * its prefill chunks and decode steps, given back when it ends or is paused
+ * (and recomputed from its tokens on return): the same tokens alone, in a
+ * batch (through the decode graphs too), preempted, and prefilled in chunks. */
+Test(engine, hybrid_batched_equals_alone)
+{
+    batched_equals_alone_on("cpu", "qwen3_5", false, N_REQ);
+}
+Test(engine, hybrid_batched_decode_graphs_equal_alone)
+{
+    batched_equals_alone_on("cpu", "qwen3_5", true, N_REQ);
+}
+Test(engine, hybrid_moe_batched_equals_alone)
+{
+    batched_equals_alone_on("cpu", "qwen3_5_moe", false, 6);
+}
+Test(engine, hybrid_preempted_requests_finish_with_the_tokens_they_produce_alone)
+{
+    preempted_requests_finish_as_alone(TEST_DEVICE, "qwen3_5", false);
+}
+/* (the prefix cache asked for: a hybrid model's engine runs without it, the same tokens) */
+Test(engine, hybrid_preemption_with_the_prefix_cache_asked_for)
+{
+    preempted_requests_finish_as_alone("cpu", "qwen3_5", true);
+}
+Test(engine, hybrid_long_prompts_are_prefilled_in_chunks)
+{
+    long_prompts_in_chunks(TEST_DEVICE, "qwen3_5");
+}
+
+/* More requests than state slots (max_running 3): the rest wait for a slot,
+ * never fail, and each ends with its tokens alone. */
+Test(engine, hybrid_requests_beyond_the_state_slots_wait)
+{
+    fixture f;
+    open_named_on(&f, "cpu", "qwen3_5");
+    static outputs alone, together;
+    uint32_t prompts[8][64];
+    vlmd_error err = {0};
+    for (uint32_t i = 0; i < 8; i++) {
+        engine *e = make_engine(&f, &alone, 1024);
+        vlmd_msg_request_submit r = request(i, prompts[i]);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+        run_until_idle(e, 200);
+        engine_free(e);
+    }
+    engine_config cfg = {.kv_slots = 1024, .max_batch_tokens = 256, .max_running = 3,
+                         .eos_id = -1, .max_model_len = 4096, .image_token_id = -1};
+    engine *e = NULL;
+    cr_assert_eq(engine_create(f.m, &cfg, on_emit, &together, &e, &err), VLMD_OK, "%s",
+                 err.msg);
+    for (uint32_t i = 0; i < 8; i++) {
+        vlmd_msg_request_submit r = request(i, prompts[i]);
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    }
+    int most = 0;
+    for (int step = 0; step < 400; step++) {
+        bool worked = false;
+        cr_assert_eq(engine_step(e, &worked, &err), VLMD_OK, "%s", err.msg);
+        cr_assert_eq(engine_check_invariants(e, &err), VLMD_OK, "%s", err.msg);
+        most = engine_running(e) > most ? engine_running(e) : most;
+        if (!worked)
+            break;
+    }
+    cr_expect_eq(most, 3, "three at a time");
+    for (uint32_t i = 0; i < 8; i++) {
+        cr_expect_eq(together.finish[i], VLMD_FINISH_LENGTH, "request %u", i);
+        cr_expect_eq(together.n[i], alone.n[i], "request %u: length", i);
+        cr_expect_arr_eq(together.tokens[i], alone.tokens[i], (size_t)alone.n[i] * 4,
+                         "request %u: the same tokens", i);
+    }
+    cr_expect_eq(engine_active(e), 0);
     engine_free(e);
     close_model(&f);
 }

@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
 #include "profile.h"
 #include "test_support.h"
 
@@ -452,8 +454,8 @@ Test(profile, the_probe_is_no_larger_than_what_fits)
  * dense and mixture-of-experts models. */
 Test(profile, engine_device_bytes_is_what_engine_create_takes)
 {
-    const char *models[] = {"qwen2", "qwen3_moe"};
-    for (size_t i = 0; i < 2; i++) {
+    const char *models[] = {"qwen2", "qwen3_moe", "qwen3_5", "qwen3_5_moe"};
+    for (size_t i = 0; i < 4; i++) {
         fixture f;
         if (!open_model(&f, models[i]))
             continue;
@@ -472,6 +474,74 @@ Test(profile, engine_device_bytes_is_what_engine_create_takes)
                          cfg.kv_slots, cfg.max_model_len);
             engine_free(e);
         }
+        close_fixture(&f);
+    }
+}
+
+/* ---- a hybrid model's state pool ---------------------------------------------- */
+
+/* One state slot per running request, of the fixture README's bytes:
+ * N_lin [(2 Hk dk + Hv dv)(K - 1) b_act + Hv dk dv 4], from config.json. */
+static uint64_t readme_state_bytes(const fixture *f, const char *model)
+{
+    json_error_t je;
+    char path[4200];
+    snprintf(path, sizeof path, "%s/config.json", test_fixture(model));
+    json_t *root = json_load_file(path, 0, &je), *t = json_object_get(root, "text_config");
+    cr_assert_not_null(t, "%s", path);
+#define I(k) json_integer_value(json_object_get(t, k))
+    uint64_t hk = I("linear_num_key_heads"), hv = I("linear_num_value_heads"),
+             dk = I("linear_key_head_dim"), dv = I("linear_value_head_dim"),
+             k = I("linear_conv_kernel_dim");
+#undef I
+    uint64_t n_lin = 0;
+    json_t *type;
+    size_t i;
+    json_array_foreach(json_object_get(t, "layer_types"), i, type)
+        n_lin += strcmp(json_string_value(type), "linear_attention") == 0;
+    json_decref(root);
+    cr_assert_gt(n_lin, 0);
+    return n_lin * ((2 * hk * dk + hv * dv) * (k - 1) * vlmd_backend_elem_size(f->b) +
+                    hv * dk * dv * 4);
+}
+
+/* The plan holds the pool: slots x state bytes (and a pad slot) beside the
+ * KV cache and the measured peak, everything allocated accounted for (run);
+ * a pool that would take more than its share lowers --max-num-seqs; and the
+ * failure's message names it. */
+Test(profile, a_hybrid_models_state_pool_is_in_the_plan)
+{
+    const char *models[] = {"qwen3_5", "qwen3_5_moe"};
+    for (size_t mi = 0; mi < 2; mi++) {
+        fixture f;
+        if (!open_model(&f, models[mi]))
+            continue;
+        uint64_t per_slot = readme_state_bytes(&f, models[mi]);
+        cr_expect_eq(lm_state_bytes_per_slot(f.m), per_slot);
+        profile_report rep;
+        vlmd_error err = {0};
+        cr_assert_eq(run(&f, NULL, NULL, &rep, &err), VLMD_OK, "%s", err.msg);
+        cr_expect_eq(rep.max_running, 8, "8 slots fit: --max-num-seqs as given");
+        cr_expect_eq(rep.state_bytes_per_slot, per_slot);
+        cr_expect_eq(rep.state_pool_bytes, 9 * per_slot, "8 slots and the pad slot");
+        cr_expect_geq(rep.workspace_bytes, rep.state_pool_bytes, "the pool is held beside the KV");
+        cr_expect_geq(rep.non_kv_bytes, rep.weights_bytes + rep.state_pool_bytes,
+                      "the probe's peak holds the pool");
+
+        /* more sequences than half the room beyond the weights holds: lowered */
+        double room = (double)(DEVICE - vlmd_backend_allocated_bytes(f.b) - CANARY);
+        int32_t most = (int32_t)(room * PROFILE_STATE_SHARE / (double)per_slot - 1);
+        cr_expect_eq(profile_state_slots(f.m, f.b, &f.pc, 8), 8);
+        cr_expect_eq(profile_state_slots(f.m, f.b, &f.pc, most + 1000), most);
+        profile_config crowded = f.pc; /* a peer leaves room for 3.5 slots: half is 1.75 */
+        crowded.peer_bytes = (uint64_t)(room - 3.5 * (double)per_slot);
+        cr_expect_eq(profile_state_slots(f.m, f.b, &crowded, 8), 1, "at least one");
+
+        /* the failure path names the pool */
+        grab g = {f.b, 1000, DEVICE / 2, false, 0};
+        cr_assert_eq(run(&f, grab_hook, &g, &rep, &err), VLMD_ERR_TOO_LARGE);
+        cr_expect(strstr(err.msg, "state pool"), "%s", err.msg);
+        vlmd_backend_take_hidden(f.b, -(int64_t)g.bytes);
         close_fixture(&f);
     }
 }
