@@ -375,12 +375,14 @@ bool api_chat_render(api_chat *c, const json_t *tools_body, bool thinking,
 }
 
 /* chat_template_kwargs (vLLM's): an object whose enable_thinking is a
- * boolean, true when absent (Qwen3's default). Its other keys would be
- * variables of a Jinja template: vlmd's templates have none, so they are
- * ignored. */
-static bool thinking_wanted(const json_t *body, bool *on, api_error *e)
+ * boolean; absent, the family's default (on, as Qwen3's; off for the small
+ * Qwen3.5 models' template). Its other keys would be variables of a Jinja
+ * template: vlmd's templates have none, so they are ignored. */
+static bool thinking_wanted(const json_t *body, const vlmd_chat_family *f, bool *on,
+                            api_error *e)
 {
-    *on = true;
+    bool fallback = !(f && f->think_off_by_default);
+    *on = fallback;
     const json_t *kw = opt(body, "chat_template_kwargs");
     if (!kw)
         return true;
@@ -392,7 +394,7 @@ static bool thinking_wanted(const json_t *body, bool *on, api_error *e)
         return api_fail(e, VLMD_ERR_INVALID_ARG, "chat_template_kwargs.enable_thinking",
                         "invalid_type", "'chat_template_kwargs.enable_thinking' must be true or "
                         "false");
-    *on = !v || json_is_true(v);
+    *on = v ? json_is_true(v) : fallback;
     return true;
 }
 
@@ -496,7 +498,7 @@ static bool render_chat(const json_t *body, const api_limits *lim, vlmd_prompt_t
     bool thinking = true, ok = true;
     for (size_t i = 0; ok && i < n; i++)
         ok = chat_message(json_array_get(msgs, i), i, &c, e);
-    ok = ok && thinking_wanted(body, &thinking, e) &&
+    ok = ok && thinking_wanted(body, lim->chat_family, &thinking, e) &&
          api_chat_render(&c, body, thinking, text, e);
     if (ok && images) { /* handed over in prompt order */
         *images = c.images;
@@ -772,7 +774,7 @@ bool api_request_parse(const json_t *body, bool chat, const api_limits *lim,
     }
     bool thinking = false; /* (the prompt's rendering checked it) */
     if (ok && chat)
-        ok = thinking_wanted(body, &thinking, e) &&
+        ok = thinking_wanted(body, lim->chat_family, &thinking, e) &&
              api_request_answer_of(r, body, lim, thinking, e);
     if (ok)
         ok = api_grammar_parse(body, chat, chat ? opt(body, "response_format") : NULL, false,

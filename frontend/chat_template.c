@@ -37,6 +37,16 @@ static vlmd_status render_inst(const vlmd_chat_family *f, const vlmd_chat_messag
 #define OPENS_THINK "'<|im_start|>assistant\\n<think>\\n'" /* a Thinking model's template */
 #define CHATML .render = render_chatml, .tools = &tool_format_hermes, .image_slot = VISION_SLOT
 static const vlmd_chat_family families[] = {
+    /* Qwen3.5's two published templates (before Qwen3's: they hold its signature too) */
+    {.name = "qwen3_5", CHATML, .default_system = NULL, .part_separator = "", .thinking = true,
+     .think_switch = true, .think_off_by_default = true, .trim_turns = true,
+     .think_after_query = true, .tools_first = true, .switch_opens_think = true,
+     .strict_turns = true, .signature = {"<parameter=", "enable_thinking is true"}, .arches = 0},
+    {.name = "qwen3_5_think", CHATML, .default_system = NULL, .part_separator = "",
+     .thinking = true, .think_switch = true, .trim_turns = true, .think_after_query = true,
+     .tools_first = true, .switch_opens_think = true, .strict_turns = true,
+     .signature = {"<parameter=", "enable_thinking is false"},
+     .arches = ARCH(VLMD_ARCH_QWEN3_5) | ARCH(VLMD_ARCH_QWEN3_5_MOE)},
     {.name = "qwen3", CHATML, .default_system = NULL, .part_separator = "\n", .thinking = true,
      .think_switch = true, .later_system = true,
      .signature = {"enable_thinking", "<think>\\n\\n</think>\\n\\n"},
@@ -189,17 +199,72 @@ static vlmd_status image_misplaced(const vlmd_chat_family *f, const vlmd_chat_me
     return VLMD_OK;
 }
 
+/* A slice of a string */
+typedef struct slice {
+    const char *s;
+    size_t len;
+} slice;
+
+static bool is_space(char c)
+{
+    return c == ' ' || c == '\n' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* A trim_turns family's turn without the whitespace at its two ends (Jinja's
+ * |trim of the rendered content: an image slot is not whitespace): from
+ * part *first at offset *head to part *last, whose text ends *tail early. */
+static void trimmed_span(const vlmd_chat_family *f, const vlmd_chat_message *m, size_t *first,
+                         size_t *head, size_t *last, size_t *tail)
+{
+    *first = *head = *tail = 0;
+    *last = m->n_parts;
+    if (!f->trim_turns || *f->part_separator) /* (a separator would be text to trim too) */
+        return;
+    for (; *first < m->n_parts; ++*first, *head = 0) {
+        const vlmd_chat_part *p = &m->parts[*first];
+        if (p->kind != VLMD_CHAT_TEXT)
+            break;
+        while (*head < p->len && is_space(p->text[*head]))
+            ++*head;
+        if (*head < p->len)
+            break;
+    }
+    for (; *last > *first; --*last, *tail = 0) {
+        const vlmd_chat_part *p = &m->parts[*last - 1];
+        if (p->kind != VLMD_CHAT_TEXT)
+            break;
+        size_t from = *last - 1 == *first ? *head : 0;
+        while (*tail < p->len - from && is_space(p->text[p->len - 1 - *tail]))
+            ++*tail;
+        if (*tail < p->len - from)
+            break;
+    }
+}
+
+/* Part k's text within the trimmed span */
+static slice part_text(const vlmd_chat_message *m, size_t k, size_t first, size_t head,
+                       size_t last, size_t tail)
+{
+    const vlmd_chat_part *p = &m->parts[k];
+    size_t from = k == first ? head : 0, to = k + 1 == last ? p->len - tail : p->len;
+    return (slice){p->text + from, to - from};
+}
+
 static vlmd_status render_parts(const vlmd_chat_family *f, const vlmd_chat_message *m,
                                 vlmd_prompt_text *out)
 {
     vlmd_status st = VLMD_OK;
-    for (size_t k = 0; k < m->n_parts && st == VLMD_OK; k++) {
-        if (k > 0)
+    size_t first, head, last, tail;
+    trimmed_span(f, m, &first, &head, &last, &tail);
+    for (size_t k = first; k < last && st == VLMD_OK; k++) {
+        if (k > first)
             st = text(out, f->part_separator, strlen(f->part_separator));
-        if (st == VLMD_OK && m->parts[k].kind == VLMD_CHAT_TEXT)
-            st = text(out, m->parts[k].text, m->parts[k].len);
-        else if (st == VLMD_OK)
+        if (st == VLMD_OK && m->parts[k].kind == VLMD_CHAT_TEXT) {
+            slice t = part_text(m, k, first, head, last, tail);
+            st = text(out, t.s, t.len);
+        } else if (st == VLMD_OK) {
             st = marker(out, f->image_slot);
+        }
     }
     return st;
 }
@@ -208,20 +273,28 @@ static vlmd_status render_parts(const vlmd_chat_family *f, const vlmd_chat_messa
 static vlmd_status joined(const vlmd_chat_family *f, const vlmd_chat_message *m, vlmd_buf *b)
 {
     vlmd_status st = vlmd_buf_puts(b, "");
-    for (size_t k = 0; k < m->n_parts && st == VLMD_OK; k++) {
-        if (k > 0)
+    size_t first, head, last, tail;
+    trimmed_span(f, m, &first, &head, &last, &tail);
+    for (size_t k = first; k < last && st == VLMD_OK; k++) {
+        if (k > first)
             st = vlmd_buf_puts(b, f->part_separator);
-        if (st == VLMD_OK && m->parts[k].kind == VLMD_CHAT_TEXT)
-            st = vlmd_buf_append(b, m->parts[k].text, m->parts[k].len);
+        if (st == VLMD_OK && m->parts[k].kind == VLMD_CHAT_TEXT) {
+            slice t = part_text(m, k, first, head, last, tail);
+            st = vlmd_buf_append(b, t.s, t.len);
+        }
     }
     return st;
 }
 
-/* A slice of a string, trimmed of '\n' as Python's strip('\n') family does. */
-typedef struct slice {
-    const char *s;
-    size_t len;
-} slice;
+/* (trimmed of '\n' as Python's strip('\n') family does) */
+static slice trim_space(slice x)
+{
+    while (x.len && is_space(x.s[0]))
+        x.s++, x.len--;
+    while (x.len && is_space(x.s[x.len - 1]))
+        x.len--;
+    return x;
+}
 
 static slice lstrip_nl(slice x)
 {
@@ -317,8 +390,10 @@ static vlmd_status render_assistant(const vlmd_chat_family *f, const vlmd_chat_m
         /* the last turn gets its think block even when empty, where the model thinks
          * (Qwen3-2507 Instruct's template writes one only for reasoning) */
         bool thinks = f->think_switch || f->opens_think;
-        if (i > last_query && ((i + 1 == n && thinks) || reasoning.len > 0)) {
-            slice r = rstrip_nl(lstrip_nl(reasoning)), c = lstrip_nl(content);
+        if (i > last_query && ((i + 1 == n && thinks) || reasoning.len > 0 ||
+                               f->think_after_query)) {
+            slice r = f->trim_turns ? trim_space(reasoning) : rstrip_nl(lstrip_nl(reasoning));
+            slice c = lstrip_nl(content);
             if ((st = marker(out, "<think>\n")) == VLMD_OK &&
                 (st = text(out, r.s, r.len)) == VLMD_OK &&
                 (st = marker(out, "\n</think>\n\n")) == VLMD_OK)
@@ -335,9 +410,8 @@ static vlmd_status render_assistant(const vlmd_chat_family *f, const vlmd_chat_m
 }
 
 /* The index of the last user turn that is a query (not tool results the
- * client wrote as a user turn); n - 1 when there is none, as in Qwen3's
- * template. */
-static size_t last_user_query(const vlmd_chat_family *f, const vlmd_chat_message *msgs, size_t n,
+ * client wrote as a user turn); n when there is none. */
+static size_t find_user_query(const vlmd_chat_family *f, const vlmd_chat_message *msgs, size_t n,
                               vlmd_status *st)
 {
     static const char open[] = "<tool_response>", close[] = "</tool_response>";
@@ -347,7 +421,7 @@ static size_t last_user_query(const vlmd_chat_family *f, const vlmd_chat_message
         vlmd_buf b = VLMD_BUF_INIT;
         if ((*st = joined(f, &msgs[i], &b)) != VLMD_OK) {
             vlmd_buf_free(&b);
-            return n - 1;
+            return n;
         }
         bool results = b.len >= sizeof close - 1 && strncmp(b.data, open, sizeof open - 1) == 0 &&
                        memcmp(b.data + b.len - (sizeof close - 1), close, sizeof close - 1) == 0;
@@ -355,7 +429,7 @@ static size_t last_user_query(const vlmd_chat_family *f, const vlmd_chat_message
         if (!results)
             return i;
     }
-    return n - 1;
+    return n;
 }
 
 /* The system turn: a leading system message's text (else the family's
@@ -367,6 +441,17 @@ static vlmd_status render_system(const vlmd_chat_family *f, const vlmd_chat_mess
     if (!leading && !f->default_system && !tools)
         return VLMD_OK;
     vlmd_status st = marker(out, "<|im_start|>system\n");
+    if (f->tools_first && tools) { /* then the system text, where there is any */
+        vlmd_buf b = VLMD_BUF_INIT;
+        if (st == VLMD_OK && leading)
+            st = joined(f, &msgs[0], &b);
+        if (st == VLMD_OK)
+            st = vlmd_prompt_append(out, tools);
+        if (st == VLMD_OK && b.len && (st = marker(out, "\n\n")) == VLMD_OK)
+            st = render_parts(f, &msgs[0], out);
+        vlmd_buf_free(&b);
+        return st == VLMD_OK ? marker(out, "<|im_end|>\n") : st;
+    }
     if (st == VLMD_OK && leading)
         st = render_parts(f, &msgs[0], out);
     else if (st == VLMD_OK && f->default_system)
@@ -378,12 +463,37 @@ static vlmd_status render_system(const vlmd_chat_family *f, const vlmd_chat_mess
     return st == VLMD_OK ? marker(out, "<|im_end|>\n") : st;
 }
 
+/* find_user_query's, or n - 1 when there is none, as in Qwen3's template */
+static size_t last_user_query(const vlmd_chat_family *f, const vlmd_chat_message *msgs, size_t n,
+                              vlmd_status *st)
+{
+    size_t q = find_user_query(f, msgs, n, st);
+    return q < n ? q : n - 1;
+}
+
+/* What Qwen3.5's template raises on: a system turn after the first, and a
+ * chat with no user query (only tool results, or no user turn). */
+static vlmd_status strict_turns(const vlmd_chat_family *f, const vlmd_chat_message *msgs,
+                                size_t n, vlmd_error *err)
+{
+    for (size_t i = 1; i < n; i++)
+        if (role_is(&msgs[i], "system"))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages[%zu]: a system message "
+                               "must be the first (the %s chat template raises)", i, f->name);
+    vlmd_status st = VLMD_OK;
+    if (find_user_query(f, msgs, n, &st) == n && st == VLMD_OK)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "messages: no user query (the %s chat "
+                           "template raises)", f->name);
+    return st;
+}
+
 static vlmd_status render_chatml(const vlmd_chat_family *f, const vlmd_chat_message *msgs,
                                  size_t n, const vlmd_chat_options *opt, vlmd_prompt_text *out,
                                  vlmd_error *err)
 {
-    (void)err;
-    vlmd_status st = render_system(f, msgs, n, opt->tools, out);
+    vlmd_status st = f->strict_turns ? strict_turns(f, msgs, n, err) : VLMD_OK;
+    if (st == VLMD_OK)
+        st = render_system(f, msgs, n, opt->tools, out);
     size_t last_query = f->thinking && st == VLMD_OK ? last_user_query(f, msgs, n, &st) : 0;
     for (size_t i = n > 0 && role_is(&msgs[0], "system") ? 1 : 0; i < n && st == VLMD_OK; i++) {
         const vlmd_chat_message *m = &msgs[i];
@@ -408,7 +518,8 @@ static vlmd_status render_chatml(const vlmd_chat_family *f, const vlmd_chat_mess
         st = marker(out, "<|im_start|>assistant\n");
     if (st == VLMD_OK && opt->add_generation_prompt && f->think_switch && !opt->enable_thinking)
         st = marker(out, "<think>\n\n</think>\n\n");
-    if (st == VLMD_OK && opt->add_generation_prompt && f->opens_think)
+    bool opens = f->opens_think || (f->switch_opens_think && opt->enable_thinking);
+    if (st == VLMD_OK && opt->add_generation_prompt && opens)
         st = marker(out, opt->call_forced ? "<think>\n\n</think>\n\n" : "<think>\n");
     return st;
 }

@@ -34,6 +34,15 @@
  *             system turns after the first are not written
  *   qwen3_vl_thinking  Qwen3-VL(-MoE) Thinking: as qwen3_vl, with earlier
  *             turns' think parts as qwen3's and the think block opened
+ *   qwen3_5   Qwen3.5 / 3.6 up to 2B (their template's thinking off unless
+ *             enable_thinking is true): no default system prompt; every
+ *             turn's content trimmed; a system turn only first (a later one,
+ *             or no user query, refused as the template raises); the tools
+ *             section before the system text; every assistant turn after the
+ *             last user query keeps a think block (empty or not), earlier
+ *             ones lose theirs; images as Qwen3-VL's; qwen3_coder tool calls
+ *   qwen3_5_think  Qwen3.5 / 3.6 from 4B (27B, 35B-A3B, ...): as qwen3_5,
+ *             thinking on unless enable_thinking is false
  *   glm4_5    GLM-4.5, 4.6 (4.7 by its architecture): thinking on by default,
  *             the model opens its think block itself (or answers without
  *             one); off, /nothink is glued to every user text and the
@@ -93,12 +102,25 @@ struct vlmd_chat_family {
                                      * without one (GLM): an answer that does not open one
                                      * is all content */
     bool later_system;              /* system turns after the first are written */
+    bool think_off_by_default;      /* enable_thinking absent means off (the small Qwen3.5
+                                     * models' template) */
+    bool trim_turns;                /* each turn's content is written trimmed of whitespace
+                                     * (Qwen3.5's render_content(...)|trim) */
+    bool think_after_query;         /* every assistant turn after the last user query has a
+                                     * think block, empty or not (Qwen3.5) */
+    bool tools_first;               /* the tools section comes before the system text in the
+                                     * system turn (Qwen3.5) */
+    bool switch_opens_think;        /* thinking on, the generation prompt opens the think
+                                     * block (Qwen3.5; Qwen3's model opens it itself) */
+    bool strict_turns;              /* refused as its template raises: a system turn after
+                                     * the first, no user query at all (Qwen3.5) */
     const char *signature[3];       /* all in a chat_template: it is this family's */
     unsigned arches;                /* bit (1u << vlmd_arch): its architectures */
 };
 
 /* The family named so ("qwen2", "qwen2_5", "qwen3", "qwen3_thinking",
- * "qwen3_instruct", "qwen3_vl", "qwen3_vl_thinking", "glm4_5", "mixtral");
+ * "qwen3_instruct", "qwen3_vl", "qwen3_vl_thinking", "qwen3_5", "qwen3_5_think",
+ * "glm4_5", "mixtral");
  * NULL when none is. */
 const vlmd_chat_family *vlmd_chat_family_find(const char *name);
 

@@ -169,7 +169,8 @@ static size_t fixture_messages(json_t *msgs, vlmd_chat_message *cm, vlmd_chat_pa
 }
 
 /* Every case of a fixture: the rendered prompt is reference.json's, and its
- * ids (each image's pad expanded to t*h*w/4 of its grid) are input_ids. */
+ * ids (each image's pad expanded to t*h*w/4 of its grid) are input_ids.
+ * thinking: enable_thinking where a case's chat_template_kwargs do not say. */
 static void expect_fixture_cases(const char *model, const char *family, bool thinking)
 {
     json_t *ref = test_reference_json(model);
@@ -187,8 +188,10 @@ static void expect_fixture_cases(const char *model, const char *family, bool thi
         json_t *msgs = json_object_get(c, "messages");
         cr_assert_leq(json_array_size(msgs), 8);
         size_t n = fixture_messages(msgs, cm, parts, 16);
+        json_t *said = json_object_get(json_object_get(c, "chat_template_kwargs"),
+                                       "enable_thinking");
         vlmd_chat_options opt = {.family = f, .add_generation_prompt = true,
-                                 .enable_thinking = thinking};
+                                 .enable_thinking = said ? json_is_true(said) : thinking};
         vlmd_prompt_text out = VLMD_PROMPT_TEXT_INIT;
         vlmd_error err = {0};
         cr_assert_eq(vlmd_chat_render_with(cm, n, &opt, &out, &err), VLMD_OK, "%s", err.msg);
@@ -240,6 +243,15 @@ Test(chat_template, qwen3_vl_fixture_prompts_id_for_id_images_included)
     expect_fixture_cases("qwen3_vl", "qwen3_vl", true); /* it has no thinking switch */
 }
 
+/* Qwen3.5's two templates: the small models' thinks only when asked (its
+ * case 3 asks), the larger ones' unless told not to (its case 3 says so);
+ * every turn trimmed, the think block of a history turn dropped, images. */
+Test(chat_template, qwen3_5_fixture_prompts_id_for_id_images_included)
+{
+    expect_fixture_cases("qwen3_5", "qwen3_5", false);
+    expect_fixture_cases("qwen3_5_moe", "qwen3_5_think", true);
+}
+
 static void write_file(const char *path, const char *text)
 {
     FILE *f = fopen(path, "w");
@@ -263,6 +275,9 @@ Test(chat_template, the_family_is_the_models_template_else_its_architecture)
         /* the template wins over the architecture */
         {"qwen3", VLMD_ARCH_QWEN2, "qwen3", "tokenizer_config.json"},
         {"qwen3_vl", VLMD_ARCH_QWEN3_VL_MOE, "qwen3_vl", "tokenizer_config.json"},
+        /* Qwen3.5's two templates (each holds Qwen3's signature too) */
+        {"qwen3_5", VLMD_ARCH_QWEN3_5, "qwen3_5", "tokenizer_config.json"},
+        {"qwen3_5_moe", VLMD_ARCH_QWEN3_5_MOE, "qwen3_5_think", "tokenizer_config.json"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char dir[4096];
@@ -282,6 +297,8 @@ Test(chat_template, the_family_is_the_models_template_else_its_architecture)
                      "qwen3_vl");
     cr_expect_str_eq(source, "architecture");
     cr_expect_str_eq(vlmd_chat_family_for_model(dir, VLMD_ARCH_QWEN2, NULL)->name, "qwen2");
+    cr_expect_str_eq(vlmd_chat_family_for_model(dir, VLMD_ARCH_QWEN3_5_MOE, NULL)->name,
+                     "qwen3_5_think", "the larger models' template by default");
     unlink(path);
     char jinja[128];
     snprintf(jinja, sizeof jinja, "%s/chat_template.jinja", dir);
