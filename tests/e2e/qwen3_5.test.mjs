@@ -1,0 +1,70 @@
+// qwen3_5.test.mjs - Qwen3.5 (hybrid: Gated DeltaNet + gated attention) served through the
+// five processes on the CPU, dense and MoE: every fixture chat (images as data URIs) gives the
+// fixture's input_ids over /tokenize and its greedy continuation over /v1/completions (text) or
+// the official SDK's chat (the image cases: the visual worker encodes them), many at once as
+// alone; /memory_stats shows the state pool; the start-up log says the prefix cache is off.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import OpenAI from 'openai';
+import { FIXTURES, SCALE, startServer, stopServer, postJson, getJson, makeDecoder } from './harness.mjs';
+
+const dataUri = (bytes) => `data:image/png;base64,${Buffer.from(bytes).toString('base64')}`;
+
+// A fixture chat as a client sends it: its image parts as data URIs.
+function clientMessages(dir, messages) {
+  return messages.map((m) => (typeof m.content === 'string' ? m : { ...m,
+    content: m.content.map((p) => (p.type === 'image'
+      ? { type: 'image_url', image_url: { url: dataUri(readFileSync(`${dir}/${p.image}`)) } }
+      : p)) }));
+}
+
+for (const model of ['qwen3_5', 'qwen3_5_moe']) {
+  test(`${model}: every fixture chat's ids and greedy continuation, alone and together`, async () => {
+    const dir = `${FIXTURES}/${model}`;
+    const ref = JSON.parse(readFileSync(`${dir}/reference.json`, 'utf8'));
+    const decode = makeDecoder(JSON.parse(readFileSync(`${dir}/tokenizer.json`, 'utf8')));
+    const server = await startServer(['--model', dir, '--port', '0', '--max-num-seqs', '3']);
+    const client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: 'none', maxRetries: 0,
+      timeout: 60000 * SCALE });
+    try {
+      const ask = async (c) => {
+        const kwargs = c.chat_template_kwargs ?? {};
+        if (c.images) { // the model's answer: content, or reasoning where the template thinks
+          const r = await client.chat.completions.create({ model, max_tokens: c.greedy_continuation.length,
+            messages: clientMessages(dir, c.messages), temperature: 0, ignore_eos: true,
+            chat_template_kwargs: kwargs });
+          const m = r.choices[0].message;
+          assert.equal(r.usage.prompt_tokens, c.input_ids.length, 'image tokens counted');
+          return (m.reasoning_content ?? '') + (m.content ?? '');
+        }
+        const r = await postJson(`${server.url}/v1/completions`, { prompt: c.input_ids,
+          max_tokens: c.greedy_continuation.length, temperature: 0, ignore_eos: true },
+        { timeoutMs: 60000 * SCALE });
+        assert.equal(r.status, 200, JSON.stringify(r.body));
+        return r.body.choices[0].text;
+      };
+      for (const [i, c] of ref.cases.entries()) {
+        const t = await postJson(`${server.url}/tokenize`, { messages: clientMessages(dir, c.messages),
+          ...(c.chat_template_kwargs ? { chat_template_kwargs: c.chat_template_kwargs } : {}) });
+        assert.equal(t.status, 200, JSON.stringify(t.body));
+        if (!c.images) assert.deepEqual(t.body.tokens, c.input_ids, `case ${i}: the prompt's ids`);
+        assert.equal(await ask(c), decode(c.greedy_continuation), `case ${i} alone`);
+      }
+      // all at once, three running (--max-num-seqs 3: three state slots), the rest waiting
+      const together = await Promise.all(ref.cases.map((c) => ask(c)));
+      together.forEach((text, i) => assert.equal(text, decode(ref.cases[i].greedy_continuation),
+        `case ${i} among the others`));
+
+      const stats = await getJson(`${server.url}/memory_stats`);
+      const mem = stats.body.llm.memory;
+      assert.equal(mem.state_slots, 3, JSON.stringify(mem));
+      assert.ok(Number(mem.state_bytes_per_slot) > 0);
+      assert.equal(Number(mem.state_pool_bytes), 4 * Number(mem.state_bytes_per_slot),
+        'three slots and the pad slot');
+      assert.match(server.stderr, /prefix cache: off for Qwen3_5/);
+    } finally {
+      assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+    }
+  });
+}
