@@ -219,3 +219,48 @@ Test(vision_tower, qwen3_vl_cpu_bf16_weights)
     check_qwen3_vl("model.bf16.safetensors", "cpu", 1e-2);
 }
 Test(vision_tower, qwen3_vl_cuda_bf16) { check_qwen3_vl("model.safetensors", "cuda", 1e-2); }
+
+/* ---- Qwen3.5 ------------------------------------------------------------------- */
+
+/* The Qwen3-VL tower without DeepStack: case 4's images (qwen3_5: two, in one
+ * batch; qwen3_5_moe: one) against its vision embeddings. */
+static void check_qwen3_5(const char *model, size_t n_images, const char *weights, double tol)
+{
+    fixture f = {0};
+    if (!open_weights_on(&f, model, weights, "cpu"))
+        return;
+    vlmd_pixel_values im[2];
+    size_t tokens[2], all = 0;
+    const size_t D = vision_tower_out_dim(f.vt);
+    cr_expect_eq(vision_tower_token_features(f.vt), 1, "no DeepStack features");
+    uint32_t patches = 0;
+    for (size_t i = 0; i < n_images; i++) {
+        im[i] = image_pixels(&f, 4, (int)i);
+        tokens[i] = vision_tower_tokens(f.vt, &im[i]);
+        all += tokens[i];
+        patches += im[i].n_patches;
+    }
+    cr_expect_eq(tokens[0], 70);
+    float *out = malloc(all * D * sizeof *out);
+    vlmd_error err = {0};
+    cr_assert_eq(vision_tower_reserve(f.vt, (uint32_t)n_images, patches, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_assert_eq(vision_tower_encode(f.vt, im, (uint32_t)n_images, out, &err), VLMD_OK, "%s",
+                 err.msg);
+    for (size_t i = 0, row = 0; i < n_images; row += tokens[i++]) {
+        double e = block_error(&f, out + row * D, 4, row, tokens[i], D, 1);
+        cr_expect_lt(e, tol, "%s %s image %zu: relative error %.3g", model, weights, i, e);
+    }
+    free(out);
+    close_fixture(&f);
+}
+
+Test(vision_tower, qwen3_5_cpu_f32) { check_qwen3_5("qwen3_5", 2, "model.safetensors", 1e-5); }
+Test(vision_tower, qwen3_5_moe_cpu_f32)
+{
+    check_qwen3_5("qwen3_5_moe", 1, "model.safetensors", 1e-5);
+}
+Test(vision_tower, qwen3_5_cpu_bf16_weights)
+{
+    check_qwen3_5("qwen3_5", 2, "model.bf16.safetensors", 1e-2);
+}
