@@ -208,6 +208,9 @@ typedef struct vlmd_op_table {
     void (*gelu)(vlmd_backend *b, void *out, const void *x, size_t count, vlmd_gelu_form form);
     /* out += x, count elements */
     void (*add)(vlmd_backend *b, void *out, const void *x, size_t count);
+    /* dst = src, bytes of device memory, in order with the ops (a hybrid model's state
+     * slots saved and restored between steps) */
+    void (*copy)(vlmd_backend *b, void *dst, const void *src, size_t bytes);
     /* The vision tower's 2-D rotary embedding on q and k, both [n, nh, hd]:
      * for i < hd/4 the angle is hpos * theta^(-4i/hd), for hd/4 <= i < hd/2
      * it is wpos * theta^(-4(i - hd/4)/hd); rotate-half form. */

@@ -24,6 +24,7 @@
 #include "log.h"
 #include "mrope.h"
 #include "prefix_cache.h"
+#include "state_snapshots.h"
 
 typedef enum req_state { REQ_WAITING, REQ_RUNNING } req_state;
 
@@ -57,6 +58,8 @@ typedef struct request {
     int32_t n_shared;           /* slots[0..n_shared) belong to the prefix cache (locked) */
     pc_node *lock;              /* the cached prefix it locked, or NULL */
     int32_t state_slot;         /* a hybrid model's: its state slot while RUNNING (-1: none) */
+    int32_t restore_from;       /* the snapshot its state starts from when admitted (-1: none) */
+    int32_t snapshot_at;        /* where its prefill saves a snapshot (0: nowhere) */
     uint32_t cached_tokens;     /* prompt tokens the cache gave at its first admission */
     bool admitted;              /* admitted at least once (preemption re-admits) */
     int32_t max_tokens;
@@ -104,6 +107,7 @@ struct engine {
     bool hybrid;
     int32_t *state_free, n_state_free;
     int32_t *seq_state;         /* the state slot of each attention sequence of the step */
+    state_snapshots snapshots;  /* with the prefix cache: slots [max_running, 2 max_running) */
     prefix_cache *cache;        /* NULL when disabled */
     request *head, *tail;       /* every request, in arrival order; the only list that owns
                                  * them (request_end takes one off and frees it) */
@@ -181,9 +185,20 @@ static int32_t max_kv_len(const engine_config *cfg)
     return cfg->max_model_len < cfg->kv_slots ? cfg->max_model_len : cfg->kv_slots;
 }
 
+int32_t engine_state_slots(const lm_model *m, const engine_config *cfg)
+{
+    return lm_is_hybrid(m) ? cfg->max_running * (cfg->prefix_cache ? 2 : 1) : 0;
+}
+
+void engine_snapshot_counts(const engine *e, uint64_t *saved, uint64_t *restored)
+{
+    *saved = e->snapshots.saved;
+    *restored = e->snapshots.restored;
+}
+
 uint64_t engine_device_bytes(lm_model *m, const engine_config *cfg)
 {
-    return lm_kv_bytes(m, cfg->kv_slots) + lm_state_bytes(m, cfg->max_running) +
+    return lm_kv_bytes(m, cfg->kv_slots) + lm_state_bytes(m, engine_state_slots(m, cfg)) +
            lm_workspace_bytes(m, cfg->max_batch_tokens, cfg->max_running, max_kv_len(cfg));
 }
 
@@ -204,9 +219,10 @@ vlmd_status engine_create(lm_model *m, const engine_config *cfg, engine_emit_fn 
     /* A hybrid model's cached prefix has no recurrent state to resume from:
      * its prefixes are recomputed (the caller says so where it asked) */
     e->hybrid = lm_is_hybrid(m);
-    if (e->hybrid)
-        e->cfg.prefix_cache = false;
-    vlmd_status s = kv_slots_init(&e->slots, cfg->kv_slots, err);
+    int32_t states = engine_state_slots(m, cfg);
+    vlmd_status s = state_snapshots_init(&e->snapshots, states ? states - r : 0, r, err);
+    if (s == VLMD_OK)
+        s = kv_slots_init(&e->slots, cfg->kv_slots, err);
     if (s == VLMD_OK && e->cfg.prefix_cache)
         s = prefix_cache_create(&e->slots, &e->cache, err);
     if (s == VLMD_OK && e->cache && cfg->event_block_size > 0) {
@@ -215,7 +231,7 @@ vlmd_status engine_create(lm_model *m, const engine_config *cfg, engine_emit_fn 
         prefix_cache_track_blocks(e->cache, cfg->event_block_size, blocks_removed, e);
     }
     if (s == VLMD_OK)
-        s = lm_kv_create_hybrid(m, cfg->kv_slots, e->hybrid ? r : 0, &e->kv, err);
+        s = lm_kv_create_hybrid(m, cfg->kv_slots, states, &e->kv, err);
     if (s == VLMD_OK)
         s = lm_workspace_create(m, n, r, max_kv_len(cfg), &e->ws, err);
     if (s == VLMD_OK && cfg->decode_graphs)
@@ -303,6 +319,7 @@ void engine_free(engine *e)
     free(e->seq_req);
     free(e->seq_state);
     free(e->state_free);
+    state_snapshots_free(&e->snapshots);
     free(e->sample_rows);
     free(e->sample_out);
     free(e->seen);
@@ -864,6 +881,7 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     q->id = r->req_id;
     q->state = REQ_WAITING;
     q->state_slot = -1;
+    q->restore_from = -1;
     if (r->n_logit_bias) {
         q->bias = malloc(r->n_logit_bias * sizeof *q->bias);
         if (!q->bias) {
@@ -965,10 +983,21 @@ static void start_running(engine *e, request *q)
 {
     q->state = REQ_RUNNING;
     e->n_running++;
-    if (e->hybrid) {
-        VLMD_ASSERT(e->n_state_free > 0); /* one slot per running request */
-        q->state_slot = e->state_free[--e->n_state_free];
+    if (!e->hybrid)
+        return;
+    VLMD_ASSERT(e->n_state_free > 0); /* one slot per running request */
+    q->state_slot = e->state_free[--e->n_state_free];
+    if (q->restore_from >= 0) { /* (before the step that goes on from it) */
+        VLMD_ASSERT(lm_state_copy(e->m, e->kv, q->restore_from, q->state_slot, NULL) == VLMD_OK);
+        state_snapshots_touch(&e->snapshots, q->restore_from);
+        q->restore_from = -1;
     }
+    /* its prefill saves its state where a later request may resume, unless one is there */
+    int32_t at = e->snapshots.n ? state_snapshot_point(q->n_prompt) : 0, slot;
+    q->snapshot_at = at > q->n_cached &&
+                             state_snapshots_find(&e->snapshots, q->keys, at, at + 1, &slot) != at
+                         ? at
+                         : 0;
 }
 
 static void stop_running(engine *e, request *q)
@@ -1093,6 +1122,8 @@ static int32_t chunk_of(const engine *e, const request *q, const step_plan *p)
     int32_t want = q->n_tokens - q->n_cached, limit = p->budget;
     if (e->cfg.chunk_tokens > 0 && e->cfg.chunk_tokens < limit)
         limit = e->cfg.chunk_tokens;
+    if (q->snapshot_at > q->n_cached && q->snapshot_at - q->n_cached < limit)
+        limit = q->snapshot_at - q->n_cached; /* the chunk ends where its state is saved */
     return want < limit ? want : limit;
 }
 
@@ -1141,9 +1172,25 @@ static void share_prompt(engine *e, request *q)
  * token: that one must be computed for its logits). */
 static void reuse_prefix(engine *e, request *q)
 {
-    if (e->cache)
+    if (e->cache && !e->hybrid)
         q->n_cached = q->n_shared =
             prefix_cache_match(e->cache, q->keys, q->n_tokens - 1, q->slots, &q->lock);
+    if (!e->cache || !e->hybrid)
+        return;
+    /* a hybrid model resumes only where a state was saved, and its KV is still cached */
+    for (int32_t below = INT32_MAX, slot = -1;;) {
+        int32_t len = state_snapshots_find(&e->snapshots, q->keys, q->n_tokens - 1, below, &slot);
+        if (!len)
+            return;
+        if (prefix_cache_match(e->cache, q->keys, len, q->slots, &q->lock) == len) {
+            q->n_cached = q->n_shared = len;
+            q->restore_from = slot;
+            return;
+        }
+        prefix_cache_unlock(e->cache, q->lock);
+        q->lock = NULL;
+        below = len;
+    }
 }
 
 static void forget_prefix(engine *e, request *q)
@@ -1152,6 +1199,7 @@ static void forget_prefix(engine *e, request *q)
         prefix_cache_unlock(e->cache, q->lock);
     q->n_cached = q->n_shared = 0;
     q->lock = NULL;
+    q->restore_from = -1;
 }
 
 /* The step's batch: the running requests first, oldest first (a decode token
@@ -1486,6 +1534,7 @@ static void reset_books(engine *e, const char *why)
     }
     if (e->cache) {
         prefix_cache_forget(e->cache);
+        state_snapshots_clear(&e->snapshots); /* (the KV they go with is gone) */
         if (e->events_on)
             kv_event_all_cleared(&e->events);
     }
@@ -1559,6 +1608,14 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
     if (s != VLMD_OK)
         return s;
     *did_work = true;
+    for (int32_t i = 0; i < n_seq; i++) { /* a hybrid model's states where they are saved */
+        request *q = e->seq_req[i];
+        if (q->snapshot_at && q->n_cached == q->snapshot_at) {
+            int32_t slot = state_snapshots_take(&e->snapshots, q->keys, q->snapshot_at);
+            VLMD_ASSERT(lm_state_copy(e->m, e->kv, q->state_slot, slot, NULL) == VLMD_OK);
+            q->snapshot_at = 0;
+        }
+    }
     for (int32_t i = 0; i < n_seq && e->cache; i++) { /* prompts computed: others may use them */
         request *q = e->seq_req[i];
         bool prompt_done = q->n_cached == q->n_prompt && q->n_cached > q->n_shared;

@@ -25,7 +25,15 @@
  * the prefix cache a request starts from the longest cached prefix of its
  * tokens; finished and paused requests leave their KV to the cache, whose
  * unused entries are evicted, least recently used first, when slots run
- * short. */
+ * short.
+ *
+ * A hybrid model (Qwen3.5) keeps, beside the KV, a state per running
+ * request in a slot of its pool (max_running slots: admission never waits
+ * for one); a paused request gives its slot back and recomputes. With the
+ * prefix cache, a prefill also saves its state at the last multiple of 64
+ * tokens before its end into a snapshot slot, and a request resumes from the
+ * longest saved prefix of its tokens (state_snapshots.h): reuse is at those
+ * points only. */
 #ifndef VLMD_ENGINE_H
 #define VLMD_ENGINE_H
 
@@ -154,6 +162,12 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err);
  * found without allocating. Decode graphs are not in it: on CUDA their
  * memory is the driver's, which only running shows. */
 uint64_t engine_device_bytes(lm_model *m, const engine_config *cfg);
+/* A hybrid model's state slots under cfg: one per running request, and as
+ * many snapshots (state_snapshots.h) where the prefix cache is on; 0 for
+ * other models. */
+int32_t engine_state_slots(const lm_model *m, const engine_config *cfg);
+/* The hybrid model's snapshots saved and restored so far (0 for others). */
+void engine_snapshot_counts(const engine *e, uint64_t *saved, uint64_t *restored);
 
 /* What engine_stress runs through the model. */
 typedef enum engine_stress_kind {

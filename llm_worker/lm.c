@@ -446,6 +446,22 @@ vlmd_status lm_kv_create_here(lm_model *m, int32_t n_slots, int32_t n_state_slot
     return VLMD_OK;
 }
 
+vlmd_status lm_state_copy_here(lm_model *m, lm_kv *kv, int32_t from, int32_t to,
+                               vlmd_error *err)
+{
+    if (from < 0 || to < 0 || from >= kv->n_state_slots || to >= kv->n_state_slots)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "state slots %d -> %d: the pool has %d",
+                           from, to, kv->n_state_slots);
+    size_t conv = conv_state_bytes(m), rec = rec_state_bytes(m);
+    for (int i = 0; from != to && i < m->n_linear; i++) {
+        m->op->copy(m->b, (char *)kv->conv_state[i] + (size_t)to * conv,
+                    (const char *)kv->conv_state[i] + (size_t)from * conv, conv);
+        m->op->copy(m->b, (char *)kv->rec_state[i] + (size_t)to * rec,
+                    (const char *)kv->rec_state[i] + (size_t)from * rec, rec);
+    }
+    return VLMD_OK;
+}
+
 void lm_kv_free_here(lm_model *m, lm_kv *kv)
 {
     if (!kv)
@@ -1062,6 +1078,12 @@ vlmd_status lm_forward(lm_model *m, lm_kv *kv, lm_workspace *ws,
 {
     vlmd_status s = m->ranks ? lm_ranks_forward(m, kv, ws, bt, err) : VLMD_OK;
     return s == VLMD_OK ? lm_forward_here(m, kv, ws, bt, logits, err) : s;
+}
+
+vlmd_status lm_state_copy(lm_model *m, lm_kv *kv, int32_t from, int32_t to, vlmd_error *err)
+{
+    vlmd_status s = m->ranks ? lm_ranks_state_copy(m, kv, from, to, err) : VLMD_OK;
+    return s == VLMD_OK ? lm_state_copy_here(m, kv, from, to, err) : s;
 }
 
 vlmd_status lm_capture_decode(lm_model *m, lm_kv *kv, lm_workspace *ws,

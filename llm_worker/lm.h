@@ -154,6 +154,10 @@ uint64_t lm_state_bytes(const lm_model *m, int32_t n_state_slots);
 uint64_t lm_state_bytes_per_slot(const lm_model *m);
 /* Whether the model has Gated DeltaNet layers, whose state a sequence keeps in a slot. */
 bool lm_is_hybrid(const lm_model *m);
+/* A hybrid model's state slot `from` copied into `to` (every linear layer's conv and
+ * recurrent state), in order with the steps around it: a snapshot saved after a step, or
+ * restored before one. VLMD_ERR_INVALID_ARG for a slot outside the pool. */
+vlmd_status lm_state_copy(lm_model *m, lm_kv *kv, int32_t from, int32_t to, vlmd_error *err);
 void lm_kv_free(lm_model *m, lm_kv *kv);
 
 /* For steps of up to max_tokens tokens, max_logits sequences (and logit

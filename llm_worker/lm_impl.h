@@ -188,6 +188,8 @@ vlmd_status lm_forward_here(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                const lm_batch *bt, float *logits, vlmd_error *err);
 vlmd_status lm_capture_decode_here(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                       vlmd_error *err);
+vlmd_status lm_state_copy_here(lm_model *m, lm_kv *kv, int32_t from, int32_t to,
+                               vlmd_error *err);
 
 /* The leading rank's side (each a no-op returning VLMD_OK when m->ranks is
  * NULL or follows): before a mirrored call runs here, the others are told;
@@ -203,6 +205,8 @@ vlmd_status lm_ranks_forward(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                 const lm_batch *bt, vlmd_error *err);
 vlmd_status lm_ranks_capture_decode(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                        vlmd_error *err);
+vlmd_status lm_ranks_state_copy(lm_model *m, lm_kv *kv, int32_t from, int32_t to,
+                                vlmd_error *err);
 void lm_ranks_free(lm_model *m);
 
 /* out[n, out_dim] = x[n, in] . W^T (+ bias): the backend's linear, or its

@@ -30,6 +30,7 @@ typedef enum ranks_op {
     OP_WS_FREE,
     OP_FORWARD,         /* a: tokens, b: sequences, c: logit rows, d: embedding runs */
     OP_CAPTURE,
+    OP_STATE_COPY,      /* a: from, b: to (state slots) */
 } ranks_op;
 
 #define RANKS_MAGIC 0x564c4d52u /* "VLMR" */
@@ -361,6 +362,16 @@ vlmd_status lm_ranks_forward(lm_model *m, lm_kv *kv, lm_workspace *ws,
     return s == VLMD_OK ? broadcast(m, g->buf, at, err) : s;
 }
 
+vlmd_status lm_ranks_state_copy(lm_model *m, lm_kv *kv, int32_t from, int32_t to,
+                                vlmd_error *err)
+{
+    if (!leads(m))
+        return VLMD_OK;
+    if (from < 0 || to < 0 || from >= kv->n_state_slots || to >= kv->n_state_slots)
+        return lm_state_copy_here(m, kv, from, to, err); /* its refusal, the others untold */
+    return send_cmd(m, (ranks_cmd){.op = OP_STATE_COPY, .kv = kv->id, .a = from, .b = to}, err);
+}
+
 vlmd_status lm_ranks_capture_decode(lm_model *m, lm_kv *kv, lm_workspace *ws,
                                        vlmd_error *err)
 {
@@ -533,6 +544,10 @@ vlmd_status lm_follow(lm_model *m, vlmd_error *err)
             break;
         case OP_FORWARD:
             s = follow_forward(m, &c, err);
+            break;
+        case OP_STATE_COPY:
+            h = find(g->kvs, c.kv);
+            s = h ? lm_state_copy_here(m, h->p, c.a, c.b, err) : unknown(c.kv, "KV cache", err);
             break;
         case OP_CAPTURE: {
             handle *kv = find(g->kvs, c.kv), *ws = find(g->wss, c.ws);

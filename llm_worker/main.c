@@ -40,6 +40,7 @@
 #include "log.h"
 #include "process.h"
 #include "profile.h"
+#include "state_snapshots.h"
 #include "service.h"
 #include "shm_arena.h"
 #include "structured.h"
@@ -441,7 +442,7 @@ static uint32_t memory_map(llm_worker *w, const profile_report *r, vlmd_kv *kv, 
         {"fit_workspace_bytes", r->fit.workspace_bytes},
         {"grammar_cache_bytes", r->grammar_bytes},
         {"max_running", (uint64_t)r->max_running},
-        {"state_slots", r->state_bytes_per_slot ? (uint64_t)r->max_running : 0},
+        {"state_slots", (uint64_t)r->state_slots},
         {"state_bytes_per_slot", r->state_bytes_per_slot},
         {"state_pool_bytes", r->state_pool_bytes},
     };
@@ -929,9 +930,10 @@ static vlmd_status load_weights(llm_worker *w, const lm_parallel *par, vlmd_erro
     if (w->svc.cfg.rank == 0)
         load_vocab(w);
     if (lm_is_hybrid(w->model) && !w->svc.cfg.disable_prefix_cache)
-        VLMD_WARN("prefix cache: off for %s (its linear-attention layers keep a recurrent "
-                  "state that a cached prefix's KV cannot resume; prompts are recomputed)",
-                  w->svc.model.architecture);
+        VLMD_INFO("prefix cache: %s resumes a cached prefix only where its recurrent state "
+                  "was saved: every prompt's at the last multiple of %d tokens before its end, "
+                  "a snapshot slot per running request", w->svc.model.architecture,
+                  STATE_SNAPSHOT_BLOCK);
     const vlmd_text_config *t = &w->svc.model.text;
     char format[64];
     VLMD_INFO("%s loaded in %llu ms: %lld layers, hidden %lld, %lld heads (%lld KV), vocab %lld, "

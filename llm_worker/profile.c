@@ -159,7 +159,7 @@ static vlmd_status fit_length(lm_model *m, vlmd_backend *b, const engine_config 
 }
 
 static int32_t state_slots(lm_model *m, vlmd_backend *b, const profile_config *pc,
-                           uint64_t weights, int32_t wanted);
+                           uint64_t weights, const engine_config *cfg);
 
 vlmd_status profile_fit_length(lm_model *m, vlmd_backend *b, const engine_config *base,
                                const profile_config *pc, profile_fit *fit, vlmd_error *err)
@@ -179,7 +179,7 @@ vlmd_status profile_check_length(lm_model *shapes, vlmd_backend *b, uint64_t wei
         return VLMD_OK;
     uint64_t weights = vlmd_backend_allocated_bytes(b) + weight_bytes;
     engine_config cfg = *base; /* (a hybrid model's slots, as profile_run will lower them) */
-    cfg.max_running = state_slots(shapes, b, &given, weights, base->max_running);
+    cfg.max_running = state_slots(shapes, b, &given, weights, base);
     return fit_length(shapes, b, &cfg, &given, weights, &fit, err);
 }
 
@@ -239,8 +239,12 @@ static vlmd_status attempt(lm_model *m, vlmd_backend *b, engine_config cfg, engi
 
 /* profile_state_slots with the weights' bytes given (before loading, those to come) */
 static int32_t state_slots(lm_model *m, vlmd_backend *b, const profile_config *pc,
-                           uint64_t weights, int32_t wanted)
+                           uint64_t weights, const engine_config *cfg)
 {
+    int32_t wanted = cfg->max_running;
+    engine_config one = *cfg;
+    one.max_running = 1; /* the slots one running request brings */
+    int32_t each = engine_state_slots(m, &one);
     uint64_t per_slot = lm_is_hybrid(m) ? lm_state_bytes_per_slot(m) : 0, free_bytes = 0,
              total = 0;
     if (!per_slot || vlmd_backend_mem_info(b, &free_bytes, &total, NULL) != VLMD_OK)
@@ -248,14 +252,14 @@ static int32_t state_slots(lm_model *m, vlmd_backend *b, const profile_config *p
     double room = (double)total - (double)weights -
                   (double)pc->peer_bytes - (double)pc->canary_bytes - (double)pc->grammar_bytes;
     /* (lm_state_bytes counts a pad slot beside the pool's) */
-    double fits = room * PROFILE_STATE_SHARE / (double)per_slot - 1;
+    double fits = (room * PROFILE_STATE_SHARE / (double)per_slot - 1) / each;
     return fits >= wanted ? wanted : fits >= 1 ? (int32_t)fits : 1;
 }
 
 int32_t profile_state_slots(lm_model *m, vlmd_backend *b, const profile_config *pc,
-                            int32_t wanted)
+                            const engine_config *cfg)
 {
-    return state_slots(m, b, pc, vlmd_backend_allocated_bytes(b), wanted);
+    return state_slots(m, b, pc, vlmd_backend_allocated_bytes(b), cfg);
 }
 
 /* A lowered length follows a cache that holds fewer tokens than it (what
@@ -289,16 +293,19 @@ vlmd_status profile_run(lm_model *m, vlmd_backend *b, const engine_config *base,
         return st;
     rep->weights_bytes = vlmd_backend_allocated_bytes(b);
     engine_config hybrid = *base; /* the fit sees the state pool the engine will have */
-    hybrid.max_running = profile_state_slots(m, b, pc, base->max_running);
+    hybrid.max_running = profile_state_slots(m, b, pc, base);
+    rep->state_slots = engine_state_slots(m, &hybrid);
     if (hybrid.max_running < base->max_running)
         VLMD_WARN("profile: --max-num-seqs lowered from %d to %d: each running request holds "
-                  "a state slot of %llu MiB (the linear-attention layers' conv and recurrent "
-                  "state), and the pool takes at most %g of the device beyond the weights",
-                  base->max_running, hybrid.max_running,
-                  MIB(lm_state_bytes_per_slot(m)), PROFILE_STATE_SHARE);
+                  "%d state slot(s) of %llu MiB (the linear-attention layers' conv and "
+                  "recurrent state%s), and the pool takes at most %g of the device beyond the "
+                  "weights", base->max_running, hybrid.max_running,
+                  rep->state_slots / hybrid.max_running, MIB(lm_state_bytes_per_slot(m)),
+                  base->prefix_cache ? "; a snapshot for the prefix cache" : "",
+                  PROFILE_STATE_SHARE);
     base = &hybrid;
     rep->state_bytes_per_slot = lm_is_hybrid(m) ? lm_state_bytes_per_slot(m) : 0;
-    rep->state_pool_bytes = lm_state_bytes(m, hybrid.max_running);
+    rep->state_pool_bytes = lm_state_bytes(m, rep->state_slots);
     if ((st = profile_fit_length(m, b, base, pc, &rep->fit, err)) != VLMD_OK)
         return st;
     engine_config cfg = *base;

@@ -97,6 +97,7 @@ typedef struct profile_report {
      * with the workspace (engine_device_bytes) */
     int32_t max_running;            /* the engine's: --max-num-seqs, or lowered to the slots
                                      * that fit (profile_state_slots) */
+    int32_t state_slots;            /* engine_state_slots at max_running */
     uint64_t state_bytes_per_slot;
     uint64_t state_pool_bytes;
 } profile_report;
@@ -141,14 +142,15 @@ vlmd_status profile_check_weights(vlmd_backend *b, uint64_t weight_bytes, uint64
 void profile_suggest_quantized(vlmd_backend *b, const lm_model *shapes, uint64_t weight_bytes,
                                const vlmd_quant_config *q, vlmd_error *err);
 
-/* A hybrid model's state slots (one per running request) take at most half
- * of what the device holds beyond the weights, the peer, the canary and the
- * grammar cache, so that the KV cache keeps the rest: the most requests that
- * can run at once, wanted (--max-num-seqs) or fewer, at least 1. Other
- * models: wanted. profile_run lowers --max-num-seqs to it, with a warning. */
+/* A hybrid model's state slots (engine_state_slots: one per running request,
+ * and as many snapshots with the prefix cache) take at most half of what the
+ * device holds beyond the weights, the peer, the canary and the grammar
+ * cache, so that the KV cache keeps the rest: the most requests that can run
+ * at once, cfg's max_running (--max-num-seqs) or fewer, at least 1. Other
+ * models: cfg's. profile_run lowers --max-num-seqs to it, with a warning. */
 #define PROFILE_STATE_SHARE 0.5
 int32_t profile_state_slots(lm_model *m, vlmd_backend *b, const profile_config *pc,
-                            int32_t wanted);
+                            const engine_config *cfg);
 
 /* Runs the protocol for a loaded model. On success *out is the engine at the
  * final size (engine_config's kv_slots replaced, its max_model_len

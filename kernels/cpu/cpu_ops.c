@@ -606,6 +606,12 @@ static void add_part(void *ctx, int index, int count)
         j->out[i] += j->x[i];
 }
 
+static void cpu_copy(vlmd_backend *b, void *dst, const void *src, size_t bytes)
+{
+    (void)b;
+    memcpy(dst, src, bytes);
+}
+
 static void cpu_add(vlmd_backend *b, void *out, const void *x, size_t count)
 {
     elem_job j = {.b = b, .out = out, .x = x, .count = count};
@@ -697,6 +703,7 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .layernorm = cpu_layernorm,
     .gelu = cpu_gelu,
     .add = cpu_add,
+    .copy = cpu_copy,
     .vision_rope = cpu_vision_rope,
     .vision_pos_embed = cpu_vision_pos_embed,
     .sample = vlmd_cpu_sample,

@@ -409,6 +409,12 @@ __global__ void k_add(bf16 *out, const bf16 *x, size_t count)
         out[i] = __float2bfloat16(__bfloat162float(out[i]) + __bfloat162float(x[i]));
 }
 
+static void cuda_copy(vlmd_backend *b, void *dst, const void *src, size_t bytes)
+{
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                               vlmd_cuda_stream(b)));
+}
+
 static void cuda_add(vlmd_backend *b, void *out, const void *x, size_t count)
 {
     vlmd_cuda_launch(k_add, blocks_for(count, 256), 256, 0, vlmd_cuda_stream(b), (bf16 *)out,
@@ -491,6 +497,7 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .layernorm = cuda_layernorm,
     .gelu = cuda_gelu,
     .add = cuda_add,
+    .copy = cuda_copy,
     .vision_rope = cuda_vision_rope,
     .vision_pos_embed = cuda_vision_pos_embed,
     .sample = vlmd_cuda_sample,

@@ -2,7 +2,8 @@
 // five processes on the CPU, dense and MoE: every fixture chat (images as data URIs) gives the
 // fixture's input_ids over /tokenize and its greedy continuation over /v1/completions (text) or
 // the official SDK's chat (the image cases: the visual worker encodes them), many at once as
-// alone; /memory_stats shows the state pool; the start-up log says the prefix cache is off.
+// alone; a chat's next turn resumes from the state saved in the first's prefill (cached_tokens);
+// /memory_stats shows the state pool.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
@@ -56,13 +57,23 @@ for (const model of ['qwen3_5', 'qwen3_5_moe']) {
       together.forEach((text, i) => assert.equal(text, decode(ref.cases[i].greedy_continuation),
         `case ${i} among the others`));
 
+      // the next turn of case 3's chat resumes from the state saved at its prompt's 128th token
+      const c3 = ref.cases[3];
+      const turn = async (messages) => client.chat.completions.create({ model, max_tokens: 4,
+        messages, temperature: 0, chat_template_kwargs: c3.chat_template_kwargs ?? {} });
+      const first = await turn(c3.messages);
+      const answer = first.choices[0].message;
+      const second = await turn([...c3.messages, { role: 'assistant', content: answer.content ?? '' },
+        { role: 'user', content: 'And in one word?' }]);
+      assert.equal(second.usage.prompt_tokens_details?.cached_tokens, 128, JSON.stringify(second.usage));
+
       const stats = await getJson(`${server.url}/memory_stats`);
       const mem = stats.body.llm.memory;
-      assert.equal(mem.state_slots, 3, JSON.stringify(mem));
+      assert.equal(mem.state_slots, 6, `three running and three snapshots: ${JSON.stringify(mem)}`);
       assert.ok(Number(mem.state_bytes_per_slot) > 0);
-      assert.equal(Number(mem.state_pool_bytes), 4 * Number(mem.state_bytes_per_slot),
-        'three slots and the pad slot');
-      assert.match(server.stderr, /prefix cache: off for Qwen3_5/);
+      assert.equal(Number(mem.state_pool_bytes), 7 * Number(mem.state_bytes_per_slot),
+        'six slots and the pad slot');
+      assert.match(server.stderr, /prefix cache: Qwen3_5\w* resumes a cached prefix only where/);
     } finally {
       assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
     }

@@ -503,14 +503,76 @@ Test(engine, hybrid_preempted_requests_finish_with_the_tokens_they_produce_alone
 {
     preempted_requests_finish_as_alone(TEST_DEVICE, "qwen3_5", false);
 }
-/* (the prefix cache asked for: a hybrid model's engine runs without it, the same tokens) */
-Test(engine, hybrid_preemption_with_the_prefix_cache_asked_for)
+Test(engine, hybrid_preemption_with_the_prefix_cache)
 {
     preempted_requests_finish_as_alone("cpu", "qwen3_5", true);
 }
 Test(engine, hybrid_long_prompts_are_prefilled_in_chunks)
 {
     long_prompts_in_chunks(TEST_DEVICE, "qwen3_5");
+}
+
+/* Greedy request id of prompt[0..n) on e, run to its end; returns its output count. */
+static int32_t run_prompt(engine *e, uint32_t id, const uint32_t *prompt, uint32_t n)
+{
+    vlmd_msg_request_submit r = {.req_id = id, .tokens = (uint32_t *)prompt, .n_tokens = n,
+                                 .max_tokens = 8,
+                                 .sampling = {.temperature = 0, .top_p = 1, .top_k = -1,
+                                              .repetition_penalty = 1}};
+    vlmd_error err = {0};
+    cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    run_until_idle(e, 400);
+    return 8;
+}
+
+/* The prefix cache of a hybrid model: the second turn of a chat (the first's
+ * prompt and answer, then more) and the same prompt again resume from the
+ * state saved at the first prompt's last multiple of 64 tokens (128 of 150),
+ * reporting those tokens as cached, and give the tokens they give without
+ * the cache; a prompt that shares less than 64 tokens reuses nothing. */
+Test(engine, hybrid_a_second_turn_resumes_from_the_saved_state)
+{
+    fixture f;
+    open_named_on(&f, "cpu", "qwen3_5");
+    static outputs plain, cached;
+    uint32_t first[150], second[190], other[100];
+    uint64_t s = 99;
+    for (int i = 0; i < 150; i++)
+        first[i] = (uint32_t)((s = s * 6364136223846793005ull + 1442695040888963407ull) >> 33) %
+                   1000;
+    for (int i = 0; i < 100; i++)
+        other[i] = i < 40 ? first[i] : (uint32_t)(i * 7 % 1000);
+    engine *e = make_engine(&f, &plain, 1024);
+    run_prompt(e, 0, first, 150);
+    memcpy(second, first, sizeof first); /* the first turn, its answer, a new question */
+    for (int i = 0; i < 8; i++)
+        second[150 + i] = (uint32_t)plain.tokens[0][i];
+    for (int i = 158; i < 190; i++)
+        second[i] = (uint32_t)(i * 13 % 1000);
+    run_prompt(e, 1, second, 190);
+    run_prompt(e, 2, first, 150);
+    run_prompt(e, 3, other, 100);
+    engine_free(e);
+
+    e = make_engine_with(&f, &cached, 1024, true);
+    run_prompt(e, 0, first, 150);
+    run_prompt(e, 1, second, 190);
+    run_prompt(e, 2, first, 150);
+    run_prompt(e, 3, other, 100);
+    const uint32_t want_cached[4] = {0, 128, 128, 0};
+    for (int i = 0; i < 4; i++) {
+        cr_expect_eq(cached.cached[i], want_cached[i], "request %d: cached tokens", i);
+        cr_expect_eq(cached.n[i], plain.n[i]);
+        cr_expect_arr_eq(cached.tokens[i], plain.tokens[i], (size_t)plain.n[i] * 4,
+                         "request %d: the tokens without the cache", i);
+    }
+    uint64_t saved, restored;
+    engine_snapshot_counts(e, &saved, &restored);
+    cr_expect_eq(saved, 2, "the first's at 128 (the second's and third's are the same), the "
+                 "fourth's at 64: %llu", (unsigned long long)saved);
+    cr_expect_eq(restored, 2, "the second and the third");
+    engine_free(e);
+    close_model(&f);
 }
 
 /* More requests than state slots (max_running 3): the rest wait for a slot,

@@ -505,8 +505,9 @@ static uint64_t readme_state_bytes(const fixture *f, const char *model)
                     hv * dk * dv * 4);
 }
 
-/* The plan holds the pool: slots x state bytes (and a pad slot) beside the
- * KV cache and the measured peak, everything allocated accounted for (run);
+/* The plan holds the pool: slots x state bytes (and a pad slot; with the
+ * prefix cache a snapshot slot per running request too) beside the KV cache
+ * and the measured peak, everything allocated accounted for (run);
  * a pool that would take more than its share lowers --max-num-seqs; and the
  * failure's message names it. */
 Test(profile, a_hybrid_models_state_pool_is_in_the_plan)
@@ -522,6 +523,7 @@ Test(profile, a_hybrid_models_state_pool_is_in_the_plan)
         vlmd_error err = {0};
         cr_assert_eq(run(&f, NULL, NULL, &rep, &err), VLMD_OK, "%s", err.msg);
         cr_expect_eq(rep.max_running, 8, "8 slots fit: --max-num-seqs as given");
+        cr_expect_eq(rep.state_slots, 8);
         cr_expect_eq(rep.state_bytes_per_slot, per_slot);
         cr_expect_eq(rep.state_pool_bytes, 9 * per_slot, "8 slots and the pad slot");
         cr_expect_geq(rep.workspace_bytes, rep.state_pool_bytes, "the pool is held beside the KV");
@@ -531,11 +533,23 @@ Test(profile, a_hybrid_models_state_pool_is_in_the_plan)
         /* more sequences than half the room beyond the weights holds: lowered */
         double room = (double)(DEVICE - vlmd_backend_allocated_bytes(f.b) - CANARY);
         int32_t most = (int32_t)(room * PROFILE_STATE_SHARE / (double)per_slot - 1);
-        cr_expect_eq(profile_state_slots(f.m, f.b, &f.pc, 8), 8);
-        cr_expect_eq(profile_state_slots(f.m, f.b, &f.pc, most + 1000), most);
+        engine_config want = f.cfg;
+        cr_expect_eq(profile_state_slots(f.m, f.b, &f.pc, &want), 8);
+        want.max_running = most + 1000;
+        cr_expect_eq(profile_state_slots(f.m, f.b, &f.pc, &want), most);
+        want.prefix_cache = true; /* a snapshot slot each too: half as many */
+        cr_expect_eq(profile_state_slots(f.m, f.b, &f.pc, &want), most / 2);
         profile_config crowded = f.pc; /* a peer leaves room for 3.5 slots: half is 1.75 */
         crowded.peer_bytes = (uint64_t)(room - 3.5 * (double)per_slot);
-        cr_expect_eq(profile_state_slots(f.m, f.b, &crowded, 8), 1, "at least one");
+        want.max_running = 8;
+        cr_expect_eq(profile_state_slots(f.m, f.b, &crowded, &want), 1, "at least one");
+
+        /* with the prefix cache: 8 running slots, 8 snapshots, the pad slot */
+        f.cfg.prefix_cache = true;
+        cr_assert_eq(run(&f, NULL, NULL, &rep, &err), VLMD_OK, "%s", err.msg);
+        cr_expect_eq(rep.state_slots, 16);
+        cr_expect_eq(rep.state_pool_bytes, 17 * per_slot);
+        f.cfg.prefix_cache = false;
 
         /* the failure path names the pool */
         grab g = {f.b, 1000, DEVICE / 2, false, 0};
