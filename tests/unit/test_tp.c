@@ -178,8 +178,10 @@ static vlmd_status run_scenario(lm_model *m, float *logits, int32_t *tokens, vlm
     const int V = (int)lm_vocab_size(m), MAX_KV = 32;
     lm_kv *kv = NULL;
     lm_workspace *ws = NULL;
-    static const int32_t state_slots[N_SEQS] = {0, 1}; /* a hybrid model's, a sequence each */
-    vlmd_status s = lm_kv_create_hybrid(m, N_SEQS * MAX_KV, N_SEQS, &kv, err);
+    /* a hybrid model's state slots, a sequence each: 0 and 1 for the prefill, then copied
+     * (lm_state_copy, which every rank mirrors) to 2 and 3 for the decode steps */
+    int32_t state_slots[N_SEQS] = {0, 1};
+    vlmd_status s = lm_kv_create_hybrid(m, N_SEQS * MAX_KV, 2 * N_SEQS, &kv, err);
     if (s == VLMD_OK)
         s = lm_workspace_create(m, 16, N_SEQS, MAX_KV, &ws, err);
     if (s == VLMD_OK)
@@ -213,6 +215,10 @@ static vlmd_status run_scenario(lm_model *m, float *logits, int32_t *tokens, vlm
                        NULL, 0,      state_slots};
         if ((s = lm_forward(m, kv, ws, &bt, out, err)) != VLMD_OK)
             break;
+        for (int q = 0; q < N_SEQS && step == 0 && lm_is_hybrid(m) && s == VLMD_OK; q++) {
+            s = lm_state_copy(m, kv, q, N_SEQS + q, err);
+            state_slots[q] = N_SEQS + q;
+        }
         for (int q = 0; q < N_SEQS; q++) {
             int row = step * N_SEQS + q;
             memcpy(logits + (size_t)row * V, out + (size_t)q * V, (size_t)V * sizeof *out);
