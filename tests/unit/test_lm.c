@@ -1150,6 +1150,67 @@ Test(lm, qwen3_5_state_is_carried_across_calls_and_kept_apart_in_a_batch)
     }
 }
 
+/* Prompts of 1, 63, 64, 65 and 130 tokens (around the delta rule's chunk of
+ * 64) through Qwen3.5 three ways: in one step, in steps of 64, and token by
+ * token; every way's logits of every position within 1e-5 of the others. */
+static void prompt_three_ways(const char *device, const char *model, double tol)
+{
+    fixture f;
+    if (!open_fixture_on(&f, model, "model.safetensors", device))
+        return;
+    enum { MAX = 160 };
+    const int V = (int)lm_vocab_size(f.m);
+    lm_kv *kv = NULL;
+    lm_workspace *ws = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(lm_kv_create_hybrid(f.m, 3 * MAX, 3, &kv, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_workspace_create(f.m, MAX, MAX, MAX, &ws, &err), VLMD_OK, "%s", err.msg);
+    float *logits[3];
+    for (int w = 0; w < 3; w++)
+        logits[w] = malloc((size_t)MAX * V * sizeof(float));
+    const int lens[] = {1, 63, 64, 65, 130}, steps[] = {MAX, 64, 1};
+    int32_t ids[MAX], pos[3 * MAX], slots[3][MAX], rows[MAX];
+    for (int i = 0; i < MAX; i++) {
+        ids[i] = (i * 131 + 7) % V;
+        rows[i] = i;
+        for (int w = 0; w < 3; w++)
+            slots[w][i] = w * MAX + i;
+    }
+    for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+        int n = lens[li];
+        for (int w = 0; w < 3; w++) { /* way w on state slot w */
+            int32_t state = w;
+            for (int at = 0; at < n; at += steps[w]) {
+                int len = n - at < steps[w] ? n - at : steps[w];
+                for (int r = 0; r < 3; r++)
+                    for (int i = 0; i < len; i++)
+                        pos[r * len + i] = at + i;
+                vlmd_attn_seq seq = {0, len, at + len, slots[w]};
+                lm_batch bt = {len, ids + at, pos, slots[w] + at, &seq, 1, rows, len, NULL, 0,
+                               &state};
+                cr_assert_eq(lm_forward(f.m, kv, ws, &bt, logits[w] + (size_t)at * V, &err),
+                             VLMD_OK, "%s", err.msg);
+            }
+        }
+        for (int w = 1; w < 3; w++) {
+            double rel = test_rel_error(logits[w], logits[0], (size_t)n * V);
+            cr_expect_lt(rel, tol, "%s %s, %d tokens in steps of %d: %.3g from one step", device,
+                         model, n, steps[w], rel);
+        }
+    }
+    for (int w = 0; w < 3; w++)
+        free(logits[w]);
+    lm_workspace_free(f.m, ws);
+    lm_kv_free(f.m, kv);
+    close_fixture(&f);
+}
+
+Test(lm, qwen3_5_prompts_around_the_chunk_in_one_step_in_chunks_and_token_by_token)
+{
+    prompt_three_ways("cpu", "qwen3_5", 1e-5);
+    prompt_three_ways("cpu", "qwen3_5_moe", 1e-5);
+}
+
 /* ---- what the backend's ops can run ------------------------------------------------- */
 
 /* The CPU's op table less one piece at a time: a model that needs it is
