@@ -23,6 +23,11 @@
 #                  (make_random_qwen.py --quant): decode at batch 1 and 32 as a
 #                  share of the weight stream each streams (ceilings.py's copy
 #                  rate), and the 8192-token prefill, the three in one run
+#   7 qwen3.5      a random Qwen3.5-35B-A3B with 12 of its 40 layers (9 Gated DeltaNet,
+#                  3 gated attention; make_random_qwen.py): decode at batch 1 and 32 as a
+#                  share of the weight stream, the 8192-token prefill (the DeltaNet's
+#                  prefill peak in the plan), then `vlmd serve` with 100 requests and the
+#                  auto-profile's four phases with the state pool (memory_report.py)
 # Results are written as they come, so a part cut off keeps what it
 # measured: $OUT/PART.txt (a line a step: result, seconds) and $OUT/PART.log
 # (each step's last lines). OUT defaults to /tmp/vlmd-kit.
@@ -49,7 +54,8 @@ have_torch=false
 python3 -c 'import torch, transformers' 2>/dev/null && have_torch=true
 
 name=$(case $part in 1) echo correctness ;; 2) echo bench-7b ;; 3) echo memory-vl7b ;;
-  4) echo rest ;; 5) echo glm ;; 6) echo quant ;; *) echo "kit.sh: PART is 1 to 6" >&2; exit 2 ;;
+  4) echo rest ;; 5) echo glm ;; 6) echo quant ;; 7) echo qwen3.5 ;;
+  *) echo "kit.sh: PART is 1 to 7" >&2; exit 2 ;;
   esac)
 sum=$out/$name.txt
 log=$out/$name.log
@@ -209,6 +215,26 @@ case $part in
     step "vlmd prefill $prefill, $shape $q" 90 "$bundle/bin/vlmd-bench-engine" "$model" \
       --device "$KIT_DEVICE" --prompt "$prefill" --gen 1 --batch 1
   done
+  ;;
+7)
+  if $gpu; then
+    shape=qwen3.5-35b-a3b-12l model=/tmp/q35-12l prefill=8192 gen=128
+    rm -rf /tmp/glm-air-8l /tmp/qvl7b-full /tmp/q8b-* # the earlier parts' models: disk room
+    bw=$(python3 "$here/ceilings.py" 2>/dev/null | awk '/BANDWIDTH_GBS/ {print $2}')
+  else
+    shape=tiny-qwen3.5 model=$work/tiny-q35 prefill=512 gen=8 bw=
+  fi
+  [ -f "$model/config.json" ] || step "write a random $shape" 180 python3 "$here/make_random_qwen.py" \
+    "$model" --shape "$shape"
+  for b in 1 32; do
+    step "vlmd decode batch $b, $shape" 120 "$bundle/bin/vlmd-bench-engine" "$model" \
+      --device "$KIT_DEVICE" --prompt 512 --gen "$gen" --batch "$b" ${bw:+--bandwidth-gbs "$bw"}
+  done
+  step "vlmd prefill $prefill, $shape" 120 "$bundle/bin/vlmd-bench-engine" "$model" \
+    --device "$KIT_DEVICE" --prompt "$prefill" --gen 1 --batch 1
+  step "vlmd serve $shape: requests, the four phases, the state pool" 300 \
+    "$here/serve-memory.sh" "$bundle/bin" "$model" "$KIT_DEVICE" "$($gpu && echo 100 || echo 10)" \
+    "$work/q35-serve"
   ;;
 esac
 echo "part $part done in $SECONDS s" | tee -a "$sum"

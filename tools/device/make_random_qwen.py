@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """make_random_qwen.py OUT_DIR [--shape NAME] [--quant fp8-block|awq]: writes a
 random-weight checkpoint of a real model's shape (SHAPES: Qwen2.5-7B, Qwen3-8B,
-Qwen3-30B-A3B's layers, Qwen3-VL-8B with its vision tower, GLM-4.5-Air's layers, and
-tiny ones of each family) in the published layout: config.json,
+Qwen3-30B-A3B's layers, Qwen3-VL-8B with its vision tower, GLM-4.5-Air's layers,
+Qwen3.5-35B-A3B's layers with its vision tower, and tiny ones of each family) in the published layout: config.json,
 one bf16 model.safetensors with the published tensor names, and the tokenizer,
 generation and preprocessor files of the family's fixture, so `vlmd serve` takes
 it. In seconds: no model is
@@ -96,11 +96,42 @@ SHAPES["tiny-glm"] = dict(GLM_AIR, hidden_size=256, intermediate_size=512,
                           moe_intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
                           head_dim=64, n_routed_experts=8, num_experts_per_tok=2,
                           num_hidden_layers=3, vocab_size=4096, max_position_embeddings=16384)
+# Qwen3.5 / 3.6-35B-A3B (Qwen3_5MoeForConditionalGeneration): 40 layers, three of four Gated
+# DeltaNet; 12 of them (9 linear, 3 full; 22 GB, not 70) keep every per-layer number
+QWEN35_TEXT = dict(model_type="qwen3_5_moe_text", hidden_size=2048, num_hidden_layers=12,
+                   num_attention_heads=16, num_key_value_heads=2, head_dim=256,
+                   attn_output_gate=True, full_attention_interval=4, linear_conv_kernel_dim=4,
+                   linear_key_head_dim=128, linear_value_head_dim=128, linear_num_key_heads=16,
+                   linear_num_value_heads=32, mamba_ssm_dtype="float32", num_experts=256,
+                   num_experts_per_tok=8, moe_intermediate_size=512,
+                   shared_expert_intermediate_size=512, vocab_size=248320, rms_norm_eps=1e-6,
+                   hidden_act="silu", attention_bias=False, tie_word_embeddings=False,
+                   max_position_embeddings=262144, partial_rotary_factor=0.25,
+                   rope_parameters=dict(mrope_interleaved=True, mrope_section=[11, 11, 10],
+                                        rope_type="default", rope_theta=10000000.0,
+                                        partial_rotary_factor=0.25))
+QWEN35_VISION = dict(model_type="qwen3_5_moe", depth=27, hidden_size=1152,
+                     intermediate_size=4304, num_heads=16, patch_size=16, spatial_merge_size=2,
+                     temporal_patch_size=2, in_channels=3, out_hidden_size=2048,
+                     num_position_embeddings=2304, deepstack_visual_indexes=[],
+                     hidden_act="gelu_pytorch_tanh")
+SHAPES["qwen3.5-35b-a3b-12l"] = dict(
+    architectures=["Qwen3_5MoeForConditionalGeneration"], model_type="qwen3_5_moe",
+    tie_word_embeddings=False, text_config=QWEN35_TEXT, vision_config=QWEN35_VISION)
+SHAPES["tiny-qwen3.5"] = dict(SHAPES["qwen3.5-35b-a3b-12l"], text_config=dict(
+    QWEN35_TEXT, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=64, linear_key_head_dim=32, linear_value_head_dim=32,
+    linear_num_key_heads=2, linear_num_value_heads=4, num_experts=8, num_experts_per_tok=2,
+    moe_intermediate_size=64, shared_expert_intermediate_size=128, vocab_size=4096,
+    max_position_embeddings=16384, rope_parameters=dict(
+        QWEN35_TEXT["rope_parameters"], mrope_section=[3, 3, 2])), vision_config=dict(
+    QWEN35_VISION, depth=2, hidden_size=64, intermediate_size=128, num_heads=2,
+    out_hidden_size=256, num_position_embeddings=64))
 # what a served Qwen3 model needs beside the weights, from the fixture of its family (its
 # small tokenizer's ids are valid for every shape's vocabulary); the Qwen2 shapes are for
 # the engine's benchmarks, which need no tokenizer
 FIXTURE = {"qwen3": "qwen3", "qwen3_moe": "qwen3_moe", "qwen3_vl": "qwen3_vl",
-           "glm4_moe": "glm4_moe"}
+           "glm4_moe": "glm4_moe", "qwen3_5_moe": "qwen3_5_moe"}
 BLOCK = 1 << 20  # bytes of random values, repeated
 
 
@@ -144,6 +175,53 @@ def text_tensors(c, p, head):
     yield head, [v, h]
 
 
+def qwen35_text_tensors(c, p):
+    """(name, shape) of a Qwen3.5-MoE text model's tensors under prefix p, as published:
+    each layer Gated DeltaNet (linear_attn) or gated attention (q_proj [q | gate] per head),
+    fused experts and a gated shared expert; no MTP head (vlmd does not read it)."""
+    h, v, hd = c["hidden_size"], c["vocab_size"], c["head_dim"]
+    nh, nkv, e, inter = c["num_attention_heads"], c["num_key_value_heads"], c["num_experts"], \
+        c["moe_intermediate_size"]
+    hk, hv = c["linear_num_key_heads"], c["linear_num_value_heads"]
+    dk, dv, k = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
+    conv = 2 * hk * dk + hv * dv
+    yield p + "embed_tokens.weight", [v, h]
+    for i in range(c["num_hidden_layers"]):
+        l = f"{p}layers.{i}."
+        yield l + "input_layernorm.weight", [h]
+        yield l + "post_attention_layernorm.weight", [h]
+        if (i + 1) % c["full_attention_interval"]:
+            a = l + "linear_attn."
+            yield a + "A_log", [hv]
+            yield a + "conv1d.weight", [conv, 1, k]
+            yield a + "dt_bias", [hv]
+            yield a + "in_proj_a.weight", [hv, h]
+            yield a + "in_proj_b.weight", [hv, h]
+            yield a + "in_proj_qkv.weight", [conv, h]
+            yield a + "in_proj_z.weight", [hv * dv, h]
+            yield a + "norm.weight", [dv]
+            yield a + "out_proj.weight", [h, hv * dv]
+        else:
+            a = l + "self_attn."
+            yield a + "q_proj.weight", [2 * nh * hd, h]
+            yield a + "k_proj.weight", [nkv * hd, h]
+            yield a + "v_proj.weight", [nkv * hd, h]
+            yield a + "o_proj.weight", [h, nh * hd]
+            yield a + "q_norm.weight", [hd]
+            yield a + "k_norm.weight", [hd]
+        m = l + "mlp."
+        yield m + "gate.weight", [e, h]
+        yield m + "experts.gate_up_proj", [e, 2 * inter, h]
+        yield m + "experts.down_proj", [e, h, inter]
+        s = c["shared_expert_intermediate_size"]
+        yield m + "shared_expert.gate_proj.weight", [s, h]
+        yield m + "shared_expert.up_proj.weight", [s, h]
+        yield m + "shared_expert.down_proj.weight", [h, s]
+        yield m + "shared_expert_gate.weight", [1, h]
+    yield p + "norm.weight", [h]
+    yield "lm_head.weight", [v, h]
+
+
 def vision_tensors(c, p):
     """(name, shape) of a Qwen3-VL vision tower's tensors under prefix p."""
     h, inter, ps, tp = c["hidden_size"], c["intermediate_size"], c["patch_size"], c["temporal_patch_size"]
@@ -171,7 +249,10 @@ def vision_tensors(c, p):
 
 def tensors(c):
     """(name, shape) of every tensor, in file order."""
-    if "vision_config" in c:
+    if c.get("model_type", "").startswith("qwen3_5"):
+        yield from qwen35_text_tensors(c["text_config"], "model.language_model.")
+        yield from vision_tensors(c["vision_config"], "model.visual.")
+    elif "vision_config" in c:
         yield from text_tensors(c["text_config"], "model.language_model.", "lm_head.weight")
         yield from vision_tensors(c["vision_config"], "model.visual.")
     else:

@@ -32,6 +32,10 @@ rows = [
     ("KV against the theoretical", f"{llm['kv_bytes'] / GiB:.2f} of {theoretical / GiB:.2f} GiB = {100 * llm['kv_bytes'] / theoretical:.1f}%"),
     ("device free after the profile", f"{llm['device_free_bytes'] / GiB:.2f} GiB"),
 ]
+if int(llm.get("state_slots", 0)):  # a hybrid model's state pool (Qwen3.5)
+    rows.append(("state pool: slots x bytes = bytes (running: max_running)",
+                 f"{llm['state_slots']} x {int(llm['state_bytes_per_slot']) / 2**20:.1f} MiB = "
+                 f"{int(llm['state_pool_bytes']) / GiB:.2f} GiB (running: {llm['max_running']})"))
 for role in ("llm", "visual"):
     c = stats.get(role, {}).get("counters", {})
     rows.append((f"{role}: device allocations since ready", c.get("device_allocations_since_ready")))
