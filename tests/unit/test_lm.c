@@ -1461,6 +1461,84 @@ Test(lm, fused_experts_as_qwen3_vl_moe_publishes_them)
     close_fixture(&f);
 }
 
+/* The qwen3_5_moe fixture with its experts one tensor each
+ * (mlp.experts.E.{gate,up,down}_proj.weight [out, in]), as the Qwen3.5 /
+ * 3.6 FP8 releases publish them: the same weights and logits as fused. */
+Test(lm, qwen3_5_moe_experts_one_tensor_each_as_the_fp8_releases)
+{
+    fixture f;
+    open_fixture(&f, "qwen3_5_moe", "model.safetensors");
+    vlmd_safetensors *src = NULL;
+    cr_assert_eq(vlmd_safetensors_open_file(test_model_file("qwen3_5_moe", "model.safetensors"),
+                                            &src, NULL), VLMD_OK);
+    const int64_t E = f.mc.text.num_experts, H = f.mc.text.hidden_size,
+                  I = f.mc.text.moe_intermediate_size;
+    st_writer w = {.header = json_object()};
+    for (size_t i = 0; i < vlmd_safetensors_count(src); i++) {
+        const vlmd_tensor_view *t = vlmd_safetensors_at(src, i);
+        const char *at = strstr(t->name, ".mlp.experts.");
+        if (!at) {
+            st_add(&w, t->name, t->ndim, t->shape, t->data);
+            continue;
+        }
+        char base[256];
+        snprintf(base, sizeof base, "%.*s.mlp.experts.", (int)(at - t->name), t->name);
+        bool gate_up = strstr(at, "gate_up_proj") != NULL;
+        for (int64_t e = 0; e < E; e++) {
+            char name[320];
+            const float *x = t->data;
+            if (gate_up) { /* [E, 2I, H]: gate rows, then up rows */
+                snprintf(name, sizeof name, "%s%lld.gate_proj.weight", base, (long long)e);
+                st_add(&w, name, 2, (int64_t[]){I, H}, x + e * 2 * I * H);
+                snprintf(name, sizeof name, "%s%lld.up_proj.weight", base, (long long)e);
+                st_add(&w, name, 2, (int64_t[]){I, H}, x + e * 2 * I * H + I * H);
+            } else { /* [E, H, I] */
+                snprintf(name, sizeof name, "%s%lld.down_proj.weight", base, (long long)e);
+                st_add(&w, name, 2, (int64_t[]){H, I}, x + e * H * I);
+            }
+        }
+    }
+    vlmd_safetensors *st = NULL;
+    char *image = st_open(&w, &st);
+    uint64_t split = 0, fused = 0;
+    vlmd_error err = {0};
+    cr_assert_eq(lm_weight_bytes(f.b, &f.mc, st, &split, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_weight_bytes(f.b, &f.mc, src, &fused, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(split, fused, "the same weights either way");
+    lm_model *m = NULL;
+    cr_assert_eq(lm_load(f.b, &f.mc, st, &m, &err), VLMD_OK, "%s", err.msg);
+    json_t *ids_j = json_object_get(json_array_get(json_object_get(f.json, "cases"), 1),
+                                    "input_ids");
+    int n = (int)json_array_size(ids_j), V = (int)lm_vocab_size(m);
+    int32_t ids[256], pos[3 * 256], slots[256], rows[256], state = 0;
+    cr_assert_leq(n, 256);
+    for (int i = 0; i < n; i++) {
+        ids[i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
+        slots[i] = rows[i] = i;
+        for (int r = 0; r < 3; r++)
+            pos[r * n + i] = i;
+    }
+    lm_kv *kv = NULL;
+    lm_workspace *ws = NULL;
+    cr_assert_eq(lm_kv_create_hybrid(m, n, 1, &kv, NULL), VLMD_OK);
+    cr_assert_eq(lm_workspace_create(m, n, n, n, &ws, NULL), VLMD_OK);
+    float *logits = malloc((size_t)n * V * sizeof *logits);
+    vlmd_attn_seq seq = {0, n, n, slots};
+    lm_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0, &state};
+    cr_assert_eq(lm_forward(m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
+    double rel = test_rel_error(logits, vlmd_safetensors_find(f.ref, "case1.logits")->data,
+                                (size_t)n * V);
+    cr_expect_lt(rel, 1e-4, "experts one tensor each: relative error %.3g", rel);
+    free(logits);
+    lm_workspace_free(m, ws);
+    lm_kv_free(m, kv);
+    lm_free(m);
+    vlmd_safetensors_close(st);
+    vlmd_safetensors_close(src);
+    free(image);
+    close_fixture(&f);
+}
+
 /* Qwen3's own tensors are checked as Qwen2's: a q/k norm, a router or an
  * expert missing or mis-shaped is named with its shapes. */
 Test(lm, missing_and_misshaped_qwen3_tensors_are_named)
