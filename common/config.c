@@ -313,6 +313,12 @@ const vlmd_flag vlmd_flags[] = {
      "an FP8 checkpoint's linears W8A8: their inputs quantized to e4m3 per token and block of "
      "128 columns, as the published FP8 models were calibrated for (vLLM's way); off: weights "
      "only (W8A16), the closer to the 16-bit model"},
+    {"kv-cache-dtype", VLMD_FLAG_CHOICE, OFF(kv_cache_dtype), "auto", 0, 0, "auto|bf16|fp8",
+     R(LAUNCHER) | R(LLM),
+     "the KV cache's type: fp8 (e4m3, half the bytes a token: about twice the tokens) with "
+     "per-layer K and V scales from the checkpoint, else measured at start-up on text vlmd "
+     "ships; bf16: the 16-bit cache (fp32 for an F32 checkpoint on the CPU); auto: fp8 where "
+     "the checkpoint's kv_cache_scheme says so, else bf16"},
     {"cuda-pdl", VLMD_FLAG_CHOICE, OFF(cuda_pdl), "off", 0, 0, "off|on",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
      "CUDA kernel launches allow programmatic dependent launch (Hopper): a kernel's launch "

@@ -393,6 +393,19 @@ vlmd_status vlmd_backend_hold_weight_dtype(vlmd_backend *b, vlmd_dtype want, vlm
     return VLMD_OK;
 }
 
+vlmd_status vlmd_backend_set_kv_dtype(vlmd_backend *b, bool fp8, vlmd_error *err)
+{
+    if (fp8 && !vlmd_backend_ops(b)->kv_fp8)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "the %s backend has no FP8 KV cache yet "
+                           "(--kv-cache-dtype fp8): use bf16", b->info.name);
+    if (fp8)
+        b->kv_dtype = VLMD_DTYPE_F8_E4M3;
+    else if (b->kv_dtype == VLMD_DTYPE_F8_E4M3) /* back to the weights' rule */
+        b->kv_dtype = b->weight_dtype == VLMD_DTYPE_F32 ? (vlmd_dtype)b->native_dtype
+                                                        : b->weight_dtype;
+    return VLMD_OK;
+}
+
 void vlmd_backend_release_weights(vlmd_backend *b)
 {
     VLMD_ASSERT(b->weight_holders > 0);

@@ -116,6 +116,10 @@ vlmd_dtype vlmd_backend_weight_dtype(const vlmd_backend *b);
 size_t vlmd_backend_weight_elem_size(const vlmd_backend *b);
 vlmd_dtype vlmd_backend_kv_dtype(const vlmd_backend *b);
 size_t vlmd_backend_kv_elem_size(const vlmd_backend *b);
+/* An FP8 (F8_E4M3) KV cache from now on (--kv-cache-dtype fp8), after the
+ * weights are held; false: the type above again. VLMD_ERR_MODEL where
+ * the ops have none (op table's kv_fp8). */
+vlmd_status vlmd_backend_set_kv_dtype(vlmd_backend *b, bool fp8, vlmd_error *err);
 /* A model's weights in b from checkpoint st: on the CPU the weight type
  * becomes st's (the type of most of its matrices' bytes: a mixed checkpoint
  * rounds the rest to it). Counted: every model holds until it is freed

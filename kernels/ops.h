@@ -74,6 +74,8 @@ typedef struct vlmd_rope {
                                  * theta^(-2i / rotary_dim); 0: every dim */
     bool pairs_interleaved;     /* dims (2i, 2i + 1) rotate together (GPT-J's form); else i
                                  * with i + rotary_dim / 2 (rotate-half, NeoX's) */
+    float k_scale, v_scale;     /* an FP8 (F8_E4M3) cache's per-tensor scales: k and v are
+                                 * written as e4m3(x / scale), saturated (0: 1) */
 } vlmd_rope;
 
 /* How moe_route turns a token's router logits into its experts and their weights. */
@@ -163,11 +165,12 @@ typedef struct vlmd_op_table {
      * q + r * q_stride (the fused qkv rows); out is packed [n_rows, nh * hd].
      * k_cache and v_cache hold kv_dtype elements: the backend's KV type for
      * a cache rope_kv_write wrote, its activation type for K and V a linear
-     * made (the vision tower). seqs (and their slots) in backend memory;
-     * n_rows = rows of q. */
+     * made (the vision tower); an FP8 (F8_E4M3) cache's element is its value
+     * over k_scale (v_scale), which are ignored for other types. seqs (and
+     * their slots) in backend memory; n_rows = rows of q. */
     void (*attention)(vlmd_backend *b, void *out, const void *q, int q_stride,
                       const void *k_cache, const void *v_cache, vlmd_dtype kv_dtype,
-                      const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv, int hd,
+                      float k_scale, float v_scale, const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv, int hd,
                       bool causal);
     /* out[n,d] = silu(gate) * up, from gate_up[n, 2d]: each row's gate, then its up
      * (one GEMM made both; out must not overlap it) */
@@ -281,6 +284,9 @@ typedef struct vlmd_op_table {
     bool qweights;
     /* sigmoid_gate, gdn_conv, gdn_rule, gated_rmsnorm and the norms' offset (Qwen3.5) */
     bool gdn;
+    /* an F8_E4M3 KV cache (vlmd_backend_set_kv_dtype): rope_kv_write and attention with
+     * the scales */
+    bool kv_fp8;
 } vlmd_op_table;
 
 /* The backend's ops (never NULL; a backend may lack the optional ones a

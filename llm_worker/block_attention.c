@@ -78,11 +78,13 @@ void attention_forward(lm_model *m, lm_kv *kv, lm_workspace *ws, const attention
                       .interleaved = a->mrope_interleaved, .q_norm = w->q_norm,
                       .k_norm = w->k_norm, .norm_eps = m->r.norm_eps,
                       .norm_offset = m->r.norm_offset, .rotary_dim = a->rotary_dim,
-                      .pairs_interleaved = a->rotary_pairs_interleaved};
+                      .pairs_interleaved = a->rotary_pairs_interleaved,
+                      .k_scale = m->k_scale ? m->k_scale[l] : 1.0f,
+                      .v_scale = m->v_scale ? m->v_scale[l] : 1.0f};
     op->rope_kv_write(b, ws->qkv, w->b_qkv, kv->k[l], kv->v[l], ws->positions, ws->slots, n,
                       m->nh, m->nkv, m->hd, &rope);
     op->attention(b, ws->attn, ws->qkv, QKV, kv->k[l], kv->v[l], vlmd_backend_kv_dtype(b),
-                  ws->seqs, n_seqs, n, m->nh, m->nkv, m->hd, true);
+                  rope.k_scale, rope.v_scale, ws->seqs, n_seqs, n, m->nh, m->nkv, m->hd, true);
     if (w->gate.codes)
         op->sigmoid_gate(b, ws->attn, ws->attn, ws->attn_gate, Q, false, n, Q);
     lm_linear(m, ws->x, ws->attn, &w->wo, w->bo, n, Q, H);

@@ -304,6 +304,8 @@ void lm_free(lm_model *m)
     if (m->holds)
         vlmd_backend_release_weights(m->b);
     free(m->layers);
+    free(m->k_scale);
+    free(m->v_scale);
     free(m);
 }
 

@@ -160,6 +160,23 @@ bool lm_is_hybrid(const lm_model *m);
 vlmd_status lm_state_copy(lm_model *m, lm_kv *kv, int32_t from, int32_t to, vlmd_error *err);
 void lm_kv_free(lm_model *m, lm_kv *kv);
 
+/* An FP8 KV cache's scales (per attention layer, K and V: the cache holds
+ * e4m3(x / scale)), lm_kv_scales.c. lm_kv_scales_read takes them from the
+ * checkpoint where it has them, under any name producers use
+ * (self_attn.k_scale / v_scale, k_proj.k_scale, k_proj.output_scale, one
+ * kv_scale): *found false when it has none; VLMD_ERR_MODEL naming the first
+ * missing one when only some layers have them, or a value that is not one
+ * positive number. lm_kv_scales_measure runs ids[0..n) through the model
+ * with the 16-bit cache (before the backend's KV type turns FP8) and sets
+ * each layer's largest |K| / 200 and |V| / 100 (vLLM's constants); one rank
+ * only. lm_kv_scales_set sets them ([L] each); lm_kv_scales gives them
+ * (false: none set, every scale 1). */
+vlmd_status lm_kv_scales_read(lm_model *m, const vlmd_safetensors *st, bool *found,
+                              vlmd_error *err);
+vlmd_status lm_kv_scales_measure(lm_model *m, const int32_t *ids, int n, vlmd_error *err);
+vlmd_status lm_kv_scales_set(lm_model *m, const float *k, const float *v, vlmd_error *err);
+bool lm_kv_scales(const lm_model *m, const float **k, const float **v);
+
 /* For steps of up to max_tokens tokens, max_logits sequences (and logit
  * rows) of up to max_kv_len cached tokens each. */
 vlmd_status lm_workspace_create(lm_model *m, int32_t max_tokens, int32_t max_logits,

@@ -82,6 +82,8 @@ struct lm_model {
     int n_linear;               /* Gated DeltaNet layers (hybrid models; 0 otherwise) */
     vlmd_gdn_shape gdn;         /* their heads on this rank */
     uint64_t worst_case_steps;  /* steps that routed the stress's worst case */
+    float *k_scale, *v_scale;   /* [L] an FP8 KV cache's per-layer scales (host; NULL: none,
+                                 * 1); lm_kv_scales.c */
     void *embed;                /* [V, H]; a vocabulary split's rank: its [Vr, H] and a zero row */
     void *lm_head;              /* [Vr, H]; the embedding when tied */
     void *final_norm;           /* [H] */

@@ -25,6 +25,7 @@
  * it requests with a grammar are refused, and everything else is served).
  * A grammar the engine has not compiled yet is compiled on the pool first
  * (grammar_jobs.h): the request reaches the engine with it. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -41,6 +42,7 @@
 #include "process.h"
 #include "profile.h"
 #include "state_snapshots.h"
+#include "kv_calibration.h"
 #include "service.h"
 #include "shm_arena.h"
 #include "structured.h"
@@ -85,6 +87,7 @@ typedef struct llm_worker {
     bool stopping;
     bool profiling, profiled;
     uint64_t peer_bytes;        /* the visual worker's reservation, from the router */
+    char kv_cache[256];         /* the KV cache's type, and an FP8 one's scales: /health */
     profile_report profile;     /* filled on the pool; read after */
     vlmd_status profile_status;
     vlmd_error profile_err;
@@ -581,6 +584,7 @@ static void on_profile_done(uv_work_t *req, int status)
      * the router sends it text alone (docs/ARCHITECTURE.md, Engines) */
     bool reads_images = w->svc.model.has_vision && access(w->svc.cfg.embed_arena_path, R_OK) == 0;
     vlmd_kv settings[] = {{"cuda_graphs", graphs}, {"max_model_len", length},
+                          {"kv_cache", w->kv_cache},
                           {"max_model_len_reason", why},
                           {"reads_images", reads_images ? "true" : "false"}};
     vlmd_msg_ready ready = {.kv_capacity_tokens = (uint64_t)rep->tokens,
@@ -875,6 +879,71 @@ static void load_vocab(llm_worker *w)
     vlmd_tokenizer_free(tok);
 }
 
+/* The calibration text's ids through the model's own tokenizer (its special
+ * markers as a template writes them), at most max of them. */
+static vlmd_status calibration_ids(llm_worker *w, int32_t *ids, int max, int *n, vlmd_error *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", w->svc.cfg.model);
+    vlmd_tokenizer *tok = NULL;
+    vlmd_tokens t = {0};
+    vlmd_status s = vlmd_tokenizer_load(path, &tok, err);
+    if (s == VLMD_OK)
+        s = vlmd_tokenizer_encode(tok, kv_calibration_text, sizeof kv_calibration_text - 1,
+                                  VLMD_SPECIAL_MATCH, &t);
+    *n = 0;
+    uint32_t V = lm_vocab_size(w->model);
+    for (size_t i = 0; s == VLMD_OK && i < t.n && *n < max; i++)
+        if (t.ids[i] < V)
+            ids[(*n)++] = (int32_t)t.ids[i];
+    vlmd_tokens_free(&t);
+    vlmd_tokenizer_free(tok);
+    if (s == VLMD_OK && *n < 16)
+        s = vlmd_errorf(err, VLMD_ERR_MODEL, "%s gives %d tokens of the calibration text; the KV "
+                        "scales need more", path, *n);
+    return s;
+}
+
+/* --kv-cache-dtype: fp8 (asked, or auto and the checkpoint's kv_cache_scheme) takes
+ * the checkpoint's scales, else measures them; never a silent 1. */
+static vlmd_status choose_kv_cache(llm_worker *w, const vlmd_safetensors *st, vlmd_error *err)
+{
+    const char *want = w->svc.cfg.kv_cache_dtype;
+    bool fp8 = strcmp(want, "fp8") == 0 || (strcmp(want, "auto") == 0 && w->svc.model.quant.kv_fp8);
+    snprintf(w->kv_cache, sizeof w->kv_cache, "%s", vlmd_dtype_str(vlmd_backend_kv_dtype(w->backend)));
+    if (!fp8)
+        return VLMD_OK;
+    bool found = false;
+    const char *source = "the checkpoint's k_scale / v_scale";
+    vlmd_status s = lm_kv_scales_read(w->model, st, &found, err);
+    if (s == VLMD_OK && !found) {
+        int32_t ids[512];
+        int n = 0;
+        source = "measured at start-up on vlmd's calibration text (largest |K| / 200, |V| / 100)";
+        if ((s = calibration_ids(w, ids, 512, &n, err)) == VLMD_OK)
+            s = lm_kv_scales_measure(w->model, ids, n, err);
+    }
+    if (s == VLMD_OK)
+        s = vlmd_backend_set_kv_dtype(w->backend, true, err);
+    if (s != VLMD_OK)
+        return vlmd_error_prefix(err, "--kv-cache-dtype %s", want);
+    const float *k, *v;
+    float lo[2] = {INFINITY, INFINITY}, hi[2] = {0, 0};
+    lm_kv_scales(w->model, &k, &v);
+    for (int l = 0; l < (int)w->svc.model.text.num_layers; l++)
+        for (int i = 0; i < 2; i++) {
+            float x = i ? v[l] : k[l];
+            lo[i] = x < lo[i] ? x : lo[i];
+            hi[i] = x > hi[i] ? x : hi[i];
+        }
+    snprintf(w->kv_cache, sizeof w->kv_cache, "fp8 e4m3, per-layer scales K %.3g..%.3g, V "
+             "%.3g..%.3g, %s", (double)lo[0], (double)hi[0], (double)lo[1], (double)hi[1],
+             found ? "from the checkpoint" : "measured at start-up");
+    VLMD_INFO("KV cache: fp8 e4m3 with per-layer scales (K %.4g..%.4g, V %.4g..%.4g) %s",
+              (double)lo[0], (double)hi[0], (double)lo[1], (double)hi[1], source);
+    return VLMD_OK;
+}
+
 /* The backend the engine runs on; a device that cannot run the model falls
  * back to the CPU under --device auto, else is a configuration error. */
 static void open_backend(llm_worker *w)
@@ -924,6 +993,8 @@ static vlmd_status load_weights(llm_worker *w, const lm_parallel *par, vlmd_erro
     lm_free(shapes);
     if (s == VLMD_OK)
         s = lm_load_rank(w->backend, &w->svc.model, st, par, &w->model, err);
+    if (s == VLMD_OK)
+        s = choose_kv_cache(w, st, err);
     vlmd_safetensors_close(st);
     if (s != VLMD_OK)
         return s;

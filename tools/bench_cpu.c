@@ -321,7 +321,7 @@ static double bench_attention(bench *k, int batch, int q_len, int kv_len)
     for (int s = 0; s < batch; s++)
         seqs[s] = (vlmd_attn_seq){s * q_len, q_len, kv_len, slot + (size_t)s * kv_len};
     double s;
-    TIME_CALLS(k, s, k->op->attention(k->b, out, q, stride, kc, vc, k->kvt, seqs, batch, rows, NH,
+    TIME_CALLS(k, s, k->op->attention(k->b, out, q, stride, kc, vc, k->kvt, 1.0f, 1.0f, seqs, batch, rows, NH,
                                       NKV, HD, true));
     if (q_len == 1) {
         double gbs = 2.0 * (double)slots * kv_dim * (double)vlmd_dtype_size(k->kvt) / s / 1e9;

@@ -232,7 +232,7 @@ static void run_attention(bench *k, void *c)
     attn_ctx *a = c;
     int stride = (a->nh + 2 * a->nkv) * a->hd;
     k->op->attention(k->b, a->out, a->qkv, stride, a->k_cache, a->v_cache,
-                     vlmd_backend_act_dtype(k->b), a->seqs, a->n_seqs, a->n_rows, a->nh, a->nkv,
+                     vlmd_backend_act_dtype(k->b), 1.0f, 1.0f, a->seqs, a->n_seqs, a->n_rows, a->nh, a->nkv,
                      a->hd, true);
 }
 

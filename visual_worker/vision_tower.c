@@ -591,7 +591,7 @@ vlmd_status vision_tower_encode(vision_tower *vt, const vlmd_pixel_values *image
         op->linear(b, v, h, wrows(vt, bl->qkv_w, 2 * E * E), wrows(vt, bl->qkv_b, 2 * E), Ni, Ei,
                    Ei);
         op->vision_rope(b, q, k, w->d_hpos, w->d_wpos, Ni, vt->nh, vt->hd, 10000.0f);
-        op->attention(b, a, q, Ei, k, v, vlmd_backend_act_dtype(b),
+        op->attention(b, a, q, Ei, k, v, vlmd_backend_act_dtype(b), 1.0f, 1.0f,
                       windowed ? w->d_seqs + n : w->d_seqs,
                       windowed ? (int)n_windows : n, Ni, vt->nh, vt->nh, vt->hd, false);
         op->linear(b, h, a, bl->proj_w, bl->proj_b, Ni, Ei, Ei);

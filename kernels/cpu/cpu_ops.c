@@ -353,6 +353,32 @@ typedef struct rope_job {
     const vlmd_rope *rope;
 } rope_job;
 
+/* A row of K or V into the cache: in its type, or as FP8 codes of x / scale. */
+static void kv_store(const vlmd_cpu_kernels *k, void *dst, vlmd_dtype t, const float *x, int n,
+                     float scale)
+{
+    if (t != VLMD_DTYPE_F8_E4M3) {
+        k->narrow(dst, t, x, (size_t)n);
+        return;
+    }
+    float inv = 1.0f / (scale > 0 ? scale : 1.0f);
+    for (int i = 0; i < n; i++)
+        ((uint8_t *)dst)[i] = vlmd_f32_to_e4m3(x[i] * inv);
+}
+
+/* A cached row back in fp32 (an FP8 one times its scale). */
+static void kv_load(const vlmd_cpu_kernels *k, float *dst, const void *src, vlmd_dtype t, int n,
+                    float scale)
+{
+    if (t != VLMD_DTYPE_F8_E4M3) {
+        k->widen(dst, src, t, (size_t)n);
+        return;
+    }
+    scale = scale > 0 ? scale : 1.0f;
+    for (int i = 0; i < n; i++)
+        dst[i] = vlmd_e4m3_to_f32(((const uint8_t *)src)[i]) * scale;
+}
+
 static void rope_part(void *ctx, int index, int count)
 {
     rope_job *j = ctx;
@@ -389,8 +415,8 @@ static void rope_part(void *ctx, int index, int count)
             rotate(q + (size_t)h * hd, rd, rope->pairs_interleaved, cosv, sinv);
         }
         size_t at = (size_t)j->slots[t] * kv_dim * kes;
-        k->narrow((char *)j->k_cache + at, b->kv_dtype, kr, (size_t)kv_dim);
-        k->narrow((char *)j->v_cache + at, b->kv_dtype, v, (size_t)kv_dim);
+        kv_store(k, (char *)j->k_cache + at, b->kv_dtype, kr, kv_dim, rope->k_scale);
+        kv_store(k, (char *)j->v_cache + at, b->kv_dtype, v, kv_dim, rope->v_scale);
     }
 }
 
@@ -421,6 +447,7 @@ typedef struct att_job {
     int q_stride;
     const void *k_cache, *v_cache;
     vlmd_dtype kv_dtype;
+    float k_scale, v_scale;
     const vlmd_attn_seq *seqs;
     int n_seqs, nh, nkv, hd;
     bool causal;
@@ -458,10 +485,11 @@ static void att_unit(att_job *j, float *ws, const vlmd_attn_seq *sq, int g, int 
         int nk = kmax - j0 < ATT_KB ? kmax - j0 : ATT_KB;
         for (int c = 0; c < nk; c++) {
             size_t at = ((size_t)sq->slots[j0 + c] * kv_dim + (size_t)g * hd) * kes;
-            k->widen(row, (const char *)j->k_cache + at, j->kv_dtype, (size_t)hd);
+            kv_load(k, row, (const char *)j->k_cache + at, j->kv_dtype, hd, j->k_scale);
             for (int d = 0; d < hd; d++)
                 KT[(size_t)d * ATT_KB + c] = row[d];
-            k->widen(V + (size_t)c * hd, (const char *)j->v_cache + at, j->kv_dtype, (size_t)hd);
+            kv_load(k, V + (size_t)c * hd, (const char *)j->v_cache + at, j->kv_dtype, hd,
+                    j->v_scale);
         }
         k->qk(S, ATT_KB, Q, KT, ATT_KB, R, nk, hd);
         for (int r = 0; r < R; r++) {
@@ -516,14 +544,15 @@ static void att_part(void *ctx, int index, int count)
 
 static void cpu_attention(vlmd_backend *b, void *out, const void *q, int q_stride,
                           const void *k_cache, const void *v_cache, vlmd_dtype kv_dtype,
-                          const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv,
+                          float k_scale, float v_scale, const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv,
                           int hd, bool causal)
 {
     if (hd > ATT_MAX_HD)
         VLMD_FATAL("head dimension %d is over the %d the CPU attention handles", hd, ATT_MAX_HD);
     int group = nh / nkv;
     att_job j = {.b = b, .out = out, .q = q, .q_stride = q_stride, .k_cache = k_cache,
-                 .v_cache = v_cache, .kv_dtype = kv_dtype, .seqs = seqs, .n_seqs = n_seqs,
+                 .v_cache = v_cache, .kv_dtype = kv_dtype, .k_scale = k_scale,
+                 .v_scale = v_scale, .seqs = seqs, .n_seqs = n_seqs,
                  .nh = nh, .nkv = nkv, .hd = hd, .causal = causal,
                  .hb = group <= ATT_ROWS ? group : 1};
     /* A unit widens and transposes its KV head's keys once for all its query
@@ -717,4 +746,5 @@ const vlmd_op_table vlmd_cpu_op_table = {
     .moe_sigmoid = true,
     .qweights = true,
     .gdn = true,
+    .kv_fp8 = true,
 };

@@ -718,9 +718,11 @@ static bool launch_mma_for(int hd, vlmd_backend *b, bf16 *out, const bf16 *q, in
 
 extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q,
                                        int q_stride, const void *k_cache, const void *v_cache,
-                                       vlmd_dtype kv_dtype, const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
+                                       vlmd_dtype kv_dtype, float k_scale, float v_scale,
+                                       const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
                                        int nkv, int hd, bool causal)
 {
+    (void)k_scale, (void)v_scale; /* (no FP8 cache here yet: the table says kv_fp8 false) */
     VLMD_ASSERT(kv_dtype == VLMD_DTYPE_BF16); /* cache and activations: both bf16 here */
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kc = (const bf16 *)k_cache, *vc = (const bf16 *)v_cache;

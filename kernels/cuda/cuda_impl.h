@@ -23,7 +23,8 @@ bool vlmd_cuda_gemv_decode(vlmd_backend *b);
  * dim and --cuda-attention. */
 extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q,
                                        int q_stride, const void *k_cache, const void *v_cache,
-                                       vlmd_dtype kv_dtype, const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
+                                       vlmd_dtype kv_dtype, float k_scale, float v_scale,
+                                       const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
                                        int nkv, int hd, bool causal);
 
 extern "C" const vlmd_op_table vlmd_cuda_op_table;

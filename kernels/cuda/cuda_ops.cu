@@ -511,4 +511,5 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .moe_sigmoid = true,
     .qweights = false,
     .gdn = false,
+    .kv_fp8 = false,
 };

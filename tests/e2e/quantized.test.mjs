@@ -14,9 +14,11 @@ import { FIXTURES, SCALE, startServer, stopServer, postJson, getJson, runToExit,
 const served = [
   { name: 'qwen3_fp8_block', format: /^fp8 e4m3, 128x128 block scales, the rest BF16$/ },
   { name: 'qwen3_awq', format: /^awq int4, groups of 128, the rest F16$/ },
+  // its kv_cache_scheme: an FP8 KV cache at the checkpoint's scales (--kv-cache-dtype auto)
+  { name: 'qwen3_fp8_kv', format: /^fp8 e4m3, channel scales, the rest BF16$/, kv: 'F8_E4M3' },
 ];
 
-for (const { name, format } of served) {
+for (const { name, format, kv } of served) {
   test(`${name}: greedy continuations as the reference, the format said`, async () => {
     const dir = `${FIXTURES}/quant/${name}`;
     const ref = JSON.parse(readFileSync(`${dir}/reference.json`, 'utf8'));
@@ -36,6 +38,11 @@ for (const { name, format } of served) {
       }
       const stats = await getJson(`${server.url}/memory_stats`);
       assert.match(stats.body.llm.memory.weights_format, format);
+      if (kv) {
+        assert.equal(stats.body.llm.memory.kv_dtype, kv);
+        const health = await getJson(`${server.url}/health`);
+        assert.match(JSON.stringify(health.body), /fp8 e4m3, per-layer scales K [^"]* from the checkpoint/);
+      }
       assert.ok(stats.body.llm.memory.weights_bytes > 0);
       assert.match(server.stderr, /MiB of weights \((fp8|awq)/);
     } finally {
@@ -58,4 +65,34 @@ test('a format vlmd does not serve is refused at start, naming it', async () => 
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }
+});
+
+test('--kv-cache-dtype fp8 without scales in the checkpoint measures them; at TP 2 it is refused', async () => {
+  const dir = `${FIXTURES}/qwen3`;
+  const plain = await startServer(['--model', dir, '--port', '0', '--device', 'cpu']);
+  let perToken;
+  try {
+    perToken = (await getJson(`${plain.url}/memory_stats`)).body.llm.memory.kv_bytes_per_token;
+  } finally {
+    assert.deepEqual(await stopServer(plain), { code: 0, signal: null }, plain.stderr.slice(-3000));
+  }
+  const server = await startServer(['--model', dir, '--port', '0', '--device', 'cpu',
+    '--kv-cache-dtype', 'fp8']);
+  try {
+    const mem = (await getJson(`${server.url}/memory_stats`)).body.llm.memory;
+    assert.equal(mem.kv_dtype, 'F8_E4M3');
+    assert.equal(mem.kv_bytes_per_token * 4, perToken, 'a byte an element, not fp32\'s four');
+    assert.match(server.stderr, /KV cache: fp8 e4m3 with per-layer scales .* measured at start-up/);
+    const health = await getJson(`${server.url}/health`);
+    assert.match(JSON.stringify(health.body), /measured at start-up/);
+    const r = await postJson(`${server.url}/v1/completions`, { prompt: 'Hello', max_tokens: 4,
+      temperature: 0 }, { timeoutMs: 60000 * SCALE });
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+  } finally {
+    assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
+  }
+  const tp = await runToExit(['serve', '--model', dir, '--port', '0', '--device', 'cpu',
+    '--kv-cache-dtype', 'fp8', '--tensor-parallel-size', '2'], 60000 * SCALE);
+  assert.equal(tp.code, 1, tp.stderr.slice(-2000)); // the launcher's, on its engine's exit 2
+  assert.match(tp.stderr, /measuring KV scales over 2 ranks is not supported yet/);
 });

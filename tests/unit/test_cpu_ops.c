@@ -466,11 +466,11 @@ Test(cpu_ops, attention_on_a_bf16_cache_matches_fp32)
     float *want = malloc((size_t)rows * NH * HD * sizeof *want), *got = malloc((size_t)rows * NH * HD * sizeof *got);
     vlmd_error err = {0};
     cr_assert_eq(vlmd_backend_set_threads(b, 1, &err), VLMD_OK, "%s", err.msg);
-    vlmd_backend_ops(b)->attention(b, want, q, stride, kw, vw, VLMD_DTYPE_F32, seqs, 2, rows, NH,
+    vlmd_backend_ops(b)->attention(b, want, q, stride, kw, vw, VLMD_DTYPE_F32, 1.0f, 1.0f, seqs, 2, rows, NH,
                                    NKV, HD, true);
     for (int threads = 1; threads <= 3; threads += 2) {
         cr_assert_eq(vlmd_backend_set_threads(b, threads, &err), VLMD_OK, "%s", err.msg);
-        vlmd_backend_ops(b)->attention(b, got, q, stride, kh, vh, VLMD_DTYPE_BF16, seqs, 2, rows,
+        vlmd_backend_ops(b)->attention(b, got, q, stride, kh, vh, VLMD_DTYPE_BF16, 1.0f, 1.0f, seqs, 2, rows,
                                        NH, NKV, HD, true);
         char what[48];
         snprintf(what, sizeof what, "attention bf16 cache, %d threads", threads);
@@ -552,13 +552,13 @@ Test(cpu_ops, attention_decode_rows_are_a_prefills_bits)
             const void *kc = bf16 ? (const void *)kh : kw, *vc = bf16 ? (const void *)vh : vw;
             vlmd_dtype dt = bf16 ? VLMD_DTYPE_BF16 : VLMD_DTYPE_F32;
             vlmd_attn_seq all = {0, QL, KV, slots};
-            vlmd_backend_ops(b)->attention(b, prefill, q, stride, kc, vc, dt, &all, 1, QL, NH, NKV,
+            vlmd_backend_ops(b)->attention(b, prefill, q, stride, kc, vc, dt, 1.0f, 1.0f, &all, 1, QL, NH, NKV,
                                            HD, true);
             int bad = 0;
             for (int t = 0; t < QL; t++) {
                 vlmd_attn_seq one = {0, 1, PAST + t + 1, slots};
                 vlmd_backend_ops(b)->attention(b, decode, q + (size_t)t * stride, stride, kc, vc,
-                                               dt, &one, 1, 1, NH, NKV, HD, true);
+                                               dt, 1.0f, 1.0f, &one, 1, 1, NH, NKV, HD, true);
                 bad += memcmp(decode, prefill + (size_t)t * row, (size_t)row * sizeof *decode) != 0;
             }
             cr_expect_eq(bad, 0, "%s cache, %d threads: %d of %d decode rows differ from the "

@@ -296,7 +296,8 @@ static void check_attention(pair *p, int nh, int nkv, int hd, int n_seq, const i
         vlmd_backend_ops(bs[b])->attention(
             bs[b], out[b], on(bs[b], qkv, (size_t)n_rows * stride), stride,
             on(bs[b], cache_k, (size_t)n_slots * kv_dim),
-            on(bs[b], cache_v, (size_t)n_slots * kv_dim), vlmd_backend_act_dtype(bs[b]), dseqs,
+            on(bs[b], cache_v, (size_t)n_slots * kv_dim), vlmd_backend_act_dtype(bs[b]), 1.0f,
+            1.0f, dseqs,
             n_seq, n_rows, nh, nkv, hd, causal);
     }
     char what[128];
@@ -461,7 +462,7 @@ Test(cuda_ops, vision_ops)
             out[b] = on(bs[b], NULL, qn);
             /* the tower's attention reads K and V straight from its rows: slot i is row i */
             op->attention(bs[b], out[b], dq[b], nh * hd, dk[b], on(bs[b], v, qn),
-                          vlmd_backend_act_dtype(bs[b]), dseqs, 2, rows, nh, nh, hd, false);
+                          vlmd_backend_act_dtype(bs[b]), 1.0f, 1.0f, dseqs, 2, rows, nh, nh, hd, false);
         }
         char what[48];
         snprintf(what, sizeof what, "vision_rope q hd=%d", hd);

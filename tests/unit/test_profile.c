@@ -478,6 +478,36 @@ Test(profile, engine_device_bytes_is_what_engine_create_takes)
     }
 }
 
+/* An FP8 KV cache (--kv-cache-dtype fp8) takes a byte an element: the same
+ * device holds the cache's element-size ratio more tokens (4x the F32
+ * fixture's fp32 cache; 2x a 16-bit one's). */
+Test(profile, an_fp8_kv_cache_holds_the_element_ratio_more_tokens)
+{
+    fixture f;
+    open_fixture(&f);
+    profile_report rep[2];
+    size_t elem[2];
+    vlmd_error err = {0};
+    if (!vlmd_backend_ops(f.b)->kv_fp8) { /* (the emulated CUDA device: not there yet) */
+        cr_expect_eq(vlmd_backend_set_kv_dtype(f.b, true, &err), VLMD_ERR_MODEL);
+        cr_expect(strstr(err.msg, "has no FP8 KV cache yet"), "%s", err.msg);
+        close_fixture(&f);
+        return;
+    }
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        cr_assert_eq(vlmd_backend_set_kv_dtype(f.b, fp8, &err), VLMD_OK, "%s", err.msg);
+        elem[fp8] = vlmd_backend_kv_elem_size(f.b);
+        cr_assert_eq(run(&f, NULL, NULL, &rep[fp8], &err), VLMD_OK, "%s", err.msg);
+    }
+    cr_expect_eq(elem[1], 1);
+    cr_expect_eq(rep[0].bytes_per_token, rep[1].bytes_per_token * elem[0]);
+    double ratio = (double)rep[1].tokens / (double)rep[0].tokens;
+    cr_expect(ratio > 0.98 * (double)elem[0] && ratio < 1.02 * (double)elem[0],
+              "%lld tokens with FP8, %lld with %zu-byte elements: %.3f", (long long)rep[1].tokens,
+              (long long)rep[0].tokens, elem[0], ratio);
+    close_fixture(&f);
+}
+
 /* ---- a hybrid model's state pool ---------------------------------------------- */
 
 /* One state slot per running request, of the fixture README's bytes:
