@@ -266,6 +266,54 @@ bool api_chat_image(api_chat *c, const json_t *url, const char *param, api_error
     return add_part(c, (vlmd_chat_part){VLMD_CHAT_IMAGE, NULL, 0}, e);
 }
 
+/* An "image" content block as LangChain (its v1 standard blocks and its
+ * older data blocks), LlamaIndex and Hugging Face's templates send it, read
+ * as vLLM's parser reads it: a URL ("url", "image", or source_type "url"),
+ * or base64 bytes ("data" or "base64") with their media type ("mimeType" or
+ * "mime_type"), which become a data URI. */
+static bool chat_image_block(api_chat *c, const json_t *p, const char *param, api_error *e)
+{
+    char where[160];
+    const json_t *url = opt(p, "url") ? opt(p, "url") : opt(p, "image");
+    const char *url_key = opt(p, "url") ? "url" : "image";
+    const json_t *data = opt(p, "data") ? opt(p, "data") : opt(p, "base64");
+    const char *data_key = opt(p, "data") ? "data" : "base64";
+    const json_t *mime = opt(p, "mimeType") ? opt(p, "mimeType") : opt(p, "mime_type");
+    const char *mime_key = opt(p, "mimeType") ? "mimeType" : "mime_type";
+    const json_t *source = opt(p, "source_type");
+    if (source && !(api_plain_string(source) && (strcmp(json_string_value(source), "url") == 0 ||
+                                                 strcmp(json_string_value(source), "base64") == 0))) {
+        snprintf(where, sizeof where, "%s.source_type", param);
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where, "invalid_value", "an image block's "
+                        "'source_type' must be \"url\" or \"base64\" (an image by id is not "
+                        "served)");
+    }
+    bool by_url = source ? strcmp(json_string_value(source), "url") == 0 : url && !data;
+    if (by_url) {
+        snprintf(where, sizeof where, "%s.%s", param, url_key);
+        return api_chat_image(c, url, where, e);
+    }
+    snprintf(where, sizeof where, "%s.%s", param, data ? data_key : "data");
+    if (!api_plain_string(data) || json_string_length(data) == 0)
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where, "invalid_type", "an image block needs "
+                        "a 'url' (or 'image'), or base64 'data' with its 'mimeType'");
+    snprintf(where, sizeof where, "%s.%s", param, mime ? mime_key : "mimeType");
+    if (!api_plain_string(mime) || strncmp(json_string_value(mime), "image/", 6) != 0)
+        return api_fail(e, VLMD_ERR_INVALID_ARG, where, "invalid_value", "an image block's "
+                        "base64 data needs its media type: 'mimeType' \"image/...\"");
+    vlmd_buf uri = VLMD_BUF_INIT;
+    bool ok = vlmd_buf_printf(&uri, "data:%s;base64,", json_string_value(mime)) == VLMD_OK &&
+              vlmd_buf_append(&uri, json_string_value(data), json_string_length(data)) == VLMD_OK;
+    json_t *as_url = ok ? json_stringn(uri.data, uri.len) : NULL;
+    vlmd_buf_free(&uri);
+    if (!as_url)
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
+    snprintf(where, sizeof where, "%s.%s", param, data_key);
+    ok = api_chat_image(c, as_url, where, e);
+    json_decref(as_url);
+    return ok;
+}
+
 bool api_chat_file(api_chat *c, const json_t *file_data, const json_t *file_id,
                    const char *param, api_error *e)
 {
@@ -469,10 +517,13 @@ static bool chat_message(const json_t *m, size_t i, api_chat *c, api_error *e)
             size_t n = strlen(param);
             snprintf(param + n, sizeof param - n, ".file");
             ok = api_chat_file(c, opt(file, "file_data"), opt(file, "file_id"), param, e);
+        } else if (strcmp(type, "image") == 0) {
+            ok = chat_image_block(c, p, param, e);
         } else {
             ok = api_fail(e, VLMD_ERR_INVALID_ARG, param, "invalid_type", "a content part must "
-                          "be {\"type\": \"text\", \"text\": ...}, an image_url part or a file "
-                          "part (an image's data URI)");
+                          "be {\"type\": \"text\", \"text\": ...}, an image_url part, an image "
+                          "block (a url, or base64 data and its mimeType) or a file part (an "
+                          "image's data URI)");
         }
         if (!ok)
             return false;

@@ -3,7 +3,8 @@
 // (random weights: only the grammar makes the answers valid): the AI SDK
 // (@ai-sdk/openai-compatible's chat model; @ai-sdk/openai's Responses model),
 // LangChain's ChatOpenAI (withStructuredOutput's three methods, the Responses
-// API) and LlamaIndex's OpenAI (responseFormat; an image part on qwen2_vl).
+// API; image content blocks streamed on qwen2_vl) and LlamaIndex's OpenAI (responseFormat; an
+// image part on qwen2_vl).
 // Every object is checked with its zod schema. Loopback only: each library is
 // given the server's base URL and a dummy key, and no retries.
 import { test, before, after } from 'node:test';
@@ -15,7 +16,8 @@ import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { createOpenAI } from '@ai-sdk/openai';
 import { ChatOpenAI } from '@langchain/openai';
 import { OpenAI as LlamaOpenAI } from '@llamaindex/openai';
-import { FIXTURES, startServer, stopServer } from './harness.mjs';
+import { HumanMessage } from '@langchain/core/messages';
+import { FIXTURES, startServer, stopServer, makeDecoder } from './harness.mjs';
 
 const MODEL = `${FIXTURES}/qwen2`;
 const prompt = 'Describe a person as JSON.';
@@ -140,6 +142,34 @@ test("LlamaIndex's image part (a chat file part) on qwen2_vl gives the reference
       { type: 'image', data, mimeType: 'image/png' }, { type: 'text', text: 'What is in this image?' }] }] });
     assert.equal(r.raw.usage.prompt_tokens, want.input_ids.length, 'the image was read');
     assert.equal(typeof r.message.content, 'string');
+  } finally {
+    assert.deepEqual(await stopServer(vl), { code: 0, signal: null }, vl.stderr.slice(-3000));
+  }
+});
+
+test("LangChain's image content blocks (v1 standard, base64 and url data blocks), streamed and not, on qwen2_vl", async () => {
+  const fixture = `${FIXTURES}/qwen2_vl`;
+  const want = JSON.parse(readFileSync(`${fixture}/reference.json`, 'utf8')).cases[2];
+  const decode = makeDecoder(JSON.parse(readFileSync(`${fixture}/tokenizer.json`, 'utf8')));
+  const vl = await startServer(['--model', fixture, '--port', '0']);
+  try {
+    const llm = new ChatOpenAI({ model: 'qwen2_vl', apiKey: 'not-needed',
+      configuration: { baseURL: `${vl.url}/v1` }, maxRetries: 0, temperature: 0, maxTokens: 12 });
+    const data = readFileSync(`${fixture}/${want.image}`).toString('base64');
+    const blocks = [
+      { type: 'image', mimeType: 'image/png', data },
+      { type: 'image', source_type: 'base64', mime_type: 'image/png', data },
+      { type: 'image', source_type: 'url', url: `data:image/png;base64,${data}` },
+    ];
+    for (const block of blocks) {
+      const message = () => new HumanMessage({ content: [block, { type: 'text', text: 'What is in this image?' }] });
+      let streamed = '';
+      for await (const chunk of await llm.stream([message()]))
+        streamed += typeof chunk.content === 'string' ? chunk.content : '';
+      assert.equal(streamed, decode(want.greedy_continuation), `${JSON.stringify(Object.keys(block))} streamed`);
+      const whole = await llm.invoke([message()]);
+      assert.equal(whole.content, decode(want.greedy_continuation), `${JSON.stringify(Object.keys(block))}`);
+    }
   } finally {
     assert.deepEqual(await stopServer(vl), { code: 0, signal: null }, vl.stderr.slice(-3000));
   }

@@ -497,6 +497,73 @@ Test(api_request, a_file_part_with_an_image_is_an_image)
     vlmd_tokenizer_free(tok);
 }
 
+/* The image blocks LangChain sends (its v1 standard block, its older data
+ * blocks by base64 and by URL), Hugging Face's {"type": "image", "image": ...}
+ * and a bare url: each one image at its place; a block without a source, a
+ * media type that is not an image's, or a source by id: a 400 naming the
+ * field. */
+Test(api_request, image_blocks_as_langchain_and_others_send_them)
+{
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("qwen2/tokenizer.json"), &tok, NULL), VLMD_OK);
+    api_limits lim = {.model_name = "m", .max_model_len = 4096, .max_images = 8,
+                      .image_token_id = 1022};
+    static const char *const taken[][3] = {
+        {"{\"type\": \"image\", \"mimeType\": \"image/png\", \"data\": \"AAAA\"}",
+         "data:image/png;base64,AAAA", "messages[0].content[0].data"},
+        {"{\"type\": \"image\", \"source_type\": \"base64\", \"mime_type\": \"image/jpeg\", "
+         "\"data\": \"BBBB\"}", "data:image/jpeg;base64,BBBB", "messages[0].content[0].data"},
+        {"{\"type\": \"image\", \"base64\": \"CCCC\", \"mime_type\": \"image/webp\"}",
+         "data:image/webp;base64,CCCC", "messages[0].content[0].base64"},
+        {"{\"type\": \"image\", \"source_type\": \"url\", \"url\": \"data:image/png;base64,DD\"}",
+         "data:image/png;base64,DD", "messages[0].content[0].url"},
+        {"{\"type\": \"image\", \"url\": \"https://example.com/a.png\"}",
+         "https://example.com/a.png", "messages[0].content[0].url"},
+        {"{\"type\": \"image\", \"image\": \"data:image/png;base64,EE\"}",
+         "data:image/png;base64,EE", "messages[0].content[0].image"},
+    };
+    for (size_t i = 0; i < sizeof taken / sizeof taken[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"messages\": [{\"role\": \"user\", \"content\": [%s, "
+                 "{\"type\": \"text\", \"text\": \"what?\"}]}]}", taken[i][0]);
+        json_t *body = json_loads(text, 0, NULL);
+        cr_assert_not_null(body, "%s", text);
+        api_request r;
+        api_error e;
+        cr_assert(api_request_parse(body, true, &lim, tok, &r, &e), "%s: %s", text, e.message);
+        cr_assert_eq(r.n_images, 1, "%s", text);
+        cr_expect_str_eq(r.images[0].url, taken[i][1]);
+        cr_expect_str_eq(r.images[0].param, taken[i][2]);
+        api_request_free(&r);
+        json_decref(body);
+    }
+    static const char *const refused[][3] = {
+        {"{\"type\": \"image\"}", "messages[0].content[0].data", "needs a 'url'"},
+        {"{\"type\": \"image\", \"data\": \"AAAA\"}", "messages[0].content[0].mimeType",
+         "media type"},
+        {"{\"type\": \"image\", \"data\": \"AAAA\", \"mimeType\": \"application/pdf\"}",
+         "messages[0].content[0].mimeType", "media type"},
+        {"{\"type\": \"image\", \"source_type\": \"id\", \"id\": \"file-1\"}",
+         "messages[0].content[0].source_type", "by id"},
+        {"{\"type\": \"image\", \"url\": 7}", "messages[0].content[0].url", "must be"},
+    };
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"messages\": [{\"role\": \"user\", \"content\": [%s]}]}",
+                 refused[i][0]);
+        json_t *body = json_loads(text, 0, NULL);
+        cr_assert_not_null(body, "%s", text);
+        api_request r;
+        api_error e;
+        cr_expect_not(api_request_parse(body, true, &lim, tok, &r, &e), "%s", text);
+        cr_expect_eq(e.status, 400, "%s", text);
+        cr_expect_str_eq(e.param, refused[i][1], "%s", text);
+        cr_expect(strstr(e.message, refused[i][2]), "%s: %s", text, e.message);
+        json_decref(body);
+    }
+    vlmd_tokenizer_free(tok);
+}
+
 /* response_format: its shape is checked field by field (the grammars it
  * becomes: test_api_grammar); text is free text. */
 Test(api_request, response_format_shape_is_checked_field_by_field)
