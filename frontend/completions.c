@@ -356,6 +356,8 @@ static json_t *chunk_json(const completions *c, const inflight_entry *e, uint32_
                            "logprobs", logprobs, "finish_reason",
                            finish ? json_string(finish) : json_null());
     }
+    if (finish && e->choices[index].grammar_closed)
+        json_object_set_new(choice, "grammar_closed", json_true());
     return stream_chunk(c, e, json_pack("[o]", choice));
 }
 
@@ -481,12 +483,15 @@ static json_t *full_json(const completions *c, const inflight_entry *e)
         const char *text = ch->text.data ? ch->text.data : "", *finish = ch->out.finish;
         json_t *lp = logprobs_json(c, e, ch->lps, ch->n_lps, ch->prompt_text_len);
         json_t *message = e->api.chat ? chat_message(e, i, &finish) : NULL;
-        json_array_append_new(
-            choices, e->api.chat ? json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i, "message",
-                                             message, "logprobs", lp, "finish_reason", finish)
-                                 : json_pack("{s:i, s:s%, s:o, s:s}", "index", (int)i, "text",
-                                             text, ch->out.sent, "logprobs", lp, "finish_reason",
-                                             finish));
+        json_t *choice = e->api.chat ? json_pack("{s:i, s:o, s:o, s:s}", "index", (int)i,
+                                                 "message", message, "logprobs", lp,
+                                                 "finish_reason", finish)
+                                     : json_pack("{s:i, s:s%, s:o, s:s}", "index", (int)i, "text",
+                                                 text, ch->out.sent, "logprobs", lp,
+                                                 "finish_reason", finish);
+        if (ch->grammar_closed) /* (an extra field: clients ignore it) */
+            json_object_set_new(choice, "grammar_closed", json_true());
+        json_array_append_new(choices, choice);
     }
     return json_pack("{s:s, s:s, s:I, s:s, s:o, s:o}", "id", id, "object",
                      e->api.chat ? "chat.completion" : "text_completion", "created",
@@ -1123,6 +1128,10 @@ static void chunk_metrics(completions *c, inflight_entry *e, inflight_choice *ch
         e->capped = m->max_tokens_capped;
     e->engine = m->engine;
     ch->cached_tokens = m->cached_tokens;
+    if (m->grammar_closed && !ch->grammar_closed) {
+        ch->grammar_closed = true;
+        c->metrics.grammar_closed++;
+    }
     if (m->n_tokens) {
         uint64_t now = vlmd_now_ns();
         if (!e->last_token_ns)

@@ -67,6 +67,7 @@ typedef struct inflight_choice {
     size_t prompt_text_len;     /* bytes of echoed prompt (or forced call) it starts with */
     uint32_t completion_tokens;
     uint32_t cached_tokens;     /* prompt tokens the engine's prefix cache gave */
+    bool grammar_closed;        /* its grammar closed it near max_tokens (the engine said) */
     vlmd_buf reasoning;         /* reasoning: the answer before </think> */
     size_t reasoning_checked;   /* reasoning: bytes of it searched for </think> */
     uint32_t reasoning_tokens;  /* reasoning: tokens generated before </think> */

@@ -54,6 +54,7 @@ typedef struct frontend_metrics {
     engine_metrics engines[METRICS_MAX_ENGINES]; /* per engine (--data-parallel-rank) */
     uint64_t prompt_tokens, completion_tokens;
     uint64_t finished[METRICS_OUTCOMES];
+    uint64_t grammar_closed;                /* answers closed by their grammar near max_tokens */
 } frontend_metrics;
 
 /* Zeroes m and gives each histogram its buckets. */

@@ -90,6 +90,8 @@ typedef struct request {
     uint32_t end_ids[VLMD_PROTO_MAX_STOPS + 1]; /* eos_id and the stop tokens */
     uint32_t n_end;
     bool mask_failed;           /* this step's mask could not be made: it ends in an error */
+    bool closing;               /* near max_tokens, its output was steered to its grammar's
+                                 * shortest completion (fill_mask) */
     bool listed;                /* on the engine's list (request_free refuses it then) */
     struct request *next;       /* in arrival order */
 } request;
@@ -1390,7 +1392,40 @@ static size_t shortest_step(const vlmd_grammar *g, const vlmd_grammar_state *st,
  * the single-byte token of the shortest completion's next byte). A complete
  * output ends once the tokens left could not complete anything more: more
  * begun would be cut. */
-static vlmd_status fill_mask(engine *e, const request *q, uint32_t *mask, vlmd_error *err)
+/* The token that writes the most of the shortest completion from st: the
+ * completion's bytes (at most CLOSE_BYTES of them, a byte at a time by
+ * shortest_step), then the vocabulary's longest token that starts them (a
+ * prefix of a valid completion, so the grammar takes it). -1: none. */
+#define CLOSE_BYTES 256
+static int32_t closing_token(const engine *e, const vlmd_grammar *g,
+                             const vlmd_grammar_state *st)
+{
+    uint8_t text[CLOSE_BYTES];
+    size_t n = 0;
+    vlmd_grammar_state c;
+    memcpy(c.w, st->w, st->w[0] * sizeof st->w[0]);
+    while (n < CLOSE_BYTES && vlmd_grammar_min_completion(g, &c) > 0) {
+        int b;
+        if (shortest_step(g, &c, &b) == SIZE_MAX || b < 0)
+            break;
+        text[n++] = (uint8_t)b;
+        uint8_t u = (uint8_t)b;
+        vlmd_grammar_accept_bytes(g, &c, &u, 1);
+    }
+    int32_t best = n ? e->byte_token[text[0]] : -1;
+    size_t best_len = best >= 0 ? 1 : 0;
+    uint32_t V = vlmd_vocab_size(e->cfg.vocab);
+    for (uint32_t id = 0; id < V; id++) {
+        const uint8_t *bytes;
+        size_t len;
+        if (vlmd_vocab_token(e->cfg.vocab, id, &bytes, &len) && len > best_len && len <= n &&
+            memcmp(bytes, text, len) == 0)
+            best = (int32_t)id, best_len = len;
+    }
+    return best;
+}
+
+static vlmd_status fill_mask(engine *e, request *q, uint32_t *mask, vlmd_error *err)
 {
     const vlmd_grammar *g = grammar_entry_grammar(q->grammar);
     int32_t left = q->max_tokens - (q->n_tokens - q->n_prompt); /* this one included */
@@ -1398,9 +1433,9 @@ static vlmd_status fill_mask(engine *e, const request *q, uint32_t *mask, vlmd_e
     int b = -1;
     size_t room = need ? need : shortest_step(g, q->gstate, &b); /* what the bytes after need */
     if (room == SIZE_MAX || (size_t)left <= room + ENGINE_GRAMMAR_CLOSE_MARGIN) {
-        if (need)
-            shortest_step(g, q->gstate, &b);
-        int32_t tok = need && b >= 0 ? e->byte_token[b] : -1;
+        /* the shortest completion, as few tokens as the vocabulary writes it in */
+        int32_t tok = need ? closing_token(e, g, q->gstate) : -1;
+        q->closing = q->closing || tok >= 0;
         if (!need || tok >= 0) {
             memset(mask, 0, e->mask_words * sizeof *mask);
             if (need)
@@ -1649,7 +1684,8 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
         engine_output o = {q->id, &tok, 1, fin, (uint32_t)q->n_prompt,
                            (uint32_t)(q->n_tokens - q->n_prompt), q->cached_tokens,
                            q->logprobs ? &lp : NULL, why[0] ? why : NULL,
-                           fin == VLMD_FINISH_ERROR ? VLMD_ERR_INVALID_ARG : VLMD_OK};
+                           fin == VLMD_FINISH_ERROR ? VLMD_ERR_INVALID_ARG : VLMD_OK,
+                           q->closing && fin == VLMD_FINISH_STOP};
         e->emit(&o, e->ud);
         if (fin != VLMD_FINISH_NONE) {
             request_end(e, q);

@@ -116,6 +116,8 @@ typedef struct engine_output {
     const char *error;                  /* finish ERROR: why (borrowed for the call) */
     vlmd_status status;                 /* finish ERROR: what kind (VLMD_ERR_INVALID_ARG: the
                                          * request's grammar; _INTERNAL: the engine's books) */
+    bool grammar_closed;                /* finished complete after max_tokens' nearness steered
+                                         * it to its grammar's shortest completion */
 } engine_output;
 
 /* Called after every step for each request that produced tokens (or ended). */

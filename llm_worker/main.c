@@ -58,6 +58,7 @@ typedef struct emitted {
     bool has_logprobs;
     engine_logprobs lp;
     char *error;                /* finish ERROR: why (owned) */
+    bool grammar_closed;        /* engine_output's */
     vlmd_status status;         /* finish ERROR: what kind */
 } emitted;
 
@@ -154,8 +155,10 @@ static void emit(const engine_output *eo, void *ud)
             o->lp = eo->logprobs[i];
         if (i + 1 == n && eo->error)
             o->error = vlmd_xstrdup(eo->error);
-        if (i + 1 == n)
+        if (i + 1 == n) {
             o->status = eo->status;
+            o->grammar_closed = eo->grammar_closed;
+        }
     }
 }
 
@@ -309,7 +312,7 @@ static void on_step_done(uv_work_t *req, int status)
             .req_id = o->req_id, .tokens = (uint32_t *)&o->token, .n_tokens = o->has_token,
             .finish = o->finish, .message = o->error ? o->error : "",
             .prompt_tokens = o->prompt_tokens, .completion_tokens = o->completion_tokens,
-            .cached_tokens = o->cached_tokens,
+            .cached_tokens = o->cached_tokens, .grammar_closed = o->grammar_closed,
             .status = o->finish == VLMD_FINISH_ERROR ? o->status : VLMD_OK};
         if (o->has_logprobs) {
             vlmd_msg_token_chunk *c = &m.u.token_chunk;

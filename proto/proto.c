@@ -35,6 +35,7 @@
  *   max_tokens_capped        token_chunk                 0
  *   engine                   token_chunk                 0
  *   cached_tokens            token_chunk                 0
+ *   grammar_closed           token_chunk                 0
  *   arena_offset, token_count image_job                  0
  *
  * sampling.seed stays required: has_seed travels beside it since version 1,
@@ -311,6 +312,7 @@ static const field_desc token_chunk_fields[] = {
     U32_MAX(vlmd_msg_token_chunk, error_image, VLMD_PROTO_MAX_IMAGES, true),
     U32_MAX(vlmd_msg_token_chunk, max_tokens_capped, UINT32_MAX, true),
     U32_MAX(vlmd_msg_token_chunk, engine, 15, true),
+    U32_MAX(vlmd_msg_token_chunk, grammar_closed, 1, true),
 };
 static const field_desc image_job_fields[] = {
     FLD(vlmd_msg_image_job, req_id, F_U64),

@@ -304,6 +304,8 @@ typedef struct vlmd_msg_token_chunk {
     uint32_t error_image;           /* finish == ERROR because of image i: i + 1; else 0 */
     uint32_t max_tokens_capped;     /* the router capped max_tokens to this (under pressure); 0 */
     uint32_t engine;                /* router -> frontend: the engine that answered (--data-parallel-rank) */
+    uint32_t grammar_closed;        /* 1: the finish came after max_tokens' nearness steered the
+                                     * output to its grammar's shortest completion */
 } vlmd_msg_token_chunk;
 
 typedef struct vlmd_msg_image_job {

@@ -215,3 +215,46 @@ test('a strict tool under auto is held to its schema from the <tool_call> token 
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+// At the budget (issue 34): an answer held to a schema is closed by its grammar when only the
+// tokens to close it are left (strings closed, required keys given their shortest values), so
+// it is complete, with its finish_reason ("stop", or "tool_calls" for a forced call), and says
+// grammar_closed; only a budget that cannot even close it cuts it ("length"). For each schema,
+// every budget from 1 to 64: below the first one that closes it, a cut; from there on, complete
+// and valid (the SDK's parse() takes it); the closes counted in /metrics.
+test('answers held to a schema close at max_tokens: complete from the first budget that can close them', async () => {
+  const kinds = [
+    ['Person', { response_format: zodResponseFormat(Person, 'person') }, (m) => Person.parse(JSON.parse(m.content))],
+    ['weather', { response_format: { type: 'json_schema', json_schema: { name: 'w', schema: weather, strict: true } } },
+      (m) => Weather.parse(JSON.parse(m.content))],
+    ['json_object', { response_format: { type: 'json_object' } }, (m) => assert.equal(typeof JSON.parse(m.content), 'object')],
+    ['forced call', { tools, tool_choice: { type: 'function', function: { name: 'get_weather' } } },
+      (m) => Weather.parse(JSON.parse(m.tool_calls[0].function.arguments))],
+  ];
+  const before = await metricValue();
+  let closed = 0;
+  for (const [name, params, check] of kinds) {
+    let first = 0;
+    for (let budget = 1; budget <= 64; budget++) {
+      const c = await client.chat.completions.create({ model: 'qwen2', messages, seed: budget, temperature: 1,
+        max_tokens: budget, ...params });
+      const ch = c.choices[0];
+      if (ch.finish_reason === 'length') {
+        assert.equal(first, 0, `${name}: cut at ${budget} tokens after closing at ${first}: ${JSON.stringify(ch.message)}`);
+        continue;
+      }
+      assert.equal(ch.finish_reason, name === 'forced call' ? 'tool_calls' : 'stop', `${name} at ${budget}`);
+      check(ch.message);
+      first ||= budget;
+      if (ch.grammar_closed) closed++;
+    }
+    assert.ok(first > 0, `${name}: never complete within 64 tokens`);
+  }
+  assert.ok(closed > 0, 'some answers were closed by their grammar');
+  assert.equal(await metricValue() - before, closed, 'vlmd_grammar_closed_total counts them');
+});
+
+async function metricValue() {
+  const text = await (await fetch(`${server.url}/metrics`)).text();
+  return Number(text.match(/vlmd_grammar_closed_total\{[^}]*\} (\d+)/)[1]);
+}
