@@ -112,7 +112,7 @@ static vlmd_msg sample(vlmd_msg_type t)
             .message = "the visual worker is down", .prompt_tokens = 10,
             .completion_tokens = 5, .cached_tokens = 2, .top_n = 2, .top_ids = sample_top_ids,
             .n_top_ids = 10, .top_logprobs = sample_top_lps, .n_top_logprobs = 10,
-            .error_image = 3, .max_tokens_capped = 256, .engine = 5};
+            .error_image = 3, .max_tokens_capped = 256, .engine = 5, .grammar_closed = 1};
         break;
     case VLMD_MSG_IMAGE_JOB:
         m.u.image_job = (vlmd_msg_image_job){.req_id = 3, .image_index = 1, .data = sample_bytes,
@@ -276,7 +276,7 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
         EQ(req_id); ARR(tokens, n_tokens); ARR(logprobs, n_logprobs); EQ(finish); EQ(status);
         STR(message); EQ(prompt_tokens); EQ(completion_tokens); EQ(cached_tokens); EQ(top_n);
         ARR(top_ids, n_top_ids); ARR(top_logprobs, n_top_logprobs); EQ(error_image);
-        EQ(max_tokens_capped); EQ(engine);
+        EQ(max_tokens_capped); EQ(engine); EQ(grammar_closed);
         break;
     }
     case VLMD_MSG_IMAGE_JOB: {
@@ -1261,6 +1261,7 @@ static const field_ref optional_fields[] = {
     {VLMD_MSG_REQUEST_SUBMIT, "ignore_eos"}, {VLMD_MSG_TOKEN_CHUNK, "cached_tokens"},
     {VLMD_MSG_REQUEST_SUBMIT, "logit_bias"}, {VLMD_MSG_REQUEST_SUBMIT, "min_tokens"},
     {VLMD_MSG_REQUEST_SUBMIT, "grammar"},   {VLMD_MSG_TOKEN_CHUNK, "engine"},
+    {VLMD_MSG_TOKEN_CHUNK, "grammar_closed"},
 };
 /* Optional too, but they travel together: dropping one alone is a shape mismatch. */
 static const field_ref coupled_fields[] = {
