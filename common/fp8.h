@@ -12,7 +12,14 @@
 
 #define VLMD_E4M3_MAX 448.0f
 
-static inline float vlmd_e4m3_to_f32(uint8_t c)
+/* callable from CUDA kernels too */
+#ifdef __CUDACC__
+#define VLMD_FP8_FN __host__ __device__ static inline
+#else
+#define VLMD_FP8_FN static inline
+#endif
+
+VLMD_FP8_FN float vlmd_e4m3_to_f32(uint8_t c)
 {
     uint32_t sign = (uint32_t)(c & 0x80) << 24, e = (c >> 3) & 15, m = c & 7, bits;
     if (e == 15 && m == 7) {
@@ -28,7 +35,7 @@ static inline float vlmd_e4m3_to_f32(uint8_t c)
     return f;
 }
 
-static inline uint8_t vlmd_f32_to_e4m3(float f)
+VLMD_FP8_FN uint8_t vlmd_f32_to_e4m3(float f)
 {
     uint32_t u;
     memcpy(&u, &f, sizeof u);

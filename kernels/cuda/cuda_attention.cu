@@ -36,6 +36,7 @@
 #include "backend_impl.h"
 #include "cuda_check.h"
 #include "cuda_impl.h"
+#include "fp8.h"
 #include "warp_mma.h"
 
 using namespace nvcuda;
@@ -536,9 +537,21 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32)
  * contiguous ranges (so a single decode query still fills the GPU), each warp
  * keeps an online softmax (running max, sum, weighted values; lanes split the
  * head dimension), and the partials are merged in shared memory at the end. */
-__global__ void k_attention(bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
-                            const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
-                            int nkv, int hd, float scale, bool causal)
+/* A cached element as fp32: bf16, or an FP8 cache's e4m3 code times its scale. */
+__device__ static inline float kv_get(const bf16 *cache, size_t at, float)
+{
+    return __bfloat162float(cache[at]);
+}
+__device__ static inline float kv_get(const uint8_t *cache, size_t at, float scale)
+{
+    return vlmd_e4m3_to_f32(cache[at]) * scale;
+}
+
+template <typename KV>
+__global__ void k_attention(bf16 *out, const bf16 *q, int q_stride, const KV *k_cache,
+                            const KV *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
+                            int nkv, int hd, float scale, bool causal, float k_scale,
+                            float v_scale)
 {
     vlmd_kernel_start();
     __shared__ float part_m[SIMPLE_WARPS], part_sum[SIMPLE_WARPS];
@@ -563,20 +576,20 @@ __global__ void k_attention(bf16 *out, const bf16 *q, int q_stride, const bf16 *
     }
     float m = -INFINITY, sum = 0;
     for (int j = first; j < last; j++) {
-        const bf16 *kp = k_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
+        const KV *kp = k_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
         float dot = 0;
         for (int d = 0; d < per; d++) {
             int dim = lane + 32 * d;
             if (dim < hd)
-                dot += qv[d] * __bfloat162float(kp[dim]);
+                dot += qv[d] * kv_get(kp, dim, k_scale);
         }
         for (int o = 16; o > 0; o /= 2)
             dot += __shfl_xor_sync(0xffffffffu, dot, o);
         float sc = dot * scale, m_new = fmaxf(m, sc), corr = expf(m - m_new), p = expf(sc - m_new);
-        const bf16 *vp = v_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
+        const KV *vp = v_cache + (size_t)sq->slots[j] * kv_dim + (size_t)kvh * hd;
         for (int d = 0; d < per; d++) {
             int dim = lane + 32 * d;
-            acc[d] = acc[d] * corr + (dim < hd ? p * __bfloat162float(vp[dim]) : 0);
+            acc[d] = acc[d] * corr + (dim < hd ? p * kv_get(vp, dim, v_scale) : 0);
         }
         sum = sum * corr + p;
         m = m_new;
@@ -722,10 +735,21 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
                                        const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
                                        int nkv, int hd, bool causal)
 {
-    (void)k_scale, (void)v_scale; /* (no FP8 cache here yet: the table says kv_fp8 false) */
-    VLMD_ASSERT(kv_dtype == VLMD_DTYPE_BF16); /* cache and activations: both bf16 here */
+    VLMD_ASSERT(kv_dtype == VLMD_DTYPE_BF16 || kv_dtype == VLMD_DTYPE_F8_E4M3);
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kc = (const bf16 *)k_cache, *vc = (const bf16 *)v_cache;
+    if (kv_dtype == VLMD_DTYPE_F8_E4M3) { /* an FP8 cache: the simple kernel reads it (the tiled
+                                          * ones take bf16; issue 35's decode kernel will) */
+        if (hd > SIMPLE_MAX_HD)
+            VLMD_FATAL("head dimension %d is over the %d an FP8 cache's attention takes", hd,
+                       SIMPLE_MAX_HD);
+        vlmd_cuda_launch(k_attention<uint8_t>, n_rows * nh, SIMPLE_WARPS * 32, 0,
+                         vlmd_cuda_stream(b), o, qq, q_stride, (const uint8_t *)k_cache,
+                         (const uint8_t *)v_cache, seqs, n_seqs, nh, nkv, hd,
+                         1.0f / sqrtf((float)hd), causal, k_scale > 0 ? k_scale : 1.0f,
+                         v_scale > 0 ? v_scale : 1.0f);
+        return;
+    }
     if (nh % nkv == 0 && vlmd_cuda_attention_kernel(b) == VLMD_CUDA_ATTENTION_MMA &&
         launch_mma_for(hd, b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, causal))
         return;
@@ -740,7 +764,7 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
     if (hd > SIMPLE_MAX_HD)
         VLMD_FATAL("head dimension %d is over the %d the attention kernels take", hd,
                    SIMPLE_MAX_HD);
-    vlmd_cuda_launch(k_attention, n_rows * nh, SIMPLE_WARPS * 32, 0, vlmd_cuda_stream(b), o, qq,
-                     q_stride, kc, vc, seqs, n_seqs, nh, nkv, hd, 1.0f / sqrtf((float)hd),
-                     causal);
+    vlmd_cuda_launch(k_attention<bf16>, n_rows * nh, SIMPLE_WARPS * 32, 0, vlmd_cuda_stream(b),
+                     o, qq, q_stride, kc, vc, seqs, n_seqs, nh, nkv, hd, 1.0f / sqrtf((float)hd),
+                     causal, 1.0f, 1.0f);
 }

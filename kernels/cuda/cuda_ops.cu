@@ -13,6 +13,7 @@
 #include "backend_impl.h"
 #include "cuda_check.h"
 #include "cuda_impl.h"
+#include "fp8.h"
 
 typedef __nv_bfloat16 bf16;
 
@@ -229,12 +230,22 @@ __device__ static int rope_row(int mode, int s0, int s1, int s2, int i)
  * one (all in fp32, kept in shared memory, since the rotation pairs
  * dimension i with i + rd/2, or 2i with 2i + 1), the rotation of the first
  * rd dims (the others passed as they are), q back in place and k into the
- * cache; v is copied (with its bias). */
+ * cache; v is copied (with its bias). An FP8 cache (k_inv, v_inv: its scales'
+ * inverses; 0: a bf16 cache) holds e4m3(x * inv), saturated. */
+__device__ static inline void kv_put(void *cache, size_t at, float x, float inv)
+{
+    if (inv != 0.0f)
+        ((uint8_t *)cache)[at] = vlmd_f32_to_e4m3(x * inv);
+    else
+        ((bf16 *)cache)[at] = __float2bfloat16(x);
+}
+
 __global__ void __launch_bounds__(ROPE_WARPS * 32)
-    k_rope_kv_write(bf16 *qkv, const bf16 *bias, bf16 *k_cache, bf16 *v_cache,
+    k_rope_kv_write(bf16 *qkv, const bf16 *bias, void *k_cache, void *v_cache,
                     const int32_t *positions, const int32_t *slots, int n, int nh, int nkv, int hd,
                     float theta, int mode, int s0, int s1, int s2, const bf16 *q_norm,
-                    const bf16 *k_norm, float eps, float norm_offset, int rd, bool pairs)
+                    const bf16 *k_norm, float eps, float norm_offset, int rd, bool pairs,
+                    float k_inv, float v_inv)
 {
     vlmd_kernel_start();
     __shared__ float cos_t[ROPE_MAX_HD / 2], sin_t[ROPE_MAX_HD / 2];
@@ -270,23 +281,30 @@ __global__ void __launch_bounds__(ROPE_WARPS * 32)
                 v[j] = (__bfloat162float(w[j]) + norm_offset) * (v[j] * inv);
         }
         __syncwarp();
-        bf16 *dst = h < nh ? row + (size_t)h * hd : k_cache + slot + (size_t)(h - nh) * hd;
+        /* a q head back in place (bf16), a k head into the cache (its type) */
+        void *dst = h < nh ? (void *)row : k_cache;
+        size_t at = h < nh ? (size_t)h * hd : slot + (size_t)(h - nh) * hd;
+        float inv = h < nh ? 0.0f : k_inv;
         for (int i = lane; i < half; i += 32) {
             int a = pairs ? 2 * i : i, c = pairs ? 2 * i + 1 : i + half;
             float x1 = v[a], x2 = v[c];
-            dst[a] = __float2bfloat16(x1 * cos_t[i] - x2 * sin_t[i]);
-            dst[c] = __float2bfloat16(x2 * cos_t[i] + x1 * sin_t[i]);
+            kv_put(dst, at + a, x1 * cos_t[i] - x2 * sin_t[i], inv);
+            kv_put(dst, at + c, x2 * cos_t[i] + x1 * sin_t[i], inv);
         }
         for (int j = rd + lane; j < hd; j += 32) /* past the rotary dims */
-            dst[j] = __float2bfloat16(v[j]);
+            kv_put(dst, at + j, v[j], inv);
         __syncwarp(); /* the next head overwrites v */
     }
     const bf16 *vsrc = row + (size_t)(nh + nkv) * hd;
     const bf16 *vbias = bias ? bias + (size_t)(nh + nkv) * hd : NULL;
-    for (int j = threadIdx.x; j < kv_dim; j += blockDim.x)
-        v_cache[slot + j] = !vbias ? vsrc[j]
-                                   : __float2bfloat16(__bfloat162float(vsrc[j]) +
-                                                      __bfloat162float(vbias[j]));
+    for (int j = threadIdx.x; j < kv_dim; j += blockDim.x) {
+        if (!vbias && v_inv == 0.0f) { /* (bf16 as it is) */
+            ((bf16 *)v_cache)[slot + j] = vsrc[j];
+            continue;
+        }
+        float x = __bfloat162float(vsrc[j]) + (vbias ? __bfloat162float(vbias[j]) : 0.0f);
+        kv_put(v_cache, slot + j, x, v_inv);
+    }
 }
 
 static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, const void *bias, void *k_cache,
@@ -302,11 +320,14 @@ static void cuda_rope_kv_write(vlmd_backend *b, void *qkv, const void *bias, voi
     if (rd > hd || rd % 2)
         VLMD_FATAL("rotary dims %d of a head of %d: the rotary kernel takes an even prefix", rd,
                    hd);
+    bool fp8 = vlmd_backend_kv_dtype(b) == VLMD_DTYPE_F8_E4M3;
+    float k_inv = fp8 ? 1.0f / (rope->k_scale > 0 ? rope->k_scale : 1.0f) : 0.0f;
+    float v_inv = fp8 ? 1.0f / (rope->v_scale > 0 ? rope->v_scale : 1.0f) : 0.0f;
     vlmd_cuda_launch(k_rope_kv_write, n, ROPE_WARPS * 32, 0, vlmd_cuda_stream(b), (bf16 *)qkv,
-                     (const bf16 *)bias, (bf16 *)k_cache, (bf16 *)v_cache, positions, slots, n, nh,
-                     nkv, hd, rope->theta, mode, s ? s[0] : 0, s ? s[1] : 0, s ? s[2] : 0,
+                     (const bf16 *)bias, k_cache, v_cache, positions, slots, n, nh, nkv, hd,
+                     rope->theta, mode, s ? s[0] : 0, s ? s[1] : 0, s ? s[2] : 0,
                      (const bf16 *)rope->q_norm, (const bf16 *)rope->k_norm, rope->norm_eps,
-                     rope->norm_offset, rd, rope->pairs_interleaved);
+                     rope->norm_offset, rd, rope->pairs_interleaved, k_inv, v_inv);
 }
 
 /* ---- SiLU and multiply ------------------------------------------------------------ */
@@ -511,5 +532,5 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .moe_sigmoid = true,
     .qweights = false,
     .gdn = false,
-    .kv_fp8 = false,
+    .kv_fp8 = true,
 };
