@@ -55,13 +55,24 @@ for (const [model, tp] of [['qwen3_5', 1], ['qwen3_5_moe', 1], ['qwen3_5', 2], [
         if (!c.images) assert.deepEqual(t.body.tokens, c.input_ids, `case ${i}: the prompt's ids`);
         assert.equal(await ask(c), decode(c.greedy_continuation), `case ${i} alone`);
       }
+      // the thinking switch as each template has it: case 3 asks the other way from the
+      // default; an answer that thinks is reasoning_content until </think>
+      const c3 = ref.cases[3];
+      for (const kwargs of [{}, c3.chat_template_kwargs]) {
+        const r = await client.chat.completions.create({ model, max_tokens: 6, temperature: 0,
+          ignore_eos: true, messages: c3.messages, chat_template_kwargs: kwargs });
+        const m = r.choices[0].message, thinks = kwargs.enable_thinking ?? model === 'qwen3_5_moe';
+        const text = thinks ? m.reasoning_content : m.content;
+        assert.ok(text && text.length > 0, JSON.stringify(m));
+        assert.equal(thinks ? m.content ?? '' : m.reasoning_content ?? '', '', JSON.stringify(m));
+      }
+
       // all at once, three running (--max-num-seqs 3: three state slots), the rest waiting
       const together = await Promise.all(ref.cases.map((c) => ask(c)));
       together.forEach((text, i) => assert.equal(text, decode(ref.cases[i].greedy_continuation),
         `case ${i} among the others`));
 
       // the next turn of case 3's chat resumes from the state saved at its prompt's 128th token
-      const c3 = ref.cases[3];
       const turn = async (messages) => client.chat.completions.create({ model, max_tokens: 4,
         messages, temperature: 0, chat_template_kwargs: c3.chat_template_kwargs ?? {} });
       const first = await turn(c3.messages);
