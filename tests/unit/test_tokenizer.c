@@ -12,9 +12,11 @@
 #include "tokenizer.h"
 
 /* every fixture whose tokenizer cases come from Hugging Face's tokenizers
- * library: the byte-level ones (Qwen2's, GLM-4.5's) and a SentencePiece-style
- * one with byte fallback (Mixtral's) */
-static const char *all_models[] = {"qwen2", "qwen2_vl", "qwen2_5_vl", "glm4_moe", "mixtral"};
+ * library: the byte-level ones (Qwen2's, Qwen3's, Qwen3.5's with its \p{M}
+ * in the pre-tokenizer's regex, GLM-4.5's) and a SentencePiece-style one with
+ * byte fallback (Mixtral's) */
+static const char *all_models[] = {"qwen2",   "qwen2_vl", "qwen2_5_vl",  "qwen3",   "qwen3_vl",
+                                   "qwen3_5", "qwen3_5_moe", "glm4_moe", "mixtral"};
 #define N_ALL (sizeof all_models / sizeof *all_models)
 
 static vlmd_tokenizer *load(const char *model)
