@@ -327,6 +327,56 @@ static float *image_rows(const fixture *f, size_t ci, const int32_t *ids, int n,
     return buf;
 }
 
+/* Case ci's ids and positions (pos [3][n]: the reference's M-RoPE rows where
+ * it has them); returns n. */
+static int case_inputs(const fixture *f, size_t ci, int max, int32_t *ids, int32_t *pos)
+{
+    json_t *ids_j = json_object_get(json_array_get(json_object_get(f->json, "cases"), ci),
+                                    "input_ids");
+    int n = (int)json_array_size(ids_j);
+    cr_assert_leq(n, max);
+    for (int i = 0; i < n; i++) {
+        ids[i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
+        for (int r = 0; r < 3; r++)
+            pos[r * n + i] = i;
+    }
+    char name[64];
+    snprintf(name, sizeof name, "case%zu.position_ids", ci);
+    const vlmd_tensor_view *pt = vlmd_safetensors_find(f->ref, name);
+    if (pt) {
+        cr_assert_eq(pt->shape[1], n);
+        for (int i = 0; i < 3 * n; i++)
+            pos[i] = (int32_t)((const int64_t *)pt->data)[i];
+    }
+    return n;
+}
+
+/* Case ci of f's reference (its ids and positions) through m in one step on a
+ * cache of its own (a hybrid model's state in slot 0): its n x V logits (the
+ * caller frees them). */
+static float *case_logits(lm_model *m, const fixture *f, size_t ci, int *n_out)
+{
+    enum { MAX = 512 };
+    static int32_t ids[MAX], pos[3 * MAX], slots[MAX], rows[MAX];
+    int n = case_inputs(f, ci, MAX, ids, pos), V = (int)lm_vocab_size(m);
+    for (int i = 0; i < n; i++)
+        slots[i] = rows[i] = i;
+    lm_kv *kv = NULL;
+    lm_workspace *ws = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(lm_kv_create_hybrid(m, n, 1, &kv, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_workspace_create(m, n, n, n, &ws, &err), VLMD_OK, "%s", err.msg);
+    float *logits = malloc((size_t)n * V * sizeof *logits);
+    int32_t state = 0;
+    vlmd_attn_seq seq = {0, n, n, slots};
+    lm_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0, &state};
+    cr_assert_eq(lm_forward(m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
+    lm_workspace_free(m, ws);
+    lm_kv_free(m, kv);
+    *n_out = n;
+    return logits;
+}
+
 /* What check_model runs: every case of a fixture model on a device. */
 typedef struct model_check {
     const char *device, *model, *weights;
@@ -706,36 +756,17 @@ Test(lm, quant_fp8_kv_cache_is_what_the_reference_rounds)
 {
     fixture f;
     open_fixture(&f, "quant/qwen3_fp8_kv", "model.safetensors");
-    json_t *ids_j = json_object_get(json_array_get(json_object_get(f.json, "cases"), 0),
-                                    "input_ids");
-    int n = (int)json_array_size(ids_j), V = (int)lm_vocab_size(f.m);
-    int32_t ids[256], pos[3 * 256], slots[256], rows[256];
-    cr_assert_leq(n, 256);
-    for (int i = 0; i < n; i++) {
-        ids[i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
-        slots[i] = rows[i] = i;
-        for (int r = 0; r < 3; r++)
-            pos[r * n + i] = i;
-    }
+    const int V = (int)lm_vocab_size(f.m);
     const float *ref = vlmd_safetensors_find(f.ref, "case0.logits")->data;
     double rel[2];
     for (int fp8 = 0; fp8 < 2; fp8++) {
         if (fp8)
             fp8_kv_from_checkpoint(&f, "quant/qwen3_fp8_kv", "model.safetensors");
         cr_expect_eq(vlmd_backend_kv_elem_size(f.b), fp8 ? 1u : 2u);
-        lm_kv *kv = NULL;
-        lm_workspace *ws = NULL;
-        cr_assert_eq(lm_kv_create(f.m, n, &kv, NULL), VLMD_OK);
-        cr_assert_eq(lm_workspace_create(f.m, n, n, n, &ws, NULL), VLMD_OK);
-        float *logits = malloc((size_t)n * V * sizeof *logits);
-        vlmd_attn_seq seq = {0, n, n, slots};
-        lm_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0};
-        vlmd_error err = {0};
-        cr_assert_eq(lm_forward(f.m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
+        int n;
+        float *logits = case_logits(f.m, &f, 0, &n);
         rel[fp8] = test_rel_error(logits, ref, (size_t)n * V);
         free(logits);
-        lm_workspace_free(f.m, ws);
-        lm_kv_free(f.m, kv);
     }
     cr_expect_lt(rel[1], rel[0], "FP8 KV %.3g from the reference, 16-bit %.3g", rel[1], rel[0]);
     cr_expect_lt(rel[1], 5e-3, "FP8 KV %.3g from its reference (measured 1.65e-3)", rel[1]);
@@ -1128,30 +1159,6 @@ Test(lm, a_packed_batch_of_every_case_matches_each_alone)
         lm_kv_free(f.m, kv);
         close_fixture(&f);
     }
-}
-
-/* Case ci's ids and positions (pos [3][n]: the reference's M-RoPE rows where
- * it has them); returns n. */
-static int case_inputs(const fixture *f, size_t ci, int max, int32_t *ids, int32_t *pos)
-{
-    json_t *ids_j = json_object_get(json_array_get(json_object_get(f->json, "cases"), ci),
-                                    "input_ids");
-    int n = (int)json_array_size(ids_j);
-    cr_assert_leq(n, max);
-    for (int i = 0; i < n; i++) {
-        ids[i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
-        for (int r = 0; r < 3; r++)
-            pos[r * n + i] = i;
-    }
-    char name[64];
-    snprintf(name, sizeof name, "case%zu.position_ids", ci);
-    const vlmd_tensor_view *pt = vlmd_safetensors_find(f->ref, name);
-    if (pt) {
-        cr_assert_eq(pt->shape[1], n);
-        for (int i = 0; i < 3 * n; i++)
-            pos[i] = (int32_t)((const int64_t *)pt->data)[i];
-    }
-    return n;
 }
 
 /* The image runs of a prompt's rows [a, b), as rows of that part */
@@ -1645,31 +1652,12 @@ Test(lm, qwen3_5_moe_experts_one_tensor_each_as_the_fp8_releases)
     cr_expect_eq(split, fused, "the same weights either way");
     lm_model *m = NULL;
     cr_assert_eq(lm_load(f.b, &f.mc, st, &m, &err), VLMD_OK, "%s", err.msg);
-    json_t *ids_j = json_object_get(json_array_get(json_object_get(f.json, "cases"), 1),
-                                    "input_ids");
-    int n = (int)json_array_size(ids_j), V = (int)lm_vocab_size(m);
-    int32_t ids[256], pos[3 * 256], slots[256], rows[256], state = 0;
-    cr_assert_leq(n, 256);
-    for (int i = 0; i < n; i++) {
-        ids[i] = (int32_t)json_integer_value(json_array_get(ids_j, (size_t)i));
-        slots[i] = rows[i] = i;
-        for (int r = 0; r < 3; r++)
-            pos[r * n + i] = i;
-    }
-    lm_kv *kv = NULL;
-    lm_workspace *ws = NULL;
-    cr_assert_eq(lm_kv_create_hybrid(m, n, 1, &kv, NULL), VLMD_OK);
-    cr_assert_eq(lm_workspace_create(m, n, n, n, &ws, NULL), VLMD_OK);
-    float *logits = malloc((size_t)n * V * sizeof *logits);
-    vlmd_attn_seq seq = {0, n, n, slots};
-    lm_batch bt = {n, ids, pos, slots, &seq, 1, rows, n, NULL, 0, &state};
-    cr_assert_eq(lm_forward(m, kv, ws, &bt, logits, &err), VLMD_OK, "%s", err.msg);
+    int n, V = (int)lm_vocab_size(m);
+    float *logits = case_logits(m, &f, 1, &n);
     double rel = test_rel_error(logits, vlmd_safetensors_find(f.ref, "case1.logits")->data,
                                 (size_t)n * V);
     cr_expect_lt(rel, 1e-4, "experts one tensor each: relative error %.3g", rel);
     free(logits);
-    lm_workspace_free(m, ws);
-    lm_kv_free(m, kv);
     lm_free(m);
     vlmd_safetensors_close(st);
     vlmd_safetensors_close(src);
