@@ -319,6 +319,10 @@ const vlmd_flag vlmd_flags[] = {
      "per-layer K and V scales from the checkpoint, else measured at start-up on text vlmd "
      "ships; bf16: the 16-bit cache (fp32 for an F32 checkpoint on the CPU); auto: fp8 where "
      "the checkpoint's kv_cache_scheme says so, else bf16"},
+    {"kv-cache-scales", VLMD_FLAG_STRING, OFF(kv_cache_scales), "", 0, 0, NULL,
+     R(LAUNCHER) | R(LLM),
+     "an FP8 KV cache's scales as K,V (two positive numbers) for every layer, over the "
+     "checkpoint's and instead of measuring them; empty: the checkpoint's, else measured"},
     {"cuda-pdl", VLMD_FLAG_CHOICE, OFF(cuda_pdl), "off", 0, 0, "off|on",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
      "CUDA kernel launches allow programmatic dependent launch (Hopper): a kernel's launch "

@@ -94,6 +94,8 @@ typedef struct vlmd_config {
     char *cuda_pdl;                 /* --cuda-pdl: off, on */
     char *fp8_activations;          /* --fp8-activations: off, on (W8A8 for FP8 weights) */
     char *kv_cache_dtype;           /* --kv-cache-dtype: auto, bf16, fp8 */
+    char *kv_cache_scales;          /* --kv-cache-scales: "" (the checkpoint's, else measured)
+                                     * or "K,V" for every layer */
     int64_t tensor_parallel_size;   /* --tensor-parallel-size: engine ranks of one model */
     int64_t rank;                   /* --rank: this engine's rank (the launcher gives each its own) */
     char *devices;                  /* --devices: GPU ordinals, one per rank; "" = rank r on GPU r */

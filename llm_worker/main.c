@@ -916,10 +916,24 @@ static vlmd_status choose_kv_cache(llm_worker *w, const vlmd_safetensors *st, vl
     snprintf(w->kv_cache, sizeof w->kv_cache, "%s", vlmd_dtype_str(vlmd_backend_kv_dtype(w->backend)));
     if (!fp8)
         return VLMD_OK;
-    bool found = false;
+    bool found = false, fixed = w->svc.cfg.kv_cache_scales[0] != 0;
     const char *source = "the checkpoint's k_scale / v_scale";
-    vlmd_status s = lm_kv_scales_read(w->model, st, &found, err);
-    if (s == VLMD_OK && !found) {
+    vlmd_status s = fixed ? VLMD_OK : lm_kv_scales_read(w->model, st, &found, err);
+    if (fixed) {
+        float k = 0, v = 0;
+        char tail;
+        if (sscanf(w->svc.cfg.kv_cache_scales, "%f,%f%c", &k, &v, &tail) != 2 || !(k > 0) ||
+            !(v > 0) || !isfinite(k) || !isfinite(v))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "--kv-cache-scales '%s': two positive "
+                               "numbers K,V", w->svc.cfg.kv_cache_scales);
+        int L = (int)w->svc.model.text.num_layers;
+        float ks[L], vs[L];
+        for (int l = 0; l < L; l++)
+            ks[l] = k, vs[l] = v;
+        source = "given by --kv-cache-scales";
+        s = lm_kv_scales_set(w->model, ks, vs, err);
+        found = true;
+    } else if (s == VLMD_OK && !found) {
         int32_t ids[512];
         int n = 0;
         source = "measured at start-up on vlmd's calibration text (largest |K| / 200, |V| / 100)";
@@ -941,7 +955,8 @@ static vlmd_status choose_kv_cache(llm_worker *w, const vlmd_safetensors *st, vl
         }
     snprintf(w->kv_cache, sizeof w->kv_cache, "fp8 e4m3, per-layer scales K %.3g..%.3g, V "
              "%.3g..%.3g, %s", (double)lo[0], (double)hi[0], (double)lo[1], (double)hi[1],
-             found ? "from the checkpoint" : "measured at start-up");
+             fixed ? "given by --kv-cache-scales" : found ? "from the checkpoint"
+                                                      : "measured at start-up");
     VLMD_INFO("KV cache: fp8 e4m3 with per-layer scales (K %.4g..%.4g, V %.4g..%.4g) %s",
               (double)lo[0], (double)hi[0], (double)lo[1], (double)hi[1], source);
     return VLMD_OK;

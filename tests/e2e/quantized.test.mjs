@@ -67,7 +67,7 @@ test('a format vlmd does not serve is refused at start, naming it', async () => 
   }
 });
 
-test('--kv-cache-dtype fp8 without scales in the checkpoint measures them; at TP 2 it is refused', async () => {
+test('--kv-cache-dtype fp8 without scales in the checkpoint measures them (or takes --kv-cache-scales); at TP 2 measuring is refused', async () => {
   const dir = `${FIXTURES}/qwen3`;
   const plain = await startServer(['--model', dir, '--port', '0', '--device', 'cpu']);
   let perToken;
@@ -91,6 +91,18 @@ test('--kv-cache-dtype fp8 without scales in the checkpoint measures them; at TP
   } finally {
     assert.deepEqual(await stopServer(server), { code: 0, signal: null }, server.stderr.slice(-3000));
   }
+  const fixed = await startServer(['--model', dir, '--port', '0', '--device', 'cpu',
+    '--kv-cache-dtype', 'fp8', '--kv-cache-scales', '0.05,0.02']);
+  try {
+    const health = await getJson(`${fixed.url}/health`);
+    assert.match(JSON.stringify(health.body), /K 0.05..0.05, V 0.02..0.02, given by --kv-cache-scales/);
+  } finally {
+    assert.deepEqual(await stopServer(fixed), { code: 0, signal: null }, fixed.stderr.slice(-3000));
+  }
+  const bad = await runToExit(['serve', '--model', dir, '--port', '0', '--device', 'cpu',
+    '--kv-cache-dtype', 'fp8', '--kv-cache-scales', '0.05'], 60000 * SCALE);
+  assert.equal(bad.code, 1, bad.stderr.slice(-2000)); // the launcher's, on its engine's exit 2
+  assert.match(bad.stderr, /--kv-cache-scales '0.05': two positive numbers K,V/);
   const tp = await runToExit(['serve', '--model', dir, '--port', '0', '--device', 'cpu',
     '--kv-cache-dtype', 'fp8', '--tensor-parallel-size', '2'], 60000 * SCALE);
   assert.equal(tp.code, 1, tp.stderr.slice(-2000)); // the launcher's, on its engine's exit 2
