@@ -184,7 +184,8 @@ typedef struct vlmd_op_table {
      * sequence's rows of x (row stride x_stride; channels 0..C-1) continue the K - 1 inputs
      * its slot holds (conv_state: [slots][C][K - 1], the activation type, oldest first; zeros
      * for a fresh sequence); out[r][c] = silu(sum_j w[c][j] in[r - K + 1 + j][c]) with w [C][K]
-     * (a weight); afterwards the slot holds the sequence's last K - 1 inputs. out [n, C]. */
+     * (a weight); afterwards the slot holds the sequence's last K - 1 inputs. out [n, C].
+     * (The CUDA kernel takes K up to 4, the published models' 4; past it the process stops.) */
     void (*gdn_conv)(vlmd_backend *b, void *out, const void *x, int x_stride, const void *w,
                      void *conv_state, const vlmd_gdn_seq *seqs, int n_seqs, int n,
                      const vlmd_gdn_shape *shape);
@@ -195,7 +196,9 @@ typedef struct vlmd_op_table {
      * value head h reads key head h / (hv / hk); S <- e^g S; v' = beta (v - S^T k);
      * S <- S + k v'^T; out = S^T q (the token's own included). S fp32 [slots][hv][dk][dv]
      * (transformers' layout), continued from each sequence's slot and left there (zeros for
-     * a fresh one). out [n, hv dv]. Chunked or recurrent as the backend likes: one function. */
+     * a fresh one). out [n, hv dv]. Chunked or recurrent as the backend likes: one function.
+     * (The CUDA kernel takes dk up to 128, the published models' 128, and any dv; past it the
+     * process stops.) */
     void (*gdn_rule)(vlmd_backend *b, void *out, const void *qkv, const void *ba, int ba_stride,
                      const float *A_log, const float *dt_bias, float *state,
                      const vlmd_gdn_seq *seqs, int n_seqs, int n, const vlmd_gdn_shape *shape);

@@ -27,6 +27,21 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
                                        const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
                                        int nkv, int hd, bool causal);
 
+/* cuda_gdn.cu: Qwen3.5's Gated DeltaNet ops and the sigmoid gate (ops.h). */
+extern "C" void vlmd_cuda_sigmoid_gate(vlmd_backend *b, void *out, const void *x,
+                                       const void *gate, int gate_stride, bool per_row, int n,
+                                       int dim);
+extern "C" void vlmd_cuda_gdn_conv(vlmd_backend *b, void *out, const void *x, int x_stride,
+                                   const void *w, void *conv_state, const vlmd_gdn_seq *seqs,
+                                   int n_seqs, int n, const vlmd_gdn_shape *shape);
+extern "C" void vlmd_cuda_gdn_rule(vlmd_backend *b, void *out, const void *qkv, const void *ba,
+                                   int ba_stride, const float *A_log, const float *dt_bias,
+                                   float *state, const vlmd_gdn_seq *seqs, int n_seqs, int n,
+                                   const vlmd_gdn_shape *shape);
+extern "C" void vlmd_cuda_gated_rmsnorm(vlmd_backend *b, void *out, const void *x, const void *z,
+                                        int z_stride, const void *w, int n, int heads, int dim,
+                                        float eps);
+
 extern "C" const vlmd_op_table vlmd_cuda_op_table;
 
 #endif

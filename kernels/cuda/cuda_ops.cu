@@ -2,7 +2,7 @@
  * activations, fp32 arithmetic, cuBLAS (bf16 in, fp32 compute) for the
  * matmuls, the element-wise and row kernels. Attention is in
  * cuda_attention.cu, sampling in cuda_sample.cu, the mixture of experts in
- * cuda_moe.cu. Every op is checked against
+ * cuda_moe.cu, the Gated DeltaNet ops in cuda_gdn.cu. Every op is checked against
  * the CPU reference (tests/unit/test_cuda_ops.c); every launch is checked
  * (vlmd_cuda_launch) and goes to the backend's stream. */
 #include <cublas_v2.h>
@@ -511,10 +511,10 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .rope_kv_write = cuda_rope_kv_write,
     .attention = vlmd_cuda_attention_op,
     .silu_mul = cuda_silu_mul,
-    .sigmoid_gate = nullptr, /* the Qwen3.5 ops: not yet (lm_backend_check refuses those models) */
-    .gdn_conv = nullptr,
-    .gdn_rule = nullptr,
-    .gated_rmsnorm = nullptr,
+    .sigmoid_gate = vlmd_cuda_sigmoid_gate,
+    .gdn_conv = vlmd_cuda_gdn_conv,
+    .gdn_rule = vlmd_cuda_gdn_rule,
+    .gated_rmsnorm = vlmd_cuda_gated_rmsnorm,
     .layernorm = cuda_layernorm,
     .gelu = cuda_gelu,
     .add = cuda_add,
@@ -531,6 +531,6 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .rope_partial = true,
     .moe_sigmoid = true,
     .qweights = false,
-    .gdn = false,
+    .gdn = true,
     .kv_fp8 = true,
 };

@@ -1214,3 +1214,287 @@ Test(cuda_ops, a_captured_moe_step_routes_what_it_is_given)
     moe_case_free(&c);
     close_pair(&p);
 }
+
+/* ---- Gated DeltaNet (Qwen3.5) ----------------------------------------------------------- */
+
+/* The sigmoid gate per element (the gated attention: the gate in rows wider
+ * than dim) and per row (the shared expert's one scalar a row), in place. */
+Test(cuda_ops, sigmoid_gate_per_element_and_per_row)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    static const struct {
+        int n, dim, gate_stride;
+        bool per_row;
+    } cases[] = {{7, 96, 130, false}, {3, 40, 40, false}, {5, 64, 3, true}, {9, 33, 1, true}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        int n = cases[ci].n, dim = cases[ci].dim, gs = cases[ci].gate_stride;
+        float *x = random_floats((size_t)n * dim, 2), *gate = random_floats((size_t)n * gs, 6);
+        vlmd_backend *bs[2] = {p.cpu, p.gpu};
+        void *dx[2];
+        for (int k = 0; k < 2; k++) {
+            dx[k] = on(bs[k], x, (size_t)n * dim);
+            vlmd_backend_ops(bs[k])->sigmoid_gate(bs[k], dx[k], dx[k],
+                                                  on(bs[k], gate, (size_t)n * gs), gs,
+                                                  cases[ci].per_row, n, dim);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "sigmoid_gate %d x %d, stride %d%s", n, dim, gs,
+                 cases[ci].per_row ? ", per row" : "");
+        expect_close(what, p.cpu, dx[0], p.gpu, dx[1], (size_t)n * dim, 1e-2);
+        free(x), free(gate);
+    }
+    close_pair(&p);
+}
+
+/* The gated output norm in place over heads of dim, z read from the rows
+ * block_deltanet.c makes (wider than the heads), the weights around 1. */
+Test(cuda_ops, gated_rmsnorm_with_a_z_stride)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    static const int cases[][3] = {{9, 3, 32}, {1, 4, 128}, {4, 2, 48}}; /* n, heads, dim */
+    for (size_t ci = 0; ci < sizeof cases / sizeof *cases; ci++) {
+        int n = cases[ci][0], heads = cases[ci][1], dim = cases[ci][2];
+        int zs = heads * dim + 40;
+        float *x = random_floats((size_t)n * heads * dim, 2), *z = random_floats((size_t)n * zs, 4);
+        float *w = random_floats((size_t)dim, 0.5f);
+        for (int d = 0; d < dim; d++)
+            w[d] = bf16_round(w[d] + 1.0f);
+        vlmd_backend *bs[2] = {p.cpu, p.gpu};
+        void *dx[2];
+        for (int k = 0; k < 2; k++) {
+            dx[k] = on(bs[k], x, (size_t)n * heads * dim);
+            vlmd_backend_ops(bs[k])->gated_rmsnorm(bs[k], dx[k], dx[k],
+                                                   on(bs[k], z, (size_t)n * zs), zs,
+                                                   on(bs[k], w, (size_t)dim), n, heads, dim,
+                                                   1e-6f);
+        }
+        char what[64];
+        snprintf(what, sizeof what, "gated_rmsnorm %d x %d x %d", n, heads, dim);
+        expect_close(what, p.cpu, dx[0], p.gpu, dx[1], (size_t)n * heads * dim, 1e-2);
+        free(x), free(z), free(w);
+    }
+    close_pair(&p);
+}
+
+/* A Gated DeltaNet layer's inputs as block_deltanet.c lays them out: rows of
+ * width = [qkv (C) | z (hv dv) | b (hv) | a (hv)], the conv's input being the
+ * first C; the rule's own qkv rows (random, so that its error is its own);
+ * the conv weights, the fp32 gate parameters, and the slots' initial states
+ * (random: a continuing sequence reads its slot, a fresh one must not). */
+typedef struct gdn_case {
+    vlmd_gdn_shape sh;
+    int n, C, width, slots;
+    float *in, *qkv, *conv_w, *A_log, *dt_bias, *conv_state, *rec_state;
+} gdn_case;
+
+/* One backend's copy of a case's weights and states. */
+typedef struct gdn_dev {
+    void *conv_w, *conv_state, *A_log, *dt_bias;
+    float *rec_state;
+} gdn_dev;
+
+static size_t gdn_conv_state_len(const gdn_case *c)
+{
+    return (size_t)c->slots * c->C * (c->sh.kernel - 1);
+}
+
+static size_t gdn_rec_state_len(const gdn_case *c)
+{
+    return (size_t)c->slots * c->sh.hv * c->sh.dk * c->sh.dv;
+}
+
+static gdn_case gdn_case_make(const vlmd_gdn_shape *sh, int n, int slots)
+{
+    gdn_case c = {*sh, n, 2 * sh->hk * sh->dk + sh->hv * sh->dv, 0, slots};
+    c.width = c.C + sh->hv * sh->dv + 2 * sh->hv;
+    c.in = random_floats((size_t)n * c.width, 2);
+    for (int r = 0; r < n; r++) /* a (the decay's input) in [-4, 4] */
+        for (int h = 0; h < sh->hv; h++) {
+            float *a = &c.in[(size_t)r * c.width + c.C + sh->hv * sh->dv + sh->hv + h];
+            *a = bf16_round(*a * 2.0f);
+        }
+    c.qkv = random_floats((size_t)n * c.C, 1);
+    c.conv_w = random_floats((size_t)c.C * sh->kernel, 0.7f);
+    c.A_log = random_floats((size_t)sh->hv, 1); /* in [-5, -3]: the state remembered for tens
+                                                 * of tokens, so that a fresh sequence reading
+                                                 * its slot would show */
+    for (int h = 0; h < sh->hv; h++)
+        c.A_log[h] -= 4.0f;
+    c.dt_bias = random_floats((size_t)sh->hv, 1);
+    c.dt_bias[0] = 24.0f; /* a + dt_bias past softplus's threshold of 20 */
+    c.conv_state = random_floats(gdn_conv_state_len(&c), 2);
+    c.rec_state = random_floats(gdn_rec_state_len(&c), 0.5f);
+    return c;
+}
+
+static void gdn_case_free(gdn_case *c)
+{
+    free(c->in), free(c->qkv), free(c->conv_w), free(c->A_log), free(c->dt_bias);
+    free(c->conv_state), free(c->rec_state);
+}
+
+static gdn_dev gdn_dev_make(vlmd_backend *b, const gdn_case *c)
+{
+    size_t hv = (size_t)c->sh.hv * sizeof(float);
+    return (gdn_dev){on(b, c->conv_w, (size_t)c->C * c->sh.kernel),
+                     on(b, c->conv_state, gdn_conv_state_len(c)), bytes_on(b, c->A_log, hv),
+                     bytes_on(b, c->dt_bias, hv),
+                     bytes_on(b, c->rec_state, gdn_rec_state_len(c) * sizeof(float))};
+}
+
+/* One call of the conv and of the rule over n rows (in: rows of the case's
+ * width, qkv: rows of C) and their sequences; *conv and *rule: the outputs. */
+static void gdn_call(vlmd_backend *b, const gdn_case *c, gdn_dev *d, const vlmd_gdn_seq *seqs,
+                     int n_seqs, int n, const float *in, const float *qkv, void **conv,
+                     void **rule)
+{
+    const vlmd_op_table *op = vlmd_backend_ops(b);
+    const vlmd_gdn_shape *sh = &c->sh;
+    void *din = on(b, in, (size_t)n * c->width), *dqkv = on(b, qkv, (size_t)n * c->C);
+    vlmd_gdn_seq *dseqs = bytes_on(b, seqs, (size_t)n_seqs * sizeof *seqs);
+    *conv = on(b, NULL, (size_t)n * c->C);
+    *rule = on(b, NULL, (size_t)n * sh->hv * sh->dv);
+    op->gdn_conv(b, *conv, din, c->width, d->conv_w, d->conv_state, dseqs, n_seqs, n, sh);
+    size_t ba = (size_t)(c->C + sh->hv * sh->dv) * vlmd_backend_elem_size(b);
+    op->gdn_rule(b, *rule, dqkv, (char *)din + ba, c->width, d->A_log, d->dt_bias, d->rec_state,
+                 dseqs, n_seqs, n, sh);
+}
+
+/* Whether two buffers of b hold the same bits (as fp32). */
+static bool same_bits(vlmd_backend *b, const void *x, const void *y, size_t n)
+{
+    float *hx = back(b, x, n), *hy = back(b, y, n);
+    bool same = memcmp(hx, hy, n * sizeof *hx) == 0;
+    free(hx), free(hy);
+    return same;
+}
+
+/* Five sequences of 1, 63, 64, 65 and 130 tokens in one call, continuing
+ * (from their slots' random states) and fresh (their slots' content must be
+ * ignored) in turn, over key/value head ratios 1, 2 and 3, dk above, below
+ * and equal to dv, and the published models' 128 x 128 heads: the conv and
+ * the rule's outputs, and the states they leave, against the CPU. Then on
+ * the GPU each sequence in two calls (the shortest in the first alone) gives
+ * the bits of one call: outputs and states. */
+Test(cuda_ops, gdn_conv_and_rule_against_the_reference)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    static const vlmd_gdn_shape shapes[] = {
+        {2, 2, 16, 16, 4},   /* hv / hk 1 */
+        {2, 4, 32, 16, 4},   /* 2, dk > dv */
+        {1, 3, 16, 48, 4},   /* 3, dk < dv: two tiles of value dims, the second part-used */
+        {1, 2, 128, 128, 4}, /* the published models' head dims */
+    };
+    enum { SEQS = 5, SLOTS = 7 };
+    static const int lens[SEQS] = {1, 63, 64, 65, 130}, first[SEQS] = {1, 20, 40, 33, 70};
+    static const int slot_of[SEQS] = {5, 0, 3, 6, 2}, fresh[SEQS] = {0, 1, 0, 1, 0};
+    int n = 0;
+    vlmd_gdn_seq seqs[SEQS], part[2][SEQS];
+    int n_part[2] = {0, 0}, rows_part[2] = {0, 0};
+    for (int s = 0; s < SEQS; s++) {
+        seqs[s] = (vlmd_gdn_seq){n, lens[s], slot_of[s], fresh[s]};
+        n += lens[s];
+        for (int h = 0; h < 2; h++) {
+            int len = h ? lens[s] - first[s] : first[s];
+            if (len)
+                part[h][n_part[h]++] = (vlmd_gdn_seq){rows_part[h], len, slot_of[s],
+                                                      h ? 0 : fresh[s]};
+            rows_part[h] += len;
+        }
+    }
+    for (size_t si = 0; si < sizeof shapes / sizeof *shapes; si++) {
+        const vlmd_gdn_shape *sh = &shapes[si];
+        gdn_case c = gdn_case_make(sh, n, SLOTS);
+        vlmd_backend *bs[2] = {p.cpu, p.gpu};
+        gdn_dev dev[2];
+        void *conv[2], *rule[2];
+        for (int k = 0; k < 2; k++) {
+            dev[k] = gdn_dev_make(bs[k], &c);
+            gdn_call(bs[k], &c, &dev[k], seqs, SEQS, n, c.in, c.qkv, &conv[k], &rule[k]);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "gdn hk %d hv %d dk %d dv %d", sh->hk, sh->hv, sh->dk,
+                 sh->dv);
+        char name[128];
+        snprintf(name, sizeof name, "%s: conv", what);
+        expect_close(name, p.cpu, conv[0], p.gpu, conv[1], (size_t)n * c.C, 1e-2);
+        snprintf(name, sizeof name, "%s: conv state", what);
+        expect_close(name, p.cpu, dev[0].conv_state, p.gpu, dev[1].conv_state,
+                     gdn_conv_state_len(&c), 1e-6);
+        snprintf(name, sizeof name, "%s: rule", what);
+        expect_close(name, p.cpu, rule[0], p.gpu, rule[1], (size_t)n * sh->hv * sh->dv, 1e-2);
+        {
+            size_t len = gdn_rec_state_len(&c);
+            float *sc = bytes_back(p.cpu, dev[0].rec_state, len * sizeof(float));
+            float *sg = bytes_back(p.gpu, dev[1].rec_state, len * sizeof(float));
+            double diff = 0, norm = 0;
+            for (size_t i = 0; i < len; i++) {
+                diff += ((double)sc[i] - sg[i]) * ((double)sc[i] - sg[i]);
+                norm += (double)sc[i] * sc[i];
+            }
+            double rel = sqrt(diff / norm);
+            cr_log_info("%s: recurrent state relative error %.3g", what, rel);
+            cr_expect_lt(rel, 1e-4, "%s: recurrent state relative error %.3g", what, rel);
+            free(sc), free(sg);
+        }
+
+        /* the same sequences in two calls, on the GPU */
+        gdn_dev split = gdn_dev_make(p.gpu, &c);
+        void *pconv[2], *prule[2];
+        for (int h = 0; h < 2; h++) {
+            float *in = malloc((size_t)rows_part[h] * c.width * sizeof *in);
+            float *qkv = malloc((size_t)rows_part[h] * c.C * sizeof *qkv);
+            for (int s = 0, q = 0; s < SEQS; s++) {
+                int from = seqs[s].start + (h ? first[s] : 0);
+                int len = h ? lens[s] - first[s] : first[s];
+                if (!len)
+                    continue;
+                memcpy(in + (size_t)part[h][q].start * c.width,
+                       c.in + (size_t)from * c.width, (size_t)len * c.width * sizeof *in);
+                memcpy(qkv + (size_t)part[h][q].start * c.C, c.qkv + (size_t)from * c.C,
+                       (size_t)len * c.C * sizeof *qkv);
+                q++;
+            }
+            gdn_call(p.gpu, &c, &split, part[h], n_part[h], rows_part[h], in, qkv, &pconv[h],
+                     &prule[h]);
+            free(in), free(qkv);
+        }
+        const int widths[2] = {c.C, sh->hv * sh->dv};
+        void *const whole[2] = {conv[1], rule[1]};
+        for (int o = 0; o < 2; o++) { /* the conv's rows, then the rule's */
+            float *all = back(p.gpu, whole[o], (size_t)n * widths[o]);
+            float *halves[2] = {back(p.gpu, (o ? prule : pconv)[0],
+                                     (size_t)rows_part[0] * widths[o]),
+                                back(p.gpu, (o ? prule : pconv)[1],
+                                     (size_t)rows_part[1] * widths[o])};
+            size_t differ = 0;
+            for (int s = 0, at[2] = {0, 0}; s < SEQS; s++)
+                for (int t = 0; t < lens[s]; t++) {
+                    int h = t >= first[s];
+                    const float *a = all + (size_t)(seqs[s].start + t) * widths[o];
+                    const float *b = halves[h] + (size_t)at[h]++ * widths[o];
+                    differ += memcmp(a, b, (size_t)widths[o] * sizeof *a) != 0;
+                }
+            cr_expect_eq(differ, 0, "%s: %zu of %d %s rows differ in two calls", what, differ, n,
+                         o ? "rule" : "conv");
+            free(all), free(halves[0]), free(halves[1]);
+        }
+        cr_expect(same_bits(p.gpu, split.conv_state, dev[1].conv_state, gdn_conv_state_len(&c)),
+                  "%s: the conv state of two calls", what);
+        {
+            size_t bytes = gdn_rec_state_len(&c) * sizeof(float);
+            float *one = bytes_back(p.gpu, dev[1].rec_state, bytes);
+            float *two = bytes_back(p.gpu, split.rec_state, bytes);
+            cr_expect(memcmp(one, two, bytes) == 0, "%s: the recurrent state of two calls", what);
+            free(one), free(two);
+        }
+        gdn_case_free(&c);
+    }
+    close_pair(&p);
+}
