@@ -35,14 +35,15 @@ static vlmd_status render_inst(const vlmd_chat_family *f, const vlmd_chat_messag
  * Qwen2.5's longer one; the vision slot is in Qwen2-VL's too, which has that
  * prompt). GLM's and Mixtral's signatures are in no other's. */
 #define OPENS_THINK "'<|im_start|>assistant\\n<think>\\n'" /* a Thinking model's template */
-#define CHATML .render = render_chatml, .tools = &tool_format_hermes, .image_slot = VISION_SLOT
+#define CHATML_OF(format) .render = render_chatml, .tools = (format), .image_slot = VISION_SLOT
+#define CHATML CHATML_OF(&tool_format_hermes)
 static const vlmd_chat_family families[] = {
     /* Qwen3.5's two published templates (before Qwen3's: they hold its signature too) */
-    {.name = "qwen3_5", CHATML, .default_system = NULL, .part_separator = "", .thinking = true,
+    {.name = "qwen3_5", CHATML_OF(&tool_format_qwen3_coder), .default_system = NULL, .part_separator = "", .thinking = true,
      .think_switch = true, .think_off_by_default = true, .trim_turns = true,
      .think_after_query = true, .tools_first = true, .switch_opens_think = true,
      .strict_turns = true, .signature = {"<parameter=", "enable_thinking is true"}, .arches = 0},
-    {.name = "qwen3_5_think", CHATML, .default_system = NULL, .part_separator = "",
+    {.name = "qwen3_5_think", CHATML_OF(&tool_format_qwen3_coder), .default_system = NULL, .part_separator = "",
      .thinking = true, .think_switch = true, .trim_turns = true, .think_after_query = true,
      .tools_first = true, .switch_opens_think = true, .strict_turns = true,
      .signature = {"<parameter=", "enable_thinking is false"},
@@ -371,7 +372,8 @@ static vlmd_status write_call(const vlmd_chat_family *f, const vlmd_chat_tool_ca
 /* ---- ChatML: the Qwen families ------------------------------------------------------- */
 
 /* An assistant turn: its text (a thinking family's think part kept only after
- * the last user query), then each call, separated by "\n". */
+ * the last user query), then each call: the first after the format's
+ * call_after_content where there is text, the others after "\n". */
 static vlmd_status render_assistant(const vlmd_chat_family *f, const vlmd_chat_message *msgs,
                                     size_t n, size_t i, size_t last_query, vlmd_prompt_text *out)
 {
@@ -404,7 +406,8 @@ static vlmd_status render_assistant(const vlmd_chat_family *f, const vlmd_chat_m
     }
     vlmd_buf_free(&all);
     for (size_t k = 0; k < m->n_tool_calls && st == VLMD_OK; k++)
-        if ((k == 0 && !has_content) || (st = marker(out, "\n")) == VLMD_OK)
+        if ((k == 0 && !has_content) ||
+            (st = marker(out, k == 0 ? f->tools->call_after_content : "\n")) == VLMD_OK)
             st = write_call(f, &m->tool_calls[k], out);
     return st == VLMD_OK ? marker(out, "<|im_end|>\n") : st;
 }

@@ -538,6 +538,11 @@ vlmd_status pyjson_value(const char *s, size_t n, vlmd_buf *out)
         json_decref(j);
         return st;
     }
+    return pyjson_literal(s, n, out);
+}
+
+vlmd_status pyjson_literal(const char *s, size_t n, vlmd_buf *out)
+{
     size_t at = out->len;
     literal r = {.s = s, .n = n, .out = out};
     bool ok = value_lit(&r);

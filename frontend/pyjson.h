@@ -10,7 +10,7 @@
  *   pyjson_value   the JSON of a value a model wrote as text, as vLLM's
  *                  GLM-4.5 tool parser reads one (json.loads, else
  *                  ast.literal_eval, else the text itself as a string), then
- *                  json.dumps of it.
+ *                  json.dumps of it (pyjson_literal: the same without JSON).
  * Both append to a vlmd_buf and fail only when out of memory. And the
  * whitespace Python's str.strip() takes, which the templates apply. */
 #ifndef VLMD_PYJSON_H
@@ -36,6 +36,9 @@ vlmd_status pyjson_escape(const char *s, size_t n, vlmd_buf *out);
  * quote with Python's escapes, lists, tuples as lists, dicts), as
  * ast.literal_eval reads it; else the text as a JSON string. */
 vlmd_status pyjson_value(const char *s, size_t n, vlmd_buf *out);
+/* The same without JSON: ast.literal_eval, else the text as a string (vLLM's
+ * Qwen3-Coder parser reads a value whose type is no simple one so). */
+vlmd_status pyjson_literal(const char *s, size_t n, vlmd_buf *out);
 
 /* Bytes of the whitespace Python's str.strip() takes at the start (prefix)
  * or the end (suffix) of the UTF-8 text s[0..n): ASCII's \t \n \v \f \r,

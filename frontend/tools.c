@@ -9,37 +9,56 @@
 
 #include "buf.h"
 #include "pyjson.h"
+#include "tools_format.h"
 
 #define CALL_OPEN "<tool_call>"
 #define CALL_CLOSE "</tool_call>"
 
-/* Written by the template: its special tokens are ids. */
-static vlmd_status marker(vlmd_prompt_text *out, const char *s)
+/* ---- shared by the formats (tools_format.h) ------------------------------------------ */
+
+vlmd_status tool_marker(vlmd_prompt_text *out, const char *s)
 {
     return vlmd_prompt_puts(out, VLMD_SPECIAL_MATCH, s);
 }
 
-/* From the request: its special tokens are text. */
-static vlmd_status text(vlmd_prompt_text *out, const char *s, size_t len)
+vlmd_status tool_text(vlmd_prompt_text *out, const char *s, size_t len)
 {
     return vlmd_prompt_add(out, VLMD_SPECIAL_SPLIT, s, len);
 }
 
-/* The first occurrence of needle in text[from, len), or len. */
-static size_t find(const char *text, size_t len, size_t from, const char *needle)
+size_t tool_find(const char *text, size_t len, size_t from, const char *needle)
 {
     size_t n = strlen(needle);
     const char *p = from <= len ? memmem(text + from, len - from, needle, n) : NULL;
     return p ? (size_t)(p - text) : len;
 }
 
-/* text[at..len) starts with word: 1; is a proper prefix of it: 0; else -1. */
-static int starts(const char *text, size_t len, size_t at, const char *word)
+int tool_starts(const char *text, size_t len, size_t at, const char *word)
 {
     size_t n = strlen(word), have = len - at < n ? len - at : n;
     if (memcmp(text + at, word, have) != 0)
         return -1;
     return have == n ? 1 : 0;
+}
+
+bool tool_name_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           c == '_' || c == '-';
+}
+
+const json_t *tool_properties_of(const json_t *tools, const char *name)
+{
+    size_t i;
+    const json_t *t;
+    json_array_foreach(tools, i, t)
+    {
+        const json_t *fn = json_object_get(t, "function");
+        const char *fname = json_string_value(json_object_get(fn, "name"));
+        if (fname && strcmp(fname, name) == 0)
+            return json_object_get(json_object_get(fn, "parameters"), "properties");
+    }
+    return NULL;
 }
 
 /* ---- the request ---------------------------------------------------------------- */
@@ -124,10 +143,10 @@ vlmd_status api_tool_answer_prefix_add(const json_t *body, const tool_format *f,
         return VLMD_OK;
     const char *name = named_function(json_object_get(body, "tool_choice"));
     if (!name)
-        return marker(out, f->required_prefix);
-    vlmd_status st = marker(out, f->named_prefix);
+        return tool_marker(out, f->required_prefix);
+    vlmd_status st = tool_marker(out, f->named_prefix);
     if (st == VLMD_OK && (st = vlmd_prompt_puts(out, VLMD_SPECIAL_SPLIT, name)) == VLMD_OK)
-        st = marker(out, f->named_suffix);
+        st = tool_marker(out, f->named_suffix);
     return st;
 }
 
@@ -164,16 +183,16 @@ bool api_tools_parse(const json_t *body, const vlmd_chat_family *family,
                         "chat template (%s) has no function calling: 'tools' cannot be offered "
                         "(\"tool_choice\": \"none\" leaves them out)", family->name);
     /* the frame is the template's; each tool's JSON (names, descriptions) the request's */
-    bool ok = marker(section, f->tools_intro) == VLMD_OK;
+    bool ok = tool_marker(section, f->tools_intro) == VLMD_OK;
     vlmd_buf line = VLMD_BUF_INIT;
     for (size_t i = 0; ok && i < json_array_size(tools); i++) {
         vlmd_buf_clear(&line);
-        ok = (i == 0 || marker(section, "\n") == VLMD_OK) &&
+        ok = (i == 0 || tool_marker(section, "\n") == VLMD_OK) &&
              pyjson_dumps(json_array_get(tools, i), &line) == VLMD_OK && /* tojson's */
-             text(section, line.data, line.len) == VLMD_OK;
+             tool_text(section, line.data, line.len) == VLMD_OK;
     }
     vlmd_buf_free(&line);
-    ok = ok && marker(section, f->tools_outro) == VLMD_OK;
+    ok = ok && tool_marker(section, f->tools_outro) == VLMD_OK;
     if (!ok) {
         vlmd_prompt_free(section);
         return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
@@ -227,11 +246,11 @@ bool api_tool_call_read(const json_t *name, const json_t *arguments, const char 
 static vlmd_status hermes_write_call(const vlmd_chat_tool_call *c, vlmd_prompt_text *out)
 {
     vlmd_status st;
-    if ((st = marker(out, CALL_OPEN "\n{\"name\": \"")) == VLMD_OK &&
-        (st = text(out, c->name, strlen(c->name))) == VLMD_OK &&
-        (st = marker(out, "\", \"arguments\": ")) == VLMD_OK &&
-        (st = text(out, c->arguments, strlen(c->arguments))) == VLMD_OK)
-        st = marker(out, "}\n" CALL_CLOSE);
+    if ((st = tool_marker(out, CALL_OPEN "\n{\"name\": \"")) == VLMD_OK &&
+        (st = tool_text(out, c->name, strlen(c->name))) == VLMD_OK &&
+        (st = tool_marker(out, "\", \"arguments\": ")) == VLMD_OK &&
+        (st = tool_text(out, c->arguments, strlen(c->arguments))) == VLMD_OK)
+        st = tool_marker(out, "}\n" CALL_CLOSE);
     return st;
 }
 
@@ -246,7 +265,7 @@ static int expect(const char *text, size_t len, size_t *at, const char *want)
 {
     while (*at < len && json_space(text[*at]))
         (*at)++;
-    int m = starts(text, len, *at, want);
+    int m = tool_starts(text, len, *at, want);
     if (m == 1)
         *at += strlen(want);
     return m;
@@ -362,6 +381,7 @@ const tool_format tool_format_hermes = {
                    "name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
                    "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>",
     .write_call = hermes_write_call,
+    .call_after_content = "\n",
     .required_prefix = CALL_OPEN "\n{\"name\": \"",
     .named_prefix = CALL_OPEN "\n{\"name\": \"", .named_suffix = "\", \"arguments\": ",
     .grammar = "hermes",
@@ -382,9 +402,9 @@ static vlmd_status glm45_write_call(const vlmd_chat_tool_call *c, vlmd_prompt_te
 {
     json_t *args = json_loads(c->arguments, 0, NULL); /* an object: api_tool_call_read's */
     vlmd_buf value = VLMD_BUF_INIT;
-    vlmd_status st = args ? marker(out, CALL_OPEN) : VLMD_ERR_NOMEM;
-    if (st == VLMD_OK && (st = text(out, c->name, strlen(c->name))) == VLMD_OK)
-        st = marker(out, "\n");
+    vlmd_status st = args ? tool_marker(out, CALL_OPEN) : VLMD_ERR_NOMEM;
+    if (st == VLMD_OK && (st = tool_text(out, c->name, strlen(c->name))) == VLMD_OK)
+        st = tool_marker(out, "\n");
     const char *k;
     size_t klen;
     json_t *v;
@@ -397,36 +417,15 @@ static vlmd_status glm45_write_call(const vlmd_chat_tool_call *c, vlmd_prompt_te
             st = vlmd_buf_append(&value, json_string_value(v), json_string_length(v));
         else
             st = pyjson_dumps(v, &value);
-        if (st == VLMD_OK && (st = marker(out, ARG_KEY)) == VLMD_OK &&
-            (st = text(out, k, klen)) == VLMD_OK &&
-            (st = marker(out, ARG_KEY_END "\n" ARG_VALUE)) == VLMD_OK &&
-            (st = text(out, value.data ? value.data : "", value.len)) == VLMD_OK)
-            st = marker(out, ARG_VALUE_END "\n");
+        if (st == VLMD_OK && (st = tool_marker(out, ARG_KEY)) == VLMD_OK &&
+            (st = tool_text(out, k, klen)) == VLMD_OK &&
+            (st = tool_marker(out, ARG_KEY_END "\n" ARG_VALUE)) == VLMD_OK &&
+            (st = tool_text(out, value.data ? value.data : "", value.len)) == VLMD_OK)
+            st = tool_marker(out, ARG_VALUE_END "\n");
     }
     vlmd_buf_free(&value);
     json_decref(args);
-    return st == VLMD_OK ? marker(out, CALL_CLOSE) : st;
-}
-
-static bool name_char(char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-           c == '_' || c == '-';
-}
-
-/* The properties of the parameters of the tool named name[0..n) (NULL: none). */
-static const json_t *properties_of(const json_t *tools, const char *name)
-{
-    size_t i;
-    const json_t *t;
-    json_array_foreach(tools, i, t)
-    {
-        const json_t *fn = json_object_get(t, "function");
-        const char *fname = json_string_value(json_object_get(fn, "name"));
-        if (fname && strcmp(fname, name) == 0)
-            return json_object_get(json_object_get(fn, "parameters"), "properties");
-    }
-    return NULL;
+    return st == VLMD_OK ? tool_marker(out, CALL_CLOSE) : st;
 }
 
 static tool_head glm45_head(const char *text, size_t len, size_t open, const json_t *tools,
@@ -436,7 +435,7 @@ static tool_head glm45_head(const char *text, size_t len, size_t open, const jso
     while (i < len && (text[i] == ' ' || text[i] == '\t'))
         i++;
     size_t name_start = i;
-    while (i < len && name_char(text[i]))
+    while (i < len && tool_name_char(text[i]))
         i++;
     size_t name_end = i;
     while (i < len && (text[i] == ' ' || text[i] == '\t'))
@@ -449,7 +448,7 @@ static tool_head glm45_head(const char *text, size_t len, size_t open, const jso
         return TOOL_HEAD_OTHER;
     size_t args_at = i + 1;
     if (text[i] == '<') { /* GLM-4.7 writes the first key (or the close) at once */
-        int k = starts(text, len, i, ARG_KEY), c = starts(text, len, i, CALL_CLOSE);
+        int k = tool_starts(text, len, i, ARG_KEY), c = tool_starts(text, len, i, CALL_CLOSE);
         if (k < 0 && c < 0)
             return TOOL_HEAD_OTHER;
         if (k < 1 && c < 1)
@@ -460,7 +459,7 @@ static tool_head glm45_head(const char *text, size_t len, size_t open, const jso
     if (!*name)
         return TOOL_HEAD_OTHER;
     *args = (tool_args){.start = args_at, .end = args_at,
-                        .properties = properties_of(tools, *name)};
+                        .properties = tool_properties_of(tools, *name)};
     return TOOL_HEAD_CALL;
 }
 
@@ -513,11 +512,11 @@ static vlmd_status glm45_args_read(tool_args *a, const char *text, size_t len, b
     }
     while (st == VLMD_OK && !a->closed) {
         if (a->phase == GLM_BETWEEN) { /* the next key or the call's close; other text skipped */
-            size_t lt = find(text, len, a->end, "<");
+            size_t lt = tool_find(text, len, a->end, "<");
             a->end = lt;
             if (lt == len)
                 return st;
-            int key = starts(text, len, lt, ARG_KEY), close = starts(text, len, lt, CALL_CLOSE);
+            int key = tool_starts(text, len, lt, ARG_KEY), close = tool_starts(text, len, lt, CALL_CLOSE);
             if (key == 1) {
                 a->phase = GLM_KEY;
                 a->key_start = a->end = lt + strlen(ARG_KEY);
@@ -530,7 +529,7 @@ static vlmd_status glm45_args_read(tool_args *a, const char *text, size_t len, b
                 a->end = lt + 1;
             }
         } else if (a->phase == GLM_KEY) {
-            size_t k = find(text, len, a->end, ARG_KEY_END);
+            size_t k = tool_find(text, len, a->end, ARG_KEY_END);
             if (k == len) { /* resume the search where the marker could still begin */
                 a->end = len - vlmd_partial_suffix(text, len, ARG_KEY_END);
                 a->end = a->end < a->key_start ? a->key_start : a->end;
@@ -541,7 +540,7 @@ static vlmd_status glm45_args_read(tool_args *a, const char *text, size_t len, b
             a->phase = GLM_AFTER_KEY;
         } else if (a->phase == GLM_AFTER_KEY) { /* whitespace, then its value */
             a->end += py_space_prefix(text + a->end, len - a->end);
-            int m = a->end < len ? starts(text, len, a->end, ARG_VALUE) : 0;
+            int m = a->end < len ? tool_starts(text, len, a->end, ARG_VALUE) : 0;
             if (m == 0 && !final)
                 return st;
             if (m != 1) { /* no value: the key is dropped */
@@ -559,7 +558,7 @@ static vlmd_status glm45_args_read(tool_args *a, const char *text, size_t len, b
                 (st = vlmd_buf_puts(out, ": ")) == VLMD_OK && a->value_string)
                 st = vlmd_buf_puts(out, "\"");
         } else { /* GLM_VALUE */
-            size_t v = find(text, len, a->end, ARG_VALUE_END);
+            size_t v = tool_find(text, len, a->end, ARG_VALUE_END);
             a->end = v < len ? v : len - vlmd_partial_suffix(text, len, ARG_VALUE_END);
             a->end = a->end < a->value_start ? a->value_start : a->end;
             if (a->value_string)
@@ -594,6 +593,7 @@ const tool_format tool_format_glm45 = {
                    "<arg_key>{arg-key-2}</arg_key>\n<arg_value>{arg-value-2}</arg_value>\n...\n"
                    "</tool_call>",
     .write_call = glm45_write_call,
+    .call_after_content = "\n",
     .required_prefix = CALL_OPEN,
     .named_prefix = CALL_OPEN, .named_suffix = "\n",
     .grammar = "glm45",
@@ -602,7 +602,8 @@ const tool_format tool_format_glm45 = {
 
 const tool_format *tool_format_find(const char *name)
 {
-    static const tool_format *const formats[] = {&tool_format_hermes, &tool_format_glm45};
+    static const tool_format *const formats[] = {&tool_format_hermes, &tool_format_glm45,
+                                                    &tool_format_qwen3_coder};
     for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
         if (strcmp(formats[i]->name, name) == 0)
             return formats[i];
@@ -614,7 +615,7 @@ const tool_format *tool_format_find(const char *name)
 size_t tool_content_end(const tool_format *f, const char *text, size_t len, bool final,
                         bool *begun)
 {
-    size_t at = find(text, len, 0, f->call_open);
+    size_t at = tool_find(text, len, 0, f->call_open);
     *begun = at < len;
     if (at < len || final)
         return at;
@@ -630,7 +631,7 @@ void tool_call_free(tool_call *c)
 
 size_t tool_call_find(const tool_format *f, const char *text, size_t len, size_t from)
 {
-    return find(text, len, from, f->call_open);
+    return tool_find(text, len, from, f->call_open);
 }
 
 tool_head tool_call_head(const tool_format *f, const json_t *tools, const char *text,
@@ -651,7 +652,7 @@ vlmd_status tool_args_read(const tool_format *f, tool_args *a, const char *text,
 size_t tool_call_close(const tool_format *f, const char *text, size_t len, size_t from,
                        bool *found)
 {
-    size_t at = find(text, len, from, f->call_close);
+    size_t at = tool_find(text, len, from, f->call_close);
     *found = at < len;
     return *found ? at + strlen(f->call_close) : len;
 }
@@ -660,7 +661,7 @@ bool tool_call_next(const tool_format *f, const json_t *tools, const char *text,
                     bool final, size_t *pos, tool_call *out)
 {
     *out = (tool_call){0};
-    size_t open = find(text, len, *pos, f->call_open);
+    size_t open = tool_find(text, len, *pos, f->call_open);
     if (open == len)
         return false;
     char *name = NULL;
@@ -686,7 +687,7 @@ bool tool_call_next(const tool_format *f, const json_t *tools, const char *text,
         *pos = end;
         return true;
     }
-    size_t body = open + strlen(f->call_open), close = find(text, len, body, f->call_close);
+    size_t body = open + strlen(f->call_open), close = tool_find(text, len, body, f->call_close);
     if (close == len && !final)
         return false;
     size_t end = close == len ? len : close + strlen(f->call_close);

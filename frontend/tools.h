@@ -9,9 +9,17 @@
  *             <tool_call>NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call>
  *           V is the value's text where the tool's schema types the property
  *           "string", else JSON (a Python literal, or text, as vLLM falls back)
- * Both list the request's tools one JSON a line inside <tools></tools> in a
+ *   qwen3_coder  Qwen3.5, 3.6 (and Qwen3-Coder; vLLM's qwen3_coder parser,
+ *           tools_qwen3_coder.c):
+ *             <tool_call>\n<function=NAME>\n<parameter=K>\nV\n</parameter>\n...
+ *             </function>\n</tool_call>
+ *           V typed by the tool's schema as vLLM types it (a "string" or
+ *           undeclared property: its text; integer, number, boolean: as
+ *           Python reads them; object, array: JSON; any: "null" is null)
+ * All list the request's tools one JSON a line inside <tools></tools> in a
  * system turn. The next format is a new entry: its markers, its prompt
- * texts, a call writer, and a reader of a call's head and arguments. */
+ * texts, a call writer, and a reader of a call's head and arguments (an
+ * entry of its own file takes tools_format.h's helpers). */
 #ifndef VLMD_TOOLS_H
 #define VLMD_TOOLS_H
 
@@ -55,6 +63,9 @@ typedef struct tool_args {
     bool value_string;          /* the schema types the value "string": its text, quoted */
     bool value_lead;            /* a string value: only whitespace read yet (stripped) */
     const json_t *properties;   /* borrowed: the function's parameters' properties (NULL: none) */
+    /* qwen3_coder: as glm45's (value_lead: its leading newline not settled yet), and */
+    int value_kind;             /* how the schema types the value being read */
+    bool value_quoted;          /* a string value: its opening quote went out (it is no null) */
 } tool_args;
 
 /* One <tool_call> block of the answer, read whole. */
@@ -67,13 +78,15 @@ typedef struct tool_call {
 
 /* A way of writing calls (one entry per format, in tools.c). */
 typedef struct tool_format {
-    const char *name;                   /* "hermes", "glm45" */
+    const char *name;                   /* "hermes", "glm45", "qwen3_coder" */
     const char *call_open, *call_close; /* the markers around a call */
     const char *const *markers;         /* the added tokens its calls are written with, NULL-
                                          * ended: kept in an answer's text even when special */
     /* the prompt */
     const char *tools_intro, *tools_outro; /* around the tools' JSON, one a line */
     vlmd_status (*write_call)(const vlmd_chat_tool_call *c, vlmd_prompt_text *out);
+    const char *call_after_content;     /* before a turn's first call when it has content
+                                         * (later calls: "\n") */
     const char *required_prefix;        /* a "required" call's start */
     const char *named_prefix, *named_suffix; /* a named call's start, around its name */
     const char *grammar;                /* structured.h's tool-call format of its grammar */
@@ -90,8 +103,9 @@ typedef struct tool_format {
 
 extern const tool_format tool_format_hermes;
 extern const tool_format tool_format_glm45;
+extern const tool_format tool_format_qwen3_coder;
 
-/* The format named so ("hermes", "glm45"); NULL when none is. */
+/* The format named so ("hermes", "glm45", "qwen3_coder"); NULL when none is. */
 const tool_format *tool_format_find(const char *name);
 
 /* ---- the request ---------------------------------------------------------- */
@@ -111,7 +125,8 @@ bool api_tools_parse(const json_t *body, const vlmd_chat_family *family,
  * written it): the format's required_prefix ("required"), or its
  * named_prefix, the name, its named_suffix (a named function). hermes:
  * `<tool_call>\n{"name": "` and `<tool_call>\n{"name": "NAME", "arguments": `;
- * glm45: `<tool_call>` and `<tool_call>NAME\n`. Appended to out as prompt
+ * glm45: `<tool_call>` and `<tool_call>NAME\n`; qwen3_coder: `<tool_call>\n<function=`
+ * and `<tool_call>\n<function=NAME>\n`. Appended to out as prompt
  * pieces (the name untrusted); nothing when the model chooses. For a body
  * api_tools_parse accepted; VLMD_ERR_NOMEM is the only failure. (The
  * arguments are then held to the function's schema: api_grammar.h.) */
@@ -160,7 +175,18 @@ size_t tool_call_find(const tool_format *f, const char *text, size_t len, size_t
  *           pairs that follow, written as JSON as each comes (a key once its
  *           value starts; a string value's text as it comes, its ends
  *           stripped as vLLM strips them; another value once it closes);
- *           text between pairs is skipped, as vLLM's parser skips it. */
+ *           text between pairs is skipped, as vLLM's parser skips it;
+ *   qwen3_coder: whitespace, <function=NAME> (NAME by OpenAI's rule): a
+ *           call, its arguments the <parameter=K> blocks that follow, written
+ *           as JSON as each comes (a key once its '>' comes; a string
+ *           value's text as it comes, one leading and one trailing newline
+ *           dropped as vLLM drops them; another value once it ends). A value
+ *           ends at </parameter>, or where <parameter=, </function> or
+ *           </tool_call> begins, or (final) where the text ends; the
+ *           arguments end at </function> or </tool_call>. A call the text
+ *           ends inside reads as vLLM reads it: the last value to the end,
+ *           the object closed (a key without its '>' dropped). Text between
+ *           parameters is skipped; one function a block (vLLM reads more). */
 tool_head tool_call_head(const tool_format *f, const json_t *tools, const char *text,
                          size_t len, size_t open, char **name, tool_args *args);
 /* Reads the arguments on (tool_format's args_read); VLMD_ERR_NOMEM only. */

@@ -971,3 +971,88 @@ Test(chat_template, mixtral_folds_the_system_text_and_refuses_what_its_template_
     cr_expect(strstr(err.msg, "messages[0].content[0]"), "%s", err.msg);
     vlmd_prompt_free(&out);
 }
+
+/* ---- Qwen3.5's tools and calls (qwen3_coder) ---------------------------------------- */
+
+#define QWEN35_TOOLS_INTRO                                                                       \
+    "<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+#define QWEN35_TOOLS_OUTRO                                                                       \
+    "\n</tools>\n\nIf you choose to call a function ONLY reply in the following format with "  \
+    "NO suffix:\n\n<tool_call>\n<function=example_function_name>\n"                              \
+    "<parameter=example_parameter_1>\nvalue_1\n</parameter>\n<parameter=example_parameter_2>\n" \
+    "This is the value for the second parameter\nthat can span\nmultiple lines\n</parameter>\n" \
+    "</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the "    \
+    "specified format: an inner <function=...></function> block must be nested within "        \
+    "<tool_call></tool_call> XML tags\n- Required parameters MUST be specified\n- You may "      \
+    "provide optional reasoning for your function call in natural language BEFORE the "         \
+    "function call, but NOT after\n- If there is no function call available, answer the "     \
+    "question like normal with your current knowledge and do not tell the user about "         \
+    "function calls\n</IMPORTANT>"
+
+/* The text and ids of a Qwen3.5 chat body are want's. */
+static void expect_qwen35(const vlmd_tokenizer *tok, const char *body_text, const char *want)
+{
+    json_t *body = json_loads(body_text, 0, NULL);
+    cr_assert_not_null(body, "%s", body_text);
+    api_error e;
+    char *text = prompt_text("qwen3_5", body, &e);
+    cr_assert_not_null(text, "%s: %s", body_text, e.message);
+    cr_expect_str_eq(text, want, "%s", body_text);
+    free(text);
+    json_decref(body);
+    expect_body(tok, "qwen3_5", body_text, want);
+}
+
+/* The expected prompts were rendered from the fixture's chat_template.jinja
+ * (Qwen3.5's) by jinja2 3.1.6 as transformers sets it up (trim_blocks,
+ * lstrip_blocks, tojson as json.dumps with ensure_ascii=False), the messages
+ * as vLLM hands them over (a call's arguments parsed into an object):
+ * values by `|string` (True, None), objects by tojson, "\n\n" between the
+ * content and the first call, results as <tool_response> user turns. */
+Test(chat_template, qwen3_5_tools_calls_and_results_in_an_agent_loop)
+{
+    vlmd_tokenizer *tok = load_tok("qwen3_5");
+    expect_qwen35(
+        tok,
+        "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"},"
+        " {\"role\": \"user\", \"content\": \"Weather, then time?\"},"
+        " {\"role\": \"assistant\", \"content\": \"Let me check.\", \"tool_calls\": [{\"id\": "
+        "\"c\", \"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"arguments\": "
+        "\"{\\\"city\\\": \\\"S\\u00e3o Paulo\\\", \\\"days\\\": 2, \\\"opts\\\": {\\\"unit\\\": "
+        "\\\"c\\\", \\\"alerts\\\": [true, null]}, \\\"ratio\\\": 0.1, \\\"live\\\": true, "
+        "\\\"none\\\": null}\"}}, {\"id\": \"d\", \"type\": \"function\", \"function\": "
+        "{\"name\": \"get_time\", \"arguments\": \"{}\"}}]},"
+        " {\"role\": \"tool\", \"tool_call_id\": \"c\", \"content\": \"18 C\"},"
+        " {\"role\": \"tool\", \"tool_call_id\": \"d\", \"content\": \"12:00\"},"
+        " {\"role\": \"user\", \"content\": \"Thanks. And tomorrow?\"}],"
+        " \"tools\": [" GLM_WEATHER ", {\"type\": \"function\", \"function\": {\"name\": "
+        "\"get_time\"}}]}",
+        QWEN35_TOOLS_INTRO GLM_WEATHER "\n{\"type\": \"function\", \"function\": {\"name\": "
+        "\"get_time\"}}" QWEN35_TOOLS_OUTRO "\n\nBe brief.<|im_end|>\n"
+        "<|im_start|>user\nWeather, then time?<|im_end|>\n"
+        "<|im_start|>assistant\nLet me check.\n\n<tool_call>\n<function=get_weather>\n"
+        "<parameter=city>\nS\u00e3o Paulo\n</parameter>\n<parameter=days>\n2\n</parameter>\n"
+        "<parameter=opts>\n{\"unit\": \"c\", \"alerts\": [true, null]}\n</parameter>\n"
+        "<parameter=ratio>\n0.1\n</parameter>\n<parameter=live>\nTrue\n</parameter>\n"
+        "<parameter=none>\nNone\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+        "<function=get_time>\n</function>\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n18 C\n</tool_response>\n<tool_response>\n12:00\n"
+        "</tool_response><|im_end|>\n"
+        "<|im_start|>user\nThanks. And tomorrow?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    /* a call without content: no newline before it; no system text: the tools alone */
+    expect_qwen35(
+        tok,
+        "{\"messages\": [{\"role\": \"user\", \"content\": \"Time?\"},"
+        " {\"role\": \"assistant\", \"content\": \"\", \"tool_calls\": [{\"id\": \"d\", \"type\": "
+        "\"function\", \"function\": {\"name\": \"get_time\", \"arguments\": \"{}\"}}]},"
+        " {\"role\": \"tool\", \"tool_call_id\": \"d\", \"content\": \"12:00\"}],"
+        " \"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}]}",
+        QWEN35_TOOLS_INTRO "{\"type\": \"function\", \"function\": {\"name\": \"get_time\"}}"
+        QWEN35_TOOLS_OUTRO "<|im_end|>\n<|im_start|>user\nTime?<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_time>\n"
+        "</function>\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\n12:00\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+    vlmd_tokenizer_free(tok);
+}

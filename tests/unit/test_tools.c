@@ -488,8 +488,8 @@ typedef struct glm_stream {
     bool other;                 /* a block that is no call */
 } glm_stream;
 
-static void glm_stream_read(const json_t *tools, const char *t, size_t len, size_t step,
-                            glm_stream *s)
+static void format_stream_read(const tool_format *f, const json_t *tools, const char *t,
+                               size_t len, size_t step, glm_stream *s)
 {
     memset(s, 0, sizeof *s);
     enum { HEAD, ARGS, TAIL } st = HEAD;
@@ -500,7 +500,7 @@ static void glm_stream_read(const json_t *tools, const char *t, size_t len, size
         for (;;) {
             if (st == ARGS) {
                 vlmd_buf piece = VLMD_BUF_INIT;
-                cr_assert_eq(tool_args_read(G, &a, t, n, final, &piece), VLMD_OK);
+                cr_assert_eq(tool_args_read(f, &a, t, n, final, &piece), VLMD_OK);
                 if (piece.len) {
                     vlmd_buf_append(&s->args[s->n - 1], piece.data, piece.len);
                     s->pieces[s->n - 1]++;
@@ -513,17 +513,17 @@ static void glm_stream_read(const json_t *tools, const char *t, size_t len, size
             }
             if (st == TAIL) {
                 bool found;
-                size_t after = tool_call_close(G, t, n, pos, &found);
+                size_t after = tool_call_close(f, t, n, pos, &found);
                 if (!found && !final)
                     break;
                 st = HEAD;
                 pos = after;
             }
-            size_t open = tool_call_find(G, t, n, pos);
+            size_t open = tool_call_find(f, t, n, pos);
             if (open == n)
                 break;
             char *name;
-            tool_head h = tool_call_head(G, tools, t, n, open, &name, &a);
+            tool_head h = tool_call_head(f, tools, t, n, open, &name, &a);
             if (h == TOOL_HEAD_WAIT && !final)
                 break;
             if (h != TOOL_HEAD_CALL) {
@@ -539,6 +539,12 @@ static void glm_stream_read(const json_t *tools, const char *t, size_t len, size
         if (final)
             return;
     }
+}
+
+static void glm_stream_read(const json_t *tools, const char *t, size_t len, size_t step,
+                            glm_stream *s)
+{
+    format_stream_read(G, tools, t, len, step, s);
 }
 
 static void glm_stream_free(glm_stream *s)
@@ -663,4 +669,289 @@ Test(tools, glm_forced_calls_start_with_the_formats_head)
     cr_expect_str_eq(prefix, "<tool_call>get_time\n");
     free(prefix);
     json_decref(body);
+}
+
+/* ---- qwen3_coder: Qwen3.5's calls ------------------------------------------------- */
+
+#define Q (&tool_format_qwen3_coder)
+
+static const char qc_tools[] =
+    "[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+    "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}, \"days\": "
+    "{\"type\": \"integer\"}, \"ratio\": {\"type\": \"number\"}, \"scale\": {\"type\": "
+    "\"number\"}, \"alerts\": {\"type\": \"boolean\"}, \"opts\": {\"type\": \"object\"}, "
+    "\"tags\": {\"type\": \"array\"}, \"zip\": {\"type\": \"string\"}, \"when\": {\"type\": "
+    "[\"string\", \"null\"]}, \"note\": {\"description\": \"untyped\"}}}}}, {\"type\": "
+    "\"function\", \"function\": {\"name\": \"get_time\"}}]";
+
+/* Content, then two calls with values of every kind; the expected arguments
+ * are what vLLM's qwen3_coder parser makes of it (its code run on this text),
+ * non-ASCII written as itself. */
+static const char qc_answer[] =
+    "Let me check.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nS\u00e3o \"Paulo\"\n"
+    "</parameter>\n<parameter=days>\n +0_2 \n</parameter>\n<parameter=ratio>\n1e3\n</parameter>\n"
+    "<parameter=scale>\n0.250\n</parameter>\n<parameter=alerts>\nTrue\n</parameter>\n"
+    "<parameter=opts>\n{\"unit\": \"c\", \"n\": [1, 2.0]}\n</parameter>\n<parameter=tags>\n"
+    "['a', None, (1,)]\n</parameter>\n<parameter=zip>\n01310\n</parameter>\n<parameter=when>\n"
+    "'tomorrow'\n</parameter>\n<parameter=note>\n\nline two\n\n</parameter>\n<parameter=extra>\n"
+    "NULL\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
+    "</function>\n</tool_call>";
+static const char qc_weather_args[] =
+    "{\"city\": \"S\u00e3o \\\"Paulo\\\"\", \"days\": 2, \"ratio\": 1000, \"scale\": 0.25, "
+    "\"alerts\": true, \"opts\": {\"unit\": \"c\", \"n\": [1, 2.0]}, \"tags\": [\"a\", null, [1]], "
+    "\"zip\": \"01310\", \"when\": \"tomorrow\", \"note\": \"\\nline two\\n\", \"extra\": null}";
+
+Test(tools, qwen3_coder_calls_read_whole_with_values_typed_as_vllm_types_them)
+{
+    json_t *tools = json_loads(qc_tools, 0, NULL);
+    cr_assert_not_null(tools);
+    const char *t = qc_answer;
+    size_t len = strlen(t);
+    bool begun;
+    size_t pos = tool_content_end(Q, t, len, true, &begun);
+    cr_expect(begun);
+    cr_expect_eq(pos, strlen("Let me check.\n\n"), "the text before the first call is content");
+    tool_call c;
+    cr_assert(tool_call_next(Q, tools, t, len, false, &pos, &c));
+    cr_expect_str_eq(c.name, "get_weather");
+    cr_expect_str_eq(c.arguments, qc_weather_args);
+    cr_expect_not(c.cut);
+    tool_call_free(&c);
+    cr_assert(tool_call_next(Q, tools, t, len, false, &pos, &c));
+    cr_expect_str_eq(c.name, "get_time");
+    cr_expect_str_eq(c.arguments, "{}");
+    cr_expect_eq(c.end, len);
+    tool_call_free(&c);
+    cr_expect_not(tool_call_next(Q, tools, t, len, true, &pos, &c), "nothing is left");
+    /* without the schema every value is its text ("null" still null) */
+    pos = 0;
+    cr_assert(tool_call_next(Q, NULL, t, len, true, &pos, &c));
+    cr_expect(strstr(c.arguments, "\"days\": \" +0_2 \", \"ratio\": \"1e3\""), "%s", c.arguments);
+    cr_expect(strstr(c.arguments, "\"extra\": null}"), "%s", c.arguments);
+    tool_call_free(&c);
+    json_decref(tools);
+}
+
+/* One value of each type as vLLM's _convert_param_value reads it (the
+ * expected JSON is its result, json.dumps'd): Python's int() and float() (an
+ * integral float an int), booleans by "true", JSON else a literal for
+ * objects and arrays, a literal for other types, "null" null everywhere. */
+Test(tools, qwen3_coder_values_read_as_python_reads_them)
+{
+    static const char *const cases[][3] = {
+        {"\"integer\"", "7", "7"}, {"\"integer\"", " -0_07 ", "-7"}, {"\"integer\"", "-0", "0"},
+        {"\"integer\"", "+12", "12"}, {"\"integer\"", "1.5", "\"1.5\""},
+        {"\"integer\"", "12345678901234567890123", "12345678901234567890123"},
+        {"\"integer\"", "1__0", "\"1__0\""}, {"\"integer\"", "null", "null"},
+        {"\"number\"", "5.0", "5"}, {"\"number\"", "-0.0", "0"}, {"\"number\"", "1_000.5", "1000.5"},
+        {"\"number\"", ".5", "0.5"}, {"\"number\"", "1e-7", "1e-07"},
+        {"\"number\"", "1E+16", "10000000000000000"},
+        {"\"number\"", "1e22", "10000000000000000000000"}, {"\"number\"", "0.1", "0.1"},
+        {"\"number\"", "nan", "\"nan\""}, {"\"number\"", "1e", "\"1e\""},
+        {"\"number\"", "0x10", "\"0x10\""},
+        {"\"boolean\"", "TRUE", "true"}, {"\"boolean\"", "false", "false"},
+        {"\"boolean\"", "yes", "false"}, {"\"boolean\"", " true", "false"},
+        {"\"object\"", "{\"a\": [true, null]}", "{\"a\": [true, null]}"},
+        {"\"object\"", "{'a': (1, 2)}", "{\"a\": [1, 2]}"},
+        {"\"object\"", "not json", "\"not json\""}, {"\"array\"", "[1, 2.50]", "[1, 2.5]"},
+        {"\"Dict\"", "{}", "{}"}, {"\"list[int]\"", "[3]", "[3]"},
+        {"\"string\"", "Null", "null"}, {"\"string\"", "nullx", "\"nullx\""},
+        {"\"string\"", "42", "\"42\""}, {"\" STR \"", "x", "\"x\""}, {"\"enum\"", "c", "\"c\""},
+        {"[\"string\", \"null\"]", "true", "\"true\""}, {"[\"string\", \"null\"]", "5", "5"},
+        {"[\"string\", \"null\"]", "'q'", "\"q\""},
+        {"[\"string\", \"null\"]", "plain text", "\"plain text\""}, {"\"null\"", "None", "null"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char tools_text[512], answer[512], want[512];
+        snprintf(tools_text, sizeof tools_text, "[{\"type\": \"function\", \"function\": "
+                 "{\"name\": \"f\", \"parameters\": {\"type\": \"object\", \"properties\": "
+                 "{\"v\": {\"type\": %s}}}}}]", cases[i][0]);
+        snprintf(answer, sizeof answer, "<tool_call>\n<function=f>\n<parameter=v>\n%s\n"
+                 "</parameter>\n</function>\n</tool_call>", cases[i][1]);
+        snprintf(want, sizeof want, "{\"v\": %s}", cases[i][2]);
+        json_t *tools = json_loads(tools_text, 0, NULL);
+        cr_assert_not_null(tools, "%s", tools_text);
+        size_t pos = 0;
+        tool_call c;
+        cr_assert(tool_call_next(Q, tools, answer, strlen(answer), true, &pos, &c));
+        cr_expect_str_eq(c.arguments, want, "%s as %s", cases[i][1], cases[i][0]);
+        tool_call_free(&c);
+        /* streamed a byte at a time: the same */
+        glm_stream s;
+        format_stream_read(Q, tools, answer, strlen(answer), 1, &s);
+        cr_assert_eq(s.n, 1);
+        cr_expect_str_eq(s.args[0].data, want, "streamed: %s as %s", cases[i][1], cases[i][0]);
+        glm_stream_free(&s);
+        json_decref(tools);
+    }
+}
+
+Test(tools, qwen3_coder_calls_stream_their_name_then_their_arguments_as_a_growing_object)
+{
+    json_t *tools = json_loads(qc_tools, 0, NULL);
+    const char *t = qc_answer;
+    size_t len = strlen(t);
+    for (size_t step = 1; step <= len; step += step < 16 ? 1 : 37) {
+        glm_stream s;
+        format_stream_read(Q, tools, t, len, step, &s);
+        cr_assert_eq(s.n, 2, "step %zu", step);
+        cr_expect_not(s.other);
+        cr_expect_str_eq(s.names[0], "get_weather", "step %zu", step);
+        cr_expect_str_eq(s.args[0].data, qc_weather_args, "step %zu", step);
+        cr_expect_str_eq(s.names[1], "get_time", "step %zu", step);
+        cr_expect_str_eq(s.args[1].data, "{}", "step %zu", step);
+        if (step == 1) {
+            /* the name goes out with its '>', the arguments in many pieces */
+            cr_expect_eq(s.name_at[0], (size_t)(strstr(t, "get_weather>") - t) + 12);
+            cr_expect_gt(s.pieces[0], 12, "%d pieces", s.pieces[0]);
+        }
+        glm_stream_free(&s);
+    }
+    /* a string value's text goes out before its end: its leading newline dropped, a
+     * trailing one held back (vLLM drops one), a maybe-marker held back */
+    static const struct {
+        const char *text, *want;
+    } open[] = {
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n",
+         "{\"city\": \"New York"},
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nNew\n\nYork</para",
+         "{\"city\": \"New\\n\\nYork"},
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nNul", "{\"city\": "},
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nnull\n", "{\"city\": "},
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nnull\nx",
+         "{\"city\": \"null\\nx"},
+        {"<tool_call>\n<function=get_weather>\n<parameter=days>\n12", "{\"days\": "},
+    };
+    for (size_t i = 0; i < sizeof open / sizeof open[0]; i++) {
+        tool_args a;
+        char *name;
+        size_t n = strlen(open[i].text);
+        cr_assert_eq(tool_call_head(Q, tools, open[i].text, n, 0, &name, &a), TOOL_HEAD_CALL);
+        free(name);
+        vlmd_buf piece = VLMD_BUF_INIT;
+        cr_assert_eq(tool_args_read(Q, &a, open[i].text, n, false, &piece), VLMD_OK);
+        cr_expect_str_eq(piece.data, open[i].want, "%s", open[i].text);
+        vlmd_buf_free(&piece);
+    }
+    json_decref(tools);
+}
+
+/* Cut by max_tokens: the stream and the whole answer read the same cut call,
+ * which reads as vLLM reads it: the last value to the end, the object closed. */
+Test(tools, qwen3_coder_a_cut_call_reads_as_vllm_reads_it_streamed_or_whole)
+{
+    json_t *tools = json_loads(qc_tools, 0, NULL);
+    const char *t = qc_answer;
+    size_t full = strlen(t), content = strlen("Let me check.\n\n");
+    for (size_t len = content + strlen("<tool_call>\n<function=get_weather>"); len < full;
+         len += 3) {
+        size_t pos = content;
+        tool_call c;
+        cr_assert(tool_call_next(Q, tools, t, len, true, &pos, &c), "at %zu", len);
+        glm_stream s;
+        format_stream_read(Q, tools, t, len, 5, &s);
+        cr_assert_geq(s.n, 1, "at %zu", len);
+        cr_expect_str_eq(s.args[0].data, c.arguments, "cut at %zu", len);
+        json_t *args = json_loads(c.arguments, 0, NULL);
+        cr_expect(json_is_object(args), "cut at %zu: %s", len, c.arguments);
+        json_decref(args);
+        tool_call_free(&c);
+        glm_stream_free(&s);
+    }
+    /* what vLLM's parser makes of these (a key cut before its '>' fails it: dropped here) */
+    static const char *const cut[][2] = {
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nPar", "{\"city\": \"Par\"}"},
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+         "<parameter=days>\n3\n", "{\"city\": \"Paris\", \"days\": 3}"},
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nParis</par",
+         "{\"city\": \"Paris</par\"}"},
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n"
+         "<parameter=da", "{\"city\": \"Paris\"}"},
+    };
+    for (size_t i = 0; i < sizeof cut / sizeof cut[0]; i++) {
+        size_t pos = 0, n = strlen(cut[i][0]);
+        tool_call c;
+        cr_assert(tool_call_next(Q, tools, cut[i][0], n, true, &pos, &c));
+        cr_expect_str_eq(c.name, "get_weather");
+        cr_expect_str_eq(c.arguments, cut[i][1], "%s", cut[i][0]);
+        cr_expect(c.cut);
+        cr_expect_eq(pos, n);
+        tool_call_free(&c);
+    }
+    json_decref(tools);
+}
+
+/* Blocks that are no call stay text; a value ends where the next parameter or
+ * the function's end begins; text between parameters is skipped. */
+Test(tools, qwen3_coder_malformed_blocks_and_loose_ends)
+{
+    static const char *const other[] = {
+        "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+        "<tool_call>get_weather\n<arg_key>a</arg_key></tool_call>",
+        "<tool_call>\n<function=get weather>\n</function>\n</tool_call>",
+        "<tool_call>\n<function=>\n</function>\n</tool_call>",
+    };
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++) {
+        size_t pos = 0;
+        tool_call c;
+        cr_assert(tool_call_next(Q, NULL, other[i], strlen(other[i]), true, &pos, &c), "%s",
+                  other[i]);
+        cr_expect_null(c.name, "%s", other[i]);
+        cr_expect_eq(c.end, strlen(other[i]));
+        tool_call_free(&c);
+    }
+    const char *waits[] = {"<tool_call>", "<tool_call>\n<func", "<tool_call>\n<function=get_w"};
+    for (size_t i = 0; i < 3; i++) {
+        char *name = NULL;
+        tool_args a;
+        cr_expect_eq(tool_call_head(Q, NULL, waits[i], strlen(waits[i]), 0, &name, &a),
+                     TOOL_HEAD_WAIT, "%s", waits[i]);
+    }
+    json_t *tools = json_loads(qc_tools, 0, NULL);
+    static const char *const loose[][2] = {
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n<parameter=days>\n2"
+         "</function>\n</tool_call>", "{\"city\": \"A\", \"days\": 2}"},
+        {"<tool_call>\n<function=f>\nokay <parameter=a>\n1\n</parameter> and <parameter=b>x"
+         "</tool_call>", "{\"a\": \"1\", \"b\": \"x\"}"},
+    };
+    for (size_t i = 0; i < 2; i++) {
+        size_t pos = 0;
+        tool_call c;
+        cr_assert(tool_call_next(Q, tools, loose[i][0], strlen(loose[i][0]), false, &pos, &c));
+        cr_expect_str_eq(c.arguments, loose[i][1], "%s", loose[i][0]);
+        cr_expect_not(c.cut);
+        cr_expect_eq(pos, strlen(loose[i][0]));
+        tool_call_free(&c);
+    }
+    json_decref(tools);
+}
+
+/* The prompt side: the forced starts, and a call as Qwen3.5's template writes it. */
+Test(tools, qwen3_coder_forced_starts_and_calls_written_as_the_template_writes_them)
+{
+    json_t *body = json_loads("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+                              "\"get_time\"}}], \"tool_choice\": \"required\"}", 0, NULL);
+    char *prefix = api_tool_answer_prefix(body, Q);
+    cr_expect_str_eq(prefix, "<tool_call>\n<function=");
+    free(prefix);
+    json_object_set_new(body, "tool_choice", json_pack("{s:s, s:{s:s}}", "type", "function",
+                                                       "function", "name", "get_time"));
+    prefix = api_tool_answer_prefix(body, Q);
+    cr_expect_str_eq(prefix, "<tool_call>\n<function=get_time>\n");
+    free(prefix);
+    json_decref(body);
+    /* jinja2's `|string`: True, False, None; lists and objects as tojson */
+    vlmd_chat_tool_call call = {"f", "{\"s\": \"a\\nb\", \"i\": 3, \"x\": 0.5, \"b\": true, "
+                                     "\"c\": false, \"n\": null, \"l\": [1, \"\u00e9\"], \"o\": "
+                                     "{\"k\": null}}"};
+    vlmd_prompt_text out = VLMD_PROMPT_TEXT_INIT;
+    cr_assert_eq(Q->write_call(&call, &out), VLMD_OK);
+    cr_expect_str_eq(out.text.data,
+                     "<tool_call>\n<function=f>\n<parameter=s>\na\nb\n</parameter>\n<parameter=i>"
+                     "\n3\n</parameter>\n<parameter=x>\n0.5\n</parameter>\n<parameter=b>\nTrue\n"
+                     "</parameter>\n<parameter=c>\nFalse\n</parameter>\n<parameter=n>\nNone\n"
+                     "</parameter>\n<parameter=l>\n[1, \"\u00e9\"]\n</parameter>\n<parameter=o>\n"
+                     "{\"k\": null}\n</parameter>\n</function>\n</tool_call>");
+    vlmd_prompt_free(&out);
+    cr_expect_eq(tool_format_find("qwen3_coder"), Q);
 }
