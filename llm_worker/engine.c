@@ -92,6 +92,12 @@ typedef struct request {
     bool mask_failed;           /* this step's mask could not be made: it ends in an error */
     bool closing;               /* near max_tokens, its output was steered to its grammar's
                                  * shortest completion (fill_mask) */
+    vlmd_pooling pooling;       /* NONE: it generates; else one pass, its answer pooled */
+    uint32_t pool_ids[VLMD_PROTO_MAX_POOL_IDS];
+    uint32_t n_pool_ids;
+    float *answer;              /* its pooled answer, taken before the step's sampling (which
+                                 * works on the logits in place) and emitted after */
+    int32_t n_answer;
     bool listed;                /* on the engine's list (request_free refuses it then) */
     struct request *next;       /* in arrival order */
 } request;
@@ -292,6 +298,7 @@ static void request_free(engine *e, request *q)
     free(q->images);
     free(q->mrope);
     free(q->bias);
+    free(q->answer);
     free(q);
 }
 
@@ -837,6 +844,26 @@ static vlmd_status attach_grammar(engine *e, request *q, const vlmd_msg_request_
     return VLMD_OK;
 }
 
+static vlmd_status check_pooling(const engine *e, const vlmd_msg_request_submit *r,
+                                 vlmd_error *err)
+{
+    unsigned long long id = (unsigned long long)r->req_id;
+    if (r->pooling == VLMD_POOL_NONE)
+        return VLMD_OK;
+    if (r->pooling >= VLMD_POOL_COUNT || r->grammar.kind != VLMD_GRAMMAR_NONE)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: pooling %u%s", id,
+                           r->pooling, r->grammar.kind ? " with a grammar" : " is unknown");
+    bool logits = r->pooling == VLMD_POOL_LOGITS;
+    if (logits != (r->n_pool_ids > 0) || r->n_pool_ids > VLMD_PROTO_MAX_POOL_IDS)
+        return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: %u pool ids for pooling %u",
+                           id, r->n_pool_ids, r->pooling);
+    for (uint32_t i = 0; i < r->n_pool_ids; i++)
+        if (r->pool_ids[i] >= lm_vocab_size(e->m))
+            return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu: pool id %u is outside "
+                               "the vocabulary", id, r->pool_ids[i]);
+    return VLMD_OK;
+}
+
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err)
 {
     int64_t total = (int64_t)r->n_tokens + r->max_tokens;
@@ -864,6 +891,8 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
                                r->stop_tokens[i], V);
     vlmd_status st = check_logit_bias(e, r, err);
     if (st != VLMD_OK)
+        return st;
+    if ((st = check_pooling(e, r, err)) != VLMD_OK)
         return st;
     if (find(e, r->req_id, NULL))
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "request %llu is already running",
@@ -933,6 +962,10 @@ vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_erro
     if (r->n_stop_tokens)
         memcpy(q->stop, r->stop_tokens, r->n_stop_tokens * sizeof *q->stop);
     q->seed = r->sampling.has_seed ? r->sampling.seed : r->req_id;
+    q->pooling = (vlmd_pooling)r->pooling;
+    q->n_pool_ids = r->n_pool_ids;
+    if (r->n_pool_ids)
+        memcpy(q->pool_ids, r->pool_ids, r->n_pool_ids * sizeof *q->pool_ids);
     if (e->tail)
         e->tail->next = q;
     else
@@ -1609,6 +1642,40 @@ static void check_step(engine *e)
     reset_books(e, err.msg);
 }
 
+/* The pooling requests' answers from the step's logit rows (q->answer; NULL:
+ * no memory for it), before sampling changes the logits. */
+static void take_pooled(engine *e, int32_t n_logits)
+{
+    for (int32_t i = 0; i < n_logits; i++) {
+        request *q = e->in_step[i];
+        if (!q->pooling)
+            continue;
+        q->n_answer = q->pooling == VLMD_POOL_LOGITS ? (int32_t)q->n_pool_ids
+                                                     : (int32_t)lm_hidden_size(e->m);
+        free(q->answer);
+        q->answer = malloc((size_t)q->n_answer * sizeof *q->answer);
+        if (q->answer && lm_pooled(e->m, e->ws, i,
+                                   q->pooling == VLMD_POOL_LOGITS ? q->pool_ids : NULL,
+                                   (int)q->n_pool_ids, q->answer, NULL) != VLMD_OK) {
+            free(q->answer);
+            q->answer = NULL;
+        }
+    }
+}
+
+/* A pooling request's answer, and its end. */
+static void emit_pooled(engine *e, request *q)
+{
+    engine_output o = {.req_id = q->id, .finish = q->answer ? VLMD_FINISH_STOP
+                                                            : VLMD_FINISH_ERROR,
+                       .prompt_tokens = (uint32_t)q->n_prompt,
+                       .cached_tokens = q->cached_tokens,
+                       .error = q->answer ? NULL : "out of memory for the answer",
+                       .status = q->answer ? VLMD_OK : VLMD_ERR_NOMEM, .pooled = q->answer,
+                       .n_pooled = q->answer ? q->n_answer : 0};
+    e->emit(&o, e->ud);
+}
+
 vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
 {
     *did_work = false;
@@ -1637,6 +1704,8 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
                       plan.n_logits, e->embeds, e->n_embeds, e->hybrid ? e->seq_state : NULL};
     vlmd_status s = lm_forward(e->m, e->kv, e->ws, &bt, NULL, err);
     if (s == VLMD_OK)
+        take_pooled(e, plan.n_logits);
+    if (s == VLMD_OK)
         fill_masks(e, plan.n_logits);
     if (s == VLMD_OK)
         s = sample_step(e, plan.n_logits, err);
@@ -1660,6 +1729,12 @@ vlmd_status engine_step(engine *e, bool *did_work, vlmd_error *err)
     }
     for (int32_t i = 0; i < plan.n_logits; i++) {
         request *q = e->in_step[i];
+        if (q->pooling) { /* one pass over its prompt: its answer, no token */
+            emit_pooled(e, q);
+            request_end(e, q);
+            e->in_step[i] = NULL;
+            continue;
+        }
         const vlmd_sample_out *so = &e->sample_out[i];
         int32_t tok = so->token;
         engine_logprobs lp = {so->logprob, (uint32_t)so->n_top, {0}, {0}};

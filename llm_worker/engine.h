@@ -118,6 +118,8 @@ typedef struct engine_output {
                                          * request's grammar; _INTERNAL: the engine's books) */
     bool grammar_closed;                /* finished complete after max_tokens' nearness steered
                                          * it to its grammar's shortest completion */
+    const float *pooled;                /* a pooling request's answer (borrowed for the call) */
+    int32_t n_pooled;
 } engine_output;
 
 /* Called after every step for each request that produced tokens (or ended). */
@@ -150,7 +152,13 @@ void engine_free(engine *e);
  * close (ENGINE_GRAMMAR_CLOSE_MARGIN), and a complete one ends where more (a
  * second call) could not complete in the tokens left; a token the mask allowed that the
  * automaton then refuses (an ambiguous grammar past its state's size, the
- * one case) ends the request with finish ERROR and a message. */
+ * one case) ends the request with finish ERROR and a message.
+ *
+ * A pooling request (r->pooling: vlmd_pooling) is one pass over its prompt:
+ * once its last token is computed it ends (finish STOP, no token) with its
+ * answer in engine_output.pooled: the final norm's output there (H floats),
+ * or the logits there of its pool_ids (1 to VLMD_PROTO_MAX_POOL_IDS ids in
+ * the vocabulary); one with a grammar is VLMD_ERR_INVALID_ARG. */
 vlmd_status engine_submit(engine *e, const vlmd_msg_request_submit *r, vlmd_error *err);
 /* Drops a request wherever it is; emits nothing. false when unknown. */
 bool engine_cancel(engine *e, uint64_t req_id);

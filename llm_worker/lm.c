@@ -24,6 +24,7 @@
  * frees them with their sizes. */
 #include "lm.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -927,6 +928,26 @@ vlmd_status lm_forward_here(lm_model *m, lm_kv *kv, lm_workspace *ws,
     if (s != VLMD_OK || !bt->n_logits || !logits)
         return s;
     return vlmd_backend_download_f32(b, logits, ws->logits, (size_t)bt->n_logits * m->V, err);
+}
+
+vlmd_status lm_pooled(lm_model *m, lm_workspace *ws, int32_t row, const uint32_t *ids,
+                      int n_ids, float *out, vlmd_error *err)
+{
+    if (!ids) /* the final norm's output, gathered for the logits */
+        return vlmd_backend_download_f32(m->b, out,
+                                         (const char *)ws->rows +
+                                             (size_t)row * m->H * vlmd_backend_elem_size(m->b),
+                                         (size_t)m->H, err);
+    float *all = malloc((size_t)m->V * sizeof *all);
+    if (!all)
+        return vlmd_errorf(err, VLMD_ERR_NOMEM, "out of memory for a row of logits");
+    vlmd_status s = vlmd_backend_download_f32(
+        m->b, all, (const char *)ws->logits + (size_t)row * m->V * vlmd_backend_elem_size(m->b),
+        (size_t)m->V, err);
+    for (int i = 0; s == VLMD_OK && i < n_ids; i++)
+        out[i] = ids[i] < (uint32_t)m->V ? all[ids[i]] : NAN;
+    free(all);
+    return s;
 }
 
 /* ---- sampling ------------------------------------------------------------------ */

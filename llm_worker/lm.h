@@ -220,6 +220,12 @@ typedef struct lm_batch {
                                      * the slot's. NULL for other models */
 } lm_batch;
 
+/* After a step: logit row `row`'s final-norm output (H floats: ids NULL), or
+ * its logits of ids[0..n_ids) (an id outside the vocabulary: NaN), into out
+ * (host, fp32). A pooling request's answer (embeddings, a reranker's yes/no). */
+vlmd_status lm_pooled(lm_model *m, lm_workspace *ws, int32_t row, const uint32_t *ids,
+                      int n_ids, float *out, vlmd_error *err);
+
 /* Runs the step; its n_logits rows of logits stay in the workspace for
  * lm_sample and, when logits is not NULL, are also written there
  * (n_logits x vocab floats, host). Fails (changing nothing) when the batch

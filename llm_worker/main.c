@@ -59,6 +59,8 @@ typedef struct emitted {
     engine_logprobs lp;
     char *error;                /* finish ERROR: why (owned) */
     bool grammar_closed;        /* engine_output's */
+    float *pooled;              /* a pooling request's answer (owned) */
+    uint32_t n_pooled;
     vlmd_status status;         /* finish ERROR: what kind */
 } emitted;
 
@@ -146,6 +148,13 @@ static void emit(const engine_output *eo, void *ud)
                            .cached_tokens = eo->cached_tokens,
                            .error = eo->error ? vlmd_xstrdup(eo->error) : NULL,
                            .status = eo->status};
+            if (eo->n_pooled) {
+                o->pooled = malloc((size_t)eo->n_pooled * sizeof *o->pooled);
+                if (!o->pooled)
+                    VLMD_FATAL("out of memory queueing an answer");
+                memcpy(o->pooled, eo->pooled, (size_t)eo->n_pooled * sizeof *o->pooled);
+                o->n_pooled = (uint32_t)eo->n_pooled;
+            }
             break;
         }
         *o = (emitted){eo->req_id, eo->tokens[i], true, i + 1 == n ? eo->finish : VLMD_FINISH_NONE,
@@ -301,7 +310,7 @@ static void on_step_done(uv_work_t *req, int status)
         VLMD_FATAL("engine step failed: %s", w->step_err.msg); /* an invariant, not a request's */
     if (w->stopping) { /* the peer is gone: nothing more leaves */
         for (size_t i = 0; i < w->n_out; i++)
-            free(w->out[i].error);
+            free(w->out[i].error), free(w->out[i].pooled);
         w->n_out = 0;
         return;
     }
@@ -313,6 +322,7 @@ static void on_step_done(uv_work_t *req, int status)
             .finish = o->finish, .message = o->error ? o->error : "",
             .prompt_tokens = o->prompt_tokens, .completion_tokens = o->completion_tokens,
             .cached_tokens = o->cached_tokens, .grammar_closed = o->grammar_closed,
+            .pooled = o->pooled, .n_pooled = o->n_pooled,
             .status = o->finish == VLMD_FINISH_ERROR ? o->status : VLMD_OK};
         if (o->has_logprobs) {
             vlmd_msg_token_chunk *c = &m.u.token_chunk;
@@ -326,6 +336,7 @@ static void on_step_done(uv_work_t *req, int status)
         }
         vlmd_peer_send(w->svc.peer, &m);
         free(o->error);
+        free(o->pooled);
     }
     w->n_out = 0;
     if (w->orphaned)

@@ -36,6 +36,8 @@
  *   engine                   token_chunk                 0
  *   cached_tokens            token_chunk                 0
  *   grammar_closed           token_chunk                 0
+ *   pooling, pool_ids        request_submit              NONE, none (NULL, 0)
+ *   pooled                   token_chunk                 none (NULL, 0)
  *   arena_offset, token_count image_job                  0
  *
  * sampling.seed stays required: has_seed travels beside it since version 1,
@@ -290,6 +292,8 @@ static const field_desc request_submit_fields[] = {
                 VLMD_PROTO_MAX_LOGIT_BIAS),
     U32_MAX(vlmd_msg_request_submit, min_tokens, UINT32_MAX, true),
     OPT_SUB(vlmd_msg_request_submit, grammar, grammar_desc),
+    U32_MAX(vlmd_msg_request_submit, pooling, VLMD_POOL_COUNT - 1, true),
+    OPT_ARR(vlmd_msg_request_submit, pool_ids, n_pool_ids, F_U32_ARRAY, VLMD_PROTO_MAX_POOL_IDS),
 };
 static const field_desc request_cancel_fields[] = {
     FLD(vlmd_msg_request_cancel, req_id, F_U64),
@@ -313,6 +317,7 @@ static const field_desc token_chunk_fields[] = {
     U32_MAX(vlmd_msg_token_chunk, max_tokens_capped, UINT32_MAX, true),
     U32_MAX(vlmd_msg_token_chunk, engine, 15, true),
     U32_MAX(vlmd_msg_token_chunk, grammar_closed, 1, true),
+    OPT_ARR(vlmd_msg_token_chunk, pooled, n_pooled, F_F32_ARRAY, VLMD_PROTO_MAX_POOLED),
 };
 static const field_desc image_job_fields[] = {
     FLD(vlmd_msg_image_job, req_id, F_U64),

@@ -32,6 +32,8 @@
 /* Limits a decoder enforces (a message over them is rejected whole). */
 #define VLMD_PROTO_MAX_MSG_BYTES (96u << 20)     /* one frame */
 #define VLMD_PROTO_MAX_TOKENS (1u << 20)         /* token ids in one message */
+#define VLMD_PROTO_MAX_POOL_IDS 16               /* token ids whose logits a scoring request takes */
+#define VLMD_PROTO_MAX_POOLED (1u << 16)         /* floats a pooling request's answer carries */
 #define VLMD_PROTO_MAX_IMAGES 64                 /* image refs in one request */
 #define VLMD_PROTO_MAX_IMAGE_BYTES (64u << 20)   /* one encoded image */
 #define VLMD_PROTO_MAX_STR 4096                  /* any string field */
@@ -261,6 +263,17 @@ typedef struct vlmd_request_grammar {
     int64_t trigger_after;          /* -1: none; else a token id */
 } vlmd_request_grammar;
 
+/* What a request asks of its prompt: tokens, or one pass over it (prefill
+ * only, no sampling, its KV given back): the final norm's output at its last
+ * position (an embedding model's last-token pooling), or the logits there of
+ * a few ids (a reranker's yes / no). */
+typedef enum vlmd_pooling {
+    VLMD_POOL_NONE = 0,
+    VLMD_POOL_LAST_HIDDEN,
+    VLMD_POOL_LOGITS,
+    VLMD_POOL_COUNT
+} vlmd_pooling;
+
 typedef struct vlmd_msg_request_submit {
     uint64_t req_id;
     uint32_t *tokens;               /* prompt token ids */
@@ -279,6 +292,10 @@ typedef struct vlmd_msg_request_submit {
     uint32_t n_logit_bias;
     uint32_t min_tokens;            /* EOS and stop tokens are banned before this many (optional) */
     vlmd_request_grammar grammar;   /* constrained decoding (optional: kind NONE) */
+    uint32_t pooling;               /* vlmd_pooling: NONE generates (optional) */
+    uint32_t *pool_ids;             /* POOL_LOGITS: the token ids whose last-position logits
+                                     * are the answer (a reranker's no, yes) (optional) */
+    uint32_t n_pool_ids;
 } vlmd_msg_request_submit;
 
 typedef struct vlmd_msg_request_cancel {
@@ -306,6 +323,8 @@ typedef struct vlmd_msg_token_chunk {
     uint32_t engine;                /* router -> frontend: the engine that answered (--data-parallel-rank) */
     uint32_t grammar_closed;        /* 1: the finish came after max_tokens' nearness steered the
                                      * output to its grammar's shortest completion */
+    float *pooled;                  /* a pooling request's answer (its finish chunk) */
+    uint32_t n_pooled;
 } vlmd_msg_token_chunk;
 
 typedef struct vlmd_msg_image_job {

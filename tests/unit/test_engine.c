@@ -1164,3 +1164,172 @@ Test(engine, moe_preempted_and_batched_logprobs_are_bit_equal_to_alone_bf16)
     bit_equal_on("qwen3_moe", "model.bf16.safetensors");
 }
 #endif
+
+/* ---- pooling requests: embeddings and a reranker's scores ------------------------ */
+
+#define MAX_POOLED 256
+typedef struct pooled_outputs {
+    float v[32][MAX_POOLED];
+    int n[32];
+    vlmd_finish_reason finish[32];
+    uint32_t prompt_tokens[32];
+    int emits;
+} pooled_outputs;
+
+static void on_pooled(const engine_output *eo, void *ud)
+{
+    pooled_outputs *o = ud;
+    cr_assert_lt(eo->req_id, 32);
+    cr_assert_eq(eo->n_tokens, 0, "a pooling request makes no token");
+    cr_assert_leq(eo->n_pooled, MAX_POOLED);
+    memcpy(o->v[eo->req_id], eo->pooled, (size_t)eo->n_pooled * sizeof(float));
+    o->n[eo->req_id] = eo->n_pooled;
+    o->finish[eo->req_id] = eo->finish;
+    o->prompt_tokens[eo->req_id] = eo->prompt_tokens;
+    o->emits++;
+}
+
+static engine *pooling_engine(fixture *f, pooled_outputs *o, int32_t max_running)
+{
+    engine_config cfg = {.kv_slots = 1024, .max_batch_tokens = 256, .max_running = max_running,
+                         .eos_id = -1, .max_model_len = 1024, .image_token_id = -1};
+    engine *e = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(engine_create(f->m, &cfg, on_pooled, o, &e, &err), VLMD_OK, "%s", err.msg);
+    return e;
+}
+
+/* json ids -> a request's prompt */
+static uint32_t json_ids(json_t *ids, uint32_t *out, uint32_t max)
+{
+    uint32_t n = (uint32_t)json_array_size(ids);
+    cr_assert_leq(n, max);
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = (uint32_t)json_integer_value(json_array_get(ids, i));
+    return n;
+}
+
+/* Qwen3-Embedding (a bare Qwen3Model): each fixture input's final-norm output
+ * at its last token (the appended <|endoftext|>), within 1e-4 of the
+ * reference's last_hidden, each input alone and every input of every case at
+ * once (the engine batches them as any prefill); one pass, no token, the KV
+ * given back. */
+Test(engine, pooling_the_last_hidden_state_as_qwen3_embedding)
+{
+    fixture f;
+    open_named_on(&f, "cpu", "qwen3_embedding");
+    json_t *ref = test_reference_json("qwen3_embedding");
+    vlmd_safetensors *tensors = test_reference_tensors("qwen3_embedding");
+    const int H = (int)lm_hidden_size(f.m);
+    cr_assert_leq(H, MAX_POOLED);
+    static pooled_outputs alone, together;
+    memset(&alone, 0, sizeof alone);
+    memset(&together, 0, sizeof together);
+    uint32_t prompts[32][256], lens[32];
+    char names[32][64];
+    uint32_t n_req = 0;
+    size_t ci, k;
+    json_t *c, *in;
+    json_array_foreach(json_object_get(ref, "cases"), ci, c)
+        json_array_foreach(json_object_get(c, "inputs"), k, in)
+        {
+            json_t *ids = json_object_get(in, "input_ids");
+            if (!ids)
+                ids = json_object_get(in, "token_ids");
+            cr_assert_lt(n_req, 32);
+            lens[n_req] = json_ids(ids, prompts[n_req], 256);
+            snprintf(names[n_req], sizeof names[n_req], "case%zu.input%zu.last_hidden", ci, k);
+            n_req++;
+        }
+    vlmd_error err = {0};
+    engine *e = pooling_engine(&f, &alone, 8);
+    for (uint32_t i = 0; i < n_req; i++) {
+        vlmd_msg_request_submit r = {.req_id = i, .tokens = prompts[i], .n_tokens = lens[i],
+                                     .max_tokens = 1, .pooling = VLMD_POOL_LAST_HIDDEN};
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+        run_until_idle(e, 50);
+    }
+    engine_free(e);
+    e = pooling_engine(&f, &together, 16);
+    for (uint32_t i = 0; i < n_req; i++) {
+        vlmd_msg_request_submit r = {.req_id = i, .tokens = prompts[i], .n_tokens = lens[i],
+                                     .max_tokens = 1, .pooling = VLMD_POOL_LAST_HIDDEN};
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    }
+    run_until_idle(e, 50);
+    cr_expect_eq(engine_kv_in_use(e), 0, "nothing kept");
+    cr_expect_eq(engine_active(e), 0);
+    engine_free(e);
+    for (uint32_t i = 0; i < n_req; i++) {
+        const vlmd_tensor_view *t = vlmd_safetensors_find(tensors, names[i]);
+        cr_assert_not_null(t, "%s", names[i]);
+        for (int way = 0; way < 2; way++) {
+            const pooled_outputs *o = way ? &together : &alone;
+            cr_expect_eq(o->finish[i], VLMD_FINISH_STOP);
+            cr_expect_eq(o->prompt_tokens[i], lens[i]);
+            cr_assert_eq(o->n[i], H, "%s", names[i]);
+            double rel = test_rel_error(o->v[i], t->data, (size_t)H);
+            cr_expect_lt(rel, 1e-4, "%s %s: %.3g", names[i], way ? "batched" : "alone", rel);
+        }
+    }
+    vlmd_safetensors_close(tensors);
+    json_decref(ref);
+    close_model(&f);
+}
+
+/* Qwen3-Reranker: each fixture pair's logits of "no" and "yes" at the last
+ * position within 1e-4, its score sigmoid(yes - no) within 1e-5; a pooling
+ * request with a grammar, without its ids, or with an id outside the
+ * vocabulary is refused. */
+Test(engine, pooling_a_rerankers_yes_and_no_logits)
+{
+    fixture f;
+    open_named_on(&f, "cpu", "qwen3_reranker");
+    json_t *ref = test_reference_json("qwen3_reranker");
+    uint32_t ids[2] = {(uint32_t)json_integer_value(json_object_get(ref, "no_id")),
+                       (uint32_t)json_integer_value(json_object_get(ref, "yes_id"))};
+    static pooled_outputs o;
+    memset(&o, 0, sizeof o);
+    static uint32_t prompts[32][512];
+    json_t *pairs = json_object_get(ref, "pairs"), *p;
+    size_t j;
+    engine *e = pooling_engine(&f, &o, 16);
+    vlmd_error err = {0};
+    json_array_foreach(pairs, j, p)
+    {
+        cr_assert_lt(j, 32);
+        uint32_t n = json_ids(json_object_get(p, "input_ids"), prompts[j], 512);
+        vlmd_msg_request_submit r = {.req_id = j, .tokens = prompts[j], .n_tokens = n,
+                                     .max_tokens = 1, .pooling = VLMD_POOL_LOGITS,
+                                     .pool_ids = ids, .n_pool_ids = 2};
+        cr_assert_eq(engine_submit(e, &r, &err), VLMD_OK, "%s", err.msg);
+    }
+    run_until_idle(e, 50);
+    json_array_foreach(pairs, j, p)
+    {
+        cr_assert_eq(o.n[j], 2);
+        double no = json_real_value(json_object_get(p, "logit_no"));
+        double yes = json_real_value(json_object_get(p, "logit_yes"));
+        cr_expect(fabs(o.v[j][0] - no) < 1e-4 && fabs(o.v[j][1] - yes) < 1e-4,
+                  "pair %zu: %g %g, want %g %g", j, o.v[j][0], o.v[j][1], no, yes);
+        double score = 1 / (1 + exp(-((double)o.v[j][1] - o.v[j][0])));
+        cr_expect(fabs(score - json_real_value(json_object_get(p, "score"))) < 1e-5,
+                  "pair %zu: score %g", j, score);
+    }
+    uint32_t far[1] = {(uint32_t)lm_vocab_size(f.m)};
+    vlmd_msg_request_submit bad[] = {
+        {.req_id = 40, .tokens = prompts[0], .n_tokens = 3, .max_tokens = 1,
+         .pooling = VLMD_POOL_LOGITS},
+        {.req_id = 41, .tokens = prompts[0], .n_tokens = 3, .max_tokens = 1,
+         .pooling = VLMD_POOL_LOGITS, .pool_ids = far, .n_pool_ids = 1},
+        {.req_id = 42, .tokens = prompts[0], .n_tokens = 3, .max_tokens = 1,
+         .pooling = VLMD_POOL_LAST_HIDDEN, .pool_ids = ids, .n_pool_ids = 2},
+        {.req_id = 43, .tokens = prompts[0], .n_tokens = 3, .max_tokens = 1,
+         .pooling = VLMD_POOL_LAST_HIDDEN, .grammar = {.kind = VLMD_GRAMMAR_JSON_OBJECT}},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+        cr_expect_eq(engine_submit(e, &bad[i], &err), VLMD_ERR_INVALID_ARG, "bad %zu", i);
+    engine_free(e);
+    json_decref(ref);
+    close_model(&f);
+}

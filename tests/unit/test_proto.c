@@ -100,7 +100,8 @@ static vlmd_msg sample(vlmd_msg_type t)
             .logprobs = true, .images = sample_images, .n_images = 3, .session = "user-42",
             .ignore_eos = true, .logit_bias = sample_bias, .n_logit_bias = 2, .min_tokens = 9,
             .grammar = {VLMD_GRAMMAR_TOOL_CALLS, sample_schema, (uint32_t)sizeof sample_schema,
-                        151657, -1}};
+                        151657, -1},
+            .pooling = VLMD_POOL_LOGITS, .pool_ids = sample_tokens, .n_pool_ids = 2};
         break;
     case VLMD_MSG_REQUEST_CANCEL:
         m.u.request_cancel = (vlmd_msg_request_cancel){8, VLMD_FINISH_CANCELLED};
@@ -112,7 +113,8 @@ static vlmd_msg sample(vlmd_msg_type t)
             .message = "the visual worker is down", .prompt_tokens = 10,
             .completion_tokens = 5, .cached_tokens = 2, .top_n = 2, .top_ids = sample_top_ids,
             .n_top_ids = 10, .top_logprobs = sample_top_lps, .n_top_logprobs = 10,
-            .error_image = 3, .max_tokens_capped = 256, .engine = 5, .grammar_closed = 1};
+            .error_image = 3, .max_tokens_capped = 256, .engine = 5, .grammar_closed = 1,
+            .pooled = sample_logprobs, .n_pooled = 5};
         break;
     case VLMD_MSG_IMAGE_JOB:
         m.u.image_job = (vlmd_msg_image_job){.req_id = 3, .image_index = 1, .data = sample_bytes,
@@ -252,7 +254,7 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
         const vlmd_msg_request_submit *a = &x->u.request_submit, *b = &y->u.request_submit;
         EQ(req_id); ARR(tokens, n_tokens); EQ(max_tokens); ARR(stop_tokens, n_stop_tokens);
         EQ(top_logprobs); EQ(logprobs); EQ(n_images); STR(session); EQ(ignore_eos);
-        EQ(n_logit_bias); EQ(min_tokens);
+        EQ(n_logit_bias); EQ(min_tokens); EQ(pooling); ARR(pool_ids, n_pool_ids);
         EQ(grammar.kind); EQ(grammar.n_text); EQ(grammar.trigger); EQ(grammar.trigger_after);
         if (a->grammar.n_text == b->grammar.n_text && a->grammar.n_text)
             cr_expect_arr_eq(a->grammar.text, b->grammar.text, a->grammar.n_text);
@@ -276,7 +278,7 @@ static void msg_eq(const vlmd_msg *x, const vlmd_msg *y)
         EQ(req_id); ARR(tokens, n_tokens); ARR(logprobs, n_logprobs); EQ(finish); EQ(status);
         STR(message); EQ(prompt_tokens); EQ(completion_tokens); EQ(cached_tokens); EQ(top_n);
         ARR(top_ids, n_top_ids); ARR(top_logprobs, n_top_logprobs); EQ(error_image);
-        EQ(max_tokens_capped); EQ(engine); EQ(grammar_closed);
+        EQ(max_tokens_capped); EQ(engine); EQ(grammar_closed); ARR(pooled, n_pooled);
         break;
     }
     case VLMD_MSG_IMAGE_JOB: {
@@ -1261,7 +1263,8 @@ static const field_ref optional_fields[] = {
     {VLMD_MSG_REQUEST_SUBMIT, "ignore_eos"}, {VLMD_MSG_TOKEN_CHUNK, "cached_tokens"},
     {VLMD_MSG_REQUEST_SUBMIT, "logit_bias"}, {VLMD_MSG_REQUEST_SUBMIT, "min_tokens"},
     {VLMD_MSG_REQUEST_SUBMIT, "grammar"},   {VLMD_MSG_TOKEN_CHUNK, "engine"},
-    {VLMD_MSG_TOKEN_CHUNK, "grammar_closed"},
+    {VLMD_MSG_TOKEN_CHUNK, "grammar_closed"}, {VLMD_MSG_TOKEN_CHUNK, "pooled"},
+    {VLMD_MSG_REQUEST_SUBMIT, "pooling"},     {VLMD_MSG_REQUEST_SUBMIT, "pool_ids"},
 };
 /* Optional too, but they travel together: dropping one alone is a shape mismatch. */
 static const field_ref coupled_fields[] = {
