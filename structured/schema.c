@@ -1571,7 +1571,7 @@ static sg_frag call_entry(sc *c, bool args_only)
     return f;
 }
 
-static sg_frag glm_calls_body(sc *c);
+static sg_frag pair_calls_body(sc *c);
 
 /* Rule 0 of a tool-call grammar: the first call from where the prompt (or
  * the model's <tool_call>) left it, then, when parallel, more calls. */
@@ -1579,8 +1579,8 @@ static sg_frag tool_calls_body(sc *c)
 {
     sg_build *b = c->b;
     const tool_calls *t = c->tools;
-    if (t->format == VLMD_TOOL_CALLS_GLM45)
-        return glm_calls_body(c);
+    if (t->format != VLMD_TOOL_CALLS_HERMES)
+        return pair_calls_body(c);
     sg_frag first;
     if (t->start == VLMD_TOOL_CALL_AT_ARGUMENTS)
         first = call_entry(c, true);
@@ -1595,18 +1595,55 @@ static sg_frag tool_calls_body(sc *c)
     return sg_cat(b, first, sg_star(b, next));
 }
 
-/* ---- glm45: NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n...</tool_call> ------------ */
+/* ---- pairs: glm45's and qwen3_coder's calls ----------------------------------------------- *
+ * Both write a function's arguments as one pair per property, its value's
+ * text between markers; they differ in the markers and in how a value is
+ * read back (a pair_style each). glm45 reads a "string"-typed value as its
+ * text and any other as JSON; qwen3_coder (vLLM's qwen3_coder parser) reads
+ * a value by its schema's "type" alone: "string" (or no type, or an
+ * undeclared property) its text, integer/number/boolean/object/array/null
+ * as JSON would be, a list of types as a Python literal, and "null" in any
+ * case as null wherever it stands. */
 
-#define GLM_NEXT "\n<tool_call>"      /* between two calls */
-#define GLM_KEY_END "</arg_key>"
-#define GLM_VALUE_END "</arg_value>"
+typedef struct pair_style {
+    const char *name;                   /* the format, in errors */
+    const char *name_end;               /* after the function's name */
+    const char *key_open, *key_close;   /* around a key (key_close: to its value) */
+    const char *value_close;            /* after a value */
+    const char *key_stop;               /* no key holds it */
+    const char *const *value_stops;     /* no value holds any (NULL-ended): they end it */
+    const char *call_end;               /* after the pairs */
+    const char *next;                   /* between two calls, to the next name */
+    const char *after_open;             /* after the model's own <tool_call>, to the name */
+    bool typed_by_type;                 /* qwen3_coder's reading (above) */
+} pair_style;
 
-/* The text f accepts that does not hold marker (f without calls). */
-static sg_frag without_marker(sc *c, sg_frag f, const char *marker)
+static const char *const glm_stops[] = {"</arg_value>", NULL};
+static const pair_style glm45_style = {
+    .name = "glm45", .name_end = "\n", .key_open = "<arg_key>",
+    .key_close = "</arg_key>\n<arg_value>", .value_close = "</arg_value>\n",
+    .key_stop = "</arg_key>", .value_stops = glm_stops, .call_end = "</tool_call>",
+    .next = "\n<tool_call>", .after_open = "", .typed_by_type = false,
+};
+/* the parser ends a value at any of these (and drops one newline at each end) */
+static const char *const qwen3_coder_stops[] = {"</parameter>", "<parameter=", "</function>",
+                                                "</tool_call>", NULL};
+static const pair_style qwen3_coder_style = {
+    .name = "qwen3_coder", .name_end = ">\n", .key_open = "<parameter=", .key_close = ">\n",
+    .value_close = "\n</parameter>\n", .key_stop = ">", .value_stops = qwen3_coder_stops,
+    .call_end = "</function>\n</tool_call>", .next = "\n<tool_call>\n<function=",
+    .after_open = "\n<function=", .typed_by_type = true,
+};
+
+/* The text f accepts that holds none of markers (f without calls). */
+static sg_frag without_markers(sc *c, sg_frag f, const char *const *markers)
 {
     sg_build *b = c->b;
     sg_frag any = sg_star(b, raw_char(c)), any2 = sg_star(b, raw_char(c));
-    return sg_minus(b, f, sg_cat(b, any, sg_cat(b, lit(c, marker), any2)));
+    sg_frag m = lit(c, markers[0]);
+    for (size_t i = 1; markers[i]; i++)
+        m = sg_alt(b, m, lit(c, markers[i]));
+    return sg_minus(b, f, sg_cat(b, any, sg_cat(b, m, any2)));
 }
 
 /* Some rule call in f (a recursive value: sg_minus cannot take it). */
@@ -1634,9 +1671,9 @@ static bool any_schema(const json_t *s)
     return true;
 }
 
-/* A "string"-typed property's value: the string's text as it is, its enum,
- * const, lengths, pattern and format held over it. */
-static sg_frag raw_string(sc *c, const json_t *s)
+/* A string's text as it is, its enum, const, lengths, pattern and format
+ * held over it (qwen3_coder: never "null" in any case, which reads as null). */
+static sg_frag raw_string(sc *c, const json_t *s, const pair_style *ps)
 {
     sg_build *b = c->b;
     static const char *const composed[] = {"anyOf", "oneOf", "allOf", "$ref", NULL};
@@ -1650,59 +1687,121 @@ static sg_frag raw_string(sc *c, const json_t *s)
         }
         if (in_list(composed, k)) {
             fail_kw(c, k, VLMD_ERR_INVALID_ARG, "beside \"type\": \"string\" is not supported "
-                    "in a glm45 call (the value is the string's text)");
+                    "in a %s call (the value is the string's text)", ps->name);
             return sg_nothing(b);
         }
     }
     const json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
-    if (!en && !cn)
-        return string_text(c, s, true);
     sg_frag f = sg_nothing(b);
     bool have = false;
+    if (!en && !cn) {
+        f = string_text(c, s, true);
+        have = true;
+    }
     size_t i;
     json_array_foreach(en, i, v)
         if (json_is_string(v) && (!cn || json_equal(v, cn)))
             f = alt_or(c, f, &have, sg_literal(b, json_string_value(v), json_string_length(v)));
     if (!en && json_is_string(cn))
         f = alt_or(c, f, &have, sg_literal(b, json_string_value(cn), json_string_length(cn)));
-    if (!have)
+    if (!have) {
         fail_kw(c, en ? "enum" : "const", VLMD_ERR_INVALID_ARG, "allows no string");
+        return f;
+    }
+    if (ps->typed_by_type && !b->failed) {
+        static const char upper[] = "NULL", lower[] = "null";
+        sg_frag null = sg_empty(b);
+        for (int j = 0; j < 4; j++)
+            null = sg_cat(b, null, sg_alt(b, sg_literal(b, &upper[j], 1),
+                                          sg_literal(b, &lower[j], 1)));
+        f = sg_minus(b, f, null);
+    }
     return f;
 }
 
-/* A property's value: a "string"-typed one's text (vLLM keeps it a
- * string), any text for a schema that holds nothing (vLLM reads it as JSON,
- * a literal or text), else its JSON; none holds </arg_value>. */
-static sg_frag glm_value(sc *c, const json_t *s)
+/* qwen3_coder: a value of a type list, read as a Python literal: JSON's
+ * strings, numbers and null read the same; booleans, objects and arrays
+ * would not (true, {"a": true}). */
+static bool literal_types_ok(sc *c, const json_t *types)
+{
+    size_t i;
+    const json_t *t;
+    json_array_foreach(types, i, t)
+    {
+        const char *n = json_string_value(t);
+        if (n && strcmp(n, "string") && strcmp(n, "integer") && strcmp(n, "number") &&
+            strcmp(n, "null")) {
+            fail_kw(c, "type", VLMD_ERR_INVALID_ARG, "a list of types with \"%s\" is not "
+                    "supported in qwen3_coder calls (vLLM reads such a value as a Python "
+                    "literal): give one type", n);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A property's value (declared: its schema; else an undeclared one's, whose
+ * value qwen3_coder reads as text); none holds a stop marker. */
+static sg_frag pair_value(sc *c, const pair_style *ps, const json_t *s, bool declared)
 {
     sg_build *b = c->b;
     const json_t *t = json_object_get(s, "type");
+    bool is_string = json_is_string(t) && !strcmp(json_string_value(t), "string");
     sg_frag f;
-    if (json_is_string(t) && !strcmp(json_string_value(t), "string"))
-        f = raw_string(c, s);
-    else if (any_schema(s))
-        f = sg_star(b, raw_char(c));
-    else
+    if (any_schema(s)) {
+        f = sg_star(b, raw_char(c)); /* any text reads as a value */
+    } else if (is_string) {
+        f = raw_string(c, s, ps);
+    } else if (!ps->typed_by_type) {
         f = schema(c, s);
+    } else if (!declared) {
+        fail_kw(c, "type", VLMD_ERR_INVALID_ARG, "must be \"string\" (or absent) for the "
+                "values of undeclared properties in qwen3_coder calls (vLLM reads them as text)");
+        return sg_nothing(b);
+    } else if (!t) { /* read as text: only a string enum or const holds over it */
+        const json_t *en = json_object_get(s, "enum"), *cn = json_object_get(s, "const");
+        bool strings = en || cn;
+        size_t i;
+        const json_t *v;
+        json_array_foreach(en, i, v)
+            strings = strings && json_is_string(v);
+        strings = strings && (!cn || json_is_string(cn));
+        const char *k;
+        json_object_foreach((json_t *)s, k, v)
+            strings = strings && (!in_list(constraint_keywords, k) || !strcmp(k, "enum") ||
+                                  !strcmp(k, "const"));
+        if (!strings) {
+            fail_kw(c, "type", VLMD_ERR_INVALID_ARG, "is needed in qwen3_coder calls (vLLM "
+                    "reads a value without one as text; an enum or const of strings may go "
+                    "without)");
+            return sg_nothing(b);
+        }
+        f = raw_string(c, s, ps);
+    } else if (json_is_array(t) && !literal_types_ok(c, t)) {
+        return sg_nothing(b);
+    } else {
+        f = schema(c, s);
+    }
     if (b->failed || frag_calls(b, f))
         return f;
-    return without_marker(c, f, GLM_VALUE_END);
+    return without_markers(c, f, ps->value_stops);
 }
 
-/* <arg_key>KEY</arg_key>\n<arg_value>VALUE</arg_value>\n */
-static sg_frag glm_pair(sc *c, sg_frag key, sg_frag value)
+/* KEY_OPEN KEY KEY_CLOSE VALUE VALUE_CLOSE */
+static sg_frag pair(sc *c, const pair_style *ps, sg_frag key, sg_frag value)
 {
     sg_build *b = c->b;
-    sg_frag f = sg_cat(b, lit(c, "<arg_key>"), key);
-    f = sg_cat(b, f, lit(c, GLM_KEY_END "\n<arg_value>"));
-    return sg_cat(b, sg_cat(b, f, value), lit(c, GLM_VALUE_END "\n"));
+    sg_frag f = sg_cat(b, lit(c, ps->key_open), key);
+    f = sg_cat(b, f, lit(c, ps->key_close));
+    return sg_cat(b, sg_cat(b, f, value), lit(c, ps->value_close));
 }
 
-/* A key no declared property has (nor the key's end marker). */
-static sg_frag glm_extra_key(sc *c, const prop *p, size_t n)
+/* A key no declared property has (nor the key's stop). */
+static sg_frag pair_extra_key(sc *c, const pair_style *ps, const prop *p, size_t n)
 {
     sg_build *b = c->b;
-    sg_frag key = without_marker(c, sg_cat(b, raw_char(c), sg_star(b, raw_char(c))), GLM_KEY_END);
+    const char *const stop[] = {ps->key_stop, NULL};
+    sg_frag key = without_markers(c, sg_cat(b, raw_char(c), sg_star(b, raw_char(c))), stop);
     if (!n)
         return key;
     sg_frag names = lit(c, p[0].name);
@@ -1714,13 +1813,14 @@ static sg_frag glm_extra_key(sc *c, const prop *p, size_t n)
 /* A function's pairs: its parameters' properties in order (required ones
  * always, optional ones or not), then others where allowed; any pairs when
  * it has no parameters. */
-static sg_frag glm_arguments(sc *c, const json_t *params)
+static sg_frag pair_arguments(sc *c, const pair_style *ps, const json_t *params)
 {
     sg_build *b = c->b;
     if (json_is_false(params))
         return sg_nothing(b);
     if (!params || json_is_true(params))
-        return sg_star(b, glm_pair(c, glm_extra_key(c, NULL, 0), glm_value(c, NULL)));
+        return sg_star(b, pair(c, ps, pair_extra_key(c, ps, NULL, 0),
+                               pair_value(c, ps, NULL, false)));
     if (!json_is_object(params)) {
         sg_fail(b, VLMD_ERR_INVALID_ARG, "a schema must be an object or a boolean");
         return sg_nothing(b);
@@ -1733,13 +1833,14 @@ static sg_frag glm_arguments(sc *c, const json_t *params)
     {
         if ((in_list(constraint_keywords, k) || in_list(refused_keywords, k)) && !in_list(own, k)) {
             fail_kw(c, k, VLMD_ERR_INVALID_ARG, "at the top of a function's parameters is not "
-                    "supported in glm45 calls (they write an object's properties as pairs)");
+                    "supported in %s calls (they write an object's properties as pairs)",
+                    ps->name);
             return sg_nothing(b);
         }
     }
     const json_t *t = json_object_get(params, "type");
     if (t && !(type_bits(t) > 0 && (type_bits(t) & T_OBJECT))) {
-        fail_kw(c, "type", VLMD_ERR_INVALID_ARG, "must be \"object\" for glm45 calls");
+        fail_kw(c, "type", VLMD_ERR_INVALID_ARG, "must be \"object\" for %s calls", ps->name);
         return sg_nothing(b);
     }
     const json_t *props = json_object_get(params, "properties");
@@ -1784,23 +1885,23 @@ static sg_frag glm_arguments(sc *c, const json_t *params)
     for (size_t j = 0; j < n && !b->failed; j++) {
         size_t old = path_push(b, "properties");
         path_push(b, p[j].name);
-        sg_frag value = glm_value(c, p[j].schema);
+        sg_frag value = pair_value(c, ps, p[j].schema, true);
         path_pop(b, old);
-        sg_frag pair = glm_pair(c, lit(c, p[j].name), value);
-        f = sg_cat(b, f, p[j].required ? pair : sg_opt(b, pair));
+        sg_frag one = pair(c, ps, lit(c, p[j].name), value);
+        f = sg_cat(b, f, p[j].required ? one : sg_opt(b, one));
     }
     if (extra && !b->failed) {
         size_t old = path_push(b, "additionalProperties");
-        sg_frag value = glm_value(c, extra_schema);
+        sg_frag value = pair_value(c, ps, extra_schema, false);
         path_pop(b, old);
-        f = sg_cat(b, f, sg_star(b, glm_pair(c, glm_extra_key(c, p, n), value)));
+        f = sg_cat(b, f, sg_star(b, pair(c, ps, pair_extra_key(c, ps, p, n), value)));
     }
     free(p);
     return f;
 }
 
 /* Function i's pairs, its $refs resolving in its parameters. */
-static sg_frag glm_call_arguments(sc *c, size_t i)
+static sg_frag pair_call_arguments(sc *c, const pair_style *ps, size_t i)
 {
     const json_t *params = c->tools->fns[i].parameters, *saved = c->root;
     c->fn = (int)i;
@@ -1810,7 +1911,7 @@ static sg_frag glm_call_arguments(sc *c, size_t i)
     c->n_active = 0;
     if (params)
         c->active[c->n_active++] = params;
-    sg_frag f = glm_arguments(c, params);
+    sg_frag f = pair_arguments(c, ps, params);
     c->n_active = 0;
     c->root = saved;
     if (c->b->failed && c->failed_fn < 0)
@@ -1819,31 +1920,36 @@ static sg_frag glm_call_arguments(sc *c, size_t i)
     return f;
 }
 
-/* One call from its name on (args_only: function 0's, its name written). */
-static sg_frag glm_call(sc *c, bool args_only)
+/* One call from its name on (args_only: function 0's, its head written). */
+static sg_frag pair_call(sc *c, const pair_style *ps, bool args_only)
 {
     sg_build *b = c->b;
     sg_frag f = sg_nothing(b);
     for (size_t i = 0; i < (args_only ? 1 : c->tools->n) && !b->failed; i++) {
         const vlmd_tool_function *fn = &c->tools->fns[i];
-        sg_frag one = sg_cat(b, glm_call_arguments(c, i), lit(c, "</tool_call>"));
+        sg_frag one = sg_cat(b, pair_call_arguments(c, ps, i), lit(c, ps->call_end));
         if (!args_only)
-            one = sg_cat(b, sg_cat(b, sg_literal(b, fn->name, fn->name_len), lit(c, "\n")), one);
+            one = sg_cat(b, sg_cat(b, sg_literal(b, fn->name, fn->name_len),
+                                   lit(c, ps->name_end)), one);
         f = i ? sg_alt(b, f, one) : one;
     }
     return f;
 }
 
-/* The first call (its name next, unless a named call's head was written),
- * then, when parallel, "\n<tool_call>" and more. */
-static sg_frag glm_calls_body(sc *c)
+/* The first call (its name next, unless a named call's head was written;
+ * after the model's own <tool_call>, what leads to the name first), then,
+ * when parallel, the next call's start and more. */
+static sg_frag pair_calls_body(sc *c)
 {
     sg_build *b = c->b;
     const tool_calls *t = c->tools;
-    sg_frag first = glm_call(c, t->start == VLMD_TOOL_CALL_AT_ARGUMENTS);
+    const pair_style *ps = t->format == VLMD_TOOL_CALLS_GLM45 ? &glm45_style : &qwen3_coder_style;
+    sg_frag first = pair_call(c, ps, t->start == VLMD_TOOL_CALL_AT_ARGUMENTS);
+    if (t->start == VLMD_TOOL_CALL_AFTER_OPEN && *ps->after_open)
+        first = sg_cat(b, lit(c, ps->after_open), first);
     if (!t->parallel || b->failed)
         return first;
-    return sg_cat(b, first, sg_star(b, sg_cat(b, lit(c, GLM_NEXT), glm_call(c, false))));
+    return sg_cat(b, first, sg_star(b, sg_cat(b, lit(c, ps->next), pair_call(c, ps, false))));
 }
 
 /* ---- entry points ----------------------------------------------------------------------------- */
@@ -1997,7 +2103,7 @@ vlmd_status vlmd_grammar_compile_tool_calls(vlmd_tool_call_format format,
                                             vlmd_error *err)
 {
     *out = NULL;
-    if ((unsigned)format > VLMD_TOOL_CALLS_GLM45)
+    if ((unsigned)format > VLMD_TOOL_CALLS_QWEN3_CODER)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "format: %d is not a format", (int)format);
     if (n == 0 || n > VLMD_GRAMMAR_MAX_FUNCTIONS)
         return vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "functions: %zu; 1 to %d", n,
@@ -2015,7 +2121,7 @@ vlmd_status vlmd_grammar_compile_tool_calls(vlmd_tool_call_format format,
 /* The spec's start and format names, in vlmd_tool_call_start and
  * vlmd_tool_call_format order. */
 static const char *const call_starts[] = {"name", "arguments", "open"};
-static const char *const call_formats[] = {"hermes", "glm45"};
+static const char *const call_formats[] = {"hermes", "glm45", "qwen3_coder"};
 
 vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
                                                  const vlmd_grammar_options *opt,
@@ -2037,7 +2143,7 @@ vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
     for (int i = 0; i < 3 && json_is_string(start); i++)
         if (!strcmp(json_string_value(start), call_starts[i]))
             st_i = i;
-    for (int i = 0; i < 2 && json_is_string(format); i++)
+    for (int i = 0; i < 3 && json_is_string(format); i++)
         if (!strcmp(json_string_value(format), call_formats[i]))
             fmt_i = i;
     size_t n = json_array_size(fl);
@@ -2046,7 +2152,7 @@ vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,
     vlmd_status st = VLMD_OK;
     if (st_i < 0 || fmt_i < 0 || !json_is_boolean(parallel) || !json_is_array(fl))
         st = vlmd_errorf(err, VLMD_ERR_INVALID_ARG, "tool calls: the spec must be {\"format\": "
-                         "\"hermes\"|\"glm45\" (optional), \"start\": "
+                         "\"hermes\"|\"glm45\"|\"qwen3_coder\" (optional), \"start\": "
                          "\"name\"|\"arguments\"|\"open\", \"parallel\": bool, \"functions\": "
                          "[{\"name\", \"parameters\"}]}");
     else if (!fns)

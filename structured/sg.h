@@ -98,7 +98,7 @@ void sg_cpset_free(sg_cpset *s);
 /* How characters are written: as they are (a regex over the whole output),
  * or inside a JSON string (quote, backslash and controls escaped). A regex
  * also takes SG_TEXT_RAW_SEARCH: characters as they are, matched as a JSON
- * Schema pattern (a glm45 call's string value is the string's text). */
+ * Schema pattern (a glm45 or qwen3_coder call's string value is its text). */
 enum { SG_TEXT_RAW, SG_TEXT_JSON, SG_TEXT_RAW_SEARCH };
 
 /* One character of the set, each written in one way (SG_TEXT_JSON: the

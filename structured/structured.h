@@ -105,7 +105,7 @@ vlmd_status vlmd_grammar_compile_choice(const char *const *choices, const size_t
 vlmd_status vlmd_grammar_compile_regex(const char *pattern, size_t len, vlmd_grammar **out,
                                        vlmd_error *err);
 
-/* Tool calls in one of two formats (frontend/tools.h names them):
+/* Tool calls in one of three formats (frontend/tools.h names them):
  *   HERMES  Qwen's template: each call is
  *               {"name": "NAME", "arguments": ARGS}\n</tool_call>
  *           with ARGS a JSON value of that function's parameters schema (any
@@ -124,17 +124,34 @@ vlmd_status vlmd_grammar_compile_regex(const char *pattern, size_t len, vlmd_gra
  *           "\n<tool_call>NAME..."; a function without parameters takes any
  *           pairs. Only an object schema's keywords are read at the top of a
  *           function's parameters (type, properties, required,
- *           additionalProperties, and annotations); others are refused there.
+ *           additionalProperties, and annotations); others are refused there;
+ *   QWEN3_CODER  Qwen3.5's template: each call is
+ *               NAME>\n<parameter=K>\nV\n</parameter>\n ... </function>\n</tool_call>
+ *           the pairs as GLM45's, V as vLLM's qwen3_coder parser reads it
+ *           back (by the property's "type" alone): "type": "string" the
+ *           value's text (its enum, const, pattern, format and lengths held
+ *           over it; never "null" in any case, which reads as null), a
+ *           schema that holds nothing any text, another single type the
+ *           value's JSON, a list of types of string, integer, number and
+ *           null the JSON (read as a Python literal: booleans, objects and
+ *           arrays are refused there), no type but an enum or const of
+ *           strings the text (other untyped schemas are refused: vLLM reads
+ *           them as text); additional properties' values are text (an
+ *           additionalProperties schema other than a string's is refused);
+ *           no V holds </parameter>, <parameter=, </function> or
+ *           </tool_call>; parallel calls follow as "\n<tool_call>\n<function=NAME>...".
  * Then the output ends. It starts where the prompt or the model left it
  * (start):
  *   AT_NAME       after the call's open marker (hermes: `<tool_call>\n{"name": "`;
- *                 glm45: `<tool_call>`): the prompt forced a call;
+ *                 glm45: `<tool_call>`; qwen3_coder: `<tool_call>\n<function=`):
+ *                 the prompt forced a call;
  *   AT_ARGUMENTS  after the named function's head (hermes: `<tool_call>\n{"name":
- *                 "NAME", "arguments": `; glm45: `<tool_call>NAME\n`), NAME
+ *                 "NAME", "arguments": `; glm45: `<tool_call>NAME\n`;
+ *                 qwen3_coder: `<tool_call>\n<function=NAME>\n`), NAME
  *                 fns[0]'s (a named function forced; later parallel calls
  *                 may be any function);
  *   AFTER_OPEN    after the `<tool_call>` the model wrote itself (hermes:
- *                 "\n{..."; glm45: as AT_NAME)
+ *                 "\n{..."; glm45: as AT_NAME; qwen3_coder: "\n<function=...")
  * The strings match frontend/tools.c's prompt and the templates' calls
  * byte for byte. 1 to VLMD_GRAMMAR_MAX_FUNCTIONS functions, names of 1 to
  * VLMD_GRAMMAR_MAX_FUNCTION_NAME bytes (JSON-escaped where needed). A
@@ -144,6 +161,7 @@ vlmd_status vlmd_grammar_compile_regex(const char *pattern, size_t len, vlmd_gra
 typedef enum vlmd_tool_call_format {
     VLMD_TOOL_CALLS_HERMES,
     VLMD_TOOL_CALLS_GLM45,
+    VLMD_TOOL_CALLS_QWEN3_CODER,
 } vlmd_tool_call_format;
 typedef enum vlmd_tool_call_start {
     VLMD_TOOL_CALL_AT_NAME,
@@ -162,7 +180,7 @@ vlmd_status vlmd_grammar_compile_tool_calls(vlmd_tool_call_format format,
                                             vlmd_error *err);
 /* The same from its spec as REQUEST_SUBMIT carries it (at most
  * VLMD_GRAMMAR_MAX_SCHEMA_BYTES of JSON):
- *   {"format": "hermes" | "glm45" (absent: hermes),
+ *   {"format": "hermes" | "glm45" | "qwen3_coder" (absent: hermes),
  *    "start": "name" | "arguments" | "open", "parallel": true | false,
  *    "functions": [{"name": "...", "parameters": SCHEMA or null}, ...]} */
 vlmd_status vlmd_grammar_compile_tool_calls_spec(const char *text, size_t len,

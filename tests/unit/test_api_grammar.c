@@ -209,3 +209,59 @@ Test(api_grammar, glm_tool_calls_are_held_in_glms_format)
     }
     vlmd_tokenizer_free(glm);
 }
+
+/* Qwen3.5's calls: the spec names the qwen3_coder format, for a forced call
+ * (named: the function's head is the prompt's) and for strict tools, which
+ * wait for Qwen3.5's <tool_call> token (after its </think> when it thinks);
+ * a schema its reading cannot hold is a 400 on "tools". */
+Test(api_grammar, qwen3_5_tool_calls_are_held_in_the_qwen3_coder_format)
+{
+    vlmd_tokenizer *qwen = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(test_fixture("qwen3_5/tokenizer.json"), &qwen, NULL),
+                 VLMD_OK);
+    static const char *const bodies[] = {
+        "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a\", \"parameters\": "
+        "{\"type\": \"object\", \"properties\": {\"x\": {\"type\": \"integer\"}}}}}], "
+        "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": \"a\"}}}",
+        "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a\", \"strict\": "
+        "true}}]}",
+    };
+    for (int i = 0; i < 2; i++) {
+        json_t *b = json_loads(bodies[i], 0, NULL);
+        api_grammar g;
+        api_error e;
+        cr_assert(api_grammar_parse(b, true, NULL, false, "response_format", qwen,
+                                    &tool_format_qwen3_coder, i == 1, &g, &e), "%s", e.message);
+        cr_expect_eq(g.kind, VLMD_GRAMMAR_TOOL_CALLS);
+        cr_expect(strstr(g.text, "\"format\":\"qwen3_coder\""), "%s", g.text);
+        vlmd_grammar *compiled = NULL;
+        cr_expect_eq(vlmd_grammar_compile_text("tool_calls", g.text, g.n_text, &compiled, NULL),
+                     VLMD_OK);
+        if (i == 0) {
+            vlmd_grammar_state st;
+            vlmd_grammar_state_init(compiled, &st);
+            const char *args = "<parameter=x>\n12\n</parameter>\n</function>\n</tool_call>";
+            cr_expect(vlmd_grammar_accept_bytes(compiled, &st, (const uint8_t *)args,
+                                                strlen(args)));
+        }
+        vlmd_grammar_free(compiled);
+        if (i == 1) {
+            cr_expect_eq(g.trigger, vlmd_tokenizer_find(qwen, "<tool_call>"));
+            cr_expect_eq(g.trigger_after, vlmd_tokenizer_find(qwen, "</think>"));
+        }
+        api_grammar_free(&g);
+        json_decref(b);
+    }
+    json_t *b = json_loads("{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"a\", "
+                           "\"parameters\": {\"type\": \"object\", \"properties\": {\"x\": "
+                           "{\"anyOf\": [{\"type\": \"integer\"}]}}}}}], \"tool_choice\": "
+                           "\"required\"}", 0, NULL);
+    api_grammar g;
+    api_error e;
+    cr_expect_not(api_grammar_parse(b, true, NULL, false, "response_format", qwen,
+                                    &tool_format_qwen3_coder, false, &g, &e));
+    cr_expect_eq(e.status, 400);
+    cr_expect_str_eq(e.param, "tools");
+    json_decref(b);
+    vlmd_tokenizer_free(qwen);
+}

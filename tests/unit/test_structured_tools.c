@@ -7,7 +7,12 @@
  * back as calls whose arguments validate (the independent validator).
  * glm45: GLM-4.5's pairs, each property held to its schema (a "string" one
  * as its text), in the schema's order, no value holding its end marker; the
- * walks over GLM's tokenizer, whose markers are special tokens. */
+ * walks over GLM's tokenizer, whose markers are special tokens.
+ * qwen3_coder: Qwen3.5's <parameter=K> blocks, each value held to what
+ * vLLM's reading of it makes (a "string" one its text and never "null", an
+ * untyped enum its text, others JSON), no value holding a marker that ends
+ * it; the schemas that reading cannot hold refused; walks over Qwen3.5's
+ * tokenizer read back as valid calls. */
 #include "structured_support.h"
 #include "tools.h"
 
@@ -526,6 +531,239 @@ Test(structured_tools, glm_masks_allow_the_next_pair_and_refuse_a_premature_clos
     vlmd_mask_scratch_free(s);
     vlmd_masker_free(m);
     vlmd_grammar_free(g);
+    glm_fns_free(&x);
+    vlmd_vocab_free(v);
+    vlmd_tokenizer_free(tok);
+}
+
+/* ---- qwen3_coder: Qwen3.5's calls ---------------------------------------------- */
+
+/* city is "string"-typed: its text; unit an untyped enum of strings (vLLM reads
+ * it as text); days an integer; code a pattern over the text; opts an object;
+ * when a type list (a Python literal); t an array of a recursive object */
+static const char qc_weather[] =
+    "{\"type\":\"object\",\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":12},"
+    "\"unit\":{\"enum\":[\"c\",\"f\"]},\"days\":{\"type\":\"integer\",\"minimum\":1,"
+    "\"maximum\":7},\"code\":{\"type\":\"string\",\"pattern\":\"^[0-9]{5}$\"},"
+    "\"opts\":{\"type\":\"object\",\"properties\":{\"alerts\":{\"type\":\"boolean\"}},"
+    "\"required\":[\"alerts\"],\"additionalProperties\":false},"
+    "\"when\":{\"type\":[\"string\",\"null\"],\"maxLength\":8}},\"required\":[\"city\",\"unit\"]}";
+static const char qc_tree[] =
+    "{\"$defs\":{\"n\":{\"type\":\"object\",\"properties\":{\"kids\":{\"type\":\"array\","
+    "\"items\":{\"$ref\":\"#/$defs/n\"},\"maxItems\":2}}}},\"type\":\"object\","
+    "\"properties\":{\"t\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/n\"},"
+    "\"maxItems\":2}},\"required\":[\"t\"]}";
+
+static void qc_fns_make(glm_fns *x)
+{
+    x->schemas[0] = json_loads(qc_weather, 0, NULL);
+    x->schemas[1] = json_loads(qc_tree, 0, NULL);
+    cr_assert(x->schemas[0] && x->schemas[1]);
+    x->f[0] = (vlmd_tool_function){"get_weather", 11, x->schemas[0]};
+    x->f[1] = (vlmd_tool_function){"grow", 4, x->schemas[1]};
+    x->f[2] = (vlmd_tool_function){"note", 4, NULL};
+}
+
+static vlmd_grammar *qc_grammar(const vlmd_tool_function *f, size_t n,
+                                vlmd_tool_call_start start, bool parallel)
+{
+    vlmd_grammar *g = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_grammar_compile_tool_calls(VLMD_TOOL_CALLS_QWEN3_CODER, f, n, start,
+                                                 parallel, NULL, &g, &err),
+                 VLMD_OK, "%s", err.msg);
+    return g;
+}
+
+#define QCALL(name, params) name ">\n" params "</function>\n</tool_call>"
+#define QP(k, v) "<parameter=" k ">\n" v "\n</parameter>\n"
+#define QNEXT "\n<tool_call>\n<function="
+
+Test(structured_tools, qwen3_coder_calls_hold_each_property_to_its_schema)
+{
+    glm_fns x;
+    qc_fns_make(&x);
+    vlmd_grammar *g = qc_grammar(x.f, 3, VLMD_TOOL_CALL_AT_NAME, false);
+    cr_expect(accepts(g, QCALL("get_weather", QP("city", "Paris") QP("unit", "c"))));
+    cr_expect(accepts(g, QCALL("get_weather", QP("city", "S\u00e3o\n\"Paulo\"") QP("unit", "f")
+                                              QP("days", "7") QP("code", "01310")
+                                              QP("opts", "{\"alerts\": true}")
+                                              QP("when", "\"soon\""))));
+    cr_expect(accepts(g, QCALL("get_weather", QP("city", "P") QP("unit", "c") QP("when",
+                                                                                  "null"))));
+    cr_expect(accepts(g, QCALL("grow", QP("t", "[{\"kids\": [{}]}, {}]"))));
+    cr_expect(accepts(g, QCALL("note", "")), "no parameters: any pairs, or none");
+    cr_expect(accepts(g, QCALL("note", QP("x", "anything {") QP("y", "\n2\n"))));
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "Paris"))), "unit is required");
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "Paris") QP("unit", "\"c\""))),
+              "an untyped enum of strings: its text");
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "null") QP("unit", "c"))),
+              "a string's text never \"null\" (it reads as null)");
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "NuLL") QP("unit", "c"))));
+    cr_expect(accepts(g, QCALL("get_weather", QP("city", "nulls") QP("unit", "c"))));
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "Paris of France") QP("unit", "c"))),
+              "maxLength 12 over the text");
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "P") QP("unit", "c") QP("days", "8"))));
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "P") QP("unit", "c") QP("days",
+                                                                                   "\"2\""))));
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "P") QP("unit", "c") QP("code",
+                                                                                   "1310"))));
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "P") QP("unit", "c") QP("opts",
+                                                                                   "{}"))));
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "P") QP("unit", "c") QP("when", "x"))),
+              "a type list's value is JSON (a literal), not text");
+    cr_expect(!accepts(g, QCALL("get_weather", QP("unit", "c") QP("city", "P"))),
+              "the schema's order");
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "P") QP("unit", "c") QP("wind", "1"))),
+              "no other property (properties declared)");
+    static const char *const stops[] = {"a</parameter>b", "a<parameter=b", "a</function>",
+                                        "</tool_call>"};
+    for (int i = 0; i < 4; i++) {
+        char call[256];
+        snprintf(call, sizeof call, QCALL("note", QP("x", "%s")), stops[i]);
+        cr_expect(!accepts(g, call), "a value holds no %s", stops[i]);
+    }
+    cr_expect(!accepts(g, QCALL("note", QP("a>b", "1"))), "a key holds no '>'");
+    cr_expect(!accepts(g, QCALL("get_time", "")), "a name no function has");
+    cr_expect(!accepts(g, QCALL("note", "") QNEXT QCALL("note", "")), "one call unless parallel");
+    vlmd_grammar_free(g);
+
+    g = qc_grammar(x.f, 3, VLMD_TOOL_CALL_AT_NAME, true);
+    cr_expect(accepts(g, QCALL("note", "") QNEXT QCALL("get_weather", QP("city", "Oslo")
+                                                           QP("unit", "c"))));
+    cr_expect(!accepts(g, QCALL("note", "") QNEXT), "a started call must finish");
+    vlmd_grammar_free(g);
+    /* a named call: its head is the prompt's, the parameters follow */
+    g = qc_grammar(&x.f[0], 1, VLMD_TOOL_CALL_AT_ARGUMENTS, false);
+    cr_expect(accepts(g, QP("city", "Rome") QP("unit", "c") "</function>\n</tool_call>"));
+    cr_expect(!accepts(g, QCALL("get_weather", QP("city", "Rome") QP("unit", "c"))));
+    vlmd_grammar_free(g);
+    /* after the model's own <tool_call>: its newline and <function= */
+    g = qc_grammar(x.f, 3, VLMD_TOOL_CALL_AFTER_OPEN, false);
+    cr_expect(accepts(g, "\n<function=" QCALL("note", "")));
+    cr_expect(!accepts(g, QCALL("note", "")));
+    vlmd_grammar_free(g);
+    glm_fns_free(&x);
+}
+
+Test(structured_tools, qwen3_coder_spec_and_what_its_reading_cannot_hold)
+{
+    char spec[2048];
+    snprintf(spec, sizeof spec, "{\"format\": \"qwen3_coder\", \"start\": \"name\", "
+             "\"parallel\": false, \"functions\": [{\"name\": \"get_weather\", \"parameters\": "
+             "%s}]}", qc_weather);
+    vlmd_grammar *g = NULL;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_grammar_compile_text("tool_calls", spec, strlen(spec), &g, &err), VLMD_OK,
+                 "%s", err.msg);
+    cr_expect(accepts(g, QCALL("get_weather", QP("city", "x") QP("unit", "f"))));
+    vlmd_grammar_free(g);
+    static const struct {
+        const char *params, *says;
+    } bad[] = {
+        {"{\"anyOf\": [{\"type\": \"object\"}]}", "functions[0].parameters: #: 'anyOf' at the top"},
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"anyOf\": [{\"type\": "
+         "\"integer\"}]}}}", "#/properties/a: 'type' is needed in qwen3_coder calls"},
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"enum\": [1, 2]}}}",
+         "#/properties/a: 'type' is needed"},
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": [\"boolean\", \"null\"]}}}",
+         "#/properties/a: 'type' a list of types with \"boolean\""},
+        {"{\"type\": \"object\", \"additionalProperties\": {\"type\": \"integer\"}}",
+         "#/additionalProperties: 'type' must be \"string\""},
+        {"{\"type\": \"object\", \"properties\": {\"a\": {\"type\": \"string\", \"$ref\": "
+         "\"#/x\"}}}", "'$ref' beside \"type\": \"string\" is not supported in a qwen3_coder"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(spec, sizeof spec, "{\"format\": \"qwen3_coder\", \"start\": \"name\", "
+                 "\"parallel\": false, \"functions\": [{\"name\": \"f\", \"parameters\": %s}]}",
+                 bad[i].params);
+        err = (vlmd_error){0};
+        cr_expect_neq(vlmd_grammar_compile_text("tool_calls", spec, strlen(spec), &g, &err),
+                      VLMD_OK, "%s", spec);
+        cr_expect(strstr(err.msg, bad[i].says), "'%s' says '%s'", bad[i].params, err.msg);
+    }
+}
+
+/* Walks through the Qwen3.5 fixture tokenizer's masks: the prompt's start
+ * plus what a walk wrote reads back through frontend/tools.c's qwen3_coder
+ * reader (vLLM's reading) as calls of known functions whose arguments
+ * validate against their schemas. */
+Test(structured_tools, qwen3_coder_walks_read_back_as_valid_calls, .timeout = 100)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/qwen3_5/tokenizer.json", VLMD_FIXTURES_DIR);
+    vlmd_tokenizer *tok = NULL;
+    cr_assert_eq(vlmd_tokenizer_load(path, &tok, NULL), VLMD_OK);
+    vlmd_vocab *v = NULL;
+    cr_assert_eq(vlmd_vocab_from_tokenizer(tok, &v, NULL), VLMD_OK);
+    int64_t eos = vlmd_tokenizer_find(tok, "<|im_end|>");
+    cr_assert_geq(eos, 0);
+    glm_fns x;
+    qc_fns_make(&x);
+    json_t *tools = json_array();
+    for (int i = 0; i < 3; i++)
+        json_array_append_new(tools, json_pack("{s:s, s:{s:s, s:O?}}", "type", "function",
+                                               "function", "name", x.f[i].name, "parameters",
+                                               i < 2 ? x.schemas[i] : NULL));
+    static const struct {
+        vlmd_tool_call_start start;
+        bool parallel;
+        const char *prefix;
+    } shapes[] = {
+        {VLMD_TOOL_CALL_AT_NAME, true, "<tool_call>\n<function="},
+        {VLMD_TOOL_CALL_AT_ARGUMENTS, false, "<tool_call>\n<function=get_weather>\n"},
+        {VLMD_TOOL_CALL_AFTER_OPEN, true, "Let me look.\n\n<tool_call>"},
+    };
+    char *text = malloc(1 << 16), *whole = malloc(1 << 17);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        vlmd_grammar *g = qc_grammar(x.f, 3, shapes[s].start, shapes[s].parallel);
+        vlmd_masker *m = NULL;
+        cr_assert_eq(vlmd_masker_create(g, v, &m, NULL), VLMD_OK);
+        int ended = 0;
+        for (int seed = 0; seed < 12; seed++) {
+            size_t len;
+            char what[64];
+            snprintf(what, sizeof what, "qwen3_coder start %d", (int)shapes[s].start);
+            if (!st_walk(g, m, v, (uint32_t)eos, (uint64_t)seed + 1, 400, 5, text, 1 << 16, &len,
+                         what))
+                continue;
+            ended++;
+            int n = snprintf(whole, 1 << 17, "%s%.*s", shapes[s].prefix, (int)len, text);
+            size_t pos = 0, calls = 0;
+            bool begun;
+            tool_content_end(&tool_format_qwen3_coder, whole, (size_t)n, true, &begun);
+            cr_expect(begun, "%s", whole);
+            tool_call call;
+            while (tool_call_next(&tool_format_qwen3_coder, tools, whole, (size_t)n, true, &pos,
+                                  &call)) {
+                cr_assert(call.name, "not a call: %s", whole);
+                cr_expect_not(call.cut, "%s", whole);
+                int k = -1;
+                for (int i = 0; i < 3; i++)
+                    if (!strcmp(call.name, x.f[i].name))
+                        k = i;
+                cr_assert_geq(k, 0, "unknown function %s", call.name);
+                if (k < 2)
+                    cr_expect(sv_text_valid(x.schemas[k], call.arguments, strlen(call.arguments)),
+                              "%s's arguments %s from %s", call.name, call.arguments, whole);
+                else {
+                    json_t *args = json_loads(call.arguments, 0, NULL);
+                    cr_expect(json_is_object(args), "%s", call.arguments);
+                    json_decref(args);
+                }
+                tool_call_free(&call);
+                calls++;
+            }
+            cr_expect_eq(pos, (size_t)n, "the text ends with its last call: %s", whole);
+            cr_expect_geq(calls, 1);
+        }
+        cr_expect_gt(ended, 6, "start %d: %d walks ended", (int)shapes[s].start, ended);
+        vlmd_masker_free(m);
+        vlmd_grammar_free(g);
+    }
+    free(text);
+    free(whole);
+    json_decref(tools);
     glm_fns_free(&x);
     vlmd_vocab_free(v);
     vlmd_tokenizer_free(tok);

@@ -1,8 +1,10 @@
 /* test_tools.c - function calling: tools, calls and results in the prompt as
  * Qwen2.5's chat template writes them, and an answer's text split into
- * content and calls, whole and as it streams, in both formats: hermes and
- * GLM-4.5's glm45 (its values typed by the tools' schemas as vLLM's parser
- * types them, streamed as a growing JSON object equal to the whole). */
+ * content and calls, whole and as it streams, in each format: hermes,
+ * GLM-4.5's glm45 and Qwen3.5's qwen3_coder (their values typed by the
+ * tools' schemas as vLLM's parsers type them, streamed as a growing JSON
+ * object equal to the whole; expectations from vLLM's parser code run on
+ * the same text). */
 #include <criterion/criterion.h>
 #include <jansson.h>
 #include <stdlib.h>
