@@ -1056,3 +1056,33 @@ Test(chat_template, qwen3_5_tools_calls_and_results_in_an_agent_loop)
         "<|im_start|>assistant\n<think>\n\n</think>\n\n");
     vlmd_tokenizer_free(tok);
 }
+
+/* A forced call ends the prompt with qwen3_coder's start of a call, after a
+ * closed think block (the larger models' template thinks by default). */
+Test(chat_template, qwen3_5_a_forced_call_ends_the_prompt_with_the_calls_start)
+{
+    static const struct {
+        const char *family, *extra, *end;
+    } cases[] = {
+        {"qwen3_5", "\"tool_choice\": \"required\"",
+         "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function="},
+        {"qwen3_5_think", "\"tool_choice\": {\"type\": \"function\", \"function\": {\"name\": "
+         "\"get_weather\"}}",
+         "<|im_start|>assistant\n<think>\n\n</think>\n\n<tool_call>\n<function=get_weather>\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "{\"messages\": [" HI "], \"tools\": [" GLM_WEATHER "], %s}",
+                 cases[i].extra);
+        json_t *body = json_loads(text, 0, NULL);
+        cr_assert_not_null(body, "%s", text);
+        api_error e;
+        char *got = prompt_text(cases[i].family, body, &e);
+        cr_assert_not_null(got, "%s", e.message);
+        size_t n = strlen(cases[i].end), len = strlen(got);
+        cr_expect(len >= n && strcmp(got + len - n, cases[i].end) == 0, "%s: the prompt ends %s",
+                  cases[i].family, got + (len > 200 ? len - 200 : 0));
+        free(got);
+        json_decref(body);
+    }
+}
