@@ -2,8 +2,9 @@
  *
  *   1. tokenizer: the 256 byte-level symbols (GPT-2's bytes_to_unicode
  *      order, as Qwen's tokenizer.json has them), then BPE merges learned
- *      from demo_corpus.h (merge i makes token 256 + i), then the 14 Qwen
- *      special tokens;
+ *      from demo_corpus.h (merge i makes token 256 + i), then Qwen's 26 added
+ *      tokens (<tool_call>, <think> and the rest; Qwen3.5's chat template,
+ *      demo_chat_template.h, uses them);
  *   2. config: Qwen2-VL in the nested text_config / rope_parameters shape;
  *   3. weights: every tensor a Qwen2-VL checkpoint has, N(0, 0.02) from a
  *      seeded splitmix64 through Box-Muller (norm weights 1, biases 0),
@@ -27,6 +28,7 @@
 #include <jansson.h>
 
 #include "buf.h"
+#include "demo_chat_template.h"
 #include "demo_corpus.h"
 #include "log.h"
 
@@ -54,34 +56,25 @@ enum {
 static const int demo_mrope_section[3] = {4, 6, 6}; /* sums to DEMO_HEAD_DIM / 2 */
 static const double demo_init_std = 0.02;
 
-/* Qwen2's special tokens, in the order (and so with the ids) its tokenizer.json has them. */
+/* Qwen's added tokens, in the order (and so with the ids) its tokenizer.json
+ * has them; the first N_CONTROL are special, the rest (tool-call, FIM,
+ * tool-response and think markers) not: their text stays in an answer, where
+ * the parsers read it, as there. */
 static const char *const special_tokens[] = {
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>",
     "<|object_ref_end|>", "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>",
     "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>",
+    "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+    "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
+    "<think>", "</think>",
 };
 #define N_SPECIAL (int)(sizeof special_tokens / sizeof special_tokens[0])
+
+#define N_CONTROL 14
 enum { /* offsets of the specials config.json names */
     SPECIAL_ENDOFTEXT = 0, SPECIAL_IM_END = 2, SPECIAL_VISION_START = 9, SPECIAL_VISION_END = 10,
     SPECIAL_IMAGE_PAD = 12, SPECIAL_VIDEO_PAD = 13,
 };
-
-/* Qwen2-VL's own chat template, for tools that render with Jinja; vlmd has
- * the same ChatML built in (frontend/chat_template.c). */
-static const char chat_template[] =
-    "{% set image_count = namespace(value=0) %}{% set video_count = namespace(value=0) %}"
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}"
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n{% if message['content'] is string %}"
-    "{{ message['content'] }}<|im_end|>\n{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' or 'image' in content or 'image_url' in content %}"
-    "{% set image_count.value = image_count.value + 1 %}{% if add_vision_id %}"
-    "Picture {{ image_count.value }}: {% endif %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'video' or 'video' in content %}"
-    "{% set video_count.value = video_count.value + 1 %}{% if add_vision_id %}"
-    "Video {{ video_count.value }}: {% endif %}<|vision_start|><|video_pad|><|vision_end|>"
-    "{% elif 'text' in content %}{{ content['text'] }}{% endif %}{% endfor %}<|im_end|>\n"
-    "{% endif %}{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
 static const char *const output_names[] = {
     "config.json", "generation_config.json", "model.safetensors", "preprocessor_config.json",
@@ -343,7 +336,8 @@ static json_t *tokenizer_json(const vocab *v)
         json_array_append_new(added, json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id",
                                                v->n + i, "content", special_tokens[i],
                                                "single_word", 0, "lstrip", 0, "rstrip", 0,
-                                               "normalized", 0, "special", 1));
+                                               "normalized", 0, "special",
+                                               i < N_CONTROL));
     for (int i = 0; i < v->n; i++)
         json_object_set_new(vocab_obj, v->tokens[i], json_integer(i));
     for (int i = 0; i < v->n_merges; i++)
@@ -410,12 +404,13 @@ static json_t *tokenizer_config_json(const vocab *v)
         char id[16];
         snprintf(id, sizeof id, "%d", v->n + i);
         json_object_set_new(decoder, id,
-                            json_pack("{s:s, s:b}", "content", special_tokens[i], "special", 1));
+                            json_pack("{s:s, s:b}", "content", special_tokens[i], "special",
+                                      i < N_CONTROL));
     }
     return json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:n, s:n, s:b, s:o}", "model_max_length",
                      DEMO_MAX_POSITIONS, "eos_token", special_tokens[SPECIAL_IM_END],
                      "pad_token", special_tokens[SPECIAL_ENDOFTEXT], "chat_format", "chatml",
-                     "chat_template", chat_template, "tokenizer_class", "Qwen2Tokenizer",
+                     "chat_template", demo_chat_template, "tokenizer_class", "Qwen2Tokenizer",
                      "bos_token", "unk_token", "clean_up_tokenization_spaces", 0,
                      "added_tokens_decoder", decoder);
 }

@@ -12,7 +12,7 @@
 
 #include "status.h"
 
-#define VLMD_DEMO_MODEL_VERSION 2
+#define VLMD_DEMO_MODEL_VERSION 3
 
 /* Writes the model into dir (created, with its parents, when missing).
  * When dir already holds this version and seed complete (its stamp file

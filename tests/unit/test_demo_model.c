@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "buf.h"
+#include "chat_template.h"
 #include "demo_model.h"
 #include "model_config.h"
 #include "lm.h"
@@ -489,9 +490,11 @@ Test(demo_model, tokenizer_is_qwen_layout_byte_level_bpe)
         free(ab);
     }
 
-    /* The fixture's specials in its order, right after the vocab. */
+    /* Qwen's added tokens (the Qwen3.5 fixture's) in its order, right after the vocab,
+     * special as there (<tool_call>, <think> and the rest are not) */
     json_t *added = json_object_get(tok, "added_tokens");
-    json_t *ref_added = json_object_get(ref, "added_tokens");
+    json_t *qwen = load_json(test_fixture("qwen3_5/tokenizer.json"));
+    json_t *ref_added = json_object_get(qwen, "added_tokens");
     cr_assert_eq(json_array_size(added), json_array_size(ref_added));
     json_array_foreach(added, i, m)
     {
@@ -499,8 +502,10 @@ Test(demo_model, tokenizer_is_qwen_layout_byte_level_bpe)
         cr_expect_str_eq(json_string_value(json_object_get(m, "content")),
                          json_string_value(json_object_get(r, "content")));
         cr_expect_eq(int_at(m, "id"), (json_int_t)(n_vocab + i));
-        cr_expect(json_is_true(json_object_get(m, "special")));
+        cr_expect_eq(json_is_true(json_object_get(m, "special")),
+                     json_is_true(json_object_get(r, "special")), "%zu", i);
     }
+    json_decref(qwen);
     /* config.json's ids name the right specials. */
     json_t *cfg = load_json(path_in(dir, "config.json"));
     json_t *text = json_object_get(cfg, "text_config");
@@ -524,7 +529,11 @@ Test(demo_model, tokenizer_is_qwen_layout_byte_level_bpe)
     }
     json_t *tc = load_json(path_in(dir, "tokenizer_config.json"));
     cr_expect_str_eq(json_string_value(json_object_get(tc, "eos_token")), "<|im_end|>");
-    cr_expect(strstr(json_string_value(json_object_get(tc, "chat_template")), "<|im_start|>"));
+    char *tdir = vlmd_asprintf("%s", dir);
+    const char *source = NULL;
+    cr_expect_str_eq(vlmd_chat_family_for_model(tdir, VLMD_ARCH_QWEN2_VL, &source)->name, "qwen3_5",
+                     "the demo's template is Qwen3.5's: tools and the thinking switch");
+    free(tdir);
     json_t *dec = json_object_get(tc, "added_tokens_decoder");
     cr_expect_eq(json_object_size(dec), json_array_size(added));
     json_decref(tc);
