@@ -3,7 +3,8 @@
  * largest finite +-448 (0x7e), subnormals m * 2^-9. Decoding is exact in
  * fp32; encoding rounds to nearest even and saturates to +-448 (CUDA's
  * __NV_SATFINITE, what every quantizer the checkpoints come from does before
- * its cast), NaN stays NaN. Host and device code alike (no libm). */
+ * its cast), NaN stays NaN. Host and device code alike (no libm; under
+ * nvcc both functions are __host__ __device__). */
 #ifndef VLMD_FP8_H
 #define VLMD_FP8_H
 

@@ -41,6 +41,14 @@ extern "C" void vlmd_cuda_gdn_rule(vlmd_backend *b, void *out, const void *qkv, 
 extern "C" void vlmd_cuda_gated_rmsnorm(vlmd_backend *b, void *out, const void *x, const void *z,
                                         int z_stride, const void *w, int n, int heads, int dim,
                                         float eps);
+/* cuda_qlinear.cu: the qlinear op (ops.h); and W8A8's rounding of n rows of
+ * x [n, in] through e4m3 per act_group columns (qweight.h) into out (which
+ * may be x), the rows r with used[r] < 0 left as they are (used NULL: none). */
+extern "C" void vlmd_cuda_qlinear(vlmd_backend *b, void *out, const void *x,
+                                  const vlmd_qweight *w, const void *bias, int n, int in,
+                                  int out_dim);
+extern "C" void vlmd_cuda_act_quant(vlmd_backend *b, void *out, const void *x, int n, int in,
+                                    int act_group, const int32_t *used);
 
 extern "C" const vlmd_op_table vlmd_cuda_op_table;
 

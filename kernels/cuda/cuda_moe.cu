@@ -20,6 +20,12 @@
  *                  gathers x's rows by token and ends in silu(gate) * up
  *                  (its weight block holds matching gate and up rows); the
  *                  down GEMM reads those rows
+ *                  Quantized experts (moe_experts_q): the same kernel, its
+ *                  weight tiles dequantized on their way into shared memory
+ *                  (cuda_qweight.h; bf16 there, as the tensor cores take
+ *                  them), and W8A8's activations rounded through e4m3
+ *                  before each GEMM (x into the y rows, unused until the
+ *                  down GEMM; the activation rows in place)
  *   k_moe_combine  a block per token: its k rows weighted and summed in fp32
  *                  in expert-id order (no float atomics: deterministic, and
  *                  a token's output does not depend on its batch)
@@ -38,6 +44,7 @@
 #include "backend_impl.h"
 #include "cuda_check.h"
 #include "cuda_impl.h"
+#include "cuda_qweight.h"
 #include "warp_mma.h"
 
 typedef __nv_bfloat16 bf16;
@@ -401,11 +408,14 @@ __global__ void __launch_bounds__(ALIGN_WARPS * 32)
  *     w[e][2 n_out, K]; out[row, c] = silu(A . w[c]) * (A . w[n_out + c]);
  *   otherwise (down): A row = a[row, :K], weights w[e][n_out, K]; out = A . w[c].
  * vec: every operand row starts 16-byte aligned (K a multiple of 8), so the
- * tiles come by cp.async; otherwise element by element (zeros past K). */
-template <typename T, bool SILU>
+ * tiles come by cp.async; otherwise element by element (zeros past K).
+ * Q: the weights are qw's rows (the experts' stacked; w unused), each 8
+ * columns dequantized and stored (vec then says it of A alone). */
+template <typename T, bool SILU, bool Q>
 __global__ void __launch_bounds__(T::THREADS)
     k_moe_gemm(bf16 *out, const bf16 *a, int gather_k, const int32_t *sorted,
-               const int32_t *tile_expert, const bf16 *w, int n_out, int K, bool vec)
+               const int32_t *tile_expert, const bf16 *w, vlmd_cuda_qw qw, int n_out, int K,
+               bool vec)
 {
     vlmd_kernel_start();
     VLMD_DYNAMIC_SMEM(smem); /* cp.async and ldmatrix: 16-byte rows, as T::LD keeps them */
@@ -428,7 +438,9 @@ __global__ void __launch_bounds__(T::THREADS)
         /* gate_up: warp wn's WN rows are the gate rows, then the up rows, of its half columns */
         int col = SILU ? c0 + j / T::WN * half + j % half : c0 + j;
         int wrow = SILU && j % T::WN >= half ? n_out + col : col;
-        b_off[j] = col < n_out ? wrow * (long long)K : -1;
+        /* Q: the row of the stacked matrix; else the element offset in the expert's */
+        long long qrow = (long long)e * (SILU ? 2 : 1) * n_out + wrow;
+        b_off[j] = col >= n_out ? -1 : Q ? qrow : wrow * (long long)K;
     }
     __syncthreads();
 
@@ -440,6 +452,20 @@ __global__ void __launch_bounds__(T::THREADS)
             long long off = r < T::BM ? a_off[r] : b_off[r - T::BM];
             const bf16 *src = r < T::BM ? a : we;
             bf16 *dst = tile_s + (size_t)r * T::LD + c % CHUNKS * 8;
+            if (Q && r >= T::BM) { /* off: the weight row */
+                float v[8], s = 1.0f;
+                if (off >= 0 && qw.vec8 && kk < K) {
+                    s = vlmd_cuda_qw_decode8(qw, off, kk, vlmd_cuda_qw_load8(qw, off, kk), v);
+                } else {
+                    for (int i = 0; i < 8; i++)
+                        v[i] = off >= 0 && kk + i < K ? vlmd_cuda_qw_at(qw, off, kk + i) : 0.0f;
+                }
+                *(uint4 *)dst = make_uint4(pack_bf16x2(v[0] * s, v[1] * s),
+                                           pack_bf16x2(v[2] * s, v[3] * s),
+                                           pack_bf16x2(v[4] * s, v[5] * s),
+                                           pack_bf16x2(v[6] * s, v[7] * s));
+                continue;
+            }
             if (vec) {
                 bool ok = off >= 0 && kk < K;
                 cp_async_16(dst, ok ? src + off + kk : src, ok);
@@ -581,11 +607,13 @@ static bool aligned16(const void *p)
     return (uintptr_t)p % 16 == 0;
 }
 
+/* gate_up and down: each quantized (FP8, INT4) or not (VLMD_QFORMAT_NONE: its
+ * codes the bf16 weights), as the GEMM's instantiation takes them. */
 template <typename T>
 static void moe_experts_with(vlmd_backend *b, bf16 *out, const bf16 *x, const int32_t *ids,
-                             const float *weights, const bf16 *gate_up, const bf16 *down,
-                             void *scratch, int n, int k, int n_experts, int hidden, int inter,
-                             int first)
+                             const float *weights, const vlmd_qweight *gate_up,
+                             const vlmd_qweight *down, void *scratch, int n, int k, int n_experts,
+                             int hidden, int inter, int first)
 {
     cudaStream_t stream = vlmd_cuda_stream(b);
     moe_layout L = moe_plan(n, k, n_experts, hidden, inter, T::BM);
@@ -595,16 +623,52 @@ static void moe_experts_with(vlmd_backend *b, bf16 *out, const bf16 *x, const in
     bf16 *act = (bf16 *)(at + L.act), *y = (bf16 *)(at + L.y);
     vlmd_cuda_launch(k_moe_align, 1, ALIGN_WARPS * 32, align_smem_bytes(n_experts), stream, ids,
                      n * k, n_experts, first, T::BM, L.tiles, sorted, row_of, tile_expert);
-    bool vec = hidden % 8 == 0 && aligned16(x) && aligned16(gate_up);
-    vlmd_cuda_launch(k_moe_gemm<T, true>, dim3(L.tiles, (inter + T::BN / 2 - 1) / (T::BN / 2)),
-                     T::THREADS, T::SMEM, stream, act, x, k, sorted, tile_expert, gate_up, inter,
-                     hidden, vec);
-    vec = inter % 8 == 0 && aligned16(down);
-    vlmd_cuda_launch(k_moe_gemm<T, false>, dim3(L.tiles, (hidden + T::BN - 1) / T::BN),
-                     T::THREADS, T::SMEM, stream, y, (const bf16 *)act, 0, sorted, tile_expert,
-                     down, hidden, inter, vec);
+    const bool qgu = gate_up->format != VLMD_QFORMAT_NONE, qdn = down->format != VLMD_QFORMAT_NONE;
+    const vlmd_cuda_qw none = {};
+    if (qgu && gate_up->act_group) { /* W8A8: x's n rows rounded into y's first rows (y has
+                                      * at least n k; the down GEMM writes it later) */
+        vlmd_cuda_act_quant(b, y, x, n, hidden, gate_up->act_group, NULL);
+        x = y;
+    }
+    bool vec = hidden % 8 == 0 && aligned16(x) && (qgu || aligned16(gate_up->codes));
+    dim3 grid(L.tiles, (inter + T::BN / 2 - 1) / (T::BN / 2));
+    const bf16 *w = (const bf16 *)gate_up->codes;
+    if (qgu)
+        vlmd_cuda_launch(k_moe_gemm<T, true, true>, grid, T::THREADS, T::SMEM, stream, act, x, k,
+                         sorted, tile_expert, w, vlmd_cuda_qw_of(gate_up, hidden), inter, hidden,
+                         vec);
+    else
+        vlmd_cuda_launch(k_moe_gemm<T, true, false>, grid, T::THREADS, T::SMEM, stream, act, x, k,
+                         sorted, tile_expert, w, none, inter, hidden, vec);
+    if (qdn && down->act_group) /* the rows in use, in place */
+        vlmd_cuda_act_quant(b, act, act, (int)L.rows, inter, down->act_group, sorted);
+    vec = inter % 8 == 0 && (qdn || aligned16(down->codes));
+    grid = dim3(L.tiles, (hidden + T::BN - 1) / T::BN);
+    w = (const bf16 *)down->codes;
+    if (qdn)
+        vlmd_cuda_launch(k_moe_gemm<T, false, true>, grid, T::THREADS, T::SMEM, stream, y,
+                         (const bf16 *)act, 0, sorted, tile_expert, w,
+                         vlmd_cuda_qw_of(down, inter), hidden, inter, vec);
+    else
+        vlmd_cuda_launch(k_moe_gemm<T, false, false>, grid, T::THREADS, T::SMEM, stream, y,
+                         (const bf16 *)act, 0, sorted, tile_expert, w, none, hidden, inter, vec);
     vlmd_cuda_launch(k_moe_combine, n, COMBINE_THREADS, 0, stream, out, (const bf16 *)y, row_of,
                      ids, weights, k, hidden, hidden % 8 == 0 && aligned16(out));
+}
+
+extern "C" void vlmd_cuda_moe_experts_q(vlmd_backend *b, void *out, const void *x,
+                                        const int32_t *ids, const float *weights,
+                                        const vlmd_qweight *gate_up, const vlmd_qweight *down,
+                                        void *scratch, int n, int k, int n_experts, int hidden,
+                                        int inter, int first)
+{
+    moe_check_shape(n_experts, k);
+    if (n <= 0)
+        return;
+    (moe_small_tiles(n, k, n_experts) ? moe_experts_with<moe_tiles_small>
+                                      : moe_experts_with<moe_tiles_large>)(
+        b, (bf16 *)out, (const bf16 *)x, ids, weights, gate_up, down, scratch, n, k, n_experts,
+        hidden, inter, first);
 }
 
 extern "C" void vlmd_cuda_moe_experts(vlmd_backend *b, void *out, const void *x,
@@ -612,11 +676,8 @@ extern "C" void vlmd_cuda_moe_experts(vlmd_backend *b, void *out, const void *x,
                                       const void *gate_up, const void *down, void *scratch, int n,
                                       int k, int n_experts, int hidden, int inter, int first)
 {
-    moe_check_shape(n_experts, k);
-    if (n <= 0)
-        return;
-    (moe_small_tiles(n, k, n_experts) ? moe_experts_with<moe_tiles_small>
-                                      : moe_experts_with<moe_tiles_large>)(
-        b, (bf16 *)out, (const bf16 *)x, ids, weights, (const bf16 *)gate_up, (const bf16 *)down,
-        scratch, n, k, n_experts, hidden, inter, first);
+    vlmd_qweight gu = {}, dn = {};
+    gu.codes = gate_up, dn.codes = down;
+    vlmd_cuda_moe_experts_q(b, out, x, ids, weights, &gu, &dn, scratch, n, k, n_experts, hidden,
+                            inter, first);
 }

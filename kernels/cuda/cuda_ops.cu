@@ -500,6 +500,11 @@ extern "C" void vlmd_cuda_moe_experts(vlmd_backend *b, void *out, const void *x,
                                       const int32_t *ids, const float *weights,
                                       const void *gate_up, const void *down, void *scratch, int n,
                                       int k, int n_experts, int hidden, int inter, int first);
+extern "C" void vlmd_cuda_moe_experts_q(vlmd_backend *b, void *out, const void *x,
+                                        const int32_t *ids, const float *weights,
+                                        const vlmd_qweight *gate_up, const vlmd_qweight *down,
+                                        void *scratch, int n, int k, int n_experts, int hidden,
+                                        int inter, int first);
 extern "C" size_t vlmd_cuda_moe_scratch_bytes(int n, int k, int n_experts, int hidden, int inter);
 
 extern "C" const vlmd_op_table vlmd_cuda_op_table = {
@@ -507,7 +512,7 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .gather_rows = cuda_gather_rows,
     .rmsnorm = cuda_rmsnorm,
     .linear = cuda_linear,
-    .qlinear = nullptr, /* not yet: a quantized model does not load on CUDA (lm_backend_check) */
+    .qlinear = vlmd_cuda_qlinear,
     .rope_kv_write = cuda_rope_kv_write,
     .attention = vlmd_cuda_attention_op,
     .silu_mul = cuda_silu_mul,
@@ -524,13 +529,13 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .sample = vlmd_cuda_sample,
     .moe_route = vlmd_cuda_moe_route,
     .moe_experts = vlmd_cuda_moe_experts,
-    .moe_experts_q = nullptr,
+    .moe_experts_q = vlmd_cuda_moe_experts_q,
     .moe_scratch_bytes = vlmd_cuda_moe_scratch_bytes,
     .rope_qk_norm = true,
     .rope_interleaved = true,
     .rope_partial = true,
     .moe_sigmoid = true,
-    .qweights = false,
+    .qweights = true,
     .gdn = true,
     .kv_fp8 = true,
 };
