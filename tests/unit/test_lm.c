@@ -865,6 +865,17 @@ Test(lm, cuda_bf16_quant_models)
         {"cuda", "quant/qwen3_awq", F32, 2.5e-2, GREEDY_UNTIL_NEAR_TIE, false, NULL},
         {"cuda", "quant/qwen3_moe_gptq", F32, 2.5e-2, GREEDY_UNTIL_NEAR_TIE, false, F32},
     };
+    vlmd_backend *b;
+    if (test_backend_open("cuda", &b)) { /* taken, not refused (which check_model_with allows) */
+        for (size_t i = 0; i < sizeof checks / sizeof *checks; i++) {
+            vlmd_model_config mc;
+            vlmd_error err = {0};
+            cr_assert_eq(vlmd_model_config_load(test_fixture(checks[i].model), &mc, &err),
+                         VLMD_OK, "%s", err.msg);
+            cr_expect_eq(lm_backend_check(b, &mc, &err), VLMD_OK, "%s", err.msg);
+        }
+        vlmd_backend_destroy(b);
+    }
     for (size_t i = 0; i < sizeof checks / sizeof *checks; i++)
         check_model_with(&checks[i]);
 }
