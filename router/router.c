@@ -313,6 +313,12 @@ static void on_request_submit(router *rt, const void *id, size_t id_len, vlmd_ms
     registry_entry *from = known_sender(rt, id, id_len, 0);
     if (!from || from->role != VLMD_ROLE_FRONTEND) {
         rt->dropped++;
+        /* A frontend that has not said hello to this (new) router yet: its
+         * request would wait for nothing. The welcome tells it at once that
+         * this router does not know it; it ends what it holds with a 503 and
+         * says hello again. */
+        if (!from)
+            send_welcome(rt, id, id_len, false);
         return;
     }
     requests_on_submit(rt, id, id_len, msg);

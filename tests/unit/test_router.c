@@ -179,6 +179,44 @@ Test(router, malformed_messages_are_dropped_and_counted)
     teardown(&f);
 }
 
+/* A request from a frontend this router does not know (it restarted and the
+ * frontend's hello has not arrived yet) is not silently lost: the router
+ * answers with a welcome that says so, and the frontend ends the request. */
+Test(router, a_request_from_an_unknown_frontend_gets_a_welcome_that_says_so)
+{
+    fixture f;
+    setup(&f, "inproc://router-unknown-submit");
+    void *raw = zmq_socket(f.zctx, ZMQ_DEALER);
+    cr_assert_eq(zmq_connect(raw, "inproc://router-unknown-submit"), 0);
+    uint32_t prompt[3] = {1, 2, 3};
+    vlmd_msg m = {.type = VLMD_MSG_REQUEST_SUBMIT};
+    m.u.request_submit = (vlmd_msg_request_submit){.req_id = 7, .tokens = prompt, .n_tokens = 3,
+                                                   .max_tokens = 4};
+    vlmd_buf b = {0};
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_msg_encode(&m, &b, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_geq(zmq_send(raw, b.data, b.len, 0), 0);
+    vlmd_buf_free(&b);
+    char reply[256];
+    int n = -1;
+    uint64_t deadline = vlmd_now_ms() + 2000;
+    while (n < 0 && vlmd_now_ms() < deadline) {
+        uv_run(&f.loop, UV_RUN_NOWAIT);
+        n = zmq_recv(raw, reply, sizeof reply, ZMQ_DONTWAIT);
+        usleep(1000);
+    }
+    cr_assert_gt(n, 0, "the router answered the unknown sender");
+    vlmd_msg got;
+    cr_assert_eq(vlmd_msg_decode(reply, (size_t)n, &got, &err), VLMD_OK, "%s", err.msg);
+    cr_expect_eq(got.type, VLMD_MSG_WELCOME);
+    cr_expect_not(got.u.welcome.known, "the welcome says this router does not know the sender");
+    vlmd_msg_free(&got);
+    cr_expect_eq(f.rt.dropped, 1, "the request itself is dropped and counted");
+    cr_expect_eq(f.rt.requests.n, 0);
+    zmq_close(raw);
+    teardown(&f);
+}
+
 Test(router, processes_register_again_after_a_router_restart)
 {
     /* ipc, as in production: a new router binds the path the old one held. */
