@@ -79,6 +79,10 @@ typedef struct api_request {
     uint32_t n_images;
     int64_t asked_max_tokens;       /* max_(completion_)tokens as given; 0 = not given */
     api_grammar grammar;            /* owned: what the output is held to (api_grammar.h) */
+    vlmd_pooling pooling;           /* embeddings, rerank: one pass per prompt, its answer
+                                     * pooled (no token generated); NONE generates */
+    uint32_t pool_ids[VLMD_PROTO_MAX_POOL_IDS]; /* POOL_LOGITS: the ids whose logits it takes */
+    uint32_t n_pool_ids;
 } api_request;
 
 /* Parses body for /v1/completions (chat false) or /v1/chat/completions.

@@ -665,7 +665,9 @@ static void submit(completions *c, inflight_entry *e)
         .n_images = r->n_images, .session = e->session, .logit_bias = r->logit_bias,
         .n_logit_bias = r->n_logit_bias,
         .grammar = {r->grammar.kind, r->grammar.text, (uint32_t)r->grammar.n_text,
-                    r->grammar.trigger, r->grammar.trigger_after}};
+                    r->grammar.trigger, r->grammar.trigger_after},
+        .pooling = r->pooling, .pool_ids = (uint32_t *)r->pool_ids,
+        .n_pool_ids = r->n_pool_ids};
     /* choice k: request req_id + k, of prompt k / n; a seeded request's choices of one
      * prompt differ, each reproducible */
     bool sent = c->peer != NULL;
@@ -739,6 +741,26 @@ bool completions_accepting(completions *c, h2o_req_t *req)
     return false;
 }
 
+/* The endpoints of each task, for the refusal's message. */
+static const char *const task_endpoints[] = {
+    [VLMD_TASK_GENERATE] = "/v1/chat/completions, /v1/completions and /v1/responses",
+    [VLMD_TASK_EMBED] = "/v1/embeddings",
+    [VLMD_TASK_RERANK] = "/v1/rerank and /v1/score",
+};
+
+bool completions_serves(const completions *c, h2o_req_t *req, vlmd_task want)
+{
+    if (c->task == want)
+        return true;
+    api_error err;
+    api_fail(&err, VLMD_ERR_INVALID_ARG, "model", "unsupported_task",
+             "the model '%s' serves the task '%s' (%s), not '%s'; start vlmd with --task %s "
+             "and a model made for it", c->limits.model_name, vlmd_task_name(c->task),
+             task_endpoints[c->task], vlmd_task_name(want), vlmd_task_name(want));
+    vlmd_send_api_failure(req, &err);
+    return false;
+}
+
 void completions_start(completions *c, h2o_req_t *req, api_request *r, const answer_writer *w,
                        void *state, void (*state_free)(void *state))
 {
@@ -808,7 +830,7 @@ static const prepare_ops completion_ops = {completion_work, completion_done, com
 
 static void handle(h2o_req_t *req, completions *c, bool chat)
 {
-    if (!completions_accepting(c, req))
+    if (!completions_accepting(c, req) || !completions_serves(c, req, VLMD_TASK_GENERATE))
         return;
     completion_job *j = calloc(1, sizeof *j);
     if (!j) {
@@ -842,6 +864,10 @@ static void request_end(completions *c, inflight_entry *e)
     metrics_observe_e2e(&c->metrics, e->engine, (double)(vlmd_now_ns() - e->start_ns) / 1e9);
     c->metrics.prompt_tokens += prompt_tokens(&e->api);
     metrics_finished(&c->metrics, e->engine, stopped ? METRICS_STOP : METRICS_LENGTH);
+    if (e->api.pooling) {
+        c->metrics.pooling_requests++;
+        c->metrics.pooling_inputs += e->n_choices;
+    }
     if (!e->api.stream) {
         h2o_req_t *req = e->req;
         json_t *resp = e->writer->whole(c, e);
@@ -1146,6 +1172,18 @@ static void chunk_metrics(completions *c, inflight_entry *e, inflight_choice *ch
         ch->reasoning_tokens += m->n_tokens;
 }
 
+/* A pooling request's answer, kept for its writer. */
+static void chunk_take_pooled(inflight_choice *ch, const vlmd_msg_token_chunk *m)
+{
+    if (!m->n_pooled || ch->pooled)
+        return;
+    ch->pooled = malloc(m->n_pooled * sizeof *ch->pooled);
+    if (!ch->pooled)
+        return; /* the writer answers 500 for a choice without its answer */
+    memcpy(ch->pooled, m->pooled, m->n_pooled * sizeof *ch->pooled);
+    ch->n_pooled = m->n_pooled;
+}
+
 /* A special token the answer is read by (its text is kept). */
 static bool kept(const completions *c, uint32_t id)
 {
@@ -1238,6 +1276,7 @@ void completions_on_chunk(completions *c, const vlmd_msg_token_chunk *m)
         return;
     }
     chunk_metrics(c, e, ch, m);
+    chunk_take_pooled(ch, m);
     size_t text_before = ch->text.len;
     chunk_take_tokens(c, e, ch, m);
     token_logprobs lps[8];

@@ -23,6 +23,7 @@
 #include "image_input.h"
 #include "inflight.h"
 #include "metrics.h"
+#include "model_task.h"
 #include "peer.h"
 #include "prepare.h"
 #include "tokenizer.h"
@@ -56,6 +57,7 @@ typedef struct completions {
     uv_timer_t sweep;           /* applies the two timeouts */
     bool draining;              /* SIGTERM: new requests get 503 */
     bool router_down;           /* the router stopped answering: new requests get 503 */
+    vlmd_task task;             /* what the model serves: the other endpoints answer 400 */
     bool length_known;          /* limits.max_model_len is the engine's (it may have lowered
                                  * the model's to fit): until then requests get 503 */
 } completions;
@@ -136,6 +138,9 @@ void completions_stream_begin(completions *c, inflight_entry *e);
 /* A new request: false (answered with 503) while draining or while the
  * router is silent. */
 bool completions_accepting(completions *c, h2o_req_t *req);
+/* True when the model serves `want` (model_task.h); else answers a 400 that
+ * names the model's task and the endpoints it serves. */
+bool completions_serves(const completions *c, h2o_req_t *req, vlmd_task want);
 /* On the pool: a parsed request's images readied for the router (data URIs
  * decoded, URLs fetched, each measured and hashed, the prompt's pads
  * expanded, the output fitted). False with *err on a refusal. */

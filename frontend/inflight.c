@@ -82,6 +82,7 @@ void inflight_remove(inflight *t, inflight_entry *e)
                 vlmd_buf_free(&e->choices[i].text);
                 vlmd_buf_free(&e->choices[i].reasoning);
                 free(e->choices[i].lps);
+                free(e->choices[i].pooled);
             }
             free(e->choices);
             vlmd_buf_free(&e->pending);

@@ -74,6 +74,8 @@ typedef struct inflight_choice {
     choice_output out;
     token_logprobs *lps;        /* non-streamed logprobs: one per generated token */
     size_t n_lps, cap_lps;
+    float *pooled;              /* a pooling request's answer (owned), from its last chunk */
+    uint32_t n_pooled;
 } inflight_choice;
 
 struct answer_writer;

@@ -16,6 +16,7 @@
 #include "http_server.h"
 #include "log.h"
 #include "models.h"
+#include "pooling.h"
 #include "process.h"
 #include "response.h"
 #include "responses.h"
@@ -37,6 +38,7 @@ typedef struct frontend {
     completions completions;
     responses_store *responses_store;   /* the Responses API's kept responses */
     responses responses;
+    pooling_model pooling;      /* embeddings, rerank and score */
     int64_t configured_len;     /* --max-model-len or the model's: what an engine that
                                  * publishes no length serves */
     vlmd_msg snapshot;          /* latest STATS_SNAPSHOT, deep copy (owned); type 0 when none */
@@ -64,6 +66,8 @@ static void handle_health(h2o_req_t *req, void *ud)
     json_t *body = vlmd_health_render(snap, vlmd_now_ms() - fe->snapshot_at_ms,
                                       (uint64_t)fe->svc.cfg.heartbeat_timeout_ms, fe->model_name,
                                       &status);
+    if (body) /* what the model serves: which endpoints answer */
+        json_object_set_new(body, "task", json_string(vlmd_task_name(fe->completions.task)));
     vlmd_send_json(req, status, body, NULL, NULL);
 }
 
@@ -139,6 +143,21 @@ static void handle_memory_stats(h2o_req_t *req, void *ud)
     vlmd_send_json(req, 200, metrics_memory_stats(latest(fe)), NULL, NULL);
 }
 
+static void handle_embeddings(h2o_req_t *req, void *ud)
+{
+    embeddings_handle(req, &((frontend *)ud)->pooling);
+}
+
+static void handle_rerank(h2o_req_t *req, void *ud)
+{
+    rerank_handle(req, &((frontend *)ud)->pooling);
+}
+
+static void handle_score(h2o_req_t *req, void *ud)
+{
+    score_handle(req, &((frontend *)ud)->pooling);
+}
+
 static void handle_tokenize(h2o_req_t *req, void *ud)
 {
     tokenize_handle(req, &((frontend *)ud)->completions);
@@ -158,11 +177,41 @@ static const http_route routes[] = {
     {"POST", "/v1/responses", handle_responses, HTTP_KEY},
     {"GET", "/v1/responses/", handle_response_get, HTTP_KEY},
     {"DELETE", "/v1/responses/", handle_response_delete, HTTP_KEY},
+    {"POST", "/v1/embeddings", handle_embeddings, HTTP_KEY},
+    {"POST", "/embeddings", handle_embeddings, HTTP_KEY},
+    {"POST", "/v1/rerank", handle_rerank, HTTP_KEY},
+    {"POST", "/rerank", handle_rerank, HTTP_KEY},
+    {"POST", "/v2/rerank", handle_rerank, HTTP_KEY},
+    {"POST", "/v1/score", handle_score, HTTP_KEY},
+    {"POST", "/score", handle_score, HTTP_KEY},
     {"POST", "/tokenize", handle_tokenize, HTTP_KEY},
     {"POST", "/detokenize", handle_detokenize, HTTP_KEY},
     {"GET", "/metrics", handle_metrics, HTTP_METRICS},
     {"GET", "/memory_stats", handle_memory_stats, HTTP_METRICS},
 };
+
+/* The model's task (model_task.h): what a reranker needs of its vocabulary. */
+static bool pooling_model_init(pooling_model *pm, completions *c, const vlmd_config *cfg,
+                               const vlmd_model_config *mc, vlmd_error *err)
+{
+    *pm = (pooling_model){.c = c, .hidden_size = mc->text.hidden_size};
+    if (vlmd_model_task_detect(cfg->model, cfg->task, mc, &pm->task, err) != VLMD_OK)
+        return false;
+    c->task = pm->task.task;
+    VLMD_INFO("task: %s (from %s)", vlmd_task_name(pm->task.task), pm->task.source);
+    if (pm->task.task != VLMD_TASK_RERANK)
+        return true;
+    int64_t yes = vlmd_tokenizer_find(c->tok, "yes"), no = vlmd_tokenizer_find(c->tok, "no");
+    if (yes < 0 || no < 0) {
+        vlmd_errorf(err, VLMD_ERR_MODEL, "reranking reads the logits of the tokens 'yes' and "
+                    "'no' (Qwen3-Reranker's answer): this tokenizer has %s as one token",
+                    yes < 0 && no < 0 ? "neither" : yes < 0 ? "no 'yes'" : "no 'no'");
+        return false;
+    }
+    pm->yes_id = (uint32_t)yes;
+    pm->no_id = (uint32_t)no;
+    return true;
+}
 
 /* ---- the router --------------------------------------------------------- */
 
@@ -344,6 +393,10 @@ int main(int argc, char **argv)
     }
     image_input_global_init();
     completions_init(&fe.completions, &fe.svc.loop, fe.tok, &limits, &images);
+    if (!pooling_model_init(&fe.pooling, &fe.completions, cfg, &fe.svc.model, &err)) {
+        VLMD_ERROR("%s", err.msg);
+        exit(VLMD_EXIT_CONFIG);
+    }
     responses_store_limits store_limits = {
         .max_entries = (uint32_t)cfg->responses_store_entries,
         .max_bytes = (uint64_t)cfg->responses_store_mb << 20,

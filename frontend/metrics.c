@@ -361,14 +361,20 @@ void metrics_render(const frontend_metrics *m, const http_server_stats *http,
                          "# TYPE vlmd_requests_finished_total counter\n",
                     model, (unsigned long long)m->prompt_tokens, model,
                     (unsigned long long)m->completion_tokens);
-    vlmd_buf_printf(out, "# TYPE vlmd_grammar_closed_total counter\n"
-                         "vlmd_grammar_closed_total{model=\"%s\"} %llu\n", model,
-                    (unsigned long long)m->grammar_closed);
     static const char *const outcomes[4] = {"stop", "length", "error", "cancelled"};
     for (int i = 0; i < 4; i++)
         vlmd_buf_printf(out,
                         "vlmd_requests_finished_total{model=\"%s\",finished_reason=\"%s\"} %llu\n",
                         model, outcomes[i], (unsigned long long)m->finished[i]);
+    vlmd_buf_printf(out, "# TYPE vlmd_grammar_closed_total counter\n"
+                         "vlmd_grammar_closed_total{model=\"%s\"} %llu\n", model,
+                    (unsigned long long)m->grammar_closed);
+    vlmd_buf_printf(out, "# TYPE vlmd_pooling_requests_total counter\n"
+                         "vlmd_pooling_requests_total{model=\"%s\"} %llu\n"
+                         "# TYPE vlmd_pooling_inputs_total counter\n"
+                         "vlmd_pooling_inputs_total{model=\"%s\"} %llu\n",
+                    model, (unsigned long long)m->pooling_requests, model,
+                    (unsigned long long)m->pooling_inputs);
     if (http)
         http_counters(http, out);
     /* per process, each metric's series together (a role's ranks are series of one

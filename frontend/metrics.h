@@ -55,6 +55,8 @@ typedef struct frontend_metrics {
     uint64_t prompt_tokens, completion_tokens;
     uint64_t finished[METRICS_OUTCOMES];
     uint64_t grammar_closed;                /* answers closed by their grammar near max_tokens */
+    uint64_t pooling_requests;              /* embeddings, rerank and score requests answered */
+    uint64_t pooling_inputs;                /* their inputs (pairs), each one engine pass */
 } frontend_metrics;
 
 /* Zeroes m and gives each histogram its buckets. */

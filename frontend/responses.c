@@ -1148,7 +1148,7 @@ static const prepare_ops create_ops = {create_work, create_done, create_free};
 void responses_handle_create(h2o_req_t *req, void *ud)
 {
     responses *rs = ud;
-    if (!completions_accepting(rs->c, req))
+    if (!completions_accepting(rs->c, req) || !completions_serves(rs->c, req, VLMD_TASK_GENERATE))
         return;
     create_job *j = calloc(1, sizeof *j);
     if (!j) {
