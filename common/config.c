@@ -32,12 +32,13 @@ const vlmd_flag vlmd_flags[] = {
      R(LAUNCHER) | R(FRONTEND) | R(LLM),
      "Model name in the API (and in the KV-event block hashes); empty means the model "
      "directory's name"},
-    {"task", VLMD_FLAG_CHOICE, OFF(task), "auto", 0, 0, "auto|generate|embed|rerank",
-     R(LAUNCHER) | R(FRONTEND),
+    {"task", VLMD_FLAG_CHOICE, OFF(task), "auto", 0, 0,
+     "auto|generate|embed|rerank|generate+embed", R(LAUNCHER) | R(FRONTEND),
      "what the model serves: generate (chat and completions), embed (/v1/embeddings: "
-     "last-token pooling, L2-normalised) or rerank (/v1/rerank and /v1/score: Qwen3-Reranker's "
-     "yes/no prompt); auto: embed for a sentence-transformers checkpoint (modules.json with "
-     "last-token pooling), rerank for a model whose README says Qwen3-Reranker, else generate"},
+     "last-token pooling, L2-normalised), rerank (/v1/rerank and /v1/score: Qwen3-Reranker's "
+     "yes/no prompt) or generate+embed (both from one engine, as llama.cpp's --embeddings); "
+     "auto: embed for a sentence-transformers checkpoint (modules.json with last-token "
+     "pooling), rerank for a model whose README names a reranker, else generate"},
     {"runtime-dir", VLMD_FLAG_STRING, OFF(runtime_dir), "", 0, 0, NULL, R(LAUNCHER),
      "Directory for this instance's ipc sockets and embedding arena; empty means a private new "
      "directory under the first of $XDG_RUNTIME_DIR, /dev/shm and /tmp with room for the arena, "

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -13,6 +14,11 @@ static const char *const task_names[] = {"generate", "embed", "rerank"};
 const char *vlmd_task_name(vlmd_task t)
 {
     return (unsigned)t < sizeof task_names / sizeof task_names[0] ? task_names[t] : "?";
+}
+
+bool vlmd_model_task_serves(const vlmd_model_task *m, vlmd_task t)
+{
+    return m->task == t || (m->embed_too && t == VLMD_TASK_EMBED);
 }
 
 static bool ends_with(const char *s, const char *tail)
@@ -148,18 +154,17 @@ vlmd_status vlmd_model_task_detect(const char *model_dir, const char *flag,
     snprintf(file, sizeof file, "%s/modules.json", model_dir);
     json_error_t je;
     json_t *modules = json_load_file(file, 0, &je);
-    bool sentence_transformers = modules != NULL;
-    if (modules && !json_is_array(modules)) {
-        json_decref(modules);
-        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s is not a list of modules", file);
-    }
+    if (!modules && access(file, F_OK) == 0)
+        return vlmd_errorf(err, VLMD_ERR_MODEL, "%s: %s (line %d)", file, je.text, je.line);
     bool auto_task = !flag || !flag[0] || strcmp(flag, "auto") == 0;
     vlmd_status st = VLMD_OK;
-    if (sentence_transformers && (auto_task || strcmp(flag, "embed") == 0)) {
+    if (modules && (auto_task || strcmp(flag, "embed") == 0)) {
         out->task = VLMD_TASK_EMBED;
         snprintf(out->source, sizeof out->source, "modules.json: last-token pooling%s",
                  auto_task ? "" : " (--task embed)");
-        st = read_modules(model_dir, modules, out, err);
+        st = json_is_array(modules)
+                 ? read_modules(model_dir, modules, out, err)
+                 : vlmd_errorf(err, VLMD_ERR_MODEL, "%s is not a list of modules", file);
         /* Qwen3-Embedding is trained for Matryoshka (its card: MRL support, 32 to
          * hidden) though its config.json says nothing of it */
         out->matryoshka = config->arch == VLMD_ARCH_QWEN3;
@@ -171,11 +176,12 @@ vlmd_status vlmd_model_task_detect(const char *model_dir, const char *flag,
         out->task = strcmp(flag, "embed") == 0    ? VLMD_TASK_EMBED
                     : strcmp(flag, "rerank") == 0 ? VLMD_TASK_RERANK
                                                   : VLMD_TASK_GENERATE;
-        out->normalize = true; /* --task embed without modules.json: last token, normalised */
+        out->embed_too = strcmp(flag, "generate+embed") == 0;
+        out->normalize = true; /* embeddings without modules.json: last token, normalised */
         snprintf(out->source, sizeof out->source, "--task %s", flag);
     }
     json_decref(modules);
-    if (st == VLMD_OK && out->task == VLMD_TASK_EMBED)
+    if (st == VLMD_OK && vlmd_model_task_serves(out, VLMD_TASK_EMBED))
         read_matryoshka(model_dir, out);
     return st;
 }

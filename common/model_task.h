@@ -6,7 +6,8 @@
  * pooling, the one Qwen3-Embedding uses) and optionally Normalize. A
  * reranker (Qwen3-Reranker) is a plain causal LM: only its README (front
  * matter pipeline_tag text-ranking, or a heading naming a reranker) tells it
- * apart. Anything else generates. What vlmd cannot pool (mean, CLS, a Dense
+ * apart. Anything else generates (and, with --task generate+embed, embeds
+ * too: llama.cpp's --embeddings). What vlmd cannot pool (mean, CLS, a Dense
  * module) is refused at start, naming what was found. */
 #ifndef VLMD_MODEL_TASK_H
 #define VLMD_MODEL_TASK_H
@@ -27,6 +28,7 @@ typedef enum vlmd_task {
 
 typedef struct vlmd_model_task {
     vlmd_task task;
+    bool embed_too;             /* generate+embed: /v1/embeddings beside generation */
     bool normalize;             /* embed: vectors are L2-normalised (a Normalize module,
                                  * or --task embed on a model without modules.json) */
     bool matryoshka;            /* embed: `dimensions` may shorten a vector */
@@ -35,7 +37,8 @@ typedef struct vlmd_model_task {
     char source[160];           /* how it was decided, for the log */
 } vlmd_model_task;
 
-/* Decides model_dir's task: flag is --task (auto, generate, embed, rerank);
+/* Decides model_dir's task: flag is --task (auto, generate, embed, rerank,
+ * generate+embed);
  * config is its config.json as read. Refuses a sentence-transformers
  * pipeline vlmd cannot reproduce. */
 vlmd_status vlmd_model_task_detect(const char *model_dir, const char *flag,
@@ -43,5 +46,7 @@ vlmd_status vlmd_model_task_detect(const char *model_dir, const char *flag,
                                    vlmd_error *err);
 
 const char *vlmd_task_name(vlmd_task t);
+/* Whether the model serves t (its task, or embeddings beside generation). */
+bool vlmd_model_task_serves(const vlmd_model_task *m, vlmd_task t);
 
 #endif

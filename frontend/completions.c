@@ -750,13 +750,13 @@ static const char *const task_endpoints[] = {
 
 bool completions_serves(const completions *c, h2o_req_t *req, vlmd_task want)
 {
-    if (c->task == want)
+    if (vlmd_model_task_serves(&c->task, want))
         return true;
     api_error err;
     api_fail(&err, VLMD_ERR_INVALID_ARG, "model", "unsupported_task",
              "the model '%s' serves the task '%s' (%s), not '%s'; start vlmd with --task %s "
-             "and a model made for it", c->limits.model_name, vlmd_task_name(c->task),
-             task_endpoints[c->task], vlmd_task_name(want), vlmd_task_name(want));
+             "and a model made for it", c->limits.model_name, vlmd_task_name(c->task.task),
+             task_endpoints[c->task.task], vlmd_task_name(want), vlmd_task_name(want));
     vlmd_send_api_failure(req, &err);
     return false;
 }

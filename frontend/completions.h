@@ -57,7 +57,7 @@ typedef struct completions {
     uv_timer_t sweep;           /* applies the two timeouts */
     bool draining;              /* SIGTERM: new requests get 503 */
     bool router_down;           /* the router stopped answering: new requests get 503 */
-    vlmd_task task;             /* what the model serves: the other endpoints answer 400 */
+    vlmd_model_task task;       /* what the model serves: the other endpoints answer 400 */
     bool length_known;          /* limits.max_model_len is the engine's (it may have lowered
                                  * the model's to fit): until then requests get 503 */
 } completions;

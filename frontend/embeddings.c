@@ -164,13 +164,13 @@ static bool read_answer(const json_t *body, const pooling_model *pm, embed_answe
     bool given;
     if (!api_field_integer(body, "dimensions", 1, pm->hidden_size, &dims, &given, e))
         return false;
-    if (given && !pm->task.matryoshka && dims != pm->hidden_size)
+    if (given && !pm->c->task.matryoshka && dims != pm->hidden_size)
         return api_fail(e, VLMD_ERR_INVALID_ARG, "dimensions", "unsupported_value",
                         "this model was not trained for shorter vectors (Matryoshka): "
                         "'dimensions' must be absent or %lld", (long long)pm->hidden_size);
-    bool listed = pm->task.n_mrl_dims == 0 || dims == pm->hidden_size;
-    for (int i = 0; !listed && i < pm->task.n_mrl_dims; i++)
-        listed = pm->task.mrl_dims[i] == dims;
+    bool listed = pm->c->task.n_mrl_dims == 0 || dims == pm->hidden_size;
+    for (int i = 0; !listed && i < pm->c->task.n_mrl_dims; i++)
+        listed = pm->c->task.mrl_dims[i] == dims;
     if (given && !listed)
         return api_fail(e, VLMD_ERR_INVALID_ARG, "dimensions", "unsupported_value",
                         "'dimensions' is %lld; this model's config.json lists the ones it "
@@ -181,7 +181,7 @@ static bool read_answer(const json_t *body, const pooling_model *pm, embed_answe
         return api_fail(e, VLMD_ERR_INVALID_ARG, "encoding_format", "invalid_value",
                         "'encoding_format' must be \"float\" or \"base64\"");
     *a = (embed_answer){.dimensions = (uint32_t)dims, .base64 = strcmp(f, "base64") == 0,
-                        .normalize = pm->task.normalize};
+                        .normalize = pm->c->task.normalize};
     return true;
 }
 

@@ -67,7 +67,8 @@ static void handle_health(h2o_req_t *req, void *ud)
                                       (uint64_t)fe->svc.cfg.heartbeat_timeout_ms, fe->model_name,
                                       &status);
     if (body) /* what the model serves: which endpoints answer */
-        json_object_set_new(body, "task", json_string(vlmd_task_name(fe->completions.task)));
+        json_object_set_new(body, "task", json_pack("s+", vlmd_task_name(fe->completions.task.task),
+                                                    fe->completions.task.embed_too ? "+embed" : ""));
     vlmd_send_json(req, status, body, NULL, NULL);
 }
 
@@ -195,11 +196,11 @@ static bool pooling_model_init(pooling_model *pm, completions *c, const vlmd_con
                                const vlmd_model_config *mc, vlmd_error *err)
 {
     *pm = (pooling_model){.c = c, .hidden_size = mc->text.hidden_size};
-    if (vlmd_model_task_detect(cfg->model, cfg->task, mc, &pm->task, err) != VLMD_OK)
+    if (vlmd_model_task_detect(cfg->model, cfg->task, mc, &c->task, err) != VLMD_OK)
         return false;
-    c->task = pm->task.task;
-    VLMD_INFO("task: %s (from %s)", vlmd_task_name(pm->task.task), pm->task.source);
-    if (pm->task.task != VLMD_TASK_RERANK)
+    VLMD_INFO("task: %s%s (from %s)", vlmd_task_name(c->task.task),
+              c->task.embed_too ? "+embed" : "", c->task.source);
+    if (c->task.task != VLMD_TASK_RERANK)
         return true;
     int64_t yes = vlmd_tokenizer_find(c->tok, "yes"), no = vlmd_tokenizer_find(c->tok, "no");
     if (yes < 0 || no < 0) {

@@ -21,8 +21,7 @@
 #define POOLING_MAX_INPUTS 2048
 
 typedef struct pooling_model {
-    completions *c;             /* borrowed: the request machinery and the tokenizer */
-    vlmd_model_task task;
+    completions *c;             /* borrowed: the request machinery, the tokenizer, the task */
     int64_t hidden_size;        /* embed: the longest vector */
     uint32_t yes_id, no_id;     /* rerank: the answer tokens of Qwen3-Reranker's prompt */
 } pooling_model;
