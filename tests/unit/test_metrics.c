@@ -167,3 +167,47 @@ Test(metrics, each_engine_has_its_series)
     }
     vlmd_buf_free(&out);
 }
+
+/* The text format's rule: a family's samples follow its own # TYPE line,
+ * before the next family's (Prometheus' parser refuses a family split in
+ * two). Checked over everything /metrics renders. */
+Test(metrics, every_familys_samples_follow_its_type_line)
+{
+    fixture f;
+    fixture_make(&f, 0, 1, 2, 2, 0);
+    frontend_metrics m;
+    metrics_init(&m);
+    metrics_finished(&m, 0, METRICS_STOP);
+    m.grammar_closed = 3;
+    m.pooling_requests = 2;
+    vlmd_buf out = VLMD_BUF_INIT;
+    metrics_render(&m, NULL, &f.snap, "qwen", &out);
+    char family[160] = "", seen[4096] = " ";
+    int samples = 0;
+    for (char *line = out.data, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        size_t len = next ? (size_t)(next++ - line) : strlen(line);
+        char name[160];
+        if (sscanf(line, "# TYPE %159s", name) == 1) {
+            char key[170];
+            snprintf(key, sizeof key, " %s ", name);
+            cr_expect_null(strstr(seen, key), "family %s has two TYPE lines", name);
+            if (strlen(seen) + strlen(key) < sizeof seen)
+                strcat(seen, key + 1);
+            snprintf(family, sizeof family, "%s", name);
+            continue;
+        }
+        if (line[0] == '#' || len == 0)
+            continue;
+        size_t n = strcspn(line, "{ "), fl = strlen(family); /* the sample's name: n bytes */
+        const char *suffix = line + fl;                      /* a histogram's parts */
+        bool ok = n >= fl && strncmp(line, family, fl) == 0 &&
+                  (n == fl || (n == fl + 7 && strncmp(suffix, "_bucket", 7) == 0) ||
+                   (n == fl + 4 && strncmp(suffix, "_sum", 4) == 0) ||
+                   (n == fl + 6 && strncmp(suffix, "_count", 6) == 0));
+        cr_expect(ok, "a sample of another family under # TYPE %s: %.*s", family, (int)len, line);
+        samples++;
+    }
+    cr_expect_gt(samples, 40);
+    vlmd_buf_free(&out);
+}
