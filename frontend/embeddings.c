@@ -18,13 +18,6 @@
 
 typedef enum input_kind { INPUT_TEXT, INPUT_IDS, INPUT_ID_LISTS } input_kind;
 
-/* How the answer is written (the writer's state). */
-typedef struct embed_answer {
-    uint32_t dimensions;        /* the vector's length (the hidden size unless asked) */
-    bool base64;                /* little-endian float32 bytes in base64, not a list */
-    bool normalize;
-} embed_answer;
-
 typedef struct embed_job {
     const pooling_model *pm;
     api_request r;              /* owned until completions_start takes it */
@@ -185,20 +178,26 @@ static bool read_answer(const json_t *body, const pooling_model *pm, embed_answe
     return true;
 }
 
-static bool embed_work(void *arg, const json_t *body, api_error *e)
+bool embeddings_parse(const json_t *body, const pooling_model *pm, api_request *r,
+                      embed_answer *a, api_error *e)
 {
-    embed_job *j = arg;
-    const completions *c = j->pm->c;
-    j->answer = calloc(1, sizeof *j->answer);
-    if (!j->answer)
-        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
+    const completions *c = pm->c;
     const json_t *user = json_object_get(body, "user");
+    *r = (api_request){.prompt_param = "input", .n = 1, .pooling = VLMD_POOL_LAST_HIDDEN};
     if (user && !json_is_string(user) && !json_is_null(user))
         return api_fail(e, VLMD_ERR_INVALID_ARG, "user", "invalid_type",
                         "'user' must be a string");
-    j->r = (api_request){.prompt_param = "input", .n = 1, .pooling = VLMD_POOL_LAST_HIDDEN};
-    return api_model_check(body, &c->limits, e) && read_answer(body, j->pm, j->answer, e) &&
-           read_inputs(body, c, &j->r, e);
+    return api_model_check(body, &c->limits, e) && read_answer(body, pm, a, e) &&
+           read_inputs(body, c, r, e);
+}
+
+static bool embed_work(void *arg, const json_t *body, api_error *e)
+{
+    embed_job *j = arg;
+    j->answer = calloc(1, sizeof *j->answer);
+    if (!j->answer)
+        return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
+    return embeddings_parse(body, j->pm, &j->r, j->answer, e);
 }
 
 /* One vector, cut to its dimensions and normalised, as a list or base64. */

@@ -26,15 +26,7 @@
 #define RERANK_DEFAULT_INSTRUCTION                                                            \
     "Given a web search query, retrieve relevant passages that answer the query"
 
-/* How the answer is written (the writer's state). */
-typedef struct rerank_answer {
-    bool score_api;             /* /v1/score: every pair's score in order; else ranked */
-    uint32_t top_n;             /* rerank: the best this many (0: all) */
-    bool return_documents;      /* rerank: each result carries its document's text */
-    json_t *documents;          /* rerank: the documents' texts (owned) */
-} rerank_answer;
-
-static void rerank_answer_free(void *state)
+void rerank_answer_free(void *state)
 {
     rerank_answer *a = state;
     if (a)
@@ -190,27 +182,32 @@ static bool read_score(const json_t *body, json_t **queries, rerank_answer *a, a
     return true;
 }
 
+bool rerank_parse(const json_t *body, const pooling_model *pm, bool score_api, api_request *r,
+                  rerank_answer *a, api_error *e)
+{
+    const completions *c = pm->c;
+    const char *instruction = RERANK_DEFAULT_INSTRUCTION;
+    const json_t *inst = json_object_get(body, "instruction");
+    *r = (api_request){.prompt_param = "documents", .n = 1, .pooling = VLMD_POOL_LOGITS,
+                       .pool_ids = {pm->no_id, pm->yes_id}, .n_pool_ids = 2};
+    a->score_api = score_api;
+    if (inst && !json_is_null(inst) && !text_field(inst, "instruction", &instruction, e))
+        return false;
+    json_t *queries = NULL;
+    bool ok = api_model_check(body, &c->limits, e) &&
+              (score_api ? read_score(body, &queries, a, e) : read_rerank(body, &queries, a, e)) &&
+              pairs(c, instruction, queries, a->documents, r, e);
+    json_decref(queries);
+    return ok;
+}
+
 static bool rerank_work(void *arg, const json_t *body, api_error *e)
 {
     rerank_job *j = arg;
-    const completions *c = j->pm->c;
     j->answer = calloc(1, sizeof *j->answer);
     if (!j->answer)
         return api_fail(e, VLMD_ERR_NOMEM, NULL, NULL, "out of memory");
-    j->answer->score_api = j->score_api;
-    const char *instruction = RERANK_DEFAULT_INSTRUCTION;
-    const json_t *inst = json_object_get(body, "instruction");
-    if (inst && !json_is_null(inst) && !text_field(inst, "instruction", &instruction, e))
-        return false;
-    j->r = (api_request){.prompt_param = "documents", .n = 1, .pooling = VLMD_POOL_LOGITS,
-                         .pool_ids = {j->pm->no_id, j->pm->yes_id}, .n_pool_ids = 2};
-    json_t *queries = NULL;
-    bool ok = api_model_check(body, &c->limits, e) &&
-              (j->score_api ? read_score(body, &queries, j->answer, e)
-                            : read_rerank(body, &queries, j->answer, e)) &&
-              pairs(c, instruction, queries, j->answer->documents, &j->r, e);
-    json_decref(queries);
-    return ok;
+    return rerank_parse(body, j->pm, j->score_api, &j->r, j->answer, e);
 }
 
 /* softmax([no, yes])[1] */

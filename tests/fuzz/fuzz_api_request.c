@@ -1,5 +1,6 @@
 /* fuzz_api_request.c - libFuzzer target: any bytes as the body of
- * /v1/chat/completions, /v1/completions and /v1/responses, through the JSON
+ * /v1/chat/completions, /v1/completions and /v1/responses (and of
+ * /v1/embeddings, /v1/rerank and /v1/score), through the JSON
  * parser, the validators, each family's chat template and the tokenizer (the
  * qwen2 fixture's), with the server's default limits and (for
  * previous_response_id) a store holding "resp_fuzz". Bad input must only ever
@@ -9,6 +10,7 @@
 #include <stdlib.h>
 
 #include "api_request.h"
+#include "pooling.h"
 #include "responses.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
@@ -30,6 +32,53 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     if (!store || !responses_store_put(store, "resp_fuzz", json_object(), items, 0))
         abort();
     return 0;
+}
+
+/* A refusal is the client's error (500 only for out of memory). */
+static void check_refusal(const api_error *e)
+{
+    if (e->status < 400 || (e->status >= 500 && e->status != 500))
+        abort();
+}
+
+/* The pooling endpoints: accepted inputs each have tokens within the length. */
+static void fuzz_pooling(const json_t *body, const api_limits *lim)
+{
+    static completions c;
+    c.tok = tok;
+    c.limits = *lim;
+    c.task = (vlmd_model_task){.task = VLMD_TASK_EMBED, .normalize = true, .matryoshka = true};
+    pooling_model pm = {.c = &c, .hidden_size = 64, .yes_id = 1, .no_id = 2};
+    api_request r = {0};
+    api_error e;
+    embed_answer a;
+    if (embeddings_parse(body, &pm, &r, &a, &e)) {
+        if (r.n_prompts == 0 || r.n_prompts > POOLING_MAX_INPUTS || a.dimensions == 0 ||
+            a.dimensions > 64 || r.pooling != VLMD_POOL_LAST_HIDDEN)
+            abort();
+        for (uint32_t i = 0; i < r.n_prompts; i++)
+            if (r.prompts[i].n == 0 || r.prompts[i].n > 4096)
+                abort();
+    } else {
+        check_refusal(&e);
+    }
+    api_request_free(&r);
+    for (int score = 0; score < 2; score++) {
+        rerank_answer ra = {0};
+        r = (api_request){0};
+        if (rerank_parse(body, &pm, score, &r, &ra, &e)) {
+            if (r.n_prompts == 0 || r.n_prompts != json_array_size(ra.documents) ||
+                r.n_pool_ids != 2)
+                abort();
+            for (uint32_t i = 0; i < r.n_prompts; i++)
+                if (r.prompts[i].n == 0 || r.prompts[i].n > 4096)
+                    abort();
+        } else {
+            check_refusal(&e);
+        }
+        api_request_free(&r);
+        json_decref(ra.documents);
+    }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -76,6 +125,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     } else if (e.status < 400 || (e.status >= 500 && e.status != 500) || job) {
         abort();
     }
+    fuzz_pooling(body, &lim);
     json_decref(body);
     return 0;
 }
