@@ -67,7 +67,7 @@ fuzz: deps
 
 demo: build
 	@$(BUILD)/bin/vlmd-make-demo-model $(DEMO_DIR)
-	@echo "starting vlmd on the demo model in $(DEMO_DIR) (Ctrl-C stops it)"
+	@echo "starting vlmd on the demo model in $(DEMO_DIR): once ready it prints the console's URL to open in a browser (Ctrl-C stops it)"
 	@exec $(BUILD)/bin/vlmd serve --model $(DEMO_DIR) $(DEMO_FLAGS)
 
 clean:

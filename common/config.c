@@ -32,6 +32,9 @@ const vlmd_flag vlmd_flags[] = {
      R(LAUNCHER) | R(FRONTEND) | R(LLM),
      "Model name in the API (and in the KV-event block hashes); empty means the model "
      "directory's name"},
+    {"ui", VLMD_FLAG_CHOICE, OFF(ui), "on", 0, 0, "on|off", R(LAUNCHER) | R(FRONTEND),
+     "the console at /: a chat page and a live picture of the memory (docs/API.md, The "
+     "console); off: / is a 404"},
     {"task", VLMD_FLAG_CHOICE, OFF(task), "auto", 0, 0,
      "auto|generate|embed|rerank|generate+embed", R(LAUNCHER) | R(FRONTEND),
      "what the model serves: generate (chat and completions), embed (/v1/embeddings: "

@@ -22,6 +22,7 @@ typedef struct vlmd_config {
     char *host;                     /* --host: HTTP listen address */
     int64_t port;                   /* --port: HTTP port; 0 picks a free one */
     char *served_model_name;        /* --served-model-name: "" = model dir name */
+    char *ui;                       /* --ui: on, off */
     char *task;                     /* --task: auto, generate, embed, rerank, generate+embed */
     char *runtime_dir;              /* --runtime-dir: ipc socket dir; "" = private temp dir */
     char *router_endpoint;          /* --router-endpoint: ipc:// or tcp://; "" = in runtime dir */

@@ -9,7 +9,8 @@ packages=(
   libzmq3-dev libmsgpack-dev libuv1-dev libh2o-dev libssl-dev zlib1g-dev
   libjansson-dev libpcre2-dev libcbor-dev libunistring-dev libopenblas-dev libcriterion-dev
   libpng-dev libjpeg62-turbo-dev libwebp-dev libcurl4-openssl-dev
-  nodejs curl supervisor systemd
+  nodejs npm curl supervisor systemd
+  chromium
 )
 
 missing=()
@@ -18,10 +19,10 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
-# Node may come from elsewhere than Debian's package; any node >= 18 will do.
-if command -v node >/dev/null 2>&1; then
-  missing=("${missing[@]/nodejs}")
-fi
+# Node and npm may come from elsewhere than Debian's packages; any node >= 18 will do.
+# Chromium is the console's tests' browser (tests/e2e/console.test.mjs).
+command -v node >/dev/null 2>&1 && missing=("${missing[@]/nodejs}")
+command -v npm >/dev/null 2>&1 && missing=("${missing[@]/npm}")
 read -r -a missing <<<"${missing[*]:-}"
 [ ${#missing[@]} -eq 0 ] && exit 0
 

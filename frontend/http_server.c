@@ -161,7 +161,7 @@ static bool headers_too_large(const http_server *s, h2o_req_t *req)
 static bool route_matches(const http_route *r, h2o_iovec_t path)
 {
     size_t n = strlen(r->path);
-    if (r->path[n - 1] == '/')
+    if (n > 1 && r->path[n - 1] == '/') /* ("/" itself is exact: the console's page) */
         return path.len > n && memcmp(path.base, r->path, n) == 0;
     return h2o_memis(path.base, path.len, r->path, n);
 }

@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "completions.h"
+#include "console.h"
 #include "tokenize.h"
 #include "h2o_include.h"
 #include "health.h"
@@ -47,6 +49,7 @@ typedef struct frontend {
     uint64_t router_heard_ms;   /* monotonic time of the router's last message */
     uint64_t watch_tick_ms;
     bool ready;
+    bool demo_model;            /* the generated demo model (random weights: it babbles) */
 } frontend;
 
 /* ---- routes ------------------------------------------------------------- */
@@ -66,9 +69,12 @@ static void handle_health(h2o_req_t *req, void *ud)
     json_t *body = vlmd_health_render(snap, vlmd_now_ms() - fe->snapshot_at_ms,
                                       (uint64_t)fe->svc.cfg.heartbeat_timeout_ms, fe->model_name,
                                       &status);
-    if (body) /* what the model serves: which endpoints answer */
+    if (body) { /* what the model serves (which endpoints answer), and what the console says */
         json_object_set_new(body, "task", json_pack("s+", vlmd_task_name(fe->completions.task.task),
                                                     fe->completions.task.embed_too ? "+embed" : ""));
+        json_object_set_new(body, "ui", json_string(fe->svc.cfg.ui));
+        json_object_set_new(body, "demo_model", json_boolean(fe->demo_model));
+    }
     vlmd_send_json(req, status, body, NULL, NULL);
 }
 
@@ -189,7 +195,11 @@ static const http_route routes[] = {
     {"POST", "/detokenize", handle_detokenize, HTTP_KEY},
     {"GET", "/metrics", handle_metrics, HTTP_METRICS},
     {"GET", "/memory_stats", handle_memory_stats, HTTP_METRICS},
+    /* the console (--ui on): last, so that --ui off leaves them out */
+    {"GET", "/", console_handle, HTTP_OPEN},
+    {"GET", "/console/", console_handle, HTTP_OPEN},
 };
+#define CONSOLE_ROUTES 2
 
 /* The model's task (model_task.h): what a reranker needs of its vocabulary. */
 static bool pooling_model_init(pooling_model *pm, completions *c, const vlmd_config *cfg,
@@ -356,6 +366,9 @@ int main(int argc, char **argv)
     vlmd_served_model_name(fe.svc.cfg.served_model_name, fe.svc.cfg.model, fe.model_name,
                            sizeof fe.model_name);
     fe.started_unix_s = (int64_t)time(NULL);
+    char stamp[4200];
+    snprintf(stamp, sizeof stamp, "%s/.vlmd-demo-model", fe.svc.cfg.model);
+    fe.demo_model = access(stamp, F_OK) == 0;
     char tok_path[4200];
     snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", fe.svc.cfg.model);
     if (vlmd_tokenizer_load(tok_path, &fe.tok, &err) != VLMD_OK) {
@@ -424,8 +437,10 @@ int main(int argc, char **argv)
         .keepalive_ms = (uint64_t)cfg->keepalive_timeout_s * 1000, .auth = &fe.auth,
         .metrics_need_key = strcmp(cfg->metrics_need_key, "yes") == 0,
         .cors_origins = cfg->cors_origins};
-    fe.http = http_server_create(&fe.svc.loop, &hc, routes, sizeof routes / sizeof routes[0], &fe,
-                                 &err);
+    size_t n_routes = sizeof routes / sizeof routes[0];
+    if (strcmp(cfg->ui, "on") != 0)
+        n_routes -= CONSOLE_ROUTES;
+    fe.http = http_server_create(&fe.svc.loop, &hc, routes, n_routes, &fe, &err);
     if (!fe.http) {
         VLMD_ERROR("%s", err.msg);
         exit(VLMD_EXIT_CONFIG);

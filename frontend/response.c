@@ -73,6 +73,7 @@ static const char *reason_phrase(int status)
     switch (status) {
     case 200: return "OK";
     case 204: return "No Content";
+    case 304: return "Not Modified";
     case 400: return "Bad Request";
     case 401: return "Unauthorized";
     case 404: return "Not Found";
@@ -107,6 +108,24 @@ void vlmd_send_text(h2o_req_t *req, int status, const char *content_type, const 
     static h2o_generator_t generator = {NULL, NULL};
     h2o_start_response(req, &generator);
     h2o_send(req, &buf, head ? 0 : 1, H2O_SEND_STATE_FINAL);
+}
+
+void vlmd_send_static(h2o_req_t *req, int status, const char *content_type,
+                      const char *cache_control, const void *data, size_t len)
+{
+    req->res.status = status;
+    req->res.reason = reason_phrase(status);
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL, content_type,
+                   strlen(content_type));
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CACHE_CONTROL, NULL, cache_control,
+                   strlen(cache_control));
+    bool head = h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD"));
+    bool body = status != 304 && !head;
+    req->res.content_length = status == 304 ? 0 : len;
+    h2o_iovec_t buf = h2o_iovec_init(data, len);
+    static h2o_generator_t generator = {NULL, NULL};
+    h2o_start_response(req, &generator);
+    h2o_send(req, &buf, body ? 1 : 0, H2O_SEND_STATE_FINAL);
 }
 
 void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_header,

@@ -35,6 +35,12 @@ json_t *vlmd_api_error_json(const char *message, const char *type, const char *p
  * application/json, Content-Length and Cache-Control: no-store;
  * extra_header/value (may be NULL) adds one header. A NULL body (a failed
  * allocation upstream) becomes a 500 in the error shape. */
+/* Sends bytes that outlive the request (not copied: the console's embedded
+ * files) with their content type and cache policy; headers the caller added
+ * to req->res go out with them. HEAD and 304 get no body. */
+void vlmd_send_static(h2o_req_t *req, int status, const char *content_type,
+                      const char *cache_control, const void *data, size_t len);
+
 void vlmd_send_json(h2o_req_t *req, int status, json_t *body, const char *extra_header,
                     const char *extra_value);
 

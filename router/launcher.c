@@ -134,12 +134,14 @@ static void announce(launcher *l, const vlmd_msg_stats_snapshot *s)
     for (uint32_t i = 0; i < s->n_workers; i++)
         if (s->workers[i].role == VLMD_ROLE_FRONTEND)
             url = s->workers[i].listen_url;
-    printf("vlmd is ready: %s serves %s\n"
-           "  curl %s/health\n"
+    printf("vlmd is ready: %s serves %s\n", url, l->cfg.model);
+    if (strcmp(l->cfg.ui, "on") == 0) /* the console first: a newcomer opens it in a browser */
+        printf("  the console: open %s/ in a browser\n", url);
+    printf("  curl %s/health\n"
            "  curl %s/v1/models\n"
            "  curl %s/v1/completions -H 'Content-Type: application/json' \\\n"
            "       -d '{\"prompt\": \"Hello, my name is\", \"max_tokens\": 16}'\n",
-           url, l->cfg.model, url, url, url);
+           url, url, url);
     fflush(stdout);
     VLMD_INFO("every process is ready; serving at %s", url);
 }
