@@ -126,17 +126,21 @@ test('chat: a streamed answer is the API\'s for the same seed, with no console e
     await setField(page, '#temperature', 0.8);
     await setField(page, '#seed', 7);
     await setField(page, '#max-tokens', 24);
+    // 24 tokens whatever the sampled path (the same field goes to the API below)
+    await page.route('**/v1/chat/completions', (route) => route.continue({
+      postData: JSON.stringify({ ...JSON.parse(route.request().postData()), ignore_eos: true }) }));
     await send(page, 'Tell me about memory.');
     const answer = lastAnswer(page);
     await answer.and(page.locator('[data-done="true"]')).waitFor({ timeout: 30000 * SCALE });
     const api = await postJson(`${demo.url}/v1/chat/completions`, {
       messages: [{ role: 'user', content: 'Tell me about memory.' }], temperature: 0.8, seed: 7,
-      max_tokens: 24, top_p: await page.inputValue('#top-p').then(Number),
+      max_tokens: 24, ignore_eos: true, top_p: await page.inputValue('#top-p').then(Number),
       chat_template_kwargs: { enable_thinking: await page.isChecked('#thinking') } });
     assert.equal(api.status, 200, JSON.stringify(api.body));
     const stored = await page.evaluate(() => Object.entries(localStorage)
       .filter(([k]) => k.startsWith('vlmd.console.')).map(([, v]) => v).join('\n'));
     const content = api.body.choices[0].message.content ?? '';
+    assert.equal(api.body.usage.completion_tokens, 24);
     assert.ok(content.length > 0);
     assert.ok(stored.includes(JSON.stringify(content).slice(1, -1)), `the page kept the API's answer: ${content}`);
     assert.match(await answer.locator('.stats').textContent(), /\d+ tokens/);
@@ -154,7 +158,9 @@ test('stop cancels the request: the server counts the cancellation', async () =>
   const { context, page, problems } = await openConsole(demo.url);
   try {
     await setField(page, '#max-tokens', 1500);
-    await setField(page, '#seed', 1); // the demo model's answer for this seed runs past 1500 tokens
+    // the demo model may end an answer early (on another CPU, another path): this one may not
+    await page.route('**/v1/chat/completions', (route) => route.continue({
+      postData: JSON.stringify({ ...JSON.parse(route.request().postData()), ignore_eos: true }) }));
     const before = await metric(demo.url, 'vlmd_requests_finished_total', ['finished_reason="cancelled"']);
     await send(page, 'Go on and on.');
     await page.waitForFunction(() => document.querySelector('#stop') && !document.querySelector('#stop').disabled);
@@ -188,6 +194,69 @@ test('a model answer with markup is shown as text: no script runs, no element is
     assert.match(await answer.locator('.content').textContent(), /Look:/);
     assert.equal(await answer.locator('.content strong').count(), 1, 'Markdown is still rendered');
     assert.deepEqual(problems.filter((p) => !/net::ERR|Failed to load resource/.test(p)), []);
+  } finally {
+    await context.close();
+  }
+});
+
+test('thinking is folded apart, tool calls are shown as calls, the usage gives the stats', async () => {
+  const { context, page, problems } = await openConsole(demo.url);
+  try {
+    const chunks = [
+      { choices: [{ index: 0, delta: { role: 'assistant', reasoning_content: 'Let me think <b>hard</b>.' } }] },
+      { choices: [{ index: 0, delta: { content: 'Calling the weather.' } }] },
+      { choices: [{ index: 0, delta: { tool_calls: [{ index: 0, id: 'call_1', type: 'function', function: { name: 'get_weather', arguments: '{"city": ' } }] } }] },
+      { choices: [{ index: 0, delta: { tool_calls: [{ index: 0, function: { arguments: '"Paris"}' } }] } }] },
+      { choices: [{ index: 0, delta: {}, finish_reason: 'tool_calls' }] },
+      { choices: [], usage: { prompt_tokens: 5, completion_tokens: 17, total_tokens: 22 } },
+    ];
+    await page.route('**/v1/chat/completions', (route) => route.fulfill({ status: 200, contentType: 'text/event-stream',
+      body: chunks.map((d) => `data: ${JSON.stringify(d)}\n\n`).join('') + 'data: [DONE]\n\n' }));
+    await send(page, 'weather?');
+    const answer = lastAnswer(page);
+    await answer.and(page.locator('[data-done="true"]')).waitFor();
+    const reasoning = answer.locator('details.reasoning');
+    assert.equal(await reasoning.count(), 1);
+    assert.equal(await reasoning.evaluate((d) => d.open), false, 'folded');
+    assert.match(await reasoning.textContent(), /Let me think <b>hard<\/b>\./, 'as text');
+    assert.doesNotMatch(await answer.locator('.content').textContent(), /Let me think/, 'apart from the answer');
+    const call = answer.locator('.tool-call');
+    assert.equal(await call.count(), 1);
+    assert.match(await call.textContent(), /get_weather/);
+    assert.match(await call.textContent(), /"city": "Paris"/);
+    assert.match(await answer.locator('.stats').textContent(), /17 tokens/);
+    assert.deepEqual(problems, []);
+  } finally {
+    await context.close();
+  }
+});
+
+test('conversations: new, rename, delete, kept in the browser', async () => {
+  const { context, page, problems } = await openConsole(demo.url);
+  try {
+    await page.route('**/v1/chat/completions', (route) => route.fulfill({ status: 200, contentType: 'text/event-stream',
+      body: `data: ${JSON.stringify({ choices: [{ index: 0, delta: { content: 'ok' }, finish_reason: 'stop' }] })}\n\ndata: [DONE]\n\n` }));
+    const count = () => page.locator('#conversations .conversation').count();
+    await send(page, 'first conversation');
+    await lastAnswer(page).and(page.locator('[data-done="true"]')).waitFor();
+    const before = await count();
+    await page.click('#new-conversation');
+    assert.equal(await page.locator('#messages .message').count(), 0, 'a new one starts empty');
+    await send(page, 'second conversation');
+    await lastAnswer(page).and(page.locator('[data-done="true"]')).waitFor();
+    assert.equal(await count(), before + 1);
+    const item = page.locator('#conversations .conversation.current');
+    await item.locator('.rename').click();
+    await page.fill('#conversations .rename-input', 'Renamed one');
+    await page.keyboard.press('Enter');
+    await page.reload();
+    await page.waitForSelector('#conversations .conversation');
+    assert.match(await page.locator('#conversations .conversation.current').textContent(), /Renamed one/, 'kept across a reload');
+    assert.match(await page.locator('#messages').textContent(), /second conversation/);
+    await page.locator('#conversations .conversation.current .delete').click();
+    assert.equal(await count(), before);
+    assert.doesNotMatch(await page.locator('#conversations').textContent(), /Renamed one/);
+    assert.deepEqual(problems, []);
   } finally {
     await context.close();
   }
