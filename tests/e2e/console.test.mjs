@@ -307,6 +307,10 @@ test('memory: every bar segment and profile number equals /memory_stats; screens
       (els) => Object.fromEntries(els.map((e) => [e.dataset.field, e.dataset.value])));
     for (const k of ['probe_tokens', 'probe_peak_bytes', 'target_budget_bytes', 'attempts', 'kv_capacity_tokens'])
       assert.equal(fields[k], String(m[k]), k);
+    const c = stats.llm.counters;
+    assert.equal(await page.getAttribute('#prefix-hit-rate', 'data-value'),
+      `${c.prefix_cache_hit_tokens_total}/${c.prefix_cache_query_tokens_total}`, 'the prefix cache\'s numbers');
+    assert.ok(c.prefix_cache_query_tokens_total > 0, 'the earlier tests asked the cache');
     if (SHOTS) await page.screenshot({ path: `${SHOTS}/console-memory.png` });
     assert.deepEqual(problems, []);
   } finally {
