@@ -293,24 +293,36 @@ test('memory: every bar segment and profile number equals /memory_stats; screens
     }
     await page.click('#nav-memory');
     await page.waitForSelector('#memory-devices .device[data-process="llm"] .segment');
-    await page.waitForTimeout(1500); // a poll after the last request's numbers settled
-    const stats = (await getJson(`${demo.url}/memory_stats`)).body;
-    const segments = await page.$$eval('#memory-devices .device[data-process="llm"] .segment',
-      (els) => Object.fromEntries(els.map((e) => [e.dataset.part, Number(e.dataset.bytes)])));
-    const m = stats.llm.memory;
-    assert.equal(segments.weights, m.weights_bytes);
-    assert.equal(segments.workspace, m.workspace_bytes);
-    assert.equal(segments.canary, m.canary_bytes);
-    assert.equal(segments['kv-used'], stats.llm.kv_used_bytes);
-    assert.equal(segments['kv-free'], m.kv_bytes - stats.llm.kv_used_bytes);
-    const fields = await page.$$eval('#profile-timeline [data-field]',
-      (els) => Object.fromEntries(els.map((e) => [e.dataset.field, e.dataset.value])));
-    for (const k of ['probe_tokens', 'probe_peak_bytes', 'target_budget_bytes', 'attempts', 'kv_capacity_tokens'])
-      assert.equal(fields[k], String(m[k]), k);
-    const c = stats.llm.counters;
-    assert.equal(await page.getAttribute('#prefix-hit-rate', 'data-value'),
-      `${c.prefix_cache_hit_tokens_total}/${c.prefix_cache_query_tokens_total}`, 'the prefix cache\'s numbers');
-    assert.ok(c.prefix_cache_query_tokens_total > 0, 'the earlier tests asked the cache');
+    // what the page shows against /memory_stats fetched at the same moment, until a poll of
+    // the page's has caught up with the server's latest snapshot (both settle once idle)
+    const shown = () => page.evaluate(() => ({
+      segments: Object.fromEntries([...document.querySelectorAll('#memory-devices .device[data-process="llm"] .segment')]
+        .map((e) => [e.dataset.part, Number(e.dataset.bytes)])),
+      fields: Object.fromEntries([...document.querySelectorAll('#profile-timeline [data-field]')]
+        .map((e) => [e.dataset.field, e.dataset.value])),
+      hitRate: document.querySelector('#prefix-hit-rate')?.dataset.value,
+    }));
+    const expected = (stats) => {
+      const m = stats.llm.memory, c = stats.llm.counters;
+      return {
+        segments: { weights: m.weights_bytes, workspace: m.workspace_bytes, canary: m.canary_bytes,
+          'kv-used': stats.llm.kv_used_bytes, 'kv-free': m.kv_bytes - stats.llm.kv_used_bytes },
+        fields: Object.fromEntries(['probe_tokens', 'probe_peak_bytes', 'target_budget_bytes', 'attempts',
+          'kv_capacity_tokens'].map((k) => [k, String(m[k])])),
+        hitRate: `${c.prefix_cache_hit_tokens_total}/${c.prefix_cache_query_tokens_total}`,
+      };
+    };
+    let last;
+    const same = await waitFor('the page\'s numbers to be /memory_stats\'', async () => {
+      const want = expected((await getJson(`${demo.url}/memory_stats`)).body);
+      const got = await shown();
+      const picked = { segments: Object.fromEntries(Object.keys(want.segments).map((k) => [k, got.segments[k]])),
+        fields: Object.fromEntries(Object.keys(want.fields).map((k) => [k, got.fields[k]])), hitRate: got.hitRate };
+      last = { want, got: picked };
+      return JSON.stringify(picked) === JSON.stringify(want);
+    }, 15000 * SCALE, 250).catch(() => false);
+    assert.ok(same, `the page shows /memory_stats' numbers: ${JSON.stringify(last)}`);
+    assert.ok(Number(last.want.hitRate.split('/')[1]) > 0, 'the earlier tests asked the prefix cache');
     if (SHOTS) await page.screenshot({ path: `${SHOTS}/console-memory.png` });
     assert.deepEqual(problems, []);
   } finally {

@@ -12,7 +12,7 @@ import { embed, embedMany } from 'ai';
 import { createOpenAICompatible } from '@ai-sdk/openai-compatible';
 import { OpenAIEmbeddings } from '@langchain/openai';
 import { OpenAIEmbedding } from '@llamaindex/openai';
-import { FIXTURES, startServer, stopServer, postJson, getJson, waitFor } from './harness.mjs';
+import { FIXTURES, SCALE, startServer, stopServer, postJson, getJson, waitFor } from './harness.mjs';
 
 const EMBED = `${FIXTURES}/qwen3_embedding`;
 const RERANK = `${FIXTURES}/qwen3_reranker`;
@@ -53,10 +53,21 @@ function assertVector(vec, ref, what, tol = 1e-4) {
 }
 const reference = (c, k) => embedTensors.get(`case${c}.input${k}.embedding`);
 
+// The router's admissions once its snapshots (one a heartbeat) have caught up
+// with every request answered so far: the same count twice, a few heartbeats apart.
+async function settledAdmissions(url) {
+  const read = async () => (await getJson(`${url}/memory_stats`)).body.router.counters.requests_admitted_total;
+  return waitFor('the admissions to settle', async () => {
+    const a = await read();
+    await new Promise((r) => setTimeout(r, 250 * SCALE));
+    return a === await read() && { a };
+  }, 20000 * SCALE).then((x) => x.a);
+}
+
 let embedServer, rerankServer;
 before(async () => {
   [embedServer, rerankServer] = await Promise.all([
-    startServer(['--model', EMBED, '--port', '0', '--max-model-len', '128']),
+    startServer(['--model', EMBED, '--port', '0', '--max-model-len', '128', '--heartbeat-ms', '50']),
     startServer(['--model', RERANK, '--port', '0']),
   ]);
 });
@@ -142,7 +153,7 @@ test('embeddings refusals: each a 400 naming its field, none reaches the engine'
     [{ input: 'a', dimensions: '32' }, 'dimensions'], [{ input: 'a', truncate_prompt_tokens: 0 }, 'truncate_prompt_tokens'],
     [{ input: 'a', add_special_tokens: 'yes' }, 'add_special_tokens'], [{ input: 'a', user: 5 }, 'user'],
   ];
-  const before = (await getJson(`${embedServer.url}/memory_stats`)).body.router.counters.requests_admitted_total;
+  const before = await settledAdmissions(embedServer.url);
   for (const [body, param] of cases) {
     const r = await postJson(`${embedServer.url}/v1/embeddings`, body);
     assert.equal(r.status, 400, `${JSON.stringify(body)}: ${JSON.stringify(r.body)}`);
@@ -151,8 +162,7 @@ test('embeddings refusals: each a 400 naming its field, none reaches the engine'
   }
   const unknown = await postJson(`${embedServer.url}/v1/embeddings`, { model: 'gpt-x', input: 'a' });
   assert.equal(unknown.status, 404);
-  const after = (await getJson(`${embedServer.url}/memory_stats`)).body.router.counters.requests_admitted_total;
-  assert.equal(after, before, 'no refused request was admitted');
+  assert.equal(await settledAdmissions(embedServer.url), before, 'no refused request was admitted');
   // the other tasks' endpoints name this one's
   for (const path of ['/v1/chat/completions', '/v1/completions', '/v1/rerank', '/v1/score', '/v1/responses']) {
     const r = await postJson(`${embedServer.url}${path}`, { messages: [{ role: 'user', content: 'hi' }], prompt: 'hi', input: 'hi', query: 'a', documents: ['b'] });
