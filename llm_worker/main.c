@@ -87,6 +87,7 @@ typedef struct llm_worker {
     size_t n_deferred, cap_deferred;
     grammar_jobs grammar_jobs;  /* requests whose grammar is compiling on the pool */
     bool orphaned;              /* re-registered mid-step: the requests are nobody's */
+    size_t n_orphan_deferred;   /* of the deferred, the first this many came before that */
     bool stopping;
     bool profiling, profiled;
     uint64_t peer_bytes;        /* the visual worker's reservation, from the router */
@@ -265,24 +266,32 @@ static void apply(llm_worker *w, vlmd_msg *msg, vlmd_grammar *g)
     }
 }
 
-/* Frees the deferred messages. */
-static void free_deferred(llm_worker *w)
+/* Frees the first n deferred messages; the others move up, in order. */
+static void drop_deferred(llm_worker *w, size_t n)
 {
-    for (size_t i = 0; i < w->n_deferred; i++) {
+    for (size_t i = 0; i < n; i++) {
         vlmd_msg_free(&w->deferred[i].msg);
         vlmd_grammar_free(w->deferred[i].g);
     }
-    w->n_deferred = 0;
+    memmove(w->deferred, w->deferred + n, (w->n_deferred - n) * sizeof *w->deferred);
+    w->n_deferred -= n;
+}
+
+static void free_deferred(llm_worker *w)
+{
+    drop_deferred(w, w->n_deferred);
 }
 
 /* Registered again (a new router, or one that thought this engine gone): the
  * router that asked for the running requests has failed them already, so
- * they are dropped rather than generated for nobody. */
+ * they are dropped rather than generated for nobody. Registered mid-step,
+ * what was deferred before the welcome is theirs too; what came after it is
+ * the new router's and goes on (dropped, it would never be answered). */
 static void drop_orphans(llm_worker *w)
 {
     w->orphaned = false;
-    free_deferred(w); /* they came from the same router */
-    grammar_jobs_cancel_all(&w->grammar_jobs);
+    drop_deferred(w, w->n_orphan_deferred);
+    w->n_orphan_deferred = 0;
     int32_t n = engine_cancel_all(w->engine);
     if (n)
         VLMD_WARN("registered with the router again: dropped %d request(s) it no longer holds", n);
@@ -814,7 +823,11 @@ static void on_message(vlmd_service *svc, vlmd_msg *msg, void *ud)
             vlmd_msg req = {.type = VLMD_MSG_FOOTPRINT_REQUEST};
             vlmd_peer_send(svc->peer, &req);
         } else if (w->profiled) {
+            /* what it holds now came from the router before; the compiles go at once,
+             * the engine's requests once no step runs */
+            grammar_jobs_cancel_all(&w->grammar_jobs);
             w->orphaned = true;
+            w->n_orphan_deferred = w->n_deferred;
             if (!w->stepping)
                 drop_orphans(w);
         }
