@@ -269,6 +269,8 @@ static void apply(llm_worker *w, vlmd_msg *msg, vlmd_grammar *g)
 /* Frees the first n deferred messages; the others move up, in order. */
 static void drop_deferred(llm_worker *w, size_t n)
 {
+    if (n == 0)
+        return; /* (deferred may be NULL then) */
     for (size_t i = 0; i < n; i++) {
         vlmd_msg_free(&w->deferred[i].msg);
         vlmd_grammar_free(w->deferred[i].g);
