@@ -309,11 +309,12 @@ const vlmd_flag vlmd_flags[] = {
      "TOKENS=ENGINE: requests whose KV need (prompt + max_tokens) reaches TOKENS go to engine "
      "ENGINE (a larger one), and the others stay off it unless it is idle; empty: off"},
     /* the CUDA backend's ways kept until a GPU run has compared them (the CPU ignores them) */
-    {"cuda-attention", VLMD_FLAG_CHOICE, OFF(cuda_attention), "mma", 0, 0, "mma|wmma",
+    {"cuda-attention", VLMD_FLAG_CHOICE, OFF(cuda_attention), "fa2", 0, 0, "fa2|mma|wmma",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
-     "CUDA attention kernels: mma (S, P and O in registers on mma.sync; head dims that are "
-     "multiples of 8 up to 128) or wmma (the first kernels: S, P and O through shared memory; "
-     "7x slower; multiples of 16)"},
+     "CUDA attention kernels: fa2 (prefill in FlashAttention-2's tiles, 32 rows a warp on "
+     "mma.sync; decode steps split along the keys by their lengths, on CUDA cores), mma (the "
+     "first register-resident kernels: 16 rows a warp, decode in 16-row tiles) or wmma (S, P "
+     "and O through shared memory; 7x slower; multiples of 16)"},
     {"cuda-decode-linear", VLMD_FLAG_CHOICE, OFF(cuda_decode_linear), "cublas", 0, 0,
      "cublas|gemv", R(LAUNCHER) | R(VISUAL) | R(LLM),
      "CUDA linears of 1 or 2 rows (decode steps): cuBLAS, or vlmd's GEMV kernel (faster there "

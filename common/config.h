@@ -91,7 +91,7 @@ typedef struct vlmd_config {
     char *kv_events_topic;          /* --kv-events-topic: each batch's first frame */
     int64_t kv_events_block_size;   /* --kv-events-block-size: tokens per event block */
     char *kv_events_hash_seed;      /* --kv-events-hash-seed: the block hash chain's seed */
-    char *cuda_attention;           /* --cuda-attention: mma, wmma */
+    char *cuda_attention;           /* --cuda-attention: fa2, mma, wmma */
     char *cuda_decode_linear;       /* --cuda-decode-linear: cublas, gemv */
     char *cuda_pdl;                 /* --cuda-pdl: off, on */
     char *fp8_activations;          /* --fp8-activations: off, on (W8A8 for FP8 weights) */

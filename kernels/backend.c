@@ -26,8 +26,9 @@ vlmd_backend_options vlmd_backend_options_of(const vlmd_config *cfg)
     /* the flag table allows only its choices, so the first one is the default */
     vlmd_backend_options o = {
         .device = cfg->device,
-        .attention = strcmp(cfg->cuda_attention, "wmma") == 0 ? VLMD_CUDA_ATTENTION_WMMA
-                                                               : VLMD_CUDA_ATTENTION_MMA,
+        .attention = strcmp(cfg->cuda_attention, "wmma") == 0  ? VLMD_CUDA_ATTENTION_WMMA
+                     : strcmp(cfg->cuda_attention, "mma") == 0 ? VLMD_CUDA_ATTENTION_MMA
+                                                               : VLMD_CUDA_ATTENTION_FA2,
         .gemv_decode = strcmp(cfg->cuda_decode_linear, "gemv") == 0,
         .pdl = strcmp(cfg->cuda_pdl, "on") == 0,
     };

@@ -35,12 +35,15 @@ typedef struct vlmd_device_info {
 
 typedef struct vlmd_backend vlmd_backend;
 
-/* The CUDA attention kernels for head dims that are multiples of 16
- * (--cuda-attention): the register-resident ones on mma.sync, or the first
- * ones on WMMA (S, P and O through shared memory), kept to compare them on a
- * GPU. Head dims of other sizes take the simple kernel either way. */
+/* The CUDA attention kernels (--cuda-attention): fa2 (prefill on mma.sync in
+ * FlashAttention-2's 128-row tiles, decode steps on the split-KV decode
+ * kernel), or the ways kept to compare them on a GPU: mma (the first
+ * register-resident kernels, 64-row tiles, decode steps in 16-row ones) and
+ * wmma (the first kernels, S, P and O through shared memory). Head dims the
+ * tiled kernels do not take go to the simple kernel either way. */
 typedef enum vlmd_cuda_attention {
-    VLMD_CUDA_ATTENTION_MMA = 0,
+    VLMD_CUDA_ATTENTION_FA2 = 0,
+    VLMD_CUDA_ATTENTION_MMA,
     VLMD_CUDA_ATTENTION_WMMA,
 } vlmd_cuda_attention;
 

@@ -306,25 +306,32 @@ __global__ void __launch_bounds__(WARPS * 32)
 
 /* ---- on mma.sync: S, P and O in registers --------------------------------------------------- */
 
-/* The same tiles of (token, group head) rows as k_flash_attention<16 *
- * ROW_WARPS> (4 warps for prefill, 1 for a decode step: its group's heads fill
- * one 16-row tile), and the same split partials, but each warp owns 16 rows
- * end to end: Q as A fragments, S = Q K^T and O in mma.m16n8k16 accumulators,
- * P rebuilt from S's accumulators as A fragments without leaving the
- * registers (an accumulator pair (row, 2t..2t+1) is exactly an A register),
- * so shared memory holds only Q, K and V. A head dim hd below the HD the kernel is
- * built for is padded: the columns hd..HD of Q, K and V are zeros in shared
- * memory (they add nothing to S, and O's columns there are not written).
- * K and V tiles arrive by cp.async, each while
- * the previous one is being used: V(j) while S(j) is computed, K(j+1) while
- * P(j) V(j) is. Rows are 16 bytes apart modulo 128 (a pad of 8 elements),
- * so ldmatrix reads them without bank conflicts. */
+/* The same tiles of (token, group head) rows as k_flash_attention, and the
+ * same split partials, but each warp owns 16 * RB rows end to end:
+ * S = Q K^T and O in mma.m16n8k16 accumulators, P rebuilt from S's
+ * accumulators as A fragments without leaving the registers (an accumulator
+ * pair (row, 2t..2t+1) is exactly an A register), so shared memory holds only
+ * Q, K and V. Two shapes: FlashAttention-2's for prefill (4 warps of 32 rows,
+ * RB = 2: a 128-row tile, each K and V fragment read from shared memory
+ * feeding two row blocks, Q's fragments read again each tile to leave the
+ * registers to O), and the first one (RB = 1: Q's fragments kept in
+ * registers; 4 warps for prefill under --cuda-attention mma, 1 warp for its
+ * decode steps). A head dim hd below the HD the kernel is built for is
+ * padded: the columns hd..HD of Q, K and V are zeros in shared memory (they
+ * add nothing to S, and O's columns there are not written). K and V tiles
+ * arrive by cp.async, each while the previous one is being used: V(j) while
+ * S(j) is computed, K(j+1) while P(j) V(j) is. Only a warp's tiles that reach
+ * past its first row's causal limit or the split's end are masked (key by
+ * key); the others take every score as it is. The rows past the tile's live
+ * ones have zero queries and are never written, so they need no mask. Rows
+ * are 16 bytes apart modulo 128 (a pad of 8 elements), so ldmatrix reads them
+ * without bank conflicts. */
 __host__ __device__ static constexpr size_t mma_smem_bytes(int br, int hd)
 {
     return (size_t)(br + 2 * BC) * (hd + 8) * sizeof(bf16);
 }
 
-template <int HD, int ROW_WARPS>
+template <int HD, int ROW_WARPS, int RB>
 __global__ void __launch_bounds__(ROW_WARPS * 32)
     k_flash_attention_mma(bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
                           const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
@@ -332,8 +339,9 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
                           float *partial)
 {
     vlmd_kernel_start();
-    constexpr int BR = 16 * ROW_WARPS, LD = HD + 8, CHUNKS = HD / 8; /* rows; bf16 row stride;
-                                                                       16-byte pieces per row */
+    constexpr int WR = 16 * RB, BR = WR * ROW_WARPS; /* rows a warp, a tile */
+    constexpr int LD = HD + 8, CHUNKS = HD / 8;     /* bf16 row stride; 16-byte pieces a row */
+    constexpr bool Q_IN_REGS = RB == 1;
     const int live_chunks = hd / 8; /* the pieces the head has; zeros after them */
     VLMD_DYNAMIC_SMEM(smem); /* cp.async and ldmatrix: 16-byte rows, as LD keeps them */
     VLMD_KERNEL_ASSERT((uintptr_t)smem % 16 == 0);
@@ -348,14 +356,9 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
     int lo, hi;
     T.keys(causal, splits, split, &lo, &hi);
 
-    /* this thread's two rows (h = 0, 1): warp * 16 + g + 8h */
-    int pos[2];
-    bool live[2];
-    for (int h = 0; h < 2; h++) {
-        int r = warp * 16 + g + 8 * h;
-        live[h] = r < T.rows;
-        pos[h] = T.pos(r);
-    }
+    /* this thread's rows (rb, h) are warp * WR + 16 rb + g + 8 h */
+    auto row_of = [&](int rb, int h) { return warp * WR + 16 * rb + g + 8 * h; };
+    const int first_pos = T.pos(warp * WR); /* the warp's smallest causal limit */
 
     for (int c = tid; c < BR * CHUNKS; c += blockDim.x) { /* Q rows, zeros past the last */
         int r = c / CHUNKS, d8 = c % CHUNKS;
@@ -377,108 +380,171 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
         load_tile(Ks, k_cache, lo);
     cp_async_commit();
 
-    uint32_t qf[HD / 16][4];
-    float o[HD / 8][4] = {};
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0}; /* m in log2 units; l this thread's part */
+    /* Q's A fragment of row block rb, head-dim block kk, from shared memory */
+    auto load_q = [&](uint32_t a[4], int rb, int kk) {
+        ldmatrix_x4(a, Qs + (warp * WR + 16 * rb + lane % 16) * LD + kk * 16 + lane / 16 * 8);
+    };
+    uint32_t qf[Q_IN_REGS ? HD / 16 : 1][4];
+    float o[RB][HD / 8][4] = {};
+    float m[RB][2], l[RB][2]; /* m in log2 units; l this thread's part */
+    VLMD_UNROLL
+    for (int rb = 0; rb < RB; rb++)
+        m[rb][0] = m[rb][1] = -INFINITY, l[rb][0] = l[rb][1] = 0;
     for (int t0 = lo; t0 < hi; t0 += BC) {
         load_tile(Vs, v_cache, t0);
         cp_async_commit();
         cp_async_wait<1>(); /* Q and K(t0) are here; V(t0) may still be coming */
         __syncthreads();
-        if (t0 == lo)
+        if (Q_IN_REGS && t0 == lo)
+            VLMD_UNROLL
             for (int kk = 0; kk < HD / 16; kk++)
-                ldmatrix_x4(qf[kk], Qs + (warp * 16 + lane % 16) * LD + kk * 16 + lane / 16 * 8);
-        /* S = Q K^T: key blocks of 8, two per ldmatrix */
-        float s[BC / 8][4] = {};
-        for (int nb = 0; nb < BC / 16; nb++)
-            for (int kk = 0; kk < HD / 16; kk++) {
+                load_q(qf[kk], 0, kk);
+        /* S = Q K^T: key blocks of 8, two per ldmatrix, each feeding every row block */
+        float s[RB][BC / 8][4] = {};
+        VLMD_UNROLL
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t qa[RB][4];
+            VLMD_UNROLL
+            for (int rb = 0; rb < RB; rb++)
+                if (Q_IN_REGS)
+                    VLMD_UNROLL
+                    for (int i = 0; i < 4; i++)
+                        qa[rb][i] = qf[Q_IN_REGS ? kk : 0][i];
+                else
+                    load_q(qa[rb], rb, kk);
+            VLMD_UNROLL
+            for (int nb = 0; nb < BC / 16; nb++) {
                 uint32_t kf[4];
                 ldmatrix_x4(kf, Ks + (nb * 16 + lane % 8 + lane / 16 * 8) * LD + kk * 16 +
                                     lane / 8 % 2 * 8);
-                mma_16816(s[2 * nb], qf[kk], kf);
-                mma_16816(s[2 * nb + 1], qf[kk], kf + 2);
+                VLMD_UNROLL
+                for (int rb = 0; rb < RB; rb++) {
+                    mma_16816(s[rb][2 * nb], qa[rb], kf);
+                    mma_16816(s[rb][2 * nb + 1], qa[rb], kf + 2);
+                }
             }
+        }
         __syncthreads(); /* every warp is done with K(t0) */
         if (t0 + BC < hi)
             load_tile(Ks, k_cache, t0 + BC);
         cp_async_commit(); /* (empty after the last tile: the wait below counts groups) */
 
         /* the online softmax: a row's 64 keys are spread over the 4 lanes of a quad */
-        float mx[2] = {-INFINITY, -INFINITY};
-        for (int nb = 0; nb < BC / 8; nb++)
-            for (int e = 0; e < 4; e++) {
-                int h = e / 2, j = t0 + nb * 8 + 2 * t + e % 2;
-                bool ok = live[h] && j < hi && (!causal || j <= pos[h]);
-                s[nb][e] = ok ? s[nb][e] * scale_log2 : -INFINITY;
-                mx[h] = fmaxf(mx[h], s[nb][e]);
+        const bool mask = t0 + BC > hi || (causal && t0 + BC - 1 > first_pos);
+        float alpha[RB][2];
+        VLMD_UNROLL
+        for (int rb = 0; rb < RB; rb++) {
+            float mx[2] = {-INFINITY, -INFINITY};
+            if (mask) { /* the keys past the split's end and each row's causal limit */
+                int limit[2]; /* the keys row h sees end before limit[h] */
+                VLMD_UNROLL
+                for (int h = 0; h < 2; h++) {
+                    int r = row_of(rb, h);
+                    limit[h] = r >= T.rows ? 0 : causal ? min(hi, T.pos(r) + 1) : hi;
+                }
+                VLMD_UNROLL
+                for (int nb = 0; nb < BC / 8; nb++)
+                    VLMD_UNROLL
+                    for (int e = 0; e < 4; e++)
+                        if (t0 + nb * 8 + 2 * t + e % 2 >= limit[e / 2])
+                            s[rb][nb][e] = -INFINITY;
             }
-        float alpha[2];
-        for (int h = 0; h < 2; h++) {
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-            mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-            float m_new = fmaxf(m[h], mx[h]);
-            alpha[h] = m[h] == -INFINITY ? 0.0f : exp2f(m[h] - m_new);
-            m[h] = m_new;
-            l[h] *= alpha[h];
-        }
-        for (int nb = 0; nb < BC / 8; nb++)
-            for (int e = 0; e < 4; e++) {
-                int h = e / 2;
-                float p = m[h] == -INFINITY ? 0.0f : exp2f(s[nb][e] - m[h]);
-                l[h] += p;
-                s[nb][e] = p;
+            VLMD_UNROLL
+            for (int nb = 0; nb < BC / 8; nb++)
+                VLMD_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    s[rb][nb][e] *= scale_log2;
+                    mx[e / 2] = fmaxf(mx[e / 2], s[rb][nb][e]);
+                }
+            VLMD_UNROLL
+            for (int h = 0; h < 2; h++) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+                float m_new = fmaxf(m[rb][h], mx[h]);
+                alpha[rb][h] = m[rb][h] == -INFINITY ? 0.0f : exp2f(m[rb][h] - m_new);
+                m[rb][h] = m_new;
+                l[rb][h] *= alpha[rb][h];
             }
-        uint32_t pf[BC / 16][4]; /* P as A fragments: keys 16kk.. are S blocks 2kk and 2kk+1 */
-        for (int kk = 0; kk < BC / 16; kk++) {
-            pf[kk][0] = pack_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-            pf[kk][1] = pack_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-            pf[kk][2] = pack_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pf[kk][3] = pack_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            VLMD_UNROLL
+            for (int nb = 0; nb < BC / 8; nb++)
+                VLMD_UNROLL
+                for (int e = 0; e < 4; e++) {
+                    int h = e / 2;
+                    float p = m[rb][h] == -INFINITY ? 0.0f : exp2f(s[rb][nb][e] - m[rb][h]);
+                    l[rb][h] += p;
+                    s[rb][nb][e] = p;
+                }
+            VLMD_UNROLL
+            for (int nd = 0; nd < HD / 8; nd++) {
+                o[rb][nd][0] *= alpha[rb][0], o[rb][nd][1] *= alpha[rb][0];
+                o[rb][nd][2] *= alpha[rb][1], o[rb][nd][3] *= alpha[rb][1];
+            }
         }
-        for (int nd = 0; nd < HD / 8; nd++) {
-            o[nd][0] *= alpha[0], o[nd][1] *= alpha[0];
-            o[nd][2] *= alpha[1], o[nd][3] *= alpha[1];
-        }
-
         cp_async_wait<1>(); /* V(t0) is here; K(t0 + BC) may still be coming */
         __syncthreads();
-        /* O += P V: head-dim blocks of 8, two per transposed ldmatrix */
-        for (int kk = 0; kk < BC / 16; kk++)
+        /* O += P V: head-dim blocks of 8, two per transposed ldmatrix; P as A
+         * fragments built a key block at a time (keys 16kk.. are S blocks 2kk
+         * and 2kk+1), so only one block's are held */
+        VLMD_UNROLL
+        for (int kk = 0; kk < BC / 16; kk++) {
+            uint32_t pf[RB][4];
+            VLMD_UNROLL
+            for (int rb = 0; rb < RB; rb++) {
+                pf[rb][0] = pack_bf16x2(s[rb][2 * kk][0], s[rb][2 * kk][1]);
+                pf[rb][1] = pack_bf16x2(s[rb][2 * kk][2], s[rb][2 * kk][3]);
+                pf[rb][2] = pack_bf16x2(s[rb][2 * kk + 1][0], s[rb][2 * kk + 1][1]);
+                pf[rb][3] = pack_bf16x2(s[rb][2 * kk + 1][2], s[rb][2 * kk + 1][3]);
+            }
+            VLMD_UNROLL
             for (int nd = 0; nd < HD / 16; nd++) {
                 uint32_t vf[4];
                 ldmatrix_x4_trans(vf, Vs + (kk * 16 + lane % 8 + lane / 8 % 2 * 8) * LD +
                                           nd * 16 + lane / 16 * 8);
-                mma_16816(o[2 * nd], pf[kk], vf);
-                mma_16816(o[2 * nd + 1], pf[kk], vf + 2);
+                VLMD_UNROLL
+                for (int rb = 0; rb < RB; rb++) {
+                    mma_16816(o[rb][2 * nd], pf[rb], vf);
+                    mma_16816(o[rb][2 * nd + 1], pf[rb], vf + 2);
+                }
             }
+        }
         __syncthreads(); /* every warp is done with V(t0) before the next tile's arrives */
     }
     cp_async_wait<0>(); /* no copy outlives the block (a split with no keys never waited) */
 
-    for (int h = 0; h < 2; h++) {
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
-        l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
-    }
-    for (int h = 0; h < 2; h++) {
-        if (!live[h])
-            continue;
-        int r = warp * 16 + g + 8 * h;
-        if (splits == 1) {
-            bf16 *dst = out + T.out_at(r, nh, hd) + 2 * t;
-            float inv = l[h] > 0 ? 1.0f / l[h] : 0.0f;
-            for (int nd = 0; nd < HD / 8; nd++) /* a constant count: o stays in registers */
-                if (nd < live_chunks)
-                    *(uint32_t *)(dst + nd * 8) = pack_bf16x2(o[nd][2 * h] * inv,
-                                                              o[nd][2 * h + 1] * inv);
-            continue;
+    VLMD_UNROLL
+
+    for (int rb = 0; rb < RB; rb++)
+        VLMD_UNROLL
+        for (int h = 0; h < 2; h++) {
+            l[rb][h] += __shfl_xor_sync(0xffffffffu, l[rb][h], 1);
+            l[rb][h] += __shfl_xor_sync(0xffffffffu, l[rb][h], 2);
         }
-        float *mine = split_row(partial, tile_id, kvh, nkv, splits, split, BR, r, hd);
-        for (int nd = 0; nd < HD / 8; nd++)
-            if (nd < live_chunks)
-                mine[nd * 8 + 2 * t] = o[nd][2 * h], mine[nd * 8 + 2 * t + 1] = o[nd][2 * h + 1];
-        if (t == 0) /* m to natural log units */
-            mine[hd] = m[h] * 0.69314718f, mine[hd + 1] = l[h];
-    }
+    VLMD_UNROLL
+    for (int rb = 0; rb < RB; rb++)
+        VLMD_UNROLL
+        for (int h = 0; h < 2; h++) {
+            if (row_of(rb, h) >= T.rows)
+                continue;
+            int r = row_of(rb, h);
+            if (splits == 1) {
+                bf16 *dst = out + T.out_at(r, nh, hd) + 2 * t;
+                float inv = l[rb][h] > 0 ? 1.0f / l[rb][h] : 0.0f;
+                VLMD_UNROLL
+                for (int nd = 0; nd < HD / 8; nd++) /* a constant count: o stays in registers */
+                    if (nd < live_chunks)
+                        *(uint32_t *)(dst + nd * 8) = pack_bf16x2(o[rb][nd][2 * h] * inv,
+                                                                  o[rb][nd][2 * h + 1] * inv);
+                continue;
+            }
+            float *mine = split_row(partial, tile_id, kvh, nkv, splits, split, BR, r, hd);
+            VLMD_UNROLL
+            for (int nd = 0; nd < HD / 8; nd++)
+                if (nd < live_chunks)
+                    mine[nd * 8 + 2 * t] = o[rb][nd][2 * h],
+                                   mine[nd * 8 + 2 * t + 1] = o[rb][nd][2 * h + 1];
+            if (t == 0) /* m to natural log units */
+                mine[hd] = m[rb][h] * 0.69314718f, mine[hd + 1] = l[rb][h];
+        }
 }
 
 /* ---- the splits' merge ---------------------------------------------------------------------- */
@@ -684,18 +750,18 @@ static void launch_wmma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
     });
 }
 
-template <int HD, int ROW_WARPS>
+template <int HD, int ROW_WARPS, int RB>
 static void launch_mma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                        const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
                        int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal)
 {
-    constexpr int BR = 16 * ROW_WARPS;
+    constexpr int BR = 16 * RB * ROW_WARPS;
     static size_t allowed = 0;
-    allow_smem(k_flash_attention_mma<HD, ROW_WARPS>, mma_smem_bytes(BR, HD), &allowed);
+    allow_smem(k_flash_attention_mma<HD, ROW_WARPS, RB>, mma_smem_bytes(BR, HD), &allowed);
     const float log2e = 1.44269504f;
     launch_split<BR>(b, out, seqs, n_seqs, n_rows, nh, nkv, hd,
                      [&](dim3 grid, int splits, float *scratch) {
-        vlmd_cuda_launch(k_flash_attention_mma<HD, ROW_WARPS>, grid, ROW_WARPS * 32,
+        vlmd_cuda_launch(k_flash_attention_mma<HD, ROW_WARPS, RB>, grid, ROW_WARPS * 32,
                          mma_smem_bytes(BR, HD), vlmd_cuda_stream(b), out, q, q_stride, k_cache,
                          v_cache, seqs, n_seqs, nh, nkv, hd, log2e / sqrtf((float)hd), causal,
                          splits, scratch);
@@ -703,9 +769,10 @@ static void launch_mma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
 }
 
 /* The register-resident kernel built for the smallest head dim of its list
- * that holds hd (a multiple of 8), in 16-row tiles for a decode step (one
- * query per sequence) and 64-row ones otherwise; false past 128. */
-static bool launch_mma_for(int hd, vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
+ * that holds hd (a multiple of 8): FlashAttention-2's 128-row tiles of 4
+ * warps (fa2), or the first shape's 64-row ones, and 16-row tiles of one warp
+ * for a decode step (one query per sequence); false past 128. */
+static bool launch_mma_for(int hd, bool fa2, vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                            const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
                            int n_seqs, int n_rows, int nh, int nkv, bool causal)
 {
@@ -714,9 +781,10 @@ static bool launch_mma_for(int hd, vlmd_backend *b, bf16 *out, const bf16 *q, in
         return false;
 #define VLMD_MMA_HEAD_DIM(HD)                                                                \
     if (hd <= HD) {                                                                          \
-        (decode ? launch_mma<HD, 1> : launch_mma<HD, 4>)(b, out, q, q_stride, k_cache, v_cache, \
-                                                          seqs, n_seqs, n_rows, nh, nkv, hd,   \
-                                                          causal);                           \
+        (decode ? launch_mma<HD, 1, 1>                                                       \
+         : fa2  ? launch_mma<HD, 4, 2>                                                       \
+                : launch_mma<HD, 4, 1>)(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs,  \
+                                        n_rows, nh, nkv, hd, causal);                        \
         return true;                                                                         \
     }
     VLMD_MMA_HEAD_DIM(16)
@@ -738,8 +806,15 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
     VLMD_ASSERT(kv_dtype == VLMD_DTYPE_BF16 || kv_dtype == VLMD_DTYPE_F8_E4M3);
     bf16 *o = (bf16 *)out;
     const bf16 *qq = (const bf16 *)q, *kc = (const bf16 *)k_cache, *vc = (const bf16 *)v_cache;
-    if (kv_dtype == VLMD_DTYPE_F8_E4M3) { /* an FP8 cache: the simple kernel reads it (the tiled
-                                          * ones take bf16; issue 35's decode kernel will) */
+    const vlmd_cuda_attention way = vlmd_cuda_attention_kernel(b);
+    const bool decode = n_rows == n_seqs, fp8 = kv_dtype == VLMD_DTYPE_F8_E4M3;
+    /* rows that read their own keys: every row of an FP8 cache (the tiled
+     * kernels take bf16), a decode step's but under the kept ways */
+    if ((fp8 || (decode && way == VLMD_CUDA_ATTENTION_FA2)) &&
+        vlmd_cuda_decode_attention(b, out, q, q_stride, k_cache, v_cache, kv_dtype, k_scale,
+                                   v_scale, seqs, n_seqs, n_rows, nh, nkv, hd, causal))
+        return;
+    if (fp8) { /* a head the decode kernel does not take: the simple kernel reads it */
         if (hd > SIMPLE_MAX_HD)
             VLMD_FATAL("head dimension %d is over the %d an FP8 cache's attention takes", hd,
                        SIMPLE_MAX_HD);
@@ -750,12 +825,13 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
                          v_scale > 0 ? v_scale : 1.0f);
         return;
     }
-    if (nh % nkv == 0 && vlmd_cuda_attention_kernel(b) == VLMD_CUDA_ATTENTION_MMA &&
-        launch_mma_for(hd, b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, causal))
+    if (nh % nkv == 0 && way != VLMD_CUDA_ATTENTION_WMMA &&
+        launch_mma_for(hd, way == VLMD_CUDA_ATTENTION_FA2, b, o, qq, q_stride, kc, vc, seqs,
+                       n_seqs, n_rows, nh, nkv, causal))
         return;
     if (hd % 16 == 0 && hd <= 256 && nh % nkv == 0) {
         /* a decode step (one query per sequence) fills a 16-row tile with its group's heads */
-        if (n_rows == n_seqs)
+        if (decode)
             launch_wmma<16>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);
         else
             launch_wmma<64>(b, o, qq, q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, hd, causal);

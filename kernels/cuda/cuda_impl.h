@@ -27,6 +27,16 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
                                        const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh,
                                        int nkv, int hd, bool causal);
 
+/* cuda_decode_attention.cu: the attention op for rows that read their own
+ * keys on CUDA cores (decode steps; any rows over an FP8 cache); false, with
+ * nothing launched, for a shape it does not take (head dims not a multiple
+ * of 8 or over 256, q rows not 16-byte aligned). */
+extern "C" bool vlmd_cuda_decode_attention(vlmd_backend *b, void *out, const void *q,
+                                           int q_stride, const void *k_cache, const void *v_cache,
+                                           vlmd_dtype kv_dtype, float k_scale, float v_scale,
+                                           const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
+                                           int nh, int nkv, int hd, bool causal);
+
 /* cuda_gdn.cu: Qwen3.5's Gated DeltaNet ops and the sigmoid gate (ops.h). */
 extern "C" void vlmd_cuda_sigmoid_gate(vlmd_backend *b, void *out, const void *x,
                                        const void *gate, int gate_stride, bool per_row, int n,

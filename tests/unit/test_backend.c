@@ -234,7 +234,7 @@ Test(backend, cuda_ways_come_from_the_flags)
     vlmd_config_init_defaults(&cfg);
     vlmd_backend_options o = vlmd_backend_options_of(&cfg);
     cr_expect_str_eq(o.device, "auto");
-    cr_expect(o.attention == VLMD_CUDA_ATTENTION_MMA && !o.gemv_decode && !o.pdl);
+    cr_expect(o.attention == VLMD_CUDA_ATTENTION_FA2 && !o.gemv_decode && !o.pdl);
     char *argv[] = {"--device", "cpu", "--cuda-attention", "wmma", "--cuda-decode-linear",
                     "gemv", "--cuda-pdl", "on"};
     vlmd_error err = {0};

@@ -63,7 +63,7 @@ Test(config, type_and_range_errors_name_flag_and_value)
         {{"--port", ""}, VLMD_ERR_INVALID_ARG, "--port"},
         {{"--log-level", "loud"}, VLMD_ERR_INVALID_ARG, "debug|info|warn|error"},
         {{"--heartbeat-ms", "5"}, VLMD_ERR_INVALID_ARG, "--heartbeat-ms"},
-        {{"--cuda-attention", "flash3"}, VLMD_ERR_INVALID_ARG, "mma|wmma"},
+        {{"--cuda-attention", "flash3"}, VLMD_ERR_INVALID_ARG, "fa2|mma|wmma"},
         {{"--cuda-decode-linear", "cutlass"}, VLMD_ERR_INVALID_ARG, "cublas|gemv"},
         {{"--cuda-pdl", "yes"}, VLMD_ERR_INVALID_ARG, "off|on"},
     };

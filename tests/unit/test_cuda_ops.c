@@ -355,11 +355,33 @@ Test(cuda_ops, an_fp8_kv_cache_is_written_and_read_alike)
     close_pair(&p);
 }
 
+/* Random e4m3 codes: every code but NaN's two. */
+static uint8_t *random_codes(size_t n)
+{
+    uint8_t *c = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        c[i] = (uint8_t)(random_u32() % 0x7e) | (uint8_t)(random_u32() & 0x80);
+    return c;
+}
+
+/* A cache of n elements on backend b: the floats (in its activation
+ * dtype), or the same e4m3 codes on both backends. */
+static void *cache_on(vlmd_backend *b, const float *f, const uint8_t *codes, size_t n)
+{
+    if (!codes)
+        return on(b, f, n);
+    void *d = NULL;
+    cr_assert_eq(vlmd_backend_alloc(b, n, &d, NULL), VLMD_OK);
+    vlmd_backend_copy_to_device(b, d, codes, n, NULL);
+    return d;
+}
+
 /* One attention launch on both backends over n_seq sequences of these
  * lengths (their slots scattered over a cache a little larger than they
- * need), q read from fused qkv rows; the outputs compared. */
-static void check_attention(pair *p, int nh, int nkv, int hd, int n_seq, const int *q_len,
-                            const int *kv_len, bool causal)
+ * need), q read from fused qkv rows, over a bf16 cache or (fp8) an e4m3 one
+ * of random codes with K and V scales; the outputs compared. */
+static void check_attention_kv(pair *p, int nh, int nkv, int hd, int n_seq, const int *q_len,
+                               const int *kv_len, bool causal, bool fp8)
 {
     int n_rows = 0, total = 0, kv_dim = nkv * hd, stride = (nh + 2 * nkv) * hd;
     for (int s = 0; s < n_seq; s++)
@@ -369,8 +391,10 @@ static void check_attention(pair *p, int nh, int nkv, int hd, int n_seq, const i
     int32_t *slots = malloc((size_t)total * sizeof *slots);
     for (int i = 0; i < total; i++)
         slots[i] = (int32_t)(((int64_t)i * 7919 + 3) % n_slots); /* distinct, scattered */
-    float *cache_k = random_floats((size_t)n_slots * kv_dim, 1);
-    float *cache_v = random_floats((size_t)n_slots * kv_dim, 1);
+    size_t cache = (size_t)n_slots * kv_dim;
+    float *cache_k = fp8 ? NULL : random_floats(cache, 1);
+    float *cache_v = fp8 ? NULL : random_floats(cache, 1);
+    uint8_t *codes_k = fp8 ? random_codes(cache) : NULL, *codes_v = fp8 ? random_codes(cache) : NULL;
     float *qkv = random_floats((size_t)n_rows * stride, 1);
     void *out[2];
     vlmd_backend *bs[2] = {p->cpu, p->gpu};
@@ -387,18 +411,65 @@ static void check_attention(pair *p, int nh, int nkv, int hd, int n_seq, const i
         out[b] = on(bs[b], NULL, (size_t)n_rows * nh * hd);
         vlmd_backend_ops(bs[b])->attention(
             bs[b], out[b], on(bs[b], qkv, (size_t)n_rows * stride), stride,
-            on(bs[b], cache_k, (size_t)n_slots * kv_dim),
-            on(bs[b], cache_v, (size_t)n_slots * kv_dim), vlmd_backend_act_dtype(bs[b]), 1.0f,
-            1.0f, dseqs,
-            n_seq, n_rows, nh, nkv, hd, causal);
+            cache_on(bs[b], cache_k, codes_k, cache), cache_on(bs[b], cache_v, codes_v, cache),
+            fp8 ? VLMD_DTYPE_F8_E4M3 : vlmd_backend_act_dtype(bs[b]), fp8 ? 0.01f : 1.0f,
+            fp8 ? 0.03f : 1.0f, dseqs, n_seq, n_rows, nh, nkv, hd, causal);
     }
-    char what[128];
-    int at = snprintf(what, sizeof what, "attention nh=%d nkv=%d hd=%d %s q/kv", nh, nkv, hd,
-                      causal ? "causal" : "full");
+    char what[160];
+    int at = snprintf(what, sizeof what, "attention%s nh=%d nkv=%d hd=%d %s q/kv",
+                      fp8 ? " (FP8 cache)" : "", nh, nkv, hd, causal ? "causal" : "full");
     for (int s = 0; s < n_seq && at < (int)sizeof what; s++)
         at += snprintf(what + at, sizeof what - (size_t)at, " %d/%d", q_len[s], kv_len[s]);
     expect_close(what, p->cpu, out[0], p->gpu, out[1], (size_t)n_rows * nh * hd, 1e-2);
-    free(cache_k), free(cache_v), free(qkv), free(slots);
+    free(cache_k), free(cache_v), free(codes_k), free(codes_v), free(qkv), free(slots);
+}
+
+static void check_attention(pair *p, int nh, int nkv, int hd, int n_seq, const int *q_len,
+                            const int *kv_len, bool causal)
+{
+    check_attention_kv(p, nh, nkv, hd, n_seq, q_len, kv_len, causal, false);
+}
+
+/* Decode steps (a query a sequence) over bf16 and FP8 caches at every shape
+ * the decode kernel is built for: GQA groups 1 to 16 (over 8: a group in
+ * blocks of 8 heads), head dims 16 to 256 in each of its lane layouts (40:
+ * part of a lane group idle), lengths that give a sequence one split (1, 63)
+ * and many (a long one beside short ones takes more), and a batch of 40
+ * short ones (each a split, written without the merge). */
+Test(cuda_ops, decode_attention_at_every_group_and_head_dim)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    static const int shapes[][3] = {{4, 4, 64},  {8, 4, 128},  {12, 4, 80}, {16, 4, 96},
+                                    {28, 4, 128}, {16, 2, 256}, {24, 2, 128}, {32, 2, 64},
+                                    {6, 2, 40},  {5, 1, 16}};
+    int q_len[40], kv_len[5] = {1, 63, 64, 517, 2900}, short_kv[40];
+    for (int i = 0; i < 40; i++)
+        q_len[i] = 1, short_kv[i] = 1 + (int)(random_u32() % 90);
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; sh++)
+        for (int fp8 = 0; fp8 < 2; fp8++)
+            check_attention_kv(&p, shapes[sh][0], shapes[sh][1], shapes[sh][2], 5, q_len, kv_len,
+                               true, fp8);
+    check_attention_kv(&p, 28, 4, 128, 40, q_len, short_kv, true, false);
+    check_attention_kv(&p, 32, 8, 128, 40, q_len, short_kv, true, true);
+    close_pair(&p);
+}
+
+/* Prefill over an FP8 cache (each query row reads its own keys through the
+ * decode kernel): fresh prompts, a chunk after a cached prefix, decodes
+ * beside them, causal and full. */
+Test(cuda_ops, attention_over_an_fp8_cache_at_every_kind_of_row)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    int q_len[4] = {70, 33, 1, 129}, kv_len[4] = {70, 200, 900, 129};
+    check_attention_kv(&p, 28, 4, 128, 4, q_len, kv_len, true, true);
+    check_attention_kv(&p, 16, 16, 80, 4, q_len, kv_len, true, true);
+    int full_q[2] = {37, 64}, full_kv[2] = {37, 64};
+    check_attention_kv(&p, 8, 2, 64, 2, full_q, full_kv, false, true);
+    close_pair(&p);
 }
 
 /* Causal attention over a batch that mixes every case the kernels split on:
@@ -421,17 +492,18 @@ Test(cuda_ops, attention_over_varied_sequences)
     close_pair(&p);
 }
 
-/* The tiled kernel's edges at random: GQA groups 1 to 8, head dims 16 to
- * 128, query counts at and around the tile sizes, cached prefixes, full
- * (vision) attention, and decode-only launches (the 16-row tiles, split
- * along long sequences). */
+/* The tiled kernels' edges at random: GQA groups 1 to 8, head dims 16 to
+ * 128, query counts at and around the tile sizes (64 and 128 rows), cached
+ * prefixes, full (vision) attention, and decode-only launches (the decode
+ * kernel; 16-row tiles under --cuda-attention mma), split along long
+ * sequences. */
 Test(cuda_ops, attention_at_random_shapes)
 {
     pair p;
     if (!open_pair(&p))
         return;
     static const int hds[] = {16, 32, 64, 128}, groups[] = {1, 2, 3, 4, 7, 8};
-    static const int edges[] = {1, 15, 16, 17, 63, 64, 65, 128};
+    static const int edges[] = {1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 257};
     for (int c = 0; c < 18; c++) {
         int nkv = 1 + (int)(random_u32() % 3), group = groups[random_u32() % 6];
         int hd = hds[random_u32() % 4], n_seq = 1 + (int)(random_u32() % 4);
@@ -439,7 +511,7 @@ Test(cuda_ops, attention_at_random_shapes)
         int q_len[4], kv_len[4];
         for (int s = 0; s < n_seq; s++) {
             q_len[s] = decode ? 1
-                       : random_u32() % 2 ? edges[random_u32() % 8] : 1 + (int)(random_u32() % 130);
+                       : random_u32() % 2 ? edges[random_u32() % 12] : 1 + (int)(random_u32() % 130);
             int past = !causal || random_u32() % 2 ? 0 : (int)(random_u32() % 300);
             kv_len[s] = q_len[s] + (decode ? (int)(random_u32() % 700) : past);
         }

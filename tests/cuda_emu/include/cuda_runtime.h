@@ -61,6 +61,15 @@ struct dim3 {
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
 };
 
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+
+static inline uint2 make_uint2(unsigned x, unsigned y)
+{
+    return uint2{x, y};
+}
+
 struct alignas(16) uint4 {
     unsigned x, y, z, w;
 };

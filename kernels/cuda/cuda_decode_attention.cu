@@ -1,0 +1,377 @@
+/* cuda_decode_attention.cu - attention for query rows that each read their
+ * own keys on CUDA cores: every decode step (one query per sequence), and
+ * every row over an FP8 (e4m3) cache, which the tensor-core kernels of
+ * cuda_attention.cu do not read.
+ *
+ * A block takes one query row, one KV head and up to G of that head's query
+ * heads (GQA: the group shares every K/V element the block loads, so a group
+ * of up to G reads its keys once), and one split of the row's keys
+ * (flash-decoding). How many splits a row gets is chosen at run time from the
+ * step's lengths: the launch aims at `budget` blocks (four a multiprocessor)
+ * and gives each row a share proportional to its visible keys, at least
+ * DEC_MIN_KEYS keys a split; the grid's split dimension is a function of the
+ * launch's shape only (so a CUDA graph captures it), and a block past its
+ * row's count leaves at once. A row of one split writes its output; the
+ * others write [O | m | l] per head and k_decode_merge merges them.
+ *
+ * Inside a block each warp takes every DEC_WARPS-th step of KPW * UNROLL
+ * keys: LPK lanes a key, each holding 8 elements of the head (16 bytes of a
+ * bf16 row, 8 of an FP8 one), K and V of the step's keys loaded together so
+ * that they are in flight at once; a score is the LPK lanes' partial dots
+ * summed by shuffles, the online softmax is kept per head in log2 units (the
+ * scale, log2(e) and the K scale folded into q), P V accumulates per lane and
+ * the key lanes are summed at the end, then the warps in shared memory. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "backend_impl.h"
+#include "cuda_check.h"
+#include "cuda_impl.h"
+
+typedef __nv_bfloat16 bf16;
+
+#define DEC_WARPS 4
+#define DEC_MAX_SPLITS 64
+#define DEC_MIN_KEYS 64 /* the fewest keys a split is given */
+#define DEC_GMAX 8      /* query heads a block takes: larger groups take several blocks */
+
+/* ---- 8 elements of a cached row as floats ---------------------------------------------------- */
+
+template <typename KV> struct kv8;
+template <> struct kv8<bf16> { /* 16 bytes */
+    typedef uint4 raw;
+    __device__ static raw load(const bf16 *cache, size_t at, bool ok)
+    {
+        return ok ? *(const uint4 *)(cache + at) : make_uint4(0, 0, 0, 0);
+    }
+    __device__ static void floats(raw r, float f[8])
+    {
+        const uint32_t w[4] = {r.x, r.y, r.z, r.w};
+        for (int i = 0; i < 4; i++) {
+            f[2 * i] = __uint_as_float(w[i] << 16);
+            f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+        }
+    }
+};
+template <> struct kv8<uint8_t> { /* 8 bytes of e4m3 codes */
+    typedef uint2 raw;
+    __device__ static raw load(const uint8_t *cache, size_t at, bool ok)
+    {
+        return ok ? *(const uint2 *)(cache + at) : make_uint2(0, 0);
+    }
+    /* A code's bits moved into a float's place make 2^-120 times its value,
+     * subnormal codes included (they land on float subnormals exactly); NaN's
+     * code, never written (stores saturate), would read as 480. */
+    __device__ static void floats(raw r, float f[8])
+    {
+        const uint32_t w[2] = {r.x, r.y};
+        for (int i = 0; i < 8; i++) {
+            uint32_t c = w[i / 4] >> (8 * (i % 4)) & 0xffu;
+            f[i] = __uint_as_float((c & 0x7fu) << 20 | (c & 0x80u) << 24) * 0x1p120f;
+        }
+    }
+};
+
+/* ---- the plan: a row's sequence, keys and splits --------------------------------------------- */
+
+struct dec_row {
+    int seq, visible, splits;
+};
+
+/* Every thread of the block calls it: the row's sequence, the keys it sees,
+ * and its split count out of max_splits for a launch aiming at `budget`
+ * blocks over `per_row` blocks a (row, split) (KV heads x passes). The same
+ * for the attention kernel and the merge: a function of the step's lengths. */
+__device__ static dec_row plan_row(const vlmd_attn_seq *seqs, int n_seqs, int row, bool causal,
+                                   int budget, int per_row, int max_splits)
+{
+    __shared__ long long warp_keys[DEC_WARPS];
+    __shared__ int row_seq;
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    if (tid == 0)
+        row_seq = -1;
+    __syncthreads();
+    long long keys = 0; /* every row's visible keys, summed */
+    for (int s = tid; s < n_seqs; s += blockDim.x) {
+        long long ql = seqs[s].q_len, kl = seqs[s].kv_len;
+        keys += causal ? ql * (kl - ql) + ql * (ql + 1) / 2 : ql * kl;
+        if (row >= seqs[s].q_start && row < seqs[s].q_start + seqs[s].q_len)
+            row_seq = s; /* one sequence holds the row */
+    }
+    for (int o = 16; o > 0; o /= 2)
+        keys += __shfl_xor_sync(0xffffffffu, keys, o);
+    if (lane == 0)
+        warp_keys[warp] = keys;
+    __syncthreads();
+    dec_row r = {row_seq, 0, 0};
+    if (r.seq < 0)
+        return r;
+    long long total = 0;
+    for (int w = 0; w < (int)blockDim.x / 32; w++)
+        total += warp_keys[w];
+    const vlmd_attn_seq *sq = &seqs[r.seq];
+    r.visible = causal ? sq->kv_len - sq->q_len + (row - sq->q_start) + 1 : sq->kv_len;
+    long long share = total > 0 ? ((long long)r.visible * budget + total * per_row - 1) /
+                                      (total * per_row)
+                                : 1;
+    int most = max(1, min(max_splits, (r.visible + DEC_MIN_KEYS - 1) / DEC_MIN_KEYS));
+    r.splits = (int)max(1LL, min((long long)most, share));
+    return r;
+}
+
+/* Split `split`'s [O (hd) | m | l] for head h of the block (row, y). */
+__device__ static float *dec_partial(float *partial, int row, int y, int ys, int max_splits,
+                                     int split, int h, int hd)
+{
+    return partial +
+           ((((size_t)row * ys + y) * max_splits + split) * DEC_GMAX + h) * (size_t)(hd + 2);
+}
+
+/* ---- the kernel ------------------------------------------------------------------------------ */
+
+template <typename KV, int LPK, int G>
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    k_decode_attention(bf16 *out, const bf16 *q, int q_stride, const KV *k_cache,
+                       const KV *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv,
+                       int hd, float q_scale, float v_scale, bool causal, int budget,
+                       float *partial)
+{
+    vlmd_kernel_start();
+    constexpr int KPW = 32 / LPK, UNROLL = G <= 4 ? 4 : 2, STEP = KPW * UNROLL;
+    constexpr int HD_MAX = LPK * 8;
+    __shared__ float warp_m[DEC_WARPS][G], warp_l[DEC_WARPS][G];
+    __shared__ float warp_o[DEC_WARPS][G][HD_MAX];
+    const int group = nh / nkv, passes = (group + G - 1) / G, ys = gridDim.y;
+    const int row = blockIdx.x, kvh = blockIdx.y / passes, pass = blockIdx.y % passes;
+    const int split = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int c = lane % LPK, kg = lane / LPK, chunks = hd / 8;
+    const int h0 = kvh * group + pass * G, heads = min(G, group - pass * G);
+    const size_t kv_dim = (size_t)nkv * hd;
+    VLMD_KERNEL_ASSERT(hd % 8 == 0 && hd <= HD_MAX && group <= DEC_GMAX * passes);
+
+    dec_row R = plan_row(seqs, n_seqs, row, causal, budget, ys, gridDim.z);
+    if (R.seq < 0 || split >= R.splits)
+        return;
+    const int32_t *slots = seqs[R.seq].slots;
+    const int chunk = (R.visible + R.splits - 1) / R.splits;
+    const int lo = split * chunk, hi = min(R.visible, lo + chunk);
+
+    float qf[G][8]; /* this lane's 8 elements of each head's query, scaled */
+    for (int h = 0; h < G; h++) {
+        float f[8] = {};
+        if (h < heads && c < chunks)
+            kv8<bf16>::floats(*(const uint4 *)(q + (size_t)row * q_stride + (size_t)(h0 + h) * hd +
+                                                c * 8),
+                              f);
+        for (int e = 0; e < 8; e++)
+            qf[h][e] = f[e] * q_scale;
+    }
+    float m[G], l[G], o[G][8];
+    for (int h = 0; h < G; h++) {
+        m[h] = -INFINITY, l[h] = 0;
+        for (int e = 0; e < 8; e++)
+            o[h][e] = 0;
+    }
+
+    for (int k0 = lo + warp * STEP; k0 < hi; k0 += DEC_WARPS * STEP) {
+        typename kv8<KV>::raw kr[UNROLL], vr[UNROLL];
+        for (int u = 0; u < UNROLL; u++) { /* the step's K and V in flight together */
+            int j = k0 + u * KPW + kg;
+            bool ok = j < hi && c < chunks;
+            size_t at = ok ? (size_t)slots[j] * kv_dim + (size_t)kvh * hd + c * 8 : 0;
+            kr[u] = kv8<KV>::load(k_cache, at, ok);
+            vr[u] = kv8<KV>::load(v_cache, at, ok);
+        }
+        float s[UNROLL][G];
+        for (int u = 0; u < UNROLL; u++) {
+            float kf[8];
+            kv8<KV>::floats(kr[u], kf);
+            for (int h = 0; h < G; h++) {
+                float dot = 0;
+                for (int e = 0; e < 8; e++)
+                    dot += qf[h][e] * kf[e];
+                for (int x = 1; x < LPK; x *= 2) /* the key's lanes */
+                    dot += __shfl_xor_sync(0xffffffffu, dot, x);
+                s[u][h] = k0 + u * KPW + kg < hi ? dot : -INFINITY;
+            }
+        }
+        float alpha[G];
+        for (int h = 0; h < G; h++) {
+            float mx = -INFINITY;
+            for (int u = 0; u < UNROLL; u++)
+                mx = fmaxf(mx, s[u][h]);
+            for (int x = LPK; x < 32; x *= 2) /* the step's keys */
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+            float m_new = fmaxf(m[h], mx); /* finite: the step's first key is below hi */
+            alpha[h] = exp2f(m[h] - m_new);  /* exp2(-inf) = 0 on the first step */
+            m[h] = m_new;
+            l[h] *= alpha[h];
+            for (int u = 0; u < UNROLL; u++) {
+                s[u][h] = exp2f(s[u][h] - m_new);
+                l[h] += s[u][h];
+            }
+        }
+        for (int h = 0; h < G; h++)
+            for (int e = 0; e < 8; e++)
+                o[h][e] *= alpha[h];
+        for (int u = 0; u < UNROLL; u++) {
+            float vf[8];
+            kv8<KV>::floats(vr[u], vf);
+            for (int h = 0; h < G; h++)
+                for (int e = 0; e < 8; e++)
+                    o[h][e] += s[u][h] * vf[e];
+        }
+    }
+
+    /* the key lanes' sums, then the warps' merge in shared memory */
+    for (int h = 0; h < G; h++)
+        for (int x = LPK; x < 32; x *= 2) {
+            l[h] += __shfl_xor_sync(0xffffffffu, l[h], x);
+            for (int e = 0; e < 8; e++)
+                o[h][e] += __shfl_xor_sync(0xffffffffu, o[h][e], x);
+        }
+    for (int h = 0; h < G; h++) {
+        if (lane == 0)
+            warp_m[warp][h] = m[h], warp_l[warp][h] = l[h];
+        if (kg == 0 && c < chunks)
+            for (int e = 0; e < 8; e++)
+                warp_o[warp][h][c * 8 + e] = o[h][e];
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) {
+        int h = i / hd, d = i % hd;
+        float M = -INFINITY, L = 0, O = 0;
+        for (int w = 0; w < DEC_WARPS; w++)
+            M = fmaxf(M, warp_m[w][h]);
+        for (int w = 0; w < DEC_WARPS; w++) {
+            float wt = warp_m[w][h] == -INFINITY ? 0.0f : exp2f(warp_m[w][h] - M);
+            L += warp_l[w][h] * wt;
+            O += warp_o[w][h][d] * wt;
+        }
+        if (R.splits == 1) {
+            out[((size_t)row * nh + h0 + h) * hd + d] = __float2bfloat16(L > 0 ? O / L * v_scale
+                                                                              : 0.0f);
+            continue;
+        }
+        float *mine = dec_partial(partial, row, blockIdx.y, ys, gridDim.z, split, h, hd);
+        mine[d] = O * v_scale;
+        if (d == 0)
+            mine[hd] = M, mine[hd + 1] = L;
+    }
+}
+
+/* Merges the splits of each (row, block row) whose plan had several:
+ * weights exp2(m_s - M), the sum of l_s exp2(m_s - M) dividing. */
+__global__ void __launch_bounds__(DEC_WARPS * 32)
+    k_decode_merge(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv, int hd,
+                   int g_max, bool causal, int budget, int max_splits, const float *partial)
+{
+    vlmd_kernel_start();
+    __shared__ float weight[DEC_GMAX][DEC_MAX_SPLITS], inv_l[DEC_GMAX];
+    const int group = nh / nkv, passes = (group + g_max - 1) / g_max, ys = gridDim.y;
+    const int row = blockIdx.x, kvh = blockIdx.y / passes, pass = blockIdx.y % passes;
+    const int h0 = kvh * group + pass * g_max, heads = min(g_max, group - pass * g_max);
+    dec_row R = plan_row(seqs, n_seqs, row, causal, budget, ys, max_splits);
+    if (R.seq < 0 || R.splits == 1)
+        return;
+    float *p = (float *)partial;
+    if ((int)threadIdx.x < heads) {
+        int h = threadIdx.x;
+        float M = -INFINITY, L = 0;
+        for (int s = 0; s < R.splits; s++)
+            M = fmaxf(M, dec_partial(p, row, blockIdx.y, ys, max_splits, s, h, hd)[hd]);
+        for (int s = 0; s < R.splits; s++) {
+            const float *part = dec_partial(p, row, blockIdx.y, ys, max_splits, s, h, hd);
+            float w = part[hd] == -INFINITY ? 0.0f : exp2f(part[hd] - M);
+            weight[h][s] = w;
+            L += part[hd + 1] * w;
+        }
+        inv_l[h] = L > 0 ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) {
+        int h = i / hd, d = i % hd;
+        float acc = 0;
+        for (int s = 0; s < R.splits; s++)
+            if (weight[h][s] > 0)
+                acc += dec_partial(p, row, blockIdx.y, ys, max_splits, s, h, hd)[d] * weight[h][s];
+        out[((size_t)row * nh + h0 + h) * hd + d] = __float2bfloat16(acc * inv_l[h]);
+    }
+}
+
+/* ---- the launch ------------------------------------------------------------------------------ */
+
+template <typename KV, int LPK, int G>
+static void launch_decode(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
+                          const KV *k_cache, const KV *v_cache, const vlmd_attn_seq *seqs,
+                          int n_seqs, int n_rows, int nh, int nkv, int hd, float k_scale,
+                          float v_scale, bool causal)
+{
+    const int group = nh / nkv, ys = nkv * ((group + G - 1) / G);
+    const int budget = 4 * vlmd_backend_info(b)->multiprocessors;
+    /* a row may take up to four times its even share of the budget (a long
+     * sequence among short ones), as many as the scratch holds */
+    long long fair4 = 4LL * budget / ((long long)n_rows * ys);
+    int max_splits = fair4 < 1 ? 1 : fair4 > DEC_MAX_SPLITS ? DEC_MAX_SPLITS : (int)fair4;
+    size_t scratch_bytes = 0;
+    float *scratch = (float *)vlmd_cuda_scratch(b, &scratch_bytes);
+    size_t per_split = (size_t)n_rows * ys * DEC_GMAX * (hd + 2) * sizeof(float);
+    while (max_splits > 1 && (size_t)max_splits * per_split > scratch_bytes)
+        max_splits--;
+    const float q_scale = 1.44269504f / sqrtf((float)hd) * k_scale;
+    cudaStream_t stream = vlmd_cuda_stream(b);
+    vlmd_cuda_launch(k_decode_attention<KV, LPK, G>, dim3(n_rows, ys, max_splits),
+                     DEC_WARPS * 32, 0, stream, out, q, q_stride, k_cache, v_cache, seqs, n_seqs,
+                     nh, nkv, hd, q_scale, v_scale, causal, budget, scratch);
+    if (max_splits > 1)
+        vlmd_cuda_launch(k_decode_merge, dim3(n_rows, ys), DEC_WARPS * 32, 0, stream, out, seqs,
+                         n_seqs, nh, nkv, hd, G, causal, budget, max_splits,
+                         (const float *)scratch);
+}
+
+template <typename KV, int LPK>
+static void launch_decode_group(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
+                                const KV *k_cache, const KV *v_cache, const vlmd_attn_seq *seqs,
+                                int n_seqs, int n_rows, int nh, int nkv, int hd, float k_scale,
+                                float v_scale, bool causal)
+{
+    int group = nh / nkv;
+    auto launch = group <= 1   ? launch_decode<KV, LPK, 1>
+                  : group <= 2 ? launch_decode<KV, LPK, 2>
+                  : group <= 4 ? launch_decode<KV, LPK, 4>
+                               : launch_decode<KV, LPK, DEC_GMAX>;
+    launch(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows, nh, nkv, hd, k_scale,
+           v_scale, causal);
+}
+
+template <typename KV>
+static bool launch_decode_for(vlmd_backend *b, void *out, const void *q, int q_stride,
+                              const void *k_cache, const void *v_cache, const vlmd_attn_seq *seqs,
+                              int n_seqs, int n_rows, int nh, int nkv, int hd, float k_scale,
+                              float v_scale, bool causal)
+{
+    auto launch = hd <= 64    ? launch_decode_group<KV, 8>
+                  : hd <= 128 ? launch_decode_group<KV, 16>
+                              : launch_decode_group<KV, 32>;
+    launch(b, (bf16 *)out, (const bf16 *)q, q_stride, (const KV *)k_cache, (const KV *)v_cache,
+           seqs, n_seqs, n_rows, nh, nkv, hd, k_scale, v_scale, causal);
+    return true;
+}
+
+extern "C" bool vlmd_cuda_decode_attention(vlmd_backend *b, void *out, const void *q,
+                                           int q_stride, const void *k_cache, const void *v_cache,
+                                           vlmd_dtype kv_dtype, float k_scale, float v_scale,
+                                           const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
+                                           int nh, int nkv, int hd, bool causal)
+{
+    if (hd % 8 || hd > 256 || nh % nkv || q_stride % 8)
+        return false;
+    if (kv_dtype == VLMD_DTYPE_F8_E4M3)
+        return launch_decode_for<uint8_t>(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs,
+                                          n_rows, nh, nkv, hd, k_scale > 0 ? k_scale : 1.0f,
+                                          v_scale > 0 ? v_scale : 1.0f, causal);
+    return launch_decode_for<bf16>(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows,
+                                   nh, nkv, hd, 1.0f, 1.0f, causal);
+}
