@@ -311,10 +311,17 @@ const vlmd_flag vlmd_flags[] = {
     /* the CUDA backend's ways kept until a GPU run has compared them (the CPU ignores them) */
     {"cuda-attention", VLMD_FLAG_CHOICE, OFF(cuda_attention), "fa2", 0, 0, "fa2|mma|wmma",
      R(LAUNCHER) | R(VISUAL) | R(LLM),
-     "CUDA attention kernels: fa2 (prefill in FlashAttention-2's tiles, 32 rows a warp on "
-     "mma.sync; decode steps split along the keys by their lengths, on CUDA cores), mma (the "
-     "first register-resident kernels: 16 rows a warp, decode in 16-row tiles) or wmma (S, P "
-     "and O through shared memory; 7x slower; multiples of 16)"},
+     "CUDA attention kernels: fa2 (prefill in FlashAttention-2's 128-row tiles, 32 rows a warp "
+     "on mma.sync; head dims that are multiples of 8 up to 128), mma (the first "
+     "register-resident kernels: 64-row tiles, 16 rows a warp) or wmma (S, P and O through "
+     "shared memory; 7x slower; multiples of 16). Decode steps: --cuda-decode-attention"},
+    {"cuda-decode-attention", VLMD_FLAG_CHOICE, OFF(cuda_decode_attention), "mma", 0, 0,
+     "mma|cores", R(LAUNCHER) | R(LLM),
+     "CUDA attention of decode steps over a bf16 cache: mma (the prefill's tiles on mma.sync, "
+     "one warp a KV head's group: a sequence's tokens are the same computed in a decode step "
+     "or again after a preemption) or cores (the split-KV decode kernel on CUDA cores that an "
+     "FP8 cache always takes: splits by each sequence's length, a KV head's group sharing every "
+     "load; recomputed tokens may differ from decoded ones at a near tie)"},
     {"cuda-decode-linear", VLMD_FLAG_CHOICE, OFF(cuda_decode_linear), "cublas", 0, 0,
      "cublas|gemv", R(LAUNCHER) | R(VISUAL) | R(LLM),
      "CUDA linears of 1 or 2 rows (decode steps): cuBLAS, or vlmd's GEMV kernel (faster there "

@@ -93,6 +93,7 @@ typedef struct vlmd_config {
     char *kv_events_hash_seed;      /* --kv-events-hash-seed: the block hash chain's seed */
     char *cuda_attention;           /* --cuda-attention: fa2, mma, wmma */
     char *cuda_decode_linear;       /* --cuda-decode-linear: cublas, gemv */
+    char *cuda_decode_attention;    /* --cuda-decode-attention: mma, cores */
     char *cuda_pdl;                 /* --cuda-pdl: off, on */
     char *fp8_activations;          /* --fp8-activations: off, on (W8A8 for FP8 weights) */
     char *kv_cache_dtype;           /* --kv-cache-dtype: auto, bf16, fp8 */

@@ -30,6 +30,7 @@ vlmd_backend_options vlmd_backend_options_of(const vlmd_config *cfg)
                      : strcmp(cfg->cuda_attention, "mma") == 0 ? VLMD_CUDA_ATTENTION_MMA
                                                                : VLMD_CUDA_ATTENTION_FA2,
         .gemv_decode = strcmp(cfg->cuda_decode_linear, "gemv") == 0,
+        .decode_cores = strcmp(cfg->cuda_decode_attention, "cores") == 0,
         .pdl = strcmp(cfg->cuda_pdl, "on") == 0,
     };
     vlmd_config_devices(cfg, vlmd_config_process_rank(cfg), &o.ordinal); /* validated */
@@ -461,6 +462,11 @@ void vlmd_backend_graph_free(vlmd_backend *b, vlmd_graph *g)
 vlmd_status vlmd_backend_synchronize(vlmd_backend *b, vlmd_error *err)
 {
     return b->ops->synchronize(b, err);
+}
+
+int vlmd_backend_graph_kernels(const vlmd_backend *b, const vlmd_graph *g)
+{
+    return b->ops->graph_kernels ? b->ops->graph_kernels(g) : -1;
 }
 
 bool vlmd_backend_graphs_native(const vlmd_backend *b)

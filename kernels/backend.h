@@ -36,11 +36,12 @@ typedef struct vlmd_device_info {
 typedef struct vlmd_backend vlmd_backend;
 
 /* The CUDA attention kernels (--cuda-attention): fa2 (prefill on mma.sync in
- * FlashAttention-2's 128-row tiles, decode steps on the split-KV decode
- * kernel), or the ways kept to compare them on a GPU: mma (the first
- * register-resident kernels, 64-row tiles, decode steps in 16-row ones) and
- * wmma (the first kernels, S, P and O through shared memory). Head dims the
- * tiled kernels do not take go to the simple kernel either way. */
+ * FlashAttention-2's 128-row tiles of 32 rows a warp), or the ways kept to
+ * compare them on a GPU: mma (the first register-resident kernels, 64-row
+ * tiles of 16 rows a warp) and wmma (the first kernels, S, P and O through
+ * shared memory). Decode steps take 16-row tiles of one warp, or the CUDA-core
+ * decode kernel (decode_cores). Head dims the tiled kernels do not take go to
+ * the simple kernel either way. */
 typedef enum vlmd_cuda_attention {
     VLMD_CUDA_ATTENTION_FA2 = 0,
     VLMD_CUDA_ATTENTION_MMA,
@@ -54,6 +55,7 @@ typedef struct vlmd_backend_options {
     const char *device;            /* --device: "auto", "cpu" or "cuda" (borrowed) */
     vlmd_cuda_attention attention; /* --cuda-attention */
     bool gemv_decode;              /* --cuda-decode-linear gemv: the GEMV kernel, not cuBLAS */
+    bool decode_cores;             /* --cuda-decode-attention cores: bf16 decode on CUDA cores */
     bool pdl;                      /* --cuda-pdl on: launches allow programmatic dependent launch */
     int ordinal;                   /* the GPU (--devices, by --rank) */
 } vlmd_backend_options;
@@ -205,6 +207,9 @@ vlmd_status vlmd_backend_graph_capture(vlmd_backend *b, vlmd_graph_fn fn, void *
                                        vlmd_graph **out, vlmd_error *err);
 vlmd_status vlmd_backend_graph_launch(vlmd_backend *b, vlmd_graph *g, vlmd_error *err);
 void vlmd_backend_graph_free(vlmd_backend *b, vlmd_graph *g);      /* accepts NULL */
+/* The kernels a replay of g launches (cuBLAS's GEMMs included), or -1 where
+ * graphs are not the device's (the CPU): what a decode step costs in launches. */
+int vlmd_backend_graph_kernels(const vlmd_backend *b, const vlmd_graph *g);
 /* True when graphs are real (CUDA): replaying saves launches. On the CPU
  * they only replay the call, so servers leave them off there. */
 bool vlmd_backend_graphs_native(const vlmd_backend *b);

@@ -26,6 +26,7 @@ typedef struct vlmd_device_vtable {
                                  vlmd_error *err);
     vlmd_status (*graph_launch)(vlmd_backend *b, vlmd_graph *g, vlmd_error *err);
     void (*graph_free)(vlmd_backend *b, vlmd_graph *g);
+    int (*graph_kernels)(const vlmd_graph *g); /* NULL: graphs are not the device's */
     bool graphs_native;
     bool ops_take_memory;       /* see vlmd_backend_ops_take_memory */
     bool weights_as_stored;     /* weights keep the checkpoint's type (the CPU) */

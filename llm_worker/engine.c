@@ -370,6 +370,11 @@ int32_t engine_graph_max_batch(const engine *e)
     return lm_decode_graph_max(e->ws);
 }
 
+int engine_graph_kernels(const engine *e, int32_t rows)
+{
+    return lm_decode_graph_kernels(e->ws, rows);
+}
+
 int32_t engine_capacity(const engine *e)
 {
     return e->slots.capacity;

@@ -216,6 +216,9 @@ int32_t engine_free_slots(const engine *e);
 int32_t engine_graph_count(const engine *e);
 int32_t engine_graph_max_batch(const engine *e);
 uint64_t engine_graph_steps(const engine *e);
+/* The kernels a decode step of `rows` sequences launches through its graph
+ * (-1: none captured for it, or not on a device). */
+int engine_graph_kernels(const engine *e, int32_t rows);
 int32_t engine_capacity(const engine *e);  /* KV slots in all */
 int32_t engine_active(const engine *e); /* waiting + running */
 int32_t engine_running(const engine *e);

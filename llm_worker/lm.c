@@ -1054,6 +1054,14 @@ uint64_t lm_decode_graph_steps(const lm_workspace *ws)
     return ws->graph_steps;
 }
 
+int lm_decode_graph_kernels(const lm_workspace *ws, int32_t rows)
+{
+    for (int i = 0; i < ws->n_graphs; i++)
+        if (ws->graphs[i].rows >= rows)
+            return vlmd_backend_graph_kernels(ws->graphs[i].m->b, ws->graphs[i].graph);
+    return -1;
+}
+
 int32_t lm_decode_graph_max(const lm_workspace *ws)
 {
     return ws->n_graphs ? ws->graphs[ws->n_graphs - 1].rows : 0;

@@ -267,5 +267,8 @@ vlmd_status lm_capture_decode(lm_model *m, lm_kv *kv, lm_workspace *ws,
 int32_t lm_decode_graph_count(const lm_workspace *ws);
 int32_t lm_decode_graph_max(const lm_workspace *ws);
 uint64_t lm_decode_graph_steps(const lm_workspace *ws);
+/* The kernels the graph for `rows` sequences launches a step (-1: no such
+ * graph, or the backend's graphs are not a device's). */
+int lm_decode_graph_kernels(const lm_workspace *ws, int32_t rows);
 
 #endif

@@ -82,18 +82,20 @@ struct attn_tile {
 };
 
 /* Which sequence and rows tile `tile` of a launch in br-row tiles is, for
- * KV head kvh: a warp-wide scan over the sequences' tile counts. Every thread
- * of the block calls it; false (for all of them) when the launch has fewer
- * tiles. */
-__device__ static bool find_tile(const vlmd_attn_seq *seqs, int n_seqs, int group, int br,
-                                 int tile, int kvh, attn_tile *out)
+ * KV head kvh: a warp-wide scan over the tile counts of the sequences of at
+ * least min_q queries (2 when the decode kernel takes the single ones). Every
+ * thread of the block calls it; false (for all of them) when the launch has
+ * fewer tiles. */
+__device__ static bool find_tile(const vlmd_attn_seq *seqs, int n_seqs, int min_q, int group,
+                                 int br, int tile, int kvh, attn_tile *out)
 {
     __shared__ int found_seq, found_first;
     if (threadIdx.x < 32) {
         int lane = threadIdx.x, base = 0, seq = -1, first = 0;
         for (int at = 0; at < n_seqs; at += 32) {
             int s = at + lane;
-            int tiles = s < n_seqs ? (seqs[s].q_len * group + br - 1) / br : 0, incl = tiles;
+            int q_len = s < n_seqs ? seqs[s].q_len : 0;
+            int tiles = q_len >= min_q ? (q_len * group + br - 1) / br : 0, incl = tiles;
             for (int o = 1; o < 32; o *= 2) {
                 int v = __shfl_up_sync(0xffffffffu, incl, o);
                 if (lane >= o)
@@ -190,7 +192,7 @@ __global__ void __launch_bounds__(WARPS * 32)
     const int kvh = blockIdx.y, split = blockIdx.z, kv_dim = nkv * hd;
     const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, vec = hd / 8;
     attn_tile T;
-    if (!find_tile(seqs, n_seqs, nh / nkv, BR, blockIdx.x, kvh, &T))
+    if (!find_tile(seqs, n_seqs, 1, nh / nkv, BR, blockIdx.x, kvh, &T))
         return;
     int lo, hi;
     T.keys(causal, splits, split, &lo, &hi);
@@ -335,7 +337,7 @@ template <int HD, int ROW_WARPS, int RB>
 __global__ void __launch_bounds__(ROW_WARPS * 32)
     k_flash_attention_mma(bf16 *out, const bf16 *q, int q_stride, const bf16 *k_cache,
                           const bf16 *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh,
-                          int nkv, int hd, float scale_log2, bool causal, int splits,
+                          int nkv, int hd, float scale_log2, bool causal, int min_q, int splits,
                           float *partial)
 {
     vlmd_kernel_start();
@@ -351,7 +353,7 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
     /* the longest causal rows (the last tiles) first: less of a tail at the launch's end */
     const int tile_id = gridDim.x - 1 - blockIdx.x;
     attn_tile T;
-    if (!find_tile(seqs, n_seqs, nh / nkv, BR, tile_id, kvh, &T))
+    if (!find_tile(seqs, n_seqs, min_q, nh / nkv, BR, tile_id, kvh, &T))
         return;
     int lo, hi;
     T.keys(causal, splits, split, &lo, &hi);
@@ -550,23 +552,28 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
 /* ---- the splits' merge ---------------------------------------------------------------------- */
 
 /* Merges the splits of each row: weights exp(m_s - M), sums l_s exp(m_s - M).
- * A warp a row, lane s holding split s's m and weight (MAX_SPLITS is a warp),
- * so each output element's loads over the splits are independent and in
+ * A warp a row, lane s computing split s's weight (MAX_SPLITS is a warp) into
+ * shared memory, then each lane one element of the row summed over the
+ * splits with every load independent of the others (no branch between them:
+ * a split with no key this row sees holds zeros, weight 0), so they are in
  * flight together: at a decode step of few sequences this merge was most of
- * the attention's time when each thread redid every split's max. */
+ * the attention's time when each thread redid every split's max, and then
+ * when each split's load waited on a branch. */
 #define MERGE_WARPS 4
 static_assert(MAX_SPLITS <= 32, "a split a lane");
 
 template <int BR>
 __global__ void __launch_bounds__(MERGE_WARPS * 32)
-    k_merge_splits(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv, int hd,
-                   int splits, float *partial)
+    k_merge_splits(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int min_q, int nh, int nkv,
+                   int hd, int splits, float *partial)
 {
     vlmd_kernel_start();
+    __shared__ float weights[MERGE_WARPS][MAX_SPLITS];
     const int kvh = blockIdx.y, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     attn_tile T;
-    if (!find_tile(seqs, n_seqs, nh / nkv, BR, blockIdx.x, kvh, &T))
+    if (!find_tile(seqs, n_seqs, min_q, nh / nkv, BR, blockIdx.x, kvh, &T))
         return;
+    const size_t split_stride = (size_t)BR * (hd + 2); /* one split's rows to the next's */
     for (int r = warp; r < T.rows; r += MERGE_WARPS) {
         float m = -INFINITY, l = 0;
         if (lane < splits) {
@@ -580,16 +587,16 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32)
         float w = m == -INFINITY ? 0.0f : expf(m - M), L = l * w;
         for (int o = 16; o > 0; o /= 2)
             L += __shfl_xor_sync(0xffffffffu, L, o);
-        for (int d0 = 0; d0 < hd; d0 += 32) {
-            int d = d0 + lane;
+        __syncwarp(); /* the last row's weights are read */
+        weights[warp][lane] = w;
+        __syncwarp();
+        const float *first = split_row(partial, blockIdx.x, kvh, nkv, splits, 0, BR, r, hd);
+        for (int d = lane; d < hd; d += 32) {
             float acc = 0;
-            for (int s = 0; s < splits; s++) {
-                float ws = __shfl_sync(0xffffffffu, w, s);
-                if (d < hd && ws > 0)
-                    acc += split_row(partial, blockIdx.x, kvh, nkv, splits, s, BR, r, hd)[d] * ws;
-            }
-            if (d < hd)
-                out[T.out_at(r, nh, hd) + d] = __float2bfloat16(L > 0 ? acc / L : 0.0f);
+            VLMD_UNROLL_BY(8)
+            for (int s = 0; s < splits; s++)
+                acc += first[s * split_stride + d] * weights[warp][s];
+            out[T.out_at(r, nh, hd) + d] = __float2bfloat16(L > 0 ? acc / L : 0.0f);
         }
     }
 }
@@ -719,10 +726,10 @@ static int tile_bound(int n_rows, int n_seqs, int group, int br)
 
 /* Runs an attention kernel of BR-row tiles over the launch's (tile, KV head,
  * split) grid, launch(grid, splits, scratch), and merges the splits when it
- * planned several. */
+ * planned several (of the sequences of at least min_q queries). */
 template <int BR, typename Launch>
 static void launch_split(vlmd_backend *b, bf16 *out, const vlmd_attn_seq *seqs, int n_seqs,
-                         int n_rows, int nh, int nkv, int hd, Launch launch)
+                         int min_q, int n_rows, int nh, int nkv, int hd, Launch launch)
 {
     int tiles = tile_bound(n_rows, n_seqs, nh / nkv, BR);
     float *scratch;
@@ -730,7 +737,8 @@ static void launch_split(vlmd_backend *b, bf16 *out, const vlmd_attn_seq *seqs, 
     launch(dim3(tiles, nkv, splits), splits, scratch);
     if (splits > 1) {
         vlmd_cuda_launch(k_merge_splits<BR>, dim3(tiles, nkv), MERGE_WARPS * 32, 0,
-                         vlmd_cuda_stream(b), out, seqs, n_seqs, nh, nkv, hd, splits, scratch);
+                         vlmd_cuda_stream(b), out, seqs, n_seqs, min_q, nh, nkv, hd, splits,
+                         scratch);
     }
 }
 
@@ -742,7 +750,7 @@ static void launch_wmma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
     attn_smem L = smem_layout(BR, hd);
     static size_t allowed = 0;
     allow_smem(k_flash_attention<BR>, L.total, &allowed);
-    launch_split<BR>(b, out, seqs, n_seqs, n_rows, nh, nkv, hd,
+    launch_split<BR>(b, out, seqs, n_seqs, 1, n_rows, nh, nkv, hd,
                      [&](dim3 grid, int splits, float *scratch) {
         vlmd_cuda_launch(k_flash_attention<BR>, grid, WARPS * 32, L.total, vlmd_cuda_stream(b),
                          out, q, q_stride, k_cache, v_cache, seqs, n_seqs, nh, nkv, hd,
@@ -753,28 +761,30 @@ static void launch_wmma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
 template <int HD, int ROW_WARPS, int RB>
 static void launch_mma(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                        const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
-                       int n_seqs, int n_rows, int nh, int nkv, int hd, bool causal)
+                       int n_seqs, int min_q, int n_rows, int nh, int nkv, int hd, bool causal)
 {
     constexpr int BR = 16 * RB * ROW_WARPS;
     static size_t allowed = 0;
     allow_smem(k_flash_attention_mma<HD, ROW_WARPS, RB>, mma_smem_bytes(BR, HD), &allowed);
     const float log2e = 1.44269504f;
-    launch_split<BR>(b, out, seqs, n_seqs, n_rows, nh, nkv, hd,
+    launch_split<BR>(b, out, seqs, n_seqs, min_q, n_rows, nh, nkv, hd,
                      [&](dim3 grid, int splits, float *scratch) {
         vlmd_cuda_launch(k_flash_attention_mma<HD, ROW_WARPS, RB>, grid, ROW_WARPS * 32,
                          mma_smem_bytes(BR, HD), vlmd_cuda_stream(b), out, q, q_stride, k_cache,
                          v_cache, seqs, n_seqs, nh, nkv, hd, log2e / sqrtf((float)hd), causal,
-                         splits, scratch);
+                         min_q, splits, scratch);
     });
 }
 
 /* The register-resident kernel built for the smallest head dim of its list
- * that holds hd (a multiple of 8): FlashAttention-2's 128-row tiles of 4
- * warps (fa2), or the first shape's 64-row ones, and 16-row tiles of one warp
- * for a decode step (one query per sequence); false past 128. */
-static bool launch_mma_for(int hd, bool fa2, vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
-                           const bf16 *k_cache, const bf16 *v_cache, const vlmd_attn_seq *seqs,
-                           int n_seqs, int n_rows, int nh, int nkv, bool causal)
+ * that holds hd (a multiple of 8), over the sequences of at least min_q
+ * queries: FlashAttention-2's 128-row tiles of 4 warps (fa2), or the first
+ * shape's 64-row ones, and 16-row tiles of one warp for a decode step (one
+ * query per sequence); false past 128. */
+static bool launch_mma_for(int hd, bool fa2, int min_q, vlmd_backend *b, bf16 *out,
+                           const bf16 *q, int q_stride, const bf16 *k_cache, const bf16 *v_cache,
+                           const vlmd_attn_seq *seqs, int n_seqs, int n_rows, int nh, int nkv,
+                           bool causal)
 {
     bool decode = n_rows == n_seqs;
     if (hd % 8)
@@ -784,7 +794,7 @@ static bool launch_mma_for(int hd, bool fa2, vlmd_backend *b, bf16 *out, const b
         (decode ? launch_mma<HD, 1, 1>                                                       \
          : fa2  ? launch_mma<HD, 4, 2>                                                       \
                 : launch_mma<HD, 4, 1>)(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs,  \
-                                        n_rows, nh, nkv, hd, causal);                        \
+                                        min_q, n_rows, nh, nkv, hd, causal);                 \
         return true;                                                                         \
     }
     VLMD_MMA_HEAD_DIM(16)
@@ -808,11 +818,12 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
     const bf16 *qq = (const bf16 *)q, *kc = (const bf16 *)k_cache, *vc = (const bf16 *)v_cache;
     const vlmd_cuda_attention way = vlmd_cuda_attention_kernel(b);
     const bool decode = n_rows == n_seqs, fp8 = kv_dtype == VLMD_DTYPE_F8_E4M3;
+    const bool cores = vlmd_cuda_decode_cores(b) && way != VLMD_CUDA_ATTENTION_WMMA;
     /* rows that read their own keys: every row of an FP8 cache (the tiled
-     * kernels take bf16), a decode step's but under the kept ways */
-    if ((fp8 || (decode && way == VLMD_CUDA_ATTENTION_FA2)) &&
+     * kernels take bf16), a decode step's with --cuda-decode-attention cores */
+    if ((fp8 || (decode && cores)) &&
         vlmd_cuda_decode_attention(b, out, q, q_stride, k_cache, v_cache, kv_dtype, k_scale,
-                                   v_scale, seqs, n_seqs, n_rows, nh, nkv, hd, causal))
+                                   v_scale, seqs, n_seqs, n_rows, nh, nkv, hd, causal, n_rows))
         return;
     if (fp8) { /* a head the decode kernel does not take: the simple kernel reads it */
         if (hd > SIMPLE_MAX_HD)
@@ -825,9 +836,17 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
                          v_scale > 0 ? v_scale : 1.0f);
         return;
     }
+    /* With the decode kernel, a step that mixes prompts with decoding
+     * sequences takes the prompts' rows on the tiled kernel and the decoding
+     * ones' on the decode kernel as a step of decodes alone would, so a
+     * sequence's tokens do not depend on whether a prompt shared its step. */
+    bool split_decodes = cores && n_seqs > 1 && hd % 8 == 0 && hd <= 128 && nh % nkv == 0 &&
+                         vlmd_cuda_decode_attention(b, out, q, q_stride, k_cache, v_cache,
+                                                    kv_dtype, k_scale, v_scale, seqs, n_seqs,
+                                                    n_rows, nh, nkv, hd, causal, 1);
     if (nh % nkv == 0 && way != VLMD_CUDA_ATTENTION_WMMA &&
-        launch_mma_for(hd, way == VLMD_CUDA_ATTENTION_FA2, b, o, qq, q_stride, kc, vc, seqs,
-                       n_seqs, n_rows, nh, nkv, causal))
+        launch_mma_for(hd, way == VLMD_CUDA_ATTENTION_FA2, split_decodes ? 2 : 1, b, o, qq, q_stride, kc, vc, seqs, n_seqs,
+                       n_rows, nh, nkv, causal))
         return;
     if (hd % 16 == 0 && hd <= 256 && nh % nkv == 0) {
         /* a decode step (one query per sequence) fills a 16-row tile with its group's heads */

@@ -46,6 +46,7 @@ typedef struct cuda_state {
     size_t used;                /* its bytes given to copies not known to be done */
     vlmd_cuda_attention attention; /* --cuda-attention, at open */
     bool gemv_decode;            /* --cuda-decode-linear gemv, at open */
+    bool decode_cores;           /* --cuda-decode-attention cores, at open */
 } cuda_state;
 
 /* Set while a graph is being captured: debug builds then skip the
@@ -67,6 +68,11 @@ void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes)
 vlmd_cuda_attention vlmd_cuda_attention_kernel(vlmd_backend *b)
 {
     return ((cuda_state *)b->impl)->attention;
+}
+
+bool vlmd_cuda_decode_cores(vlmd_backend *b)
+{
+    return ((cuda_state *)b->impl)->decode_cores;
 }
 
 bool vlmd_cuda_gemv_decode(vlmd_backend *b)
@@ -200,7 +206,32 @@ static vlmd_status cuda_download_f32(vlmd_backend *b, float *dst, const void *sr
 
 struct vlmd_graph {
     cudaGraphExec_t exec;
+    int kernels; /* its kernel nodes */
 };
+
+/* The kernel nodes of a captured graph (copies and empty nodes not counted). */
+static int count_kernels(cudaGraph_t graph)
+{
+    size_t n = 0;
+    CUDA_CHECK(cudaGraphGetNodes(graph, NULL, &n));
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)calloc(n ? n : 1, sizeof *nodes);
+    if (!nodes)
+        return -1;
+    CUDA_CHECK(cudaGraphGetNodes(graph, nodes, &n));
+    int kernels = 0;
+    for (size_t i = 0; i < n; i++) {
+        cudaGraphNodeType type;
+        CUDA_CHECK(cudaGraphNodeGetType(nodes[i], &type));
+        kernels += type == cudaGraphNodeTypeKernel;
+    }
+    free(nodes);
+    return kernels;
+}
+
+static int cuda_graph_kernels(const vlmd_graph *g)
+{
+    return g->kernels;
+}
 
 static vlmd_status cuda_graph_capture(vlmd_backend *b, vlmd_graph_fn fn, void *ctx,
                                       vlmd_graph **out, vlmd_error *err)
@@ -218,8 +249,10 @@ static vlmd_status cuda_graph_capture(vlmd_backend *b, vlmd_graph_fn fn, void *c
         vlmd_cuda_capturing = false;
         e = cudaStreamEndCapture(stream, &graph);
     }
-    if (e == cudaSuccess)
+    if (e == cudaSuccess) {
+        g->kernels = count_kernels(graph);
         e = cudaGraphInstantiate(&g->exec, graph, 0);
+    }
     if (e == cudaSuccess) /* now, not at the first launch: its memory is taken at start-up */
         e = cudaGraphUpload(g->exec, stream);
     if (graph)
@@ -297,6 +330,7 @@ static const vlmd_device_vtable cuda_ops = {
     .graph_capture = cuda_graph_capture,
     .graph_launch = cuda_graph_launch,
     .graph_free = cuda_graph_free,
+    .graph_kernels = cuda_graph_kernels,
     .graphs_native = true,
     .ops_take_memory = true,
     .weights_as_stored = false, /* bf16 on the device, whatever the checkpoint's type */
@@ -329,6 +363,7 @@ extern "C" vlmd_status vlmd_cuda_backend_open(vlmd_backend *b, int ordinal,
     b->ops = &cuda_ops;
     cs->attention = o->attention;
     cs->gemv_decode = o->gemv_decode;
+    cs->decode_cores = o->decode_cores;
     bool made = cudaStreamCreateWithFlags(&cs->stream, cudaStreamNonBlocking) == cudaSuccess;
     for (int i = 0; made && i < 2; i++)
         made = cudaHostAlloc(&cs->staging[i], STAGING_BYTES, cudaHostAllocDefault) ==

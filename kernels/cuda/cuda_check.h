@@ -4,7 +4,7 @@
  * synchronize, so an asynchronous fault is reported at the launch that
  * caused it (except while a graph is captured: nothing runs then, and a
  * synchronize would end it). Also what every kernel uses: vlmd_kernel_start,
- * VLMD_DYNAMIC_SMEM and VLMD_KERNEL_ASSERT. */
+ * VLMD_DYNAMIC_SMEM, VLMD_KERNEL_ASSERT and VLMD_UNROLL. */
 #ifndef VLMD_CUDA_CHECK_H
 #define VLMD_CUDA_CHECK_H
 
@@ -53,6 +53,19 @@ __device__ __forceinline__ void vlmd_kernel_start(void)
     cudaGridDependencySynchronize();
 #endif
 }
+
+/* Unrolls the next loop fully (nvcc; the emulator's compiler decides): a
+ * register array indexed in a loop stays in registers only when every index
+ * is a constant. VLMD_UNROLL_BY(n): n iterations at a time, so that loads of
+ * a loop of runtime length are issued together. */
+#if defined(__CUDACC__)
+#define VLMD_PRAGMA(x) _Pragma(#x)
+#define VLMD_UNROLL _Pragma("unroll")
+#define VLMD_UNROLL_BY(n) VLMD_PRAGMA(unroll n)
+#else
+#define VLMD_UNROLL
+#define VLMD_UNROLL_BY(n)
+#endif
 
 #define CUDA_CHECK(stmt)                                                                  \
     do {                                                                                  \

@@ -5,14 +5,17 @@
  *
  * A block takes one query row, one KV head and up to G of that head's query
  * heads (GQA: the group shares every K/V element the block loads, so a group
- * of up to G reads its keys once), and one split of the row's keys
- * (flash-decoding). How many splits a row gets is chosen at run time from the
- * step's lengths: the launch aims at `budget` blocks (four a multiprocessor)
- * and gives each row a share proportional to its visible keys, at least
- * DEC_MIN_KEYS keys a split; the grid's split dimension is a function of the
- * launch's shape only (so a CUDA graph captures it), and a block past its
- * row's count leaves at once. A row of one split writes its output; the
- * others write [O | m | l] per head and k_decode_merge merges them.
+ * of up to G reads its keys once), and the splits z, z + Z, z + 2Z... of the
+ * row's keys (flash-decoding). A row's splits are chosen at run time from its
+ * length alone: runs of DEC_MIN_KEYS keys (64), longer when the row has more
+ * than max_splits of them, so a sequence is split, summed and merged the same
+ * way in any batch (its tokens do not depend on its neighbours) as long as the
+ * launch's max_splits is the same; max_splits and Z are functions of the
+ * launch's shape only (a CUDA graph captures them): max_splits as many as the
+ * scratch holds (at most 64; fewer only past ~60 rows at 7B's shape), Z enough
+ * for about four blocks a multiprocessor. A row of one split writes its
+ * output; the others write [O | m | l] per head and k_decode_merge merges them
+ * in split order.
  *
  * Inside a block each warp takes every DEC_WARPS-th step of KPW * UNROLL
  * keys: LPK lanes a key, each holding 8 elements of the head (16 bytes of a
@@ -77,47 +80,32 @@ template <> struct kv8<uint8_t> { /* 8 bytes of e4m3 codes */
 /* ---- the plan: a row's sequence, keys and splits --------------------------------------------- */
 
 struct dec_row {
-    int seq, visible, splits;
+    int seq, visible, chunk, splits;
 };
 
-/* Every thread of the block calls it: the row's sequence, the keys it sees,
- * and its split count out of max_splits for a launch aiming at `budget`
- * blocks over `per_row` blocks a (row, split) (KV heads x passes). The same
- * for the attention kernel and the merge: a function of the step's lengths. */
-__device__ static dec_row plan_row(const vlmd_attn_seq *seqs, int n_seqs, int row, bool causal,
-                                   int budget, int per_row, int max_splits)
+/* Every thread of the block calls it: the row's sequence (-1: none of at
+ * most max_q queries holds the row), the keys it sees and their split into
+ * runs of `chunk` keys, a function of the row's length and max_splits alone. */
+__device__ static dec_row plan_row(const vlmd_attn_seq *seqs, int n_seqs, int max_q, int row,
+                                   bool causal, int max_splits)
 {
-    __shared__ long long warp_keys[DEC_WARPS];
     __shared__ int row_seq;
-    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
-    if (tid == 0)
+    if (threadIdx.x == 0)
         row_seq = -1;
     __syncthreads();
-    long long keys = 0; /* every row's visible keys, summed */
-    for (int s = tid; s < n_seqs; s += blockDim.x) {
-        long long ql = seqs[s].q_len, kl = seqs[s].kv_len;
-        keys += causal ? ql * (kl - ql) + ql * (ql + 1) / 2 : ql * kl;
-        if (row >= seqs[s].q_start && row < seqs[s].q_start + seqs[s].q_len)
+    for (int s = threadIdx.x; s < n_seqs; s += blockDim.x)
+        if (row >= seqs[s].q_start && row < seqs[s].q_start + seqs[s].q_len &&
+            seqs[s].q_len <= max_q)
             row_seq = s; /* one sequence holds the row */
-    }
-    for (int o = 16; o > 0; o /= 2)
-        keys += __shfl_xor_sync(0xffffffffu, keys, o);
-    if (lane == 0)
-        warp_keys[warp] = keys;
     __syncthreads();
-    dec_row r = {row_seq, 0, 0};
+    dec_row r = {row_seq, 0, 0, 0};
     if (r.seq < 0)
         return r;
-    long long total = 0;
-    for (int w = 0; w < (int)blockDim.x / 32; w++)
-        total += warp_keys[w];
     const vlmd_attn_seq *sq = &seqs[r.seq];
     r.visible = causal ? sq->kv_len - sq->q_len + (row - sq->q_start) + 1 : sq->kv_len;
-    long long share = total > 0 ? ((long long)r.visible * budget + total * per_row - 1) /
-                                      (total * per_row)
-                                : 1;
-    int most = max(1, min(max_splits, (r.visible + DEC_MIN_KEYS - 1) / DEC_MIN_KEYS));
-    r.splits = (int)max(1LL, min((long long)most, share));
+    int per_split = (r.visible + max_splits - 1) / max_splits;
+    r.chunk = max(DEC_MIN_KEYS, (per_split + DEC_MIN_KEYS - 1) / DEC_MIN_KEYS * DEC_MIN_KEYS);
+    r.splits = max(1, (r.visible + r.chunk - 1) / r.chunk);
     return r;
 }
 
@@ -134,8 +122,8 @@ __device__ static float *dec_partial(float *partial, int row, int y, int ys, int
 template <typename KV, int LPK, int G>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     k_decode_attention(bf16 *out, const bf16 *q, int q_stride, const KV *k_cache,
-                       const KV *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv,
-                       int hd, float q_scale, float v_scale, bool causal, int budget,
+                       const KV *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int max_q,
+                       int nh, int nkv, int hd, float q_scale, float v_scale, bool causal, int max_splits,
                        float *partial)
 {
     vlmd_kernel_start();
@@ -145,18 +133,16 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     __shared__ float warp_o[DEC_WARPS][G][HD_MAX];
     const int group = nh / nkv, passes = (group + G - 1) / G, ys = gridDim.y;
     const int row = blockIdx.x, kvh = blockIdx.y / passes, pass = blockIdx.y % passes;
-    const int split = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int c = lane % LPK, kg = lane / LPK, chunks = hd / 8;
     const int h0 = kvh * group + pass * G, heads = min(G, group - pass * G);
     const size_t kv_dim = (size_t)nkv * hd;
     VLMD_KERNEL_ASSERT(hd % 8 == 0 && hd <= HD_MAX && group <= DEC_GMAX * passes);
 
-    dec_row R = plan_row(seqs, n_seqs, row, causal, budget, ys, gridDim.z);
-    if (R.seq < 0 || split >= R.splits)
+    const dec_row R = plan_row(seqs, n_seqs, max_q, row, causal, max_splits);
+    if (R.seq < 0 || (int)blockIdx.z >= R.splits)
         return;
     const int32_t *slots = seqs[R.seq].slots;
-    const int chunk = (R.visible + R.splits - 1) / R.splits;
-    const int lo = split * chunk, hi = min(R.visible, lo + chunk);
 
     float qf[G][8]; /* this lane's 8 elements of each head's query, scaled */
     for (int h = 0; h < G; h++) {
@@ -168,122 +154,127 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
         for (int e = 0; e < 8; e++)
             qf[h][e] = f[e] * q_scale;
     }
-    float m[G], l[G], o[G][8];
-    for (int h = 0; h < G; h++) {
-        m[h] = -INFINITY, l[h] = 0;
-        for (int e = 0; e < 8; e++)
-            o[h][e] = 0;
-    }
-
-    for (int k0 = lo + warp * STEP; k0 < hi; k0 += DEC_WARPS * STEP) {
-        typename kv8<KV>::raw kr[UNROLL], vr[UNROLL];
-        for (int u = 0; u < UNROLL; u++) { /* the step's K and V in flight together */
-            int j = k0 + u * KPW + kg;
-            bool ok = j < hi && c < chunks;
-            size_t at = ok ? (size_t)slots[j] * kv_dim + (size_t)kvh * hd + c * 8 : 0;
-            kr[u] = kv8<KV>::load(k_cache, at, ok);
-            vr[u] = kv8<KV>::load(v_cache, at, ok);
-        }
-        float s[UNROLL][G];
-        for (int u = 0; u < UNROLL; u++) {
-            float kf[8];
-            kv8<KV>::floats(kr[u], kf);
-            for (int h = 0; h < G; h++) {
-                float dot = 0;
-                for (int e = 0; e < 8; e++)
-                    dot += qf[h][e] * kf[e];
-                for (int x = 1; x < LPK; x *= 2) /* the key's lanes */
-                    dot += __shfl_xor_sync(0xffffffffu, dot, x);
-                s[u][h] = k0 + u * KPW + kg < hi ? dot : -INFINITY;
-            }
-        }
-        float alpha[G];
+    for (int split = blockIdx.z; split < R.splits; split += gridDim.z) {
+        if (split > (int)blockIdx.z)
+            __syncthreads(); /* the last split's merge has read the warps' shares */
+        const int lo = split * R.chunk, hi = min(R.visible, lo + R.chunk);
+        float m[G], l[G], o[G][8];
         for (int h = 0; h < G; h++) {
-            float mx = -INFINITY;
-            for (int u = 0; u < UNROLL; u++)
-                mx = fmaxf(mx, s[u][h]);
-            for (int x = LPK; x < 32; x *= 2) /* the step's keys */
-                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
-            float m_new = fmaxf(m[h], mx); /* finite: the step's first key is below hi */
-            alpha[h] = exp2f(m[h] - m_new);  /* exp2(-inf) = 0 on the first step */
-            m[h] = m_new;
-            l[h] *= alpha[h];
-            for (int u = 0; u < UNROLL; u++) {
-                s[u][h] = exp2f(s[u][h] - m_new);
-                l[h] += s[u][h];
-            }
-        }
-        for (int h = 0; h < G; h++)
+            m[h] = -INFINITY, l[h] = 0;
             for (int e = 0; e < 8; e++)
-                o[h][e] *= alpha[h];
-        for (int u = 0; u < UNROLL; u++) {
-            float vf[8];
-            kv8<KV>::floats(vr[u], vf);
+                o[h][e] = 0;
+        }
+
+        for (int k0 = lo + warp * STEP; k0 < hi; k0 += DEC_WARPS * STEP) {
+            typename kv8<KV>::raw kr[UNROLL], vr[UNROLL];
+            for (int u = 0; u < UNROLL; u++) { /* the step's K and V in flight together */
+                int j = k0 + u * KPW + kg;
+                bool ok = j < hi && c < chunks;
+                size_t at = ok ? (size_t)slots[j] * kv_dim + (size_t)kvh * hd + c * 8 : 0;
+                kr[u] = kv8<KV>::load(k_cache, at, ok);
+                vr[u] = kv8<KV>::load(v_cache, at, ok);
+            }
+            float s[UNROLL][G];
+            for (int u = 0; u < UNROLL; u++) {
+                float kf[8];
+                kv8<KV>::floats(kr[u], kf);
+                for (int h = 0; h < G; h++) {
+                    float dot = 0;
+                    for (int e = 0; e < 8; e++)
+                        dot += qf[h][e] * kf[e];
+                    for (int x = 1; x < LPK; x *= 2) /* the key's lanes */
+                        dot += __shfl_xor_sync(0xffffffffu, dot, x);
+                    s[u][h] = k0 + u * KPW + kg < hi ? dot : -INFINITY;
+                }
+            }
+            float alpha[G];
+            for (int h = 0; h < G; h++) {
+                float mx = -INFINITY;
+                for (int u = 0; u < UNROLL; u++)
+                    mx = fmaxf(mx, s[u][h]);
+                for (int x = LPK; x < 32; x *= 2) /* the step's keys */
+                    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, x));
+                float m_new = fmaxf(m[h], mx); /* finite: the step's first key is below hi */
+                alpha[h] = exp2f(m[h] - m_new);  /* exp2(-inf) = 0 on the first step */
+                m[h] = m_new;
+                l[h] *= alpha[h];
+                for (int u = 0; u < UNROLL; u++) {
+                    s[u][h] = exp2f(s[u][h] - m_new);
+                    l[h] += s[u][h];
+                }
+            }
             for (int h = 0; h < G; h++)
                 for (int e = 0; e < 8; e++)
-                    o[h][e] += s[u][h] * vf[e];
+                    o[h][e] *= alpha[h];
+            for (int u = 0; u < UNROLL; u++) {
+                float vf[8];
+                kv8<KV>::floats(vr[u], vf);
+                for (int h = 0; h < G; h++)
+                    for (int e = 0; e < 8; e++)
+                        o[h][e] += s[u][h] * vf[e];
+            }
         }
-    }
 
-    /* the key lanes' sums, then the warps' merge in shared memory */
-    for (int h = 0; h < G; h++)
-        for (int x = LPK; x < 32; x *= 2) {
-            l[h] += __shfl_xor_sync(0xffffffffu, l[h], x);
-            for (int e = 0; e < 8; e++)
-                o[h][e] += __shfl_xor_sync(0xffffffffu, o[h][e], x);
+        /* the key lanes' sums, then the warps' merge in shared memory */
+        for (int h = 0; h < G; h++)
+            for (int x = LPK; x < 32; x *= 2) {
+                l[h] += __shfl_xor_sync(0xffffffffu, l[h], x);
+                for (int e = 0; e < 8; e++)
+                    o[h][e] += __shfl_xor_sync(0xffffffffu, o[h][e], x);
+            }
+        for (int h = 0; h < G; h++) {
+            if (lane == 0)
+                warp_m[warp][h] = m[h], warp_l[warp][h] = l[h];
+            if (kg == 0 && c < chunks)
+                for (int e = 0; e < 8; e++)
+                    warp_o[warp][h][c * 8 + e] = o[h][e];
         }
-    for (int h = 0; h < G; h++) {
-        if (lane == 0)
-            warp_m[warp][h] = m[h], warp_l[warp][h] = l[h];
-        if (kg == 0 && c < chunks)
-            for (int e = 0; e < 8; e++)
-                warp_o[warp][h][c * 8 + e] = o[h][e];
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) {
-        int h = i / hd, d = i % hd;
-        float M = -INFINITY, L = 0, O = 0;
-        for (int w = 0; w < DEC_WARPS; w++)
-            M = fmaxf(M, warp_m[w][h]);
-        for (int w = 0; w < DEC_WARPS; w++) {
-            float wt = warp_m[w][h] == -INFINITY ? 0.0f : exp2f(warp_m[w][h] - M);
-            L += warp_l[w][h] * wt;
-            O += warp_o[w][h][d] * wt;
+        __syncthreads();
+        for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) {
+            int h = i / hd, d = i % hd;
+            float M = -INFINITY, L = 0, O = 0;
+            for (int w = 0; w < DEC_WARPS; w++)
+                M = fmaxf(M, warp_m[w][h]);
+            for (int w = 0; w < DEC_WARPS; w++) {
+                float wt = warp_m[w][h] == -INFINITY ? 0.0f : exp2f(warp_m[w][h] - M);
+                L += warp_l[w][h] * wt;
+                O += warp_o[w][h][d] * wt;
+            }
+            if (R.splits == 1) {
+                out[((size_t)row * nh + h0 + h) * hd + d] = __float2bfloat16(L > 0 ? O / L * v_scale
+                                                                                  : 0.0f);
+                continue;
+            }
+            float *mine = dec_partial(partial, row, blockIdx.y, ys, max_splits, split, h, hd);
+            mine[d] = O * v_scale;
+            if (d == 0)
+                mine[hd] = M, mine[hd + 1] = L;
         }
-        if (R.splits == 1) {
-            out[((size_t)row * nh + h0 + h) * hd + d] = __float2bfloat16(L > 0 ? O / L * v_scale
-                                                                              : 0.0f);
-            continue;
-        }
-        float *mine = dec_partial(partial, row, blockIdx.y, ys, gridDim.z, split, h, hd);
-        mine[d] = O * v_scale;
-        if (d == 0)
-            mine[hd] = M, mine[hd + 1] = L;
     }
 }
 
-/* Merges the splits of each (row, block row) whose plan had several:
- * weights exp2(m_s - M), the sum of l_s exp2(m_s - M) dividing. */
+/* Merges the splits of each (row, block row) whose plan had several, in
+ * split order: weights exp2(m_s - M), the sum of l_s exp2(m_s - M) dividing. */
 __global__ void __launch_bounds__(DEC_WARPS * 32)
-    k_decode_merge(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int nh, int nkv, int hd,
-                   int g_max, bool causal, int budget, int max_splits, const float *partial)
+    k_decode_merge(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int max_q, int nh, int nkv,
+                   int hd,
+                   int g_max, bool causal, int max_splits, float *partial)
 {
     vlmd_kernel_start();
     __shared__ float weight[DEC_GMAX][DEC_MAX_SPLITS], inv_l[DEC_GMAX];
     const int group = nh / nkv, passes = (group + g_max - 1) / g_max, ys = gridDim.y;
     const int row = blockIdx.x, kvh = blockIdx.y / passes, pass = blockIdx.y % passes;
     const int h0 = kvh * group + pass * g_max, heads = min(g_max, group - pass * g_max);
-    dec_row R = plan_row(seqs, n_seqs, row, causal, budget, ys, max_splits);
+    const dec_row R = plan_row(seqs, n_seqs, max_q, row, causal, max_splits);
     if (R.seq < 0 || R.splits == 1)
         return;
-    float *p = (float *)partial;
     if ((int)threadIdx.x < heads) {
         int h = threadIdx.x;
         float M = -INFINITY, L = 0;
         for (int s = 0; s < R.splits; s++)
-            M = fmaxf(M, dec_partial(p, row, blockIdx.y, ys, max_splits, s, h, hd)[hd]);
+            M = fmaxf(M, dec_partial(partial, row, blockIdx.y, ys, max_splits, s, h, hd)[hd]);
         for (int s = 0; s < R.splits; s++) {
-            const float *part = dec_partial(p, row, blockIdx.y, ys, max_splits, s, h, hd);
+            const float *part = dec_partial(partial, row, blockIdx.y, ys, max_splits, s, h, hd);
             float w = part[hd] == -INFINITY ? 0.0f : exp2f(part[hd] - M);
             weight[h][s] = w;
             L += part[hd + 1] * w;
@@ -293,10 +284,14 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     __syncthreads();
     for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) {
         int h = i / hd, d = i % hd;
+        /* no branch between the loads (a split of no keys holds zeros, weight
+         * 0): they are in flight together */
+        const float *first = dec_partial(partial, row, blockIdx.y, ys, max_splits, 0, h, hd);
+        const size_t split_stride = (size_t)DEC_GMAX * (hd + 2);
         float acc = 0;
+        VLMD_UNROLL_BY(8)
         for (int s = 0; s < R.splits; s++)
-            if (weight[h][s] > 0)
-                acc += dec_partial(p, row, blockIdx.y, ys, max_splits, s, h, hd)[d] * weight[h][s];
+            acc += first[s * split_stride + d] * weight[h][s];
         out[((size_t)row * nh + h0 + h) * hd + d] = __float2bfloat16(acc * inv_l[h]);
     }
 }
@@ -307,35 +302,34 @@ template <typename KV, int LPK, int G>
 static void launch_decode(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                           const KV *k_cache, const KV *v_cache, const vlmd_attn_seq *seqs,
                           int n_seqs, int n_rows, int nh, int nkv, int hd, float k_scale,
-                          float v_scale, bool causal)
+                          float v_scale, bool causal, int max_q)
 {
     const int group = nh / nkv, ys = nkv * ((group + G - 1) / G);
-    const int budget = 4 * vlmd_backend_info(b)->multiprocessors;
-    /* a row may take up to four times its even share of the budget (a long
-     * sequence among short ones), as many as the scratch holds */
-    long long fair4 = 4LL * budget / ((long long)n_rows * ys);
-    int max_splits = fair4 < 1 ? 1 : fair4 > DEC_MAX_SPLITS ? DEC_MAX_SPLITS : (int)fair4;
+    /* as many splits a row as the scratch holds (at most DEC_MAX_SPLITS), and
+     * blocks enough along them for about four a multiprocessor */
     size_t scratch_bytes = 0;
     float *scratch = (float *)vlmd_cuda_scratch(b, &scratch_bytes);
     size_t per_split = (size_t)n_rows * ys * DEC_GMAX * (hd + 2) * sizeof(float);
-    while (max_splits > 1 && (size_t)max_splits * per_split > scratch_bytes)
-        max_splits--;
+    size_t fit = scratch_bytes / per_split;
+    const int max_splits = fit < 1 ? 1 : fit > DEC_MAX_SPLITS ? DEC_MAX_SPLITS : (int)fit;
+    const long long budget = 4LL * vlmd_backend_info(b)->multiprocessors;
+    long long per_row = (budget + (long long)n_rows * ys - 1) / ((long long)n_rows * ys);
+    const int z = per_row > max_splits ? max_splits : (int)per_row;
     const float q_scale = 1.44269504f / sqrtf((float)hd) * k_scale;
     cudaStream_t stream = vlmd_cuda_stream(b);
-    vlmd_cuda_launch(k_decode_attention<KV, LPK, G>, dim3(n_rows, ys, max_splits),
-                     DEC_WARPS * 32, 0, stream, out, q, q_stride, k_cache, v_cache, seqs, n_seqs,
-                     nh, nkv, hd, q_scale, v_scale, causal, budget, scratch);
+    vlmd_cuda_launch(k_decode_attention<KV, LPK, G>, dim3(n_rows, ys, z), DEC_WARPS * 32, 0,
+                     stream, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, max_q, nh, nkv, hd,
+                     q_scale, v_scale, causal, max_splits, scratch);
     if (max_splits > 1)
         vlmd_cuda_launch(k_decode_merge, dim3(n_rows, ys), DEC_WARPS * 32, 0, stream, out, seqs,
-                         n_seqs, nh, nkv, hd, G, causal, budget, max_splits,
-                         (const float *)scratch);
+                         n_seqs, max_q, nh, nkv, hd, G, causal, max_splits, scratch);
 }
 
 template <typename KV, int LPK>
 static void launch_decode_group(vlmd_backend *b, bf16 *out, const bf16 *q, int q_stride,
                                 const KV *k_cache, const KV *v_cache, const vlmd_attn_seq *seqs,
                                 int n_seqs, int n_rows, int nh, int nkv, int hd, float k_scale,
-                                float v_scale, bool causal)
+                                float v_scale, bool causal, int max_q)
 {
     int group = nh / nkv;
     auto launch = group <= 1   ? launch_decode<KV, LPK, 1>
@@ -343,35 +337,36 @@ static void launch_decode_group(vlmd_backend *b, bf16 *out, const bf16 *q, int q
                   : group <= 4 ? launch_decode<KV, LPK, 4>
                                : launch_decode<KV, LPK, DEC_GMAX>;
     launch(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows, nh, nkv, hd, k_scale,
-           v_scale, causal);
+           v_scale, causal, max_q);
 }
 
 template <typename KV>
-static bool launch_decode_for(vlmd_backend *b, void *out, const void *q, int q_stride,
+static void launch_decode_for(vlmd_backend *b, void *out, const void *q, int q_stride,
                               const void *k_cache, const void *v_cache, const vlmd_attn_seq *seqs,
                               int n_seqs, int n_rows, int nh, int nkv, int hd, float k_scale,
-                              float v_scale, bool causal)
+                              float v_scale, bool causal, int max_q)
 {
     auto launch = hd <= 64    ? launch_decode_group<KV, 8>
                   : hd <= 128 ? launch_decode_group<KV, 16>
                               : launch_decode_group<KV, 32>;
     launch(b, (bf16 *)out, (const bf16 *)q, q_stride, (const KV *)k_cache, (const KV *)v_cache,
-           seqs, n_seqs, n_rows, nh, nkv, hd, k_scale, v_scale, causal);
-    return true;
+           seqs, n_seqs, n_rows, nh, nkv, hd, k_scale, v_scale, causal, max_q);
 }
 
 extern "C" bool vlmd_cuda_decode_attention(vlmd_backend *b, void *out, const void *q,
                                            int q_stride, const void *k_cache, const void *v_cache,
                                            vlmd_dtype kv_dtype, float k_scale, float v_scale,
                                            const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
-                                           int nh, int nkv, int hd, bool causal)
+                                           int nh, int nkv, int hd, bool causal, int max_q)
 {
     if (hd % 8 || hd > 256 || nh % nkv || q_stride % 8)
         return false;
     if (kv_dtype == VLMD_DTYPE_F8_E4M3)
-        return launch_decode_for<uint8_t>(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs,
-                                          n_rows, nh, nkv, hd, k_scale > 0 ? k_scale : 1.0f,
-                                          v_scale > 0 ? v_scale : 1.0f, causal);
-    return launch_decode_for<bf16>(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows,
-                                   nh, nkv, hd, 1.0f, 1.0f, causal);
+        launch_decode_for<uint8_t>(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows,
+                                   nh, nkv, hd, k_scale > 0 ? k_scale : 1.0f,
+                                   v_scale > 0 ? v_scale : 1.0f, causal, max_q);
+    else
+        launch_decode_for<bf16>(b, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, n_rows, nh,
+                                nkv, hd, 1.0f, 1.0f, causal, max_q);
+    return true;
 }

@@ -16,6 +16,9 @@ cudaStream_t vlmd_cuda_stream(vlmd_backend *b);
 void *vlmd_cuda_scratch(vlmd_backend *b, size_t *bytes);
 /* The attention kernels the backend was opened with (--cuda-attention). */
 vlmd_cuda_attention vlmd_cuda_attention_kernel(vlmd_backend *b);
+/* Whether decode steps over a bf16 cache take the CUDA-core decode kernel
+ * (--cuda-decode-attention cores) instead of the tiled mma one, as opened. */
+bool vlmd_cuda_decode_cores(vlmd_backend *b);
 /* Whether linears of a few rows take the GEMV kernel of cuda_ops.cu
  * (--cuda-decode-linear gemv) instead of cuBLAS, as opened. */
 bool vlmd_cuda_gemv_decode(vlmd_backend *b);
@@ -28,14 +31,15 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
                                        int nkv, int hd, bool causal);
 
 /* cuda_decode_attention.cu: the attention op for rows that read their own
- * keys on CUDA cores (decode steps; any rows over an FP8 cache); false, with
- * nothing launched, for a shape it does not take (head dims not a multiple
- * of 8 or over 256, q rows not 16-byte aligned). */
+ * keys on CUDA cores (decode steps; any rows over an FP8 cache), of the
+ * sequences of at most max_q queries (the others' rows left as they are);
+ * false, with nothing launched, for a shape it does not take (head dims not a
+ * multiple of 8 or over 256, q rows not 16-byte aligned). */
 extern "C" bool vlmd_cuda_decode_attention(vlmd_backend *b, void *out, const void *q,
                                            int q_stride, const void *k_cache, const void *v_cache,
                                            vlmd_dtype kv_dtype, float k_scale, float v_scale,
                                            const vlmd_attn_seq *seqs, int n_seqs, int n_rows,
-                                           int nh, int nkv, int hd, bool causal);
+                                           int nh, int nkv, int hd, bool causal, int max_q);
 
 /* cuda_gdn.cu: Qwen3.5's Gated DeltaNet ops and the sigmoid gate (ops.h). */
 extern "C" void vlmd_cuda_sigmoid_gate(vlmd_backend *b, void *out, const void *x,

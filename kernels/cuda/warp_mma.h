@@ -29,15 +29,6 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-/* Unrolls the next loop fully (nvcc; the emulator's compiler decides): a
- * register array indexed in a loop stays in registers only when every index
- * is a constant. */
-#if defined(__CUDACC__)
-#define VLMD_UNROLL _Pragma("unroll")
-#else
-#define VLMD_UNROLL
-#endif
-
 /* two floats as packed bf16 (round to nearest even), lo in the low half */
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi)
 {

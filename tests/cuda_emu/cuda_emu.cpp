@@ -143,8 +143,13 @@ static bool inside(const std::map<uintptr_t, size_t> &blocks, const void *p, siz
     return (uintptr_t)p + n <= it->first + it->second;
 }
 
+struct cuda_emu_graph_node {
+    cudaGraphNodeType type;
+};
+
 struct cuda_emu_graph {
     std::vector<std::function<void()>> nodes;
+    std::vector<cuda_emu_graph_node> kinds; /* the nodes' types, in order */
 };
 
 struct cuda_emu_graph_exec {
@@ -207,16 +212,17 @@ static bool unsafe_in_capture(const char *call)
 
 namespace cuda_emu {
 
-cudaError_t enqueue(cudaStream_t stream, std::function<void()> fn)
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> fn, cudaGraphNodeType kind)
 {
     if (!stream && capturing) {
         capturing->invalidated = true;
         return fail(cudaErrorStreamCaptureImplicit, "work on the legacy stream during a capture");
     }
     cuda_emu_stream *s = resolve(stream);
-    if (s->capture)
+    if (s->capture) {
         s->capture->nodes.push_back(std::move(fn));
-    else {
+        s->capture->kinds.push_back(cuda_emu_graph_node{kind});
+    } else {
         s->pending.push_back(std::move(fn));
         s->issued++;
     }
@@ -398,7 +404,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream)
 {
     cuda_emu_stream *s = resolve(stream);
     if (s->capture)
-        return cuda_emu::enqueue(stream, [] {});
+        return cuda_emu::enqueue(stream, [] {}, cudaGraphNodeTypeEmpty);
     event->stream = s;
     event->at = s->issued;
     return cudaSuccess;
@@ -466,6 +472,26 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream)
         for (auto &node : exec->nodes)
             node();
     });
+}
+
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *count)
+{
+    if (!graph || !count)
+        return fail(cudaErrorInvalidValue, "counting the nodes of no graph");
+    if (nodes)
+        for (size_t i = 0; i < *count && i < graph->kinds.size(); i++)
+            nodes[i] = &graph->kinds[i];
+    else
+        *count = graph->kinds.size();
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, cudaGraphNodeType *type)
+{
+    if (!node || !type)
+        return fail(cudaErrorInvalidValue, "the type of no node");
+    *type = node->type;
+    return cudaSuccess;
 }
 
 cudaError_t cudaGraphDestroy(cudaGraph_t graph)
@@ -843,7 +869,8 @@ cudaError_t launch(const void *kernel, const cudaLaunchConfig_t *config,
     cudaLaunchConfig_t c = *config;
     c.attrs = nullptr, c.numAttrs = 0;
     return enqueue(config->stream,
-                   [kernel, c, programmatic, body] { run_grid(kernel, c, programmatic, body); });
+                   [kernel, c, programmatic, body] { run_grid(kernel, c, programmatic, body); },
+                   cudaGraphNodeTypeKernel);
 }
 
 void syncthreads(void)
@@ -1107,6 +1134,6 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
                 else
                     ((float *)c)[at] = v;
             }
-    });
+    }, cudaGraphNodeTypeKernel); /* one kernel, as cuBLAS's usually is */
     return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
 }

@@ -141,6 +141,12 @@ typedef struct cuda_emu_stream *cudaStream_t;
 typedef struct cuda_emu_event *cudaEvent_t;
 typedef struct cuda_emu_graph *cudaGraph_t;
 typedef struct cuda_emu_graph_exec *cudaGraphExec_t;
+typedef struct cuda_emu_graph_node *cudaGraphNode_t;
+enum cudaGraphNodeType {
+    cudaGraphNodeTypeKernel = 0x00,
+    cudaGraphNodeTypeMemcpy = 0x01,
+    cudaGraphNodeTypeEmpty = 0x05,
+};
 
 #define cudaStreamNonBlocking 0x1u
 #define cudaEventDisableTiming 0x2u
@@ -166,6 +172,9 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph,
 cudaError_t cudaGraphUpload(cudaGraphExec_t exec, cudaStream_t stream);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t stream);
 cudaError_t cudaGraphDestroy(cudaGraph_t graph);
+/* nodes NULL: *count is the graph's node count; else up to *count of them */
+cudaError_t cudaGraphGetNodes(cudaGraph_t graph, cudaGraphNode_t *nodes, size_t *count);
+cudaError_t cudaGraphNodeGetType(cudaGraphNode_t node, cudaGraphNodeType *type);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 
 /* ---- kernels --------------------------------------------------------------------------------- */
@@ -220,7 +229,8 @@ cudaError_t launch(const void *kernel, const cudaLaunchConfig_t *config,
 cudaError_t set_func_attribute(const void *kernel, cudaFuncAttribute attr, int value);
 /* Queues fn on the stream (it runs when the host waits for the stream), or
  * records it into the stream's capture. */
-cudaError_t enqueue(cudaStream_t stream, std::function<void()> fn);
+cudaError_t enqueue(cudaStream_t stream, std::function<void()> fn,
+                    cudaGraphNodeType kind = cudaGraphNodeTypeMemcpy);
 /* Whether a kernel may dereference p: inside (or at the end of) device or pinned memory. */
 bool device_accessible(const void *p);
 cudaError_t bad_argument(const void *kernel, int index, const void *p);
