@@ -814,9 +814,12 @@ cudaError_t check_config(const void *kernel, const cudaLaunchConfig_t *c)
     return cudaSuccess;
 }
 
+static unsigned long long kernels_run; /* grids and GEMMs run so far */
+
 void run_grid(const void *kernel, const cudaLaunchConfig_t c, bool programmatic,
               const std::function<void()> &body)
 {
+    kernels_run++;
     if (run)
         cuda_emu::kernel_fault("a kernel launched from a kernel");
     block_run br;
@@ -1120,6 +1123,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
     }
     float al = *(const float *)alpha, be = *(const float *)beta; /* host pointer mode */
     cudaError_t e = cuda_emu::enqueue(handle->stream, [=] {
+        kernels_run++;
         std::vector<float> A = widen(a, a_type, lda, ta, m, k);  /* m x k */
         std::vector<float> B = widen(b, b_type, ldb, !tb, n, k); /* n x k: B^T, rows contiguous */
         for (int j = 0; j < n; j++)
@@ -1136,4 +1140,11 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
             }
     }, cudaGraphNodeTypeKernel); /* one kernel, as cuBLAS's usually is */
     return e == cudaSuccess ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+/* The kernels (grids and cuBLAS GEMMs) run so far: what a test compares a
+ * graph's kernel count with. */
+extern "C" unsigned long long vlmd_cuda_emu_kernels_run(void)
+{
+    return kernels_run;
 }

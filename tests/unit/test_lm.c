@@ -963,6 +963,68 @@ static float *pdl_logits(const char *model, int pdl, bool capture, size_t *count
     return logits;
 }
 
+#ifdef VLMD_CUDA_EMULATED
+unsigned long long vlmd_cuda_emu_kernels_run(void); /* tests/cuda_emu */
+
+/* A decode step's graph says how many kernels it launches (what the kit
+ * prints a step): the count the emulator runs when the same step of as many
+ * sequences runs eagerly, for each captured size; and at least one a layer. */
+Test(lm, cuda_decode_graphs_count_the_kernels_a_step_runs)
+{
+    vlmd_backend *b;
+    if (!test_backend_open("cuda", &b))
+        return;
+    vlmd_model_config mc;
+    vlmd_error err = {0};
+    cr_assert_eq(vlmd_model_config_load(test_fixture("qwen2"), &mc, &err), VLMD_OK, "%s",
+                 err.msg);
+    lm_model *m = load_model(b, &mc, "qwen2", BF16);
+    enum { SEQS = 4, CTX = 8 };
+    const int V = (int)lm_vocab_size(m);
+    lm_kv *kv;
+    lm_workspace *eager, *captured;
+    cr_assert_eq(lm_kv_create(m, SEQS * CTX + 1, &kv, &err), VLMD_OK, "%s", err.msg);
+    cr_assert_eq(lm_workspace_create(m, SEQS * CTX, SEQS, CTX, &eager, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_assert_eq(lm_workspace_create(m, SEQS * CTX, SEQS, CTX, &captured, &err), VLMD_OK, "%s",
+                 err.msg);
+    cr_assert_eq(lm_capture_decode(m, kv, captured, &err), VLMD_OK, "%s", err.msg);
+    float *logits = malloc((size_t)SEQS * V * sizeof *logits);
+    int32_t slots[SEQS * CTX];
+    for (int i = 0; i < SEQS * CTX; i++)
+        slots[i] = i;
+    for (int rows = 1; rows <= SEQS; rows *= 2) {
+        int32_t ids[SEQS], pos[3 * SEQS], step_slots[SEQS], out_rows[SEQS];
+        vlmd_attn_seq seqs[SEQS];
+        for (int s = 0; s < rows; s++) {
+            ids[s] = (s * 7 + 1) % V, step_slots[s] = s * CTX + 2, out_rows[s] = s;
+            for (int r = 0; r < 3; r++)
+                pos[r * rows + s] = 2;
+            seqs[s] = (vlmd_attn_seq){s, 1, 3, slots + s * CTX};
+        }
+        lm_batch step = {rows, ids, pos, step_slots, seqs, rows, out_rows, rows, NULL, 0, NULL};
+        /* (the capture's eager warm-up runs are queued until a wait) */
+        cr_assert_eq(vlmd_backend_synchronize(b, &err), VLMD_OK, "%s", err.msg);
+        unsigned long long before = vlmd_cuda_emu_kernels_run();
+        cr_assert_eq(lm_forward(m, kv, eager, &step, logits, &err), VLMD_OK, "%s", err.msg);
+        unsigned long long ran = vlmd_cuda_emu_kernels_run() - before;
+        int counted = lm_decode_graph_kernels(captured, rows);
+        cr_expect_eq((unsigned long long)counted, ran,
+                     "%d sequences: the graph counts %d kernels, the eager step ran %llu", rows,
+                     counted, ran);
+        cr_expect_geq(counted, mc.text.num_layers, "%d kernels over %d layers", counted,
+                      mc.text.num_layers);
+    }
+    cr_expect_eq(lm_decode_graph_kernels(captured, SEQS * CTX + 1), -1, "no graph that large");
+    free(logits);
+    lm_workspace_free(m, eager);
+    lm_workspace_free(m, captured);
+    lm_kv_free(m, kv);
+    lm_free(m);
+    vlmd_backend_destroy(b);
+}
+#endif
+
 /* Programmatic dependent launch lets a kernel start before its predecessor
  * ends (each waits in vlmd_kernel_start before reading): a read before the
  * wait would change the numbers on a GPU, so the logits must be the same
