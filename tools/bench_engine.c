@@ -182,7 +182,8 @@ int main(int argc, char **argv)
     int kernels = engine_graph_kernels(e, (int32_t)batch);
     if (kernels >= 0)
         printf("kernels a decode step of %lld sequences: %d (%.1f a layer over %d layers)\n",
-               batch, kernels, (double)kernels / mc.text.num_layers, mc.text.num_layers);
+               batch, kernels, (double)kernels / (double)mc.text.num_layers,
+               (int)mc.text.num_layers);
     if (gemm_tflops > 0) {
         const vlmd_text_config *tc = &mc.text;
         double q = (double)(tc->num_heads * tc->head_dim), kv = (double)(tc->num_kv_heads * tc->head_dim);

@@ -13,6 +13,7 @@
  * --gemm-tflops: the measured bf16 GEMM rate; tools/device/ceilings.py
  * measures both). */
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,7 @@ typedef struct attn_ctx {
     void *out, *qkv, *k_cache, *v_cache;
     vlmd_attn_seq *seqs;
     int n_seqs, n_rows, nh, nkv, hd;
+    bool fp8; /* an e4m3 cache */
 } attn_ctx;
 
 static void run_attention(bench *k, void *c)
@@ -232,12 +234,30 @@ static void run_attention(bench *k, void *c)
     attn_ctx *a = c;
     int stride = (a->nh + 2 * a->nkv) * a->hd;
     k->op->attention(k->b, a->out, a->qkv, stride, a->k_cache, a->v_cache,
-                     vlmd_backend_act_dtype(k->b), 1.0f, 1.0f, a->seqs, a->n_seqs, a->n_rows, a->nh, a->nkv,
-                     a->hd, true);
+                     a->fp8 ? VLMD_DTYPE_F8_E4M3 : vlmd_backend_act_dtype(k->b), 0.05f, 0.05f,
+                     a->seqs, a->n_seqs, a->n_rows, a->nh, a->nkv, a->hd, true);
 }
 
-/* batch sequences, each q_len new queries at the end of kv_len cached tokens */
-static void bench_attention_case(bench *k, const shape *sh, int batch, int q_len, int kv_len)
+/* n bytes of random e4m3 codes (NaN's two left out) on the device */
+static void *codes_dev(bench *k, size_t n)
+{
+    uint8_t *host = malloc(n);
+    VLMD_ASSERT(host);
+    uint32_t x = 0x9e3779b9u;
+    for (size_t i = 0; i < n; i++) {
+        x = x * 1664525u + 1013904223u;
+        host[i] = (uint8_t)((x >> 24) % 0x7e) | (uint8_t)(x & 0x80);
+    }
+    void *d = dev(k, n);
+    vlmd_backend_copy_to_device(k->b, d, host, n, NULL);
+    free(host);
+    return d;
+}
+
+/* batch sequences, each q_len new queries at the end of kv_len cached tokens,
+ * over a cache of the activations' type or (fp8) of e4m3 codes */
+static void bench_attention_case(bench *k, const shape *sh, int batch, int q_len, int kv_len,
+                                 bool fp8)
 {
     int kv_dim = sh->nkv * sh->hd, rows = batch * q_len;
     size_t slots_n = (size_t)batch * kv_len;
@@ -252,21 +272,23 @@ static void bench_attention_case(bench *k, const shape *sh, int batch, int q_len
     void *dseqs = dev(k, (size_t)batch * sizeof *seqs);
     vlmd_backend_copy_to_device(k->b, dseqs, seqs, (size_t)batch * sizeof *seqs, NULL);
     size_t qkv_n = (size_t)rows * (sh->nh + 2 * sh->nkv) * sh->hd;
+    size_t kv_es = fp8 ? 1 : k->es, cache_n = slots_n * kv_dim;
     attn_ctx c = {dev(k, (size_t)rows * sh->nh * sh->hd * k->es), random_dev(k, qkv_n, 1),
-                  random_dev(k, slots_n * kv_dim, 1), random_dev(k, slots_n * kv_dim, 1),
-                  dseqs, batch, rows, sh->nh, sh->nkv, sh->hd};
+                  fp8 ? codes_dev(k, cache_n) : random_dev(k, cache_n, 1),
+                  fp8 ? codes_dev(k, cache_n) : random_dev(k, cache_n, 1),
+                  dseqs, batch, rows, sh->nh, sh->nkv, sh->hd, fp8};
     double s = time_call(k, run_attention, &c);
     char what[64];
-    snprintf(what, sizeof what, "b=%d q=%d kv=%d", batch, q_len, kv_len);
+    snprintf(what, sizeof what, "b=%d q=%d kv=%d%s", batch, q_len, kv_len, fp8 ? " fp8" : "");
     if (q_len == 1) /* decode: bound by reading the cache */
-        report(k, "attention", what, s, 2.0 * slots_n * kv_dim * k->es, 0);
+        report(k, "attention", what, s, 2.0 * cache_n * kv_es, 0);
     else /* causal prefill: QK^T and PV over half the square */
         report(k, "attention", what, s, 0, 2.0 * 2 * batch * sh->nh * sh->hd *
                                                 ((double)q_len * (q_len + 1) / 2));
     vlmd_backend_free(k->b, c.out, (size_t)rows * sh->nh * sh->hd * k->es);
     vlmd_backend_free(k->b, c.qkv, qkv_n * k->es);
-    vlmd_backend_free(k->b, c.k_cache, slots_n * kv_dim * k->es);
-    vlmd_backend_free(k->b, c.v_cache, slots_n * kv_dim * k->es);
+    vlmd_backend_free(k->b, c.k_cache, cache_n * kv_es);
+    vlmd_backend_free(k->b, c.v_cache, cache_n * kv_es);
     vlmd_backend_free(k->b, dslots, slots_n * sizeof *slots);
     vlmd_backend_free(k->b, dseqs, (size_t)batch * sizeof *seqs);
     free(slots);
@@ -448,11 +470,15 @@ int main(int argc, char **argv)
         bench_rows(&k, sh);
     if (!only || strcmp(only, "attention") == 0) {
         for (int i = 0; i < 3; i++) {
-            bench_attention_case(&k, sh, 1, 1, sh->kv_lens[i]);
-            bench_attention_case(&k, sh, 32, 1, sh->kv_lens[i]);
+            bench_attention_case(&k, sh, 1, 1, sh->kv_lens[i], false);
+            bench_attention_case(&k, sh, 32, 1, sh->kv_lens[i], false);
         }
-        bench_attention_case(&k, sh, 128, 1, sh->kv_lens[0]);
-        bench_attention_case(&k, sh, 1, sh->prefill, sh->prefill);
+        bench_attention_case(&k, sh, 128, 1, sh->kv_lens[0], false);
+        for (int i = 1; i < 3; i++) { /* an FP8 cache: half the bytes */
+            bench_attention_case(&k, sh, 1, 1, sh->kv_lens[i], true);
+            bench_attention_case(&k, sh, 32, 1, sh->kv_lens[i], true);
+        }
+        bench_attention_case(&k, sh, 1, sh->prefill, sh->prefill, false);
     }
     if (!only || strcmp(only, "sample") == 0) {
         bench_sample(&k, sh, 1, 1.0f);

@@ -8,8 +8,11 @@
 #                  (test_lm, test_vision_tower, test_engine) with the
 #                  defaults and each --cuda-* way, then compute-sanitizer
 #                  (memcheck, synccheck, racecheck) with each attention path
-#   2 bench-7b     a random Qwen2.5-7B (make_random_qwen.py, seconds): decode at
-#                  batch 1 and 32, the 8192-token prefill, beside Hugging Face
+#   2 bench-7b     a random Qwen2.5-7B (make_random_qwen.py, seconds): the
+#                  ceilings (ceilings.py), decode at batch 1 and 32 (and the
+#                  kernels a step), the 8192-token prefill, the attention ops
+#                  (decode on mma and on CUDA cores), each of issue 35's goals a
+#                  line against its ceiling (goals.py), then Hugging Face
 #                  (bench_hf.py) in the same run
 #   3 memory-vl7b  the memory protocol on a random Qwen2.5-VL-7B: 200 mixed
 #                  requests through `vlmd serve` (bench-memory-vl7b.sh)
@@ -75,7 +78,11 @@ step() {
     failed=1
     return
   fi
-  timeout -k 10 "$limit" "$@" >"$work/step.log" 2>&1
+  if [ "$1" = keep ]; then # a shell function: through bash
+    timeout -k 10 "$limit" bash -c 'keep "$@"' keep "${@:2}" >"$work/step.log" 2>&1
+  else
+    timeout -k 10 "$limit" "$@" >"$work/step.log" 2>&1
+  fi
   rc=$?
   case $rc in
     0) result=pass ;;
@@ -85,6 +92,15 @@ step() {
   printf '%-52s %-20s %4d s\n' "$step_name" "$result" $((SECONDS - t)) | tee -a "$sum"
   { echo "== $step_name: $result"; tail -n 60 "$work/step.log"; } >>"$log"
 }
+# keep FILE CMD...: CMD, its output kept in $work/FILE too (for goals.py)
+keep() {
+  local file=$1
+  shift
+  "$@" | tee "$work/$file"
+  return "${PIPESTATUS[0]}"
+}
+export -f keep
+export work
 # skip NAME WHY: a step that cannot run here, said
 skip() { printf '%-52s %s\n' "$1" "skipped: $2" | tee -a "$sum"; }
 
@@ -95,16 +111,20 @@ case $part in
   # plain runs (a minute on a GPU), then the sanitizer, slowest last
   step "layouts: ldmatrix, mma.m16n8k16 vs PTX/CUTLASS" 60 "$t/test_cuda_layouts" --jobs 1
   step "test_cuda_ops" 120 "$t/test_cuda_ops" --jobs 4
-  for flags in "" "--cuda-attention wmma" "--cuda-decode-linear gemv" "--cuda-pdl on"; do
+  for flags in "" "--cuda-attention mma" "--cuda-attention wmma" "--cuda-decode-attention cores" \
+    "--cuda-decode-linear gemv" "--cuda-pdl on"; do
     for test in test_lm test_vision_tower test_engine; do
+      filter='*/*cuda*'
       if [ "$test" = test_engine ] && [ "$flags" = "--cuda-decode-linear gemv" ]; then
         # its cases check that a batch decodes as each sequence alone: the GEMV way gives
         # that up (1-2 rows on the GEMV, more on cuBLAS; kernels/cuda/cuda_ops.cu)
         skip "$test CUDA cases $flags" "batch invariance is not this way's promise"
         continue
       fi
+      # the CUDA-core decode keeps a batch's tokens as alone, not a preemption's recompute
+      [ "$test" = test_engine ] && [ "$flags" = "--cuda-decode-attention cores" ] && filter='*/*batched*'
       step "$test CUDA cases ${flags:-(defaults)}" 120 env VLMD_TEST_FLAGS="$flags" "$t/$test" \
-        --jobs 4 --filter '*/*cuda*'
+        --jobs 4 --filter "$filter"
     done
   done
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
@@ -114,8 +134,9 @@ case $part in
     step "memcheck, attention wmma" 60 env VLMD_TEST_FLAGS="--cuda-attention wmma" "$sanitizer" \
       --tool memcheck --error-exitcode 1 "$t/test_cuda_ops" --jobs 1 --filter "cuda_ops/*attention*"
     for tool in synccheck racecheck; do
-      for way in mma wmma; do
-        step "$tool, attention $way" 90 env VLMD_TEST_FLAGS="--cuda-attention $way" "$sanitizer" \
+      for way in "--cuda-attention fa2" "--cuda-decode-attention cores" "--cuda-attention mma" \
+        "--cuda-attention wmma"; do
+        step "$tool, attention $way" 90 env VLMD_TEST_FLAGS="$way" "$sanitizer" \
           --tool "$tool" --error-exitcode 1 "$t/test_cuda_ops" --jobs 1 --filter "cuda_ops/*attention*"
       done
     done
@@ -126,20 +147,39 @@ case $part in
   fi
   ;;
 2)
+  # each goal of issue 35 a line at the end (goals.py), from the logs kept here
   if $gpu; then shape=qwen2.5-7b model=/tmp/q7b prefill=8192; else shape=tiny model=$work/tiny prefill=512; fi
   [ -f "$model/config.json" ] || step "write a random $shape" 120 python3 "$here/make_random_qwen.py" "$model" --shape "$shape"
+  rm -f "$work"/{ceilings,b1,b32,prefill,ops,ops-cores}.log
+  ceiling_args=() ops_args=(--shape tiny --runs 2)
+  if $gpu && $have_torch; then
+    step "ceilings (copy, GEMM)" 60 keep ceilings.log python3 "$here/ceilings.py"
+    bw=$(awk '/BANDWIDTH_GBS/ {print $2}' "$work/ceilings.log")
+    tf=$(awk '/GEMM_TFLOPS/ {print $2}' "$work/ceilings.log")
+    [ -n "$bw" ] && [ -n "$tf" ] && ceiling_args=(--bandwidth-gbs "$bw" --gemm-tflops "$tf")
+  fi
+  $gpu && ops_args=()
   for b in 1 32; do
-    step "vlmd decode batch $b" 90 "$bundle/bin/vlmd-bench-engine" "$model" --device "$KIT_DEVICE" \
-      --prompt 512 --gen "$($gpu && echo 256 || echo 8)" --batch "$b"
+    step "vlmd decode batch $b" 90 keep "b$b.log" "$bundle/bin/vlmd-bench-engine" "$model" \
+      --device "$KIT_DEVICE" --prompt 512 --gen "$($gpu && echo 256 || echo 8)" --batch "$b" \
+      "${ceiling_args[@]}"
   done
-  step "vlmd prefill $prefill" 90 "$bundle/bin/vlmd-bench-engine" "$model" --device "$KIT_DEVICE" \
-    --prompt "$prefill" --gen 1 --batch 1
+  step "vlmd prefill $prefill" 90 keep prefill.log "$bundle/bin/vlmd-bench-engine" "$model" \
+    --device "$KIT_DEVICE" --prompt "$prefill" --gen 1 --batch 1 "${ceiling_args[@]}"
+  step "vlmd-bench-ops attention" 60 keep ops.log "$bundle/bin/vlmd-bench-ops" \
+    --device "$KIT_DEVICE" "${ops_args[@]}" --only attention "${ceiling_args[@]}"
+  step "vlmd-bench-ops attention, decode on CUDA cores" 60 keep ops-cores.log \
+    "$bundle/bin/vlmd-bench-ops" --device "$KIT_DEVICE" "${ops_args[@]}" --only attention \
+    --cuda-decode-attention cores "${ceiling_args[@]}"
   if $gpu; then
+    step "vlmd decode batch 1, decode attention on CUDA cores" 60 "$bundle/bin/vlmd-bench-engine" \
+      "$model" --device cuda --prompt 512 --gen 256 --batch 1 --cuda-decode-attention cores
+    step "vlmd prefill $prefill, the first mma kernels" 60 "$bundle/bin/vlmd-bench-engine" \
+      "$model" --device cuda --prompt "$prefill" --gen 1 --batch 1 --cuda-attention mma
     step "vlmd decode batch 1, gemv + pdl" 60 "$bundle/bin/vlmd-bench-engine" "$model" --device cuda \
       --prompt 512 --gen 256 --batch 1 --cuda-decode-linear gemv --cuda-pdl on
-    step "vlmd prefill $prefill, wmma" 60 "$bundle/bin/vlmd-bench-engine" "$model" --device cuda \
-      --prompt "$prefill" --gen 1 --batch 1 --cuda-attention wmma
   fi
+  python3 "$here/goals.py" "$work" $($gpu && echo --judge) | tee -a "$sum" >>"$log"
   if $gpu && $have_torch; then
     step "Hugging Face, same model" 240 python3 "$here/bench_hf.py" "$model"
   else
