@@ -58,12 +58,13 @@ test('greedy completions through the processes match the reference', async () =>
 
 test('--enforce-eager and the CUDA kernels\' ways show in /health', async () => {
   const server = await startServer(['--model', MODEL, '--port', '0', '--enforce-eager',
-    '--cuda-attention', 'wmma', '--cuda-pdl', 'on']);
+    '--cuda-attention', 'wmma', '--cuda-decode-attention', 'cores', '--cuda-pdl', 'on']);
   try {
     const llm = (await getJson(`${server.url}/health`)).body.processes.find((p) => p.role === 'llm');
     assert.equal(llm.config['enforce-eager'], 'true');
     assert.equal(llm.config.cuda_graphs, 'off (--enforce-eager)');
     assert.equal(llm.config['cuda-attention'], 'wmma');
+    assert.equal(llm.config['cuda-decode-attention'], 'cores');
     assert.equal(llm.config['cuda-decode-linear'], 'cublas');
     assert.equal(llm.config['cuda-pdl'], 'on');
   } finally {

@@ -26,13 +26,15 @@ run_alt() {
   if VLMD_TEST_FLAGS="$2" "$bundle/tests/$1" --jobs 4 --filter "$3" >"$log" 2>&1
   then result[$1${2// /}]=pass; else result[$1${2// /}]=FAIL; fi
 }
-for alt in "--cuda-attention wmma" "--cuda-decode-linear gemv" "--cuda-pdl on"; do
+for alt in "--cuda-attention mma" "--cuda-attention wmma" "--cuda-decode-attention cores" \
+  "--cuda-decode-linear gemv" "--cuda-pdl on"; do
   run_alt test_cuda_ops "$alt" 'cuda_ops/*'
   run_alt test_lm "$alt" '*/*cuda*' # the fixture models through the CUDA backend
 done
-for alt in "--cuda-attention wmma" "--cuda-pdl on"; do # batched = alone, with decode graphs too
-  run_alt test_engine "$alt" '*/*cuda*'
+for alt in "--cuda-attention mma" "--cuda-attention wmma" "--cuda-pdl on"; do # batched = alone,
+  run_alt test_engine "$alt" '*/*cuda*' # with decode graphs too
 done
+run_alt test_engine "--cuda-decode-attention cores" '*/*batched*' # (not a preemption's recompute)
 sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
 for tool in memcheck racecheck; do
   if [ -z "$sanitizer" ]; then
