@@ -1,14 +1,18 @@
 /* cuda_attention.cu - the attention op of the CUDA table, over the
  * token-slot KV cache: prefill, chunked prefill after a cached prefix, decode
- * steps and the vision tower's per-image attention. Three paths, chosen in
- * vlmd_cuda_attention_op at the bottom:
+ * steps and the vision tower's per-image attention. Its paths, chosen in
+ * vlmd_cuda_attention_op at the bottom (an FP8 cache's rows, and with
+ * --cuda-decode-attention cores the decoding ones, go to the CUDA-core kernel
+ * of cuda_decode_attention.cu):
  *
  *   k_flash_attention_mma  the main one, for head dims that are a multiple of
  *                          8 up to 128 (built for 16, 32, 64, 80, 96 and 128;
  *                          the others padded with zeros to the next, as
- *                          Qwen3-VL's tower's 72 is to 80): each warp owns 16 rows
- *                          end to end on mma.sync, S, P and O in registers,
- *                          K/V tiles arriving by cp.async (warp_mma.h)
+ *                          Qwen3-VL's tower's 72 is to 80): each warp owns 32
+ *                          rows (FlashAttention-2's 128-row tiles; 16 rows for
+ *                          decode steps and under --cuda-attention mma) end to
+ *                          end on mma.sync, S, P and O in registers, K/V tiles
+ *                          arriving by cp.async (warp_mma.h)
  *   k_flash_attention      the first one, on WMMA with S, P and O through
  *                          shared memory: multiples of 16 from 144 to 256,
  *                          and the multiples of 16 with --cuda-attention wmma

@@ -1,7 +1,8 @@
 /* cuda_decode_attention.cu - attention for query rows that each read their
- * own keys on CUDA cores: every decode step (one query per sequence), and
- * every row over an FP8 (e4m3) cache, which the tensor-core kernels of
- * cuda_attention.cu do not read.
+ * own keys on CUDA cores: every row over an FP8 (e4m3) cache, which the
+ * tensor-core kernels of cuda_attention.cu do not read, and with
+ * --cuda-decode-attention cores the decoding rows (one query per sequence)
+ * over a bf16 one, those of a step that mixes them with prompts included.
  *
  * A block takes one query row, one KV head and up to G of that head's query
  * heads (GQA: the group shares every K/V element the block loads, so a group
