@@ -175,6 +175,12 @@ typedef struct vlmd_op_table {
     /* out[n,d] = silu(gate) * up, from gate_up[n, 2d]: each row's gate, then its up
      * (one GEMM made both; out must not overlap it) */
     void (*silu_mul)(vlmd_backend *b, void *out, const void *gate_up, int n, int d);
+    /* out[n, d] = silu(x . Wg^T) * (x . Wu^T) for w = [Wg; Wu] stacked [2d, in] (bf16, no
+     * bias), in one kernel where the backend has one for the shape (CUDA's GEMV way at 1-2
+     * rows: a warp streams both rows of an output); the same bits as linear then silu_mul.
+     * false, with nothing done, elsewhere (NULL: never). */
+    bool (*linear_silu_mul)(vlmd_backend *b, void *out, const void *x, const void *w, int n,
+                            int in, int d);
     /* out[r, i] = x[r, i] * sigmoid(gate[r * gate_stride + (per_row ? 0 : i)]), n rows of dim
      * (out may be x): Qwen3.5's gated attention output (per element) and its shared expert's
      * gate (one scalar a row). */

@@ -3,6 +3,7 @@
  *
  *   gate_up = h . Wgu       (gate and up stacked at load: one GEMM)
  *   out = (silu(gate) * up) . Wd
+ *   (the first two one kernel where the backend has it: CUDA's decode GEMV)
  *
  * Tensor parallelism: a rank holds its rows of gate and up and the same
  * columns of down, so out is its share of the sum; a quantized down's
@@ -32,7 +33,11 @@ void swiglu_forward(lm_model *m, lm_workspace *ws, const swiglu_weights *w, void
 {
     vlmd_backend *b = m->b;
     const vlmd_op_table *op = m->op;
-    lm_linear(m, ws->gate_up, ws->h, &w->gate_up, NULL, n, m->H, 2 * w->width);
-    op->silu_mul(b, ws->act, ws->gate_up, n, w->width);
+    /* one kernel for both where the backend has it (a decode step's GEMV) */
+    if (w->gate_up.format != VLMD_QFORMAT_NONE || !op->linear_silu_mul ||
+        !op->linear_silu_mul(b, ws->act, ws->h, w->gate_up.codes, n, m->H, w->width)) {
+        lm_linear(m, ws->gate_up, ws->h, &w->gate_up, NULL, n, m->H, 2 * w->width);
+        op->silu_mul(b, ws->act, ws->gate_up, n, w->width);
+    }
     lm_linear(m, out, ws->act, &w->down, NULL, n, w->width, m->H);
 }

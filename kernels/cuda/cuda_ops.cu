@@ -136,17 +136,16 @@ __device__ __forceinline__ float dot8_bf16(uint4 a, uint4 b)
     return s;
 }
 
+/* Row `feature` of w against the N rows of x: a warp's sums in fp32 (every
+ * lane holds them), in the same order wherever it is called. */
 template <int N>
-__global__ void __launch_bounds__(GEMV_WARPS * 32)
-    k_gemv(bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, int in, int out_dim)
+__device__ __forceinline__ void gemv_row(float acc[N], const bf16 *x, const bf16 *w, int feature,
+                                         int in, int lane)
 {
-    vlmd_kernel_start();
-    const int feature = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
-    if (feature >= out_dim)
-        return; /* a whole warp: no barrier below */
     const uint4 *row = (const uint4 *)(w + (size_t)feature * in), *xs = (const uint4 *)x;
     const int chunks = in / 8;
-    float acc[N] = {};
+    for (int r = 0; r < N; r++)
+        acc[r] = 0;
     for (int c0 = lane; c0 < chunks; c0 += 32 * GEMV_UNROLL) {
         uint4 wv[GEMV_UNROLL]; /* issued together: the loads are in flight at once */
         for (int u = 0; u < GEMV_UNROLL; u++)
@@ -159,10 +158,49 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32)
     for (int r = 0; r < N; r++)
         for (int o = 16; o > 0; o /= 2)
             acc[r] += __shfl_xor_sync(0xffffffffu, acc[r], o);
+}
+
+template <int N>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv(bf16 *out, const bf16 *x, const bf16 *w, const bf16 *bias, int in, int out_dim)
+{
+    vlmd_kernel_start();
+    const int feature = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (feature >= out_dim)
+        return; /* a whole warp: no barrier below */
+    float acc[N];
+    gemv_row<N>(acc, x, w, feature, in, lane);
     float add = bias ? __bfloat162float(bias[feature]) : 0.0f;
     for (int r = 0; r < N; r++) /* lane r writes row r */
         if (lane == r)
             out[(size_t)r * out_dim + feature] = __float2bfloat16(acc[r] + add);
+}
+
+/* silu(gate) * up as k_silu_mul makes it from the bf16 values */
+__device__ __forceinline__ bf16 silu_times(bf16 gate, bf16 up)
+{
+    float g = __bfloat162float(gate);
+    return __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(up));
+}
+
+/* k_gemv of w's rows `feature` (gate) and d + feature (up), rounded to bf16
+ * as k_gemv writes them (with its absent bias's + 0, which makes -0 +0 alike),
+ * then silu(gate) * up: the linear and k_silu_mul in one launch, the same bits. */
+template <int N>
+__global__ void __launch_bounds__(GEMV_WARPS * 32)
+    k_gemv_silu_mul(bf16 *out, const bf16 *x, const bf16 *w, int in, int d)
+{
+    vlmd_kernel_start();
+    const int feature = blockIdx.x * GEMV_WARPS + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (feature >= d)
+        return; /* a whole warp: no barrier below */
+    float gate[N], up[N];
+    gemv_row<N>(gate, x, w, feature, in, lane);
+    gemv_row<N>(up, x, w, d + feature, in, lane);
+    for (int r = 0; r < N; r++)
+        if (lane == r)
+            out[(size_t)r * d + feature] = silu_times(__float2bfloat16(gate[r] + 0.0f),
+                                                      __float2bfloat16(up[r] + 0.0f));
 }
 
 template <int N>
@@ -186,6 +224,23 @@ static bool try_gemv(vlmd_backend *b, void *out, const void *x, const void *w, c
     if (n < 1 || n > GEMV_MAX_ROWS)
         return false;
     by_rows[n](b, out, x, w, bias, in, out_dim);
+    return true;
+}
+
+template <int N>
+static void launch_gemv_silu_mul(vlmd_backend *b, void *out, const void *x, const void *w,
+                                 int in, int d)
+{
+    vlmd_cuda_launch(k_gemv_silu_mul<N>, (d + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0,
+                     vlmd_cuda_stream(b), (bf16 *)out, (const bf16 *)x, (const bf16 *)w, in, d);
+}
+
+static bool cuda_linear_silu_mul(vlmd_backend *b, void *out, const void *x, const void *w, int n,
+                                 int in, int d)
+{
+    if (!vlmd_cuda_gemv_decode(b) || in % 8 || n < 1 || n > GEMV_MAX_ROWS)
+        return false;
+    (n == 1 ? launch_gemv_silu_mul<1> : launch_gemv_silu_mul<2>)(b, out, x, w, in, d);
     return true;
 }
 
@@ -339,8 +394,7 @@ __global__ void k_silu_mul(bf16 *out, const bf16 *gate_up, int d, size_t total)
     if (i < total) {
         size_t t = i / (size_t)d, j = i % (size_t)d;
         const bf16 *gate = gate_up + t * 2 * (size_t)d;
-        float g = __bfloat162float(gate[j]);
-        out[i] = __float2bfloat16(g / (1.0f + expf(-g)) * __bfloat162float(gate[d + j]));
+        out[i] = silu_times(gate[j], gate[d + j]);
     }
 }
 
@@ -516,6 +570,7 @@ extern "C" const vlmd_op_table vlmd_cuda_op_table = {
     .rope_kv_write = cuda_rope_kv_write,
     .attention = vlmd_cuda_attention_op,
     .silu_mul = cuda_silu_mul,
+    .linear_silu_mul = cuda_linear_silu_mul,
     .sigmoid_gate = vlmd_cuda_sigmoid_gate,
     .gdn_conv = vlmd_cuda_gdn_conv,
     .gdn_rule = vlmd_cuda_gdn_rule,

@@ -183,6 +183,43 @@ Test(cuda_ops, linear_at_several_shapes)
     close_pair(&p);
 }
 
+/* linear_silu_mul: with the GEMV way (VLMD_TEST_FLAGS --cuda-decode-linear
+ * gemv) one kernel at 1 and 2 rows giving the same bits as linear then
+ * silu_mul (a swiglu MLP's decode step), declined past 2 rows; without it
+ * declined at every size, nothing written; the CPU has none. */
+Test(cuda_ops, linear_silu_mul_is_the_linear_then_silu_mul_in_one_kernel)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    const char *flags = getenv("VLMD_TEST_FLAGS");
+    const bool gemv = flags && strstr(flags, "--cuda-decode-linear gemv");
+    cr_expect_null(vlmd_backend_ops(p.cpu)->linear_silu_mul);
+    const vlmd_op_table *op = vlmd_backend_ops(p.gpu);
+    cr_assert_not_null(op->linear_silu_mul);
+    const int in = 264, d = 70; /* d not a multiple of the warps a block */
+    for (int n = 1; n <= 3; n++) {
+        float *x = random_floats((size_t)n * in, 1), *w = random_floats((size_t)2 * d * in, 0.1f);
+        void *dx = on(p.gpu, x, (size_t)n * in), *dw = on(p.gpu, w, (size_t)2 * d * in);
+        void *fused = on(p.gpu, NULL, (size_t)n * d), *gate_up = on(p.gpu, NULL, (size_t)n * 2 * d);
+        void *apart = on(p.gpu, NULL, (size_t)n * d);
+        float *before = back(p.gpu, fused, (size_t)n * d);
+        bool taken = op->linear_silu_mul(p.gpu, fused, dx, dw, n, in, d);
+        cr_expect_eq(taken, gemv && n <= 2, "%d rows: %s", n, taken ? "taken" : "declined");
+        op->linear(p.gpu, gate_up, dx, dw, NULL, n, in, 2 * d);
+        op->silu_mul(p.gpu, apart, gate_up, n, d);
+        float *got = back(p.gpu, fused, (size_t)n * d), *want = back(p.gpu, apart, (size_t)n * d);
+        const float *expect = taken ? want : before; /* declined: nothing written */
+        size_t differ = 0;
+        for (size_t i = 0; i < (size_t)n * d; i++)
+            differ += memcmp(&got[i], &expect[i], sizeof *got) != 0;
+        cr_expect_eq(differ, 0, "%d rows (%s): %zu of %d values differ", n,
+                     taken ? "fused vs apart" : "declined, untouched", differ, n * d);
+        free(x), free(w), free(before), free(got), free(want);
+    }
+    close_pair(&p);
+}
+
 /* The bias, Qwen3's RMSNorm of each q and k head, and the rotary embedding
  * (1-D, M-RoPE's contiguous sections, Qwen3-VL's interleaved ones) on the
  * fused qkv rows, and the K/V write into scattered cache slots. */
