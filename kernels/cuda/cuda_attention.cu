@@ -557,13 +557,15 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
 
 /* Merges the splits of each row: weights exp(m_s - M), sums l_s exp(m_s - M).
  * A warp a row, lane s computing split s's weight (MAX_SPLITS is a warp) into
- * shared memory, then each lane one element of the row summed over the
- * splits with every load independent of the others (no branch between them:
- * a split with no key this row sees holds zeros, weight 0), so they are in
- * flight together: at a decode step of few sequences this merge was most of
- * the attention's time when each thread redid every split's max, and then
- * when each split's load waited on a branch. */
-#define MERGE_WARPS 4
+ * shared memory; then each lane sums MERGE_COLS elements of the row (d = lane
+ * + 32 j) over the splits in split order, the loads of several splits and
+ * columns issued together with no branch between them (a split with no key
+ * this row sees holds zeros, weight 0; a column past the head reads the last
+ * one's address and is not written). At a decode step of few sequences this
+ * merge was most of the attention's time on an H200 (2026-11-24) while each
+ * split's load waited on the one before. */
+#define MERGE_WARPS 8
+#define MERGE_COLS 4
 static_assert(MAX_SPLITS <= 32, "a split a lane");
 
 template <int BR>
@@ -595,12 +597,20 @@ __global__ void __launch_bounds__(MERGE_WARPS * 32)
         weights[warp][lane] = w;
         __syncwarp();
         const float *first = split_row(partial, blockIdx.x, kvh, nkv, splits, 0, BR, r, hd);
-        for (int d = lane; d < hd; d += 32) {
-            float acc = 0;
-            VLMD_UNROLL_BY(8)
-            for (int s = 0; s < splits; s++)
-                acc += first[s * split_stride + d] * weights[warp][s];
-            out[T.out_at(r, nh, hd) + d] = __float2bfloat16(L > 0 ? acc / L : 0.0f);
+        for (int d0 = 0; d0 < hd; d0 += 32 * MERGE_COLS) {
+            float acc[MERGE_COLS] = {};
+            VLMD_UNROLL_BY(4)
+            for (int s = 0; s < splits; s++) {
+                const float ws = weights[warp][s];
+                VLMD_UNROLL
+                for (int j = 0; j < MERGE_COLS; j++)
+                    acc[j] += first[s * split_stride + min(d0 + lane + 32 * j, hd - 1)] * ws;
+            }
+            VLMD_UNROLL
+            for (int j = 0; j < MERGE_COLS; j++)
+                if (d0 + lane + 32 * j < hd)
+                    out[T.out_at(r, nh, hd) + d0 + lane + 32 * j] =
+                        __float2bfloat16(L > 0 ? acc[j] / L : 0.0f);
         }
     }
 }

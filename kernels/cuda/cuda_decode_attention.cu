@@ -254,46 +254,77 @@ __global__ void __launch_bounds__(DEC_WARPS * 32)
     }
 }
 
-/* Merges the splits of each (row, block row) whose plan had several, in
- * split order: weights exp2(m_s - M), the sum of l_s exp2(m_s - M) dividing. */
+/* Merges the splits of one head of a (row, block row) whose plan had several:
+ * a block a head, so a row's heads merge side by side. Thread s loads split
+ * s's m and l (DEC_MAX_SPLITS <= the block), the block finds M and the
+ * weights exp2(m_s - M); then 4 groups of 32 threads each sum every 4th split
+ * (lane d + 32 j of the head, HD_MAX / 32 columns a lane, every load of a
+ * split issued together: a split with no keys holds zeros, weight 0; a column
+ * past the head reads the last one's address and is not kept), and the
+ * groups' sums are added in group order. */
+template <int LPK>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     k_decode_merge(bf16 *out, const vlmd_attn_seq *seqs, int n_seqs, int max_q, int nh, int nkv,
-                   int hd,
-                   int g_max, bool causal, int max_splits, float *partial)
+                   int hd, int g_max, bool causal, int max_splits, float *partial)
 {
     vlmd_kernel_start();
-    __shared__ float weight[DEC_GMAX][DEC_MAX_SPLITS], inv_l[DEC_GMAX];
+    constexpr int HD_MAX = LPK * 8, COLS = HD_MAX / 32;
+    static_assert(DEC_MAX_SPLITS <= DEC_WARPS * 32, "a split a thread");
+    __shared__ float weight[DEC_MAX_SPLITS], warp_max[DEC_WARPS], warp_sum[DEC_WARPS];
+    __shared__ float group_sum[DEC_WARPS][HD_MAX];
     const int group = nh / nkv, passes = (group + g_max - 1) / g_max, ys = gridDim.y;
     const int row = blockIdx.x, kvh = blockIdx.y / passes, pass = blockIdx.y % passes;
-    const int h0 = kvh * group + pass * g_max, heads = min(g_max, group - pass * g_max);
+    const int h = blockIdx.z, heads = min(g_max, group - pass * g_max);
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
     const dec_row R = plan_row(seqs, n_seqs, max_q, row, causal, max_splits);
-    if (R.seq < 0 || R.splits == 1)
+    if (R.seq < 0 || R.splits == 1 || h >= heads)
         return;
-    if ((int)threadIdx.x < heads) {
-        int h = threadIdx.x;
-        float M = -INFINITY, L = 0;
-        for (int s = 0; s < R.splits; s++)
-            M = fmaxf(M, dec_partial(partial, row, blockIdx.y, ys, max_splits, s, h, hd)[hd]);
-        for (int s = 0; s < R.splits; s++) {
-            const float *part = dec_partial(partial, row, blockIdx.y, ys, max_splits, s, h, hd);
-            float w = part[hd] == -INFINITY ? 0.0f : exp2f(part[hd] - M);
-            weight[h][s] = w;
-            L += part[hd + 1] * w;
-        }
-        inv_l[h] = L > 0 ? 1.0f / L : 0.0f;
+    float m = -INFINITY, l = 0;
+    if (tid < R.splits) {
+        const float *part = dec_partial(partial, row, blockIdx.y, ys, max_splits, tid, h, hd);
+        m = part[hd], l = part[hd + 1];
     }
+    float M = m;
+    for (int o = 16; o > 0; o /= 2)
+        M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+    if (lane == 0)
+        warp_max[warp] = M;
     __syncthreads();
-    for (int i = threadIdx.x; i < heads * hd; i += blockDim.x) {
-        int h = i / hd, d = i % hd;
-        /* no branch between the loads (a split of no keys holds zeros, weight
-         * 0): they are in flight together */
-        const float *first = dec_partial(partial, row, blockIdx.y, ys, max_splits, 0, h, hd);
-        const size_t split_stride = (size_t)DEC_GMAX * (hd + 2);
-        float acc = 0;
-        VLMD_UNROLL_BY(8)
-        for (int s = 0; s < R.splits; s++)
-            acc += first[s * split_stride + d] * weight[h][s];
-        out[((size_t)row * nh + h0 + h) * hd + d] = __float2bfloat16(acc * inv_l[h]);
+    for (int w = 0; w < DEC_WARPS; w++)
+        M = fmaxf(M, warp_max[w]);
+    const float wt = m == -INFINITY ? 0.0f : exp2f(m - M);
+    float L = l * wt;
+    for (int o = 16; o > 0; o /= 2)
+        L += __shfl_xor_sync(0xffffffffu, L, o);
+    if (lane == 0)
+        warp_sum[warp] = L;
+    if (tid < DEC_MAX_SPLITS)
+        weight[tid] = wt;
+    __syncthreads();
+    const float *first = dec_partial(partial, row, blockIdx.y, ys, max_splits, 0, h, hd);
+    const size_t split_stride = (size_t)DEC_GMAX * (hd + 2);
+    float acc[COLS] = {};
+    VLMD_UNROLL_BY(4)
+    for (int s = warp; s < R.splits; s += DEC_WARPS) {
+        const float ws = weight[s];
+        VLMD_UNROLL
+        for (int j = 0; j < COLS; j++)
+            acc[j] += first[s * split_stride + min(lane + 32 * j, hd - 1)] * ws;
+    }
+    VLMD_UNROLL
+    for (int j = 0; j < COLS; j++)
+        group_sum[warp][lane + 32 * j] = acc[j];
+    __syncthreads();
+    float total = 0;
+    for (int w = 0; w < DEC_WARPS; w++)
+        total += warp_sum[w];
+    const float inv_l = total > 0 ? 1.0f / total : 0.0f;
+    const int h0 = kvh * group + pass * g_max;
+    for (int d = tid; d < hd; d += blockDim.x) {
+        float sum = 0;
+        for (int w = 0; w < DEC_WARPS; w++)
+            sum += group_sum[w][d];
+        out[((size_t)row * nh + h0 + h) * hd + d] = __float2bfloat16(sum * inv_l);
     }
 }
 
@@ -322,8 +353,8 @@ static void launch_decode(vlmd_backend *b, bf16 *out, const bf16 *q, int q_strid
                      stream, out, q, q_stride, k_cache, v_cache, seqs, n_seqs, max_q, nh, nkv, hd,
                      q_scale, v_scale, causal, max_splits, scratch);
     if (max_splits > 1)
-        vlmd_cuda_launch(k_decode_merge, dim3(n_rows, ys), DEC_WARPS * 32, 0, stream, out, seqs,
-                         n_seqs, max_q, nh, nkv, hd, G, causal, max_splits, scratch);
+        vlmd_cuda_launch(k_decode_merge<LPK>, dim3(n_rows, ys, G), DEC_WARPS * 32, 0, stream, out,
+                         seqs, n_seqs, max_q, nh, nkv, hd, G, causal, max_splits, scratch);
 }
 
 template <typename KV, int LPK>
