@@ -859,8 +859,8 @@ extern "C" void vlmd_cuda_attention_op(vlmd_backend *b, void *out, const void *q
                                                     kv_dtype, k_scale, v_scale, seqs, n_seqs,
                                                     n_rows, nh, nkv, hd, causal, 1);
     if (nh % nkv == 0 && way != VLMD_CUDA_ATTENTION_WMMA &&
-        launch_mma_for(hd, way == VLMD_CUDA_ATTENTION_FA2, split_decodes ? 2 : 1, b, o, qq, q_stride, kc, vc, seqs, n_seqs,
-                       n_rows, nh, nkv, causal))
+        launch_mma_for(hd, way == VLMD_CUDA_ATTENTION_FA2, split_decodes ? 2 : 1, b, o, qq,
+                       q_stride, kc, vc, seqs, n_seqs, n_rows, nh, nkv, causal))
         return;
     if (hd % 16 == 0 && hd <= 256 && nh % nkv == 0) {
         /* a decode step (one query per sequence) fills a 16-row tile with its group's heads */

@@ -124,8 +124,8 @@ template <typename KV, int LPK, int G>
 __global__ void __launch_bounds__(DEC_WARPS * 32)
     k_decode_attention(bf16 *out, const bf16 *q, int q_stride, const KV *k_cache,
                        const KV *v_cache, const vlmd_attn_seq *seqs, int n_seqs, int max_q,
-                       int nh, int nkv, int hd, float q_scale, float v_scale, bool causal, int max_splits,
-                       float *partial)
+                       int nh, int nkv, int hd, float q_scale, float v_scale, bool causal,
+                       int max_splits, float *partial)
 {
     vlmd_kernel_start();
     constexpr int KPW = 32 / LPK, UNROLL = G <= 4 ? 4 : 2, STEP = KPW * UNROLL;

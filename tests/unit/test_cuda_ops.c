@@ -431,7 +431,8 @@ static void check_attention_kv(pair *p, int nh, int nkv, int hd, int n_seq, cons
     size_t cache = (size_t)n_slots * kv_dim;
     float *cache_k = fp8 ? NULL : random_floats(cache, 1);
     float *cache_v = fp8 ? NULL : random_floats(cache, 1);
-    uint8_t *codes_k = fp8 ? random_codes(cache) : NULL, *codes_v = fp8 ? random_codes(cache) : NULL;
+    uint8_t *codes_k = fp8 ? random_codes(cache) : NULL;
+    uint8_t *codes_v = fp8 ? random_codes(cache) : NULL;
     float *qkv = random_floats((size_t)n_rows * stride, 1);
     void *out[2];
     vlmd_backend *bs[2] = {p->cpu, p->gpu};
@@ -547,8 +548,9 @@ Test(cuda_ops, attention_at_random_shapes)
         bool decode = c % 3 == 2, causal = decode || random_u32() % 4 != 0;
         int q_len[4], kv_len[4];
         for (int s = 0; s < n_seq; s++) {
-            q_len[s] = decode ? 1
-                       : random_u32() % 2 ? edges[random_u32() % 12] : 1 + (int)(random_u32() % 130);
+            q_len[s] = decode               ? 1
+                       : random_u32() % 2 ? edges[random_u32() % 12]
+                                          : 1 + (int)(random_u32() % 130);
             int past = !causal || random_u32() % 2 ? 0 : (int)(random_u32() % 300);
             kv_len[s] = q_len[s] + (decode ? (int)(random_u32() % 700) : past);
         }

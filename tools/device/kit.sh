@@ -122,7 +122,8 @@ case $part in
         continue
       fi
       # the CUDA-core decode keeps a batch's tokens as alone, not a preemption's recompute
-      [ "$test" = test_engine ] && [ "$flags" = "--cuda-decode-attention cores" ] && filter='*/*batched*'
+      [ "$test" = test_engine ] && [ "$flags" = "--cuda-decode-attention cores" ] &&
+        filter='*/*batched*'
       step "$test CUDA cases ${flags:-(defaults)}" 120 env VLMD_TEST_FLAGS="$flags" "$t/$test" \
         --jobs 4 --filter "$filter"
     done
