@@ -518,7 +518,6 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
     cp_async_wait<0>(); /* no copy outlives the block (a split with no keys never waited) */
 
     VLMD_UNROLL
-
     for (int rb = 0; rb < RB; rb++)
         VLMD_UNROLL
         for (int h = 0; h < 2; h++) {
@@ -529,9 +528,9 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
     for (int rb = 0; rb < RB; rb++)
         VLMD_UNROLL
         for (int h = 0; h < 2; h++) {
-            if (row_of(rb, h) >= T.rows)
+            const int r = row_of(rb, h);
+            if (r >= T.rows)
                 continue;
-            int r = row_of(rb, h);
             if (splits == 1) {
                 bf16 *dst = out + T.out_at(r, nh, hd) + 2 * t;
                 float inv = l[rb][h] > 0 ? 1.0f / l[rb][h] : 0.0f;
@@ -545,9 +544,10 @@ __global__ void __launch_bounds__(ROW_WARPS * 32)
             float *mine = split_row(partial, tile_id, kvh, nkv, splits, split, BR, r, hd);
             VLMD_UNROLL
             for (int nd = 0; nd < HD / 8; nd++)
-                if (nd < live_chunks)
-                    mine[nd * 8 + 2 * t] = o[rb][nd][2 * h],
-                                   mine[nd * 8 + 2 * t + 1] = o[rb][nd][2 * h + 1];
+                if (nd < live_chunks) {
+                    mine[nd * 8 + 2 * t] = o[rb][nd][2 * h];
+                    mine[nd * 8 + 2 * t + 1] = o[rb][nd][2 * h + 1];
+                }
             if (t == 0) /* m to natural log units */
                 mine[hd] = m[rb][h] * 0.69314718f, mine[hd + 1] = l[rb][h];
         }

@@ -300,98 +300,6 @@ Test(cuda_ops, rope_kv_write)
     close_pair(&p);
 }
 
-/* An FP8 (e4m3) KV cache: rope_kv_write stores K (after the norm and the
- * rotation) and V (with its bias) as e4m3(x / scale) on both backends, codes
- * equal but for a rounding tie's neighbour (at most one code apart, under
- * 1% of them), and attention reads the same random codes times their scales
- * on both (GQA, causal, prefill and decode rows), outputs within 1e-2. */
-Test(cuda_ops, an_fp8_kv_cache_is_written_and_read_alike)
-{
-    pair p;
-    if (!open_pair(&p))
-        return;
-    vlmd_backend *bs[2] = {p.cpu, p.gpu};
-    for (int b = 0; b < 2; b++)
-        cr_assert_eq(vlmd_backend_set_kv_dtype(bs[b], true, NULL), VLMD_OK);
-    const int n = 9, nh = 4, nkv = 2, hd = 64, n_slots = 40, stride = (nh + 2 * nkv) * hd;
-    const int kv_dim = nkv * hd;
-    int32_t pos[27], slots[9];
-    for (int i = 0; i < 27; i++)
-        pos[i] = (i * 37) % 500;
-    for (int i = 0; i < n; i++)
-        slots[i] = (i * 13 + 5) % n_slots;
-    float *qkv = random_floats((size_t)n * stride, 4), *bias = random_floats(stride, 1);
-    float *qn = random_floats(hd, 2), *kn = random_floats(hd, 2);
-    uint8_t *codes[2][2];
-    for (int b = 0; b < 2; b++) {
-        void *dk = NULL, *dv = NULL;
-        cr_assert_eq(vlmd_backend_alloc(bs[b], (size_t)n_slots * kv_dim, &dk, NULL), VLMD_OK);
-        cr_assert_eq(vlmd_backend_alloc(bs[b], (size_t)n_slots * kv_dim, &dv, NULL), VLMD_OK);
-        vlmd_rope rope = {.theta = 1e4f, .norm_eps = 1e-6f, .q_norm = on(bs[b], qn, hd),
-                          .k_norm = on(bs[b], kn, hd), .k_scale = 0.05f, .v_scale = 0.02f};
-        vlmd_backend_ops(bs[b])->rope_kv_write(bs[b], on(bs[b], qkv, (size_t)n * stride),
-                                               on(bs[b], bias, stride), dk, dv,
-                                               ints_on(bs[b], pos, 27), ints_on(bs[b], slots, n),
-                                               n, nh, nkv, hd, &rope);
-        for (int kv = 0; kv < 2; kv++) {
-            codes[b][kv] = malloc((size_t)n_slots * kv_dim);
-            cr_assert_eq(vlmd_backend_copy_to_host(bs[b], codes[b][kv], kv ? dv : dk,
-                                                   (size_t)n_slots * kv_dim, NULL), VLMD_OK);
-        }
-    }
-    for (int kv = 0; kv < 2; kv++) {
-        int differ = 0, far = 0, written = 0;
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < kv_dim; j++, written++) {
-                size_t at = (size_t)slots[i] * kv_dim + (size_t)j;
-                int a = codes[0][kv][at], c = codes[1][kv][at];
-                differ += a != c;
-                /* neighbours: the same sign, magnitudes one code apart */
-                far += a != c && ((a ^ c) & 0x80 || abs((a & 0x7f) - (c & 0x7f)) > 1);
-            }
-        cr_expect_eq(far, 0, "%s: %d codes more than one step apart", kv ? "V" : "K", far);
-        cr_expect_leq(differ * 100, written, "%s: %d of %d codes differ", kv ? "V" : "K", differ,
-                      written);
-        free(codes[0][kv]), free(codes[1][kv]);
-    }
-
-    /* attention over the same random codes (NaN's two codes left out) */
-    const int n_seq = 3, q_len[3] = {17, 1, 1}, kv_len[3] = {17, 70, 3};
-    int n_rows = 19, total = 90;
-    size_t cache = (size_t)(total + 5) * kv_dim;
-    uint8_t *kc = malloc(cache), *vc = malloc(cache);
-    for (size_t i = 0; i < cache; i++) {
-        kc[i] = (uint8_t)(random_u32() % 0x7e) | (uint8_t)(random_u32() & 0x80);
-        vc[i] = (uint8_t)(random_u32() % 0x7e) | (uint8_t)(random_u32() & 0x80);
-    }
-    int32_t all_slots[90];
-    for (int i = 0; i < total; i++)
-        all_slots[i] = (i * 31 + 2) % (total + 5);
-    float *q = random_floats((size_t)n_rows * stride, 1);
-    void *out[2];
-    for (int b = 0; b < 2; b++) {
-        int32_t *dslots = ints_on(bs[b], all_slots, (size_t)total);
-        vlmd_attn_seq seqs[3];
-        for (int s = 0, row = 0, o = 0; s < n_seq; row += q_len[s], o += kv_len[s], s++)
-            seqs[s] = (vlmd_attn_seq){row, q_len[s], kv_len[s], dslots + o};
-        void *dseqs = NULL, *dk = NULL, *dv = NULL;
-        cr_assert_eq(vlmd_backend_alloc(bs[b], sizeof seqs, &dseqs, NULL), VLMD_OK);
-        cr_assert_eq(vlmd_backend_alloc(bs[b], cache, &dk, NULL), VLMD_OK);
-        cr_assert_eq(vlmd_backend_alloc(bs[b], cache, &dv, NULL), VLMD_OK);
-        vlmd_backend_copy_to_device(bs[b], dseqs, seqs, sizeof seqs, NULL);
-        vlmd_backend_copy_to_device(bs[b], dk, kc, cache, NULL);
-        vlmd_backend_copy_to_device(bs[b], dv, vc, cache, NULL);
-        out[b] = on(bs[b], NULL, (size_t)n_rows * nh * hd);
-        vlmd_backend_ops(bs[b])->attention(bs[b], out[b], on(bs[b], q, (size_t)n_rows * stride),
-                                           stride, dk, dv, VLMD_DTYPE_F8_E4M3, 0.01f, 0.03f,
-                                           dseqs, n_seq, n_rows, nh, nkv, hd, true);
-    }
-    expect_close("attention over an FP8 cache", p.cpu, out[0], p.gpu, out[1],
-                 (size_t)n_rows * nh * hd, 1e-2);
-    free(kc), free(vc), free(q), free(qkv), free(bias), free(qn), free(kn);
-    close_pair(&p);
-}
-
 /* Random e4m3 codes: every code but NaN's two. */
 static uint8_t *random_codes(size_t n)
 {
@@ -466,6 +374,68 @@ static void check_attention(pair *p, int nh, int nkv, int hd, int n_seq, const i
                             const int *kv_len, bool causal)
 {
     check_attention_kv(p, nh, nkv, hd, n_seq, q_len, kv_len, causal, false);
+}
+
+/* An FP8 (e4m3) KV cache: rope_kv_write stores K (after the norm and the
+ * rotation) and V (with its bias) as e4m3(x / scale) on both backends, codes
+ * equal but for a rounding tie's neighbour (at most one code apart, under
+ * 1% of them), and attention reads the same random codes times their scales
+ * on both (GQA, causal, prefill and decode rows), outputs within 1e-2. */
+Test(cuda_ops, an_fp8_kv_cache_is_written_and_read_alike)
+{
+    pair p;
+    if (!open_pair(&p))
+        return;
+    vlmd_backend *bs[2] = {p.cpu, p.gpu};
+    for (int b = 0; b < 2; b++)
+        cr_assert_eq(vlmd_backend_set_kv_dtype(bs[b], true, NULL), VLMD_OK);
+    const int n = 9, nh = 4, nkv = 2, hd = 64, n_slots = 40, stride = (nh + 2 * nkv) * hd;
+    const int kv_dim = nkv * hd;
+    int32_t pos[27], slots[9];
+    for (int i = 0; i < 27; i++)
+        pos[i] = (i * 37) % 500;
+    for (int i = 0; i < n; i++)
+        slots[i] = (i * 13 + 5) % n_slots;
+    float *qkv = random_floats((size_t)n * stride, 4), *bias = random_floats(stride, 1);
+    float *qn = random_floats(hd, 2), *kn = random_floats(hd, 2);
+    uint8_t *codes[2][2];
+    for (int b = 0; b < 2; b++) {
+        void *dk = NULL, *dv = NULL;
+        cr_assert_eq(vlmd_backend_alloc(bs[b], (size_t)n_slots * kv_dim, &dk, NULL), VLMD_OK);
+        cr_assert_eq(vlmd_backend_alloc(bs[b], (size_t)n_slots * kv_dim, &dv, NULL), VLMD_OK);
+        vlmd_rope rope = {.theta = 1e4f, .norm_eps = 1e-6f, .q_norm = on(bs[b], qn, hd),
+                          .k_norm = on(bs[b], kn, hd), .k_scale = 0.05f, .v_scale = 0.02f};
+        vlmd_backend_ops(bs[b])->rope_kv_write(bs[b], on(bs[b], qkv, (size_t)n * stride),
+                                               on(bs[b], bias, stride), dk, dv,
+                                               ints_on(bs[b], pos, 27), ints_on(bs[b], slots, n),
+                                               n, nh, nkv, hd, &rope);
+        for (int kv = 0; kv < 2; kv++) {
+            codes[b][kv] = malloc((size_t)n_slots * kv_dim);
+            cr_assert_eq(vlmd_backend_copy_to_host(bs[b], codes[b][kv], kv ? dv : dk,
+                                                   (size_t)n_slots * kv_dim, NULL), VLMD_OK);
+        }
+    }
+    for (int kv = 0; kv < 2; kv++) {
+        int differ = 0, far = 0, written = 0;
+        for (int i = 0; i < n; i++)
+            for (int j = 0; j < kv_dim; j++, written++) {
+                size_t at = (size_t)slots[i] * kv_dim + (size_t)j;
+                int a = codes[0][kv][at], c = codes[1][kv][at];
+                differ += a != c;
+                /* neighbours: the same sign, magnitudes one code apart */
+                far += a != c && ((a ^ c) & 0x80 || abs((a & 0x7f) - (c & 0x7f)) > 1);
+            }
+        cr_expect_eq(far, 0, "%s: %d codes more than one step apart", kv ? "V" : "K", far);
+        cr_expect_leq(differ * 100, written, "%s: %d of %d codes differ", kv ? "V" : "K", differ,
+                      written);
+        free(codes[0][kv]), free(codes[1][kv]);
+    }
+
+    /* attention over random codes (NaN's two left out) */
+    const int q_len[3] = {17, 1, 1}, kv_len[3] = {17, 70, 3};
+    check_attention_kv(&p, nh, nkv, hd, 3, q_len, kv_len, true, true);
+    free(qkv), free(bias), free(qn), free(kn);
+    close_pair(&p);
 }
 
 /* Decode steps (a query a sequence) over bf16 and FP8 caches at every shape
