@@ -29,7 +29,7 @@ before(async () => {
   [browser, demo] = await Promise.all([
     chromium.launch({ executablePath: CHROMIUM, args: ['--no-sandbox', '--disable-gpu'] }),
     startServer(['--model', demoDir, '--port', '0', '--device', 'cpu', '--served-model-name', 'demo',
-      '--max-model-len', '2048']),
+      '--max-model-len', '4096']),
   ]);
 });
 after(async () => {
@@ -157,7 +157,9 @@ test('chat: a streamed answer is the API\'s for the same seed, with no console e
 test('stop cancels the request: the server counts the cancellation', async () => {
   const { context, page, problems } = await openConsole(demo.url);
   try {
-    await setField(page, '#max-tokens', 1500);
+    // as many tokens as the context holds: the answer must still be streaming when stop is
+    // clicked (1500 ended by length first once, in a CI-like run beside other tests)
+    await setField(page, '#max-tokens', 4000);
     // the demo model may end an answer early (on another CPU, another path): this one may not
     await page.route('**/v1/chat/completions', (route) => route.continue({
       postData: JSON.stringify({ ...JSON.parse(route.request().postData()), ignore_eos: true }) }));
